@@ -1,0 +1,44 @@
+# sendqueue: `make run` for the demo, `make test` for the whole suite. Both set up .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+RUN_STAMP := $(VENV)/.run-installed
+DEV_STAMP := $(VENV)/.dev-installed
+
+.PHONY: run test lint format typecheck unit bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@ $(RUN_STAMP)
+
+## run: the embedded default (SQLite, embedded scheduler, Maildir outbox) with a demo campaign
+run: $(RUN_STAMP)
+	$(BIN)/sendqueue demo
+
+## test: lint, types and the whole suite
+test: $(DEV_STAMP) lint
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
+
+## lint: ruff (lint + format check) and mypy strict on src/
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+
+format: $(DEV_STAMP)
+	$(BIN)/ruff format src tests
+	$(BIN)/ruff check --fix src tests
+
+unit: $(DEV_STAMP)
+	$(BIN)/python -m pytest tests/unit -q
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

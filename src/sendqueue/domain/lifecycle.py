@@ -1,0 +1,105 @@
+"""Task and campaign states, and the only transitions between them.
+
+Every task transition is applied in the store as a conditional write (compare-and-set on the
+current state); these tables are what the store, the services and the tests agree on.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from .errors import IllegalTransition
+
+__all__ = [
+    "CAMPAIGN_TRANSITIONS",
+    "TASK_TRANSITIONS",
+    "CampaignState",
+    "TaskState",
+    "check_campaign_transition",
+    "check_task_transition",
+]
+
+
+class TaskState(enum.StrEnum):
+    """The state of one email. Values are spelled as the CLI and the API print them."""
+
+    PENDING = "Pending"
+    """Planned, waiting for its schedule to fire (or for a retry)."""
+    RUNNING = "Running"
+    """Claimed by a worker, which is sending it now."""
+    FINISHED = "Finished"
+    """Accepted by the mail provider. Final."""
+    FAILED = "Failed"
+    """Refused permanently, or out of attempts. Final unless the user retries failed ones."""
+    CANCELLED = "Cancelled"
+    """Cancelled before it was sent. Final."""
+
+    @property
+    def is_final(self) -> bool:
+        """Finished, Failed and Cancelled: no worker will touch the task again by itself."""
+        return self in _FINAL_TASK_STATES
+
+
+_FINAL_TASK_STATES = frozenset({TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED})
+
+
+class CampaignState(enum.StrEnum):
+    """The lifecycle of a campaign."""
+
+    DRAFT = "draft"
+    """Imported; recipients stored, nothing planned or scheduled yet."""
+    PROVISIONING = "provisioning"
+    """Tasks and schedules are being created (resumable from a checkpoint)."""
+    ACTIVE = "active"
+    """Schedules exist; workers send as they fire."""
+    PAUSED = "paused"
+    """Schedules of Pending tasks deleted; resume re-plans them from now."""
+    COMPLETED = "completed"
+    """No Pending or Running task is left."""
+    CANCELLED = "cancelled"
+    """Cancelled by the user; every Pending task was cancelled. Final."""
+
+    @property
+    def is_final(self) -> bool:
+        """Only cancelled is final; a completed campaign may be re-activated by retry-failed."""
+        return self is CampaignState.CANCELLED
+
+
+#: (from, to) -> who makes that change. Anything not in this table is illegal.
+TASK_TRANSITIONS: dict[tuple[TaskState, TaskState], str] = {
+    (TaskState.PENDING, TaskState.RUNNING): "worker claim (campaign active)",
+    (TaskState.RUNNING, TaskState.FINISHED): "worker: mail accepted",
+    (TaskState.RUNNING, TaskState.FAILED): "worker: permanent error or attempts exhausted; "
+    "reconciler: stale under policy fail",
+    (TaskState.RUNNING, TaskState.PENDING): "worker: transient error with attempts left; "
+    "reconciler: stale under policy retry",
+    (TaskState.PENDING, TaskState.CANCELLED): "cancel (campaign or single task)",
+    (TaskState.FAILED, TaskState.PENDING): "retry-failed",
+}
+
+_S = CampaignState
+#: (from, to) -> why. Anything not in this table is illegal.
+CAMPAIGN_TRANSITIONS: dict[tuple[CampaignState, CampaignState], str] = {
+    (_S.DRAFT, _S.PROVISIONING): "provision",
+    (_S.PROVISIONING, _S.ACTIVE): "provisioning finished",
+    (_S.ACTIVE, _S.COMPLETED): "no Pending or Running task left",
+    (_S.ACTIVE, _S.PAUSED): "pause (by the user, or automatically after repeated failures)",
+    (_S.PAUSED, _S.ACTIVE): "resume",
+    (_S.COMPLETED, _S.ACTIVE): "retry-failed on a completed campaign",
+    (_S.DRAFT, _S.CANCELLED): "cancel",
+    (_S.PROVISIONING, _S.CANCELLED): "cancel",
+    (_S.ACTIVE, _S.CANCELLED): "cancel",
+    (_S.PAUSED, _S.CANCELLED): "cancel",
+}
+
+
+def check_task_transition(current: TaskState, target: TaskState) -> None:
+    """Raise :class:`IllegalTransition` unless ``current -> target`` is in the table."""
+    if (current, target) not in TASK_TRANSITIONS:
+        raise IllegalTransition("task", current.value, target.value)
+
+
+def check_campaign_transition(current: CampaignState, target: CampaignState) -> None:
+    """Raise :class:`IllegalTransition` unless ``current -> target`` is in the table."""
+    if (current, target) not in CAMPAIGN_TRANSITIONS:
+        raise IllegalTransition("campaign", current.value, target.value)

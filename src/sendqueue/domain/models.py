@@ -1,0 +1,154 @@
+"""The records sendqueue keeps: campaigns, recipients, tasks, change-log entries, dead letters.
+
+Plain frozen dataclasses, no I/O. All instants are aware datetimes in UTC.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypedDict
+
+from .lifecycle import CampaignState, TaskState
+from .policy import SendingPolicy
+
+__all__ = [
+    "Campaign",
+    "ChangeLogEntry",
+    "DeadLetter",
+    "Recipient",
+    "Task",
+    "TaskChanges",
+    "new_campaign_id",
+    "new_token",
+    "schedule_name",
+    "task_id",
+    "utc",
+]
+
+
+def utc(value: datetime) -> datetime:
+    """``value`` converted to UTC; a naive value is refused (it would be ambiguous)."""
+    if value.tzinfo is None:
+        raise ValueError("naive datetime where an aware one is required")
+    return value.astimezone(UTC)
+
+
+def new_campaign_id() -> str:
+    """A short random id, safe inside schedule names (``[0-9a-z]``)."""
+    return "c" + secrets.token_hex(6)
+
+
+def task_id(campaign_id: str, position: int) -> str:
+    """The deterministic id of the task for recipient ``position``: provisioning is idempotent."""
+    return f"{campaign_id}-{position}"
+
+
+def schedule_name(task_id_: str) -> str:
+    """The execution layer's schedule name for a task (<= 64 chars of ``[0-9a-zA-Z-_.]``)."""
+    return f"sq-{task_id_}"
+
+
+def new_token() -> str:
+    """A fresh scheduler client token (<= 64 chars of ``[a-zA-Z0-9-_]``)."""
+    return secrets.token_hex(16)
+
+
+@dataclass(frozen=True)
+class Recipient:
+    """One imported row: the snapshot a task will send. ``position`` is 0-based, in file order."""
+
+    position: int
+    email: str
+    name: str = ""
+    subject: str = ""
+    text: str = ""
+    html: str | None = None
+    variables: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """A campaign: its policy, sender, state and provisioning checkpoint."""
+
+    id: str
+    name: str
+    policy: SendingPolicy
+    from_addr: str
+    state: CampaignState = CampaignState.DRAFT
+    reply_to: str | None = None
+    recipient_count: int = 0
+    state_reason: str | None = None
+    checkpoint: Mapping[str, Any] | None = None
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    updated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+
+@dataclass(frozen=True)
+class Task:
+    """One email: a recipient snapshot, its send time, its state and what happened to it."""
+
+    id: str
+    campaign_id: str
+    position: int
+    email: str
+    name: str
+    subject: str
+    text: str
+    html: str | None
+    send_at: datetime
+    token: str
+    state: TaskState = TaskState.PENDING
+    attempts: int = 0
+    claimed_at: datetime | None = None
+    sent_at: datetime | None = None
+    message_id: str | None = None
+    error: str | None = None
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    updated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+
+class TaskChanges(TypedDict, total=False):
+    """Fields a transition may set along with the state. A key left out keeps its value."""
+
+    send_at: datetime
+    token: str
+    attempts: int
+    claimed_at: datetime | None
+    sent_at: datetime | None
+    message_id: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class ChangeLogEntry:
+    """One change, appended in the same transaction as the write it records.
+
+    ``id`` is monotonic across the whole store. For a task, ``from_state``/``to_state`` are
+    :class:`TaskState` values (``from_state`` is None when the task was created). For a campaign
+    event ``task_id`` is None and the states are :class:`CampaignState` values, or ``to_state``
+    is ``"progress"`` with ``note`` saying how far provisioning got.
+    """
+
+    id: int
+    campaign_id: str
+    task_id: str | None
+    from_state: str | None
+    to_state: str
+    at: datetime
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An invocation the execution layer gave up on after its retries."""
+
+    id: str
+    schedule_name: str
+    group: str
+    payload: Mapping[str, str]
+    error: str
+    attempts: int
+    failed_at: datetime

@@ -1,0 +1,313 @@
+"""The seams of sendqueue: what the services need from the outside world.
+
+Each port is a :class:`typing.Protocol`. Its docstring is the contract every adapter honours and
+the contract tests in ``tests/contract`` check, against the in-memory fakes in
+:mod:`sendqueue.testing` and against every real adapter.
+
+- :class:`TaskStore` is the source of truth: campaigns, recipients, tasks, the change log, leases.
+- :class:`Scheduler` is the execution layer: one one-time schedule per task, shaped like
+  EventBridge Scheduler, with retries and a dead-letter queue.
+- :class:`Dispatcher` runs a scheduler's due schedules against a target in this process (the
+  embedded and procrastinate layers have one; on AWS, Lambda is the dispatcher).
+- :class:`Mailer` hands one message to a mail provider.
+- :class:`Alarm` is raised when an invocation lands in the dead-letter queue.
+- :class:`Clock` tells the time, so tests can run on a fake one.
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from .domain.lifecycle import CampaignState, TaskState
+from .domain.models import Campaign, ChangeLogEntry, DeadLetter, Recipient, Task, TaskChanges
+
+__all__ = [
+    "Alarm",
+    "Clock",
+    "Dispatcher",
+    "Mailer",
+    "OutgoingMessage",
+    "Schedule",
+    "Scheduler",
+    "Target",
+    "TaskStore",
+]
+
+
+class Clock(Protocol):
+    """Tells the time. ``now()`` is aware, in UTC."""
+
+    def now(self) -> datetime: ...
+
+
+class TaskStore(Protocol):
+    """Durable campaigns, recipients and tasks; the source of truth.
+
+    Contract:
+
+    - Every task state change is a compare-and-set on the current state. It returns the updated
+      task, or None when the task was not in ``expected`` (someone else changed it first). The
+      change is appended to the change log in the same transaction, so a reader of the log never
+      misses a change and never sees one that did not happen.
+    - Only transitions in :data:`sendqueue.domain.lifecycle.TASK_TRANSITIONS` are attempted;
+      the store raises :class:`~sendqueue.domain.errors.IllegalTransition` for any other.
+    - ``create_campaign`` stores the campaign and all its recipients in one transaction, or
+      nothing.
+    - ``insert_tasks`` is idempotent: a task whose id exists is left untouched and not counted.
+      Each inserted task gets a change-log entry ``None -> Pending``.
+    - Paging is by cursor (position or id), never by offset.
+    - Change-log ids are strictly increasing; ``changes_after(n)`` returns entries with id > n
+      in id order.
+    - An unreachable or failing backend raises
+      :class:`~sendqueue.domain.errors.StoreUnavailable`; unknown ids raise
+      :class:`~sendqueue.domain.errors.NotFound` where a method says so.
+    """
+
+    # campaigns
+    def create_campaign(self, campaign: Campaign, recipients: Sequence[Recipient]) -> None: ...
+
+    def get_campaign(self, campaign_id: str) -> Campaign:
+        """The campaign, or NotFound."""
+        ...
+
+    def list_campaigns(self) -> list[Campaign]:
+        """All campaigns, newest first."""
+        ...
+
+    def set_campaign_state(
+        self,
+        campaign_id: str,
+        expected: Collection[CampaignState],
+        new: CampaignState,
+        *,
+        at: datetime,
+        reason: str | None = None,
+    ) -> bool:
+        """Compare-and-set the campaign state (and its reason); logged. NotFound if unknown."""
+        ...
+
+    def save_checkpoint(
+        self,
+        campaign_id: str,
+        checkpoint: Mapping[str, object] | None,
+        *,
+        at: datetime,
+        note: str | None = None,
+    ) -> None:
+        """Store the provisioning checkpoint; with ``note``, log a ``progress`` entry."""
+        ...
+
+    # recipients
+    def list_recipients(
+        self, campaign_id: str, *, after: int = -1, limit: int = 1000
+    ) -> list[Recipient]:
+        """Recipients with position > ``after``, in position order."""
+        ...
+
+    # tasks
+    def insert_tasks(self, tasks: Sequence[Task], *, at: datetime) -> int:
+        """Insert tasks that do not exist yet (by id), in one transaction. Returns how many."""
+        ...
+
+    def get_task(self, task_id: str) -> Task | None: ...
+
+    def transition(
+        self,
+        task_id: str,
+        expected: TaskState,
+        new: TaskState,
+        *,
+        at: datetime,
+        changes: TaskChanges | None = None,
+        note: str | None = None,
+    ) -> Task | None:
+        """Compare-and-set one task's state, applying ``changes`` too. None if not applied."""
+        ...
+
+    def transition_all(
+        self,
+        campaign_id: str,
+        expected: TaskState,
+        new: TaskState,
+        *,
+        at: datetime,
+        note: str | None = None,
+    ) -> int:
+        """Move every task of the campaign in ``expected`` to ``new`` (each logged)."""
+        ...
+
+    def reschedule(self, updates: Sequence[tuple[str, datetime, str]], *, at: datetime) -> int:
+        """Set (send_at, token) of Pending tasks given as (task_id, send_at, token).
+
+        Tasks no longer Pending are left alone. Returns how many were updated. Not logged: the
+        state does not change.
+        """
+        ...
+
+    def list_tasks(
+        self,
+        campaign_id: str,
+        *,
+        state: TaskState | None = None,
+        search: str | None = None,
+        after: int = -1,
+        limit: int = 100,
+    ) -> list[Task]:
+        """A page of the campaign's tasks with position > ``after``, in position order.
+
+        ``search`` matches a case-insensitive substring of the address.
+        """
+        ...
+
+    def due_tasks(
+        self,
+        state: TaskState,
+        *,
+        before: datetime,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 1000,
+    ) -> list[Task]:
+        """Tasks in ``state`` with send_at < ``before``, ordered by (send_at, id), after cursor."""
+        ...
+
+    def stale_running(self, *, claimed_before: datetime, limit: int = 1000) -> list[Task]:
+        """Running tasks claimed before ``claimed_before``, oldest claim first."""
+        ...
+
+    def count_tasks(self, campaign_id: str) -> dict[TaskState, int]:
+        """Number of tasks per state; every state is present, zero included."""
+        ...
+
+    # change log
+    def changes_after(
+        self, after_id: int, *, campaign_id: str | None = None, limit: int = 1000
+    ) -> list[ChangeLogEntry]: ...
+
+    def last_change_id(self) -> int:
+        """The highest change-log id, 0 when the log is empty."""
+        ...
+
+    # leases (one reconciler pass at a time, across processes)
+    def acquire_lease(self, name: str, owner: str, *, ttl_seconds: float, at: datetime) -> bool:
+        """Take or renew the named lease if it is free, expired or already ours."""
+        ...
+
+    def release_lease(self, name: str, owner: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A one-time schedule in the execution layer (EventBridge Scheduler's shape).
+
+    ``at_local`` is naive wall-clock time in ``timezone``; ``due_at`` is the same instant in UTC.
+    """
+
+    name: str
+    group: str
+    at_local: datetime
+    timezone: str
+    payload: Mapping[str, str]
+    client_token: str
+    due_at: datetime
+    max_retries: int = 2
+    attempts: int = 0
+    created_at: datetime | None = None
+
+
+#: The function a schedule invokes with its payload. It returns normally when the invocation
+#: succeeded (the schedule then deletes itself) and raises when it failed (retry, then DLQ).
+Target = Callable[[Mapping[str, str]], None]
+
+
+class Scheduler(Protocol):
+    """The execution layer: one-time schedules, retries, a dead-letter queue.
+
+    Contract (EventBridge Scheduler's rules, so every adapter accepts what the strictest does):
+
+    - Names are 1..64 chars of ``[0-9a-zA-Z-_.]``; groups likewise; client tokens 1..64 of
+      ``[a-zA-Z0-9-_]``. Anything else raises InvalidField naming the field.
+    - ``create`` with a new name creates the schedule. With an existing name and the same token
+      it is a no-op that returns the existing schedule; with another token it raises Conflict.
+    - ``delete`` of a missing name succeeds. ``get`` of a missing name returns None.
+    - ``list(group)`` pages by name (``after``), in name order.
+    - A schedule fires at ``due_at`` or later (overdue ones as soon as possible, in due order).
+      After an invocation that returns, the schedule is deleted. One that raises is retried
+      ``max_retries`` times with backoff, then removed and recorded as a dead letter, and the
+      alarm is raised. Delivery is at-least-once: a target may run twice for one schedule.
+    - ``redrive`` turns a dead letter back into a schedule due now and removes the letter.
+    - Backend failures raise SchedulerError; rate limits raise Throttled.
+    """
+
+    def create(
+        self,
+        name: str,
+        group: str,
+        at_local: datetime,
+        timezone: str,
+        payload: Mapping[str, str],
+        client_token: str,
+        max_retries: int = 2,
+    ) -> Schedule: ...
+
+    def delete(self, name: str) -> None: ...
+
+    def get(self, name: str) -> Schedule | None: ...
+
+    def list(
+        self, group: str, *, after: str | None = None, limit: int = 1000
+    ) -> list[Schedule]: ...
+
+    def dead_letters(self, *, limit: int = 1000) -> builtins.list[DeadLetter]: ...
+
+    def redrive(self, dead_letter_id: str) -> Schedule:
+        """Re-create the dead letter's schedule, due now. NotFound if unknown."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Dispatcher(Protocol):
+    """Runs due schedules of an execution layer against ``target`` until ``stop`` is set."""
+
+    def run(self, target: Target, stop: threading.Event) -> None: ...
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """One email ready to hand to a provider. ``message_id`` is derived from the task id."""
+
+    message_id: str
+    from_addr: str
+    to_addr: str
+    subject: str
+    text: str
+    date: datetime
+    to_name: str = ""
+    reply_to: str | None = None
+    html: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class Mailer(Protocol):
+    """Hands messages to a mail provider.
+
+    ``send`` returns the accepted Message-ID, or raises TransientMailError (4xx, connection
+    errors, timeouts) or PermanentMailError (5xx). Safe to call from several threads.
+    """
+
+    def send(self, message: OutgoingMessage) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class Alarm(Protocol):
+    """Raised when an invocation lands in the dead-letter queue (log, metric, webhook)."""
+
+    def raise_alarm(self, letter: DeadLetter) -> None: ...
