@@ -260,7 +260,7 @@ class SendingPolicy:
         return sum(w.minutes for w in self.windows)
 
     def describe(self) -> str:
-        """The policy in words, e.g. ``20 a day, Mon-Fri, 09:00-17:00, Europe/Berlin`` (en dashes)."""
+        """The policy in words: ``20 a day, Mon-Fri, 09:00-17:00, UTC`` (with en dashes)."""
         windows = " and ".join(str(w).replace("-", "\u2013") for w in self.windows)
         days = _weekday_text(self.weekdays)
         text = f"{self.per_day} a day, {days}, {windows}, {self.timezone}"
