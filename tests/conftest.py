@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+pytest_plugins = ["tests.support.smtp"]
+
 REQUIRE_SERVICES = os.environ.get("SENDQUEUE_REQUIRE_SERVICES") == "1"
 POSTGRES_ADMIN_URL = os.environ.get(
     "SENDQUEUE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"
@@ -53,3 +55,4 @@ def postgres_url() -> Iterator[str]:
     finally:
         with _admin_connect() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+

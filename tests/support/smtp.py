@@ -1,0 +1,1 @@
+"""SMTP test server fixtures (aiosmtpd). Filled in by the mailer work."""
