@@ -15,14 +15,17 @@ from .lifecycle import CampaignState, TaskState
 from .policy import SendingPolicy
 
 __all__ = [
+    "CONTROL_GROUP",
     "Campaign",
     "ChangeLogEntry",
     "DeadLetter",
     "Recipient",
     "Task",
     "TaskChanges",
+    "expected_schedule_name",
     "new_campaign_id",
     "new_token",
+    "schedule_group",
     "schedule_name",
     "task_id",
     "utc",
@@ -46,9 +49,29 @@ def task_id(campaign_id: str, position: int) -> str:
     return f"{campaign_id}-{position}"
 
 
-def schedule_name(task_id_: str) -> str:
-    """The execution layer's schedule name for a task (<= 64 chars of ``[0-9a-zA-Z-_.]``)."""
-    return f"sq-{task_id_}"
+def schedule_name(task_id_: str, attempt: int = 0) -> str:
+    """The execution layer's schedule name for a task's ``attempt`` (<= 64 chars of
+    ``[0-9a-zA-Z-_.]``).
+
+    The attempt number is part of the name so that the schedule of a retry never collides with
+    the schedule still in flight for the attempt that failed (that one deletes itself when its
+    invocation returns).
+    """
+    return f"sq-{task_id_}.{attempt}"
+
+
+def expected_schedule_name(task: Task) -> str:
+    """The name the schedule of a Pending ``task`` must have right now."""
+    return schedule_name(task.id, task.attempts)
+
+
+def schedule_group(campaign_id: str) -> str:
+    """Each campaign's schedules live in their own group, so the reconciler lists one campaign."""
+    return f"sq-{campaign_id}"
+
+
+#: The group of control schedules (provisioning continuations), not tied to one task.
+CONTROL_GROUP = "sq-control"
 
 
 def new_token() -> str:
