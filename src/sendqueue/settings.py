@@ -45,7 +45,7 @@ class Settings(BaseSettings):
         description="maildir:DIR or smtp://user:pass@host:port?security=starttls|tls|none",
     )
     default_timezone: str = Field("Europe/Berlin", description="policy timezone when none given")
-    default_from: str = Field("sendqueue@localhost", description="From address when none given")
+    default_from: str = Field("sendqueue@example.com", description="From address when none given")
     alarm_webhook: str | None = Field(None, description="URL POSTed when a send is dead-lettered")
     reconcile_interval: float = Field(1800.0, gt=0, description="seconds between reconciler passes")
     stale_after: float = Field(900.0, ge=30, description="seconds before Running counts as stale")

@@ -1,0 +1,196 @@
+"""The composition root: the one place that turns Settings into adapters and services.
+
+The CLI, the web app and the workers all go through :func:`bootstrap`; tests call it with fakes
+(``bootstrap(settings, store=InMemoryTaskStore(), ...)``). Components are built lazily, so a
+command that only reads the store never opens the scheduler or the mailer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+
+from sendqueue.adapters.alarm import LoggingAlarm
+from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.mailers import mailer_from_url
+from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.domain.errors import InvalidField
+from sendqueue.ports import Alarm, Clock, Dispatcher, Mailer, Scheduler, TaskStore
+from sendqueue.services.campaigns import CampaignService
+from sendqueue.services.config import ServiceConfig
+from sendqueue.services.provisioning import Provisioner
+from sendqueue.services.reconciler import Reconciler
+from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.worker import SendWorker
+from sendqueue.settings import Settings
+from sendqueue.testing.clock import SystemClock
+
+__all__ = ["Container", "bootstrap"]
+
+log = logging.getLogger(__name__)
+
+
+def _sqlite_path(url: str) -> Path | None:
+    for prefix in ("sqlite:///", "sqlite+pysqlite:///"):
+        if url.startswith(prefix):
+            return Path(url[len(prefix) :])
+    return None
+
+
+class Container:
+    """Everything a sendqueue process needs, wired once."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        store: TaskStore | None = None,
+        scheduler: Scheduler | None = None,
+        mailer: Mailer | None = None,
+        alarm: Alarm | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock: Clock = clock or SystemClock()
+        self._store = store
+        self._scheduler = scheduler
+        self._mailer = mailer
+        self._alarm = alarm
+        self._zones: dict[str, str] = {}
+        self._zones_lock = threading.Lock()
+        self.config = ServiceConfig(
+            max_attempts=settings.max_attempts,
+            retry_backoff=settings.retry_backoff,
+            auto_pause_after=settings.auto_pause_after,
+            stale_after=settings.stale_after,
+            stale_policy=settings.stale_policy,
+            provision_concurrency=settings.provision_concurrency,
+            default_timezone=settings.default_timezone,
+            default_from=settings.default_from,
+        )
+
+    # -- adapters --------------------------------------------------------------------------
+    @cached_property
+    def store(self) -> TaskStore:
+        if self._store is not None:
+            return self._store
+        path = _sqlite_path(self.settings.database_url)
+        if path is not None and path.parent != Path():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        return SqlTaskStore(self.settings.database_url, upgrade=True)
+
+    @cached_property
+    def alarm(self) -> Alarm:
+        return self._alarm or LoggingAlarm(self.settings.alarm_webhook)
+
+    @cached_property
+    def scheduler(self) -> Scheduler:
+        if self._scheduler is not None:
+            return self._scheduler
+        if _sqlite_path(self.settings.scheduler_url) is None:
+            raise InvalidField(
+                "SENDQUEUE_SCHEDULER_URL",
+                self.settings.scheduler_url,
+                "the embedded execution layer needs its own SQLite file (sqlite:///FILE)",
+            )
+        return EmbeddedScheduler(
+            self.settings.scheduler_url,
+            clock=self.clock,
+            alarm=self.alarm,
+            concurrency=self.settings.worker_concurrency,
+        )
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        scheduler = self.scheduler
+        if not hasattr(scheduler, "run"):
+            raise TypeError(f"{type(scheduler).__name__} has no dispatcher in this process")
+        return scheduler  # type: ignore[return-value]
+
+    @cached_property
+    def mailer(self) -> Mailer:
+        return self._mailer or mailer_from_url(self.settings.mailer)
+
+    # -- services --------------------------------------------------------------------------
+    def timezone_of(self, campaign_id: str) -> str:
+        """A campaign's policy timezone (it never changes, so it is cached)."""
+        with self._zones_lock:
+            zone = self._zones.get(campaign_id)
+        if zone is None:
+            zone = self.store.get_campaign(campaign_id).policy.timezone
+            with self._zones_lock:
+                self._zones[campaign_id] = zone
+        return zone
+
+    @cached_property
+    def writer(self) -> ScheduleWriter:
+        return ScheduleWriter(
+            self.scheduler, self.timezone_of, concurrency=self.config.provision_concurrency
+        )
+
+    @cached_property
+    def campaigns(self) -> CampaignService:
+        return CampaignService(self.store, self.writer, self.clock, self.config)
+
+    @cached_property
+    def provisioner(self) -> Provisioner:
+        return Provisioner(self.store, self.scheduler, self.writer, self.clock, self.config)
+
+    @cached_property
+    def worker(self) -> SendWorker:
+        return SendWorker(
+            self.store, self.mailer, self.writer, self.campaigns, self.clock, self.config
+        )
+
+    @cached_property
+    def reconciler(self) -> Reconciler:
+        return Reconciler(
+            self.store,
+            self.scheduler,
+            self.writer,
+            self.campaigns,
+            self.provisioner,
+            self.clock,
+            self.config,
+        )
+
+    def invoke(self, payload: Mapping[str, str]) -> None:
+        """The execution layer's target: routes an invocation by its ``kind``."""
+        kind = payload.get("kind", "send")
+        if kind == "send":
+            self.worker.send(payload)
+        elif kind == "provision":
+            self.provisioner.provision(payload["campaign_id"])
+        else:
+            log.error("unknown invocation kind %r: %s", kind, dict(payload))
+
+    def close(self) -> None:
+        for name in ("mailer", "scheduler", "store"):
+            if name in self.__dict__:
+                try:
+                    getattr(self, name).close()
+                except Exception:  # closing must not mask the error that got us here
+                    log.exception("closing %s failed", name)
+
+
+def bootstrap(
+    settings: Settings | None = None,
+    *,
+    clock: Clock | None = None,
+    store: TaskStore | None = None,
+    scheduler: Scheduler | None = None,
+    mailer: Mailer | None = None,
+    alarm: Alarm | None = None,
+) -> Container:
+    """Build the container from settings (read from the environment when not given)."""
+    return Container(
+        settings or Settings(),
+        clock=clock,
+        store=store,
+        scheduler=scheduler,
+        mailer=mailer,
+        alarm=alarm,
+    )

@@ -1,0 +1,1 @@
+"""The pure domain: states, policy, planner, models and errors. No I/O."""

@@ -1,0 +1,49 @@
+"""Running a worker process: the dispatcher, the send workers and the periodic reconciler."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from sendqueue.bootstrap import Container
+from sendqueue.services.reconciler import ReconcileReport
+
+__all__ = ["run_worker"]
+
+log = logging.getLogger(__name__)
+
+
+def run_worker(
+    app: Container,
+    stop: threading.Event,
+    *,
+    reconcile_interval: float | None = None,
+    reconcile_at_start: bool = True,
+    on_reconcile: Callable[[ReconcileReport], None] | None = None,
+) -> None:
+    """Dispatch due schedules and reconcile periodically until ``stop`` is set.
+
+    The dispatcher runs in this thread; the reconciler in a daemon thread that sleeps on
+    ``stop`` so shutdown is immediate. In-flight sends finish before this returns.
+    """
+    interval = reconcile_interval or app.settings.reconcile_interval
+
+    def reconcile_loop() -> None:
+        wait = 0.0 if reconcile_at_start else interval
+        while not stop.wait(wait):
+            try:
+                report = app.reconciler.run()
+                if on_reconcile is not None:
+                    on_reconcile(report)
+            except Exception:  # a failed pass must not kill the worker; the next one retries
+                log.exception("reconciler pass failed")
+            wait = interval
+
+    thread = threading.Thread(target=reconcile_loop, name="reconciler", daemon=True)
+    thread.start()
+    try:
+        app.dispatcher.run(app.invoke, stop)
+    finally:
+        stop.set()
+        thread.join(timeout=30)

@@ -1,0 +1,322 @@
+"""Campaign use cases: create, preview, cancel, pause, resume, retry-failed, cancel one task.
+
+Every control follows design.md: a campaign state change is a compare-and-set in the store,
+tasks move only along the lifecycle table, and schedules follow the tasks (deleted on pause and
+cancel, re-planned from now on resume and retry-failed). A crash between two steps leaves
+nothing the reconciler cannot repair.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from email.utils import formataddr, parseaddr
+from typing import BinaryIO
+
+from email_validator import EmailNotValidError, validate_email
+
+from sendqueue.domain.errors import IllegalTransition, InvalidField, NotFound
+from sendqueue.domain.lifecycle import CampaignState, TaskState, check_campaign_transition
+from sendqueue.domain.models import (
+    Campaign,
+    Recipient,
+    Task,
+    expected_schedule_name,
+    new_campaign_id,
+    new_token,
+    schedule_group,
+)
+from sendqueue.domain.planner import plan
+from sendqueue.domain.policy import SendingPolicy
+from sendqueue.ports import Clock, TaskStore
+from sendqueue.services.config import ServiceConfig
+from sendqueue.services.importing import ImportLimits, ImportResult, Templates, parse_recipients
+from sendqueue.services.scheduling import ScheduleWriter
+
+__all__ = ["CampaignService", "CreatedCampaign", "iter_tasks", "normalize_sender"]
+
+log = logging.getLogger(__name__)
+
+MAX_NAME_CHARS = 200
+_PAGE = 1000
+
+
+def iter_tasks(
+    store: TaskStore, campaign_id: str, state: TaskState | None = None, page: int = _PAGE
+) -> Iterator[Task]:
+    """Every task of a campaign (optionally in one state), paged by position."""
+    after = -1
+    while True:
+        batch = store.list_tasks(campaign_id, state=state, after=after, limit=page)
+        yield from batch
+        if len(batch) < page:
+            return
+        after = batch[-1].position
+
+
+def normalize_sender(value: str, field: str) -> str:
+    """``"Name <a@b.example>"`` or ``"a@b.example"``, validated; header injection refused."""
+    if "\r" in value or "\n" in value:
+        raise InvalidField(field, value, "must not contain line breaks")
+    name, address = parseaddr(value)
+    if not address:
+        raise InvalidField(field, value, "expected an address like news@example.com")
+    try:
+        valid = validate_email(address, check_deliverability=False)
+    except EmailNotValidError as exc:
+        raise InvalidField(field, value, str(exc)) from exc
+    return formataddr((name, valid.normalized)) if name else valid.normalized
+
+
+@dataclass(frozen=True)
+class CreatedCampaign:
+    campaign: Campaign
+    imported: ImportResult
+
+
+class CampaignService:
+    """The campaign controls the CLI, the API and the worker share."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        writer: ScheduleWriter,
+        clock: Clock,
+        config: ServiceConfig,
+    ) -> None:
+        self._store = store
+        self._writer = writer
+        self._clock = clock
+        self._config = config
+
+    # -- create and read ----------------------------------------------------------------
+    def create(
+        self,
+        *,
+        name: str,
+        recipients: bytes | str | os.PathLike[str] | BinaryIO,
+        policy: SendingPolicy,
+        from_addr: str | None = None,
+        reply_to: str | None = None,
+        templates: Templates | None = None,
+        limits: ImportLimits | None = None,
+    ) -> CreatedCampaign:
+        """Validate everything, then store the campaign and its recipients whole, as a draft.
+
+        Raises InvalidField / InvalidInput before anything is written.
+        """
+        clean_name = name.strip() if isinstance(name, str) else ""
+        if not clean_name:
+            raise InvalidField("name", name, "give the campaign a name")
+        if len(clean_name) > MAX_NAME_CHARS or "\n" in clean_name or "\r" in clean_name:
+            raise InvalidField("name", name, f"one line of at most {MAX_NAME_CHARS} characters")
+        sender = normalize_sender(from_addr or self._config.default_from, "from")
+        reply = normalize_sender(reply_to, "reply_to") if reply_to else None
+        imported = parse_recipients(
+            recipients, templates=templates or Templates(), limits=limits or ImportLimits()
+        )
+        if not imported.recipients:
+            raise InvalidField("recipients", imported.rows, "the file has no recipient rows")
+        return self.create_from_recipients(
+            name=clean_name,
+            recipients=imported.recipients,
+            policy=policy,
+            from_addr=sender,
+            reply_to=reply,
+            imported=imported,
+        )
+
+    def create_from_recipients(
+        self,
+        *,
+        name: str,
+        recipients: list[Recipient],
+        policy: SendingPolicy,
+        from_addr: str,
+        reply_to: str | None,
+        imported: ImportResult,
+    ) -> CreatedCampaign:
+        now = self._clock.now()
+        campaign = Campaign(
+            id=new_campaign_id(),
+            name=name,
+            policy=policy,
+            from_addr=from_addr,
+            reply_to=reply_to,
+            recipient_count=len(recipients),
+            created_at=now,
+            updated_at=now,
+        )
+        self._store.create_campaign(campaign, recipients)
+        log.info("created campaign %s (%s) with %d recipients", campaign.id, name, len(recipients))
+        return CreatedCampaign(self._store.get_campaign(campaign.id), imported)
+
+    def get(self, campaign_id: str) -> Campaign:
+        return self._store.get_campaign(campaign_id)
+
+    def preview(self, campaign_id: str) -> list[tuple[Recipient, object]]:
+        """The plan for the campaign's recipients from now: (recipient, send instant) pairs."""
+        campaign = self._store.get_campaign(campaign_id)
+        sends = plan(campaign.policy, campaign.recipient_count, now=self._clock.now())
+        pairs: list[tuple[Recipient, object]] = []
+        after = -1
+        while True:
+            batch = self._store.list_recipients(campaign_id, after=after, limit=_PAGE)
+            pairs.extend((r, sends[r.position]) for r in batch)
+            if len(batch) < _PAGE:
+                return pairs
+            after = batch[-1].position
+
+    # -- controls -------------------------------------------------------------------------
+    def _move(
+        self,
+        campaign_id: str,
+        allowed_from: set[CampaignState],
+        target: CampaignState,
+        reason: str | None = None,
+    ) -> Campaign:
+        """CAS the campaign into ``target``; IllegalTransition if it is not in a state allowing
+        it. Retries when a concurrent writer changed the state between read and write."""
+        for _ in range(5):
+            campaign = self._store.get_campaign(campaign_id)
+            if campaign.state not in allowed_from:
+                raise IllegalTransition("campaign", campaign.state.value, target.value)
+            check_campaign_transition(campaign.state, target)
+            if self._store.set_campaign_state(
+                campaign_id, {campaign.state}, target, at=self._clock.now(), reason=reason
+            ):
+                return replace(campaign, state=target, state_reason=reason)
+        raise IllegalTransition("campaign", "changing", target.value, "state kept changing")
+
+    def cancel(self, campaign_id: str) -> Campaign:
+        """Cancel every Pending task and delete the campaign's schedules. Running ones finish."""
+        campaign = self._move(
+            campaign_id,
+            {s for s in CampaignState if not s.is_final and s is not CampaignState.COMPLETED},
+            CampaignState.CANCELLED,
+            "cancelled by the user",
+        )
+        self.cancel_pending(campaign_id)
+        return campaign
+
+    def cancel_pending(self, campaign_id: str) -> int:
+        """Cancel the Pending tasks of a cancelled campaign and drop its schedules (idempotent;
+        the reconciler calls it too, to finish a cancel interrupted by a crash)."""
+        count = self._store.transition_all(
+            campaign_id,
+            TaskState.PENDING,
+            TaskState.CANCELLED,
+            at=self._clock.now(),
+            note="campaign cancelled",
+        )
+        self._writer.delete_group(schedule_group(campaign_id))
+        return count
+
+    def pause(self, campaign_id: str, reason: str = "paused by the user") -> Campaign:
+        """Stop sending: delete the schedules of Pending tasks; they stay Pending."""
+        campaign = self._move(campaign_id, {CampaignState.ACTIVE}, CampaignState.PAUSED, reason)
+        self._writer.delete_group(schedule_group(campaign_id))
+        return campaign
+
+    def resume(self, campaign_id: str) -> Campaign:
+        """Re-plan the remaining Pending tasks from now, schedule them, and go active."""
+        campaign = self._move(campaign_id, {CampaignState.PAUSED}, CampaignState.ACTIVE)
+        self.replan_pending(campaign)
+        return campaign
+
+    def retry_failed(self, campaign_id: str) -> int:
+        """Send the Failed tasks again: back to Pending, re-planned with the rest from now."""
+        campaign = self._store.get_campaign(campaign_id)
+        if campaign.state not in {
+            CampaignState.ACTIVE,
+            CampaignState.PAUSED,
+            CampaignState.COMPLETED,
+        }:
+            raise IllegalTransition(
+                "campaign",
+                campaign.state.value,
+                "retry-failed",
+                "only active, paused or completed campaigns can retry failed emails",
+            )
+        now = self._clock.now()
+        moved = 0
+        for task in list(iter_tasks(self._store, campaign_id, TaskState.FAILED)):
+            if self._store.transition(
+                task.id,
+                TaskState.FAILED,
+                TaskState.PENDING,
+                at=now,
+                changes={
+                    "attempts": 0,
+                    "token": new_token(),
+                    "claimed_at": None,
+                    "error": None,
+                },
+                note="retry-failed",
+            ):
+                moved += 1
+        if campaign.state is CampaignState.COMPLETED:
+            campaign = self._move(campaign_id, {CampaignState.COMPLETED}, CampaignState.ACTIVE)
+        if campaign.state is CampaignState.ACTIVE and moved:
+            self.replan_pending(campaign)
+        return moved
+
+    def replan_pending(self, campaign: Campaign) -> int:
+        """Give every Pending task a send time planned from now (position order) and a fresh
+        schedule. Returns how many tasks were scheduled."""
+        pending = list(iter_tasks(self._store, campaign.id, TaskState.PENDING))
+        if not pending:
+            return 0
+        sends = plan(campaign.policy, len(pending), now=self._clock.now())
+        updated = [
+            replace(task, send_at=when, token=new_token())
+            for task, when in zip(pending, sends, strict=True)
+        ]
+        for start in range(0, len(updated), _PAGE):
+            chunk = updated[start : start + _PAGE]
+            self._store.reschedule(
+                [(t.id, t.send_at, t.token) for t in chunk], at=self._clock.now()
+            )
+            report = self._writer.ensure_many(chunk)
+            if report.failed:
+                log.warning(
+                    "%d schedules could not be created for %s; the reconciler will retry",
+                    len(report.failed),
+                    campaign.id,
+                )
+        return len(updated)
+
+    def cancel_task(self, task_id: str) -> Task:
+        """Cancel one Pending task and delete its schedule."""
+        task = self._store.get_task(task_id)
+        if task is None:
+            raise NotFound("task", task_id)
+        done = self._store.transition(
+            task_id,
+            TaskState.PENDING,
+            TaskState.CANCELLED,
+            at=self._clock.now(),
+            note="cancelled by the user",
+        )
+        if done is None:
+            current = self._store.get_task(task_id)
+            state = current.state.value if current else "missing"
+            raise IllegalTransition("task", state, TaskState.CANCELLED.value)
+        self._writer.delete_many([expected_schedule_name(task)])
+        self.complete_if_done(task.campaign_id)
+        return done
+
+    def complete_if_done(self, campaign_id: str) -> bool:
+        """Mark an active campaign completed when no Pending or Running task is left."""
+        for state in (TaskState.PENDING, TaskState.RUNNING):
+            if self._store.list_tasks(campaign_id, state=state, limit=1):
+                return False
+        return self._store.set_campaign_state(
+            campaign_id,
+            {CampaignState.ACTIVE},
+            CampaignState.COMPLETED,
+            at=self._clock.now(),
+            reason="every email reached a final state",
+        )

@@ -1,0 +1,25 @@
+"""Plain values the services need, built from Settings by the composition root."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["ServiceConfig"]
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Behaviour knobs of the service layer (see the README's configuration table)."""
+
+    max_attempts: int = 3
+    retry_backoff: float = 60.0
+    auto_pause_after: int = 5
+    stale_after: float = 900.0
+    stale_policy: Literal["retry", "fail"] = "retry"
+    provision_concurrency: int = 10
+    provision_chunk: int = 500
+    provision_margin: float = 90.0
+    reconcile_lease_seconds: float = 600.0
+    default_timezone: str = "Europe/Berlin"
+    default_from: str = "sendqueue@example.com"

@@ -1,0 +1,287 @@
+"""Provisioning: one task per recipient, then one schedule per task.
+
+The job is checkpointed after every chunk and can stop at any point (crash, time budget) and be
+run again: tasks have deterministic ids and are inserted idempotently, schedules are created
+with the task's stored client token (idempotent in the execution layer), and the send times are
+re-planned from the instant recorded in the first checkpoint, so a resumed run plans exactly
+what the first run planned.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from sendqueue.domain.errors import Conflict, IllegalTransition, InvalidField, SchedulerError
+from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.models import CONTROL_GROUP, Campaign, Task, new_token, task_id
+from sendqueue.domain.planner import plan
+from sendqueue.ports import Clock, Scheduler, TaskStore
+from sendqueue.services.config import ServiceConfig
+from sendqueue.services.scheduling import ScheduleWriter
+
+__all__ = ["ProvisionProgress", "ProvisionReport", "Provisioner"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProvisionProgress:
+    """Where a provisioning run is: ``phase`` is ``tasks`` or ``schedules``."""
+
+    campaign_id: str
+    phase: str
+    done: int
+    total: int
+
+
+@dataclass
+class ProvisionReport:
+    """What one provisioning run did. ``status``: done, continued, stopped or busy."""
+
+    campaign_id: str
+    status: str
+    total: int = 0
+    tasks_created: int = 0
+    schedules_created: int = 0
+    throttled: int = 0
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+class Provisioner:
+    """Creates a campaign's tasks and schedules; see the module docstring."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        scheduler: Scheduler,
+        writer: ScheduleWriter,
+        clock: Clock,
+        config: ServiceConfig,
+    ) -> None:
+        self._store = store
+        self._scheduler = scheduler
+        self._writer = writer
+        self._clock = clock
+        self._config = config
+
+    def provision(
+        self,
+        campaign_id: str,
+        *,
+        time_budget: float | None = None,
+        safety_margin: float | None = None,
+        progress: Callable[[ProvisionProgress], None] | None = None,
+    ) -> ProvisionReport:
+        """Provision the campaign, or continue where an earlier run stopped.
+
+        With ``time_budget`` (seconds), stop when less than ``safety_margin`` (default
+        ``config.provision_margin``) is left, save the checkpoint and schedule a continuation
+        in the execution layer, which the running worker picks up.
+        """
+        started = time.monotonic()
+        margin = self._config.provision_margin if safety_margin is None else safety_margin
+        deadline: float | None = None
+        if time_budget is not None:
+            if time_budget <= margin:
+                raise InvalidField(
+                    "time_budget",
+                    time_budget,
+                    f"must be larger than the safety margin of {margin:g} s",
+                )
+            deadline = started + time_budget - margin
+        campaign = self._begin(campaign_id)
+        report = ProvisionReport(campaign_id, "done", total=campaign.recipient_count)
+        if campaign.state is not CampaignState.PROVISIONING:
+            return report  # already provisioned: nothing to do
+        owner = secrets.token_hex(8)
+        lease = f"provision:{campaign_id}"
+        if not self._store.acquire_lease(lease, owner, ttl_seconds=300, at=self._clock.now()):
+            report.status = "busy"
+            report.errors.append("another process is provisioning this campaign")
+            return report
+        try:
+            checkpoint = dict(campaign.checkpoint or {})
+            if "plan_start" not in checkpoint:
+                checkpoint = {"phase": "tasks", "plan_start": self._clock.now().isoformat()}
+                self._store.save_checkpoint(campaign_id, checkpoint, at=self._clock.now())
+
+            def tick() -> None:
+                if not self._store.acquire_lease(
+                    lease, owner, ttl_seconds=300, at=self._clock.now()
+                ):
+                    raise Conflict(f"lost the provisioning lease of {campaign_id}")
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise _OutOfTime
+
+            try:
+                if checkpoint["phase"] == "tasks":
+                    self._create_tasks(campaign, checkpoint, report, tick, progress)
+                    checkpoint = {**checkpoint, "phase": "schedules", "after": -1}
+                    self._store.save_checkpoint(campaign_id, checkpoint, at=self._clock.now())
+                if not self._create_schedules(campaign, checkpoint, report, tick, progress):
+                    report.status = "stopped"
+                    return report
+            except _OutOfTime:
+                report.status = "continued"
+                self._continue_later(campaign_id)
+                return report
+            done = {
+                "phase": "done",
+                "plan_start": checkpoint["plan_start"],
+                "finished_at": self._clock.now().isoformat(),
+            }
+            self._store.save_checkpoint(
+                campaign_id, done, at=self._clock.now(), note=f"provisioned {report.total} emails"
+            )
+            self._store.set_campaign_state(
+                campaign_id,
+                {CampaignState.PROVISIONING},
+                CampaignState.ACTIVE,
+                at=self._clock.now(),
+                reason="provisioned",
+            )
+            return report
+        finally:
+            report.seconds = time.monotonic() - started
+            self._store.release_lease(lease, owner)
+
+    def _begin(self, campaign_id: str) -> Campaign:
+        campaign = self._store.get_campaign(campaign_id)
+        if campaign.state is CampaignState.DRAFT:
+            self._store.set_campaign_state(
+                campaign_id,
+                {CampaignState.DRAFT},
+                CampaignState.PROVISIONING,
+                at=self._clock.now(),
+                reason="provisioning",
+            )
+            return self._store.get_campaign(campaign_id)
+        if campaign.state is CampaignState.PROVISIONING:
+            return campaign
+        if (campaign.checkpoint or {}).get("phase") == "done":
+            return campaign
+        raise IllegalTransition("campaign", campaign.state.value, "provisioning")
+
+    def _create_tasks(
+        self,
+        campaign: Campaign,
+        checkpoint: dict[str, object],
+        report: ProvisionReport,
+        tick: Callable[[], None],
+        progress: Callable[[ProvisionProgress], None] | None,
+    ) -> None:
+        plan_start = datetime.fromisoformat(str(checkpoint["plan_start"]))
+        sends = plan(campaign.policy, campaign.recipient_count, now=plan_start)
+        after = int(str(checkpoint.get("after", -1)))
+        chunk = self._config.provision_chunk
+        while True:
+            tick()
+            recipients = self._store.list_recipients(campaign.id, after=after, limit=chunk)
+            if not recipients:
+                return
+            now = self._clock.now()
+            tasks = [
+                Task(
+                    id=task_id(campaign.id, r.position),
+                    campaign_id=campaign.id,
+                    position=r.position,
+                    email=r.email,
+                    name=r.name,
+                    subject=r.subject,
+                    text=r.text,
+                    html=r.html,
+                    send_at=sends[r.position],
+                    token=new_token(),
+                    created_at=now,
+                    updated_at=now,
+                )
+                for r in recipients
+            ]
+            report.tasks_created += self._store.insert_tasks(tasks, at=now)
+            after = recipients[-1].position
+            done = after + 1
+            checkpoint.update(after=after)
+            self._store.save_checkpoint(
+                campaign.id,
+                checkpoint,
+                at=now,
+                note=f"tasks {done}/{campaign.recipient_count}",
+            )
+            if progress:
+                progress(ProvisionProgress(campaign.id, "tasks", done, campaign.recipient_count))
+            if len(recipients) < chunk:
+                return
+
+    def _create_schedules(
+        self,
+        campaign: Campaign,
+        checkpoint: dict[str, object],
+        report: ProvisionReport,
+        tick: Callable[[], None],
+        progress: Callable[[ProvisionProgress], None] | None,
+    ) -> bool:
+        after = int(str(checkpoint.get("after", -1)))
+        chunk = self._config.provision_chunk
+        total = campaign.recipient_count
+        while True:
+            tick()
+            tasks = self._store.list_tasks(
+                campaign.id, state=TaskState.PENDING, after=after, limit=chunk
+            )
+            if not tasks:
+                return True
+            result = self._writer.ensure_many(tasks)
+            report.throttled += result.throttled
+            report.schedules_created += result.created
+            if result.failed:
+                report.errors.extend(f"{tid}: {err}" for tid, err in result.failed[:20])
+                log.error(
+                    "provisioning %s stopped: %d schedule writes failed; checkpoint kept at "
+                    "position %d, run it again or let the reconciler resume it",
+                    campaign.id,
+                    len(result.failed),
+                    after,
+                )
+                return False
+            after = tasks[-1].position
+            checkpoint.update(after=after)
+            self._store.save_checkpoint(
+                campaign.id,
+                checkpoint,
+                at=self._clock.now(),
+                note=f"schedules {after + 1}/{total}",
+            )
+            if progress:
+                progress(ProvisionProgress(campaign.id, "schedules", after + 1, total))
+            if len(tasks) < chunk:
+                return True
+
+    def _continue_later(self, campaign_id: str) -> None:
+        """Hand the rest to the execution layer: a control schedule, due now, whose invocation
+        runs :meth:`provision` again in the worker process."""
+        now = self._clock.now()
+        try:
+            self._scheduler.create(
+                f"sq-provision-{campaign_id}-{secrets.token_hex(4)}",
+                CONTROL_GROUP,
+                now.astimezone(ZoneInfo("UTC")).replace(tzinfo=None, microsecond=0),
+                "UTC",
+                {"kind": "provision", "campaign_id": campaign_id},
+                new_token(),
+            )
+        except SchedulerError as exc:
+            log.warning(
+                "continuation of %s not scheduled (%s); the reconciler resumes it", campaign_id, exc
+            )
+        log.info("provisioning %s: time budget spent, continuation scheduled", campaign_id)

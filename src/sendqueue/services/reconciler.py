@@ -1,0 +1,235 @@
+"""The reconciler: repairs drift between the task store and the execution layer.
+
+One pass (guarded by a lease in the store, so only one runs at a time across processes):
+
+1. resumes provisioning that stopped (crash, failed scheduler calls, spent time budget);
+2. finishes cancels interrupted by a crash (Pending tasks of a cancelled campaign);
+3. per active campaign, diffs Pending tasks against the campaign's schedule group: recreates
+   missing schedules with the task's stored token (overdue ones fire as soon as possible) and
+   deletes orphans (task final, missing, re-planned, or campaign paused/cancelled);
+4. recovers Running tasks claimed longer than ``stale_after`` ago: policy ``retry`` puts them
+   back to Pending with a new schedule (at-least-once: the email may go out twice if the lost
+   worker had already handed it to the provider); policy ``fail`` marks them Failed with
+   "outcome unknown" (at-most-once: an email may be lost, never duplicated);
+5. marks active campaigns with no Pending or Running task completed.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+
+from sendqueue.domain.errors import SchedulerError
+from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.models import (
+    Campaign,
+    Task,
+    expected_schedule_name,
+    new_token,
+    schedule_group,
+)
+from sendqueue.metrics import RECONCILER_REPAIRS_TOTAL
+from sendqueue.ports import Clock, Scheduler, TaskStore
+from sendqueue.services.campaigns import CampaignService, iter_tasks
+from sendqueue.services.config import ServiceConfig
+from sendqueue.services.provisioning import Provisioner
+from sendqueue.services.scheduling import ScheduleWriter
+
+__all__ = ["ReconcileReport", "Reconciler"]
+
+log = logging.getLogger(__name__)
+LEASE = "reconciler"
+
+
+@dataclass
+class ReconcileReport:
+    """What one pass found and repaired."""
+
+    ran: bool = True
+    campaigns_checked: int = 0
+    schedules_checked: int = 0
+    missing_schedules_created: int = 0
+    orphan_schedules_deleted: int = 0
+    stale_retried: int = 0
+    stale_failed: int = 0
+    provisioning_resumed: int = 0
+    cancels_finished: int = 0
+    campaigns_completed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def repairs(self) -> int:
+        return (
+            self.missing_schedules_created
+            + self.orphan_schedules_deleted
+            + self.stale_retried
+            + self.stale_failed
+            + self.provisioning_resumed
+            + self.cancels_finished
+            + self.campaigns_completed
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "repairs": self.repairs}
+
+
+class Reconciler:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        scheduler: Scheduler,
+        writer: ScheduleWriter,
+        campaigns: CampaignService,
+        provisioner: Provisioner,
+        clock: Clock,
+        config: ServiceConfig,
+    ) -> None:
+        self._store = store
+        self._scheduler = scheduler
+        self._writer = writer
+        self._campaigns = campaigns
+        self._provisioner = provisioner
+        self._clock = clock
+        self._config = config
+        self._owner = secrets.token_hex(8)
+
+    def run(self) -> ReconcileReport:
+        """One pass. Returns ``ran=False`` when another pass holds the lease."""
+        report = ReconcileReport()
+        if not self._store.acquire_lease(
+            LEASE, self._owner, ttl_seconds=self._config.reconcile_lease_seconds,
+            at=self._clock.now(),
+        ):  # fmt: skip
+            report.ran = False
+            return report
+        try:
+            self._stale_running(report)
+            for campaign in self._store.list_campaigns():
+                report.campaigns_checked += 1
+                try:
+                    self._campaign(campaign, report)
+                except SchedulerError as exc:
+                    report.errors.append(f"{campaign.id}: {exc}")
+                    log.warning("reconciling %s failed: %s", campaign.id, exc)
+        finally:
+            self._store.release_lease(LEASE, self._owner)
+        for kind in (
+            "missing_schedules_created", "orphan_schedules_deleted", "stale_retried",
+            "stale_failed", "provisioning_resumed", "cancels_finished", "campaigns_completed",
+        ):  # fmt: skip
+            value = getattr(report, kind)
+            if value:
+                RECONCILER_REPAIRS_TOTAL.inc(value, kind=kind)
+        if report.repairs:
+            log.warning("reconciler repaired %d things: %s", report.repairs, report.as_dict())
+        return report
+
+    def _campaign(self, campaign: Campaign, report: ReconcileReport) -> None:
+        state = campaign.state
+        if state is CampaignState.PROVISIONING:
+            result = self._provisioner.provision(campaign.id)
+            if result.status in {"done", "continued"}:
+                report.provisioning_resumed += 1
+            if result.errors and result.status != "busy":
+                report.errors.extend(result.errors[:5])
+            campaign = self._store.get_campaign(campaign.id)
+            state = campaign.state
+        if state is CampaignState.CANCELLED:
+            if self._store.list_tasks(campaign.id, state=TaskState.PENDING, limit=1):
+                report.cancels_finished += 1
+            self._campaigns.cancel_pending(campaign.id)
+            return
+        if state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
+            self._diff(campaign, report)
+            if state is CampaignState.ACTIVE and self._campaigns.complete_if_done(campaign.id):
+                report.campaigns_completed += 1
+            return
+        if state in {CampaignState.PAUSED, CampaignState.COMPLETED}:
+            report.orphan_schedules_deleted += self._writer.delete_group(
+                schedule_group(campaign.id)
+            )
+
+    def _diff(self, campaign: Campaign, report: ReconcileReport) -> None:
+        expected: dict[str, Task] = {
+            expected_schedule_name(t): t
+            for t in iter_tasks(self._store, campaign.id, TaskState.PENDING)
+        }
+        group = schedule_group(campaign.id)
+        orphans: list[str] = []
+        after: str | None = None
+        while True:
+            page = self._scheduler.list(group, after=after, limit=1000)
+            for schedule in page:
+                report.schedules_checked += 1
+                task = expected.pop(schedule.name, None)
+                if task is not None:
+                    continue
+                if self._is_orphan(schedule.name, schedule.payload.get("task_id", "")):
+                    orphans.append(schedule.name)
+            if len(page) < 1000:
+                break
+            after = page[-1].name
+        if orphans:
+            result = self._writer.delete_many(orphans)
+            report.orphan_schedules_deleted += result.created
+        if expected:
+            if campaign.state is CampaignState.PROVISIONING:
+                return  # the provisioner creates those; it holds the checkpoint
+            result = self._writer.ensure_many(list(expected.values()))
+            report.missing_schedules_created += result.created
+            report.errors.extend(f"{tid}: {err}" for tid, err in result.failed[:5])
+
+    def _is_orphan(self, name: str, task_id: str) -> bool:
+        """A schedule nobody needs: its task is gone, final, or Pending under another name.
+        A Running task's schedule is in flight and is left alone."""
+        task = self._store.get_task(task_id)
+        if task is None or task.state.is_final:
+            return True
+        return task.state is TaskState.PENDING and expected_schedule_name(task) != name
+
+    def _stale_running(self, report: ReconcileReport) -> None:
+        now = self._clock.now()
+        cutoff = now - timedelta(seconds=self._config.stale_after)
+        while True:
+            stale = self._store.stale_running(claimed_before=cutoff, limit=500)
+            if not stale:
+                return
+            for task in stale:
+                self._recover(task, report)
+
+    def _recover(self, task: Task, report: ReconcileReport) -> None:
+        now = self._clock.now()
+        unknown = (
+            f"outcome unknown: the worker did not finish within {self._config.stale_after:g} s "
+            f"of its claim at {task.claimed_at.isoformat() if task.claimed_at else '?'}"
+        )
+        if self._config.stale_policy == "fail" or task.attempts >= self._config.max_attempts:
+            why = (
+                unknown
+                if self._config.stale_policy == "fail"
+                else (f"{unknown}; {task.attempts} attempts used")
+            )
+            if self._store.transition(
+                task.id, TaskState.RUNNING, TaskState.FAILED, at=now,
+                changes={"error": why}, note="stale",
+            ):  # fmt: skip
+                report.stale_failed += 1
+            return
+        back = self._store.transition(
+            task.id, TaskState.RUNNING, TaskState.PENDING, at=now,
+            changes={"send_at": now, "token": new_token(), "error": unknown},
+            note="stale: retry",
+        )  # fmt: skip
+        if back is None:
+            return
+        report.stale_retried += 1
+        campaign = self._store.get_campaign(back.campaign_id)
+        if campaign.state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
+            try:
+                self._writer.ensure(back)
+            except SchedulerError as exc:
+                report.errors.append(f"{back.id}: {exc}")

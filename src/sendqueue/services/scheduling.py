@@ -1,0 +1,179 @@
+"""Writing schedules for tasks: bounded concurrency, throttling back-off, conflict repair.
+
+Provisioning, resume, retry-failed, the worker's transient retries and the reconciler all create
+schedules the same way, through :class:`ScheduleWriter`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from zoneinfo import ZoneInfo
+
+from sendqueue.domain.errors import Conflict, SchedulerError, Throttled
+from sendqueue.domain.models import Task, expected_schedule_name, schedule_group
+from sendqueue.ports import Scheduler
+
+__all__ = ["ScheduleWriter", "WriteReport", "send_payload"]
+
+log = logging.getLogger(__name__)
+
+
+def send_payload(task: Task) -> dict[str, str]:
+    """What a task's schedule passes to the send worker.
+
+    The token lets the worker recognise a schedule that is no longer the task's current one
+    (e.g. left over from before a pause) and skip it.
+    """
+    return {"kind": "send", "task_id": task.id, "token": task.token}
+
+
+@dataclass
+class WriteReport:
+    """What a batch of schedule writes did."""
+
+    created: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    throttled: int = 0
+
+
+class ScheduleWriter:
+    """Creates and deletes schedules with at most ``concurrency`` scheduler calls in flight.
+
+    Throttling is retried with exponential back-off and full jitter, up to ``max_tries`` calls
+    per schedule; a name clash with another token (a stale schedule of the same task attempt)
+    is repaired by deleting the stale one and creating it again.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        timezone_of: Callable[[str], str],
+        *,
+        concurrency: int = 10,
+        max_tries: int = 8,
+        base_backoff: float = 0.05,
+        max_backoff: float = 5.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._scheduler = scheduler
+        self._timezone_of = timezone_of
+        self._concurrency = concurrency
+        self._max_tries = max_tries
+        self._base = base_backoff
+        self._cap = max_backoff
+        self._sleep = sleep
+        self._random = random.Random()
+
+    @property
+    def concurrency(self) -> int:
+        return self._concurrency
+
+    def _with_backoff(self, call: Callable[[], object], report: WriteReport) -> None:
+        for attempt in range(self._max_tries):
+            try:
+                call()
+                return
+            except Throttled:
+                report.throttled += 1
+                if attempt == self._max_tries - 1:
+                    raise
+                delay = min(self._cap, self._base * 2**attempt)
+                self._sleep(self._random.uniform(0, delay))
+
+    def ensure(self, task: Task) -> None:
+        """Create the schedule a Pending task must have; raises SchedulerError on failure."""
+        self._ensure(task, WriteReport())
+
+    def _ensure(self, task: Task, report: WriteReport) -> None:
+        name = expected_schedule_name(task)
+        zone_name = self._timezone_of(task.campaign_id)
+        at_local = task.send_at.astimezone(ZoneInfo(zone_name)).replace(tzinfo=None)
+
+        def create() -> object:
+            return self._scheduler.create(
+                name,
+                schedule_group(task.campaign_id),
+                at_local,
+                zone_name,
+                send_payload(task),
+                task.token,
+            )
+
+        try:
+            self._with_backoff(create, report)
+        except Conflict:
+            log.warning("schedule %s exists with another token; replacing it", name)
+            self._with_backoff(lambda: self._scheduler.delete(name), report)
+            self._with_backoff(create, report)
+
+    def ensure_many(self, tasks: Sequence[Task]) -> WriteReport:
+        """Create schedules for ``tasks``, at most ``concurrency`` calls in flight.
+
+        Failures are collected in the report (task id, error), not raised, so one bad call does
+        not lose the rest of the batch; the caller decides (provisioning stops and keeps its
+        checkpoint, the reconciler retries on its next pass).
+        """
+        report = WriteReport()
+        if not tasks:
+            return report
+
+        def one(task: Task) -> None:
+            try:
+                self._ensure(task, report)
+                report.created += 1
+            except SchedulerError as exc:
+                report.failed.append((task.id, str(exc) or type(exc).__name__))
+
+        if self._concurrency == 1 or len(tasks) == 1:
+            for task in tasks:
+                one(task)
+            return report
+        with ThreadPoolExecutor(
+            max_workers=min(self._concurrency, len(tasks)), thread_name_prefix="schedule-writer"
+        ) as pool:
+            list(pool.map(one, tasks))
+        return report
+
+    def delete_many(self, names: Iterable[str]) -> WriteReport:
+        """Delete schedules by name (missing ones are fine), ``concurrency`` calls in flight."""
+        report = WriteReport()
+        names = list(names)
+
+        def one(name: str) -> None:
+            try:
+                self._with_backoff(lambda: self._scheduler.delete(name), report)
+                report.created += 1
+            except SchedulerError as exc:
+                report.failed.append((name, str(exc) or type(exc).__name__))
+
+        if not names:
+            return report
+        with ThreadPoolExecutor(
+            max_workers=min(self._concurrency, len(names)), thread_name_prefix="schedule-writer"
+        ) as pool:
+            list(pool.map(one, names))
+        return report
+
+    def delete_group(self, group: str, *, keep: Callable[[str], bool] = lambda _: False) -> int:
+        """Delete every schedule in ``group`` except those ``keep`` names. Returns how many."""
+        names: list[str] = []
+        after: str | None = None
+        while True:
+            page = self._scheduler.list(group, after=after, limit=1000)
+            names.extend(s.name for s in page if not keep(s.name))
+            if len(page) < 1000:
+                break
+            after = page[-1].name
+        report = self.delete_many(names)
+        if report.failed:
+            log.warning(
+                "%d schedule deletes failed in %s; the reconciler will retry",
+                len(report.failed),
+                group,
+            )
+        return report.created

@@ -1,0 +1,211 @@
+"""The send worker: what a schedule invokes at a task's send time.
+
+Rules (design.md):
+
+- A task that is not Pending (Finished, Cancelled, Failed, Running) is skipped, and the
+  invocation returns normally: raising would only make the execution layer retry into the
+  dead-letter queue.
+- A schedule whose payload token is not the task's current token is stale (the task was
+  re-planned since) and is skipped the same way.
+- The claim Pending -> Running is a conditional write; of two concurrent invocations of one
+  schedule, exactly one wins and sends.
+- Mail accepted -> Finished with sent_at and message id. Permanent error -> Failed with the
+  error. Transient error -> Pending with a new schedule after back-off while attempts remain,
+  then Failed.
+- The worker raises only when infrastructure fails (the store is unreachable), so the execution
+  layer's retry and dead-letter path covers that.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+
+from sendqueue.adapters.mime import message_id_for
+from sendqueue.domain.errors import PermanentMailError, SchedulerError, TransientMailError
+from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.models import Campaign, Task, new_token
+from sendqueue.metrics import SEND_LATENESS_SECONDS, SENDS_TOTAL
+from sendqueue.ports import Clock, Mailer, OutgoingMessage, TaskStore
+from sendqueue.services.campaigns import CampaignService
+from sendqueue.services.config import ServiceConfig
+from sendqueue.services.scheduling import ScheduleWriter
+
+__all__ = ["SENDING_STATES", "SendWorker"]
+
+#: Campaign states in which due tasks are sent. Provisioning counts: the first sends of a large
+#: campaign may be due before its last schedules are created.
+SENDING_STATES = frozenset({CampaignState.ACTIVE, CampaignState.PROVISIONING})
+
+log = logging.getLogger(__name__)
+
+
+def _sender_domain(from_addr: str) -> str:
+    address = from_addr.rsplit("<", 1)[-1].rstrip(">").strip()
+    return address.rsplit("@", 1)[-1] if "@" in address else "sendqueue.invalid"
+
+
+class SendWorker:
+    """Handles ``{"kind": "send", "task_id": ..., "token": ...}`` invocations."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        mailer: Mailer,
+        writer: ScheduleWriter,
+        campaigns: CampaignService,
+        clock: Clock,
+        config: ServiceConfig,
+        *,
+        on_event: Callable[[str, Task], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._mailer = mailer
+        self._writer = writer
+        self._campaigns = campaigns
+        self._clock = clock
+        self._config = config
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._failures_in_a_row: dict[str, int] = {}
+
+    def __call__(self, payload: Mapping[str, str]) -> None:
+        self.send(payload)
+
+    def send(self, payload: Mapping[str, str]) -> None:
+        task_id = payload.get("task_id", "")
+        task = self._store.get_task(task_id)
+        if task is None:
+            log.warning("schedule for unknown task %r: skipped", task_id)
+            return
+        token = payload.get("token")
+        if token is not None and token != task.token:
+            log.info("task %s: stale schedule (token changed), skipped", task_id)
+            return
+        if task.state is not TaskState.PENDING:
+            log.info("task %s is %s: skipped", task_id, task.state.value)
+            return
+        campaign = self._store.get_campaign(task.campaign_id)
+        if campaign.state not in SENDING_STATES:
+            log.info("task %s: campaign %s is %s, skipped", task_id, campaign.id, campaign.state)
+            return
+        now = self._clock.now()
+        claimed = self._store.transition(
+            task.id,
+            TaskState.PENDING,
+            TaskState.RUNNING,
+            at=now,
+            changes={"claimed_at": now, "attempts": task.attempts + 1},
+        )
+        if claimed is None:
+            log.info("task %s was claimed by another invocation", task_id)
+            return
+        # A pause may have landed between the campaign read and the claim: give it back.
+        if self._store.get_campaign(task.campaign_id).state not in SENDING_STATES:
+            self._store.transition(
+                task.id, TaskState.RUNNING, TaskState.PENDING, at=now, note="campaign not active"
+            )
+            return
+        self._emit("claimed", claimed)
+        self._deliver(campaign, claimed)
+
+    def _deliver(self, campaign: Campaign, task: Task) -> None:
+        message = OutgoingMessage(
+            message_id=message_id_for(task.id, _sender_domain(campaign.from_addr)),
+            from_addr=campaign.from_addr,
+            reply_to=campaign.reply_to,
+            to_addr=task.email,
+            to_name=task.name,
+            subject=task.subject,
+            text=task.text,
+            html=task.html,
+            date=self._clock.now(),
+            headers={"X-Sendqueue-Task": task.id},
+        )
+        try:
+            accepted_id = self._mailer.send(message)
+        except PermanentMailError as exc:
+            self._failed(campaign, task, f"permanent: {exc}")
+            return
+        except TransientMailError as exc:
+            self._transient(campaign, task, str(exc))
+            return
+        sent_at = self._clock.now()
+        done = self._store.transition(
+            task.id,
+            TaskState.RUNNING,
+            TaskState.FINISHED,
+            at=sent_at,
+            changes={"sent_at": sent_at, "message_id": accepted_id, "error": None},
+        )
+        SENDS_TOTAL.inc(outcome="sent")
+        SEND_LATENESS_SECONDS.observe(max(0.0, (sent_at - task.send_at).total_seconds()))
+        with self._lock:
+            self._failures_in_a_row[campaign.id] = 0
+        if done is not None:
+            self._emit("finished", done)
+        self._campaigns.complete_if_done(campaign.id)
+
+    def _failed(self, campaign: Campaign, task: Task, error: str) -> None:
+        done = self._store.transition(
+            task.id,
+            TaskState.RUNNING,
+            TaskState.FAILED,
+            at=self._clock.now(),
+            changes={"error": error[:2000]},
+        )
+        SENDS_TOTAL.inc(outcome="permanent")
+        if done is not None:
+            self._emit("failed", done)
+        with self._lock:
+            count = self._failures_in_a_row.get(campaign.id, 0) + 1
+            self._failures_in_a_row[campaign.id] = count
+        limit = self._config.auto_pause_after
+        if limit and count >= limit:
+            self._auto_pause(campaign, count, error)
+        else:
+            self._campaigns.complete_if_done(campaign.id)
+
+    def _auto_pause(self, campaign: Campaign, count: int, error: str) -> None:
+        reason = f"auto-paused after {count} failed sends in a row; last error: {error[:300]}"
+        try:
+            self._campaigns.pause(campaign.id, reason=reason)
+            log.error("campaign %s %s", campaign.id, reason)
+        except Exception as exc:  # already paused or cancelled by someone else
+            log.info("campaign %s not auto-paused: %s", campaign.id, exc)
+        with self._lock:
+            self._failures_in_a_row[campaign.id] = 0
+
+    def _transient(self, campaign: Campaign, task: Task, error: str) -> None:
+        if task.attempts >= self._config.max_attempts:
+            self._failed(campaign, task, f"gave up after {task.attempts} attempts; last: {error}")
+            return
+        delay = self._config.retry_backoff * 2 ** (task.attempts - 1)
+        retry_at = self._clock.now() + timedelta(seconds=delay)
+        back = self._store.transition(
+            task.id,
+            TaskState.RUNNING,
+            TaskState.PENDING,
+            at=self._clock.now(),
+            changes={
+                "send_at": retry_at,
+                "token": new_token(),
+                "error": f"transient: {error}"[:2000],
+            },
+            note=f"retry {task.attempts + 1} of {self._config.max_attempts} in {delay:.0f}s",
+        )
+        SENDS_TOTAL.inc(outcome="transient")
+        if back is None:
+            return
+        self._emit("retry", back)
+        try:
+            self._writer.ensure(back)
+        except SchedulerError as exc:
+            # The task is safe in the store; the reconciler recreates the missing schedule.
+            log.warning("task %s: retry schedule not created (%s); reconciler will", task.id, exc)
+
+    def _emit(self, event: str, task: Task) -> None:
+        if self._on_event is not None:
+            self._on_event(event, task)

@@ -1,0 +1,59 @@
+"""Build a fully wired sendqueue container on fakes (or real adapters) for tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sendqueue.bootstrap import Container, bootstrap
+from sendqueue.domain.policy import SendingPolicy, Window
+from sendqueue.ports import Scheduler, TaskStore
+from sendqueue.settings import Settings
+from sendqueue.testing.clock import FakeClock
+from sendqueue.testing.mailer import RecordingMailer
+from sendqueue.testing.scheduler import FakeScheduler
+from sendqueue.testing.store import InMemoryTaskStore
+
+__all__ = ["csv_bytes", "fake_app", "open_policy"]
+
+#: A Tuesday, 08:00 UTC = 09:00 in Berlin.
+T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+
+
+def fake_app(
+    *,
+    clock: FakeClock | None = None,
+    store: TaskStore | None = None,
+    scheduler: Scheduler | None = None,
+    mailer: RecordingMailer | None = None,
+    **settings: Any,
+) -> Container:
+    """A container on in-memory fakes; ``settings`` override Settings fields."""
+    clock = clock or FakeClock(T0)
+    values: dict[str, Any] = {"retry_backoff": 60.0, "_env_file": None}
+    values.update(settings)
+    return bootstrap(
+        Settings(**values),
+        clock=clock,
+        store=store or InMemoryTaskStore(),
+        scheduler=scheduler or FakeScheduler(clock, seed=1),
+        mailer=mailer or RecordingMailer(),
+    )
+
+
+def open_policy(start: datetime = T0, per_day: int = 10_000, **kw: Any) -> SendingPolicy:
+    """Every day, all day, many per day: sends every few seconds from ``start``."""
+    return SendingPolicy(
+        timezone=kw.pop("timezone", "UTC"),
+        per_day=per_day,
+        weekdays=frozenset(range(7)),
+        windows=(Window(0, 1440),),
+        start=start,
+        **kw,
+    )
+
+
+def csv_bytes(count: int, *, prefix: str = "user") -> bytes:
+    rows = ["email,name,subject,body"]
+    rows += [f"{prefix}{i}@example.com,User {i},Hello {i},Body {i}" for i in range(count)]
+    return ("\n".join(rows) + "\n").encode()

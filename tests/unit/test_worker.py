@@ -1,0 +1,221 @@
+"""The send worker's rules (design.md), on fakes and a fake clock."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from sendqueue.bootstrap import Container
+from sendqueue.domain.errors import PermanentMailError, StoreUnavailable, TransientMailError
+from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.models import Task, expected_schedule_name, schedule_group
+from sendqueue.services.scheduling import send_payload
+from sendqueue.testing.clock import FakeClock
+from sendqueue.testing.mailer import RecordingMailer
+from sendqueue.testing.scheduler import FakeScheduler
+from tests.support.app import T0, csv_bytes, fake_app, open_policy
+
+
+def _provisioned(app: Container, count: int = 3) -> str:
+    created = app.campaigns.create(
+        name="t",
+        recipients=csv_bytes(count),
+        policy=open_policy(),
+        from_addr="News <n@example.com>",
+    )
+    report = app.provisioner.provision(created.campaign.id)
+    assert report.status == "done"
+    return created.campaign.id
+
+
+def _tasks(app: Container, cid: str) -> list[Task]:
+    return app.store.list_tasks(cid, limit=1000)
+
+
+def _fire_all(app: Container) -> int:
+    scheduler = app.scheduler
+    assert isinstance(scheduler, FakeScheduler)
+    return scheduler.fire_due(app.invoke)
+
+
+def test_due_tasks_are_sent_once_and_finished_with_sent_at_and_message_id() -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _provisioned(app)
+    clock.advance(hours=1)
+    assert _fire_all(app) == 3
+    mailer = app.mailer
+    assert isinstance(mailer, RecordingMailer)
+    assert sorted(m.to_addr for m in mailer.sent) == [f"user{i}@example.com" for i in range(3)]
+    for task in _tasks(app, cid):
+        assert task.state is TaskState.FINISHED
+        assert task.sent_at == clock.now()
+        assert task.message_id == f"<{task.id}@example.com>"
+        assert task.attempts == 1
+    assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
+    assert app.scheduler.list(schedule_group(cid)) == []
+
+
+def test_message_carries_campaign_sender_and_snapshot() -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _provisioned(app, 1)
+    clock.advance(hours=1)
+    _fire_all(app)
+    (message,) = app.mailer.sent  # type: ignore[attr-defined]
+    task = _tasks(app, cid)[0]
+    assert message.from_addr == "News <n@example.com>"
+    assert (message.to_addr, message.to_name, message.subject, message.text) == (
+        "user0@example.com",
+        "User 0",
+        "Hello 0",
+        "Body 0",
+    )
+    assert message.message_id == task.message_id
+
+
+@pytest.mark.parametrize(
+    "final", [TaskState.FINISHED, TaskState.CANCELLED, TaskState.FAILED, TaskState.RUNNING]
+)
+def test_tasks_not_pending_are_skipped_without_raising(final: TaskState) -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _provisioned(app, 1)
+    task = _tasks(app, cid)[0]
+    path = {
+        TaskState.RUNNING: [TaskState.RUNNING],
+        TaskState.FINISHED: [TaskState.RUNNING, TaskState.FINISHED],
+        TaskState.FAILED: [TaskState.RUNNING, TaskState.FAILED],
+        TaskState.CANCELLED: [TaskState.CANCELLED],
+    }[final]
+    current = TaskState.PENDING
+    for nxt in path:
+        assert app.store.transition(task.id, current, nxt, at=clock.now())
+        current = nxt
+    app.worker.send(send_payload(task))  # must not raise
+    assert app.mailer.sent == []  # type: ignore[attr-defined]
+    assert app.store.get_task(task.id).state is final  # type: ignore[union-attr]
+
+
+def test_stale_token_and_unknown_task_are_skipped() -> None:
+    app = fake_app()
+    cid = _provisioned(app, 1)
+    task = _tasks(app, cid)[0]
+    app.worker.send({"kind": "send", "task_id": task.id, "token": "not-the-token"})
+    app.worker.send({"kind": "send", "task_id": "nope-1", "token": "x"})
+    assert app.mailer.sent == []  # type: ignore[attr-defined]
+    assert app.store.get_task(task.id).state is TaskState.PENDING  # type: ignore[union-attr]
+
+
+def test_two_concurrent_invocations_send_one_email() -> None:
+    gate = threading.Event()
+    mailer = RecordingMailer(on_send=lambda _m: gate.wait(5))
+    app = fake_app(mailer=mailer)
+    cid = _provisioned(app, 1)
+    task = _tasks(app, cid)[0]
+    threads = [
+        threading.Thread(target=app.worker.send, args=(send_payload(task),)) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert len(mailer.sent) == 1
+    assert app.store.get_task(task.id).state is TaskState.FINISHED  # type: ignore[union-attr]
+
+
+def test_permanent_error_fails_the_task_with_the_error() -> None:
+    clock = FakeClock(T0)
+    mailer = RecordingMailer()
+    app = fake_app(clock=clock, mailer=mailer)
+    cid = _provisioned(app, 1)
+    mailer.fail_next(PermanentMailError("550 5.1.1 no such user"))
+    clock.advance(hours=1)
+    _fire_all(app)
+    task = _tasks(app, cid)[0]
+    assert task.state is TaskState.FAILED
+    assert "550 5.1.1 no such user" in (task.error or "")
+    assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
+
+
+def test_transient_error_retries_with_backoff_then_fails_after_max_attempts() -> None:
+    clock = FakeClock(T0)
+    mailer = RecordingMailer()
+    app = fake_app(clock=clock, mailer=mailer, max_attempts=3, retry_backoff=60)
+    cid = _provisioned(app, 1)
+    mailer.fail_next(*[TransientMailError("451 4.3.0 try later")] * 3)
+    clock.advance(hours=1)
+    _fire_all(app)
+    task = _tasks(app, cid)[0]
+    assert (task.state, task.attempts) == (TaskState.PENDING, 1)
+    assert task.send_at == clock.now() + timedelta(seconds=60)
+    assert "451" in (task.error or "")
+    # the retry has its own schedule, named for the next attempt
+    assert app.scheduler.get(expected_schedule_name(task)) is not None
+    clock.advance(seconds=59)
+    assert _fire_all(app) == 0
+    clock.advance(seconds=1)
+    assert _fire_all(app) == 1
+    task = _tasks(app, cid)[0]
+    assert (task.state, task.attempts) == (TaskState.PENDING, 2)
+    assert task.send_at == clock.now() + timedelta(seconds=120)  # doubled
+    clock.advance(seconds=120)
+    _fire_all(app)
+    task = _tasks(app, cid)[0]
+    assert (task.state, task.attempts) == (TaskState.FAILED, 3)
+    assert "gave up after 3 attempts" in (task.error or "")
+    assert mailer.sent == []
+    assert app.scheduler.list(schedule_group(cid)) == []
+
+
+def test_transient_then_success() -> None:
+    clock = FakeClock(T0)
+    mailer = RecordingMailer()
+    app = fake_app(clock=clock, mailer=mailer)
+    cid = _provisioned(app, 1)
+    mailer.fail_next(TransientMailError("421 busy"))
+    clock.advance(hours=1)
+    _fire_all(app)
+    clock.advance(minutes=5)
+    _fire_all(app)
+    task = _tasks(app, cid)[0]
+    assert (task.state, task.attempts, task.error) == (TaskState.FINISHED, 2, None)
+    assert len(mailer.sent) == 1
+
+
+def test_auto_pause_after_failures_in_a_row() -> None:
+    clock = FakeClock(T0)
+    mailer = RecordingMailer()
+    app = fake_app(clock=clock, mailer=mailer, auto_pause_after=5)
+    cid = _provisioned(app, 8)
+    mailer.fail_next(*[PermanentMailError("550 rejected")] * 8)
+    clock.advance(hours=1)
+    _fire_all(app)
+    campaign = app.store.get_campaign(cid)
+    assert campaign.state is CampaignState.PAUSED
+    assert "auto-paused after 5" in (campaign.state_reason or "")
+    counts = app.store.count_tasks(cid)
+    assert counts[TaskState.FAILED] == 5
+    assert counts[TaskState.PENDING] == 3
+    assert app.scheduler.list(schedule_group(cid)) == []
+
+
+def test_paused_campaign_is_not_sent_and_store_outage_raises() -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _provisioned(app, 1)
+    task = _tasks(app, cid)[0]
+    app.store.set_campaign_state(cid, {CampaignState.ACTIVE}, CampaignState.PAUSED, at=clock.now())
+    app.worker.send(send_payload(task))
+    assert app.store.get_task(task.id).state is TaskState.PENDING  # type: ignore[union-attr]
+
+    class DownStore:
+        def get_task(self, _task_id: str) -> Task:
+            raise StoreUnavailable("database is down")
+
+    broken = fake_app(clock=clock, store=DownStore())  # type: ignore[arg-type]
+    with pytest.raises(StoreUnavailable):
+        broken.worker.send(send_payload(task))
