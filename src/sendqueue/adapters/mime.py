@@ -1,0 +1,214 @@
+"""Turning an :class:`~sendqueue.ports.OutgoingMessage` into a MIME message, for every mailer.
+
+:func:`build_message` gives an :class:`email.message.EmailMessage` whose policy is
+:data:`email.policy.SMTP` (CRLF line endings, non-ASCII display names and subjects encoded as
+RFC 2047 words), or :data:`email.policy.SMTPUTF8` when an address has a non-ASCII local part and
+so can only travel over an SMTPUTF8 session. Bodies are always 7-bit safe (quoted-printable or
+base64), so the message passes through servers that lack 8BITMIME.
+
+Every header value is checked for CR and LF first: a newline in a subject or a name taken from an
+imported CSV file must never let its author add headers of their own (``Bcc:``) to the mail.
+"""
+
+from __future__ import annotations
+
+import email.policy
+import email.utils
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from email.headerregistry import Address
+from email.message import EmailMessage
+
+from sendqueue.domain.errors import InvalidField
+from sendqueue.ports import OutgoingMessage
+
+__all__ = [
+    "FALLBACK_DOMAIN",
+    "RESERVED_HEADERS",
+    "build_message",
+    "envelope_addresses",
+    "message_id_for",
+    "needs_smtputf8",
+]
+
+#: The Message-ID domain when the sender's domain is unknown (``.invalid`` is reserved, RFC 2606).
+FALLBACK_DOMAIN = "sendqueue.invalid"
+
+#: Headers that :func:`build_message` writes itself; ``OutgoingMessage.headers`` may not set them.
+RESERVED_HEADERS = frozenset(
+    {
+        "from",
+        "sender",
+        "to",
+        "cc",
+        "bcc",
+        "reply-to",
+        "subject",
+        "date",
+        "message-id",
+        "mime-version",
+        "content-type",
+        "content-transfer-encoding",
+    }
+)
+
+# Bodies are encoded 7-bit safe whatever the policy: cte_type="7bit" makes set_content pick
+# quoted-printable or base64 for non-ASCII text instead of raw 8-bit.
+_ASCII_POLICY = email.policy.SMTP.clone(cte_type="7bit")
+_UTF8_POLICY = email.policy.SMTPUTF8.clone(cte_type="7bit")
+
+_CONTROLS = frozenset({"\x7f", "\u2028", "\u2029"} | {chr(c) for c in range(0x80, 0xA0)})
+# RFC 5322 field names: printable ASCII except the colon.
+_FIELD_NAME = re.compile(r"[!-9;-~]+")
+# A Message-ID as we produce and accept it: <left@right>, no whitespace, no nested brackets.
+_MESSAGE_ID = re.compile(r"<[^<>@\s]+@[^<>@\s]+>")
+_ID_LEFT = re.compile(r"[^<>@\s\"\\()\[\],;:]+")
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_DOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+
+
+def _check_value(field: str, value: str) -> str:
+    if "\r" in value or "\n" in value:
+        raise InvalidField(field, value, "a header value may not contain CR or LF")
+    # Other controls are no better: Python's email package treats VT, FF, FS..RS, NEL and the
+    # Unicode line separators as line breaks too, and RFC 5322 allows none of them.
+    bad = next((c for c in value if c in _CONTROLS or (c < " " and c != "\t")), None)
+    if bad is not None:
+        raise InvalidField(
+            field, value, f"a header value may not contain control characters (U+{ord(bad):04X})"
+        )
+    return value
+
+
+def _ascii_domain(field: str, domain: str, value: str) -> str:
+    """The domain in its ASCII (IDNA) form, so only local parts ever need SMTPUTF8."""
+    if domain.startswith("[") and domain.endswith("]"):
+        return domain  # an address literal, [192.0.2.1]
+    try:
+        ascii_domain = domain.encode("idna").decode("ascii")
+    except UnicodeError as exc:
+        raise InvalidField(field, value, f"the domain {domain!r} is not valid") from exc
+    if not _DOMAIN.fullmatch(ascii_domain):
+        raise InvalidField(field, value, f"the domain {domain!r} is not valid")
+    return ascii_domain
+
+
+def _address(
+    field: str, value: str, *, display_name: str | None = None, name_field: str = ""
+) -> Address:
+    """Parse one mailbox, ``addr`` or ``Name <addr>``, into a header-safe Address.
+
+    ``display_name`` (checked as ``name_field``) replaces a name given in ``value``.
+    """
+    _check_value(field, value)
+    if display_name is not None:
+        _check_value(name_field or field, display_name)
+    pairs = email.utils.getaddresses([value])
+    if len(pairs) != 1:
+        raise InvalidField(field, value, "expected exactly one address, e.g. Name <a@example.com>")
+    name, addr_spec = pairs[0]
+    local, at, domain = addr_spec.rpartition("@")
+    # getaddresses quietly repairs what it cannot parse ("a@exa mple.com" -> "a@example.com"):
+    # insist that the address it found is written in the value as it is.
+    spaced = any(c.isspace() for c in addr_spec)
+    if addr_spec not in value or spaced or not at or not local or not domain:
+        raise InvalidField(field, value, "expected an address such as Name <a@example.com>")
+    return Address(
+        display_name=display_name if display_name is not None else name,
+        username=local,
+        domain=_ascii_domain(field, domain, value),
+    )
+
+
+def needs_smtputf8(message: EmailMessage) -> bool:
+    """True when the message (an address's local part) can only be sent with SMTPUTF8."""
+    return bool(getattr(message.policy, "utf8", False))
+
+
+def envelope_addresses(msg: OutgoingMessage) -> tuple[str, str]:
+    """The SMTP envelope (MAIL FROM, RCPT TO) of a message: bare addresses, IDNA domains."""
+    sender = _address("from_addr", msg.from_addr)
+    recipient = _address("to_addr", msg.to_addr, display_name=msg.to_name, name_field="to_name")
+    return sender.addr_spec, recipient.addr_spec
+
+
+def build_message(msg: OutgoingMessage) -> EmailMessage:
+    """The MIME message for ``msg``.
+
+    Headers: From, Reply-To (when set), To (``to_name <to_addr>``), Subject, Date (from
+    ``msg.date``, which must be aware), Message-ID (exactly ``msg.message_id``, which must look
+    like ``<left@right>``), then ``msg.headers`` in their order. The body is ``text/plain``, or
+    ``multipart/alternative`` with the text first and ``msg.html`` second.
+
+    Raises InvalidField (naming the field or header) for a CR or LF in any header value, an
+    unparseable address, a naive date, a malformed Message-ID, or an extra header that is
+    malformed or one this function writes itself.
+    """
+    sender = _address("from_addr", msg.from_addr)
+    recipient = _address("to_addr", msg.to_addr, display_name=msg.to_name, name_field="to_name")
+    reply_to = _address("reply_to", msg.reply_to) if msg.reply_to else None
+    _check_value("subject", msg.subject)
+    _check_value("message_id", msg.message_id)
+    if not _MESSAGE_ID.fullmatch(msg.message_id) or not msg.message_id.isascii():
+        raise InvalidField("message_id", msg.message_id, "expected <left@right>, ASCII")
+    if msg.date.tzinfo is None or msg.date.utcoffset() is None:
+        raise InvalidField("date", msg.date, "an aware datetime is required")
+    extra = _extra_headers(msg.headers)
+
+    addresses = [sender, recipient] + ([reply_to] if reply_to else [])
+    utf8 = any(not a.username.isascii() for a in addresses)
+    out = EmailMessage(policy=_UTF8_POLICY if utf8 else _ASCII_POLICY)
+    out["From"] = sender
+    if reply_to is not None:
+        out["Reply-To"] = reply_to
+    out["To"] = recipient
+    out["Subject"] = msg.subject
+    out["Date"] = email.utils.format_datetime(_whole_seconds(msg.date))
+    out["Message-ID"] = msg.message_id
+    for name, value in extra:
+        out[name] = value
+    out.set_content(msg.text, subtype="plain", charset="utf-8")
+    if msg.html is not None:
+        out.add_alternative(msg.html, subtype="html", charset="utf-8")
+    return out
+
+
+def _whole_seconds(value: datetime) -> datetime:
+    # RFC 5322 dates have no fractions; format_datetime would drop them anyway, but rounding
+    # down explicitly keeps Date equal to what a reader parses back.
+    return value.replace(microsecond=0)
+
+
+def _extra_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for name, value in headers.items():
+        if not _FIELD_NAME.fullmatch(name):
+            raise InvalidField(name, name, "a header name is printable ASCII without ':'")
+        if name.lower() in RESERVED_HEADERS:
+            raise InvalidField(name, value, "this header is set from the message itself")
+        out.append((name, _check_value(name, value)))
+    return out
+
+
+def message_id_for(task_id: str, domain: str) -> str:
+    """The Message-ID of the email a task sends: ``<task_id@domain>``.
+
+    Derived from the task id alone, so a second delivery of the same task (at-least-once
+    execution) carries the same Message-ID and a receiver or an operator can recognise it.
+    ``domain`` is the sender's domain; a whole address (``Name <a@example.com>``) is accepted
+    too and its domain used. An empty or unusable domain falls back to
+    :data:`FALLBACK_DOMAIN`. Raises InvalidField when ``task_id`` cannot be a Message-ID's left
+    part (empty, whitespace, brackets, ``@``, non-ASCII).
+    """
+    if not task_id or not task_id.isascii() or not _ID_LEFT.fullmatch(task_id):
+        raise InvalidField("task_id", task_id, "must be non-empty ASCII without spaces, <>@")
+    if "@" in domain:
+        pairs = email.utils.getaddresses([domain])
+        domain = pairs[0][1].rpartition("@")[2] if len(pairs) == 1 else ""
+    domain = domain.strip().rstrip(".")
+    try:
+        ascii_domain = _ascii_domain("domain", domain, domain) if domain else FALLBACK_DOMAIN
+    except InvalidField:
+        ascii_domain = FALLBACK_DOMAIN
+    return f"<{task_id}@{ascii_domain.lower()}>"
