@@ -66,6 +66,7 @@ class Container:
             retry_backoff=settings.retry_backoff,
             auto_pause_after=settings.auto_pause_after,
             stale_after=settings.stale_after,
+            reconcile_lease_seconds=settings.reconcile_lease,
             stale_policy=settings.stale_policy,
             provision_concurrency=settings.provision_concurrency,
             default_timezone=settings.default_timezone,
@@ -101,6 +102,8 @@ class Container:
             clock=self.clock,
             alarm=self.alarm,
             concurrency=self.settings.worker_concurrency,
+            retry_backoff=self.settings.scheduler_retry_backoff,
+            lease_seconds=self.settings.scheduler_lease,
         )
 
     @property

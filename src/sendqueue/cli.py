@@ -10,13 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -50,6 +49,7 @@ from sendqueue.domain.policy import (
     parse_window,
 )
 from sendqueue.runtime import run_worker
+from sendqueue.services.demo import demo_csv, demo_policy
 from sendqueue.services.importing import Templates
 from sendqueue.services.provisioning import ProvisionProgress, ProvisionReport
 from sendqueue.services.views import campaign_dict, dead_letter_dict, iso, task_dict
@@ -753,36 +753,6 @@ def db_upgrade() -> None:
 
 
 # -- demo -------------------------------------------------------------------------------------
-def demo_policy(now: datetime, zone_name: str, count: int, interval: float) -> SendingPolicy:
-    """A policy whose sends start within seconds and come every ``interval`` seconds."""
-    zone = load_timezone(zone_name)
-    local = now.astimezone(zone)
-    first = local.hour * 60 + local.minute
-    length = math.ceil(count * interval / 60) + 3
-    per_day = min(10_000, int(length * 60 / interval))
-    end = first + length
-    windows = [Window(first, min(end, 1440))]
-    if end > 1440:
-        windows.append(Window(0, end - 1440))
-    return SendingPolicy(
-        timezone=zone_name,
-        per_day=per_day,
-        weekdays=frozenset(range(7)),
-        windows=tuple(windows),
-        start=now + timedelta(seconds=2),
-    )
-
-
-def demo_csv(count: int) -> bytes:
-    lines = ["email,name,city"]
-    cities = ["Berlin", "Lisbon", "Oslo", "Kraków", "Zürich", "Sevilla"]
-    for i in range(count):
-        lines.append(
-            f"demo{i + 1:03d}@example.com,Demo Recipient {i + 1},{cities[i % len(cities)]}"
-        )
-    return ("\n".join(lines) + "\n").encode()
-
-
 @app.command("demo")
 @handle_errors
 def demo_cmd(

@@ -48,7 +48,12 @@ class Settings(BaseSettings):
     default_from: str = Field("sendqueue@example.com", description="From address when none given")
     alarm_webhook: str | None = Field(None, description="URL POSTed when a send is dead-lettered")
     reconcile_interval: float = Field(1800.0, gt=0, description="seconds between reconciler passes")
-    stale_after: float = Field(900.0, ge=30, description="seconds before Running counts as stale")
+    reconcile_lease: float = Field(
+        120.0, ge=1, description="seconds a dead reconciler pass blocks the next one"
+    )
+    stale_after: float = Field(
+        900.0, ge=1, description="seconds before Running counts as stale (longer than a send)"
+    )
     stale_policy: Literal["retry", "fail"] = Field(
         "retry", description="what to do with stale Running"
     )
@@ -56,6 +61,12 @@ class Settings(BaseSettings):
     retry_backoff: float = Field(60.0, ge=0, description="seconds before a transient retry")
     auto_pause_after: int = Field(5, ge=0, description="pause after N permanent failures in a row")
     provision_concurrency: int = Field(10, ge=1, le=100, description="scheduler calls in flight")
+    scheduler_retry_backoff: float = Field(
+        5.0, ge=0, description="embedded layer: seconds before retrying a failed invocation"
+    )
+    scheduler_lease: float = Field(
+        60.0, ge=1, description="embedded layer: seconds before a dead invocation fires again"
+    )
     worker_concurrency: int = Field(4, ge=1, le=64, description="sends in flight per process")
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="largest CSV accepted")
     max_recipients: int = Field(1_000_000, ge=1, description="most rows one campaign may have")

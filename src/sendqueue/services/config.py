@@ -20,6 +20,6 @@ class ServiceConfig:
     provision_concurrency: int = 10
     provision_chunk: int = 500
     provision_margin: float = 90.0
-    reconcile_lease_seconds: float = 600.0
+    reconcile_lease_seconds: float = 120.0
     default_timezone: str = "Europe/Berlin"
     default_from: str = "sendqueue@example.com"

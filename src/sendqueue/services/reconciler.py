@@ -21,7 +21,7 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 
-from sendqueue.domain.errors import SchedulerError
+from sendqueue.domain.errors import Conflict, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import (
     Campaign,
@@ -109,6 +109,7 @@ class Reconciler:
         try:
             self._stale_running(report)
             for campaign in self._store.list_campaigns():
+                self._renew()
                 report.campaigns_checked += 1
                 try:
                     self._campaign(campaign, report)
@@ -127,6 +128,15 @@ class Reconciler:
         if report.repairs:
             log.warning("reconciler repaired %d things: %s", report.repairs, report.as_dict())
         return report
+
+    def _renew(self) -> None:
+        """Keep the lease while the pass goes on. It is short, so a pass whose process died
+        blocks the next one only briefly."""
+        if not self._store.acquire_lease(
+            LEASE, self._owner, ttl_seconds=self._config.reconcile_lease_seconds,
+            at=self._clock.now(),
+        ):  # fmt: skip
+            raise Conflict("the reconciler lease was taken over; stopping this pass")
 
     def _campaign(self, campaign: Campaign, report: ReconcileReport) -> None:
         state = campaign.state
