@@ -1,0 +1,205 @@
+"""The rules every Scheduler adapter shares: what a valid schedule is, and when it is due.
+
+EventBridge Scheduler is the strictest execution layer sendqueue targets, so its limits are the
+limits of every adapter: a schedule that the embedded layer accepts must also be accepted on AWS.
+
+- Names and groups: 1..64 characters of ``[0-9a-zA-Z-_.]``.
+- Client tokens: 1..64 characters of ``[a-zA-Z0-9-_]`` (no dot).
+- ``max_retries``: 0..185 (EventBridge's ``MaximumRetryAttempts``).
+- ``at_local``: a naive wall-clock time, read in ``timezone`` (an IANA name).
+- ``payload``: a mapping of strings to strings.
+
+Wall-clock to UTC (:func:`due_at`): a time the clocks show twice (the repeated hour when DST
+ends) means its first occurrence (``fold=0``). A time the clocks skip (the hour lost when DST
+starts) means the end of the gap, the first instant that exists after it: 02:30 on the night
+Europe/Berlin jumps from 02:00 to 03:00 is due at 03:00 local. Moving forward, never back,
+means a send never happens earlier than the time it was asked for.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.policy import load_timezone
+from sendqueue.ports import Schedule
+
+__all__ = [
+    "MAX_RETRIES_LIMIT",
+    "build_schedule",
+    "check_at_local",
+    "check_group",
+    "check_limit",
+    "check_max_retries",
+    "check_name",
+    "check_payload",
+    "check_token",
+    "due_at",
+    "error_text",
+    "local_now",
+    "retry_delay",
+]
+
+MAX_RETRIES_LIMIT = 185
+_NAME = re.compile(r"[0-9a-zA-Z_.\-]{1,64}")
+_TOKEN = re.compile(r"[a-zA-Z0-9_\-]{1,64}")
+_ERROR_TEXT_LIMIT = 2000
+
+
+def _check_pattern(value: object, field: str, pattern: re.Pattern[str], allowed: str) -> str:
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise InvalidField(field, value, f"expected 1 to 64 characters of {allowed}")
+    return value
+
+
+def check_name(value: object) -> str:
+    """A valid schedule name, or InvalidField("name")."""
+    return _check_pattern(value, "name", _NAME, "[0-9a-zA-Z-_.]")
+
+
+def check_group(value: object) -> str:
+    """A valid schedule group, or InvalidField("group")."""
+    return _check_pattern(value, "group", _NAME, "[0-9a-zA-Z-_.]")
+
+
+def check_token(value: object) -> str:
+    """A valid client token, or InvalidField("client_token")."""
+    return _check_pattern(value, "client_token", _TOKEN, "[a-zA-Z0-9-_]")
+
+
+def check_max_retries(value: object) -> int:
+    """``max_retries`` within EventBridge's 0..185, or InvalidField("max_retries")."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidField("max_retries", value, "expected a whole number")
+    if not 0 <= value <= MAX_RETRIES_LIMIT:
+        raise InvalidField("max_retries", value, f"expected 0 to {MAX_RETRIES_LIMIT}")
+    return value
+
+
+def check_at_local(value: object) -> datetime:
+    """A naive wall-clock datetime, or InvalidField("at_local")."""
+    if not isinstance(value, datetime):
+        raise InvalidField("at_local", value, "expected a datetime")
+    if value.tzinfo is not None:
+        raise InvalidField(
+            "at_local", value, "expected a naive wall-clock time; the zone goes in timezone"
+        )
+    return value
+
+
+def check_payload(value: object) -> dict[str, str]:
+    """A copy of ``value`` as a dict of str to str, or InvalidField("payload")."""
+    if not isinstance(value, Mapping):
+        raise InvalidField("payload", value, "expected a mapping of strings to strings")
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not isinstance(item, str):
+            raise InvalidField("payload", dict(value), "keys and values must be strings")
+        out[key] = item
+    return out
+
+
+def check_limit(value: object) -> int:
+    """A page size of at least 1, or InvalidField("limit")."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidField("limit", value, "expected a whole number of at least 1")
+    return value
+
+
+def due_at(at_local: datetime, timezone: str) -> datetime:
+    """The aware UTC instant of wall-clock ``at_local`` in ``timezone``.
+
+    Repeated wall times resolve to their first occurrence; skipped ones to the end of the gap
+    (see the module docstring). Raises InvalidField for an aware ``at_local`` or an unknown
+    ``timezone``.
+    """
+    check_at_local(at_local)
+    zone = load_timezone(timezone, "timezone")
+    first = at_local.replace(tzinfo=zone, fold=0)
+    instant = first.astimezone(UTC)
+    if instant.astimezone(zone).replace(tzinfo=None) == at_local:
+        return instant
+    return _gap_end(at_local, zone)
+
+
+def _gap_end(at_local: datetime, zone: ZoneInfo) -> datetime:
+    # In a gap, fold=0 reads the wall time with the offset before the transition (landing after
+    # it) and fold=1 with the offset after it (landing before it). The transition lies between
+    # the two; find its second by bisection (transitions fall on whole seconds).
+    one = at_local.replace(tzinfo=zone, fold=0).timestamp()
+    two = at_local.replace(tzinfo=zone, fold=1).timestamp()
+    low, high = math.floor(min(one, two)), math.ceil(max(one, two))
+    after = datetime.fromtimestamp(high, zone).utcoffset()
+    while high - low > 1:
+        mid = (low + high) // 2
+        if datetime.fromtimestamp(mid, zone).utcoffset() == after:
+            high = mid
+        else:
+            low = mid
+    return datetime.fromtimestamp(high, UTC)
+
+
+def local_now(now: datetime, timezone: str) -> datetime:
+    """``now`` (aware) as naive wall-clock time in ``timezone``."""
+    return now.astimezone(load_timezone(timezone, "timezone")).replace(tzinfo=None)
+
+
+def build_schedule(
+    name: str,
+    group: str,
+    at_local: datetime,
+    timezone: str,
+    payload: Mapping[str, str],
+    client_token: str,
+    max_retries: int,
+    *,
+    created_at: datetime,
+) -> Schedule:
+    """Validate every argument of ``Scheduler.create`` and build the new schedule.
+
+    Raises InvalidField naming the first bad field, in signature order.
+    """
+    name = check_name(name)
+    group = check_group(group)
+    at_local = check_at_local(at_local)
+    instant = due_at(at_local, timezone)
+    payload = check_payload(payload)
+    client_token = check_token(client_token)
+    max_retries = check_max_retries(max_retries)
+    return Schedule(
+        name=name,
+        group=group,
+        at_local=at_local,
+        timezone=timezone,
+        payload=payload,
+        client_token=client_token,
+        due_at=instant,
+        max_retries=max_retries,
+        attempts=0,
+        created_at=created_at,
+    )
+
+
+def retry_delay(
+    attempt: int, base: float, cap: float, rng: random.Random | None = None
+) -> timedelta:
+    """The wait before retry number ``attempt`` (1-based): exponential, capped, jittered.
+
+    The ceiling doubles from ``base`` up to ``cap``; the delay is drawn from its upper half
+    ("equal jitter"), so retries of many schedules that failed together spread out without
+    any of them retrying almost at once.
+    """
+    ceiling = min(cap, base * 2 ** max(0, attempt - 1))
+    draw = (rng or random).random()
+    return timedelta(seconds=ceiling / 2 + draw * ceiling / 2)
+
+
+def error_text(exc: BaseException) -> str:
+    """A one-line description of a failed invocation, short enough to store."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text if len(text) <= _ERROR_TEXT_LIMIT else text[: _ERROR_TEXT_LIMIT - 1] + "…"
