@@ -17,6 +17,7 @@ from sendqueue.adapters.alarm import LoggingAlarm
 from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
 from sendqueue.adapters.mailers import mailer_from_url
 from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import InvalidField
 from sendqueue.ports import Alarm, Clock, Dispatcher, Mailer, Scheduler, TaskStore
 from sendqueue.services.campaigns import CampaignService
@@ -26,7 +27,6 @@ from sendqueue.services.reconciler import Reconciler
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.worker import SendWorker
 from sendqueue.settings import Settings
-from sendqueue.testing.clock import SystemClock
 
 __all__ = ["Container", "bootstrap"]
 
@@ -38,6 +38,13 @@ def _sqlite_path(url: str) -> Path | None:
         if url.startswith(prefix):
             return Path(url[len(prefix) :])
     return None
+
+
+def _make_parent(url: str) -> None:
+    """The embedded default creates the folders of its SQLite files."""
+    path = _sqlite_path(url)
+    if path is not None and str(path) != ":memory:":
+        path.parent.mkdir(parents=True, exist_ok=True)
 
 
 class Container:
@@ -78,9 +85,7 @@ class Container:
     def store(self) -> TaskStore:
         if self._store is not None:
             return self._store
-        path = _sqlite_path(self.settings.database_url)
-        if path is not None and path.parent != Path():
-            path.parent.mkdir(parents=True, exist_ok=True)
+        _make_parent(self.settings.database_url)
         return SqlTaskStore(self.settings.database_url, upgrade=True)
 
     @cached_property
@@ -97,6 +102,7 @@ class Container:
                 self.settings.scheduler_url,
                 "the embedded execution layer needs its own SQLite file (sqlite:///FILE)",
             )
+        _make_parent(self.settings.scheduler_url)
         return EmbeddedScheduler(
             self.settings.scheduler_url,
             clock=self.clock,
@@ -171,6 +177,11 @@ class Container:
             log.error("unknown invocation kind %r: %s", kind, dict(payload))
 
     def close(self) -> None:
+        """Close what was opened; give queued alarm webhooks a moment to go out."""
+        alarm = self.__dict__.get("alarm")
+        flush = getattr(alarm, "flush", None)
+        if callable(flush):
+            flush(5.0)
         for name in ("mailer", "scheduler", "store"):
             if name in self.__dict__:
                 try:

@@ -831,3 +831,7 @@ def _demo_table(c: Container, cid: str) -> Table:
 def main() -> None:
     """Console entry point."""
     app()
+
+
+if __name__ == "__main__":
+    main()

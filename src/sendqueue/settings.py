@@ -102,7 +102,11 @@ class Settings(BaseSettings):
         parts = urlsplit(value)
         if parts.scheme != "smtp" or not parts.hostname:
             raise ValueError("expected maildir:DIR or smtp://user:pass@host:port?security=...")
-        security = parse_qs(parts.query).get("security", ["starttls"])[0]
+        query = parse_qs(parts.query)
+        unknown = sorted(set(query) - {"security", "timeout"})
+        if unknown:
+            raise ValueError(f"unknown smtp:// parameter {unknown[0]!r}; use security, timeout")
+        security = query.get("security", ["starttls"])[0]
         if security not in {"starttls", "tls", "none"}:
             raise ValueError(f"security must be starttls, tls or none, got {security!r}")
         return value

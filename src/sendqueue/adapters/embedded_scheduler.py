@@ -54,10 +54,10 @@ from pathlib import Path
 
 from sendqueue.adapters import scheduler_rules as rules
 from sendqueue.adapters.alarm import LoggingAlarm
+from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import Conflict, InvalidField, NotFound, SchedulerError
 from sendqueue.domain.models import DeadLetter, new_token
 from sendqueue.ports import Alarm, Clock, Schedule, Target
-from sendqueue.testing.clock import SystemClock
 
 __all__ = ["SCHEMA_VERSION", "EmbeddedScheduler"]
 

@@ -1,18 +1,13 @@
-"""Clocks: the real one, and a fake one that tests move by hand."""
+"""A fake clock that tests move by hand (the real one is :mod:`sendqueue.clock`)."""
 
 from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
 
+from sendqueue.clock import SystemClock
+
 __all__ = ["FakeClock", "SystemClock"]
-
-
-class SystemClock:
-    """The real time, in UTC."""
-
-    def now(self) -> datetime:
-        return datetime.now(UTC)
 
 
 class FakeClock:

@@ -1,0 +1,1 @@
+"""Adapters: the ports implemented on real backends (SQL, embedded scheduler, SMTP, Maildir)."""

@@ -1,0 +1,213 @@
+"""The command line, end to end on the embedded default (SQLite files in a temp dir)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sendqueue.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    for key in list(os.environ):
+        if key.startswith("SENDQUEUE_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SENDQUEUE_DATABASE_URL", f"sqlite:///{tmp_path / 'store.db'}")
+    monkeypatch.setenv("SENDQUEUE_SCHEDULER_URL", f"sqlite:///{tmp_path / 'scheduler.db'}")
+    monkeypatch.setenv("SENDQUEUE_MAILER", f"maildir:{tmp_path / 'outbox'}")
+    return CliRunner()
+
+
+def run(cli: CliRunner, *args: str) -> tuple[int, str, str]:
+    result = cli.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_plan_json_has_exactly_the_documented_shape(cli: CliRunner) -> None:
+    code, out, _ = run(
+        cli, "plan", "--count", "3", "--per-day", "2", "--timezone", "Europe/Berlin",
+        "--window", "09:00-12:00", "--window", "13:00-17:00", "--start", "2026-12-01T08:00",
+        "--json",
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(out)
+    assert data == {
+        "timezone": "Europe/Berlin",
+        "sends": [
+            {"index": 0, "send_at": "2026-12-01T08:00:00Z", "local": "2026-12-01T09:00:00+01:00"},
+            {"index": 1, "send_at": "2026-12-01T12:30:00Z", "local": "2026-12-01T13:30:00+01:00"},
+            {"index": 2, "send_at": "2026-12-02T08:00:00Z", "local": "2026-12-02T09:00:00+01:00"},
+        ],
+    }
+
+
+def test_plan_table_has_a_per_day_summary(cli: CliRunner) -> None:
+    code, out, _ = run(cli, "plan", "--count", "5", "--per-day", "2", "--start", "2026-12-01T08:00")
+    assert code == 0
+    assert "per day: 3 sending day(s)" in out and "Tue 2026-12-01" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--per-day", "0"], "per_day"),
+        (["--per-day", "10001"], "per_day"),
+        (["--timezone", "Mars/Olympus"], "timezone"),
+        (["--window", "22:00-02:00"], "windows"),
+        (["--window", "9-17"], "windows"),
+        (["--window", "09:00-12:00", "--window", "11:00-13:00"], "windows"),
+        (["--weekdays", "funday"], "weekdays"),
+        (["--start", "yesterday"], "start"),
+        (["--skip-date", "2026-02-30"], "skip_dates"),
+        (["--jitter", "-5"], "jitter_seconds"),
+        (["--count", "-1"], "count"),
+    ],
+)
+def test_invalid_plan_input_exits_2_with_one_line_naming_the_field(
+    cli: CliRunner, args: list[str], field: str
+) -> None:
+    code, out, err = run(cli, "plan", *args)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), err
+
+
+def test_no_sending_day_is_a_clear_error(cli: CliRunner) -> None:
+    code, _, err = run(
+        cli, "plan", "--weekdays", "sat", "--start", "2026-12-01T08:00",
+        *[x for d in ("2026-12-05", "2026-12-12") for x in ("--skip-date", d)],
+        "--count", "3", "--per-day", "1",
+    )  # fmt: skip
+    assert code == 0  # later Saturdays still exist
+    code, _, err = run(cli, "plan", "--weekdays", "sat", "--window", "00:00-00:01", "--count", "1")
+    assert code == 0
+
+
+def _csv(path: Path, rows: int, bad: set[int]) -> None:
+    lines = ["email,name,subject,body,plan"]
+    for i in range(rows):
+        email = f"user{i}@example.com" if i not in bad else f"user{i}-at-example.com"
+        lines.append(f"{email},User {i},Hello {i},Dear {{{{ name }}}},gold")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_ten_thousand_rows_with_bad_rows_report_and_create_nothing_then_fixed_creates(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    bad = {17, 999, 5000, 9998}
+    _csv(tmp_path / "big.csv", 10_000, bad)
+    code, out, err = run(cli, "campaign", "create", "--name", "Big", "--recipients", "big.csv")
+    assert code == 2
+    assert "4 problem(s)" in err
+    for index in sorted(bad):
+        assert f"row {index + 2}: email:" in err  # header is row 1
+    code, out, _ = run(cli, "campaign", "list", "--json")
+    assert code == 0 and json.loads(out) == []
+
+    _csv(tmp_path / "big.csv", 10_000, set())
+    started = time.monotonic()
+    code, out, err = run(
+        cli, "campaign", "create", "--name", "Big", "--recipients", "big.csv", "--json"
+    )
+    elapsed = time.monotonic() - started
+    assert code == 0, err
+    created = json.loads(out)
+    assert created["recipients"] == 10_000 and created["state"] == "draft"
+    print(f"created a 10,000-recipient campaign in {elapsed:.2f}s")
+
+
+def test_campaign_lifecycle_through_the_cli(cli: CliRunner, tmp_path: Path) -> None:
+    (tmp_path / "p.csv").write_text(
+        "email,name,company\nada@example.com,Ada,AE\ngrace@example.com,Grace,Navy\n"
+        "ADA@example.com,Ada again,AE\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "body.txt").write_text("Hello {{ name }} of {{ company }}\n", encoding="utf-8")
+    code, out, err = run(
+        cli, "campaign", "create", "--name", "Launch", "--recipients", "p.csv",
+        "--subject", "News for {{ company }}", "--body-file", "body.txt",
+        "--from", "News <news@example.com>", "--start", "2030-01-07T09:00", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    created = json.loads(out)
+    cid = created["id"]
+    assert created["import"] == {"rows": 3, "duplicates": 1}
+
+    code, out, _ = run(cli, "campaign", "preview", cid, "--json")
+    assert [s["email"] for s in json.loads(out)["sends"]] == ["ada@example.com", "grace@example.com"]
+
+    code, out, _ = run(cli, "campaign", "provision", cid, "--json")
+    assert code == 0 and json.loads(out)["status"] == "done"
+
+    code, out, _ = run(cli, "campaign", "show", cid, "--json")
+    shown = json.loads(out)
+    assert {"id", "name", "state", "counts"} <= set(shown)
+    assert shown["state"] == "active"
+    assert shown["counts"] == {"Pending": 2, "Running": 0, "Finished": 0, "Failed": 0, "Cancelled": 0}
+
+    code, out, _ = run(cli, "campaign", "tasks", cid, "--json")
+    tasks = json.loads(out)
+    assert [set(t) for t in tasks] == [
+        {"id", "email", "state", "send_at", "sent_at", "attempts", "message_id", "error"}
+    ] * 2
+    assert tasks[0]["send_at"] == "2030-01-07T08:00:00Z"
+
+    assert run(cli, "campaign", "pause", cid)[0] == 0
+    code, out, _ = run(cli, "campaign", "resume", cid, "--json")
+    assert code == 0 and json.loads(out)["state"] == "active"
+    code, out, _ = run(cli, "task", "cancel", tasks[0]["id"], "--json")
+    assert code == 0 and json.loads(out)["state"] == "Cancelled"
+    code, _, err = run(cli, "task", "cancel", tasks[0]["id"])
+    assert code == 1 and "Cancelled" in err
+    assert run(cli, "campaign", "cancel", cid)[0] == 0
+    code, _, err = run(cli, "campaign", "resume", cid)
+    assert code == 1 and "cancelled" in err
+    code, _, err = run(cli, "campaign", "show", "cnope")
+    assert code == 1 and "not found" in err
+    code, out, _ = run(cli, "campaign", "tasks", cid, "--state", "cancelled", "--json")
+    assert len(json.loads(out)) == 2
+    code, _, err = run(cli, "campaign", "tasks", cid, "--state", "Lost")
+    assert code == 2 and err.startswith("error: state:")
+
+    code, out, _ = run(cli, "reconcile", "--json")
+    assert code == 0 and json.loads(out)["ran"] is True
+    code, out, _ = run(cli, "dlq", "list", "--json")
+    assert code == 0 and json.loads(out) == []
+    code, _, err = run(cli, "dlq", "redrive", "nope")
+    assert code == 1 and "not found" in err
+
+
+def test_invalid_settings_are_refused_naming_the_variable(
+    cli: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SENDQUEUE_MAILER", "smtp://u:p@mail.example.com:25?security=none")
+    code, _, err = run(cli, "campaign", "list")
+    assert code == 2 and "SENDQUEUE_MAILER" in err and "unencrypted" in err
+
+
+def test_db_upgrade(cli: CliRunner) -> None:
+    code, out, _ = run(cli, "db", "upgrade")
+    assert code == 0 and "revision" in out
+
+
+def test_demo_delivers_into_the_maildir_outbox(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENDQUEUE_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sendqueue.cli", "demo", "--count", "3", "--interval", "0.5"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "done: 3 sent, 0 failed" in proc.stdout
+    assert len(list((tmp_path / "outbox" / "new").iterdir())) == 3
