@@ -219,13 +219,30 @@ class SendingPolicy:
             raise InvalidField("per_day", self.per_day, f"expected a whole number 1..{MAX_PER_DAY}")
         if not 1 <= self.per_day <= MAX_PER_DAY:
             raise InvalidField("per_day", self.per_day, f"must be between 1 and {MAX_PER_DAY}")
+        if isinstance(self.weekdays, str | bytes) or not isinstance(self.weekdays, Iterable):
+            # a string would become a set of characters; parse_weekdays reads the text forms
+            raise InvalidField(
+                "weekdays",
+                self.weekdays,
+                "expected day numbers 0 (Monday) to 6; see parse_weekdays",
+            )
         days = frozenset(self.weekdays)
         if not days:
             raise InvalidField("weekdays", "", "name at least one day, e.g. mon-fri")
-        if not days <= set(range(7)):
-            raise InvalidField("weekdays", sorted(days), "days are numbered 0 (Monday) to 6")
+        for day in days:
+            # bool is an int subclass: True would pass for Tuesday
+            if isinstance(day, bool) or not isinstance(day, int) or not 0 <= day <= 6:
+                raise InvalidField("weekdays", day, "days are numbered 0 (Monday) to 6")
         object.__setattr__(self, "weekdays", days)
-        windows = tuple(sorted(self.windows))
+        if isinstance(self.windows, str | bytes) or not isinstance(self.windows, Iterable):
+            raise InvalidField("windows", self.windows, "expected Window values; see parse_window")
+        raw_windows = tuple(self.windows)
+        for window in raw_windows:
+            if not isinstance(window, Window):
+                raise InvalidField(
+                    "windows", window, "expected Window values; parse HH:MM-HH:MM with parse_window"
+                )
+        windows = tuple(sorted(raw_windows))
         if not windows:
             raise InvalidField("windows", "", "give at least one window, e.g. 09:00-17:00")
         for a, b in itertools.pairwise(windows):
@@ -234,7 +251,15 @@ class SendingPolicy:
                     "windows", f"{a}, {b}", "windows must not overlap; merge or separate them"
                 )
         object.__setattr__(self, "windows", windows)
-        object.__setattr__(self, "skip_dates", frozenset(self.skip_dates))
+        if isinstance(self.skip_dates, str | bytes) or not isinstance(self.skip_dates, Iterable):
+            # frozenset("2026-12-24") would silently become a set of characters
+            raise InvalidField("skip_dates", self.skip_dates, "expected a collection of dates")
+        skip_dates = frozenset(self.skip_dates)
+        for skip in skip_dates:
+            # a datetime is a date subclass but never equals one, so it would never match
+            if not isinstance(skip, date) or isinstance(skip, datetime):
+                raise InvalidField("skip_dates", skip, "expected dates (YYYY-MM-DD), not times")
+        object.__setattr__(self, "skip_dates", skip_dates)
         if isinstance(self.jitter_seconds, bool) or not isinstance(self.jitter_seconds, int):
             raise InvalidField("jitter_seconds", self.jitter_seconds, "expected whole seconds")
         if not 0 <= self.jitter_seconds <= MAX_JITTER_SECONDS:
