@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -11,6 +11,7 @@ from sendqueue.bootstrap import Container
 from sendqueue.domain.errors import PermanentMailError, StoreUnavailable, TransientMailError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Task, expected_schedule_name, schedule_group
+from sendqueue.domain.policy import SendingPolicy
 from sendqueue.services.scheduling import send_payload
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
@@ -219,3 +220,21 @@ def test_paused_campaign_is_not_sent_and_store_outage_raises() -> None:
     broken = fake_app(clock=clock, store=DownStore())  # type: ignore[arg-type]
     with pytest.raises(StoreUnavailable):
         broken.worker.send(send_payload(task))
+
+
+def test_a_retry_due_after_the_window_waits_for_the_next_sending_day() -> None:
+    # Berlin 09:00-17:00 Mon-Fri; the only send is at 16:59:30 on Friday 2026-12-04
+    start = datetime(2026, 12, 4, 15, 59, 30, tzinfo=UTC)
+    clock = FakeClock(start)
+    mailer = RecordingMailer()
+    app = fake_app(clock=clock, mailer=mailer, retry_backoff=60)
+    cid = app.campaigns.create(
+        name="late", recipients=csv_bytes(1), policy=SendingPolicy(per_day=1, start=start)
+    ).campaign.id
+    app.provisioner.provision(cid)
+    mailer.fail_next(TransientMailError("451 busy"))
+    _fire_all(app)
+    (task,) = app.store.list_tasks(cid)
+    assert task.state is TaskState.PENDING
+    # not 17:00:30 on Friday: 09:00 on Monday, Berlin time
+    assert task.send_at == datetime(2026, 12, 7, 8, 0, tzinfo=UTC)

@@ -56,7 +56,13 @@ from zoneinfo import ZoneInfo
 from .errors import InvalidField, NoSendingDay
 from .policy import WEEKDAY_NAMES, SendingPolicy, Window, load_timezone
 
-__all__ = ["PLANNING_HORIZON_DAYS", "DaySummary", "per_day_summary", "plan"]
+__all__ = [
+    "PLANNING_HORIZON_DAYS",
+    "DaySummary",
+    "next_window_instant",
+    "per_day_summary",
+    "plan",
+]
 
 #: A plan fails with :class:`NoSendingDay` when this many consecutive days yield no send.
 PLANNING_HORIZON_DAYS = 731
@@ -183,6 +189,32 @@ def per_day_summary(sends: Sequence[datetime], timezone: str) -> list[DaySummary
         DaySummary(day, n, first.astimezone(zone), last.astimezone(zone))
         for day, (n, first, last) in sorted(days.items())
     ]
+
+
+def next_window_instant(policy: SendingPolicy, at: datetime) -> datetime:
+    """The earliest instant at or after ``at`` inside one of the policy's windows, on an
+    allowed, non-skipped day (aware, UTC, whole milliseconds).
+
+    Retries and recovered sends use it so that a resend never goes out at night: a transient
+    retry due at 17:00:30 after a 09:00-17:00 window waits for 09:00 on the next sending day.
+    It ignores ``per_day``: a retry is not a new send. Raises NoSendingDay like :func:`plan`.
+    """
+    if not isinstance(at, datetime) or at.utcoffset() is None:
+        raise InvalidField("at", at, "expected an aware date and time")
+    zone = policy.zone
+    at_ms = -(-((at.astimezone(UTC) - _EPOCH) // timedelta(microseconds=1)) // 1000)
+    allowed = tuple(d in policy.weekdays for d in range(7))
+    skip = {d.toordinal() for d in policy.skip_dates}
+    # the day before too: its last window may reach past local midnight's instant at a DST change
+    ordinal = (_EPOCH + timedelta(milliseconds=at_ms)).astimezone(zone).date().toordinal() - 1
+    for step in range(PLANNING_HORIZON_DAYS + 1):
+        day = ordinal + step
+        if allowed[(day - 1) % 7] and day not in skip:
+            day_ms = (day - _EPOCH_ORDINAL) * _MS_DAY
+            for start, end in _exact_intervals(zone, day_ms, policy.windows):
+                if end > at_ms:
+                    return _EPOCH + timedelta(milliseconds=max(start, at_ms))
+    raise NoSendingDay(_no_sending_day_reason(policy, ordinal + 1))
 
 
 def _effective_start(policy: SendingPolicy, now: datetime | None) -> int:

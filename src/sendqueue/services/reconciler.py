@@ -30,6 +30,7 @@ from sendqueue.domain.models import (
     new_token,
     schedule_group,
 )
+from sendqueue.domain.planner import next_window_instant
 from sendqueue.metrics import RECONCILER_REPAIRS_TOTAL
 from sendqueue.ports import Clock, Scheduler, TaskStore
 from sendqueue.services.campaigns import CampaignService, iter_tasks
@@ -229,15 +230,19 @@ class Reconciler:
             ):  # fmt: skip
                 report.stale_failed += 1
             return
+        campaign = self._store.get_campaign(task.campaign_id)
         back = self._store.transition(
             task.id, TaskState.RUNNING, TaskState.PENDING, at=now,
-            changes={"send_at": now, "token": new_token(), "error": unknown},
+            changes={
+                "send_at": next_window_instant(campaign.policy, now),
+                "token": new_token(),
+                "error": unknown,
+            },
             note="stale: retry",
         )  # fmt: skip
         if back is None:
             return
         report.stale_retried += 1
-        campaign = self._store.get_campaign(back.campaign_id)
         if campaign.state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
             try:
                 self._writer.ensure(back)

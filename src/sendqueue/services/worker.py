@@ -27,6 +27,7 @@ from sendqueue.adapters.mime import message_id_for
 from sendqueue.domain.errors import PermanentMailError, SchedulerError, TransientMailError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
+from sendqueue.domain.planner import next_window_instant
 from sendqueue.metrics import SEND_LATENESS_SECONDS, SENDS_TOTAL
 from sendqueue.ports import Clock, Mailer, OutgoingMessage, TaskStore
 from sendqueue.services.campaigns import CampaignService
@@ -183,7 +184,10 @@ class SendWorker:
             self._failed(campaign, task, f"gave up after {task.attempts} attempts; last: {error}")
             return
         delay = self._config.retry_backoff * 2 ** (task.attempts - 1)
-        retry_at = self._clock.now() + timedelta(seconds=delay)
+        # never resend outside the campaign's windows: after 17:00 the retry waits for 09:00
+        retry_at = next_window_instant(
+            campaign.policy, self._clock.now() + timedelta(seconds=delay)
+        )
         back = self._store.transition(
             task.id,
             TaskState.RUNNING,
