@@ -100,6 +100,19 @@ def test_tasks_not_pending_are_skipped_without_raising(final: TaskState) -> None
     assert app.store.get_task(task.id).state is final  # type: ignore[union-attr]
 
 
+def test_an_invocation_before_the_send_time_is_skipped() -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _provisioned(app, 1)
+    task = _tasks(app, cid)[0]
+    app.worker.send(send_payload(task))  # a stray fire, well before send_at
+    assert app.mailer.sent == []  # type: ignore[attr-defined]
+    assert app.scheduler.get(expected_schedule_name(task)) is not None
+    clock.set(task.send_at - timedelta(milliseconds=500))  # within the clock-skew tolerance
+    app.worker.send(send_payload(task))
+    assert len(app.mailer.sent) == 1  # type: ignore[attr-defined]
+
+
 def test_stale_token_and_unknown_task_are_skipped() -> None:
     app = fake_app()
     cid = _provisioned(app, 1)
@@ -113,9 +126,11 @@ def test_stale_token_and_unknown_task_are_skipped() -> None:
 def test_two_concurrent_invocations_send_one_email() -> None:
     gate = threading.Event()
     mailer = RecordingMailer(on_send=lambda _m: gate.wait(5))
-    app = fake_app(mailer=mailer)
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock, mailer=mailer)
     cid = _provisioned(app, 1)
     task = _tasks(app, cid)[0]
+    clock.advance(hours=1)
     threads = [
         threading.Thread(target=app.worker.send, args=(send_payload(task),)) for _ in range(2)
     ]

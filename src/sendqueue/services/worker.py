@@ -34,7 +34,10 @@ from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
 
-__all__ = ["SENDING_STATES", "SendWorker"]
+__all__ = ["EARLY_TOLERANCE", "SENDING_STATES", "SendWorker"]
+
+#: How early an invocation may arrive (clock skew between hosts) and still send.
+EARLY_TOLERANCE = timedelta(seconds=1)
 
 #: Campaign states in which due tasks are sent. Provisioning counts: the first sends of a large
 #: campaign may be due before its last schedules are created.
@@ -87,6 +90,17 @@ class SendWorker:
             return
         if task.state is not TaskState.PENDING:
             log.info("task %s is %s: skipped", task_id, task.state.value)
+            return
+        early = task.send_at - self._clock.now()
+        if early > EARLY_TOLERANCE:
+            # No execution layer here fires early; an invocation this early is a stray one (a
+            # manual or duplicated fire). Sending now could mean sending at night. The task's
+            # own schedule still fires on time; if this was it, the reconciler recreates it.
+            log.warning(
+                "task %s invoked %.0f s before its send time: skipped",
+                task_id,
+                early.total_seconds(),
+            )
             return
         campaign = self._store.get_campaign(task.campaign_id)
         if campaign.state not in SENDING_STATES:
