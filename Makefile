@@ -5,7 +5,9 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 DEV_STAMP := $(VENV)/.dev-installed
 
-.PHONY: run test lint format typecheck unit bench clean
+.PHONY: run test lint format typecheck unit bench soak clean
+
+DURATION ?= 600
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +41,11 @@ format: $(DEV_STAMP)
 
 unit: $(DEV_STAMP)
 	$(BIN)/python -m pytest tests/unit -q
+
+## soak: campaigns through real worker processes with faults and kills (DURATION seconds)
+soak: $(DEV_STAMP)
+	$(BIN)/python -m tests.soak.soak --duration $(DURATION) --policy retry --json soak-retry.json
+	$(BIN)/python -m tests.soak.soak --duration $(DURATION) --policy fail --json soak-fail.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
