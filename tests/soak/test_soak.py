@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("policy", ["retry", "fail"])
-def test_sixty_second_soak_has_no_violation(tmp_path: Path, policy: str) -> None:
+def test_bounded_soak_has_no_violation(tmp_path: Path, policy: str) -> None:
     report = tmp_path / "soak.json"
     code = main(["--duration", "30", "--policy", policy, "--seed", "11", "--json", str(report)])
     data = json.loads(report.read_text())
