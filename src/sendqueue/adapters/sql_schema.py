@@ -1,0 +1,273 @@
+"""The task store's SQL schema, and the engine set-up both SQL dialects rely on.
+
+The tables here are the *current* schema. The Alembic migrations in ``sendqueue/migrations``
+create it; ``tests/integration/test_migrations.py`` checks that upgrading to head yields exactly
+this metadata, so a change here needs a new migration.
+
+:func:`create_store_engine` builds an engine for ``sqlite:///FILE`` or
+``postgresql+psycopg://...``. On SQLite it turns on WAL, foreign keys, a 30 s busy timeout and
+``synchronous=NORMAL`` for every connection, and lets writers open their transaction with
+``BEGIN IMMEDIATE`` (see :data:`WRITE`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect, Engine
+
+__all__ = [
+    "BUSY_TIMEOUT_SECONDS",
+    "WRITE",
+    "UtcDateTime",
+    "campaigns",
+    "change_log",
+    "create_store_engine",
+    "leases",
+    "metadata",
+    "normalise_url",
+    "recipients",
+    "tasks",
+]
+
+BUSY_TIMEOUT_SECONDS = 30.0
+
+#: Execution option that makes a SQLite transaction start with ``BEGIN IMMEDIATE``. Use it for
+#: every transaction that writes: a deferred transaction that reads first and writes later has to
+#: upgrade its lock, and two processes doing that at once deadlock (SQLITE_BUSY without waiting).
+#: Taking the write lock up front makes the second writer wait on the busy timeout instead.
+WRITE = {"sqlite_begin": "IMMEDIATE"}
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """An aware datetime, stored as UTC and always read back as aware UTC.
+
+    PostgreSQL keeps ``timestamptz``. SQLite has no time zones, so the value is stored as naive
+    UTC text (fixed width, so text order is time order) and UTC is re-attached on read. Naive
+    input is refused: it would be ambiguous.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value!r} where an aware one is required")
+        value = value.astimezone(UTC)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def bind_processor(self, dialect: Dialect) -> Callable[[datetime | None], Any] | None:
+        if dialect.name != "sqlite":
+            return super().bind_processor(dialect)
+
+        # One C call instead of SQLAlchemy's two Python layers: bulk inserts bind many of these.
+        # The text is exactly SQLAlchemy's SQLite DATETIME format, which reads it back.
+        def process(value: datetime | None) -> str | None:
+            if value is None:
+                return None
+            if value.tzinfo is None or value.utcoffset() is None:
+                raise ValueError(f"naive datetime {value!r} where an aware one is required")
+            return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+
+        return process
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def _json() -> sa.JSON:
+    # none_as_null: a Python None is SQL NULL, not the JSON literal 'null'.
+    return sa.JSON(none_as_null=True)
+
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+campaigns = sa.Table(
+    "campaigns",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("policy", _json(), nullable=False),
+    sa.Column("from_addr", sa.Text, nullable=False),
+    sa.Column("reply_to", sa.Text, nullable=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("state_reason", sa.Text, nullable=True),
+    sa.Column("recipient_count", sa.Integer, nullable=False),
+    sa.Column("checkpoint", _json(), nullable=True),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Index("ix_campaigns_created_at", "created_at"),
+)
+
+recipients = sa.Table(
+    "recipients",
+    metadata,
+    sa.Column(
+        "campaign_id",
+        sa.String(64),
+        sa.ForeignKey("campaigns.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("position", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("email", sa.Text, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("html", sa.Text, nullable=True),
+    sa.Column("variables", _json(), nullable=False),
+)
+
+tasks = sa.Table(
+    "tasks",
+    metadata,
+    sa.Column("id", sa.String(200), primary_key=True),
+    sa.Column(
+        "campaign_id",
+        sa.String(64),
+        sa.ForeignKey("campaigns.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("position", sa.Integer, nullable=False),
+    sa.Column("email", sa.Text, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("html", sa.Text, nullable=True),
+    sa.Column("send_at", UtcDateTime, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("token", sa.String(64), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("claimed_at", UtcDateTime, nullable=True),
+    sa.Column("sent_at", UtcDateTime, nullable=True),
+    sa.Column("message_id", sa.Text, nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    # list_tasks / count_tasks: one campaign's tasks in a state, in position order.
+    sa.Index("ix_tasks_campaign_id_state_position", "campaign_id", "state", "position"),
+    # list_tasks without a state filter, and one task per recipient.
+    sa.Index("ix_tasks_campaign_id_position", "campaign_id", "position", unique=True),
+    # due_tasks: ordered by (send_at, id) within a state, so the cursor is index-only.
+    sa.Index("ix_tasks_state_send_at_id", "state", "send_at", "id"),
+    # stale_running: Running tasks by claim time.
+    sa.Index("ix_tasks_state_claimed_at", "state", "claimed_at"),
+)
+
+change_log = sa.Table(
+    "change_log",
+    metadata,
+    # SQLite only auto-increments an INTEGER PRIMARY KEY; AUTOINCREMENT keeps ids from ever being
+    # reused. PostgreSQL gets a BIGSERIAL.
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column(
+        "campaign_id",
+        sa.String(64),
+        sa.ForeignKey("campaigns.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("task_id", sa.String(200), nullable=True),
+    sa.Column("from_state", sa.String(16), nullable=True),
+    sa.Column("to_state", sa.String(16), nullable=False),
+    sa.Column("at", UtcDateTime, nullable=False),
+    sa.Column("note", sa.Text, nullable=True),
+    sa.Index("ix_change_log_campaign_id_id", "campaign_id", "id"),
+    sqlite_autoincrement=True,
+)
+
+leases = sa.Table(
+    "leases",
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("owner", sa.String(200), nullable=False),
+    sa.Column("expires_at", UtcDateTime, nullable=False),
+)
+
+
+def normalise_url(url: str) -> sa.URL:
+    """``url`` as a SQLAlchemy URL; ``postgresql://`` means psycopg 3 (psycopg2 is not used)."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        # The URL itself stays out of the message: it may hold a password.
+        raise ValueError(
+            "not a database URL; expected sqlite:///FILE or postgresql+psycopg://user@host/db"
+        ) from exc
+    if parsed.drivername in {"postgresql", "postgres"}:
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in {"sqlite", "postgresql"}:
+        raise ValueError(
+            f"unsupported database URL scheme {parsed.drivername!r}; "
+            "expected sqlite:///FILE or postgresql+psycopg://user@host:5432/db"
+        )
+    return parsed
+
+
+def create_store_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine for the task store (or its migrations) at ``url``.
+
+    Extra keyword arguments go to :func:`sqlalchemy.create_engine`.
+    """
+    parsed = normalise_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed, **kwargs)
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("connect_args", {"connect_timeout": 10})
+    return sa.create_engine(parsed, **kwargs)
+
+
+def _sqlite_engine(url: sa.URL, **kwargs: Any) -> Engine:
+    if url.database in {None, "", ":memory:"}:
+        # Each pooled connection would get its own empty database, and WAL needs a file.
+        raise ValueError("the SQLite task store needs a file: sqlite:///path/to/sendqueue.db")
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    connect_args.setdefault("timeout", BUSY_TIMEOUT_SECONDS)
+    # Connections are handed between threads by the pool, never used by two at once.
+    connect_args.setdefault("check_same_thread", False)
+    engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from the sqlite3 module, which would otherwise open
+        # every transaction with a plain (deferred) BEGIN of its own; see _on_begin.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            # busy_timeout first, so switching a fresh file to WAL waits for other openers.
+            cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        if mode not in {"DEFERRED", "IMMEDIATE", "EXCLUSIVE"}:
+            raise ValueError(f"unknown SQLite transaction mode {mode!r}")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine

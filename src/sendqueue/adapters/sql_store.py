@@ -1,0 +1,840 @@
+"""The task store on SQLAlchemy Core: SQLite (the embedded default) and PostgreSQL (psycopg 3).
+
+:class:`SqlTaskStore` implements :class:`sendqueue.ports.TaskStore`; the port's docstring is the
+contract. How it keeps it:
+
+- Every write runs in one transaction. On SQLite that transaction starts with
+  ``BEGIN IMMEDIATE`` (:data:`~sendqueue.adapters.sql_schema.WRITE`), so writers queue on the
+  busy timeout instead of deadlocking on a lock upgrade; readers never block (WAL).
+- A task state change is ``UPDATE ... WHERE id = :id AND state = :expected RETURNING ...``
+  followed by the change-log INSERT in the same transaction. A row that did not match logs
+  nothing.
+- On PostgreSQL, change-log ids must become visible in id order; see :meth:`_log`.
+- Vendor exceptions are wrapped here: failures of the database become
+  :class:`~sendqueue.domain.errors.StoreUnavailable`.
+
+The store is safe to use from several threads (a connection pool) and from several processes on
+one database. Open it after forking: an engine's pooled connections must not cross a fork.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from sendqueue.adapters import migrate
+from sendqueue.adapters import sql_schema as schema
+from sendqueue.adapters.sql_schema import WRITE, UtcDateTime, create_store_engine
+from sendqueue.domain.errors import (
+    Conflict,
+    IllegalTransition,
+    InvalidField,
+    NotFound,
+    StoreUnavailable,
+)
+from sendqueue.domain.lifecycle import (
+    CampaignState,
+    TaskState,
+    check_campaign_transition,
+    check_task_transition,
+)
+from sendqueue.domain.models import Campaign, ChangeLogEntry, Recipient, Task, TaskChanges
+from sendqueue.domain.policy import SendingPolicy
+
+__all__ = ["CHANGE_LOG_LOCK_KEY", "CHUNK_SIZE", "SqlTaskStore"]
+
+#: Rows per INSERT statement. 500 rows of the widest table stay far below both SQLite's (32766)
+#: and PostgreSQL's (65535) limit on bound parameters.
+CHUNK_SIZE = 500
+
+#: pg_advisory_xact_lock key taken right before change-log rows are inserted ("sq" + 2).
+CHANGE_LOG_LOCK_KEY = 0x7371_0002
+
+#: Rows per statement of a PostgreSQL ``unnest`` insert (its parameters are arrays).
+_UNNEST_CHUNK_SIZE = 5000
+
+_TASK_CHANGE_FIELDS = frozenset(TaskChanges.__annotations__)
+
+_T = TypeVar("_T")
+
+
+def _chunks(items: Sequence[_T], size: int = CHUNK_SIZE) -> Iterator[Sequence[_T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _check_limit(limit: int) -> None:
+    if limit < 0:
+        raise InvalidField("limit", limit, "must be zero or more")
+
+
+def _json_ready(field: str, value: object) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidField(field, value, f"must be JSON-serialisable: {exc}") from exc
+
+
+def _campaign(row: sa.Row[Any]) -> Campaign:
+    m = row._mapping
+    return Campaign(
+        id=m["id"],
+        name=m["name"],
+        policy=SendingPolicy.from_dict(m["policy"]),
+        from_addr=m["from_addr"],
+        state=CampaignState(m["state"]),
+        reply_to=m["reply_to"],
+        recipient_count=m["recipient_count"],
+        state_reason=m["state_reason"],
+        checkpoint=m["checkpoint"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+    )
+
+
+def _recipient(row: sa.Row[Any]) -> Recipient:
+    m = row._mapping
+    return Recipient(
+        position=m["position"],
+        email=m["email"],
+        name=m["name"],
+        subject=m["subject"],
+        text=m["text"],
+        html=m["html"],
+        variables=m["variables"],
+    )
+
+
+def _task(row: sa.Row[Any]) -> Task:
+    m = row._mapping
+    return Task(
+        id=m["id"],
+        campaign_id=m["campaign_id"],
+        position=m["position"],
+        email=m["email"],
+        name=m["name"],
+        subject=m["subject"],
+        text=m["text"],
+        html=m["html"],
+        send_at=m["send_at"],
+        token=m["token"],
+        state=TaskState(m["state"]),
+        attempts=m["attempts"],
+        claimed_at=m["claimed_at"],
+        sent_at=m["sent_at"],
+        message_id=m["message_id"],
+        error=m["error"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+    )
+
+
+def _entry(row: sa.Row[Any]) -> ChangeLogEntry:
+    m = row._mapping
+    return ChangeLogEntry(
+        id=m["id"],
+        campaign_id=m["campaign_id"],
+        task_id=m["task_id"],
+        from_state=m["from_state"],
+        to_state=m["to_state"],
+        at=m["at"],
+        note=m["note"],
+    )
+
+
+def _unnest_insert(
+    conn: Connection,
+    table: sa.Table,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    returning: str | None = None,
+) -> list[Any]:
+    """PostgreSQL bulk insert: one array parameter per column, ``unnest`` server-side.
+
+    A multi-row VALUES statement has a placeholder per value, and psycopg parses such long
+    statements anew every time; arrays keep the statement short whatever the row count. Rows go
+    in (and draw serial ids) in the given order. Conflicting rows are skipped (ON CONFLICT DO
+    NOTHING); with ``returning`` the values of that column for the rows inserted come back.
+    """
+    dialect = conn.dialect
+    columns = list(rows[0])
+    names = ", ".join(f'"{c}"' for c in columns)
+    arrays = ", ".join(
+        f"CAST(:{c} AS {table.c[c].type.compile(dialect=dialect)}[])" for c in columns
+    )
+    sql = (
+        f"INSERT INTO {table.name} ({names}) SELECT {names} FROM unnest({arrays})"
+        f" WITH ORDINALITY AS u({names}, sq_ordinal) ORDER BY sq_ordinal"
+        " ON CONFLICT DO NOTHING"
+    )
+    if returning is not None:
+        sql += f' RETURNING "{returning}"'
+    statement = sa.text(sql)
+    times = [c for c in columns if isinstance(table.c[c].type, UtcDateTime)]
+    out: list[Any] = []
+    for chunk in _chunks(rows, _UNNEST_CHUNK_SIZE):
+        params = {c: [row[c] for row in chunk] for c in columns}
+        for c in times:
+            params[c] = [None if v is None else _aware_utc(v) for v in params[c]]
+        result = conn.execute(statement, params)
+        if returning is not None:
+            out.extend(result.scalars())
+    return out
+
+
+def _aware_utc(value: datetime) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"naive datetime {value!r} where an aware one is required")
+    return value.astimezone(UTC)
+
+
+@contextmanager
+def _errors(action: str) -> Iterator[None]:
+    """Map SQLAlchemy's exceptions to sendqueue's at the adapter edge."""
+    try:
+        yield
+    except sa_exc.DBAPIError as exc:
+        raise StoreUnavailable(f"task store: {action} failed: {exc.orig}") from exc
+    except sa_exc.StatementError as exc:
+        # Raised while binding parameters, before the database saw anything: a bad argument
+        # (e.g. a naive datetime) from the caller, not an outage.
+        if isinstance(exc.orig, TypeError | ValueError):
+            raise exc.orig from None
+        raise StoreUnavailable(f"task store: {action} failed: {exc}") from exc
+    except sa_exc.SQLAlchemyError as exc:
+        raise StoreUnavailable(f"task store: {action} failed: {exc}") from exc
+
+
+class SqlTaskStore:
+    """:class:`~sendqueue.ports.TaskStore` over SQLite or PostgreSQL.
+
+    ``url`` is ``sqlite:///path/to/file.db`` or ``postgresql+psycopg://user@host:5432/db``
+    (plain ``postgresql://`` means psycopg 3 too). With ``upgrade`` (the default) the schema is
+    migrated to the newest revision on open; pass ``upgrade=False`` where ``sendqueue db
+    upgrade`` is run explicitly. ``engine_options`` go to :func:`sqlalchemy.create_engine`
+    (e.g. ``pool_size``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        upgrade: bool = True,
+        engine_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        # Creating the engine does not connect; an unreachable database shows on first use.
+        self._engine: Engine = create_store_engine(url, **dict(engine_options or {}))
+        self._writer = self._engine.execution_options(**WRITE)
+        self._postgres = self._engine.dialect.name == "postgresql"
+        if upgrade:
+            try:
+                migrate.upgrade_engine(self._engine)
+            except BaseException:
+                self._engine.dispose()
+                raise
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine, for migrations and diagnostics."""
+        return self._engine
+
+    def __enter__(self) -> SqlTaskStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    # transactions ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self, action: str) -> Iterator[Connection]:
+        with _errors(action), self._writer.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _read(self, action: str) -> Iterator[Connection]:
+        with _errors(action), self._engine.connect() as conn:
+            yield conn
+
+    def _insert(self) -> Any:
+        # Both dialects spell ON CONFLICT the same way, but through their own insert().
+        return postgresql.insert if self._postgres else sqlite.insert
+
+    def _log(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Append change-log rows inside the caller's transaction.
+
+        PostgreSQL hands out BIGSERIAL ids when rows are inserted, not when they commit: with
+        two writers, id 7 can commit before id 6, and a reader resuming with
+        ``changes_after(6)`` (the live UI resumes its stream by id) would skip 6 forever. So
+        every transaction that logs takes one transaction-scoped advisory lock right before its
+        first change-log INSERT and keeps it until commit: ids are drawn and committed in the
+        same order. It is taken last, after the row locks of the write it records, so holding
+        it never waits on anything but the INSERT and the commit, and no lock cycle can form.
+        The cost is that log-writing commits are serialised (not the work before them). SQLite
+        needs nothing: BEGIN IMMEDIATE already serialises writers.
+        """
+        if not rows:
+            return
+        if self._postgres:
+            conn.execute(
+                sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": CHANGE_LOG_LOCK_KEY}
+            )
+            _unnest_insert(conn, schema.change_log, rows)
+            return
+        for chunk in _chunks(rows):
+            conn.execute(sa.insert(schema.change_log), list(chunk))
+
+    def _require_campaign(self, conn: Connection, campaign_id: str) -> None:
+        found = conn.execute(
+            sa.select(schema.campaigns.c.id).where(schema.campaigns.c.id == campaign_id)
+        ).first()
+        if found is None:
+            raise NotFound("campaign", campaign_id)
+
+    # campaigns -------------------------------------------------------------------------------
+
+    def create_campaign(self, campaign: Campaign, recipients: Sequence[Recipient]) -> None:
+        """Store the campaign and its recipients in one transaction, or nothing.
+
+        ``recipient_count`` is stored as ``len(recipients)``. An existing id raises Conflict;
+        two recipients with one position raise InvalidField (``position``).
+        """
+        _json_ready("checkpoint", campaign.checkpoint)
+        campaign_row = {
+            "id": campaign.id,
+            "name": campaign.name,
+            "policy": campaign.policy.to_dict(),
+            "from_addr": campaign.from_addr,
+            "reply_to": campaign.reply_to,
+            "state": campaign.state.value,
+            "state_reason": campaign.state_reason,
+            "recipient_count": len(recipients),
+            "checkpoint": None if campaign.checkpoint is None else dict(campaign.checkpoint),
+            "created_at": campaign.created_at,
+            "updated_at": campaign.updated_at,
+        }
+        rows = [
+            {
+                "campaign_id": campaign.id,
+                "position": r.position,
+                "email": r.email,
+                "name": r.name,
+                "subject": r.subject,
+                "text": r.text,
+                "html": r.html,
+                "variables": dict(r.variables),
+            }
+            for r in recipients
+        ]
+        with self._write("create campaign") as conn:
+            try:
+                conn.execute(sa.insert(schema.campaigns), campaign_row)
+            except sa_exc.IntegrityError as exc:
+                raise Conflict(f"campaign {campaign.id!r} already exists") from exc
+            try:
+                for chunk in _chunks(rows):
+                    conn.execute(sa.insert(schema.recipients), list(chunk))
+            except sa_exc.IntegrityError as exc:
+                seen: set[int] = set()
+                for r in recipients:
+                    if r.position in seen:
+                        raise InvalidField(
+                            "position", r.position, "each recipient needs its own position"
+                        ) from exc
+                    seen.add(r.position)
+                raise InvalidField(
+                    "recipients", campaign.id, f"rejected by the database: {exc.orig}"
+                ) from exc
+
+    def get_campaign(self, campaign_id: str) -> Campaign:
+        with self._read("get campaign") as conn:
+            row = conn.execute(
+                sa.select(schema.campaigns).where(schema.campaigns.c.id == campaign_id)
+            ).first()
+        if row is None:
+            raise NotFound("campaign", campaign_id)
+        return _campaign(row)
+
+    def list_campaigns(self) -> list[Campaign]:
+        with self._read("list campaigns") as conn:
+            rows = conn.execute(
+                sa.select(schema.campaigns).order_by(
+                    schema.campaigns.c.created_at.desc(), schema.campaigns.c.id.desc()
+                )
+            ).all()
+        return [_campaign(row) for row in rows]
+
+    def set_campaign_state(
+        self,
+        campaign_id: str,
+        expected: Collection[CampaignState],
+        new: CampaignState,
+        *,
+        at: datetime,
+        reason: str | None = None,
+    ) -> bool:
+        """CAS on the campaign state; every ``expected -> new`` must be a legal transition."""
+        for state in expected:
+            check_campaign_transition(state, new)
+        with self._write("set campaign state") as conn:
+            query = sa.select(schema.campaigns.c.state).where(schema.campaigns.c.id == campaign_id)
+            if self._postgres:
+                # SQLite's write lock already covers the row; PostgreSQL needs the row lock so
+                # the logged from-state is the one replaced. FOR NO KEY UPDATE, not FOR UPDATE:
+                # a task transition holding the change-log lock inserts a change_log row, whose
+                # foreign key takes FOR KEY SHARE on this campaign; FOR UPDATE would block that
+                # while we wait for the change-log lock, a deadlock.
+                query = query.with_for_update(key_share=True)
+            current = conn.execute(query).scalar_one_or_none()
+            if current is None:
+                raise NotFound("campaign", campaign_id)
+            if CampaignState(current) not in expected:
+                return False
+            conn.execute(
+                sa.update(schema.campaigns)
+                .where(schema.campaigns.c.id == campaign_id)
+                .values(state=new.value, state_reason=reason, updated_at=at)
+            )
+            self._log(
+                conn,
+                [
+                    {
+                        "campaign_id": campaign_id,
+                        "task_id": None,
+                        "from_state": current,
+                        "to_state": new.value,
+                        "at": at,
+                        "note": reason,
+                    }
+                ],
+            )
+            return True
+
+    def save_checkpoint(
+        self,
+        campaign_id: str,
+        checkpoint: Mapping[str, object] | None,
+        *,
+        at: datetime,
+        note: str | None = None,
+    ) -> None:
+        _json_ready("checkpoint", checkpoint)
+        with self._write("save checkpoint") as conn:
+            result = conn.execute(
+                sa.update(schema.campaigns)
+                .where(schema.campaigns.c.id == campaign_id)
+                .values(checkpoint=None if checkpoint is None else dict(checkpoint), updated_at=at)
+            )
+            if result.rowcount == 0:
+                raise NotFound("campaign", campaign_id)
+            if note is not None:
+                self._log(
+                    conn,
+                    [
+                        {
+                            "campaign_id": campaign_id,
+                            "task_id": None,
+                            "from_state": None,
+                            "to_state": "progress",
+                            "at": at,
+                            "note": note,
+                        }
+                    ],
+                )
+
+    # recipients ------------------------------------------------------------------------------
+
+    def list_recipients(
+        self, campaign_id: str, *, after: int = -1, limit: int = 1000
+    ) -> list[Recipient]:
+        _check_limit(limit)
+        with self._read("list recipients") as conn:
+            self._require_campaign(conn, campaign_id)
+            rows = conn.execute(
+                sa.select(schema.recipients)
+                .where(
+                    schema.recipients.c.campaign_id == campaign_id,
+                    schema.recipients.c.position > after,
+                )
+                .order_by(schema.recipients.c.position)
+                .limit(limit)
+            ).all()
+        return [_recipient(row) for row in rows]
+
+    # tasks -----------------------------------------------------------------------------------
+
+    def insert_tasks(self, tasks: Sequence[Task], *, at: datetime) -> int:
+        """Insert the tasks whose id (and campaign position) is free; log each ``None -> Pending``.
+
+        Every task must be Pending (tasks are born Pending; IllegalTransition otherwise) and
+        belong to an existing campaign (NotFound otherwise). ``created_at`` and ``updated_at``
+        are set to ``at``.
+        """
+        if not tasks:
+            return 0
+        for task in tasks:
+            if task.state is not TaskState.PENDING:
+                raise IllegalTransition(
+                    "task", "(new)", task.state.value, "tasks are created Pending"
+                )
+        rows = [
+            {
+                "id": t.id,
+                "campaign_id": t.campaign_id,
+                "position": t.position,
+                "email": t.email,
+                "name": t.name,
+                "subject": t.subject,
+                "text": t.text,
+                "html": t.html,
+                "send_at": t.send_at,
+                "state": TaskState.PENDING.value,
+                "token": t.token,
+                "attempts": t.attempts,
+                "claimed_at": t.claimed_at,
+                "sent_at": t.sent_at,
+                "message_id": t.message_id,
+                "error": t.error,
+                "created_at": at,
+                "updated_at": at,
+            }
+            for t in tasks
+        ]
+        # No conflict target: a clash on the id or on (campaign_id, position) skips the row.
+        statement = (
+            sqlite.insert(schema.tasks).on_conflict_do_nothing().returning(schema.tasks.c.id)
+        )
+        with self._write("insert tasks") as conn:
+            for campaign_id in sorted({t.campaign_id for t in tasks}):
+                self._require_campaign(conn, campaign_id)
+            inserted: set[str] = set()
+            if self._postgres:
+                # Two provisioners inserting the same tasks wait on each other's uncommitted
+                # rows; taking them in one global order (by id) means they cannot deadlock.
+                rows.sort(key=lambda row: str(row["id"]))
+                inserted.update(_unnest_insert(conn, schema.tasks, rows, returning="id"))
+            else:
+                for chunk in _chunks(rows):
+                    inserted.update(conn.execute(statement, list(chunk)).scalars())
+            entries = []
+            for t in tasks:
+                if t.id in inserted:
+                    inserted.discard(t.id)  # a duplicate later in the input was not inserted
+                    entries.append(
+                        {
+                            "campaign_id": t.campaign_id,
+                            "task_id": t.id,
+                            "from_state": None,
+                            "to_state": TaskState.PENDING.value,
+                            "at": at,
+                            "note": None,
+                        }
+                    )
+            self._log(conn, entries)
+        return len(entries)
+
+    def get_task(self, task_id: str) -> Task | None:
+        with self._read("get task") as conn:
+            row = conn.execute(sa.select(schema.tasks).where(schema.tasks.c.id == task_id)).first()
+        return None if row is None else _task(row)
+
+    def transition(
+        self,
+        task_id: str,
+        expected: TaskState,
+        new: TaskState,
+        *,
+        at: datetime,
+        changes: TaskChanges | None = None,
+        note: str | None = None,
+    ) -> Task | None:
+        check_task_transition(expected, new)
+        values: dict[str, Any] = {}
+        if changes:
+            unknown = set(changes) - _TASK_CHANGE_FIELDS
+            if unknown:
+                raise InvalidField(
+                    "changes",
+                    sorted(unknown),
+                    f"a transition may set {sorted(_TASK_CHANGE_FIELDS)}",
+                )
+            values.update(changes)
+        values.update(state=new.value, updated_at=at)
+        with self._write("transition task") as conn:
+            row = conn.execute(
+                sa.update(schema.tasks)
+                .where(schema.tasks.c.id == task_id, schema.tasks.c.state == expected.value)
+                .values(**values)
+                .returning(*schema.tasks.c)
+            ).first()
+            if row is None:
+                return None
+            task = _task(row)
+            self._log(
+                conn,
+                [
+                    {
+                        "campaign_id": task.campaign_id,
+                        "task_id": task.id,
+                        "from_state": expected.value,
+                        "to_state": new.value,
+                        "at": at,
+                        "note": note,
+                    }
+                ],
+            )
+        return task
+
+    def transition_all(
+        self,
+        campaign_id: str,
+        expected: TaskState,
+        new: TaskState,
+        *,
+        at: datetime,
+        note: str | None = None,
+    ) -> int:
+        """Move every task of the campaign in ``expected`` to ``new``; one log entry each.
+
+        The entries are written in position order. NotFound for an unknown campaign.
+        """
+        check_task_transition(expected, new)
+        matching = (
+            schema.tasks.c.campaign_id == campaign_id,
+            schema.tasks.c.state == expected.value,
+        )
+        with self._write("transition tasks") as conn:
+            self._require_campaign(conn, campaign_id)
+            if self._postgres:
+                return self._transition_all_postgres(conn, campaign_id, expected, new, at, note)
+            # SQLite: BEGIN IMMEDIATE excludes every other writer, so the rows the INSERT ...
+            # SELECT reads are exactly the rows the UPDATE then changes.
+            source = (
+                sa.select(
+                    sa.literal(campaign_id, sa.String()),
+                    schema.tasks.c.id,
+                    sa.literal(expected.value, sa.String()),
+                    sa.literal(new.value, sa.String()),
+                    sa.literal(at, UtcDateTime()),
+                    sa.literal(note, sa.Text()),
+                )
+                .where(*matching)
+                .order_by(schema.tasks.c.position)
+            )
+            conn.execute(
+                sa.insert(schema.change_log).from_select(
+                    ["campaign_id", "task_id", "from_state", "to_state", "at", "note"], source
+                )
+            )
+            result = conn.execute(
+                sa.update(schema.tasks).where(*matching).values(state=new.value, updated_at=at)
+            )
+            return result.rowcount
+
+    def _transition_all_postgres(
+        self,
+        conn: Connection,
+        campaign_id: str,
+        expected: TaskState,
+        new: TaskState,
+        at: datetime,
+        note: str | None,
+    ) -> int:
+        # Under READ COMMITTED an INSERT ... SELECT followed by an UPDATE could log a task that a
+        # concurrent worker moved in between. So the UPDATE goes first: it locks exactly the rows
+        # it changes and RETURNING names them. They are kept server-side in a temporary table
+        # (a campaign may have a million tasks), then the change-log lock is taken (last, as in
+        # _log) and the entries are copied from there in one INSERT ... SELECT.
+        conn.execute(
+            sa.text("CREATE TEMPORARY TABLE sq_moved (id text, position integer) ON COMMIT DROP")
+        )
+        conn.execute(
+            sa.text(
+                "WITH moved AS ("
+                " UPDATE tasks SET state = :new, updated_at = :at"
+                " WHERE campaign_id = :campaign_id AND state = :expected"
+                " RETURNING id, position)"
+                " INSERT INTO sq_moved (id, position) SELECT id, position FROM moved"
+            ).bindparams(sa.bindparam("at", type_=UtcDateTime())),
+            {"new": new.value, "at": at, "campaign_id": campaign_id, "expected": expected.value},
+        )
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": CHANGE_LOG_LOCK_KEY})
+        result = conn.execute(
+            sa.text(
+                "INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+                " SELECT :campaign_id, id, :expected, :new, :at, :note"
+                " FROM sq_moved ORDER BY position"
+            ).bindparams(
+                sa.bindparam("at", type_=UtcDateTime()), sa.bindparam("note", type_=sa.Text())
+            ),
+            {
+                "campaign_id": campaign_id,
+                "expected": expected.value,
+                "new": new.value,
+                "at": at,
+                "note": note,
+            },
+        )
+        return result.rowcount
+
+    def reschedule(self, updates: Sequence[tuple[str, datetime, str]], *, at: datetime) -> int:
+        if not updates:
+            return 0
+        statement = (
+            sa.update(schema.tasks)
+            .where(
+                schema.tasks.c.id == sa.bindparam("b_id"),
+                schema.tasks.c.state == TaskState.PENDING.value,
+            )
+            .values(
+                send_at=sa.bindparam("b_send_at", type_=UtcDateTime()),
+                token=sa.bindparam("b_token"),
+                updated_at=sa.bindparam("b_at", type_=UtcDateTime()),
+            )
+        )
+        params = [
+            {"b_id": task_id, "b_send_at": send_at, "b_token": token, "b_at": at}
+            # In id order, so two concurrent reschedules take their row locks in one order.
+            for task_id, send_at, token in sorted(updates, key=lambda u: u[0])
+        ]
+        updated = 0
+        with self._write("reschedule tasks") as conn:
+            for chunk in _chunks(params):
+                updated += conn.execute(statement, list(chunk)).rowcount
+        return updated
+
+    def list_tasks(
+        self,
+        campaign_id: str,
+        *,
+        state: TaskState | None = None,
+        search: str | None = None,
+        after: int = -1,
+        limit: int = 100,
+    ) -> list[Task]:
+        """A page in position order; ``search`` is a case-insensitive substring of the address
+        (``%`` and ``_`` match themselves). NotFound for an unknown campaign."""
+        _check_limit(limit)
+        query = sa.select(schema.tasks).where(
+            schema.tasks.c.campaign_id == campaign_id, schema.tasks.c.position > after
+        )
+        if state is not None:
+            query = query.where(schema.tasks.c.state == state.value)
+        if search:
+            query = query.where(schema.tasks.c.email.icontains(search, autoescape=True))
+        query = query.order_by(schema.tasks.c.position).limit(limit)
+        with self._read("list tasks") as conn:
+            self._require_campaign(conn, campaign_id)
+            rows = conn.execute(query).all()
+        return [_task(row) for row in rows]
+
+    def due_tasks(
+        self,
+        state: TaskState,
+        *,
+        before: datetime,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 1000,
+    ) -> list[Task]:
+        _check_limit(limit)
+        query = sa.select(schema.tasks).where(
+            schema.tasks.c.state == state.value, schema.tasks.c.send_at < before
+        )
+        if after is not None:
+            send_at, task_id = after
+            query = query.where(
+                sa.or_(
+                    schema.tasks.c.send_at > send_at,
+                    sa.and_(schema.tasks.c.send_at == send_at, schema.tasks.c.id > task_id),
+                )
+            )
+        query = query.order_by(schema.tasks.c.send_at, schema.tasks.c.id).limit(limit)
+        with self._read("list due tasks") as conn:
+            rows = conn.execute(query).all()
+        return [_task(row) for row in rows]
+
+    def stale_running(self, *, claimed_before: datetime, limit: int = 1000) -> list[Task]:
+        _check_limit(limit)
+        query = (
+            sa.select(schema.tasks)
+            .where(
+                schema.tasks.c.state == TaskState.RUNNING.value,
+                schema.tasks.c.claimed_at < claimed_before,
+            )
+            .order_by(schema.tasks.c.claimed_at, schema.tasks.c.id)
+            .limit(limit)
+        )
+        with self._read("list stale tasks") as conn:
+            rows = conn.execute(query).all()
+        return [_task(row) for row in rows]
+
+    def count_tasks(self, campaign_id: str) -> dict[TaskState, int]:
+        """Tasks per state, every state present. NotFound for an unknown campaign."""
+        query = (
+            sa.select(schema.tasks.c.state, sa.func.count())
+            .where(schema.tasks.c.campaign_id == campaign_id)
+            .group_by(schema.tasks.c.state)
+        )
+        with self._read("count tasks") as conn:
+            self._require_campaign(conn, campaign_id)
+            rows = conn.execute(query).all()
+        counts = dict.fromkeys(TaskState, 0)
+        for state, count in rows:
+            counts[TaskState(state)] = count
+        return counts
+
+    # change log ------------------------------------------------------------------------------
+
+    def changes_after(
+        self, after_id: int, *, campaign_id: str | None = None, limit: int = 1000
+    ) -> builtins.list[ChangeLogEntry]:
+        _check_limit(limit)
+        query = sa.select(schema.change_log).where(schema.change_log.c.id > after_id)
+        if campaign_id is not None:
+            query = query.where(schema.change_log.c.campaign_id == campaign_id)
+        query = query.order_by(schema.change_log.c.id).limit(limit)
+        with self._read("read change log") as conn:
+            rows = conn.execute(query).all()
+        return [_entry(row) for row in rows]
+
+    def last_change_id(self) -> int:
+        with self._read("read change log") as conn:
+            value = conn.execute(sa.select(sa.func.max(schema.change_log.c.id))).scalar()
+        return int(value or 0)
+
+    # leases ----------------------------------------------------------------------------------
+
+    def acquire_lease(self, name: str, owner: str, *, ttl_seconds: float, at: datetime) -> bool:
+        """Take or renew the lease; it is free when missing or ``expires_at <= at``."""
+        if ttl_seconds <= 0:
+            raise InvalidField("ttl_seconds", ttl_seconds, "must be more than zero")
+        statement = self._insert()(schema.leases).values(
+            name=name, owner=owner, expires_at=at + timedelta(seconds=ttl_seconds)
+        )
+        statement = statement.on_conflict_do_update(
+            index_elements=[schema.leases.c.name],
+            set_={"owner": statement.excluded.owner, "expires_at": statement.excluded.expires_at},
+            where=sa.or_(schema.leases.c.owner == owner, schema.leases.c.expires_at <= at),
+        ).returning(schema.leases.c.name)
+        with self._write("acquire lease") as conn:
+            return conn.execute(statement).first() is not None
+
+    def release_lease(self, name: str, owner: str) -> None:
+        with self._write("release lease") as conn:
+            conn.execute(
+                sa.delete(schema.leases).where(
+                    schema.leases.c.name == name, schema.leases.c.owner == owner
+                )
+            )

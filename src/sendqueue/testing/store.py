@@ -1,0 +1,484 @@
+"""An in-memory :class:`~sendqueue.ports.TaskStore`, for tests and for trying things out.
+
+It honours the same contract as the SQL store and runs the same contract tests
+(``tests/contract/test_task_store.py``). One lock guards everything, so it is safe to share
+between threads; it does not persist anything and is not shared between processes.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import threading
+from bisect import bisect_right, insort
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from sendqueue.domain.errors import (
+    Conflict,
+    IllegalTransition,
+    InvalidField,
+    NotFound,
+    StoreUnavailable,
+)
+from sendqueue.domain.lifecycle import (
+    CampaignState,
+    TaskState,
+    check_campaign_transition,
+    check_task_transition,
+)
+from sendqueue.domain.models import Campaign, ChangeLogEntry, Recipient, Task, TaskChanges, utc
+
+__all__ = ["InMemoryTaskStore"]
+
+_TASK_CHANGE_FIELDS = frozenset(TaskChanges.__annotations__)
+_TIME_FIELDS = frozenset({"send_at", "claimed_at", "sent_at"})
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _json_copy(field: str, value: Any) -> Any:
+    # What the SQL store does to JSON columns: validate, and hand back an unshared copy.
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidField(field, value, f"must be JSON-serialisable: {exc}") from exc
+
+
+def _check_limit(limit: int) -> None:
+    if limit < 0:
+        raise InvalidField("limit", limit, "must be zero or more")
+
+
+def _utc_or_none(value: datetime | None) -> datetime | None:
+    return None if value is None else utc(value)
+
+
+def _guarded(method: _F) -> _F:
+    """Run ``method`` under the store's lock, failing while the store is made unavailable."""
+
+    def wrapper(self: InMemoryTaskStore, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            if not self._available:
+                raise StoreUnavailable("in-memory task store made unavailable by the test")
+            return method(self, *args, **kwargs)
+
+    wrapper.__name__ = method.__name__
+    wrapper.__qualname__ = method.__qualname__
+    wrapper.__doc__ = method.__doc__
+    return wrapper  # type: ignore[return-value]
+
+
+class InMemoryTaskStore:
+    """:class:`~sendqueue.ports.TaskStore` in memory; thread-safe, one lock.
+
+    :meth:`set_available` simulates an outage: while unavailable, every method raises
+    :class:`~sendqueue.domain.errors.StoreUnavailable`, as a real store does when its database
+    is unreachable.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._available = True
+        self._campaigns: dict[str, Campaign] = {}
+        self._recipients: dict[str, dict[int, Recipient]] = {}
+        self._recipient_positions: dict[str, list[int]] = {}
+        self._tasks: dict[str, Task] = {}
+        # campaign id -> position -> task id, and the sorted positions for cursor paging.
+        self._task_at: dict[str, dict[int, str]] = {}
+        self._task_positions: dict[str, list[int]] = {}
+        self._log: list[ChangeLogEntry] = []
+        self._leases: dict[str, tuple[str, datetime]] = {}
+
+    def set_available(self, available: bool) -> None:
+        """Make every call fail with StoreUnavailable (``False``) or work again (``True``)."""
+        with self._lock:
+            self._available = available
+
+    def close(self) -> None:
+        """Nothing to release; the data stays readable."""
+
+    # helpers (called with the lock held) -----------------------------------------------------
+
+    def _require_campaign(self, campaign_id: str) -> Campaign:
+        campaign = self._campaigns.get(campaign_id)
+        if campaign is None:
+            raise NotFound("campaign", campaign_id)
+        return campaign
+
+    def _append(
+        self,
+        campaign_id: str,
+        task_id: str | None,
+        from_state: str | None,
+        to_state: str,
+        at: datetime,
+        note: str | None,
+    ) -> None:
+        self._log.append(
+            ChangeLogEntry(
+                id=len(self._log) + 1,
+                campaign_id=campaign_id,
+                task_id=task_id,
+                from_state=from_state,
+                to_state=to_state,
+                at=at,
+                note=note,
+            )
+        )
+
+    def _campaign_out(self, campaign: Campaign) -> Campaign:
+        if campaign.checkpoint is None:
+            return campaign
+        return replace(campaign, checkpoint=_json_copy("checkpoint", campaign.checkpoint))
+
+    @staticmethod
+    def _recipient_out(recipient: Recipient) -> Recipient:
+        return replace(recipient, variables=dict(recipient.variables))
+
+    # campaigns -------------------------------------------------------------------------------
+
+    @_guarded
+    def create_campaign(self, campaign: Campaign, recipients: Sequence[Recipient]) -> None:
+        """Store the campaign and its recipients, or nothing (see the SQL store for errors)."""
+        if campaign.id in self._campaigns:
+            raise Conflict(f"campaign {campaign.id!r} already exists")
+        stored: dict[int, Recipient] = {}
+        for r in recipients:
+            if r.position in stored:
+                raise InvalidField("position", r.position, "each recipient needs its own position")
+            stored[r.position] = replace(r, variables=dict(r.variables))
+        checkpoint = (
+            None if campaign.checkpoint is None else _json_copy("checkpoint", campaign.checkpoint)
+        )
+        self._campaigns[campaign.id] = replace(
+            campaign,
+            recipient_count=len(stored),
+            checkpoint=checkpoint,
+            created_at=utc(campaign.created_at),
+            updated_at=utc(campaign.updated_at),
+        )
+        self._recipients[campaign.id] = stored
+        self._recipient_positions[campaign.id] = sorted(stored)
+        self._task_at[campaign.id] = {}
+        self._task_positions[campaign.id] = []
+
+    @_guarded
+    def get_campaign(self, campaign_id: str) -> Campaign:
+        return self._campaign_out(self._require_campaign(campaign_id))
+
+    @_guarded
+    def list_campaigns(self) -> list[Campaign]:
+        ordered = sorted(self._campaigns.values(), key=lambda c: (c.created_at, c.id), reverse=True)
+        return [self._campaign_out(c) for c in ordered]
+
+    def set_campaign_state(
+        self,
+        campaign_id: str,
+        expected: Collection[CampaignState],
+        new: CampaignState,
+        *,
+        at: datetime,
+        reason: str | None = None,
+    ) -> bool:
+        for state in expected:
+            check_campaign_transition(state, new)
+        return self._set_campaign_state(campaign_id, expected, new, at=at, reason=reason)
+
+    @_guarded
+    def _set_campaign_state(
+        self,
+        campaign_id: str,
+        expected: Collection[CampaignState],
+        new: CampaignState,
+        *,
+        at: datetime,
+        reason: str | None,
+    ) -> bool:
+        at = utc(at)
+        campaign = self._require_campaign(campaign_id)
+        if campaign.state not in expected:
+            return False
+        self._campaigns[campaign_id] = replace(
+            campaign, state=new, state_reason=reason, updated_at=at
+        )
+        self._append(campaign_id, None, campaign.state.value, new.value, at, reason)
+        return True
+
+    @_guarded
+    def save_checkpoint(
+        self,
+        campaign_id: str,
+        checkpoint: Mapping[str, object] | None,
+        *,
+        at: datetime,
+        note: str | None = None,
+    ) -> None:
+        at = utc(at)
+        stored = None if checkpoint is None else _json_copy("checkpoint", checkpoint)
+        campaign = self._require_campaign(campaign_id)
+        self._campaigns[campaign_id] = replace(campaign, checkpoint=stored, updated_at=at)
+        if note is not None:
+            self._append(campaign_id, None, None, "progress", at, note)
+
+    # recipients ------------------------------------------------------------------------------
+
+    @_guarded
+    def list_recipients(
+        self, campaign_id: str, *, after: int = -1, limit: int = 1000
+    ) -> list[Recipient]:
+        _check_limit(limit)
+        self._require_campaign(campaign_id)
+        positions = self._recipient_positions[campaign_id]
+        start = bisect_right(positions, after)
+        by_position = self._recipients[campaign_id]
+        return [self._recipient_out(by_position[p]) for p in positions[start : start + limit]]
+
+    # tasks -----------------------------------------------------------------------------------
+
+    @_guarded
+    def insert_tasks(self, tasks: Sequence[Task], *, at: datetime) -> int:
+        at = utc(at)
+        for task in tasks:
+            if task.state is not TaskState.PENDING:
+                raise IllegalTransition(
+                    "task", "(new)", task.state.value, "tasks are created Pending"
+                )
+        for campaign_id in sorted({t.campaign_id for t in tasks}):
+            self._require_campaign(campaign_id)
+        # Normalise everything first, so a bad value leaves nothing half inserted.
+        prepared = [
+            replace(
+                t,
+                send_at=utc(t.send_at),
+                claimed_at=_utc_or_none(t.claimed_at),
+                sent_at=_utc_or_none(t.sent_at),
+                created_at=at,
+                updated_at=at,
+            )
+            for t in tasks
+        ]
+        inserted = 0
+        for task in prepared:
+            at_position = self._task_at[task.campaign_id]
+            if task.id in self._tasks or task.position in at_position:
+                continue
+            self._tasks[task.id] = task
+            at_position[task.position] = task.id
+            insort(self._task_positions[task.campaign_id], task.position)
+            self._append(task.campaign_id, task.id, None, TaskState.PENDING.value, at, None)
+            inserted += 1
+        return inserted
+
+    @_guarded
+    def get_task(self, task_id: str) -> Task | None:
+        return self._tasks.get(task_id)
+
+    def transition(
+        self,
+        task_id: str,
+        expected: TaskState,
+        new: TaskState,
+        *,
+        at: datetime,
+        changes: TaskChanges | None = None,
+        note: str | None = None,
+    ) -> Task | None:
+        # The lifecycle is checked before the store is touched, as the SQL store does.
+        check_task_transition(expected, new)
+        return self._transition(task_id, expected, new, at=at, changes=changes, note=note)
+
+    @_guarded
+    def _transition(
+        self,
+        task_id: str,
+        expected: TaskState,
+        new: TaskState,
+        *,
+        at: datetime,
+        changes: TaskChanges | None,
+        note: str | None,
+    ) -> Task | None:
+        at = utc(at)
+        values: dict[str, Any] = {}
+        if changes:
+            unknown = set(changes) - _TASK_CHANGE_FIELDS
+            if unknown:
+                raise InvalidField(
+                    "changes",
+                    sorted(unknown),
+                    f"a transition may set {sorted(_TASK_CHANGE_FIELDS)}",
+                )
+            values.update(changes)
+            for key in _TIME_FIELDS & values.keys():
+                values[key] = _utc_or_none(values[key])
+        task = self._tasks.get(task_id)
+        if task is None or task.state is not expected:
+            return None
+        updated = replace(task, **values, state=new, updated_at=at)
+        self._tasks[task_id] = updated
+        self._append(task.campaign_id, task_id, expected.value, new.value, at, note)
+        return updated
+
+    def transition_all(
+        self,
+        campaign_id: str,
+        expected: TaskState,
+        new: TaskState,
+        *,
+        at: datetime,
+        note: str | None = None,
+    ) -> int:
+        check_task_transition(expected, new)
+        return self._transition_all(campaign_id, expected, new, at=at, note=note)
+
+    @_guarded
+    def _transition_all(
+        self,
+        campaign_id: str,
+        expected: TaskState,
+        new: TaskState,
+        *,
+        at: datetime,
+        note: str | None,
+    ) -> int:
+        at = utc(at)
+        self._require_campaign(campaign_id)
+        moved = 0
+        at_position = self._task_at[campaign_id]
+        for position in self._task_positions[campaign_id]:
+            task = self._tasks[at_position[position]]
+            if task.state is expected:
+                self._tasks[task.id] = replace(task, state=new, updated_at=at)
+                self._append(campaign_id, task.id, expected.value, new.value, at, note)
+                moved += 1
+        return moved
+
+    @_guarded
+    def reschedule(self, updates: Sequence[tuple[str, datetime, str]], *, at: datetime) -> int:
+        at = utc(at)
+        prepared = [(task_id, utc(send_at), token) for task_id, send_at, token in updates]
+        updated = 0
+        for task_id, send_at, token in prepared:
+            task = self._tasks.get(task_id)
+            if task is not None and task.state is TaskState.PENDING:
+                self._tasks[task_id] = replace(task, send_at=send_at, token=token, updated_at=at)
+                updated += 1
+        return updated
+
+    @_guarded
+    def list_tasks(
+        self,
+        campaign_id: str,
+        *,
+        state: TaskState | None = None,
+        search: str | None = None,
+        after: int = -1,
+        limit: int = 100,
+    ) -> list[Task]:
+        _check_limit(limit)
+        self._require_campaign(campaign_id)
+        needle = search.lower() if search else None
+        positions = self._task_positions[campaign_id]
+        at_position = self._task_at[campaign_id]
+        page: list[Task] = []
+        for position in positions[bisect_right(positions, after) :]:
+            if len(page) >= limit:
+                break
+            task = self._tasks[at_position[position]]
+            if state is not None and task.state is not state:
+                continue
+            if needle is not None and needle not in task.email.lower():
+                continue
+            page.append(task)
+        return page
+
+    @_guarded
+    def due_tasks(
+        self,
+        state: TaskState,
+        *,
+        before: datetime,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 1000,
+    ) -> list[Task]:
+        _check_limit(limit)
+        before = utc(before)
+        cursor = None if after is None else (utc(after[0]), after[1])
+        due = [
+            t
+            for t in self._tasks.values()
+            if t.state is state
+            and t.send_at < before
+            and (cursor is None or (t.send_at, t.id) > cursor)
+        ]
+        due.sort(key=lambda t: (t.send_at, t.id))
+        return due[:limit]
+
+    @_guarded
+    def stale_running(self, *, claimed_before: datetime, limit: int = 1000) -> list[Task]:
+        _check_limit(limit)
+        claimed_before = utc(claimed_before)
+        stale = [
+            t
+            for t in self._tasks.values()
+            if t.state is TaskState.RUNNING
+            and t.claimed_at is not None
+            and t.claimed_at < claimed_before
+        ]
+        stale.sort(key=lambda t: (t.claimed_at or claimed_before, t.id))
+        return stale[:limit]
+
+    @_guarded
+    def count_tasks(self, campaign_id: str) -> dict[TaskState, int]:
+        self._require_campaign(campaign_id)
+        counts = dict.fromkeys(TaskState, 0)
+        for task_id in self._task_at[campaign_id].values():
+            counts[self._tasks[task_id].state] += 1
+        return counts
+
+    # change log ------------------------------------------------------------------------------
+
+    @_guarded
+    def changes_after(
+        self, after_id: int, *, campaign_id: str | None = None, limit: int = 1000
+    ) -> builtins.list[ChangeLogEntry]:
+        _check_limit(limit)
+        # Entry n sits at index n - 1.
+        start = max(after_id, 0)
+        if campaign_id is None:
+            return self._log[start : start + limit]
+        page: list[ChangeLogEntry] = []
+        for entry in self._log[start:]:
+            if len(page) >= limit:
+                break
+            if entry.campaign_id == campaign_id:
+                page.append(entry)
+        return page
+
+    @_guarded
+    def last_change_id(self) -> int:
+        return len(self._log)
+
+    # leases ----------------------------------------------------------------------------------
+
+    @_guarded
+    def acquire_lease(self, name: str, owner: str, *, ttl_seconds: float, at: datetime) -> bool:
+        if ttl_seconds <= 0:
+            raise InvalidField("ttl_seconds", ttl_seconds, "must be more than zero")
+        at = utc(at)
+        held = self._leases.get(name)
+        if held is not None:
+            holder, expires_at = held
+            if holder != owner and expires_at > at:
+                return False
+        self._leases[name] = (owner, at + timedelta(seconds=ttl_seconds))
+        return True
+
+    @_guarded
+    def release_lease(self, name: str, owner: str) -> None:
+        held = self._leases.get(name)
+        if held is not None and held[0] == owner:
+            del self._leases[name]

@@ -1,0 +1,267 @@
+"""The SQL task store's database set-up: Alembic migrations, engine settings, many processes.
+
+Runs on a real SQLite file and on the real PostgreSQL server.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from sendqueue.adapters import migrate
+from sendqueue.adapters.sql_schema import create_store_engine, metadata
+from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.domain.errors import InvalidField, StoreUnavailable
+from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.models import Campaign, Task, task_id
+from sendqueue.domain.policy import SendingPolicy
+
+T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+TABLES = set(metadata.tables)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    value: str = request.getfixturevalue("postgres_url")
+    return value
+
+
+@pytest.fixture
+def engine(url: str) -> Iterator[sa.Engine]:
+    made = create_store_engine(url)
+    try:
+        yield made
+    finally:
+        made.dispose()
+
+
+def schema_diffs(engine: sa.Engine) -> list[object]:
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn, opts={"compare_type": True, "compare_server_default": True}
+        )
+        return list(compare_metadata(context, metadata))
+
+
+def table_names(engine: sa.Engine) -> set[str]:
+    with engine.connect() as conn:
+        return set(sa.inspect(conn).get_table_names())
+
+
+def a_campaign(cid: str = "c1") -> Campaign:
+    return Campaign(
+        id=cid, name="n", policy=SendingPolicy(), from_addr="a@example.com", created_at=T0
+    )
+
+
+def test_upgrade_head_on_an_empty_database_matches_the_metadata(
+    url: str, engine: sa.Engine
+) -> None:
+    assert migrate.current(url) is None
+    assert not TABLES & table_names(engine)
+
+    migrate.upgrade(url)
+
+    assert migrate.current(url) == migrate.head()
+    assert table_names(engine) >= TABLES
+    assert schema_diffs(engine) == []
+
+
+def test_the_comparison_notices_a_schema_that_drifted(url: str, engine: sa.Engine) -> None:
+    # Guards the test above: an empty diff must mean "same schema", not "nothing compared".
+    migrate.upgrade(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP INDEX ix_tasks_state_claimed_at"))
+
+    diffs = schema_diffs(engine)
+
+    assert len(diffs) == 1
+    assert "ix_tasks_state_claimed_at" in repr(diffs)
+
+
+def test_upgrading_twice_is_a_no_op(url: str, engine: sa.Engine) -> None:
+    migrate.upgrade(url)
+    with SqlTaskStore(url, upgrade=False) as store:
+        store.create_campaign(a_campaign(), [])
+
+    migrate.upgrade(url)
+
+    assert migrate.current(url) == migrate.head()
+    assert schema_diffs(engine) == []
+    with SqlTaskStore(url) as store:
+        assert store.get_campaign("c1").id == "c1"
+
+
+def test_downgrade_to_base_drops_everything(url: str, engine: sa.Engine) -> None:
+    migrate.upgrade(url)
+    with SqlTaskStore(url, upgrade=False) as store:
+        store.create_campaign(a_campaign(), [])
+
+    migrate.downgrade(url, "base")
+
+    assert migrate.current(url) is None
+    # Only Alembic's own (now empty) version table may remain.
+    assert table_names(engine) <= {"alembic_version", "sqlite_sequence"}
+    migrate.upgrade(url)
+    assert schema_diffs(engine) == []
+    with SqlTaskStore(url) as store:
+        assert store.list_campaigns() == []
+
+
+def test_concurrent_upgrades_of_an_empty_database_both_succeed(url: str, engine: sa.Engine) -> None:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(3)
+
+    def run() -> None:
+        barrier.wait()
+        try:
+            migrate.upgrade(url)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert errors == []
+    assert migrate.current(url) == migrate.head()
+    assert schema_diffs(engine) == []
+
+
+def test_the_store_upgrades_itself_on_open_unless_told_not_to(url: str) -> None:
+    with SqlTaskStore(url, upgrade=False) as store, pytest.raises(StoreUnavailable):
+        store.list_campaigns()
+    assert migrate.current(url) is None
+
+    with SqlTaskStore(url) as store:
+        assert store.list_campaigns() == []
+    assert migrate.current(url) == migrate.head()
+
+
+def test_unknown_revision_is_refused(url: str) -> None:
+    with pytest.raises(InvalidField) as info:
+        migrate.upgrade(url, "no-such-revision")
+    assert info.value.field == "revision"
+
+
+def test_unsupported_urls_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unsupported"):
+        SqlTaskStore("mysql://localhost/db")
+    with pytest.raises(ValueError, match="needs a file"):
+        SqlTaskStore("sqlite://")
+
+
+def test_sqlite_connections_are_set_up_for_concurrency(tmp_path: Path) -> None:
+    with SqlTaskStore(f"sqlite:///{tmp_path / 'store.db'}") as store, store.engine.connect() as c:
+        pragmas = {
+            name: c.exec_driver_sql(f"PRAGMA {name}").scalar()
+            for name in ("journal_mode", "foreign_keys", "busy_timeout", "synchronous")
+        }
+    # synchronous 1 is NORMAL.
+    assert pragmas == {
+        "journal_mode": "wal",
+        "foreign_keys": 1,
+        "busy_timeout": 30000,
+        "synchronous": 1,
+    }
+
+
+_CLAIMER = """
+import json, sys
+from datetime import datetime, UTC
+from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.domain.lifecycle import TaskState
+
+url, ids = sys.argv[1], sys.argv[2].split(",")
+sys.stdout.write("ready\\n")
+sys.stdout.flush()
+sys.stdin.readline()
+won = []
+with SqlTaskStore(url) as store:
+    at = datetime.now(UTC)
+    for tid in ids:
+        if store.transition(tid, TaskState.PENDING, TaskState.RUNNING, at=at) is not None:
+            won.append(tid)
+print(json.dumps(won))
+"""
+
+
+def test_processes_claiming_the_same_tasks_never_both_win(url: str) -> None:
+    count = 200
+    ids = [task_id("c1", i) for i in range(count)]
+    with SqlTaskStore(url) as store:
+        store.create_campaign(a_campaign(), [])
+        store.insert_tasks(
+            [
+                Task(
+                    id=ids[i],
+                    campaign_id="c1",
+                    position=i,
+                    email=f"r{i}@example.com",
+                    name="",
+                    subject="s",
+                    text="t",
+                    html=None,
+                    send_at=T0 + timedelta(seconds=i),
+                    token=f"t{i}",
+                )
+                for i in range(count)
+            ],
+            at=T0,
+        )
+        start = store.last_change_id()
+
+    # The second process walks the tasks backwards, so the two meet in the middle.
+    orders = [ids, list(reversed(ids))]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CLAIMER, url, ",".join(order)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for order in orders
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            assert p.stdout.readline().strip() == "ready"
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outputs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0]
+
+    won = [set(json.loads(out)) for out in outputs]
+    assert won[0].isdisjoint(won[1])
+    assert won[0] | won[1] == set(ids)
+    with SqlTaskStore(url) as store:
+        entries = store.changes_after(start, limit=10 * count)
+        assert sorted(e.task_id or "" for e in entries) == sorted(ids)
+        assert {e.to_state for e in entries} == {TaskState.RUNNING.value}
+        assert store.count_tasks("c1")[TaskState.RUNNING] == count
