@@ -8,6 +8,7 @@ Exit status: 0 success, 1 refused (unknown id, illegal transition, conflict), 2 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import logging
 import signal
@@ -730,6 +731,70 @@ def worker_cmd(
         )
         run_worker(c, stop, reconcile_interval=reconcile_interval)
     log.info("worker stopped")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@app.command("serve")
+@handle_errors
+def serve_cmd(
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (not loopback: needs a token).")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", help="Port to listen on (0: any free one).")
+    ] = 8000,
+    no_worker: Annotated[
+        bool,
+        typer.Option(
+            "--no-worker", help="Only the web app; run `sendqueue worker` to send the emails."
+        ),
+    ] = False,
+    reconcile_interval: Annotated[
+        float | None,
+        typer.Option(
+            "--reconcile-interval",
+            help="Seconds between reconciler passes [default: SENDQUEUE_RECONCILE_INTERVAL]",
+        ),
+    ] = None,
+) -> None:
+    """Run the web UI and the HTTP API, with the worker embedded unless --no-worker."""
+    if not 0 <= port <= 65535:
+        raise InvalidField("port", port, "between 0 and 65535")
+    logging.getLogger("sendqueue").setLevel(logging.INFO)
+    with _container() as c:
+        if c.settings.api_token is None and not _is_loopback(host):
+            _fail(
+                2,
+                f"refusing to serve on {host} without SENDQUEUE_API_TOKEN: anyone who can reach "
+                "it could read and send your campaigns; set a token (16+ characters) or use "
+                "--host 127.0.0.1",
+            )
+        from sendqueue.web.app import create_app, run_server
+
+        web = create_app(c, start_worker=not no_worker, reconcile_interval=reconcile_interval)
+        worker = "off (run `sendqueue worker`)" if no_worker else "embedded"
+
+        def started(url: str) -> None:
+            out.print(f"sendqueue is serving {url}  (worker: {worker})", markup=False)
+            if c.settings.api_token is not None:
+                out.print("log in with SENDQUEUE_API_TOKEN, or send it as a Bearer token")
+
+        log.info(
+            "serving: store %s, scheduler %s, mailer %s",
+            _redact(c.settings.database_url),
+            _redact(c.settings.scheduler_url),
+            _redact(c.settings.mailer),
+        )
+        run_server(web, host=host, port=port, on_started=started)
+    log.info("server stopped")
 
 
 def _redact(url: str) -> str:

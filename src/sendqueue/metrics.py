@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 __all__ = [
     "ALARMS_TOTAL",
     "DEAD_LETTERS_TOTAL",
+    "DEAD_LETTER_DEPTH",
     "RECONCILER_REPAIRS_TOTAL",
     "REGISTRY",
     "SENDS_TOTAL",
@@ -229,6 +230,10 @@ SEND_LATENESS_SECONDS = Histogram(
 )
 DEAD_LETTERS_TOTAL = Counter(
     "sendqueue_dead_letters_total", "Invocations the execution layer gave up on."
+)
+DEAD_LETTER_DEPTH = Gauge(
+    "sendqueue_dead_letter_depth",
+    "Dead letters waiting in the execution layer's queue (read at scrape time).",
 )
 RECONCILER_REPAIRS_TOTAL = Counter(
     "sendqueue_reconciler_repairs_total", "Drift the reconciler repaired, by kind.", ["kind"]

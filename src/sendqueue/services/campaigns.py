@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from email.utils import formataddr, parseaddr
 from typing import BinaryIO
@@ -32,10 +32,16 @@ from sendqueue.domain.planner import plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.config import ServiceConfig
-from sendqueue.services.importing import ImportLimits, ImportResult, Templates, parse_recipients
+from sendqueue.services.importing import (
+    ImportLimits,
+    ImportResult,
+    Templates,
+    parse_recipient_rows,
+    parse_recipients,
+)
 from sendqueue.services.scheduling import ScheduleWriter
 
-__all__ = ["CampaignService", "CreatedCampaign", "iter_tasks", "normalize_sender"]
+__all__ = ["CampaignService", "CreatedCampaign", "Draft", "iter_tasks", "normalize_sender"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +82,17 @@ class CreatedCampaign:
     imported: ImportResult
 
 
+@dataclass(frozen=True)
+class Draft:
+    """A campaign checked by :meth:`CampaignService.validate` and not stored: what a preview
+    shows and what :meth:`CampaignService.create` writes."""
+
+    name: str
+    from_addr: str
+    reply_to: str | None
+    imported: ImportResult
+
+
 class CampaignService:
     """The campaign controls the CLI, the API and the worker share."""
 
@@ -92,6 +109,45 @@ class CampaignService:
         self._config = config
 
     # -- create and read ----------------------------------------------------------------
+    def validate(
+        self,
+        *,
+        name: str,
+        recipients: bytes | str | os.PathLike[str] | BinaryIO | None = None,
+        rows: Sequence[Mapping[str, object]] | None = None,
+        from_addr: str | None = None,
+        reply_to: str | None = None,
+        templates: Templates | None = None,
+        limits: ImportLimits | None = None,
+    ) -> Draft:
+        """Check a new campaign without writing anything.
+
+        The recipients come either as a CSV (``recipients``: bytes, a path or a binary stream)
+        or as mappings (``rows``, see :func:`parse_recipient_rows`). Raises InvalidField /
+        InvalidInput.
+        """
+        if (recipients is None) == (rows is None):
+            raise TypeError("give either recipients (CSV) or rows")
+        clean_name = name.strip() if isinstance(name, str) else ""
+        if not clean_name:
+            raise InvalidField("name", name, "give the campaign a name")
+        if len(clean_name) > MAX_NAME_CHARS or "\n" in clean_name or "\r" in clean_name:
+            raise InvalidField("name", name, f"one line of at most {MAX_NAME_CHARS} characters")
+        sender = normalize_sender(from_addr or self._config.default_from, "from")
+        reply = normalize_sender(reply_to, "reply_to") if reply_to else None
+        if rows is not None:
+            imported = parse_recipient_rows(
+                rows, templates=templates or Templates(), limits=limits or ImportLimits()
+            )
+        else:
+            assert recipients is not None
+            imported = parse_recipients(
+                recipients, templates=templates or Templates(), limits=limits or ImportLimits()
+            )
+        if not imported.recipients:
+            raise InvalidField("recipients", imported.rows, "the file has no recipient rows")
+        return Draft(clean_name, sender, reply, imported)
+
     def create(
         self,
         *,
@@ -107,25 +163,47 @@ class CampaignService:
 
         Raises InvalidField / InvalidInput before anything is written.
         """
-        clean_name = name.strip() if isinstance(name, str) else ""
-        if not clean_name:
-            raise InvalidField("name", name, "give the campaign a name")
-        if len(clean_name) > MAX_NAME_CHARS or "\n" in clean_name or "\r" in clean_name:
-            raise InvalidField("name", name, f"one line of at most {MAX_NAME_CHARS} characters")
-        sender = normalize_sender(from_addr or self._config.default_from, "from")
-        reply = normalize_sender(reply_to, "reply_to") if reply_to else None
-        imported = parse_recipients(
-            recipients, templates=templates or Templates(), limits=limits or ImportLimits()
+        draft = self.validate(
+            name=name,
+            recipients=recipients,
+            from_addr=from_addr,
+            reply_to=reply_to,
+            templates=templates,
+            limits=limits,
         )
-        if not imported.recipients:
-            raise InvalidField("recipients", imported.rows, "the file has no recipient rows")
+        return self.create_draft(draft, policy)
+
+    def create_from_rows(
+        self,
+        *,
+        name: str,
+        rows: Sequence[Mapping[str, object]],
+        policy: SendingPolicy,
+        from_addr: str | None = None,
+        reply_to: str | None = None,
+        templates: Templates | None = None,
+        limits: ImportLimits | None = None,
+    ) -> CreatedCampaign:
+        """:meth:`create` with the recipients as mappings (the API's JSON rows)."""
+        draft = self.validate(
+            name=name,
+            rows=rows,
+            from_addr=from_addr,
+            reply_to=reply_to,
+            templates=templates,
+            limits=limits,
+        )
+        return self.create_draft(draft, policy)
+
+    def create_draft(self, draft: Draft, policy: SendingPolicy) -> CreatedCampaign:
+        """Store a validated :class:`Draft` with its policy."""
         return self.create_from_recipients(
-            name=clean_name,
-            recipients=imported.recipients,
+            name=draft.name,
+            recipients=draft.imported.recipients,
             policy=policy,
-            from_addr=sender,
-            reply_to=reply,
-            imported=imported,
+            from_addr=draft.from_addr,
+            reply_to=draft.reply_to,
+            imported=draft.imported,
         )
 
     def create_from_recipients(
@@ -154,6 +232,18 @@ class CampaignService:
         return CreatedCampaign(self._store.get_campaign(campaign.id), imported)
 
     def get(self, campaign_id: str) -> Campaign:
+        return self._store.get_campaign(campaign_id)
+
+    def start_provisioning(self, campaign_id: str) -> Campaign:
+        """Move a draft into provisioning, so the caller can hand the work to the background.
+
+        A campaign already provisioning is returned as it is (the provisioner resumes it from
+        its checkpoint); any other state raises IllegalTransition.
+        """
+        campaign = self._store.get_campaign(campaign_id)
+        if campaign.state is CampaignState.PROVISIONING:
+            return campaign
+        self._move(campaign_id, {CampaignState.DRAFT}, CampaignState.PROVISIONING, "provisioning")
         return self._store.get_campaign(campaign_id)
 
     def preview(self, campaign_id: str) -> list[tuple[Recipient, object]]:

@@ -39,7 +39,7 @@ import io
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
@@ -61,6 +61,7 @@ __all__ = [
     "ImportResult",
     "Templates",
     "compile_templates",
+    "parse_recipient_rows",
     "parse_recipients",
 ]
 
@@ -198,6 +199,103 @@ def parse_recipients(
             raise InvalidField("file", _source_name(source), f"cannot be read: {exc}") from exc
         finally:
             text.close()
+
+
+def parse_recipient_rows(
+    rows: Sequence[Mapping[str, object]],
+    *,
+    templates: Templates = Templates(),
+    limits: ImportLimits = ImportLimits(),
+    max_errors: int = 50,
+) -> ImportResult:
+    """Render and validate recipients given as mappings (the API's JSON), by the CSV rules.
+
+    Each mapping is one row: its keys are the columns (``email`` required; ``name``,
+    ``subject``, ``body``, ``html`` optional; every other key a template variable), and a
+    missing key is an empty cell. Values are text; numbers are taken as their text and
+    ``None`` as empty; anything else (a list, a mapping, a boolean) is a problem of that row
+    and key. Unlike a CSV file, an empty row is not skipped: it is a row without an address.
+    Row numbers count the first recipient as row 2, as if the rows came from a CSV file with a
+    header. A problem with the rows as a whole (none at all, too many, a key that is empty or
+    repeats another ignoring case, too many keys) raises one :class:`InvalidField` naming
+    ``recipients``; row problems raise :class:`InvalidInput` as :func:`parse_recipients` does.
+    """
+    if isinstance(rows, str | bytes) or not isinstance(rows, Sequence):
+        raise InvalidField("recipients", _clip(repr(rows)), "expected a list of objects")
+    if not rows:
+        raise InvalidField("recipients", 0, "no recipients; give at least one")
+    if len(rows) > limits.max_rows:
+        raise InvalidField(
+            "recipients", len(rows), f"more than {limits.max_rows} rows; send fewer at once"
+        )
+    compiled = compile_templates(templates)
+    # The columns are the keys of all rows in order of first appearance, ``email`` first, so a
+    # row without an address is that row's problem rather than a bad header.
+    columns: dict[str, None] = {"email": None}
+    for row in rows:
+        if isinstance(row, Mapping):
+            for key in row:
+                if not isinstance(key, str):
+                    raise InvalidField("recipients", _clip(repr(key)), "keys must be text")
+                columns.setdefault(key, None)
+    names = list(columns)
+    blank = [""] * len(names)
+    early: list[InvalidField] = []
+
+    def cells_of(number: int, row: object) -> list[str]:
+        """The row as CSV cells; a row with a problem found here becomes a blank record,
+        which the importer skips (its row number still counts), so it is reported once."""
+        if not isinstance(row, Mapping):
+            early.append(InvalidField("row", _clip(repr(row)), "expected an object", row=number))
+            return blank
+        cells: list[str] = []
+        bad = False
+        for name in names:
+            value = row.get(name)
+            if value is None:
+                cells.append("")
+            elif isinstance(value, str):
+                cells.append(value)
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                cells.append(str(value))
+            else:
+                early.append(InvalidField(name, _clip(repr(value)), "expected text", row=number))
+                bad = True
+                cells.append("")
+        if not bad and not "".join(cells).strip():
+            early.append(InvalidField("email", "", "empty; every row needs an address", row=number))
+            bad = True
+        return blank if bad else cells
+
+    def records() -> Iterator[list[str]]:
+        yield names
+        for index, row in enumerate(rows):
+            yield cells_of(index + 2, row)
+
+    importer = _Import(compiled, limits, max(0, max_errors))
+    problems: list[InvalidField] = []
+    total = 0
+    try:
+        result = importer.run(records())
+    except InvalidInput as exc:
+        problems, total = exc.errors, exc.total
+    except InvalidField as exc:
+        if early and importer.rows == 0:
+            pass  # every row was bad before the importer saw it: report those problems
+        elif exc.field in {"header", "file"}:
+            # The CSV wording names a header or a file; here that is the list as a whole.
+            raise InvalidField("recipients", exc.value, exc.reason) from exc
+        else:
+            raise
+    else:
+        if not early:
+            return result
+    found = sorted([*early, *problems], key=lambda e: e.row or 0)
+    raise InvalidInput(
+        f"{importer.bad_rows + len({e.row for e in early})} of {len(rows)} rows are invalid",
+        found[: max(0, max_errors)],
+        total=total + len(early),
+    )
 
 
 # --- reading --------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""The web UI and HTTP API (FastAPI): thin routes over the service layer."""

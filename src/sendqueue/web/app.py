@@ -1,0 +1,190 @@
+"""The web application: one factory, :func:`create_app`, and the server that runs it.
+
+``create_app(container)`` wires the API router (:mod:`sendqueue.web.api`), the pages
+(:mod:`sendqueue.web.pages`), ``/static``, the login routes, the security middlewares
+(:mod:`sendqueue.web.security`), the error mapping (:mod:`sendqueue.web.errors`) and a
+lifespan that owns the live-stream broker and, with ``start_worker=True``, runs the
+dispatcher, the send workers and the periodic reconciler in a thread (the embedded default
+of ``sendqueue serve``).
+
+:func:`run_server` runs it under uvicorn: SIGTERM and SIGINT stop the server, end the open
+event streams so the shutdown does not wait on them, stop the worker thread (in-flight sends
+finish) and close nothing else: the caller owns the container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio.to_thread
+import uvicorn
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from sendqueue import __version__
+from sendqueue.bootstrap import Container
+from sendqueue.runtime import run_worker
+from sendqueue.web import api, pages
+from sendqueue.web.deps import BackgroundProvisioning
+from sendqueue.web.errors import install_error_handlers
+from sendqueue.web.queries import TimelineCache
+from sendqueue.web.security import install_security
+from sendqueue.web.stream import ChangeBroker, StreamConfig
+
+__all__ = ["STATIC_DIR", "Server", "create_app", "run_server", "server_url"]
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+# Seconds shutdown waits for in-flight sends (the worker) and background provisioning.
+_WORKER_STOP_TIMEOUT = 60.0
+_PROVISION_STOP_TIMEOUT = 5.0
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def create_app(
+    container: Container,
+    *,
+    start_worker: bool = False,
+    stream: StreamConfig | None = None,
+    reconcile_interval: float | None = None,
+) -> FastAPI:
+    """The sendqueue web app over ``container`` (which the caller keeps and closes).
+
+    ``start_worker`` runs :func:`sendqueue.runtime.run_worker` in a background thread for the
+    app's lifetime. ``stream`` tunes the live stream (tests shorten its intervals).
+    """
+    settings = container.settings
+    token = settings.api_token.get_secret_value() if settings.api_token is not None else None
+    broker = ChangeBroker(container.store, stream)
+    provisioning = BackgroundProvisioning(container)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+        worker: threading.Thread | None = None
+        if start_worker:
+            worker = threading.Thread(
+                target=_run_worker,
+                args=(container, stop, reconcile_interval),
+                name="sendqueue-worker",
+                daemon=True,
+            )
+            worker.start()
+        try:
+            yield
+        finally:
+            await broker.close()
+            stop.set()
+            if worker is not None:
+                await anyio.to_thread.run_sync(worker.join, _WORKER_STOP_TIMEOUT)
+                if worker.is_alive():
+                    log.error("the worker did not stop within %.0f s", _WORKER_STOP_TIMEOUT)
+            await anyio.to_thread.run_sync(provisioning.join, _PROVISION_STOP_TIMEOUT)
+
+    app = FastAPI(
+        title="sendqueue",
+        version=__version__,
+        summary="Scheduled email campaigns: one durable task and one schedule per email.",
+        lifespan=lifespan,
+    )
+    app.state.container = container
+    app.state.broker = broker
+    app.state.provisioning = provisioning
+    app.state.timelines = TimelineCache(container.store, container.clock, pages.campaign_timeline)
+    install_error_handlers(app)
+    app.include_router(api.router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    install_security(
+        app,
+        token=token,
+        max_body_bytes=settings.max_upload_bytes + api.BODY_OVERHEAD_BYTES,
+    )
+    return app
+
+
+def _run_worker(container: Container, stop: threading.Event, interval: float | None) -> None:
+    try:
+        run_worker(container, stop, reconcile_interval=interval)
+    except Exception:
+        log.exception("the embedded worker stopped with an error; the web app keeps serving")
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, ending the app's event streams first when it shuts down (they
+    would otherwise hold the graceful shutdown open until its timeout)."""
+
+    def __init__(self, config: uvicorn.Config, broker: ChangeBroker) -> None:
+        super().__init__(config)
+        self._broker = broker
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._broker.close()
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """SIGTERM/SIGINT start the graceful shutdown, as in uvicorn, but are not raised again
+        afterwards: the caller returns normally and closes what it opened."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def run_server(
+    app: FastAPI,
+    *,
+    host: str,
+    port: int,
+    on_started: Callable[[str], None] | None = None,
+    log_level: str = "warning",
+) -> None:
+    """Serve ``app`` until SIGTERM/SIGINT (or ``server.should_exit``); blocks.
+
+    ``on_started`` gets the URL once the socket listens (``port=0`` picks a free port).
+    """
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+    )
+    server = Server(config, app.state.broker)
+    if on_started is not None:
+        _announce(server, host, on_started)
+    server.run()
+
+
+def server_url(server: uvicorn.Server, host: str) -> str:
+    """The URL a started server listens on."""
+    port = server.servers[0].sockets[0].getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
+
+
+def _announce(server: uvicorn.Server, host: str, on_started: Callable[[str], None]) -> None:
+    original = server.startup
+
+    async def startup(sockets: list[socket.socket] | None = None) -> None:
+        await original(sockets)
+        if server.started:
+            on_started(server_url(server, host))
+
+    server.startup = startup  # type: ignore[method-assign]

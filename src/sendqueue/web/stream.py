@@ -1,0 +1,364 @@
+"""The live event stream: a campaign's change log as Server-Sent Events.
+
+How it holds the promises of docs/api.md:
+
+- **One reader per campaign.** :class:`ChangeBroker` runs one asyncio task per campaign that
+  has subscribers. It polls ``store.changes_after(position, campaign_id=...)`` every
+  ``poll_interval`` (at once again after a full batch) and fans every entry out to each
+  subscriber's bounded queue. It stops when the last subscriber leaves. The store is reached
+  through a worker thread, so the event loop never blocks on it. Because it reads the change
+  log, it sees what workers in other processes write, on SQLite and on PostgreSQL alike.
+- **No gap, no duplicate.** A subscriber joins the reader's fan-out *first*, then, if it asked
+  to resume from an id older than the reader's position, reads that backlog from the store
+  itself, and finally takes the live feed. Everything newer than its position reaches it
+  through one path or the other (the reader delivers every entry above the position it had
+  when the subscriber joined; the backlog read runs until the log is exhausted, past that
+  position), and anything it has already sent (id at or below its last id) is skipped. The
+  store makes change-log ids visible in id order (see ``SqlTaskStore._log``), so a position
+  never skips an entry that commits later.
+- **Bounded memory.** A subscriber whose queue is full (a client that does not read) is
+  disconnected; it resumes with ``Last-Event-ID`` from the store, losing nothing. The number
+  of clients per process is capped (:class:`TooManyClients`).
+- **Liveness.** A ``ping`` event (no ``id``, data ``{}``) every ``heartbeat`` seconds of
+  silence keeps idle connections open and tells a client that hears nothing for longer that
+  the stream is stale. The first frame sets
+  the client's last event id to the position it starts from, so even a client that saw no
+  event resumes from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+from starlette.responses import StreamingResponse
+from starlette.types import Message, Receive, Scope, Send
+
+from sendqueue.domain.models import ChangeLogEntry
+from sendqueue.ports import TaskStore
+from sendqueue.services.views import change_dict
+
+__all__ = [
+    "PING",
+    "ChangeBroker",
+    "EventStreamResponse",
+    "StreamConfig",
+    "Subscription",
+    "TooManyClients",
+    "format_event",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """Tuning of the live stream (the defaults suit production; tests shorten the times)."""
+
+    poll_interval: float = 0.2
+    """Seconds between two reads of the change log by a campaign's reader."""
+    heartbeat: float = 15.0
+    """Seconds of silence after which a ``ping`` event is sent."""
+    batch: int = 500
+    """Change-log entries per read."""
+    queue_size: int = 5000
+    """Entries a subscriber may have waiting; a client further behind is disconnected."""
+    max_clients: int = 1000
+    """Streams open at once in this process; more are refused (503)."""
+    retry_ms: int = 2000
+    """The reconnection delay suggested to browsers (the SSE ``retry`` field)."""
+    error_backoff: float = 5.0
+    """Longest pause between reads while the store is failing."""
+
+
+#: The heartbeat: an event (no ``id``) rather than a comment line, because EventSource hands
+#: comments to no JavaScript, and the page must see the stream alive to trust it.
+PING = "event: ping\ndata: {}\n\n"
+
+
+class TooManyClients(Exception):
+    """The process already serves ``max_clients`` streams (or is shutting down)."""
+
+
+def format_event(entry: ChangeLogEntry) -> str:
+    """One change as an SSE frame: ``id``, ``event: change`` and the JSON on one line."""
+    data = json.dumps(change_dict(entry), ensure_ascii=False, separators=(",", ":"))
+    return f"id: {entry.id}\nevent: change\ndata: {data}\n\n"
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One connected client of one campaign."""
+
+    campaign_id: str
+    last_id: int
+    """The id of the last entry sent (or the position the client starts after)."""
+    queue: asyncio.Queue[ChangeLogEntry | None]
+    backlog_after: int | None = None
+    """Set when the client resumes from further back than the reader: read this first."""
+    closed: bool = False
+    reason: str = ""
+    released: bool = False
+
+
+@dataclass(eq=False)
+class _Reader:
+    campaign_id: str
+    position: int
+    subscribers: set[Subscription] = field(default_factory=set)
+    task: asyncio.Task[None] | None = None
+
+
+class ChangeBroker:
+    """Fans each campaign's change log out to its connected clients; see the module docstring.
+
+    All methods run on the event loop thread; store calls go to worker threads.
+    """
+
+    def __init__(self, store: TaskStore, config: StreamConfig | None = None) -> None:
+        self._store = store
+        self.config = config or StreamConfig()
+        self._readers: dict[str, _Reader] = {}
+        self._clients = 0
+        self._closing = False
+
+    # -- introspection (for /metrics and tests) ----------------------------------------------
+    @property
+    def clients(self) -> int:
+        """Streams open now."""
+        return self._clients
+
+    def readers(self) -> dict[str, int]:
+        """Campaigns with a running reader -> number of subscribers."""
+        return {cid: len(r.subscribers) for cid, r in self._readers.items()}
+
+    # -- subscribing ---------------------------------------------------------------------------
+    async def subscribe(self, campaign_id: str, after: int | None) -> Subscription:
+        """Join the campaign's fan-out, starting after change id ``after``.
+
+        Without ``after`` the stream starts at the newest change. Raises TooManyClients.
+        """
+        if self._closing:
+            raise TooManyClients("the server is shutting down")
+        if self._clients >= self.config.max_clients:
+            raise TooManyClients(f"already serving {self._clients} streams")
+        self._clients += 1  # held across the await below, so the cap cannot be overrun
+        try:
+            start = after
+            if start is None:
+                start = await anyio.to_thread.run_sync(self._store.last_change_id)
+        except BaseException:
+            self._clients -= 1
+            raise
+        sub = Subscription(campaign_id, start, asyncio.Queue(maxsize=self.config.queue_size))
+        # No await from here on: joining is atomic with respect to the reader's fan-out, so
+        # the reader delivers every entry above its current position to this subscriber.
+        reader = self._readers.get(campaign_id)
+        if reader is None:
+            reader = _Reader(campaign_id, start)
+            reader.subscribers.add(sub)
+            self._readers[campaign_id] = reader
+            reader.task = asyncio.get_running_loop().create_task(
+                self._run(reader), name=f"sendqueue-stream-{campaign_id}"
+            )
+        else:
+            reader.subscribers.add(sub)
+            if start < reader.position:
+                sub.backlog_after = start
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        """Leave the fan-out (idempotent); the campaign's reader stops with its last
+        subscriber."""
+        if sub.released:
+            return
+        sub.released = True
+        sub.closed = True
+        self._clients -= 1
+        reader = self._readers.get(sub.campaign_id)
+        if reader is not None and sub in reader.subscribers:
+            reader.subscribers.discard(sub)
+            if not reader.subscribers:
+                del self._readers[sub.campaign_id]
+                if reader.task is not None:
+                    reader.task.cancel()
+
+    async def close(self) -> None:
+        """End every stream and stop the readers (server shutdown). Idempotent."""
+        self._closing = True
+        readers = list(self._readers.values())
+        self._readers.clear()
+        for reader in readers:
+            for sub in reader.subscribers:
+                self._close(sub, "shutdown")
+            reader.subscribers.clear()
+            if reader.task is not None:
+                reader.task.cancel()
+        for reader in readers:
+            if reader.task is not None:
+                with anyio.CancelScope(shield=True):
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await reader.task
+
+    def _close(self, sub: Subscription, reason: str) -> None:
+        sub.closed, sub.reason = True, reason
+        # None wakes the client's generator; a full queue wakes it anyway.
+        with contextlib.suppress(asyncio.QueueFull):
+            sub.queue.put_nowait(None)
+
+    # -- the reader ----------------------------------------------------------------------------
+    async def _run(self, reader: _Reader) -> None:
+        config = self.config
+        failures = 0
+        while reader.subscribers:
+            try:
+                entries = await anyio.to_thread.run_sync(
+                    self._read, reader.campaign_id, reader.position
+                )
+            except Exception as exc:  # the store failing must not end the streams
+                failures += 1
+                if failures == 1 or failures % 50 == 0:
+                    log.warning(
+                        "stream of %s: reading the change log failed (%d in a row): %s",
+                        reader.campaign_id,
+                        failures,
+                        exc,
+                    )
+                await asyncio.sleep(min(config.poll_interval * 2**failures, config.error_backoff))
+                continue
+            failures = 0
+            if entries:
+                reader.position = entries[-1].id
+                for sub in list(reader.subscribers):
+                    self._offer(reader, sub, entries)
+            if len(entries) < config.batch:
+                await asyncio.sleep(config.poll_interval)
+
+    def _read(self, campaign_id: str, position: int) -> list[ChangeLogEntry]:
+        return self._store.changes_after(position, campaign_id=campaign_id, limit=self.config.batch)
+
+    def _offer(self, reader: _Reader, sub: Subscription, entries: list[ChangeLogEntry]) -> None:
+        for entry in entries:
+            try:
+                sub.queue.put_nowait(entry)
+            except asyncio.QueueFull:
+                # The client does not keep up: drop it rather than grow without bound. It
+                # reconnects with Last-Event-ID and reads what it missed from the store.
+                log.warning(
+                    "stream of %s: a client fell %d events behind; disconnecting it",
+                    reader.campaign_id,
+                    sub.queue.qsize(),
+                )
+                reader.subscribers.discard(sub)
+                sub.closed, sub.reason = True, "overflow"
+                if not reader.subscribers and self._readers.get(reader.campaign_id) is reader:
+                    del self._readers[reader.campaign_id]
+                return
+
+    # -- one client's frames -------------------------------------------------------------------
+    async def frames(self, sub: Subscription) -> AsyncIterator[str]:
+        """The SSE text for one subscriber, until it is closed. Unsubscribes at the end."""
+        config = self.config
+        try:
+            yield f"retry: {config.retry_ms}\nid: {sub.last_id}\n\n"
+            if sub.backlog_after is not None:
+                position = sub.backlog_after
+                while not sub.closed:
+                    try:
+                        entries = await anyio.to_thread.run_sync(
+                            self._read, sub.campaign_id, position
+                        )
+                    except Exception as exc:
+                        # End the stream; the client reconnects with its Last-Event-ID.
+                        log.warning("stream of %s: backlog read failed: %s", sub.campaign_id, exc)
+                        return
+                    text = self._render(sub, entries)
+                    if text:
+                        yield text
+                    if len(entries) < config.batch:
+                        break
+                    position = entries[-1].id
+            while not sub.closed:
+                try:
+                    first = await asyncio.wait_for(sub.queue.get(), config.heartbeat)
+                except TimeoutError:
+                    yield PING
+                    continue
+                if first is None or sub.closed:
+                    return
+                batch = [first]
+                while len(batch) < config.batch and not sub.queue.empty():
+                    entry = sub.queue.get_nowait()
+                    if entry is None:
+                        break
+                    batch.append(entry)
+                text = self._render(sub, batch)
+                if text:
+                    yield text
+        finally:
+            self.unsubscribe(sub)
+
+    @staticmethod
+    def _render(sub: Subscription, entries: list[ChangeLogEntry]) -> str:
+        parts: list[str] = []
+        for entry in entries:
+            if entry.id > sub.last_id:
+                parts.append(format_event(entry))
+                sub.last_id = entry.id
+        return "".join(parts)
+
+
+class EventStreamResponse(StreamingResponse):
+    """A ``text/event-stream`` response that ends as soon as the client goes away.
+
+    Starlette's StreamingResponse notices a disconnect only on some ASGI versions; an idle
+    stream would otherwise keep its subscription until the next heartbeat fails to send.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, frames: AsyncIterator[str], headers: dict[str, str] | None = None):
+        super().__init__(
+            frames,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
+            media_type="text/event-stream",
+        )
+        self.frames = frames
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+
+        async def pump(group: anyio.abc.TaskGroup) -> None:
+            try:
+                async for text in self.frames:
+                    body = text.encode("utf-8")
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except OSError:
+                pass  # the client went away mid-write
+            finally:
+                group.cancel_scope.cancel()
+
+        async def listen(group: anyio.abc.TaskGroup) -> None:
+            while True:
+                message: Message = await receive()
+                if message["type"] == "http.disconnect":
+                    group.cancel_scope.cancel()
+                    return
+
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(pump, group)
+                group.start_soon(listen, group)
+        finally:
+            close = getattr(self.frames, "aclose", None)
+            if close is not None:
+                with anyio.CancelScope(shield=True):
+                    await close()
