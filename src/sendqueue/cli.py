@@ -430,13 +430,13 @@ def campaign_preview(campaign_id: str, as_json: JsonOpt = False) -> None:
         pairs = c.campaigns.preview(campaign_id)
     sends = [when for _, when in pairs]
     if as_json:
-        rows = _plan_rows(sends, campaign.policy.timezone)  # type: ignore[arg-type]
+        rows = _plan_rows(sends, campaign.policy.timezone)
         for row, (recipient, _) in zip(rows, pairs, strict=True):
             row["email"] = recipient.email
         _json({"timezone": campaign.policy.timezone, "sends": rows})
         return
     out.print(f"{campaign.name}: {campaign.policy.describe()}", markup=False)
-    _print_plan(sends, campaign.policy.timezone)  # type: ignore[arg-type]
+    _print_plan(sends, campaign.policy.timezone)
 
 
 @campaign_app.command("provision")

@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from email.utils import formataddr, parseaddr
 from typing import BinaryIO
 
@@ -246,11 +247,11 @@ class CampaignService:
         self._move(campaign_id, {CampaignState.DRAFT}, CampaignState.PROVISIONING, "provisioning")
         return self._store.get_campaign(campaign_id)
 
-    def preview(self, campaign_id: str) -> list[tuple[Recipient, object]]:
+    def preview(self, campaign_id: str) -> list[tuple[Recipient, datetime]]:
         """The plan for the campaign's recipients from now: (recipient, send instant) pairs."""
         campaign = self._store.get_campaign(campaign_id)
         sends = plan(campaign.policy, campaign.recipient_count, now=self._clock.now())
-        pairs: list[tuple[Recipient, object]] = []
+        pairs: list[tuple[Recipient, datetime]] = []
         after = -1
         while True:
             batch = self._store.list_recipients(campaign_id, after=after, limit=_PAGE)

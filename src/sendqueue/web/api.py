@@ -12,8 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Annotated, Any, BinaryIO, cast
+from typing import Annotated, Any, BinaryIO
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -352,7 +351,7 @@ def preview_campaign(campaign_id: str, c: ContainerDep) -> dict[str, Any]:
     """The plan of a stored campaign's recipients if it were provisioned now."""
     campaign = c.store.get_campaign(campaign_id)
     pairs = c.campaigns.preview(campaign_id)
-    sends = [cast(datetime, when) for _, when in pairs]
+    sends = [when for _, when in pairs]
     return plan_view(campaign.policy, sends, emails=[r.email for r, _ in pairs[: len(sends)]])
 
 
