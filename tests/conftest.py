@@ -55,4 +55,3 @@ def postgres_url() -> Iterator[str]:
     finally:
         with _admin_connect() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-

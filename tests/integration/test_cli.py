@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
@@ -85,14 +86,14 @@ def test_invalid_plan_input_exits_2_with_one_line_naming_the_field(
 
 
 def test_no_sending_day_is_a_clear_error(cli: CliRunner) -> None:
-    code, _, err = run(
-        cli, "plan", "--weekdays", "sat", "--start", "2026-12-01T08:00",
-        *[x for d in ("2026-12-05", "2026-12-12") for x in ("--skip-date", d)],
-        "--count", "3", "--per-day", "1",
-    )  # fmt: skip
-    assert code == 0  # later Saturdays still exist
-    code, _, err = run(cli, "plan", "--weekdays", "sat", "--window", "00:00-00:01", "--count", "1")
-    assert code == 0
+    # every Saturday for more than two years is skipped, and only Saturdays are allowed
+    first = date(2026, 12, 5)
+    skips = [x for w in range(110) for x in ("--skip-date", str(first + timedelta(weeks=w)))]
+    code, out, err = run(
+        cli, "plan", "--weekdays", "sat", "--start", "2026-12-01T08:00", "--count", "1", *skips
+    )
+    assert code == 2 and out == ""
+    assert err.startswith("error: policy:") and "sat" in err.lower()
 
 
 def _csv(path: Path, rows: int, bad: set[int]) -> None:
@@ -146,7 +147,10 @@ def test_campaign_lifecycle_through_the_cli(cli: CliRunner, tmp_path: Path) -> N
     assert created["import"] == {"rows": 3, "duplicates": 1}
 
     code, out, _ = run(cli, "campaign", "preview", cid, "--json")
-    assert [s["email"] for s in json.loads(out)["sends"]] == ["ada@example.com", "grace@example.com"]
+    assert [s["email"] for s in json.loads(out)["sends"]] == [
+        "ada@example.com",
+        "grace@example.com",
+    ]
 
     code, out, _ = run(cli, "campaign", "provision", cid, "--json")
     assert code == 0 and json.loads(out)["status"] == "done"
@@ -155,7 +159,13 @@ def test_campaign_lifecycle_through_the_cli(cli: CliRunner, tmp_path: Path) -> N
     shown = json.loads(out)
     assert {"id", "name", "state", "counts"} <= set(shown)
     assert shown["state"] == "active"
-    assert shown["counts"] == {"Pending": 2, "Running": 0, "Finished": 0, "Failed": 0, "Cancelled": 0}
+    assert shown["counts"] == {
+        "Pending": 2,
+        "Running": 0,
+        "Finished": 0,
+        "Failed": 0,
+        "Cancelled": 0,
+    }
 
     code, out, _ = run(cli, "campaign", "tasks", cid, "--json")
     tasks = json.loads(out)
@@ -206,8 +216,13 @@ def test_demo_delivers_into_the_maildir_outbox(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENDQUEUE_")}
     proc = subprocess.run(
         [sys.executable, "-m", "sendqueue.cli", "demo", "--count", "3", "--interval", "0.5"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "done: 3 sent, 0 failed" in proc.stdout
     assert len(list((tmp_path / "outbox" / "new").iterdir())) == 3
