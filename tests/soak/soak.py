@@ -39,6 +39,7 @@ from aiosmtpd.controller import Controller
 
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.models import expected_schedule_name
 from sendqueue.services.demo import demo_csv, demo_policy
 from sendqueue.services.importing import Templates
 from sendqueue.settings import Settings
@@ -46,6 +47,7 @@ from sendqueue.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 #: After warm-up the stable worker's RSS may wobble, not grow: more than this is a violation.
 RSS_GROWTH_LIMIT_KB = 30 * 1024
+RSS_WARM_UP_S = 60.0
 
 
 class FaultySink:
@@ -242,7 +244,13 @@ class Soak:
             r.tasks += len(tasks)
             for t in tasks:
                 if not t.state.is_final:
-                    r.violations.append(f"{t.id} ended {t.state.value}")
+                    schedule = app.scheduler.get(expected_schedule_name(t))
+                    r.violations.append(
+                        f"{t.id} ended {t.state.value} (attempts {t.attempts}, send_at "
+                        f"{t.send_at.isoformat()}, claimed {t.claimed_at}, schedule "
+                        f"{'present' if schedule else 'missing'}, campaign "
+                        f"{app.store.get_campaign(cid).state.value}, error {t.error})"
+                    )
                 if t.state is TaskState.FAILED:
                     r.failed += 1
                 if t.id in first_accept:
@@ -275,8 +283,11 @@ class Soak:
             ordered = sorted(late)
             r.lateness_p50_ms = round(statistics.median(ordered) * 1000, 1)
             r.lateness_p99_ms = round(ordered[int(0.99 * (len(ordered) - 1))] * 1000, 1)
-        if len(r.rss_kb) >= 4:
-            settled = [kb for _, kb in r.rss_kb[len(r.rss_kb) // 4 :]]
+        # Growth is judged after a warm-up (imports, pools, caches fill in the first minutes) and
+        # only on runs long enough to have several samples after it.
+        warm_up = max(RSS_WARM_UP_S, r.duration_s / 4)
+        settled = [kb for at, kb in r.rss_kb if at >= warm_up]
+        if len(settled) >= 6:
             r.rss_growth_kb = settled[-1] - settled[0]
             if r.rss_growth_kb > max(RSS_GROWTH_LIMIT_KB, settled[0] // 5):
                 r.violations.append(f"the stable worker's RSS grew by {r.rss_growth_kb} kB")

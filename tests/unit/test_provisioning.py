@@ -126,7 +126,7 @@ def test_crash_anywhere_then_rerun_finishes_with_exactly_one_of_each(
     with pytest.raises(StoreCrash):
         crashing.provisioner.provision(cid)
     # a new process: same store and scheduler, no memory of the crashed run
-    clock.advance(seconds=400)  # the crashed run's provisioning lease expires
+    clock.advance(seconds=61)  # the crashed run's provisioning lease (60 s) expires
     fresh = fake_app(clock=clock, store=store, scheduler=scheduler)
     report = fresh.provisioner.provision(cid)
     assert report.status == "done"

@@ -20,6 +20,8 @@ class ServiceConfig:
     provision_concurrency: int = 10
     provision_chunk: int = 500
     provision_margin: float = 90.0
+    #: renewed after every chunk: a provisioning run whose process died blocks others this long
+    provision_lease_seconds: float = 60.0
     reconcile_lease_seconds: float = 120.0
     default_timezone: str = "Europe/Berlin"
     default_from: str = "sendqueue@example.com"

@@ -106,7 +106,8 @@ class Provisioner:
             return report  # already provisioned: nothing to do
         owner = secrets.token_hex(8)
         lease = f"provision:{campaign_id}"
-        if not self._store.acquire_lease(lease, owner, ttl_seconds=300, at=self._clock.now()):
+        ttl = self._config.provision_lease_seconds
+        if not self._store.acquire_lease(lease, owner, ttl_seconds=ttl, at=self._clock.now()):
             report.status = "busy"
             report.errors.append("another process is provisioning this campaign")
             return report
@@ -118,7 +119,7 @@ class Provisioner:
 
             def tick() -> None:
                 if not self._store.acquire_lease(
-                    lease, owner, ttl_seconds=300, at=self._clock.now()
+                    lease, owner, ttl_seconds=ttl, at=self._clock.now()
                 ):
                     raise Conflict(f"lost the provisioning lease of {campaign_id}")
                 if deadline is not None and time.monotonic() >= deadline:
