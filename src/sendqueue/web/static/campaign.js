@@ -1,0 +1,573 @@
+/* The campaign page: live rows, counts, chart and actions.
+ *
+ * Live by default: an EventSource on /api/campaigns/{id}/events patches rows as changes arrive
+ * and schedules a (throttled) refetch of the counts and the visible page. When the stream
+ * errors, or is silent for longer than the heartbeat allows, the page falls back to polling
+ * every 5 s - only while the campaign has Pending or Running emails - and keeps trying to
+ * reopen the stream with backoff; once it is back, polling stops. The indicator
+ * (#connection[data-connection]) says which: connecting, live, polling or idle (the stream is
+ * down and nothing is in flight, so there is nothing to poll).
+ */
+(function () {
+  "use strict";
+
+  const sq = window.sq;
+  const root = document.getElementById("campaign");
+  if (!root || !sq) {
+    return;
+  }
+
+  const STALE_MS = 20000; // the server pings every 15 s (docs/api.md)
+  const POLL_MS = 5000;
+  const BACKOFF_MIN_MS = 1000;
+  const BACKOFF_MAX_MS = 10000;
+  const REFRESH_GAP_MS = 1000; // at most one refetch a second while events pour in
+  const REFRESH_DELAY_MS = 150; // let a burst of events settle first
+
+  // Which controls each campaign state offers; pages.py (_ACTIONS) keeps the same table.
+  const ACTIONS = {
+    provision: ["draft"],
+    pause: ["active"],
+    resume: ["paused"],
+    "retry-failed": ["active", "paused", "completed"],
+    cancel: ["draft", "provisioning", "active", "paused"],
+  };
+  const CONFIRM = {
+    cancel: ["Cancel this campaign? Every email not sent yet is cancelled. This cannot be undone.",
+      "Cancel campaign"],
+  };
+
+  const id = root.dataset.campaignId;
+  const base = "/api/campaigns/" + encodeURIComponent(id);
+  const tbody = document.getElementById("tasks");
+  const indicator = document.getElementById("connection");
+  const pageSize = Number(root.dataset.pageSize) || 50;
+
+  const params = new URLSearchParams(location.search);
+  const view = {
+    state: document.getElementById("filter-state").value,
+    search: document.getElementById("filter-search").value,
+    after: root.dataset.cursor || "-1",
+    next: root.dataset.nextCursor || null,
+    stack: [],
+  };
+  let timeZone = root.dataset.timezone || "UTC";
+  let campaignState = root.dataset.state;
+  let counts = {};
+  for (const node of document.querySelectorAll("[data-count]")) {
+    counts[node.dataset.count] = Number(node.textContent) || 0;
+  }
+
+  // -- rendering ------------------------------------------------------------------------------
+  function taskCells(task) {
+    return {
+      position: String(task.position + 1),
+      email: task.email,
+      name: task.name || "",
+      subject: task.subject || "",
+      send_at: sq.formatTime(task.send_at, timeZone),
+      sent_at: sq.formatTime(task.sent_at, timeZone),
+      attempts: String(task.attempts),
+      error: task.error || "",
+    };
+  }
+
+  function cancelButton(taskId, email) {
+    return sq.el("button", {
+      type: "button", class: "button small danger", "data-cancel-task": taskId,
+      "aria-label": "Cancel the email to " + email,
+    }, "Cancel");
+  }
+
+  function setRowState(tr, state) {
+    if (tr.dataset.state === state) {
+      return;
+    }
+    tr.dataset.state = state;
+    const cell = tr.querySelector('[data-field="state"]');
+    cell.replaceChildren(sq.badge(state));
+    const actions = tr.querySelector('[data-field="actions"]');
+    const button = actions.querySelector("button");
+    if (state === "Pending" && !button) {
+      const email = tr.querySelector('[data-field="email"]').textContent;
+      actions.append(cancelButton(tr.dataset.taskId, email));
+    } else if (state !== "Pending" && button) {
+      if (document.activeElement === button) {
+        tr.querySelector('[data-field="state"]').setAttribute("tabindex", "-1");
+        tr.querySelector('[data-field="state"]').focus();
+      }
+      button.remove();
+    }
+  }
+
+  function newRow(task) {
+    const tr = sq.el("tr", { "data-task-id": task.id });
+    const classes = {
+      position: "num", email: "mono", send_at: "nowrap", sent_at: "nowrap", attempts: "num",
+      error: "error-text",
+    };
+    for (const field of ["position", "email", "name", "subject", "state", "send_at", "sent_at",
+      "attempts", "error", "actions"]) {
+      tr.append(sq.el("td", { class: classes[field] || null, "data-field": field }));
+    }
+    return tr;
+  }
+
+  function updateRow(tr, task) {
+    const cells = taskCells(task);
+    for (const [field, text] of Object.entries(cells)) {
+      sq.setText(tr.querySelector('[data-field="' + field + '"]'), text);
+    }
+    setRowState(tr, task.state);
+  }
+
+  function rowById(taskId) {
+    for (const tr of tbody.rows) {
+      if (tr.dataset.taskId === taskId) {
+        return tr;
+      }
+    }
+    return null;
+  }
+
+  /**
+   * Make the table show ``tasks`` in order, reusing the rows it already has (by task id).
+   * ``mark`` is the last event id the page had when it asked for the page: a row an event
+   * changed after that knows more than this answer, and keeps its state until the refetch
+   * that event scheduled.
+   */
+  function applyTasks(page, mark) {
+    const existing = new Map();
+    for (const tr of Array.from(tbody.rows)) {
+      existing.set(tr.dataset.taskId, tr);
+    }
+    const wanted = [];
+    for (const task of page.tasks) {
+      let tr = existing.get(task.id);
+      if (tr) {
+        existing.delete(task.id);
+        if (!((rowMarks.get(task.id) || 0) > mark)) {
+          updateRow(tr, task);
+        }
+      } else {
+        tr = newRow(task);
+        updateRow(tr, task);
+      }
+      wanted.push(tr);
+    }
+    for (const tr of existing.values()) {
+      tr.remove();
+    }
+    for (const [taskId, eventId] of rowMarks) {
+      if (eventId <= mark) {
+        rowMarks.delete(taskId); // this answer already knew of that event
+      }
+    }
+    wanted.forEach((tr, i) => {
+      if (tbody.rows[i] !== tr) {
+        tbody.insertBefore(tr, tbody.rows[i] || null);
+      }
+    });
+    view.next = page.next === null || page.next === undefined ? null : String(page.next);
+    document.getElementById("tasks-empty").hidden = page.tasks.length > 0;
+    if (page.tasks.length === 0) {
+      sq.setText(document.getElementById("tasks-empty"), campaignState === "draft"
+        ? "No emails yet: provision the campaign to plan and schedule them."
+        : "No emails match.");
+    }
+    updatePager(page.tasks.length);
+  }
+
+  function updatePager(shown) {
+    const prev = document.getElementById("prev-page");
+    const next = document.getElementById("next-page");
+    prev.hidden = view.after === "-1";
+    next.hidden = view.next === null;
+    prev.setAttribute("href", "?" + query({ after: view.stack.length ? view.stack[view.stack.length - 1] : null }));
+    next.setAttribute("href", "?" + query({ after: view.next }));
+    sq.setText(document.getElementById("page-info"),
+      shown + " shown, " + pageSize + " a page, times in " + timeZone);
+  }
+
+  function query(extra) {
+    const q = new URLSearchParams();
+    if (view.state) {
+      q.set("state", view.state);
+    }
+    if (view.search) {
+      q.set("search", view.search);
+    }
+    const after = extra && "after" in extra ? extra.after : view.after;
+    if (after !== null && after !== undefined && after !== "-1") {
+      q.set("after", after);
+    }
+    return q.toString();
+  }
+
+  function applyCampaign(c) {
+    campaignState = c.state;
+    root.dataset.state = c.state;
+    if (c.policy && c.policy.timezone) {
+      timeZone = c.policy.timezone;
+    }
+    const stateNode = document.getElementById("campaign-state");
+    const badge = stateNode.querySelector(".badge");
+    if (!badge || badge.textContent !== c.state) {
+      stateNode.replaceChild(sq.badge(c.state), stateNode.firstElementChild);
+    }
+    sq.setText(document.getElementById("campaign-state-reason"), c.state_reason || "");
+    if (c.policy_text) {
+      sq.setText(document.getElementById("policy-text"), c.policy_text);
+    }
+    if (c.counts) {
+      counts = c.counts;
+      for (const node of document.querySelectorAll("[data-count]")) {
+        sq.setText(node, counts[node.dataset.count] || 0);
+      }
+      const sum = Object.values(counts).reduce((n, v) => n + v, 0);
+      sq.updateProgress(document.getElementById("campaign-progress"), counts, Math.max(c.recipients || 0, sum));
+    }
+    if ("next_send_at" in c) {
+      const next = document.getElementById("next-send");
+      next.setAttribute("datetime", c.next_send_at || "");
+      sq.setText(next, c.next_send_at ? sq.formatTime(c.next_send_at, timeZone) : "—");
+    }
+    // a draft has no tasks yet: keep the planned chart the page was rendered with
+    if (Array.isArray(c.timeline) && (c.timeline.length || c.state !== "draft")) {
+      sq.drawDayChart(document.getElementById("timeline"), c.timeline);
+    }
+    updateActions();
+  }
+
+  function updateActions() {
+    for (const button of document.querySelectorAll("[data-action]")) {
+      const action = button.dataset.action;
+      let allowed = (ACTIONS[action] || []).includes(campaignState);
+      if (action === "retry-failed") {
+        allowed = allowed && (counts.Failed || 0) > 0;
+      }
+      button.hidden = !allowed;
+    }
+  }
+
+  function active() {
+    return (counts.Pending || 0) + (counts.Running || 0) > 0 || campaignState === "provisioning";
+  }
+
+  // -- fetching --------------------------------------------------------------------------------
+  let refreshTimer = null;
+  let refreshing = false;
+  let refreshAgain = false;
+  let lastRefresh = 0;
+
+  function tasksUrl() {
+    const q = new URLSearchParams({ limit: String(pageSize) });
+    if (view.state) {
+      q.set("state", view.state);
+    }
+    if (view.search) {
+      q.set("search", view.search);
+    }
+    if (view.after !== "-1") {
+      q.set("after", view.after);
+    }
+    return base + "/tasks?" + q.toString();
+  }
+
+  async function refresh() {
+    if (refreshing) {
+      refreshAgain = true;
+      return;
+    }
+    refreshing = true;
+    lastRefresh = Date.now();
+    const mark = lastEventId;
+    const tableError = document.getElementById("table-error");
+    try {
+      const [c, page] = await Promise.all([sq.api("GET", base), sq.api("GET", tasksUrl())]);
+      applyCampaign(c);
+      applyTasks(page, mark);
+      sq.showError(tableError, "");
+    } catch (exc) {
+      sq.showError(tableError, "Could not update: " + exc.message);
+    } finally {
+      refreshing = false;
+      fallback();
+      if (refreshAgain) {
+        refreshAgain = false;
+        refreshSoon();
+      }
+    }
+  }
+
+  /** Refetch soon, coalescing bursts: at most one refetch per REFRESH_GAP_MS. */
+  function refreshSoon() {
+    if (refreshTimer !== null) {
+      return;
+    }
+    const wait = Math.max(REFRESH_DELAY_MS, REFRESH_GAP_MS - (Date.now() - lastRefresh));
+    refreshTimer = setTimeout(() => {
+      refreshTimer = null;
+      refresh();
+    }, wait);
+  }
+
+  // -- the stream, and the polling fallback --------------------------------------------------------
+  let source = null;
+  let lastHeard = 0;
+  let lastEventId = Number(root.dataset.lastChange) || 0;
+  // task id -> id of the last event that changed its row (see applyTasks)
+  const rowMarks = new Map();
+  let backoff = BACKOFF_MIN_MS;
+  let reconnectTimer = null;
+  let pollTimer = null;
+  const LABELS = {
+    connecting: "Connecting…",
+    live: "Live",
+    polling: "Polling every 5 s (live updates interrupted)",
+    idle: "Not live; nothing in flight to poll",
+  };
+
+  function setMode(mode) {
+    if (indicator.dataset.connection !== mode) {
+      indicator.dataset.connection = mode;
+      sq.setText(document.getElementById("connection-text"), LABELS[mode]);
+    }
+  }
+
+  function heard() {
+    lastHeard = Date.now();
+  }
+
+  function connect() {
+    reconnectTimer = null;
+    if (source) {
+      source.close();
+    }
+    const es = new EventSource(base + "/events?after=" + encodeURIComponent(String(lastEventId)));
+    source = es;
+    heard();
+    es.addEventListener("open", () => {
+      if (source !== es) {
+        return;
+      }
+      heard();
+      backoff = BACKOFF_MIN_MS;
+      stopPolling();
+      setMode("live");
+      refreshSoon(); // catch up with whatever changed while we were away
+    });
+    es.addEventListener("ping", () => {
+      if (source === es) {
+        heard();
+      }
+    });
+    es.addEventListener("change", (event) => {
+      if (source === es) {
+        onChange(event);
+      }
+    });
+    es.addEventListener("error", () => {
+      if (source === es) {
+        streamDown();
+      }
+    });
+  }
+
+  /** The stream failed or went stale: close it, fall back, and try again later. */
+  function streamDown() {
+    if (source) {
+      source.close();
+      source = null;
+    }
+    fallback();
+    if (reconnectTimer === null) {
+      const wait = backoff + Math.floor(Math.random() * 250);
+      backoff = Math.min(backoff * 2, BACKOFF_MAX_MS);
+      reconnectTimer = setTimeout(connect, wait);
+    }
+  }
+
+  /** Without a live stream, poll while emails are in flight; otherwise sit idle. */
+  function fallback() {
+    if (source && indicator.dataset.connection === "live") {
+      return;
+    }
+    if (source && indicator.dataset.connection === "connecting") {
+      return;
+    }
+    if (active()) {
+      setMode("polling");
+      if (pollTimer === null) {
+        pollTimer = setInterval(refresh, POLL_MS);
+      }
+    } else {
+      stopPolling();
+      setMode("idle");
+    }
+  }
+
+  function stopPolling() {
+    if (pollTimer !== null) {
+      clearInterval(pollTimer);
+      pollTimer = null;
+    }
+  }
+
+  function onChange(event) {
+    heard();
+    const eventId = Number(event.lastEventId);
+    if (eventId > lastEventId) {
+      lastEventId = eventId;
+    }
+    let data;
+    try {
+      data = JSON.parse(event.data);
+    } catch (exc) {
+      return;
+    }
+    if (data.task_id) {
+      // An event applies to the state it was made from, like the store's compare-and-set:
+      // a row that already shows a later state (from a refetch) is not moved back by it.
+      const tr = rowById(data.task_id);
+      if (tr && data.to && tr.dataset.state === data.from) {
+        setRowState(tr, data.to);
+        rowMarks.set(data.task_id, eventId || lastEventId);
+      }
+    } else if (data.to === "progress") {
+      sq.setText(document.getElementById("provision-progress"), "Provisioning: " + (data.note || ""));
+    } else if (data.to) {
+      campaignState = data.to;
+      if (data.to !== "provisioning") {
+        sq.setText(document.getElementById("provision-progress"), "");
+      }
+      if (data.from === "provisioning" && data.to === "active") {
+        sq.setText(actionStatus, "Provisioned: every email is scheduled.");
+      }
+      updateActions();
+    }
+    refreshSoon();
+  }
+
+  // a stream that says nothing past the heartbeat is as good as gone
+  setInterval(() => {
+    if (source && Date.now() - lastHeard > STALE_MS) {
+      streamDown();
+    }
+  }, 1000);
+
+  // -- actions -----------------------------------------------------------------------------------
+  const actionError = document.getElementById("action-error");
+  const actionStatus = document.getElementById("action-status");
+
+  async function runAction(button) {
+    const action = button.dataset.action;
+    const ask = CONFIRM[action];
+    if (ask && !(await sq.confirm(ask[0], ask[1]))) {
+      return;
+    }
+    sq.showError(actionError, "");
+    sq.setText(actionStatus, "");
+    button.disabled = true;
+    try {
+      const result = await sq.api("POST", base + "/" + action);
+      if (result) {
+        applyCampaign(result);
+      }
+      if (action === "retry-failed" && result && typeof result.affected === "number") {
+        sq.setText(actionStatus, result.affected + " failed email(s) will be sent again.");
+      } else if (action === "provision") {
+        sq.setText(actionStatus, "Provisioning started.");
+      } else {
+        sq.setText(actionStatus, "Done: " + button.textContent.toLowerCase() + ".");
+      }
+      refreshSoon();
+    } catch (exc) {
+      sq.showError(actionError, exc.message);
+    } finally {
+      button.disabled = false;
+      if (button.hidden) {
+        // the control is gone with the state it served: keep the keyboard focus nearby
+        const next = document.querySelector("#actions [data-action]:not([hidden])");
+        if (next) {
+          next.focus();
+        }
+      }
+    }
+  }
+
+  for (const button of document.querySelectorAll("[data-action]")) {
+    button.addEventListener("click", () => runAction(button));
+  }
+
+  tbody.addEventListener("click", async (event) => {
+    const button = event.target.closest("[data-cancel-task]");
+    if (!button) {
+      return;
+    }
+    const taskId = button.dataset.cancelTask;
+    const tr = button.closest("tr");
+    const email = tr.querySelector('[data-field="email"]').textContent;
+    if (!(await sq.confirm("Cancel the email to " + email + "? This cannot be undone.", "Cancel email"))) {
+      return;
+    }
+    const tableError = document.getElementById("table-error");
+    sq.showError(tableError, "");
+    button.disabled = true;
+    try {
+      const task = await sq.api("POST", base + "/tasks/" + encodeURIComponent(taskId) + "/cancel");
+      if (task && tr.isConnected) {
+        updateRow(tr, task);
+      }
+      refreshSoon();
+    } catch (exc) {
+      sq.showError(tableError, "Could not cancel the email to " + email + ": " + exc.message);
+      button.disabled = false;
+    }
+  });
+
+  // -- filters and paging --------------------------------------------------------------------------
+  function loadPage() {
+    history.replaceState(null, "", "?" + query());
+    refresh();
+  }
+
+  document.getElementById("task-filter").addEventListener("submit", (event) => {
+    event.preventDefault();
+    view.state = document.getElementById("filter-state").value;
+    view.search = document.getElementById("filter-search").value.trim();
+    view.after = "-1";
+    view.stack = [];
+    loadPage();
+  });
+  document.getElementById("filter-state").addEventListener("change", () => {
+    document.getElementById("task-filter").requestSubmit();
+  });
+  let searchTimer = null;
+  document.getElementById("filter-search").addEventListener("input", () => {
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(() => document.getElementById("task-filter").requestSubmit(), 400);
+  });
+  document.getElementById("next-page").addEventListener("click", (event) => {
+    event.preventDefault();
+    if (view.next === null) {
+      return;
+    }
+    view.stack.push(view.after);
+    view.after = view.next;
+    loadPage();
+  });
+  document.getElementById("prev-page").addEventListener("click", (event) => {
+    event.preventDefault();
+    view.after = view.stack.length ? view.stack.pop() : "-1";
+    loadPage();
+  });
+
+  if (params.has("after") && view.after !== "-1") {
+    // opened on a later page by a link: "previous" leads back to the first page
+    view.stack = ["-1"];
+  }
+  updateActions();
+  updatePager(tbody.rows.length);
+  connect();
+})();

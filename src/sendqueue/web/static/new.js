@@ -1,0 +1,202 @@
+/* The new-campaign form: extra windows, preview chart, create, and errors next to the fields. */
+(function () {
+  "use strict";
+
+  const sq = window.sq;
+  const form = document.getElementById("new-campaign");
+  if (!form || !sq) {
+    return;
+  }
+  const windows = document.getElementById("windows");
+  const status = document.getElementById("form-status");
+  // API field names that have no input of their own, mapped to the one that causes them
+  const FIELD_ALIASES = { recipients: "file", header: "file", csv: "file", templates: "subject", window: "windows" };
+
+  // -- windows ---------------------------------------------------------------------------------
+  function renumberWindows() {
+    Array.from(windows.children).forEach((li, i) => {
+      const input = li.querySelector("input");
+      const label = li.querySelector("label");
+      input.id = "f-window-" + (i + 1);
+      label.setAttribute("for", input.id);
+      sq.setText(label, "Window " + (i + 1));
+      const remove = li.querySelector("[data-remove-window]");
+      remove.hidden = windows.children.length === 1;
+      remove.setAttribute("aria-label", "Remove window " + (i + 1));
+    });
+  }
+
+  document.getElementById("add-window").addEventListener("click", () => {
+    const li = windows.lastElementChild.cloneNode(true);
+    li.querySelector("input").value = "";
+    windows.append(li);
+    renumberWindows();
+    li.querySelector("input").focus();
+  });
+
+  windows.addEventListener("click", (event) => {
+    const button = event.target.closest("[data-remove-window]");
+    if (!button || windows.children.length === 1) {
+      return;
+    }
+    const li = button.closest("li");
+    const index = Array.from(windows.children).indexOf(li);
+    li.remove();
+    renumberWindows();
+    windows.children[Math.max(0, index - 1)].querySelector("input").focus();
+  });
+
+  // -- the request body ----------------------------------------------------------------------------
+  function body() {
+    const data = new FormData(form);
+    data.delete("csrf_token");
+    const days = data.getAll("weekdays");
+    data.delete("weekdays");
+    data.set("weekdays", days.join(","));
+    const wins = data.getAll("windows").map((w) => String(w).trim()).filter((w) => w);
+    data.delete("windows");
+    for (const w of wins) {
+      data.append("windows", w);
+    }
+    // empty optional fields are left out, so the server applies its defaults
+    for (const key of ["from", "reply_to", "subject", "body", "html", "start", "skip_dates", "timezone"]) {
+      if (!String(data.get(key) || "").trim()) {
+        data.delete(key);
+      }
+    }
+    const file = data.get("file");
+    if (file instanceof File && !file.name && file.size === 0) {
+      data.delete("file");
+    }
+    return data;
+  }
+
+  // -- errors ----------------------------------------------------------------------------------------
+  function clearErrors() {
+    for (const node of form.querySelectorAll("[data-error-for]")) {
+      sq.showError(node, "");
+    }
+    for (const node of form.querySelectorAll("[aria-invalid]")) {
+      node.removeAttribute("aria-invalid");
+    }
+    document.getElementById("form-error").hidden = true;
+    document.getElementById("row-errors").replaceChildren();
+    document.getElementById("row-errors-more").hidden = true;
+  }
+
+  function controlFor(field) {
+    if (field === "windows") {
+      return windows.querySelector("input");
+    }
+    if (field === "weekdays") {
+      return form.querySelector('input[name="weekdays"]');
+    }
+    return form.querySelector('[name="' + CSS.escape(field) + '"]');
+  }
+
+  function showErrors(exc) {
+    clearErrors();
+    const detail = exc.detail || {};
+    const box = document.getElementById("form-error");
+    const list = document.getElementById("row-errors");
+    let first = null;
+    const rows = Array.isArray(detail.errors) ? detail.errors : [];
+    for (const problem of rows) {
+      const where = problem.row !== undefined && problem.row !== null ? "row " + problem.row + ": " : "";
+      const value = problem.value !== undefined && problem.value !== null && problem.value !== ""
+        ? " (got " + JSON.stringify(problem.value) + ")" : "";
+      list.append(sq.el("li", { "data-row": problem.row }, where + problem.field + ": " + problem.reason + value));
+    }
+    if (typeof detail.total === "number" && detail.total > rows.length && rows.length) {
+      const more = document.getElementById("row-errors-more");
+      sq.setText(more, "… and " + (detail.total - rows.length) + " more.");
+      more.hidden = false;
+    }
+    let field = detail.field ? String(detail.field) : "";
+    field = FIELD_ALIASES[field] || field;
+    const slot = field ? form.querySelector('[data-error-for="' + CSS.escape(field) + '"]') : null;
+    if (slot) {
+      sq.showError(slot, detail.reason || detail.message || exc.message);
+      first = controlFor(field);
+    }
+    if (rows.length) {
+      first = first || document.getElementById("f-file");
+      sq.showError(form.querySelector('[data-error-for="file"]'),
+        (detail.total || rows.length) + " problem(s) in the CSV file; see the list above.");
+    }
+    if (!slot || rows.length) {
+      const message = exc.status === 413 ? "The file is too large: " + exc.message : exc.message;
+      sq.setText(document.getElementById("form-error-message"), message);
+      box.hidden = false;
+    }
+    if (first) {
+      first.setAttribute("aria-invalid", "true");
+      first.focus();
+    } else {
+      box.setAttribute("tabindex", "-1");
+      box.focus();
+    }
+  }
+
+  // -- preview ---------------------------------------------------------------------------------------
+  function showPreview(result) {
+    const section = document.getElementById("preview");
+    section.hidden = false;
+    const days = Array.isArray(result.days) ? result.days : [];
+    const sends = Array.isArray(result.sends) ? result.sends : [];
+    let text = result.count + " email(s): " + (result.policy_text || "");
+    if (result.duplicates) {
+      text += "; " + result.duplicates + " duplicate address(es) dropped";
+    }
+    if (sends.length) {
+      text += ". First send " + sends[0].local.replace("T", " ").slice(0, 19);
+    }
+    if (days.length) {
+      const last = days[days.length - 1];
+      text += ", last on " + last.day + " (" + days.length + " sending day(s)).";
+    }
+    sq.setText(document.getElementById("preview-summary"), text);
+    sq.drawDayChart(document.getElementById("preview-chart"),
+      days.map((d) => ({ day: d.day, planned: d.count, done: 0 })));
+    const tbody = document.querySelector("#preview-days tbody");
+    tbody.replaceChildren(...days.slice(0, 100).map((d) => sq.el("tr", {},
+      sq.el("td", {}, d.day),
+      sq.el("td", { class: "num" }, d.count),
+      sq.el("td", {}, String(d.first || "").slice(11, 19)),
+      sq.el("td", {}, String(d.last || "").slice(11, 19)))));
+  }
+
+  const previewButton = document.getElementById("preview-button");
+  const createButton = document.getElementById("create-button");
+
+  async function submit(kind) {
+    clearErrors();
+    previewButton.disabled = true;
+    createButton.disabled = true;
+    sq.setText(status, kind === "preview" ? "Planning…" : "Creating…");
+    try {
+      if (kind === "preview") {
+        const result = await sq.api("POST", "/api/campaigns/preview", body());
+        showPreview(result);
+        sq.setText(status, "Preview ready.");
+      } else {
+        const campaign = await sq.api("POST", "/api/campaigns", body());
+        sq.setText(status, "Created; opening the campaign…");
+        location.assign("/campaigns/" + encodeURIComponent(campaign.id));
+        return;
+      }
+    } catch (exc) {
+      sq.setText(status, "");
+      showErrors(exc);
+    }
+    previewButton.disabled = false;
+    createButton.disabled = false;
+  }
+
+  previewButton.addEventListener("click", () => submit("preview"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    submit("create");
+  });
+  renumberWindows();
+})();
