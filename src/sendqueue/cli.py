@@ -12,6 +12,7 @@ import ipaddress
 import json
 import logging
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -823,8 +824,19 @@ def db_upgrade() -> None:
 def demo_cmd(
     count: Annotated[int, typer.Option("--count", help="Emails in the demo campaign.")] = 24,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between sends.")] = 5.0,
+    ui: Annotated[
+        bool,
+        typer.Option(
+            "--ui/--no-ui",
+            help="Serve the web UI with the worker embedded (--no-ui: a live table in the "
+            "terminal, exiting when every email is sent).",
+        ),
+    ] = True,
+    port: Annotated[
+        int, typer.Option("--port", help="Web UI port on 127.0.0.1 (taken: any free one).")
+    ] = 8000,
 ) -> None:
-    """Create a sample campaign that sends within seconds, then run the worker live."""
+    """Create a sample campaign that sends within seconds, then watch it deliver live."""
     if not 1 <= count <= 1000:
         raise InvalidField("count", count, "between 1 and 1000")
     if not 0.5 <= interval <= 3600:
@@ -848,6 +860,9 @@ def demo_cmd(
         out.print(f"mailer: {_redact(c.settings.mailer)}  store: {c.settings.database_url}")
         report = _provision_with_progress(c, cid, None, 90.0)
         _print_provision(report)
+        if ui:
+            _demo_ui(c, cid, port)
+            return
         stop = threading.Event()
         _install_signals(stop)
         worker = threading.Thread(
@@ -868,6 +883,29 @@ def demo_cmd(
             f"done: {counts[TaskState.FINISHED]} sent, {counts[TaskState.FAILED]} failed. "
             f"Messages are in {c.settings.mailer.removeprefix('maildir:')}/new"
         )
+
+
+def _free_port(preferred: int) -> int:
+    """``preferred`` if it can be bound on loopback, else 0 (any free port)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", preferred))
+        except OSError:
+            return 0
+    return preferred
+
+
+def _demo_ui(c: Container, cid: str, port: int) -> None:
+    from sendqueue.web.app import create_app, run_server
+
+    web = create_app(c, start_worker=True)
+
+    def started(url: str) -> None:
+        out.print(f"\nsendqueue is serving {url}", markup=False)
+        out.print(f"watch the demo live: [bold]{url}campaigns/{cid}[/]")
+        out.print("press Ctrl-C to stop")
+
+    run_server(web, host="127.0.0.1", port=_free_port(port), on_started=started)
 
 
 def _demo_table(c: Container, cid: str) -> Table:

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from datetime import date, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 from sendqueue.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
+DEMO = [sys.executable, "-m", "sendqueue.cli", "demo"]
 
 
 @pytest.fixture
@@ -215,7 +218,17 @@ def test_db_upgrade(cli: CliRunner) -> None:
 def test_demo_delivers_into_the_maildir_outbox(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENDQUEUE_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "sendqueue.cli", "demo", "--count", "3", "--interval", "0.5"],
+        [
+            sys.executable,
+            "-m",
+            "sendqueue.cli",
+            "demo",
+            "--count",
+            "3",
+            "--interval",
+            "0.5",
+            "--no-ui",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -226,3 +239,41 @@ def test_demo_delivers_into_the_maildir_outbox(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "done: 3 sent, 0 failed" in proc.stdout
     assert len(list((tmp_path / "outbox" / "new").iterdir())) == 3
+
+
+def test_demo_serves_the_ui_and_delivers_until_stopped(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENDQUEUE_")}
+    proc = subprocess.Popen(
+        [*DEMO, "--count", "2", "--interval", "0.5", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = ""
+        for line in proc.stdout:
+            if "watch the demo live:" in line:
+                url = line.split("live:", 1)[1].strip()
+                break
+        assert url.startswith("http://127.0.0.1:"), url
+        page = httpx.get(url, timeout=10)
+        assert page.status_code == 200 and "Demo" in page.text
+        campaign_id = url.rstrip("/").rsplit("/", 1)[1]
+        api = url.split("/campaigns/")[0] + f"/api/campaigns/{campaign_id}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if httpx.get(api, timeout=10).json()["counts"]["Finished"] == 2:
+                break
+            time.sleep(0.3)
+        assert httpx.get(api, timeout=10).json()["counts"]["Finished"] == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        if proc.stdout:
+            proc.stdout.close()
+    assert proc.returncode == 0
+    assert len(list((tmp_path / "outbox" / "new").iterdir())) == 2
