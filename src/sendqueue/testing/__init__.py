@@ -3,6 +3,17 @@
 Each fake honours its port's contract and runs the same contract tests as the real adapters.
 """
 
+from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock, SystemClock
+from sendqueue.testing.mailer import RecordingMailer
+from sendqueue.testing.scheduler import FakeScheduler
+from sendqueue.testing.store import InMemoryTaskStore
 
-__all__ = ["FakeClock", "SystemClock"]
+__all__ = [
+    "FakeClock",
+    "FakeScheduler",
+    "InMemoryTaskStore",
+    "RecordingAlarm",
+    "RecordingMailer",
+    "SystemClock",
+]
