@@ -42,6 +42,10 @@ format: $(DEV_STAMP)
 unit: $(DEV_STAMP)
 	$(BIN)/python -m pytest tests/unit -q
 
+## bench: every benchmark against its anchor, side by side (bench/results.md); BENCH_ARGS="..."
+bench: $(DEV_STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
 ## soak: campaigns through real worker processes with faults and kills (DURATION seconds)
 soak: $(DEV_STAMP)
 	$(BIN)/python -m tests.soak.soak --duration $(DURATION) --policy retry --json soak-retry.json

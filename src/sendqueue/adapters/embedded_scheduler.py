@@ -18,7 +18,9 @@ How it fires:
   runs. If the process dies, the lease expires and another dispatcher fires the schedule again:
   delivery is at-least-once. An expired lease counts as a failed attempt, so a target that
   kills its process every time ends in the dead-letter queue instead of looping.
-- At most ``concurrency`` targets run at once, each on its own daemon thread.
+- At most ``concurrency`` targets run at once, on ``concurrency`` daemon threads that live as
+  long as the dispatcher: a target keeps per-thread state (the SMTP mailer's connection)
+  from one invocation to the next.
 - A target that returns deletes its schedule; one that raises is retried after an exponential,
   jittered backoff (``retry_backoff`` doubling up to ``max_backoff``) while attempts remain,
   then moved to the dead letters, and the alarm is raised. Every write after the target is
@@ -40,6 +42,7 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import random
 import secrets
 import socket
@@ -47,7 +50,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -133,6 +136,35 @@ def _sqlite_path(url: str) -> str:
         raise InvalidField("scheduler_url", url, "expected sqlite:///FILE (no host, no query)")
     # sqlite:///relative.db and sqlite:////absolute.db, as SQLAlchemy spells them.
     return rest[1:]
+
+
+_INSERT = (
+    "INSERT INTO schedules (name, grp, at_local, timezone, payload, client_token, "
+    "due_at, max_retries, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+#: Names per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
+_IN_LIMIT = 900
+
+
+def _insert_params(schedule: Schedule) -> tuple[object, ...]:
+    assert schedule.created_at is not None
+    return (
+        schedule.name,
+        schedule.group,
+        schedule.at_local.isoformat(),
+        schedule.timezone,
+        json.dumps(dict(schedule.payload), sort_keys=True),
+        schedule.client_token,
+        _us(schedule.due_at),
+        schedule.max_retries,
+        schedule.attempts,
+        _us(schedule.created_at),
+    )
+
+
+def _conflict(name: str) -> Conflict:
+    return Conflict(f"schedule {name!r} exists with another client token")
 
 
 def _row_to_schedule(row: sqlite3.Row) -> Schedule:
@@ -316,29 +348,60 @@ class EmbeddedScheduler:
             if row is not None:
                 if row["client_token"] == client_token:
                     return _row_to_schedule(row)
-                raise Conflict(f"schedule {name!r} exists with another client token")
+                raise _conflict(name)
             self._insert(conn, schedule)
         self._wake(schedule.due_at)
         return schedule
 
+    def create_many(
+        self, items: Sequence[tuple[str, str, datetime, str, Mapping[str, str], str, int]]
+    ) -> builtins.list[Schedule | Conflict]:
+        """:meth:`create` for many schedules in one transaction (not part of the port).
+
+        Each item holds the positional arguments of :meth:`create`. The result has one entry
+        per item, in order: the new schedule, the existing one (same name and token), or a
+        :class:`Conflict` (same name, another token), which is returned, not raised, so one
+        clash does not lose the batch. A repeated name within the batch behaves as two calls.
+        InvalidField and SchedulerError are raised and nothing is written. Provisioning a
+        campaign makes one call per chunk instead of one transaction per schedule.
+        """
+        now = self.clock.now()
+        schedules = [rules.build_schedule(*item, created_at=now) for item in items]
+        if not schedules:
+            return []
+        out: builtins.list[Schedule | Conflict] = []
+        created: dict[str, Schedule] = {}
+        with self._write() as conn:
+            existing: dict[str, tuple[str, sqlite3.Row]] = {}
+            names = [s.name for s in schedules]
+            for start in range(0, len(names), _IN_LIMIT):
+                part = names[start : start + _IN_LIMIT]
+                marks = ", ".join("?" * len(part))
+                for row in conn.execute(
+                    f"SELECT {_COLUMNS} FROM schedules WHERE name IN ({marks})", part
+                ):
+                    existing[row["name"]] = (row["client_token"], row)
+            fresh: builtins.list[Schedule] = []
+            for schedule in schedules:
+                found = created.get(schedule.name)
+                if found is not None:
+                    same = found.client_token == schedule.client_token
+                    out.append(found if same else _conflict(schedule.name))
+                elif schedule.name in existing:
+                    token, row = existing[schedule.name]
+                    same = token == schedule.client_token
+                    out.append(_row_to_schedule(row) if same else _conflict(schedule.name))
+                else:
+                    created[schedule.name] = schedule
+                    fresh.append(schedule)
+                    out.append(schedule)
+            conn.executemany(_INSERT, [_insert_params(s) for s in fresh])
+        if created:
+            self._wake(min(s.due_at for s in created.values()))
+        return out
+
     def _insert(self, conn: sqlite3.Connection, schedule: Schedule) -> None:
-        assert schedule.created_at is not None
-        conn.execute(
-            "INSERT INTO schedules (name, grp, at_local, timezone, payload, client_token, "
-            "due_at, max_retries, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                schedule.name,
-                schedule.group,
-                schedule.at_local.isoformat(),
-                schedule.timezone,
-                json.dumps(dict(schedule.payload), sort_keys=True),
-                schedule.client_token,
-                _us(schedule.due_at),
-                schedule.max_retries,
-                schedule.attempts,
-                _us(schedule.created_at),
-            ),
-        )
+        conn.execute(_INSERT, _insert_params(schedule))
 
     def delete(self, name: str) -> None:
         rules.check_name(name)
@@ -453,6 +516,14 @@ class EmbeddedScheduler:
         )
         watcher.start()
         in_flight: dict[str, threading.Event] = {}  # name -> set when its invocation ended
+        jobs: queue.SimpleQueue[tuple[Schedule, threading.Event] | None] = queue.SimpleQueue()
+        for n in range(self.concurrency):
+            threading.Thread(
+                target=self._fire_loop,
+                args=(jobs, target, owner),
+                name=f"sendqueue-fire-{n}",
+                daemon=True,  # a target hung past shutdown_timeout must not keep the process
+            ).start()
         renew_every = self.lease_seconds / 3
         next_renew = time.monotonic() + renew_every
         error_pause = 0.5
@@ -473,7 +544,9 @@ class EmbeddedScheduler:
                             self._release(owner, {s.name for s in claimed})
                             break
                         for schedule in claimed:
-                            in_flight[schedule.name] = self._start(schedule, target, owner)
+                            ended = threading.Event()
+                            jobs.put((schedule, ended))
+                            in_flight[schedule.name] = ended
                         if len(claimed) == free:
                             continue
                         upcoming = self._next_available(owner)
@@ -492,6 +565,8 @@ class EmbeddedScheduler:
             try:
                 self._drain(owner, in_flight)
             finally:
+                for _ in range(self.concurrency):
+                    jobs.put(None)  # the fire threads end once their invocation returns
                 done.set()
                 watcher.join(timeout=5)
                 self._unbind_wake_socket(listener)
@@ -500,22 +575,24 @@ class EmbeddedScheduler:
                 with self._lock:
                     self._running = False
 
-    def _start(self, schedule: Schedule, target: Target, owner: str) -> threading.Event:
-        # An event rather than Thread.is_alive(): the thread notifies the dispatcher just
-        # before it exits, and the dispatcher must then see the slot as free.
-        ended = threading.Event()
+    def _fire_loop(
+        self,
+        jobs: queue.SimpleQueue[tuple[Schedule, threading.Event] | None],
+        target: Target,
+        owner: str,
+    ) -> None:
+        """One of the dispatcher's fire threads: invoke what it hands over, until told to end.
 
-        def invoke() -> None:
+        The event is set (and the dispatcher notified) once the invocation has ended: the
+        dispatcher then counts the slot as free.
+        """
+        while (job := jobs.get()) is not None:
+            schedule, ended = job
             try:
                 self._invoke(schedule, target, owner)
             finally:
                 ended.set()
                 self._notify()
-
-        thread = threading.Thread(target=invoke, name=f"sendqueue-fire-{schedule.name}")
-        thread.daemon = True  # a target hung past shutdown_timeout must not keep the process
-        thread.start()
-        return ended
 
     def _drain(self, owner: str, in_flight: dict[str, threading.Event]) -> None:
         """Let running targets finish (bounded), then release what we still hold."""

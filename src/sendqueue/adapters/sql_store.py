@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import builtins
 import json
+import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -33,7 +34,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from sendqueue.adapters import migrate
 from sendqueue.adapters import sql_schema as schema
-from sendqueue.adapters.sql_schema import WRITE, UtcDateTime, create_store_engine
+from sendqueue.adapters.sql_schema import WRITE, UtcDateTime, create_store_engine, sqlite_text
 from sendqueue.domain.errors import (
     Conflict,
     IllegalTransition,
@@ -114,28 +115,41 @@ def _recipient(row: sa.Row[Any]) -> Recipient:
     )
 
 
-def _task(row: sa.Row[Any]) -> Task:
-    m = row._mapping
+_STATES = {state.value: state for state in TaskState}
+
+
+def _task(row: Sequence[Any]) -> Task:
+    """A task from a row of the ``tasks`` columns in table order (``select(tasks)``)."""
+    (
+        id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
+        attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
+    ) = row  # fmt: skip
+    # Positional: the provisioner and the reconciler read tasks by the hundred thousand, and
+    # a lookup by name per column costs more than building the task.
     return Task(
-        id=m["id"],
-        campaign_id=m["campaign_id"],
-        position=m["position"],
-        email=m["email"],
-        name=m["name"],
-        subject=m["subject"],
-        text=m["text"],
-        html=m["html"],
-        send_at=m["send_at"],
-        token=m["token"],
-        state=TaskState(m["state"]),
-        attempts=m["attempts"],
-        claimed_at=m["claimed_at"],
-        sent_at=m["sent_at"],
-        message_id=m["message_id"],
-        error=m["error"],
-        created_at=m["created_at"],
-        updated_at=m["updated_at"],
-    )
+        id_, campaign_id, position, email, name, subject, text, html, send_at, token,
+        _STATES[state], attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
+    )  # fmt: skip
+
+
+def _sqlite_time(value: str | None) -> datetime | None:
+    """Read what :func:`~sendqueue.adapters.sql_schema.sqlite_text` wrote."""
+    return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+def _sqlite_task(row: Sequence[Any]) -> Task:
+    """:func:`_task` of a raw SQLite row (times still text)."""
+    (
+        id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
+        attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
+    ) = row  # fmt: skip
+    return Task(
+        id_, campaign_id, position, email, name, subject, text, html,
+        datetime.fromisoformat(send_at).replace(tzinfo=UTC), token, _STATES[state], attempts,
+        _sqlite_time(claimed_at), _sqlite_time(sent_at), message_id, error,
+        datetime.fromisoformat(created_at).replace(tzinfo=UTC),
+        datetime.fromisoformat(updated_at).replace(tzinfo=UTC),
+    )  # fmt: skip
 
 
 def _entry(row: sa.Row[Any]) -> ChangeLogEntry:
@@ -191,6 +205,79 @@ def _unnest_insert(
     return out
 
 
+_SQLITE_LOG_INSERT = (
+    "INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+_SQLITE_TASK_COLUMNS = (
+    "id, campaign_id, position, email, name, subject, text, html, send_at, state, token, "
+    "attempts, claimed_at, sent_at, message_id, error, created_at, updated_at"
+)
+
+#: Values per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
+_SQLITE_IN_LIMIT = 900
+
+
+def _sqlite_insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list[str]:
+    """SQLite bulk insert of the tasks whose id and (campaign, position) are free; returns the
+    ids inserted.
+
+    The caller holds SQLite's write lock (BEGIN IMMEDIATE), so the rows taken cannot change
+    between the lookup and the INSERT; the first of two tasks with one id or position wins, as
+    with ON CONFLICT DO NOTHING. Rows go through the driver's executemany: SQLAlchemy's
+    per-row parameter processing and RETURNING cost several times the INSERT itself.
+    """
+    taken_ids: set[str] = set()
+    taken_positions: set[tuple[str, int]] = set()
+    ids = [t.id for t in tasks]
+    for start in range(0, len(ids), _SQLITE_IN_LIMIT):
+        part = ids[start : start + _SQLITE_IN_LIMIT]
+        marks = ", ".join("?" * len(part))
+        taken_ids.update(
+            row[0]
+            for row in conn.exec_driver_sql(
+                f"SELECT id FROM tasks WHERE id IN ({marks})", tuple(part)
+            )
+        )
+    by_campaign: dict[str, list[int]] = {}
+    for t in tasks:
+        by_campaign.setdefault(t.campaign_id, []).append(t.position)
+    for campaign_id, positions in by_campaign.items():
+        for start in range(0, len(positions), _SQLITE_IN_LIMIT):
+            some = positions[start : start + _SQLITE_IN_LIMIT]
+            marks = ", ".join("?" * len(some))
+            taken_positions.update(
+                (campaign_id, row[0])
+                for row in conn.exec_driver_sql(
+                    f"SELECT position FROM tasks WHERE campaign_id = ? AND position IN ({marks})",
+                    (campaign_id, *some),
+                )
+            )
+    stamp = sqlite_text(at)
+    pending = TaskState.PENDING.value
+    inserted: list[str] = []
+    rows: list[tuple[object, ...]] = []
+    for t in tasks:
+        where = (t.campaign_id, t.position)
+        if t.id in taken_ids or where in taken_positions:
+            continue
+        taken_ids.add(t.id)
+        taken_positions.add(where)
+        inserted.append(t.id)
+        rows.append(
+            (
+                t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
+                sqlite_text(t.send_at), pending, t.token, t.attempts, sqlite_text(t.claimed_at),
+                sqlite_text(t.sent_at), t.message_id, t.error, stamp, stamp,
+            )
+        )  # fmt: skip
+    if rows:
+        marks = ", ".join("?" * 18)
+        conn.exec_driver_sql(f"INSERT INTO tasks ({_SQLITE_TASK_COLUMNS}) VALUES ({marks})", rows)
+    return inserted
+
+
 def _aware_utc(value: datetime) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"naive datetime {value!r} where an aware one is required")
@@ -235,6 +322,9 @@ class SqlTaskStore:
         self._engine: Engine = create_store_engine(url, **dict(engine_options or {}))
         self._writer = self._engine.execution_options(**WRITE)
         self._postgres = self._engine.dialect.name == "postgresql"
+        self._write_lock: AbstractContextManager[object] = (
+            nullcontext() if self._postgres else threading.Lock()
+        )
         if upgrade:
             try:
                 migrate.upgrade_engine(self._engine)
@@ -260,7 +350,11 @@ class SqlTaskStore:
 
     @contextmanager
     def _write(self, action: str) -> Iterator[Connection]:
-        with _errors(action), self._writer.begin() as conn:
+        # SQLite: this process's writers queue on a lock of ours. Waiting on BEGIN IMMEDIATE
+        # instead means SQLite's busy handler, which sleeps in steps of up to 100 ms: with
+        # four send threads that wait, not the writes, bounded the send rate. Other processes
+        # still wait on the busy timeout.
+        with self._write_lock, _errors(action), self._writer.begin() as conn:
             yield conn
 
     @contextmanager
@@ -293,8 +387,22 @@ class SqlTaskStore:
             )
             _unnest_insert(conn, schema.change_log, rows)
             return
-        for chunk in _chunks(rows):
-            conn.execute(sa.insert(schema.change_log), list(chunk))
+        # The driver's executemany: SQLAlchemy's per-row parameter processing would cost
+        # several times the INSERT itself when a campaign's tasks are logged in bulk.
+        conn.exec_driver_sql(
+            _SQLITE_LOG_INSERT,
+            [
+                (
+                    r["campaign_id"],
+                    r["task_id"],
+                    r["from_state"],
+                    r["to_state"],
+                    sqlite_text(r["at"]),
+                    r["note"],
+                )
+                for r in rows
+            ],
+        )
 
     def _require_campaign(self, conn: Connection, campaign_id: str) -> None:
         found = conn.execute(
@@ -462,6 +570,18 @@ class SqlTaskStore:
         _check_limit(limit)
         with self._read("list recipients") as conn:
             self._require_campaign(conn, campaign_id)
+            if not self._postgres:
+                # The driver's rows: see list_tasks.
+                raw = conn.exec_driver_sql(
+                    "SELECT position, email, name, subject, text, html, variables "
+                    "FROM recipients WHERE campaign_id = ? AND position > ? "
+                    "ORDER BY position LIMIT ?",
+                    (campaign_id, after, limit),
+                )
+                return [
+                    Recipient(position, email, name, subject, text, html, json.loads(variables))
+                    for position, email, name, subject, text, html, variables in raw
+                ]
             rows = conn.execute(
                 sa.select(schema.recipients)
                 .where(
@@ -489,45 +609,40 @@ class SqlTaskStore:
                 raise IllegalTransition(
                     "task", "(new)", task.state.value, "tasks are created Pending"
                 )
-        rows = [
-            {
-                "id": t.id,
-                "campaign_id": t.campaign_id,
-                "position": t.position,
-                "email": t.email,
-                "name": t.name,
-                "subject": t.subject,
-                "text": t.text,
-                "html": t.html,
-                "send_at": t.send_at,
-                "state": TaskState.PENDING.value,
-                "token": t.token,
-                "attempts": t.attempts,
-                "claimed_at": t.claimed_at,
-                "sent_at": t.sent_at,
-                "message_id": t.message_id,
-                "error": t.error,
-                "created_at": at,
-                "updated_at": at,
-            }
-            for t in tasks
-        ]
-        # No conflict target: a clash on the id or on (campaign_id, position) skips the row.
-        statement = (
-            sqlite.insert(schema.tasks).on_conflict_do_nothing().returning(schema.tasks.c.id)
-        )
         with self._write("insert tasks") as conn:
             for campaign_id in sorted({t.campaign_id for t in tasks}):
                 self._require_campaign(conn, campaign_id)
             inserted: set[str] = set()
             if self._postgres:
+                rows = [
+                    {
+                        "id": t.id,
+                        "campaign_id": t.campaign_id,
+                        "position": t.position,
+                        "email": t.email,
+                        "name": t.name,
+                        "subject": t.subject,
+                        "text": t.text,
+                        "html": t.html,
+                        "send_at": t.send_at,
+                        "state": TaskState.PENDING.value,
+                        "token": t.token,
+                        "attempts": t.attempts,
+                        "claimed_at": t.claimed_at,
+                        "sent_at": t.sent_at,
+                        "message_id": t.message_id,
+                        "error": t.error,
+                        "created_at": at,
+                        "updated_at": at,
+                    }
+                    for t in tasks
+                ]
                 # Two provisioners inserting the same tasks wait on each other's uncommitted
                 # rows; taking them in one global order (by id) means they cannot deadlock.
                 rows.sort(key=lambda row: str(row["id"]))
                 inserted.update(_unnest_insert(conn, schema.tasks, rows, returning="id"))
             else:
-                for chunk in _chunks(rows):
-                    inserted.update(conn.execute(statement, list(chunk)).scalars())
+                inserted.update(_sqlite_insert_tasks(conn, tasks, at))
             entries = []
             for t in tasks:
                 if t.id in inserted:
@@ -737,8 +852,18 @@ class SqlTaskStore:
         query = query.order_by(schema.tasks.c.position).limit(limit)
         with self._read("list tasks") as conn:
             self._require_campaign(conn, campaign_id)
-            rows = conn.execute(query).all()
-        return [_task(row) for row in rows]
+            if self._postgres or search:
+                rows = conn.execute(query).all()
+                return [_task(row) for row in rows]
+            # SQLite, the provisioner's and the reconciler's pages: the driver's rows, converted
+            # here, at a third of the cost of SQLAlchemy's per-column result processing.
+            sql = f"SELECT {_SQLITE_TASK_COLUMNS} FROM tasks WHERE campaign_id = ? AND position > ?"
+            params: tuple[object, ...] = (campaign_id, after)
+            if state is not None:
+                sql += " AND state = ?"
+                params += (state.value,)
+            raw = conn.exec_driver_sql(sql + " ORDER BY position LIMIT ?", (*params, limit))
+            return [_sqlite_task(row) for row in raw]
 
     def due_tasks(
         self,

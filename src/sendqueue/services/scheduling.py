@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from sendqueue.domain.errors import Conflict, SchedulerError, Throttled
@@ -21,6 +22,15 @@ from sendqueue.ports import Scheduler
 __all__ = ["ScheduleWriter", "WriteReport", "send_payload"]
 
 log = logging.getLogger(__name__)
+
+#: Schedules per ``create_many`` call (one transaction of the execution layer).
+_BULK_CHUNK = 1000
+
+#: The execution layer's default retries of a failed invocation (``Scheduler.create``'s).
+_MAX_RETRIES = 2
+
+#: The positional arguments of ``Scheduler.create``.
+_CreateArgs = tuple[str, str, datetime, str, Mapping[str, str], str, int]
 
 
 def send_payload(task: Task) -> dict[str, str]:
@@ -129,6 +139,11 @@ class ScheduleWriter:
             except SchedulerError as exc:
                 report.failed.append((task.id, str(exc) or type(exc).__name__))
 
+        bulk = getattr(self._scheduler, "create_many", None)
+        if callable(bulk) and len(tasks) > 1:
+            for start in range(0, len(tasks), _BULK_CHUNK):
+                self._ensure_bulk(bulk, tasks[start : start + _BULK_CHUNK], report, one)
+            return report
         if self._concurrency == 1 or len(tasks) == 1:
             for task in tasks:
                 one(task)
@@ -138,6 +153,48 @@ class ScheduleWriter:
         ) as pool:
             list(pool.map(one, tasks))
         return report
+
+    def _ensure_bulk(
+        self,
+        bulk: Callable[[Sequence[_CreateArgs]], Sequence[object]],
+        tasks: Sequence[Task],
+        report: WriteReport,
+        one: Callable[[Task], None],
+    ) -> None:
+        """One ``create_many`` call for ``tasks`` (an execution layer that writes many schedules
+        in one transaction: the embedded one); name clashes are repaired one by one, and a
+        failed batch is retried one by one, so each task's failure is reported on its own."""
+        zones: dict[str, tuple[str, ZoneInfo]] = {}
+        try:
+            results = bulk([self._create_args(task, zones) for task in tasks])
+        except SchedulerError as exc:
+            log.warning("bulk schedule write failed (%s); writing one by one", exc)
+            for task in tasks:
+                one(task)
+            return
+        for task, result in zip(tasks, results, strict=True):
+            if isinstance(result, Conflict):
+                one(task)  # _ensure replaces the stale schedule of the same name
+            else:
+                report.created += 1
+
+    def _create_args(self, task: Task, zones: dict[str, tuple[str, ZoneInfo]]) -> _CreateArgs:
+        """``create``'s arguments for ``task``; ``zones`` caches each campaign's zone."""
+        zone = zones.get(task.campaign_id)
+        if zone is None:
+            name = self._timezone_of(task.campaign_id)
+            zone = zones[task.campaign_id] = (name, ZoneInfo(name))
+        zone_name, tz = zone
+        at_local = task.send_at.astimezone(tz).replace(tzinfo=None)
+        return (
+            expected_schedule_name(task),
+            schedule_group(task.campaign_id),
+            at_local,
+            zone_name,
+            send_payload(task),
+            task.token,
+            _MAX_RETRIES,
+        )
 
     def delete_many(self, names: Iterable[str]) -> WriteReport:
         """Delete schedules by name (missing ones are fine), ``concurrency`` calls in flight."""

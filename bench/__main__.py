@@ -1,0 +1,201 @@
+"""``python -m bench``: every benchmark against its anchor, side by side, in one run.
+
+Writes ``bench/results.json`` (machine facts, every figure, every ratio, pass/fail per target)
+and ``bench/results.md`` (the table), and prints the table. Sizes are flags; the defaults
+finish in about a quarter of an hour on two cores. ``make bench BENCH_ARGS="..."`` passes
+flags through. See docs/performance.md for what each benchmark measures.
+
+A missed target is reported, not raised: the exit status is 0 unless a benchmark itself
+broke. PostgreSQL that cannot be reached is recorded as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from bench import dispatch, planner, provisioning, reconciler, stream, throughput
+from bench.common import (
+    ROOT,
+    machine_facts,
+    postgres_database,
+    postgres_skip_reason,
+    smtp_sink,
+)
+from bench.report import render_markdown, summary_rows
+
+BENCHMARKS = ("planner", "provisioning", "dispatch", "throughput", "reconciler", "stream")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run only these")
+    p.add_argument("--repeats", type=int, default=3, help="measurements per figure (3)")
+    p.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL runs")
+    p.add_argument("--out", type=Path, default=ROOT / "bench", help="where results go")
+    g = p.add_argument_group("sizes")
+    g.add_argument("--planner-sends", type=int, default=1_000_000)
+    g.add_argument("--recipients", type=int, default=100_000)
+    g.add_argument("--recipients-small", type=int, default=10_000)
+    g.add_argument("--provision-repeats", type=int, default=None, help="default: --repeats")
+    g.add_argument("--schedules", type=int, default=10_000)
+    g.add_argument("--spread", type=float, default=20.0, help="seconds the schedules span")
+    g.add_argument("--burst", type=int, default=2_000)
+    g.add_argument("--dispatch-repeats", type=int, default=2)
+    g.add_argument("--throughput-repeats", type=int, default=1)
+    g.add_argument("--postgres-repeats", type=int, default=1, help="provisioning on PostgreSQL")
+    g.add_argument("--full-path-dispatch", action="store_true",
+                   help="also the whole send path at the dispatch set's pace")  # fmt: skip
+    g.add_argument("--emails", type=int, default=5_000)
+    g.add_argument("--concurrency", type=int, default=4, help="threads sending / firing")
+    g.add_argument("--reconcile-small", type=int, default=100_000)
+    g.add_argument("--reconcile-large", type=int, default=1_000_000)
+    g.add_argument("--reconcile-pending", type=int, default=10_000)
+    g.add_argument("--reconcile-missing", type=int, default=1_000)
+    g.add_argument("--stream-clients", type=int, default=100)
+    g.add_argument("--stream-changes", type=int, default=1_000)
+    g.add_argument("--stream-seconds", type=float, default=10.0)
+    return p.parse_args(argv)
+
+
+def _procrastinate_status() -> str | None:
+    """None when the procrastinate execution layer is committed; else why not."""
+    path = "src/sendqueue/adapters/procrastinate_scheduler.py"
+    tracked = subprocess.run(
+        ["git", "ls-files", "--error-unmatch", path], cwd=ROOT, capture_output=True, check=False
+    )
+    if tracked.returncode != 0:
+        return "not yet: the procrastinate execution layer has not landed"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    chosen = set(args.only or BENCHMARKS)
+    repeats = args.repeats
+    results: dict[str, Any] = {"machine": machine_facts(), "benchmarks": {}, "errors": {}}
+    pg_reason = "disabled with --no-postgres" if args.no_postgres else postgres_skip_reason()
+    results["postgres"] = {"skipped": pg_reason} if pg_reason else {"url": "127.0.0.1:5432"}
+    proc_reason = _procrastinate_status()
+    results["procrastinate"] = {"skipped": proc_reason} if proc_reason else {"landed": True}
+    started = time.monotonic()
+    out: dict[str, Any] = results["benchmarks"]
+
+    def attempt(name: str, step: Callable[[], Any]) -> None:
+        print(f"[bench] {name} ...", flush=True, file=sys.stderr)
+        t0 = time.monotonic()
+        try:
+            out[name] = step()
+        except Exception as exc:
+            results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        print(f"[bench] {name} done in {time.monotonic() - t0:.0f} s", flush=True, file=sys.stderr)
+
+    if "planner" in chosen:
+        attempt("planner", lambda: planner.run(sends=args.planner_sends, repeats=repeats))
+    prov_repeats = args.provision_repeats or repeats
+    if "provisioning" in chosen:
+        attempt(
+            "provisioning",
+            lambda: provisioning.run(
+                recipients=args.recipients, small=args.recipients_small, repeats=prov_repeats
+            ),
+        )
+        if not pg_reason:
+            attempt(
+                "provisioning_postgresql",
+                lambda: provisioning.run(
+                    recipients=args.recipients,
+                    small=args.recipients_small,
+                    repeats=args.postgres_repeats,
+                    postgres=True,
+                ),
+            )
+    if "dispatch" in chosen:
+
+        def run_dispatch() -> Any:
+            with ExitStack() as stack:
+                stores: list[str] = []
+                port = None
+                if args.full_path_dispatch:
+                    port = stack.enter_context(smtp_sink())
+                    stores.append("sqlite")
+                    if not pg_reason:
+                        stores.append(stack.enter_context(postgres_database()))
+                return dispatch.run(
+                    schedules=args.schedules,
+                    spread=args.spread,
+                    burst=args.burst,
+                    repeats=args.dispatch_repeats,
+                    concurrency=args.concurrency,
+                    full_stores=tuple(stores),
+                    smtp_port=port,
+                )
+
+        attempt("dispatch", run_dispatch)
+    if "throughput" in chosen:
+
+        def run_throughput() -> Any:
+            with ExitStack() as stack:
+                port = stack.enter_context(smtp_sink())
+                stores = {"sendqueue (SQLite store)": ""}
+                if not pg_reason:
+                    stores["sendqueue (PostgreSQL store)"] = "postgres"
+                urls = {}
+                for label, kind in stores.items():
+                    urls[label] = stack.enter_context(postgres_database()) if kind else ""
+                return throughput.run(
+                    emails=args.emails,
+                    concurrency=args.concurrency,
+                    port=port,
+                    store_urls=urls,
+                    repeats=args.throughput_repeats,
+                )
+
+        attempt("throughput", run_throughput)
+    if "reconciler" in chosen:
+        attempt(
+            "reconciler",
+            lambda: reconciler.run(
+                small=args.reconcile_small,
+                large=args.reconcile_large,
+                pending=args.reconcile_pending,
+                missing=args.reconcile_missing,
+                repeats=repeats,
+            ),
+        )
+    if "stream" in chosen:
+        attempt(
+            "stream",
+            lambda: stream.run(
+                clients=args.stream_clients,
+                changes=args.stream_changes,
+                seconds=args.stream_seconds,
+                repeats=repeats,
+            ),
+        )
+    results["machine"]["load_average_at_end"] = list(os.getloadavg())
+    results["seconds"] = time.monotonic() - started
+    results["arguments"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    results["targets"] = [t for b in out.values() for t in b.get("targets", [])]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    markdown = render_markdown(results)
+    (args.out / "results.md").write_text(markdown)
+    print(markdown)
+    for line in summary_rows(results):
+        print(line, file=sys.stderr)
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,350 @@
+"""Benchmark 2 (and 7 on PostgreSQL): provisioning a campaign end to end.
+
+sendqueue: ``Provisioner.provision`` of an imported draft campaign, on the embedded default
+(task store and execution layer in two SQLite files): plan, one task per recipient with its
+change-log entry, one schedule per task, checkpoints, the lease. With ``--postgres`` the task
+store is PostgreSQL (the execution layer stays embedded).
+
+Baseline: the physical limit, ``executemany`` of the equivalent rows (one task row per
+recipient, one schedule row per task, the same tables and indexes) into the same two files,
+one transaction each, with the rows built beforehand (not timed). On PostgreSQL the task rows
+go through psycopg's ``executemany`` instead.
+
+Every measurement runs in a fresh child process, from a copy of one imported campaign: its
+``ru_maxrss`` is its own peak, which gives the memory growth from the small to the large size.
+The two sides alternate.
+
+Child entry points (used by the parent): ``python -m bench.provisioning sendqueue|raw ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sqlite3
+import tempfile
+import time
+from contextlib import ExitStack
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bench.common import child_usage, cpu_seconds, postgres_database, run_child, summarize
+
+__all__ = ["RSS_GROWTH_LIMIT_MB", "TARGET", "run"]
+
+#: sendqueue's provisioning rate must be at least this fraction of the raw insert rate.
+TARGET = 0.3
+#: Peak RSS may grow by less than this from the small to the large campaign.
+RSS_GROWTH_LIMIT_MB = 50.0
+
+
+# -- the template campaign ------------------------------------------------------------------------
+
+
+def _settings(store_url: str, scheduler_url: str) -> Any:
+    from sendqueue.settings import Settings
+
+    return Settings(_env_file=None, database_url=store_url, scheduler_url=scheduler_url)
+
+
+def import_campaign(store_url: str, scheduler_url: str, recipients: int) -> str:
+    """A draft campaign of ``recipients`` (the demo CSV, Europe/Berlin, 10,000 a day)."""
+    from sendqueue.bootstrap import bootstrap
+    from sendqueue.domain.policy import SendingPolicy
+    from sendqueue.services.demo import demo_csv
+    from sendqueue.services.importing import Templates
+
+    app = bootstrap(_settings(store_url, scheduler_url))
+    try:
+        created = app.campaigns.create(
+            name=f"bench {recipients}",
+            recipients=demo_csv(recipients),
+            policy=SendingPolicy(timezone="Europe/Berlin", per_day=10_000),
+            templates=Templates(subject="Hello {{ name }}", body="Dear {{ name }} in {{ city }}"),
+        )
+        return created.campaign.id
+    finally:
+        app.close()
+
+
+def _copy_sqlite(src: Path, dst: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        if Path(f"{src}{suffix}").exists():
+            shutil.copyfile(f"{src}{suffix}", f"{dst}{suffix}")
+
+
+# -- children -------------------------------------------------------------------------------------
+
+
+def child_sendqueue(store_url: str, scheduler_url: str, campaign_id: str) -> dict[str, Any]:
+    from sendqueue.bootstrap import bootstrap
+
+    app = bootstrap(_settings(store_url, scheduler_url))
+    app.store.get_campaign(campaign_id)  # schema check and connections, before the clock starts
+    _ = app.scheduler
+    cpu = cpu_seconds()
+    started = time.perf_counter()
+    report = app.provisioner.provision(campaign_id)
+    seconds = time.perf_counter() - started
+    cpu = cpu_seconds() - cpu
+    app.close()
+    if report.status != "done" or report.schedules_created != report.total:
+        raise AssertionError(f"provisioning did not finish: {report}")
+    return {
+        "seconds": seconds,
+        "tasks": report.tasks_created,
+        "schedules": report.schedules_created,
+        **child_usage(),
+        "work_cpu_s": cpu,
+    }
+
+
+def _task_rows(recipients: list[tuple[Any, ...]], campaign_id: str) -> list[tuple[Any, ...]]:
+    send = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
+    stamp = datetime.now(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+    rows = []
+    for position, email, name, subject, text, html in recipients:
+        at = (send + timedelta(seconds=position)).replace(tzinfo=None)
+        rows.append(
+            (
+                f"{campaign_id}-{position}", campaign_id, position, email, name, subject, text,
+                html, at.isoformat(" ", "microseconds"), "Pending", f"{position:032x}", 0, None,
+                None, None, None, stamp, stamp,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def _schedule_rows(tasks: list[tuple[Any, ...]], campaign_id: str) -> list[tuple[Any, ...]]:
+    created = int(time.time() * 1_000_000)
+    rows = []
+    for task in tasks:
+        task_id, position, token = task[0], task[2], task[10]
+        payload = json.dumps({"kind": "send", "task_id": task_id, "token": token}, sort_keys=True)
+        due = 1_767_600_000_000_000 + position * 1_000_000
+        rows.append(
+            (
+                f"sq-{task_id}-0", f"sq-{campaign_id}", "2026-01-05T09:00:00", "Europe/Berlin",
+                payload, token, due, 2, 0, created,
+            )
+        )  # fmt: skip
+    return rows
+
+
+_TASK_INSERT = (
+    "INSERT INTO tasks (id, campaign_id, position, email, name, subject, text, html, send_at, "
+    "state, token, attempts, claimed_at, sent_at, message_id, error, created_at, updated_at) "
+    "VALUES ({marks})"
+)
+_SCHEDULE_INSERT = (
+    "INSERT INTO schedules (name, grp, at_local, timezone, payload, client_token, due_at, "
+    "max_retries, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def child_raw(store_url: str, scheduler_file: str, campaign_id: str) -> dict[str, Any]:
+    """executemany of the equivalent rows, one transaction per file."""
+    from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+
+    EmbeddedScheduler(f"sqlite:///{scheduler_file}").close()  # its schema, not timed
+    postgres = store_url.startswith("postgresql")
+    if postgres:
+        import psycopg
+
+        conn: Any = psycopg.connect(store_url.replace("postgresql+psycopg", "postgresql", 1))
+        recipients = conn.execute(
+            "SELECT position, email, name, subject, text, html FROM recipients "
+            "WHERE campaign_id = %s ORDER BY position",
+            (campaign_id,),
+        ).fetchall()
+        conn.commit()
+        marks = ", ".join(["%s"] * 18)
+    else:
+        path = store_url.removeprefix("sqlite:///")
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        recipients = conn.execute(
+            "SELECT position, email, name, subject, text, html FROM recipients "
+            "WHERE campaign_id = ? ORDER BY position",
+            (campaign_id,),
+        ).fetchall()
+        marks = ", ".join(["?"] * 18)
+    tasks = _task_rows(recipients, campaign_id)
+    schedules = _schedule_rows(tasks, campaign_id)
+    sched = sqlite3.connect(scheduler_file, isolation_level=None)
+    sched.execute("PRAGMA journal_mode = WAL")
+    sched.execute("PRAGMA synchronous = NORMAL")
+
+    cpu = cpu_seconds()
+    started = time.perf_counter()
+    if postgres:
+        with conn.cursor() as cur:
+            cur.executemany(_TASK_INSERT.format(marks=marks), tasks)
+        conn.commit()
+    else:
+        conn.execute("BEGIN")
+        conn.executemany(_TASK_INSERT.format(marks=marks), tasks)
+        conn.execute("COMMIT")
+    middle = time.perf_counter()
+    sched.execute("BEGIN")
+    sched.executemany(_SCHEDULE_INSERT, schedules)
+    sched.execute("COMMIT")
+    ended = time.perf_counter()
+    cpu = cpu_seconds() - cpu
+    conn.close()
+    sched.close()
+    return {
+        "seconds": ended - started,
+        "tasks_seconds": middle - started,
+        "schedules_seconds": ended - middle,
+        "tasks": len(tasks),
+        "schedules": len(schedules),
+        **child_usage(),
+        "work_cpu_s": cpu,
+    }
+
+
+# -- the parent -----------------------------------------------------------------------------------
+
+
+class _Templates:
+    """One imported campaign per size, copied (SQLite) or cloned (PostgreSQL) per measurement."""
+
+    def __init__(self, stack: ExitStack, home: Path, postgres: bool) -> None:
+        self._stack = stack
+        self._home = home
+        self._postgres = postgres
+        self._made: dict[int, tuple[str, str]] = {}  # size -> (store url or file, campaign)
+        self._n = 0
+
+    def template(self, size: int) -> tuple[str, str]:
+        if size not in self._made:
+            if self._postgres:
+                url = self._stack.enter_context(postgres_database())
+            else:
+                url = f"sqlite:///{self._home / f'template-{size}.db'}"
+            cid = import_campaign(url, f"sqlite:///{self._home / 'unused-scheduler.db'}", size)
+            self._made[size] = (url, cid)
+        return self._made[size]
+
+    def fresh(self, size: int) -> tuple[str, str, str]:
+        """(store url, scheduler file, campaign id) of a new copy of the size's template."""
+        url, cid = self.template(size)
+        self._n += 1
+        scheduler = str(self._home / f"scheduler-{self._n}.db")
+        if self._postgres:
+            import psycopg
+            from bench.common import POSTGRES_ADMIN_URL
+
+            name = f"{url.rsplit('/', 1)[1]}_c{self._n}"
+            with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{url.rsplit("/", 1)[1]}"')
+            self._stack.callback(_drop_database, name)
+            return url.rsplit("/", 1)[0] + "/" + name, scheduler, cid
+        copy = self._home / f"store-{self._n}.db"
+        _copy_sqlite(Path(url.removeprefix("sqlite:///")), copy)
+        return f"sqlite:///{copy}", scheduler, cid
+
+
+def _drop_database(name: str) -> None:
+    import psycopg
+    from bench.common import POSTGRES_ADMIN_URL
+
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def run(*, recipients: int, small: int, repeats: int, postgres: bool = False) -> dict[str, Any]:
+    sq: list[dict[str, Any]] = []
+    raw: list[dict[str, Any]] = []
+    small_runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="sq-bench-prov-") as tmp, ExitStack() as stack:
+        templates = _Templates(stack, Path(tmp), postgres)
+        templates.template(recipients)
+        templates.template(small)
+
+        def run_sendqueue(size: int, into: list[dict[str, Any]]) -> None:
+            url, scheduler, cid = templates.fresh(size)
+            into.append(
+                run_child("bench.provisioning", "sendqueue", url, f"sqlite:///{scheduler}", cid)
+            )
+
+        def run_raw(size: int) -> None:
+            url, scheduler, cid = templates.fresh(size)
+            raw.append(run_child("bench.provisioning", "raw", url, scheduler, cid))
+
+        for n in range(repeats):
+            steps = [
+                lambda: run_sendqueue(recipients, sq),
+                lambda: run_raw(recipients),
+                lambda: run_sendqueue(small, small_runs),
+            ]
+            for step in steps if n % 2 == 0 else [steps[1], steps[0], steps[2]]:
+                step()
+    sq_rate = summarize([recipients / r["seconds"] for r in sq])
+    raw_rate = summarize([recipients / r["seconds"] for r in raw])
+    ratio = sq_rate.median / raw_rate.median
+    peak_large = summarize([r["peak_rss_mb"] for r in sq])
+    peak_small = summarize([r["peak_rss_mb"] for r in small_runs])
+    growth = peak_large.median - peak_small.median
+    store = "PostgreSQL" if postgres else "SQLite"
+    targets = [
+        {
+            "name": f"provisioning at >= 0.3x raw inserts ({store} store)",
+            "value": ratio,
+            "limit": TARGET,
+            "unit": "x",
+            "passed": ratio >= TARGET,
+        }
+    ]
+    if not postgres:
+        targets.append(
+            {
+                "name": f"peak RSS grows < 50 MB from {small:,} to {recipients:,} recipients",
+                "value": growth,
+                "limit": RSS_GROWTH_LIMIT_MB,
+                "unit": "MB",
+                "passed": growth < RSS_GROWTH_LIMIT_MB,
+            }
+        )
+    return {
+        "store": store,
+        "recipients": recipients,
+        "small": small,
+        "repeats": repeats,
+        "sendqueue_seconds": summarize([r["seconds"] for r in sq]).as_dict(),
+        "sendqueue_per_second": sq_rate.as_dict(),
+        "sendqueue_cpu_seconds": summarize([r["work_cpu_s"] for r in sq]).as_dict(),
+        "raw_cpu_seconds": summarize([r["work_cpu_s"] for r in raw]).as_dict(),
+        "raw_seconds": summarize([r["seconds"] for r in raw]).as_dict(),
+        "raw_per_second": raw_rate.as_dict(),
+        "raw_tasks_seconds": summarize([r["tasks_seconds"] for r in raw]).as_dict(),
+        "raw_schedules_seconds": summarize([r["schedules_seconds"] for r in raw]).as_dict(),
+        "ratio": ratio,
+        "small_seconds": summarize([r["seconds"] for r in small_runs]).as_dict(),
+        "peak_rss_mb_large": peak_large.as_dict(),
+        "peak_rss_mb_small": peak_small.as_dict(),
+        "rss_growth_mb": growth,
+        "targets": targets,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.provisioning")
+    parser.add_argument("side", choices=["sendqueue", "raw"])
+    parser.add_argument("store_url")
+    parser.add_argument("scheduler")
+    parser.add_argument("campaign_id")
+    args = parser.parse_args()
+    if args.side == "sendqueue":
+        result = child_sendqueue(args.store_url, args.scheduler, args.campaign_id)
+    else:
+        result = child_raw(args.store_url, args.scheduler, args.campaign_id)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

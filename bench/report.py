@@ -1,0 +1,185 @@
+"""results.json -> the readable table of bench/results.md (and the printed summary)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["render_markdown", "summary_rows"]
+
+
+def _m(fig: dict[str, Any] | None, scale: float = 1.0, digits: int = 0) -> str:
+    """``median (min-max)`` of a summary, scaled."""
+    if not fig:
+        return "-"
+    fmt = f"{{:,.{digits}f}}"
+    med, lo, hi = (fmt.format(fig[k] * scale) for k in ("median", "min", "max"))
+    return f"{med} ({lo}-{hi})"
+
+
+def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(figure, sendqueue, baseline or anchor, ratio) rows."""
+    b = results["benchmarks"]
+    rows: list[tuple[str, str, str, str]] = []
+    if "planner" in b:
+        p = b["planner"]
+        rows.append(
+            (
+                f"1 planner, {p['sends']:,} sends: ns/send",
+                _m(p["sendqueue_ns_per_send"]),
+                f"naive aware datetimes: {_m(p['baseline_ns_per_send'])}",
+                f"{p['ratio']:.2f}x",
+            )
+        )
+    for key, label in (("provisioning", "2"), ("provisioning_postgresql", "7")):
+        if key in b:
+            p = b[key]
+            rows.append(
+                (
+                    f"{label} provisioning {p['recipients']:,} ({p['store']} store): rows/s",
+                    _m(p["sendqueue_per_second"]),
+                    f"raw executemany: {_m(p['raw_per_second'])}",
+                    f"{p['ratio']:.2f}x",
+                )
+            )
+            if p["store"] == "SQLite":
+                rows.append(
+                    (
+                        f"2 provisioning peak RSS, {p['small']:,} -> {p['recipients']:,}: MB",
+                        f"{_m(p['peak_rss_mb_small'])} -> {_m(p['peak_rss_mb_large'])}",
+                        "-",
+                        f"+{p['rss_growth_mb']:.1f} MB",
+                    )
+                )
+    if "dispatch" in b:
+        d = b["dispatch"]
+        v = d["variants"]
+        title = f"3 dispatch, {d['schedules']:,} over {d['spread_s']:g} s"
+        for name, fig in v.items():
+            rows.append(
+                (
+                    f"{title}: p50 / p99 / max lateness ms ({name})",
+                    " / ".join(_m(fig.get(k)) for k in ("p50_ms", "p99_ms", "max_ms")),
+                    "EventBridge 60,000 ms; procrastinate poll 5,000 ms",
+                    "-",
+                )
+            )
+            rows.append(
+                (
+                    f"3 dispatch, {d['burst']:,}-burst drain s ({name})",
+                    _m(fig.get("burst_drain_s"), digits=2),
+                    "-",
+                    "-",
+                )
+            )
+            if "sent_p99_ms" in fig:
+                rows.append(
+                    (
+                        f"{title}: SMTP-accepted p50 / p99 lateness ms ({name})",
+                        " / ".join(_m(fig.get(f"sent_{k}")) for k in ("p50_ms", "p99_ms")),
+                        "-",
+                        "-",
+                    )
+                )
+    reason = results.get("procrastinate", {}).get("skipped")
+    if reason and "dispatch" in b:
+        rows.append(("3 dispatch lateness (procrastinate execution layer)", reason, "-", "-"))
+    if "throughput" in b:
+        t = b["throughput"]
+        for name, fig in t["variants"].items():
+            rows.append(
+                (
+                    f"4/7 throughput, {t['emails']:,} emails, {t['concurrency']} threads: /s "
+                    f"({name})",
+                    _m(fig["per_second"]),
+                    f"raw smtplib loop: {_m(t['raw_per_second'])}",
+                    f"{fig['ratio']:.2f}x",
+                )
+            )
+    if reason and "throughput" in b:
+        rows.append(("4 throughput (procrastinate execution layer)", reason, "-", "-"))
+    if "reconciler" in b:
+        r = b["reconciler"]
+        rows.append(
+            (
+                f"5 reconciler pass, {r['pending']:,} Pending: s at {r['small_tasks']:,} / "
+                f"{r['large_tasks']:,} tasks",
+                f"{_m(r['small_pass_seconds'], digits=2)} / "
+                f"{_m(r['large_pass_seconds'], digits=2)}",
+                "-",
+                f"{r['ratio']:.2f}x",
+            )
+        )
+        rows.append(
+            (
+                f"5 reconciler pass repairing {r['missing']:,} schedules: s",
+                _m(r["repair_pass_seconds"], digits=2),
+                "-",
+                "-",
+            )
+        )
+    if "stream" in b:
+        s = b["stream"]
+        rows.append(
+            (
+                f"6 stream, {s['clients']} clients x {s['changes']:,} changes: p50 / p95 ms",
+                f"{_m(s['p50_s'], 1000)} / {_m(s['p95_s'], 1000)}",
+                "-",
+                "-",
+            )
+        )
+        rows.append(
+            (
+                "6 stream: server CPU, % of one core",
+                _m(s["server_cpu_percent_of_one_core"], digits=1),
+                "-",
+                "-",
+            )
+        )
+    return rows
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = [
+        "# sendqueue benchmarks",
+        "",
+        f"{m['cpu_count']} CPUs ({m['cpu_model']}), Python {m['python']}, SQLite {m['sqlite']}, "
+        f"load average at start {', '.join(f'{x:.2f}' for x in m['load_average_at_start'])}"
+        + (
+            f", at end {', '.join(f'{x:.2f}' for x in m['load_average_at_end'])}"
+            if "load_average_at_end" in m
+            else ""
+        )
+        + f"; commit {m.get('git_commit', '?')}; {results.get('seconds', 0):.0f} s in all.",
+        "",
+        "Figures are median (min-max) over the repeats; ratios are of medians from this run.",
+        "",
+        "| figure | sendqueue | baseline / anchor | ratio |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _rows(results)]
+    lines += ["", "| target | value | limit | result |", "|---|---|---|---|"]
+    for t in results.get("targets", []):
+        lines.append(
+            f"| {t['name']} | {t['value']:,.2f} {t['unit']} | {t['limit']:g} {t['unit']} | "
+            f"{'met' if t['passed'] else '**missed**'} |"
+        )
+    notes = []
+    for what in ("postgres", "procrastinate"):
+        reason = results.get(what, {}).get("skipped")
+        if reason:
+            notes.append(f"- {what}: skipped: {reason}")
+    for name, error in results.get("errors", {}).items():
+        notes.append(f"- {name}: failed: {error}")
+    if notes:
+        lines += ["", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def summary_rows(results: dict[str, Any]) -> list[str]:
+    targets = results.get("targets", [])
+    met = sum(1 for t in targets if t["passed"])
+    out = [f"[bench] targets met: {met} of {len(targets)}"]
+    out += [f"[bench]   missed: {t['name']} ({t['value']:.2f} {t['unit']})"
+            for t in targets if not t["passed"]]  # fmt: skip
+    return out

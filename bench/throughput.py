@@ -1,0 +1,234 @@
+"""Benchmark 4 (and 7 on PostgreSQL): send throughput through the whole path.
+
+sendqueue: ``emails`` tasks provisioned so that all are due (planned on a clock two hours
+behind, then dispatched on the real one), then the worker process's loop, as ``sendqueue
+worker`` runs it: the embedded dispatcher fires each schedule, the worker claims the task
+(Pending -> Running), hands the message to SMTP, and records Finished. Throughput is
+``emails`` over the time from the dispatcher's start to the last task's ``sent_at``.
+
+Baseline: a raw ``smtplib`` loop on the same number of threads (``concurrency``), one
+persistent connection per thread, sending the same number of comparable messages (built with
+the standard library) into the same sink.
+
+The sink is an aiosmtpd server in its own process (:func:`bench.common.smtp_sink`), so it
+does not share a GIL with either sender. Each measurement runs in its own child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import smtplib
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from email.message import EmailMessage
+from email.utils import format_datetime, make_msgid
+from pathlib import Path
+from typing import Any
+
+from bench.common import cpu_seconds, run_child, summarize
+
+__all__ = ["TARGET", "run"]
+
+#: sendqueue must send at least this fraction of the raw loop's rate.
+TARGET = 0.5
+
+
+class _ShiftedClock:
+    """The real clock, ``shift`` behind: the plan made with it is due by the time it runs."""
+
+    def __init__(self, shift: timedelta) -> None:
+        self.shift = shift
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) - self.shift
+
+
+def child_sendqueue(store_url: str, home: Path, port: int, emails: int, concurrency: int) -> Any:
+    from sendqueue.bootstrap import bootstrap
+    from sendqueue.domain.lifecycle import TaskState
+    from sendqueue.runtime import run_worker
+    from sendqueue.services.demo import demo_csv, demo_policy
+    from sendqueue.services.importing import Templates
+    from sendqueue.settings import Settings
+
+    settings = Settings(
+        _env_file=None,
+        database_url=store_url,
+        scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
+        mailer=f"smtp://127.0.0.1:{port}?security=none",
+        worker_concurrency=concurrency,
+        auto_pause_after=0,
+    )
+    past = _ShiftedClock(timedelta(hours=2))
+    planner = bootstrap(settings, clock=past)
+    created = planner.campaigns.create(
+        name="throughput",
+        recipients=demo_csv(emails),
+        policy=demo_policy(past.now(), "UTC", emails, 0.01),
+        templates=Templates(subject="Hello {{ name }}", body="Dear {{ name }} in {{ city }}"),
+    )
+    cid = created.campaign.id
+    report = planner.provisioner.provision(cid)
+    if report.status != "done":
+        raise AssertionError(f"provisioning failed: {report}")
+    planner.close()
+
+    app = bootstrap(settings)
+    app.store.get_campaign(cid)
+    _ = app.scheduler, app.mailer
+    stop = threading.Event()
+    worker = threading.Thread(
+        target=run_worker,
+        args=(app, stop),
+        kwargs={"reconcile_at_start": False, "reconcile_interval": 3600},
+        daemon=True,
+    )
+    cpu = cpu_seconds()
+    started = datetime.now(UTC)
+    worker.start()
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        counts = app.store.count_tasks(cid)
+        if counts[TaskState.PENDING] == 0 and counts[TaskState.RUNNING] == 0:
+            break
+        time.sleep(0.25)
+    cpu = cpu_seconds() - cpu
+    stop.set()
+    worker.join(60)
+    last: datetime | None = None
+    finished = 0
+    after = -1
+    while True:
+        page = app.store.list_tasks(cid, after=after, limit=5000)
+        for task in page:
+            if task.state is TaskState.FINISHED and task.sent_at is not None:
+                finished += 1
+                last = task.sent_at if last is None else max(last, task.sent_at)
+        if len(page) < 5000:
+            break
+        after = page[-1].position
+    app.close()
+    if finished != emails or last is None:
+        raise AssertionError(f"only {finished} of {emails} emails finished")
+    seconds = (last - started).total_seconds()
+    return {"seconds": seconds, "per_second": emails / seconds, "cpu_s": cpu}
+
+
+def child_raw(port: int, emails: int, concurrency: int) -> Any:
+    share, extra = divmod(emails, concurrency)
+    counts = [share + (1 if i < extra else 0) for i in range(concurrency)]
+    errors: list[BaseException] = []
+
+    def loop(n: int, first: int) -> None:
+        try:
+            with smtplib.SMTP("127.0.0.1", port, timeout=30) as smtp:
+                smtp.ehlo("bench.example.com")
+                for i in range(first, first + n):
+                    msg = EmailMessage()
+                    msg["From"] = "bench@example.com"
+                    msg["To"] = f"Demo Recipient {i} <demo{i:03d}@example.com>"
+                    msg["Subject"] = f"Hello Demo Recipient {i}"
+                    msg["Date"] = format_datetime(datetime.now(UTC))
+                    msg["Message-ID"] = make_msgid(domain="example.com")
+                    msg.set_content(f"Dear Demo Recipient {i} in Berlin")
+                    smtp.send_message(msg)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = []
+    first = 0
+    for n in counts:
+        threads.append(threading.Thread(target=loop, args=(n, first)))
+        first += n
+    cpu = cpu_seconds()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    cpu = cpu_seconds() - cpu
+    if errors:
+        raise errors[0]
+    return {"seconds": seconds, "per_second": emails / seconds, "cpu_s": cpu}
+
+
+def run(
+    *, emails: int, concurrency: int, repeats: int, port: int, store_urls: dict[str, str]
+) -> dict[str, Any]:
+    """``store_urls``: label -> task store URL (``""`` for a fresh SQLite file per run)."""
+    runs: dict[str, list[dict[str, Any]]] = {"raw": [], **{k: [] for k in store_urls}}
+    steps = [("raw", lambda: run_child("bench.throughput", "raw", str(port), str(emails),
+                                       str(concurrency)))]  # fmt: skip
+    for label, url in store_urls.items():
+        steps.append(
+            (
+                label,
+                lambda url=url: run_child(
+                    "bench.throughput",
+                    "sendqueue",
+                    str(port),
+                    str(emails),
+                    str(concurrency),
+                    "--store",
+                    url,
+                ),
+            )
+        )
+    for n in range(repeats):
+        for label, step in steps if n % 2 == 0 else list(reversed(steps)):
+            runs[label].append(step())
+    raw_rate = summarize([r["per_second"] for r in runs["raw"]])
+    out: dict[str, Any] = {
+        "emails": emails,
+        "concurrency": concurrency,
+        "repeats": repeats,
+        "raw_per_second": raw_rate.as_dict(),
+        "raw_cpu_seconds": summarize([r["cpu_s"] for r in runs["raw"]]).as_dict(),
+        "variants": {},
+        "targets": [],
+    }
+    for label in store_urls:
+        rate = summarize([r["per_second"] for r in runs[label]])
+        ratio = rate.median / raw_rate.median
+        out["variants"][label] = {
+            "per_second": rate.as_dict(),
+            "seconds": summarize([r["seconds"] for r in runs[label]]).as_dict(),
+            "cpu_seconds": summarize([r["cpu_s"] for r in runs[label]]).as_dict(),
+            "ratio": ratio,
+        }
+        out["targets"].append(
+            {
+                "name": f"send throughput >= 0.5x the raw SMTP loop ({label})",
+                "value": ratio,
+                "limit": TARGET,
+                "unit": "x",
+                "passed": ratio >= TARGET,
+            }
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.throughput")
+    parser.add_argument("side", choices=["sendqueue", "raw"])
+    parser.add_argument("port", type=int)
+    parser.add_argument("emails", type=int)
+    parser.add_argument("concurrency", type=int)
+    parser.add_argument("--store", default="")
+    args = parser.parse_args()
+    if args.side == "raw":
+        result = child_raw(args.port, args.emails, args.concurrency)
+    else:
+        with tempfile.TemporaryDirectory(prefix="sq-bench-send-") as tmp:
+            home = Path(tmp)
+            url = args.store or f"sqlite:///{home / 'store.db'}"
+            result = child_sendqueue(url, home, args.port, args.emails, args.concurrency)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Every benchmark once, at tiny sizes: each must run and produce well-formed figures.
+
+No timing is asserted (the figures of a tiny run mean nothing); the real run is ``make bench``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench.common import percentile, smtp_sink, summarize
+from bench.report import render_markdown
+
+from bench import __main__ as bench_main
+from bench import dispatch, planner, provisioning, reconciler, stream, throughput
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bench")]
+
+
+def _summary(fig: Any) -> None:
+    assert set(fig) == {"median", "min", "max", "values"}
+    assert fig["values"], fig
+    assert all(math.isfinite(v) for v in fig["values"])
+    assert fig["min"] <= fig["median"] <= fig["max"]
+
+
+def _targets(result: dict[str, Any]) -> None:
+    assert result["targets"]
+    for target in result["targets"]:
+        assert set(target) == {"name", "value", "limit", "unit", "passed"}
+        assert isinstance(target["passed"], bool)
+        assert math.isfinite(target["value"])
+
+
+def test_summaries_and_percentiles() -> None:
+    assert summarize([3.0, 1.0, 2.0]).as_dict() == {
+        "median": 2.0,
+        "min": 1.0,
+        "max": 3.0,
+        "values": [3.0, 1.0, 2.0],
+    }
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.5) == 50.0
+    assert percentile(values, 0.99) == 99.0
+    assert percentile(values, 1.0) == 100.0
+    assert percentile([7.0], 0.99) == 7.0
+
+
+def test_planner() -> None:
+    result = planner.run(sends=3_000, repeats=2)
+    _summary(result["sendqueue_ns_per_send"])
+    _summary(result["baseline_ns_per_send"])
+    assert result["ratio"] > 0
+    _targets(result)
+    assert len(planner.naive_baseline(5)) == 5
+
+
+def test_provisioning() -> None:
+    result = provisioning.run(recipients=300, small=100, repeats=1)
+    for key in ("sendqueue_per_second", "raw_per_second", "peak_rss_mb_large", "peak_rss_mb_small"):
+        _summary(result[key])
+    assert result["ratio"] > 0
+    assert [t["unit"] for t in result["targets"]] == ["x", "MB"]
+    _targets(result)
+
+
+def test_dispatch_against_apscheduler() -> None:
+    result = dispatch.run(schedules=200, spread=1.0, burst=50, repeats=1, concurrency=2)
+    assert set(result["variants"]) == set(dispatch.VARIANTS)
+    for figures in result["variants"].values():
+        for key in ("p50_ms", "p99_ms", "max_ms", "burst_drain_s", "creates_per_second"):
+            _summary(figures[key])
+        assert figures["missing"]["max"] == 0
+    assert len(result["targets"]) == 4
+    _targets(result)
+
+
+def test_dispatch_full_path() -> None:
+    with smtp_sink() as port:
+        result = dispatch.run(
+            schedules=40,
+            spread=1.0,
+            burst=10,
+            repeats=1,
+            concurrency=2,
+            variants=(),
+            full_stores=("sqlite",),
+            smtp_port=port,
+        )
+    figures = result["variants"]["sendqueue-full-sqlite"]
+    for key in ("p99_ms", "sent_p99_ms", "burst_drain_s"):
+        _summary(figures[key])
+    assert figures["missing"]["max"] == 0
+
+
+def test_throughput() -> None:
+    with smtp_sink() as port:
+        result = throughput.run(
+            emails=30, concurrency=2, repeats=1, port=port, store_urls={"sendqueue": ""}
+        )
+    _summary(result["raw_per_second"])
+    _summary(result["variants"]["sendqueue"]["per_second"])
+    _targets(result)
+
+
+def test_reconciler() -> None:
+    result = reconciler.run(small=400, large=800, pending=100, missing=10, repeats=1)
+    for key in ("small_pass_seconds", "large_pass_seconds", "repair_pass_seconds"):
+        _summary(result[key])
+    _targets(result)
+
+
+def test_stream() -> None:
+    result = stream.run(clients=3, changes=15, seconds=0.5, repeats=1)
+    assert result["deliveries"] == [45]
+    for key in ("p50_s", "p95_s", "server_cpu_percent_of_one_core"):
+        _summary(result[key])
+    _targets(result)
+
+
+def test_the_runner_writes_both_result_files(tmp_path: Path) -> None:
+    code = bench_main.main(
+        [
+            "--only",
+            "planner",
+            "reconciler",
+            "--repeats",
+            "1",
+            "--planner-sends",
+            "500",
+            "--reconcile-small",
+            "200",
+            "--reconcile-large",
+            "300",
+            "--reconcile-pending",
+            "50",
+            "--reconcile-missing",
+            "5",
+            "--no-postgres",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert {"cpu_count", "cpu_model", "python", "sqlite", "load_average_at_start"} <= set(
+        results["machine"]
+    )
+    assert set(results["benchmarks"]) == {"planner", "reconciler"}
+    assert results["postgres"] == {"skipped": "disabled with --no-postgres"}
+    assert len(results["targets"]) == 2
+    markdown = (tmp_path / "results.md").read_text()
+    assert markdown == render_markdown(results)
+    assert "| planner within 5x the naive baseline |" in markdown
