@@ -1,0 +1,1 @@
+"""sendqueue's benchmarks: ``python -m bench`` (``make bench``); see docs/performance.md."""
