@@ -96,6 +96,8 @@ class Container:
     def scheduler(self) -> Scheduler:
         if self._scheduler is not None:
             return self._scheduler
+        if self.settings.execution == "procrastinate":
+            return self._procrastinate()
         if _sqlite_path(self.settings.scheduler_url) is None:
             raise InvalidField(
                 "SENDQUEUE_SCHEDULER_URL",
@@ -110,6 +112,24 @@ class Container:
             concurrency=self.settings.worker_concurrency,
             retry_backoff=self.settings.scheduler_retry_backoff,
             lease_seconds=self.settings.scheduler_lease,
+        )
+
+    def _procrastinate(self) -> Scheduler:
+        # Imported here: procrastinate is an optional extra ('sendqueue[procrastinate]').
+        from sendqueue.adapters.procrastinate_scheduler import ProcrastinateScheduler
+
+        s = self.settings
+        return ProcrastinateScheduler(
+            s.database_url,
+            clock=self.clock,
+            alarm=self.alarm,
+            concurrency=s.worker_concurrency,
+            retry_backoff=s.scheduler_retry_backoff,
+            poll_interval=s.poll_interval,
+            stalled_after=s.scheduler_lease,
+            invocation_timeout=s.stale_after,
+            reconcile_interval=s.reconcile_interval,
+            pool_size=s.provision_concurrency + 2,
         )
 
     @property
@@ -173,6 +193,8 @@ class Container:
             self.worker.send(payload)
         elif kind == "provision":
             self.provisioner.provision(payload["campaign_id"])
+        elif kind == "reconcile":  # the procrastinate layer's periodic task
+            self.reconciler.run()
         else:
             log.error("unknown invocation kind %r: %s", kind, dict(payload))
 

@@ -727,10 +727,21 @@ def worker_cmd(
         log.info(
             "worker started: store %s, scheduler %s, mailer %s",
             _redact(c.settings.database_url),
-            _redact(c.settings.scheduler_url),
+            "procrastinate (the store's database)"
+            if c.settings.execution == "procrastinate"
+            else _redact(c.settings.scheduler_url),
             _redact(c.settings.mailer),
         )
-        run_worker(c, stop, reconcile_interval=reconcile_interval)
+        if c.settings.execution == "procrastinate":
+            # The reconciler is a procrastinate periodic task there, one pass per tick across
+            # all workers, which must therefore share SENDQUEUE_RECONCILE_INTERVAL.
+            if reconcile_interval is not None:
+                log.warning(
+                    "--reconcile-interval is ignored with SENDQUEUE_EXECUTION=procrastinate"
+                )
+            c.dispatcher.run(c.invoke, stop)
+        else:
+            run_worker(c, stop, reconcile_interval=reconcile_interval)
     log.info("worker stopped")
 
 
@@ -816,6 +827,66 @@ def db_upgrade() -> None:
     settings = Settings()
     upgrade(settings.database_url)
     out.print(f"database at revision {current(settings.database_url)}")
+    if settings.execution == "procrastinate":
+        from sendqueue.adapters.procrastinate_scheduler import upgrade_schema
+
+        out.print(f"procrastinate schema at {upgrade_schema(settings.database_url)}")
+
+
+@db_app.command("migrate-to")
+@handle_errors
+def db_migrate_to(
+    url: Annotated[
+        str, typer.Argument(help="The empty PostgreSQL database: postgresql+psycopg://...")
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy this SQLite deployment into PostgreSQL and schedule its pending emails there
+    (procrastinate). Stop every worker first; see docs/deploy-postgres.md."""
+    from sendqueue.adapters.sql_store import SqlTaskStore
+    from sendqueue.services.migration import migrate_to
+
+    with _container() as source:
+        try:
+            settings = Settings(
+                **{
+                    **source.settings.model_dump(),
+                    "database_url": url,
+                    "execution": "procrastinate",
+                }
+            )
+        except Exception as exc:  # pydantic's ValidationError
+            _fail(2, "invalid target: " + " ".join(str(exc).split())[:300])
+        target = bootstrap(settings)
+        try:
+            store = target.store
+            assert isinstance(store, SqlTaskStore)
+            report = migrate_to(
+                source.settings.database_url,
+                store,
+                target.writer,
+                target.clock,
+                target_label=_redact(url),
+                retire_group=source.writer.delete_group,
+            )
+        finally:
+            target.close()
+    if as_json:
+        _json(report.as_dict())
+        return
+    out.print(
+        f"copied {report.campaigns} campaign(s), {report.tasks} email(s), {report.changes} "
+        f"change(s); {report.schedules_created} of {report.pending} pending email(s) scheduled"
+    )
+    for error in report.schedule_errors:
+        err.print(f"  not scheduled (the reconciler retries): {error}", markup=False)
+    if report.retired:
+        out.print(f"paused in the old database: {', '.join(report.retired)}")
+    out.print(
+        f"next: run the workers with SENDQUEUE_DATABASE_URL={_redact(url)} "
+        "SENDQUEUE_EXECUTION=procrastinate",
+        markup=False,
+    )
 
 
 # -- demo -------------------------------------------------------------------------------------

@@ -39,7 +39,10 @@ class Settings(BaseSettings):
         "sqlite:///./sendqueue-scheduler.db",
         description="embedded execution layer's own SQLite file",
     )
-    execution: Literal["embedded"] = Field("embedded", description="execution layer")
+    execution: Literal["embedded", "procrastinate"] = Field(
+        "embedded",
+        description="execution layer: embedded (one machine) or procrastinate (PostgreSQL, many)",
+    )
     mailer: str = Field(
         "maildir:./outbox",
         description="maildir:DIR or smtp://user:pass@host:port?security=starttls|tls|none",
@@ -62,10 +65,16 @@ class Settings(BaseSettings):
     auto_pause_after: int = Field(5, ge=0, description="pause after N permanent failures in a row")
     provision_concurrency: int = Field(10, ge=1, le=100, description="scheduler calls in flight")
     scheduler_retry_backoff: float = Field(
-        5.0, ge=0, description="embedded layer: seconds before retrying a failed invocation"
+        5.0, ge=0, description="execution layer: seconds before retrying a failed invocation"
     )
     scheduler_lease: float = Field(
-        60.0, ge=1, description="embedded layer: seconds before a dead invocation fires again"
+        60.0,
+        ge=1,
+        description="execution layer: seconds before a dead invocation fires again (embedded "
+        "lease; procrastinate worker heartbeat timeout)",
+    )
+    poll_interval: float = Field(
+        0.5, gt=0, le=60, description="procrastinate layer: seconds between polls for due jobs"
     )
     worker_concurrency: int = Field(4, ge=1, le=64, description="sends in flight per process")
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="largest CSV accepted")
@@ -117,6 +126,18 @@ class Settings(BaseSettings):
         if value and urlsplit(value).scheme not in {"http", "https"}:
             raise ValueError("the alarm webhook must be an http:// or https:// URL")
         return value or None
+
+    @model_validator(mode="after")
+    def _execution_needs_postgres(self) -> Settings:
+        """procrastinate keeps its jobs next to the task store, on PostgreSQL."""
+        if self.execution == "procrastinate" and not self.database_url.startswith("postgresql"):
+            scheme = self.database_url.split(":", 1)[0]
+            raise ValueError(
+                "SENDQUEUE_EXECUTION=procrastinate needs a PostgreSQL task store: set "
+                "SENDQUEUE_DATABASE_URL=postgresql+psycopg://user@host:5432/db (it is "
+                f"{scheme}); move an existing SQLite deployment with `sendqueue db migrate-to`"
+            )
+        return self
 
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:

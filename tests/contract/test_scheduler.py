@@ -22,6 +22,7 @@ from sendqueue.ports import Scheduler, Target
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
+from tests.support.procrastinate import contract_harness
 
 START = datetime(2026, 3, 20, 8, 0, tzinfo=UTC)
 BERLIN = "Europe/Berlin"
@@ -54,6 +55,7 @@ def _embedded(clock: FakeClock, alarm: RecordingAlarm, tmp: Path) -> Harness:
 BUILDERS: dict[str, Callable[[FakeClock, RecordingAlarm, Path], Harness]] = {
     "fake": _fake,
     "embedded": _embedded,
+    "procrastinate": contract_harness,
 }
 
 
