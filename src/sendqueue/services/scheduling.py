@@ -139,8 +139,12 @@ class ScheduleWriter:
             except SchedulerError as exc:
                 report.failed.append((task.id, str(exc) or type(exc).__name__))
 
-        bulk = getattr(self._scheduler, "create_many", None)
-        if callable(bulk) and len(tasks) > 1:
+        # Looked up on the class: a wrapper that forwards unknown attributes to a bulk-capable
+        # scheduler (a fault injector, a metrics decorator) must see each create itself.
+        bulk = None
+        if callable(getattr(type(self._scheduler), "create_many", None)):
+            bulk = self._scheduler.create_many  # type: ignore[attr-defined]
+        if bulk is not None and len(tasks) > 1:
             for start in range(0, len(tasks), _BULK_CHUNK):
                 self._ensure_bulk(bulk, tasks[start : start + _BULK_CHUNK], report, one)
             return report
