@@ -143,14 +143,15 @@ class Soak:
         self.campaign_ids: list[str] = []
 
     def _worker(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "sendqueue.cli", "worker"],
-            env=self.env,
-            cwd=self.dir,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.dir / "worker.log", "ab"),
-        )
+        with open(self.dir / "worker.log", "ab") as log:  # the child keeps its own descriptor
+            return subprocess.Popen(
+                [sys.executable, "-m", "sendqueue.cli", "worker"],
+                env=self.env,
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
 
     def _app(self) -> Container:
         values: dict[str, Any] = {"_env_file": None}
