@@ -207,6 +207,8 @@ def smtp_sink() -> Iterator[int]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 # -- PostgreSQL -----------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ async def _measure(
     await asyncio.wait_for(asyncio.gather(*tasks), seconds + 120)
     elapsed = time.monotonic() - started
     cpu = _cpu_of(server_pid) - cpu
-    await writer.wait()
+    await writer.communicate()
     flat = [x for per in latencies for x in per]
     return {
         "deliveries": len(flat),
@@ -210,6 +210,8 @@ def run(*, clients: int, changes: int, seconds: float, repeats: int) -> dict[str
                 except subprocess.TimeoutExpired:
                     server.kill()
                     server.wait(10)
+                if server.stdout is not None:
+                    server.stdout.close()
     p95 = summarize([r["p95_s"] for r in runs])
     return {
         "clients": clients,
