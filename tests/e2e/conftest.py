@@ -71,7 +71,18 @@ def _artifact_name(node: pytest.Item) -> str:
 
 
 # -- the browser ---------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Browser tests run one after another in one xdist worker: two Chromiums at once on two
+    cores only make both slow."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.xdist_group("browser"))
+
+
+# Module scope, not session: Playwright's sync API keeps an asyncio loop running in this thread
+# while it is open, which would break every later test in the same worker that runs asyncio.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not CHROMIUM.exists():
         missing(f"{CHROMIUM} not found (apt-get install -y chromium)")
