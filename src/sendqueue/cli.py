@@ -732,16 +732,7 @@ def worker_cmd(
             else _redact(c.settings.scheduler_url),
             _redact(c.settings.mailer),
         )
-        if c.settings.execution == "procrastinate":
-            # The reconciler is a procrastinate periodic task there, one pass per tick across
-            # all workers, which must therefore share SENDQUEUE_RECONCILE_INTERVAL.
-            if reconcile_interval is not None:
-                log.warning(
-                    "--reconcile-interval is ignored with SENDQUEUE_EXECUTION=procrastinate"
-                )
-            c.dispatcher.run(c.invoke, stop)
-        else:
-            run_worker(c, stop, reconcile_interval=reconcile_interval)
+        run_worker(c, stop, reconcile_interval=reconcile_interval)
     log.info("worker stopped")
 
 

@@ -274,7 +274,12 @@ class Scheduler(Protocol):
 
 
 class Dispatcher(Protocol):
-    """Runs due schedules of an execution layer against ``target`` until ``stop`` is set."""
+    """Runs due schedules of an execution layer against ``target`` until ``stop`` is set.
+
+    A dispatcher whose execution layer runs the reconciler itself (a periodic job shared by all
+    workers) says so with a true ``runs_reconciler`` attribute; the worker process then runs no
+    reconciler loop of its own.
+    """
 
     def run(self, target: Target, stop: threading.Event) -> None: ...
 

@@ -28,6 +28,15 @@ def run_worker(
     ``stop`` so shutdown is immediate. In-flight sends finish before this returns.
     """
     interval = reconcile_interval or app.settings.reconcile_interval
+    dispatcher = app.dispatcher
+    if getattr(dispatcher, "runs_reconciler", False):
+        if reconcile_interval is not None:
+            log.warning("the execution layer schedules the reconciler itself: interval ignored")
+        try:
+            dispatcher.run(app.invoke, stop)
+        finally:
+            stop.set()
+        return
 
     def reconcile_loop() -> None:
         wait = 0.0 if reconcile_at_start else interval
@@ -43,7 +52,7 @@ def run_worker(
     thread = threading.Thread(target=reconcile_loop, name="reconciler", daemon=True)
     thread.start()
     try:
-        app.dispatcher.run(app.invoke, stop)
+        dispatcher.run(app.invoke, stop)
     finally:
         stop.set()
         thread.join(timeout=30)

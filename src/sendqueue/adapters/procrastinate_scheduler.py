@@ -462,6 +462,10 @@ class ProcrastinateScheduler:
     Schedules due more than ``horizon`` seconds from now are parked (see the module docstring).
     """
 
+    #: The reconciler runs as a procrastinate periodic task (once per tick across all workers),
+    #: so a worker process must not run its own loop too.
+    runs_reconciler = True
+
     def __init__(
         self,
         url: str,
