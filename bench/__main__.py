@@ -75,7 +75,7 @@ def _procrastinate_status() -> str | None:
     )
     if tracked.returncode != 0:
         return "not yet: the procrastinate execution layer has not landed"
-    return None
+    return "not yet: the procrastinate execution layer has landed; its rows are still to come"
 
 
 def main(argv: list[str] | None = None) -> int:
