@@ -22,6 +22,7 @@ from sendqueue.ports import Scheduler, Target
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
+from tests.support.aws import eventbridge_harness
 from tests.support.procrastinate import contract_harness
 
 START = datetime(2026, 3, 20, 8, 0, tzinfo=UTC)
@@ -56,6 +57,7 @@ BUILDERS: dict[str, Callable[[FakeClock, RecordingAlarm, Path], Harness]] = {
     "fake": _fake,
     "embedded": _embedded,
     "procrastinate": contract_harness,
+    "eventbridge": eventbridge_harness,
 }
 
 
