@@ -15,7 +15,8 @@ def mailer_from_url(url: str) -> Mailer:
 
     - ``maildir:DIR`` (``maildir:./outbox``, ``maildir:/var/mail/out``): :class:`MaildirMailer`;
     - ``smtp://user:pass@host:port?security=starttls|tls|none&timeout=30``:
-      :meth:`SmtpMailer.from_url`.
+      :meth:`SmtpMailer.from_url`;
+    - ``ses:REGION?configuration_set=NAME``: :meth:`SesMailer.from_url` (the ``aws`` extra).
 
     Anything else raises ``InvalidField("mailer", ...)``.
     """
@@ -26,5 +27,10 @@ def mailer_from_url(url: str) -> Mailer:
         return MaildirMailer(directory)
     if url.startswith("smtp://"):
         return SmtpMailer.from_url(url)
+    if url.startswith("ses:"):
+        # Imported here: boto3 is the optional 'aws' extra.
+        from sendqueue.adapters.ses_mailer import SesMailer
+
+        return SesMailer.from_url(url)
     shown = url.split("@", 1)[-1] if "@" in url else url  # never echo a password
     raise InvalidField("mailer", shown, "expected maildir:DIR or smtp://user:pass@host:port")
