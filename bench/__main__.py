@@ -12,9 +12,9 @@ broke. PostgreSQL that cannot be reached is recorded as skipped with the reason.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -67,15 +67,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _procrastinate_status() -> str | None:
-    """None when the procrastinate execution layer is committed; else why not."""
-    path = "src/sendqueue/adapters/procrastinate_scheduler.py"
-    tracked = subprocess.run(
-        ["git", "ls-files", "--error-unmatch", path], cwd=ROOT, capture_output=True, check=False
-    )
-    if tracked.returncode != 0:
-        return "not yet: the procrastinate execution layer has not landed"
-    return "not yet: the procrastinate execution layer has landed; its rows are still to come"
+def _procrastinate_status(pg_reason: str | None) -> str | None:
+    """None when the procrastinate rows can run here; else why not (PostgreSQL's reason first:
+    procrastinate lives on it)."""
+    if pg_reason:
+        return pg_reason
+    if importlib.util.find_spec("procrastinate") is None:
+        return "procrastinate is not installed (pip install -e '.[procrastinate]')"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"machine": machine_facts(), "benchmarks": {}, "errors": {}}
     pg_reason = "disabled with --no-postgres" if args.no_postgres else postgres_skip_reason()
     results["postgres"] = {"skipped": pg_reason} if pg_reason else {"url": "127.0.0.1:5432"}
-    proc_reason = _procrastinate_status()
-    results["procrastinate"] = {"skipped": proc_reason} if proc_reason else {"landed": True}
+    proc_reason = _procrastinate_status(pg_reason)
+    results["procrastinate"] = {"skipped": proc_reason} if proc_reason else {"ran": True}
     started = time.monotonic()
     out: dict[str, Any] = results["benchmarks"]
 
@@ -139,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                     concurrency=args.concurrency,
                     full_stores=tuple(stores),
                     smtp_port=port,
+                    # a fresh database per run, created and dropped by the child
+                    procrastinate=None if proc_reason else "",
                 )
 
         attempt("dispatch", run_dispatch)
@@ -150,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
                 stores = {"sendqueue (SQLite store)": ""}
                 if not pg_reason:
                     stores["sendqueue (PostgreSQL store)"] = "postgres"
+                executions = {}
+                if not proc_reason:
+                    label = "sendqueue (procrastinate execution, PostgreSQL)"
+                    stores[label] = "postgres"
+                    executions[label] = "procrastinate"
                 urls = {}
                 for label, kind in stores.items():
                     urls[label] = stack.enter_context(postgres_database()) if kind else ""
@@ -158,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                     concurrency=args.concurrency,
                     port=port,
                     store_urls=urls,
+                    executions=executions,
                     repeats=args.throughput_repeats,
                 )
 

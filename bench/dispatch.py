@@ -12,6 +12,11 @@ Variants, each in its own child process, alternating over the repeats:
 - ``apscheduler-memory``: APScheduler 3, BackgroundScheduler, MemoryJobStore;
 - ``apscheduler-sqlite``: APScheduler 3, SQLAlchemyJobStore on a SQLite file, given the same
   journal settings as sendqueue's (WAL, synchronous=NORMAL) so neither pays more fsyncs;
+- ``procrastinate``: the procrastinate execution layer (``SENDQUEUE_EXECUTION=procrastinate``)
+  on a fresh PostgreSQL database, with the task store's tables beside its own (as deployed):
+  schedules written one ``create`` at a time on as many threads as the provisioning path
+  uses, one worker process (this dispatcher, ``concurrency`` slots) firing the recording
+  target. Its poll interval (0.5 s) and LISTEN/NOTIFY are the adapter's defaults;
 - ``sendqueue-full``: the whole send path instead of a recording target: dispatcher -> worker
   claim in the task store (SQLite, or PostgreSQL with ``--postgres``) -> SMTP into the sink ->
   Finished. Its lateness is the claim (fire) and the Finished (after SMTP) minus the due time.
@@ -39,13 +44,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import cpu_seconds, percentile, run_child, summarize
+from bench.common import cpu_seconds, percentile, postgres_database, run_child, summarize
 
-__all__ = ["ANCHORS", "BURST_TARGET_S", "P99_TARGET_MS", "VARIANTS", "run"]
+__all__ = [
+    "ANCHORS",
+    "BURST_TARGET_S",
+    "P99_TARGET_MS",
+    "PROCRASTINATE_CREATE_THREADS",
+    "VARIANTS",
+    "run",
+]
 
 P99_TARGET_MS = 250.0
 BURST_TARGET_S = 5.0
 VARIANTS = ("sendqueue", "apscheduler-memory", "apscheduler-sqlite")
+#: Threads creating procrastinate schedules: the provisioning path's (``provision_concurrency``).
+PROCRASTINATE_CREATE_THREADS = 10
 ANCHORS = {
     "eventbridge_scheduler_precision_s": 60.0,
     "procrastinate_default_poll_s": 5.0,
@@ -154,6 +168,84 @@ def child_sendqueue(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     cpu = cpu_seconds() - cpu
     stop.set()
     dispatcher.join(30)
+    scheduler.close()
+    return {
+        **_figures(due, recorder.fired, args.schedules, args.burst),
+        "create_s": create_s,
+        "creates_per_second": total / create_s,
+        "cpu_s": cpu,
+    }
+
+
+def child_procrastinate(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """The procrastinate layer on the fresh PostgreSQL database ``url``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import psycopg
+
+    from sendqueue.adapters.procrastinate_scheduler import (
+        ProcrastinateScheduler,
+        conninfo_from_url,
+    )
+    from sendqueue.adapters.sql_store import SqlTaskStore
+
+    total = args.schedules + args.burst
+    SqlTaskStore(url, upgrade=True).close()  # the deployed layout: the store's tables beside
+    threads = PROCRASTINATE_CREATE_THREADS
+
+    def clear() -> None:
+        # A given database is reused by the repeats (and by a retry after an overrun): the
+        # same names with other due times would otherwise be idempotent no-ops.
+        with psycopg.connect(conninfo_from_url(url), autocommit=True) as conn:
+            conn.execute("DELETE FROM procrastinate_jobs")
+            conn.execute("DELETE FROM sendqueue_parked_schedules")
+
+    def create_all(scheduler: ProcrastinateScheduler, group: str, due: list[float]) -> None:
+        def one(i: int) -> None:
+            at = datetime.fromtimestamp(due[i], UTC).replace(tzinfo=None)
+            scheduler.create(f"{group}-{i}", group, at, "UTC", {"i": str(i)}, f"t{i}", 2)
+
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, range(len(due))))
+
+    # Calibrate on throwaway schedules due well inside the horizon, so they take the same
+    # path (a job, not a parked row); they are deleted before the run.
+    calibrate_n = min(1000, max(100, total // 10))
+    with ProcrastinateScheduler(url, pool_size=threads, reconcile_interval=None) as probe:
+        clear()
+        started = time.perf_counter()
+        create_all(probe, "calibrate", [time.time() + 200.0] * calibrate_n)
+        rate = calibrate_n / (time.perf_counter() - started)
+    clear()
+    lead = _lead(rate, total) * args.lead_factor
+    # Every schedule must be a job when the run starts: none may wait parked for the promoter,
+    # whose cron tick would add up to a minute to the lateness measured here.
+    scheduler = ProcrastinateScheduler(
+        url,
+        concurrency=args.concurrency,
+        pool_size=threads,
+        reconcile_interval=None,
+        horizon=max(300.0, lead + args.spread + 60.0),
+    )
+    t0 = time.time() + lead
+    due = due_times(t0, args.schedules, args.spread, args.burst)
+    created = time.perf_counter()
+    create_all(scheduler, "bench", due)
+    create_s = time.perf_counter() - created
+    if time.time() > t0 - 0.2:
+        scheduler.close()
+        return {"overran": True, "create_s": create_s}
+    recorder = _Recorder(total)
+    stop = threading.Event()
+    dispatcher = threading.Thread(
+        target=scheduler.run, args=(lambda p: recorder.record(int(p["i"])), stop), daemon=True
+    )
+    cpu = cpu_seconds()
+    dispatcher.start()
+    recorder.done.wait(max(0.0, due[-1] - time.time()) + args.timeout)
+    cpu = cpu_seconds() - cpu
+    stop.set()
+    dispatcher.join(60)
     scheduler.close()
     return {
         **_figures(due, recorder.fired, args.schedules, args.burst),
@@ -390,13 +482,21 @@ def run(
     variants: tuple[str, ...] = VARIANTS,
     full_stores: tuple[str, ...] = (),
     smtp_port: int | None = None,
+    procrastinate: str | None = None,
 ) -> dict[str, Any]:
-    """``full_stores``: task store URLs for ``sendqueue-full`` runs (needs ``smtp_port``)."""
+    """``full_stores``: task store URLs for ``sendqueue-full`` runs (needs ``smtp_port``).
+    ``procrastinate``: also the ``procrastinate`` variant, on this empty PostgreSQL database,
+    or ``""`` for a fresh database per run (created and dropped by the child); None: not run.
+    """
     base = _child_args(schedules, spread, burst, concurrency, 1.0)
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         (v, lambda v=v: measure(v, [], base)) for v in variants
     ]
+    if procrastinate is not None:
+        runs["procrastinate"] = []
+        store = ["--store", procrastinate] if procrastinate else []
+        steps.append(("procrastinate", lambda: measure("procrastinate", store, base)))
     for url in full_stores:
         label = "sendqueue-full-" + ("postgresql" if url.startswith("postgresql") else "sqlite")
         runs[label] = []
@@ -454,7 +554,7 @@ def run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.dispatch")
-    parser.add_argument("variant", choices=[*VARIANTS, "sendqueue-full"])
+    parser.add_argument("variant", choices=[*VARIANTS, "sendqueue-full", "procrastinate"])
     parser.add_argument("--schedules", type=int, required=True)
     parser.add_argument("--spread", type=float, required=True)
     parser.add_argument("--burst", type=int, required=True)
@@ -474,6 +574,12 @@ def main() -> None:
                 total = args.schedules + args.burst
                 args.full_lead = (2.0 + total / 2000) * args.lead_factor
             result = child_full(args, home)
+        elif args.variant == "procrastinate":
+            if args.store:
+                result = child_procrastinate(args, args.store)
+            else:
+                with postgres_database() as url:
+                    result = child_procrastinate(args, url)
         else:
             result = child_apscheduler(args, home, args.variant.removeprefix("apscheduler-"))
     print(json.dumps(result))

@@ -19,6 +19,14 @@ from bench import dispatch, planner, provisioning, reconciler, stream, throughpu
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bench")]
 
+_MACHINE = {
+    "cpu_count": 1,
+    "cpu_model": "test",
+    "python": "3",
+    "sqlite": "3",
+    "load_average_at_start": [0.0, 0.0, 0.0],
+}
+
 
 def _summary(fig: Any) -> None:
     assert set(fig) == {"median", "min", "max", "values"}
@@ -96,6 +104,27 @@ def test_dispatch_full_path() -> None:
     assert figures["missing"]["max"] == 0
 
 
+@pytest.mark.postgres
+def test_dispatch_procrastinate(postgres_url: str) -> None:
+    result = dispatch.run(
+        schedules=60,
+        spread=1.0,
+        burst=15,
+        repeats=1,
+        concurrency=2,
+        variants=(),
+        procrastinate=postgres_url,
+    )
+    assert set(result["variants"]) == {"procrastinate"}
+    figures = result["variants"]["procrastinate"]
+    for key in ("p50_ms", "p99_ms", "max_ms", "burst_drain_s", "creates_per_second"):
+        _summary(figures[key])
+    assert figures["missing"]["max"] == 0
+    assert result["targets"] == []  # the embedded layer's targets; none set for procrastinate
+    rows = render_markdown({"machine": _MACHINE, "benchmarks": {"dispatch": result}})
+    assert "(procrastinate execution layer, PostgreSQL, 1 worker) |" in rows
+
+
 def test_throughput() -> None:
     with smtp_sink() as port:
         result = throughput.run(
@@ -104,6 +133,24 @@ def test_throughput() -> None:
     _summary(result["raw_per_second"])
     _summary(result["variants"]["sendqueue"]["per_second"])
     _targets(result)
+
+
+@pytest.mark.postgres
+def test_throughput_procrastinate(postgres_url: str) -> None:
+    with smtp_sink() as port:
+        result = throughput.run(
+            emails=30,
+            concurrency=2,
+            repeats=1,
+            port=port,
+            store_urls={"sendqueue (procrastinate)": postgres_url},
+            executions={"sendqueue (procrastinate)": "procrastinate"},
+        )
+    figures = result["variants"]["sendqueue (procrastinate)"]
+    _summary(figures["per_second"])
+    assert figures["execution"] == "procrastinate"
+    assert figures["ratio"] > 0
+    assert result["targets"] == []  # none set for procrastinate
 
 
 def test_reconciler() -> None:
@@ -151,6 +198,7 @@ def test_the_runner_writes_both_result_files(tmp_path: Path) -> None:
     )
     assert set(results["benchmarks"]) == {"planner", "reconciler"}
     assert results["postgres"] == {"skipped": "disabled with --no-postgres"}
+    assert results["procrastinate"] == {"skipped": "disabled with --no-postgres"}
     assert len(results["targets"]) == 2
     markdown = (tmp_path / "results.md").read_text()
     assert markdown == render_markdown(results)
