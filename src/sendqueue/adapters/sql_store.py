@@ -405,9 +405,16 @@ class SqlTaskStore:
         )
 
     def _require_campaign(self, conn: Connection, campaign_id: str) -> None:
-        found = conn.execute(
-            sa.select(schema.campaigns.c.id).where(schema.campaigns.c.id == campaign_id)
-        ).first()
+        if self._postgres:
+            found = conn.execute(
+                sa.select(schema.campaigns.c.id).where(schema.campaigns.c.id == campaign_id)
+            ).first()
+        else:
+            # Every list_tasks runs this (the worker's completion check once per send): the
+            # driver's statement skips SQLAlchemy's per-call statement and result machinery.
+            found = conn.exec_driver_sql(
+                "SELECT id FROM campaigns WHERE id = ?", (campaign_id,)
+            ).first()
         if found is None:
             raise NotFound("campaign", campaign_id)
 
@@ -465,6 +472,26 @@ class SqlTaskStore:
                 raise InvalidField(
                     "recipients", campaign.id, f"rejected by the database: {exc.orig}"
                 ) from exc
+
+    def campaign_state(self, campaign_id: str) -> CampaignState:
+        """Only the campaign's current state (NotFound for an unknown campaign).
+
+        Not part of the port: the send worker checks the state around every claim, and this
+        reads one column instead of building the whole campaign (its policy is JSON).
+        """
+        with self._read("get campaign state") as conn:
+            if self._postgres:
+                state = conn.execute(
+                    sa.select(schema.campaigns.c.state).where(schema.campaigns.c.id == campaign_id)
+                ).scalar_one_or_none()
+            else:
+                row = conn.exec_driver_sql(
+                    "SELECT state FROM campaigns WHERE id = ?", (campaign_id,)
+                ).first()
+                state = None if row is None else row[0]
+        if state is None:
+            raise NotFound("campaign", campaign_id)
+        return CampaignState(state)
 
     def get_campaign(self, campaign_id: str) -> Campaign:
         with self._read("get campaign") as conn:
@@ -662,6 +689,12 @@ class SqlTaskStore:
 
     def get_task(self, task_id: str) -> Task | None:
         with self._read("get task") as conn:
+            if not self._postgres:
+                # The send path reads a task per send: the driver's row, converted here.
+                raw = conn.exec_driver_sql(
+                    f"SELECT {_SQLITE_TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
+                ).first()
+                return None if raw is None else _sqlite_task(raw)
             row = conn.execute(sa.select(schema.tasks).where(schema.tasks.c.id == task_id)).first()
         return None if row is None else _task(row)
 
@@ -687,16 +720,35 @@ class SqlTaskStore:
                 )
             values.update(changes)
         values.update(state=new.value, updated_at=at)
+        if not self._postgres:
+            # Converted before the write lock is taken: a naive datetime raises ValueError
+            # here, as UtcDateTime's bind processing does on PostgreSQL.
+            sets = ", ".join(f"{name} = ?" for name in values)
+            params = tuple(
+                sqlite_text(v) if isinstance(v, datetime) else v for v in values.values()
+            )
         with self._write("transition task") as conn:
-            row = conn.execute(
-                sa.update(schema.tasks)
-                .where(schema.tasks.c.id == task_id, schema.tasks.c.state == expected.value)
-                .values(**values)
-                .returning(*schema.tasks.c)
-            ).first()
-            if row is None:
-                return None
-            task = _task(row)
+            if self._postgres:
+                row = conn.execute(
+                    sa.update(schema.tasks)
+                    .where(schema.tasks.c.id == task_id, schema.tasks.c.state == expected.value)
+                    .values(**values)
+                    .returning(*schema.tasks.c)
+                ).first()
+                if row is None:
+                    return None
+                task = _task(row)
+            else:
+                # Two writes per send go through here: the driver's statement and row skip
+                # SQLAlchemy's compilation of an UPDATE whose SET list varies per call.
+                raw = conn.exec_driver_sql(
+                    f"UPDATE tasks SET {sets} WHERE id = ? AND state = ?"
+                    f" RETURNING {_SQLITE_TASK_COLUMNS}",
+                    (*params, task_id, expected.value),
+                ).first()
+                if raw is None:
+                    return None
+                task = _sqlite_task(raw)
             self._log(
                 conn,
                 [
@@ -864,6 +916,31 @@ class SqlTaskStore:
                 params += (state.value,)
             raw = conn.exec_driver_sql(sql + " ORDER BY position LIMIT ?", (*params, limit))
             return [_sqlite_task(row) for row in raw]
+
+    def has_unfinished_tasks(self, campaign_id: str) -> bool:
+        """Whether any task of the campaign is Pending or Running (False for an unknown one).
+
+        Not part of the port: the send worker asks this after every send, and only when the
+        answer is no does it run the campaign service's completion check (two pages of
+        list_tasks and a state change).
+        """
+        open_states = (TaskState.PENDING.value, TaskState.RUNNING.value)
+        with self._read("check unfinished tasks") as conn:
+            if self._postgres:
+                found = conn.execute(
+                    sa.select(schema.tasks.c.id)
+                    .where(
+                        schema.tasks.c.campaign_id == campaign_id,
+                        schema.tasks.c.state.in_(open_states),
+                    )
+                    .limit(1)
+                ).first()
+            else:
+                found = conn.exec_driver_sql(
+                    "SELECT 1 FROM tasks WHERE campaign_id = ? AND state IN (?, ?) LIMIT 1",
+                    (campaign_id, *open_states),
+                ).first()
+        return found is not None
 
     def due_tasks(
         self,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 
@@ -34,10 +35,14 @@ from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
 
-__all__ = ["EARLY_TOLERANCE", "SENDING_STATES", "SendWorker"]
+__all__ = ["CAMPAIGN_CACHE_SECONDS", "EARLY_TOLERANCE", "SENDING_STATES", "SendWorker"]
 
 #: How early an invocation may arrive (clock skew between hosts) and still send.
 EARLY_TOLERANCE = timedelta(seconds=1)
+
+#: How long the worker reuses a campaign it read (sender, policy) while the campaign is
+#: sending; the state that decides a send is read fresh after every claim.
+CAMPAIGN_CACHE_SECONDS = 1.0
 
 #: Campaign states in which due tasks are sent. Provisioning counts: the first sends of a large
 #: campaign may be due before its last schedules are created.
@@ -74,6 +79,44 @@ class SendWorker:
         self._on_event = on_event
         self._lock = threading.Lock()
         self._failures_in_a_row: dict[str, int] = {}
+        self._campaigns_seen: dict[str, tuple[float, Campaign]] = {}
+        # A store that can read the state alone (SqlTaskStore) saves building the campaign.
+        reader = getattr(store, "campaign_state", None)
+        self._campaign_state: Callable[[str], CampaignState] = (
+            reader if callable(reader) else lambda cid: store.get_campaign(cid).state
+        )
+        unfinished = getattr(store, "has_unfinished_tasks", None)
+        self._has_unfinished: Callable[[str], bool] | None = (
+            unfinished if callable(unfinished) else None
+        )
+
+    def _complete_if_done(self, campaign_id: str) -> None:
+        # Nearly every send leaves Pending tasks behind: a store that can answer that in one
+        # statement (SqlTaskStore) spares the full completion check, which then re-checks.
+        if self._has_unfinished is not None and self._has_unfinished(campaign_id):
+            return
+        self._campaigns.complete_if_done(campaign_id)
+
+    def _campaign(self, campaign_id: str) -> Campaign:
+        """The campaign, from a cache of :data:`CAMPAIGN_CACHE_SECONDS` when it was sending.
+
+        Only a sending state is taken from the cache: a cached pause could outlive a resume and
+        skip sends. A pause that the cache has not seen yet is caught by the fresh state read
+        after the claim, so the cache never lets a paused campaign send.
+        """
+        now = time.monotonic()
+        with self._lock:
+            seen = self._campaigns_seen.get(campaign_id)
+        if (
+            seen is not None
+            and now - seen[0] < CAMPAIGN_CACHE_SECONDS
+            and seen[1].state in SENDING_STATES
+        ):
+            return seen[1]
+        campaign = self._store.get_campaign(campaign_id)
+        with self._lock:
+            self._campaigns_seen[campaign_id] = (now, campaign)
+        return campaign
 
     def __call__(self, payload: Mapping[str, str]) -> None:
         self.send(payload)
@@ -102,7 +145,7 @@ class SendWorker:
                 early.total_seconds(),
             )
             return
-        campaign = self._store.get_campaign(task.campaign_id)
+        campaign = self._campaign(task.campaign_id)
         if campaign.state not in SENDING_STATES:
             log.info("task %s: campaign %s is %s, skipped", task_id, campaign.id, campaign.state)
             return
@@ -117,8 +160,9 @@ class SendWorker:
         if claimed is None:
             log.info("task %s was claimed by another invocation", task_id)
             return
-        # A pause may have landed between the campaign read and the claim: give it back.
-        if self._store.get_campaign(task.campaign_id).state not in SENDING_STATES:
+        # A pause may have landed between the campaign read (perhaps cached) and the claim:
+        # this fresh read after the claim is what stops sends, so give the task back.
+        if self._campaign_state(task.campaign_id) not in SENDING_STATES:
             self._store.transition(
                 task.id, TaskState.RUNNING, TaskState.PENDING, at=now, note="campaign not active"
             )
@@ -161,7 +205,7 @@ class SendWorker:
             self._failures_in_a_row[campaign.id] = 0
         if done is not None:
             self._emit("finished", done)
-        self._campaigns.complete_if_done(campaign.id)
+        self._complete_if_done(campaign.id)
 
     def _failed(self, campaign: Campaign, task: Task, error: str) -> None:
         done = self._store.transition(
@@ -181,7 +225,7 @@ class SendWorker:
         if limit and count >= limit:
             self._auto_pause(campaign, count, error)
         else:
-            self._campaigns.complete_if_done(campaign.id)
+            self._complete_if_done(campaign.id)
 
     def _auto_pause(self, campaign: Campaign, count: int, error: str) -> None:
         reason = f"auto-paused after {count} failed sends in a row; last error: {error[:300]}"
