@@ -224,10 +224,52 @@ def _sqlite_insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) 
     ids inserted.
 
     The caller holds SQLite's write lock (BEGIN IMMEDIATE), so the rows taken cannot change
-    between the lookup and the INSERT; the first of two tasks with one id or position wins, as
-    with ON CONFLICT DO NOTHING. Rows go through the driver's executemany: SQLAlchemy's
-    per-row parameter processing and RETURNING cost several times the INSERT itself.
+    between the lookup (run only when the plain insert skipped a row) and the INSERT; the
+    first of two tasks with one id or position wins, as with ON CONFLICT DO NOTHING. Rows go
+    through the driver's executemany: SQLAlchemy's per-row parameter processing and RETURNING
+    cost several times the INSERT itself.
     """
+    stamp = sqlite_text(at)
+    pending = TaskState.PENDING.value
+    insert = (
+        f"INSERT INTO tasks ({_SQLITE_TASK_COLUMNS}) VALUES ({', '.join('?' * 18)})"
+        " ON CONFLICT DO NOTHING"
+    )
+    # The common case, a fresh chunk: insert everything at once and count the rows taken. Only
+    # when some were skipped (a resumed run, a duplicate in the input) is it undone and redone
+    # with the lookups below, which say which rows were skipped.
+    conn.exec_driver_sql("SAVEPOINT sq_bulk_tasks")
+    taken = conn.exec_driver_sql(
+        insert,
+        [
+            (
+                t.id,
+                t.campaign_id,
+                t.position,
+                t.email,
+                t.name,
+                t.subject,
+                t.text,
+                t.html,
+                sqlite_text(t.send_at),
+                pending,
+                t.token,
+                t.attempts,
+                sqlite_text(t.claimed_at),
+                sqlite_text(t.sent_at),
+                t.message_id,
+                t.error,
+                stamp,
+                stamp,
+            )
+            for t in tasks
+        ],
+    ).rowcount
+    if taken == len(tasks):
+        conn.exec_driver_sql("RELEASE SAVEPOINT sq_bulk_tasks")
+        return [t.id for t in tasks]
+    conn.exec_driver_sql("ROLLBACK TO SAVEPOINT sq_bulk_tasks")
+    conn.exec_driver_sql("RELEASE SAVEPOINT sq_bulk_tasks")
     taken_ids: set[str] = set()
     taken_positions: set[tuple[str, int]] = set()
     ids = [t.id for t in tasks]
@@ -254,8 +296,6 @@ def _sqlite_insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) 
                     (campaign_id, *some),
                 )
             )
-    stamp = sqlite_text(at)
-    pending = TaskState.PENDING.value
     inserted: list[str] = []
     rows: list[tuple[object, ...]] = []
     for t in tasks:
@@ -273,8 +313,7 @@ def _sqlite_insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) 
             )
         )  # fmt: skip
     if rows:
-        marks = ", ".join("?" * 18)
-        conn.exec_driver_sql(f"INSERT INTO tasks ({_SQLITE_TASK_COLUMNS}) VALUES ({marks})", rows)
+        conn.exec_driver_sql(insert, rows)
     return inserted
 
 
