@@ -179,6 +179,17 @@ class TaskStore(Protocol):
         """Running tasks claimed before ``claimed_before``, oldest claim first."""
         ...
 
+    def campaign_state(self, campaign_id: str) -> CampaignState:
+        """Only the campaign's current state (cheaper than get_campaign); NotFound if unknown.
+
+        The send worker reads it fresh around every claim, so a pause stops sends at once.
+        """
+        ...
+
+    def has_unfinished_tasks(self, campaign_id: str) -> bool:
+        """Whether any task of the campaign is Pending or Running (False for an unknown one)."""
+        ...
+
     def count_tasks(self, campaign_id: str) -> dict[TaskState, int]:
         """Number of tasks per state; every state is present, zero included."""
         ...

@@ -707,6 +707,28 @@ def test_stale_running_oldest_claim_first(store: TaskStore) -> None:
     assert store.stale_running(claimed_before=T0 + timedelta(minutes=10)) == []
 
 
+def test_campaign_state_reads_the_current_state(store: TaskStore) -> None:
+    store.create_campaign(campaign(), [])
+    assert store.campaign_state("c1") is CampaignState.DRAFT
+    store.set_campaign_state("c1", {CampaignState.DRAFT}, CampaignState.PROVISIONING, at=T0)
+    assert store.campaign_state("c1") is CampaignState.PROVISIONING
+    with pytest.raises(NotFound):
+        store.campaign_state("nope")
+
+
+def test_has_unfinished_tasks_sees_pending_and_running_only(store: TaskStore) -> None:
+    assert store.has_unfinished_tasks("nope") is False
+    tasks = with_tasks(store, "c1", count=3)
+    assert store.has_unfinished_tasks("c1") is True
+    drive(store, tasks[0].id, S.RUNNING)
+    store.transition(tasks[0].id, S.RUNNING, S.FINISHED, at=T0)
+    drive(store, tasks[1].id, S.RUNNING)
+    store.transition(tasks[2].id, S.PENDING, S.CANCELLED, at=T0)
+    assert store.has_unfinished_tasks("c1") is True  # one is Running
+    store.transition(tasks[1].id, S.RUNNING, S.FAILED, at=T0)
+    assert store.has_unfinished_tasks("c1") is False
+
+
 def test_count_tasks_has_every_state(store: TaskStore) -> None:
     store.create_campaign(campaign(), [])
     assert store.count_tasks("c1") == dict.fromkeys(TaskState, 0)

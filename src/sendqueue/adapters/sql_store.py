@@ -515,8 +515,8 @@ class SqlTaskStore:
     def campaign_state(self, campaign_id: str) -> CampaignState:
         """Only the campaign's current state (NotFound for an unknown campaign).
 
-        Not part of the port: the send worker checks the state around every claim, and this
-        reads one column instead of building the whole campaign (its policy is JSON).
+        The send worker checks the state around every claim; this reads one column instead of
+        building the whole campaign (its policy is JSON).
         """
         with self._read("get campaign state") as conn:
             if self._postgres:
@@ -959,9 +959,8 @@ class SqlTaskStore:
     def has_unfinished_tasks(self, campaign_id: str) -> bool:
         """Whether any task of the campaign is Pending or Running (False for an unknown one).
 
-        Not part of the port: the send worker asks this after every send, and only when the
-        answer is no does it run the campaign service's completion check (two pages of
-        list_tasks and a state change).
+        The send worker asks this after every send, and only when the answer is no does it run
+        the campaign service's completion check (which asks again before its state change).
         """
         open_states = (TaskState.PENDING.value, TaskState.RUNNING.value)
         with self._read("check unfinished tasks") as conn:

@@ -401,9 +401,8 @@ class CampaignService:
 
     def complete_if_done(self, campaign_id: str) -> bool:
         """Mark an active campaign completed when no Pending or Running task is left."""
-        for state in (TaskState.PENDING, TaskState.RUNNING):
-            if self._store.list_tasks(campaign_id, state=state, limit=1):
-                return False
+        if self._store.has_unfinished_tasks(campaign_id):
+            return False
         return self._store.set_campaign_state(
             campaign_id,
             {CampaignState.ACTIVE},

@@ -80,22 +80,12 @@ class SendWorker:
         self._lock = threading.Lock()
         self._failures_in_a_row: dict[str, int] = {}
         self._campaigns_seen: dict[str, tuple[float, Campaign]] = {}
-        # A store that can read the state alone (SqlTaskStore) saves building the campaign.
-        reader = getattr(store, "campaign_state", None)
-        self._campaign_state: Callable[[str], CampaignState] = (
-            reader if callable(reader) else lambda cid: store.get_campaign(cid).state
-        )
-        unfinished = getattr(store, "has_unfinished_tasks", None)
-        self._has_unfinished: Callable[[str], bool] | None = (
-            unfinished if callable(unfinished) else None
-        )
 
     def _complete_if_done(self, campaign_id: str) -> None:
-        # Nearly every send leaves Pending tasks behind: a store that can answer that in one
-        # statement (SqlTaskStore) spares the full completion check, which then re-checks.
-        if self._has_unfinished is not None and self._has_unfinished(campaign_id):
-            return
-        self._campaigns.complete_if_done(campaign_id)
+        # Nearly every send leaves Pending tasks behind; one cheap query spares the full
+        # completion check (which checks again, under its compare-and-set) until the last one.
+        if not self._store.has_unfinished_tasks(campaign_id):
+            self._campaigns.complete_if_done(campaign_id)
 
     def _campaign(self, campaign_id: str) -> Campaign:
         """The campaign, from a cache of :data:`CAMPAIGN_CACHE_SECONDS` when it was sending.
@@ -162,7 +152,7 @@ class SendWorker:
             return
         # A pause may have landed between the campaign read (perhaps cached) and the claim:
         # this fresh read after the claim is what stops sends, so give the task back.
-        if self._campaign_state(task.campaign_id) not in SENDING_STATES:
+        if self._store.campaign_state(task.campaign_id) not in SENDING_STATES:
             self._store.transition(
                 task.id, TaskState.RUNNING, TaskState.PENDING, at=now, note="campaign not active"
             )

@@ -432,6 +432,18 @@ class InMemoryTaskStore:
         return stale[:limit]
 
     @_guarded
+    def campaign_state(self, campaign_id: str) -> CampaignState:
+        return self._require_campaign(campaign_id).state
+
+    @_guarded
+    def has_unfinished_tasks(self, campaign_id: str) -> bool:
+        open_states = (TaskState.PENDING, TaskState.RUNNING)
+        return any(
+            self._tasks[task_id].state in open_states
+            for task_id in self._task_at.get(campaign_id, {}).values()
+        )
+
+    @_guarded
     def count_tasks(self, campaign_id: str) -> dict[TaskState, int]:
         self._require_campaign(campaign_id)
         counts = dict.fromkeys(TaskState, 0)
