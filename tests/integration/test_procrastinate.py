@@ -278,7 +278,7 @@ def test_a_killed_workers_stalled_work_completes_under_the_stale_policy(
             assert in_flight, "the victim had nothing in flight"
             wait_until(lambda: all_final(app, cid), 120, "every task final")
             # The victim's jobs were 'doing' forever; the periodic recovery fires them again.
-            wait_until(lambda: _live_fire_jobs(postgres_url) == 0, 60, "stalled jobs recovered")
+            wait_until(lambda: _live_fire_jobs(postgres_url) == 0, 180, "stalled jobs recovered")
         received = _received(smtp_sink, slow)
     tasks = {t.id: t for t in app.store.list_tasks(cid, limit=1000)}
     by_email = {t.email: t for t in tasks.values()}
@@ -316,7 +316,7 @@ def test_a_cancel_from_another_process_stops_every_send_of_cancelled_tasks(
         smtp_sink.wait_for(5, timeout=60)
         cancelled = _cli(env, "campaign", "cancel", cid)
         assert cancelled.returncode == 0, cancelled.stderr
-        wait_until(lambda: all_final(app, cid), 60, "every task final")
+        wait_until(lambda: all_final(app, cid), 180, "every task final")
         wait_until(lambda: _live_fire_jobs(postgres_url) == 0, 30, "no schedule left")
         time.sleep(1.5)  # a schedule that still fired now would be seen in the sink
     received = _received(smtp_sink)
@@ -411,7 +411,7 @@ def test_migrate_to_moves_a_half_sent_campaign_which_completes_on_postgres(
     old.close()
 
     with _fleet(tmp_path, postgres_url, [_env(postgres_url, smtp_sink.url())]):
-        wait_until(lambda: all_final(target, cid), 60, "the rest sent from PostgreSQL")
+        wait_until(lambda: all_final(target, cid), 180, "the rest sent from PostgreSQL")
         wait_until(
             lambda: target.store.get_campaign(cid).state is CampaignState.COMPLETED, 30, "done"
         )

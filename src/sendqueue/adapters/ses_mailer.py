@@ -12,6 +12,7 @@ because sending the same message again will get the same answer.
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from mypy_boto3_sesv2 import SESV2Client
 
 __all__ = ["PERMANENT_CODES", "SesMailer"]
+
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,8 @@ class SesMailer:
         unknown = set(options) - {"configuration_set"}
         if unknown:
             raise InvalidField("mailer", url, f"unknown SES option(s) {sorted(unknown)}")
+        if region and not _REGION.fullmatch(region):
+            raise InvalidField("mailer", url, "expected ses:REGION, e.g. ses:eu-west-1")
         client = boto3.client("sesv2", region_name=region or None)
         return cls(client, configuration_set=options.get("configuration_set"))
 
