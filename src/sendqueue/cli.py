@@ -824,6 +824,46 @@ def db_upgrade() -> None:
         out.print(f"procrastinate schema at {upgrade_schema(settings.database_url)}")
 
 
+@db_app.command("backup")
+@handle_errors
+def db_backup(
+    path: Annotated[
+        Path, typer.Argument(help="A new directory for store.db, scheduler.db and backup.json.")
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """Online, consistent copy of the SQLite task store and the scheduler file (safe while
+    workers run). For PostgreSQL it prints the pg_dump advice and exits 2."""
+    from sendqueue.services.backup import backup_sqlite, is_postgres, postgres_advice
+
+    with _container() as c:  # settings only: opens no store
+        settings = c.settings
+        now = c.clock.now()
+    if is_postgres(settings.database_url):
+        _fail(2, postgres_advice(settings.database_url, str(path)))
+    report = backup_sqlite(
+        settings.database_url,
+        settings.scheduler_url if settings.execution == "embedded" else None,
+        path,
+        now=now,
+    )
+    if as_json:
+        _json(report.as_dict())
+        return
+    for copied in (report.store, report.scheduler):
+        if copied is not None:
+            rows = ", ".join(f"{n} {k}" for k, n in copied.rows.items())
+            out.print(
+                f"{copied.source} -> {copied.target} ({copied.bytes} bytes; {rows})",
+                markup=False,
+            )
+    out.print(
+        f"backup complete in {report.directory}; to restore, put both files back with the "
+        "workers stopped, then run `sendqueue reconcile`",
+        markup=False,
+    )
+
+
 @db_app.command("migrate-to")
 @handle_errors
 def db_migrate_to(

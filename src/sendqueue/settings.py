@@ -7,8 +7,9 @@ plain values and never read the environment themselves.
 
 from __future__ import annotations
 
-from typing import Literal
-from urllib.parse import parse_qs, urlsplit
+from collections.abc import Iterator
+from typing import Any, Literal
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from .domain.errors import InvalidField
 from .domain.policy import load_timezone
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "redact_url"]
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", ""}
 
@@ -25,7 +26,12 @@ class Settings(BaseSettings):
     """sendqueue's settings. See the README's configuration table for each variable."""
 
     model_config = SettingsConfigDict(
-        env_prefix="SENDQUEUE_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+        env_prefix="SENDQUEUE_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        # a refused SENDQUEUE_MAILER or DATABASE_URL must not print its password back
+        hide_input_in_errors=True,
     )
 
     environment: Literal["development", "production"] = Field(
@@ -118,6 +124,19 @@ class Settings(BaseSettings):
         security = query.get("security", ["starttls"])[0]
         if security not in {"starttls", "tls", "none"}:
             raise ValueError(f"security must be starttls, tls or none, got {security!r}")
+        # checked here, not at the first send: a mailer that cannot be built would send every
+        # invocation to the dead-letter queue
+        timeout = query.get("timeout", ["30"])[0]
+        try:
+            seconds = float(timeout)
+        except ValueError:
+            raise ValueError(f"timeout must be a number of seconds, got {timeout!r}") from None
+        if not 0 < seconds < float("inf"):
+            raise ValueError(f"timeout must be greater than 0, got {timeout!r}")
+        try:
+            parts.port  # noqa: B018 - raises for a port out of range
+        except ValueError as exc:
+            raise ValueError(f"the port is not valid: {exc}") from None
         return value
 
     @field_validator("alarm_webhook")
@@ -163,3 +182,28 @@ class Settings(BaseSettings):
                     "mailer when SENDQUEUE_ENVIRONMENT=production"
                 )
         return self
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """repr() and str() show URLs without their secrets (the token is a SecretStr)."""
+        for name, value in super().__repr_args__():
+            if name in _URL_FIELDS and isinstance(value, str):
+                value = redact_url(value, path=name == "alarm_webhook")
+            yield name, value
+
+
+_URL_FIELDS = frozenset({"database_url", "scheduler_url", "mailer", "alarm_webhook"})
+
+
+def redact_url(url: str, *, path: bool = False) -> str:
+    """``url`` with the password replaced by ``***``; with ``path``, also the path and query
+    (a webhook URL's path is often its secret)."""
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return url
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, host = netloc.rpartition("@")
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    if path:
+        return f"{parts.scheme}://{netloc}/***" if parts.path or parts.query else url
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -30,6 +30,7 @@ __all__ = [
     "envelope_addresses",
     "message_id_for",
     "needs_smtputf8",
+    "parse_mailbox",
 ]
 
 #: The Message-ID domain when the sender's domain is unknown (``.invalid`` is reserved, RFC 2606).
@@ -94,12 +95,15 @@ def _ascii_domain(field: str, domain: str, value: str) -> str:
     return ascii_domain
 
 
-def _address(
+def parse_mailbox(
     field: str, value: str, *, display_name: str | None = None, name_field: str = ""
 ) -> Address:
-    """Parse one mailbox, ``addr`` or ``Name <addr>``, into a header-safe Address.
+    """Parse one mailbox, ``addr`` or ``Name <addr>``, into a header-safe Address (its domain
+    in ASCII). What this accepts, :func:`build_message` accepts as From, To or Reply-To.
 
-    ``display_name`` (checked as ``name_field``) replaces a name given in ``value``.
+    ``display_name`` (checked as ``name_field``) replaces a name given in ``value``. Raises
+    InvalidField naming ``field``: CR, LF or another control character, not exactly one
+    address, or anything the parser would have to repair.
     """
     _check_value(field, value)
     if display_name is not None:
@@ -128,8 +132,10 @@ def needs_smtputf8(message: EmailMessage) -> bool:
 
 def envelope_addresses(msg: OutgoingMessage) -> tuple[str, str]:
     """The SMTP envelope (MAIL FROM, RCPT TO) of a message: bare addresses, IDNA domains."""
-    sender = _address("from_addr", msg.from_addr)
-    recipient = _address("to_addr", msg.to_addr, display_name=msg.to_name, name_field="to_name")
+    sender = parse_mailbox("from_addr", msg.from_addr)
+    recipient = parse_mailbox(
+        "to_addr", msg.to_addr, display_name=msg.to_name, name_field="to_name"
+    )
     return sender.addr_spec, recipient.addr_spec
 
 
@@ -145,9 +151,11 @@ def build_message(msg: OutgoingMessage) -> EmailMessage:
     unparseable address, a naive date, a malformed Message-ID, or an extra header that is
     malformed or one this function writes itself.
     """
-    sender = _address("from_addr", msg.from_addr)
-    recipient = _address("to_addr", msg.to_addr, display_name=msg.to_name, name_field="to_name")
-    reply_to = _address("reply_to", msg.reply_to) if msg.reply_to else None
+    sender = parse_mailbox("from_addr", msg.from_addr)
+    recipient = parse_mailbox(
+        "to_addr", msg.to_addr, display_name=msg.to_name, name_field="to_name"
+    )
+    reply_to = parse_mailbox("reply_to", msg.reply_to) if msg.reply_to else None
     _check_value("subject", msg.subject)
     _check_value("message_id", msg.message_id)
     if not _MESSAGE_ID.fullmatch(msg.message_id) or not msg.message_id.isascii():

@@ -938,7 +938,11 @@ class SqlTaskStore:
         )
         if state is not None:
             query = query.where(schema.tasks.c.state == state.value)
-        if search:
+        if search and "\x00" in search:
+            # No address holds a NUL (the importer refuses control characters), and PostgreSQL
+            # refuses one in any text parameter: nothing matches, on either database.
+            query = query.where(sa.false())
+        elif search:
             query = query.where(schema.tasks.c.email.icontains(search, autoescape=True))
         query = query.order_by(schema.tasks.c.position).limit(limit)
         with self._read("list tasks") as conn:

@@ -72,6 +72,7 @@ _MS_DAY = 86_400_000
 _ONE_MS = timedelta(milliseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+_MAX_ORDINAL = date.max.toordinal()
 # UTC offsets are strictly within +-24 h, so this margin around a day's windows covers every
 # instant whose wall time can fall inside them.
 _MARGIN_MS = 25 * 3_600_000
@@ -282,7 +283,7 @@ def _plan(policy: SendingPolicy, start_us: int, count: int) -> list[datetime]:
             empty_run += 1
             if empty_run >= PLANNING_HORIZON_DAYS:
                 raise NoSendingDay(_no_sending_day_reason(policy, ordinal - empty_run + 1))
-        if ordinal >= last_ordinal:
+        if remaining and ordinal >= last_ordinal:
             raise OverflowError("past date.max")
         ordinal += 1
     return out
@@ -321,6 +322,9 @@ class _Days:
         """
         day = date.fromordinal(ordinal)
         day_ms = (ordinal - _EPOCH_ORDINAL) * _MS_DAY
+        if self.last_next_day and ordinal >= _MAX_ORDINAL:
+            # a window ending at 24:00 reaches into 10000-01-01; plan() reports the overflow
+            raise OverflowError("past date.max")
         end_day = date.fromordinal(ordinal + 1) if self.last_next_day else day
         off_first = self.zone.utcoffset(datetime.combine(day, self.first_wall))
         off_last = self.zone.utcoffset(datetime.combine(end_day, self.last_wall))

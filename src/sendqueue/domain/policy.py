@@ -12,7 +12,7 @@ import itertools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -47,7 +47,8 @@ def load_timezone(name: str, field_name: str = "timezone") -> ZoneInfo:
         raise InvalidField(field_name, name, "expected an IANA timezone such as Europe/Berlin")
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    # OSError: a key naming a directory of the database ("Europe"), or too long for a file name
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise InvalidField(
             field_name, name, "unknown IANA timezone; use a name such as Europe/Berlin or UTC"
         ) from exc
@@ -116,6 +117,9 @@ def parse_window(text: str) -> Window:
 
 def parse_weekdays(text: str | Iterable[str]) -> frozenset[int]:
     """``"mon-fri"``, ``"mon,wed,fri"`` or ``"sat-mon"`` -> weekday numbers (Monday is 0)."""
+    if not isinstance(text, str | Iterable):
+        # JSON gives numbers and booleans too; iterating one would raise TypeError
+        raise InvalidField("weekdays", text, "expected text such as mon-fri, or a list of days")
     parts = (
         [p for p in text.replace(" ", "").lower().split(",") if p]
         if isinstance(text, str)
@@ -273,6 +277,16 @@ class SendingPolicy:
                 raise InvalidField("start", self.start, "expected a date and time")
             if self.start.tzinfo is None or self.start.utcoffset() is None:
                 object.__setattr__(self, "start", self.start.replace(tzinfo=zone))
+            try:
+                # 9999-12-31T23:00-05:00 is a valid datetime whose instant is not
+                self.start.astimezone(UTC).astimezone(zone)
+            except OverflowError as exc:
+                raise InvalidField(
+                    "start",
+                    self.start.isoformat(),
+                    "outside the supported range: the instant, in UTC and in the policy's "
+                    "timezone, must lie in the years 1 to 9999",
+                ) from exc
 
     @property
     def zone(self) -> ZoneInfo:
@@ -326,19 +340,28 @@ class SendingPolicy:
         if data.get("weekdays") is not None:
             kwargs["weekdays"] = parse_weekdays(data["weekdays"])
         if data.get("windows") is not None:
-            raw = data["windows"]
-            kwargs["windows"] = tuple(
-                parse_window(w) for w in ([raw] if isinstance(raw, str) else raw)
-            )
+            kwargs["windows"] = tuple(parse_window(w) for w in _listed(data, "windows"))
         if data.get("start"):
             start = data["start"]
             kwargs["start"] = start if isinstance(start, datetime) else parse_start(str(start), tz)
         if data.get("skip_dates"):
             kwargs["skip_dates"] = frozenset(
-                d if isinstance(d, date) else parse_date(str(d)) for d in data["skip_dates"]
+                d if isinstance(d, date) else parse_date(str(d))
+                for d in _listed(data, "skip_dates")
             )
         if data.get("jitter_seconds") is not None:
             kwargs["jitter_seconds"] = data["jitter_seconds"]
         if data.get("seed") is not None:
             kwargs["seed"] = data["seed"]
         return cls(**kwargs)
+
+
+def _listed(data: Mapping[str, Any], name: str) -> list[Any]:
+    """A list field of :meth:`SendingPolicy.from_dict`: a list, or text with commas (the form
+    and CLI spelling). Anything else (a number, a boolean, an object) names the field."""
+    raw = data[name]
+    if isinstance(raw, str):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    if isinstance(raw, Mapping) or not isinstance(raw, Iterable):
+        raise InvalidField(name, raw, "expected a list of values, or text with commas")
+    return list(raw)

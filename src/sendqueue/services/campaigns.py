@@ -13,11 +13,12 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from email.utils import formataddr, parseaddr
+from email.headerregistry import Address
 from typing import BinaryIO
 
 from email_validator import EmailNotValidError, validate_email
 
+from sendqueue.adapters.mime import parse_mailbox
 from sendqueue.domain.errors import IllegalTransition, InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState, check_campaign_transition
 from sendqueue.domain.models import (
@@ -64,17 +65,34 @@ def iter_tasks(
 
 
 def normalize_sender(value: str, field: str) -> str:
-    """``"Name <a@b.example>"`` or ``"a@b.example"``, validated; header injection refused."""
-    if "\r" in value or "\n" in value:
-        raise InvalidField(field, value, "must not contain line breaks")
-    name, address = parseaddr(value)
-    if not address:
+    """``"Name <a@b.example>"`` or ``"a@b.example"``, validated and normalized.
+
+    Refused with InvalidField naming ``field``: line breaks and every other control or line
+    separator character, more than one address, anything the mail parser would have to repair
+    (it would otherwise send from another address than the one written), and an address that
+    email-validator refuses. Internationalised addresses are kept as Unicode. Whatever this
+    returns, the mailers accept as a From or Reply-To header.
+    """
+    if not isinstance(value, str):
         raise InvalidField(field, value, "expected an address like news@example.com")
+    text = value.strip()
+    if not text:
+        raise InvalidField(field, value, "expected an address like news@example.com")
+    if "\r" in text or "\n" in text:
+        raise InvalidField(field, value, "must not contain line breaks")
     try:
-        valid = validate_email(address, check_deliverability=False)
+        mailbox = parse_mailbox(field, text)
+        name = mailbox.display_name
+        # parse_mailbox gives the ASCII (IDNA) domain; email-validator gives it back as written
+        valid = validate_email(f"{mailbox.username}@{mailbox.domain}", check_deliverability=False)
+        local, _, domain = valid.normalized.rpartition("@")
+        normalized = str(Address(display_name=name, username=local, domain=domain))
+        parse_mailbox(field, normalized)
+    except InvalidField as exc:
+        raise InvalidField(field, value, exc.reason) from None
     except EmailNotValidError as exc:
         raise InvalidField(field, value, str(exc)) from exc
-    return formataddr((name, valid.normalized)) if name else valid.normalized
+    return normalized
 
 
 @dataclass(frozen=True)
@@ -132,8 +150,14 @@ class CampaignService:
         clean_name = name.strip() if isinstance(name, str) else ""
         if not clean_name:
             raise InvalidField("name", name, "give the campaign a name")
-        if len(clean_name) > MAX_NAME_CHARS or "\n" in clean_name or "\r" in clean_name:
-            raise InvalidField("name", name, f"one line of at most {MAX_NAME_CHARS} characters")
+        if len(clean_name) > MAX_NAME_CHARS or any(
+            ord(c) < 32 or 0x7F <= ord(c) < 0xA0 or c in "\u2028\u2029" for c in clean_name
+        ):
+            raise InvalidField(
+                "name",
+                name,
+                f"one line of at most {MAX_NAME_CHARS} characters, without control characters",
+            )
         sender = normalize_sender(from_addr or self._config.default_from, "from")
         reply = normalize_sender(reply_to, "reply_to") if reply_to else None
         if rows is not None:
@@ -217,6 +241,7 @@ class CampaignService:
         reply_to: str | None,
         imported: ImportResult,
     ) -> CreatedCampaign:
+        self.check_plannable(policy, len(recipients))
         now = self._clock.now()
         campaign = Campaign(
             id=new_campaign_id(),
@@ -232,6 +257,38 @@ class CampaignService:
         log.info("created campaign %s (%s) with %d recipients", campaign.id, name, len(recipients))
         return CreatedCampaign(self._store.get_campaign(campaign.id), imported)
 
+    def check_plannable(self, policy: SendingPolicy, count: int) -> None:
+        """Refuse a policy under which ``count`` sends cannot be planned from now, before
+        anything is written: a draft that provisioning could never plan would otherwise be
+        stored, then stranded in provisioning.
+
+        Raises NoSendingDay (every allowed day for two years is skipped or has no window time
+        left) or InvalidField naming ``start`` (too late for even one send before the year
+        10000) or ``policy`` (the sends would run past it).
+        """
+        now = self._clock.now()
+        try:
+            plan(policy, min(count, 1), now=now)
+        except InvalidField as exc:
+            if exc.field != "count":
+                raise
+            raise InvalidField(
+                "start",
+                policy.start.isoformat() if policy.start else None,
+                "too late: no send fits before the year 10000",
+            ) from exc
+        try:
+            plan(policy, count, now=now)
+        except InvalidField as exc:
+            if exc.field != "count":
+                raise
+            raise InvalidField(
+                "policy",
+                policy.describe(),
+                f"{count} sends at this rate would run past the year 9999; raise per_day, "
+                "allow more days or send fewer",
+            ) from exc
+
     def get(self, campaign_id: str) -> Campaign:
         return self._store.get_campaign(campaign_id)
 
@@ -244,6 +301,8 @@ class CampaignService:
         campaign = self._store.get_campaign(campaign_id)
         if campaign.state is CampaignState.PROVISIONING:
             return campaign
+        if campaign.state is CampaignState.DRAFT:
+            self.check_plannable(campaign.policy, campaign.recipient_count)
         self._move(campaign_id, {CampaignState.DRAFT}, CampaignState.PROVISIONING, "provisioning")
         return self._store.get_campaign(campaign_id)
 

@@ -17,8 +17,9 @@ The contract the CLI, the web app and the campaign service rely on:
   part is present. The address must pass email-validator's syntax check (no DNS) and the
   normalized form is kept. Header fields (email, name, subject) must be one line: CR, LF, other
   line separators (U+000B, U+000C, U+001C-U+001E, U+0085, U+2028, U+2029) and control characters
-  are refused, since mail software may fold or split a header on them. Rows whose address repeats
-  an earlier one (ignoring case) are dropped without further checks and counted; the first stays.
+  are refused, since mail software may fold or split a header on them; bodies and variables may
+  hold line breaks but no NUL character. Rows whose address repeats an earlier one (ignoring
+  case) are dropped without further checks and counted; the first stays.
   Blank records (every cell empty or whitespace) are skipped.
 * **Row numbers** are spreadsheet row numbers: the n-th CSV record, blank ones included, so the
   header is row 1 and a quoted cell with embedded newlines does not shift later rows.
@@ -82,6 +83,8 @@ _PLAIN_DOMAIN = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+\Z")
 _LOWERCASED_LOCALS = frozenset(CASE_INSENSITIVE_MAILBOX_NAMES)
 _MAX_ADDRESS = 254
 
+# No email may carry a NUL (RFC 5322), and PostgreSQL refuses one in any text column.
+_NUL_REASON = "contains the NUL character (U+0000), which no email may carry"
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 _LINE_SEPARATORS = frozenset("\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 
@@ -625,6 +628,8 @@ class _Import:
         for column, value in variables.items():
             if len(value) > limits.max_field_chars:
                 fail(column, value, f"longer than {limits.max_field_chars} characters")
+            elif "\x00" in value:
+                fail(column, value, _NUL_REASON)
 
         context: dict[str, object] | None = None
 
@@ -661,6 +666,8 @@ class _Import:
         for field_, text in (("body", body), ("html", html)):
             if text is not None and len(text) > limits.max_field_chars:
                 fail(field_, text, f"longer than {limits.max_field_chars} characters")
+            elif text is not None and "\x00" in text:
+                fail(field_, text, _NUL_REASON)
         if body is not None and html is not None and not body.strip() and not html.strip():
             fail("body", body, "empty; give a body or an html part (column, or --body-file)")
 

@@ -36,7 +36,15 @@ from sendqueue.web.errors import RETRY_AFTER_SECONDS, HttpProblem, error_body
 from sendqueue.web.queries import campaign_view, plan_view
 from sendqueue.web.stream import EventStreamResponse, TooManyClients
 
-__all__ = ["BODY_OVERHEAD_BYTES", "CampaignBody", "TemplatesBody", "router"]
+__all__ = [
+    "BODY_OVERHEAD_BYTES",
+    "CampaignBody",
+    "ErrorBody",
+    "ErrorInfo",
+    "Health",
+    "TemplatesBody",
+    "router",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +84,65 @@ class CampaignBody(BaseModel):
         default_factory=dict,
         description="timezone, per_day, weekdays, windows, start, skip_dates, jitter_seconds, seed",
     )
+
+
+class ErrorInfo(BaseModel):
+    """The inside of every error response (docs/api.md, "Errors")."""
+
+    status: int
+    message: str
+    field: str | None = None
+    reason: str | None = None
+    value: Any = None
+    errors: list[dict[str, Any]] | None = Field(
+        None, description="with several problems (rows of a CSV): each with row, field, reason"
+    )
+    total: int | None = Field(None, description="how many problems in all")
+
+
+class ErrorBody(BaseModel):
+    """Every error the API answers: ``{"error": {...}}``."""
+
+    error: ErrorInfo
+
+
+class Health(BaseModel):
+    """``GET /healthz``: ``ok``, or ``unavailable`` with the error."""
+
+    status: str
+    error: ErrorInfo | None = None
+
+
+_ERROR_TEXT = {
+    401: "no or wrong token (`WWW-Authenticate: Bearer`)",
+    403: "CSRF token missing or wrong (session cookie requests)",
+    404: "unknown campaign, task or dead letter",
+    409: "illegal transition or conflict",
+    413: "body or CSV larger than SENDQUEUE_MAX_UPLOAD_BYTES",
+    415: "neither multipart/form-data nor application/json",
+    422: "invalid input, naming the field or the rows",
+    503: "the store or the execution layer is unreachable (`Retry-After`)",
+}
+
+
+def _errors(*statuses: int, json_only: bool = False) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these error statuses, all in the one error shape.
+
+    ``json_only`` for a route whose success is not JSON (the event stream, the metrics):
+    FastAPI would document its errors in the success's media type, but errors are JSON.
+    """
+    if json_only:
+        ref = {"$ref": "#/components/schemas/ErrorBody"}
+        return {
+            s: {"description": _ERROR_TEXT[s], "content": {"application/json": {"schema": ref}}}
+            for s in statuses
+        }
+    return {s: {"model": ErrorBody, "description": _ERROR_TEXT[s]} for s in statuses}
+
+
+#: What every API route may answer besides its success.
+_READ = (401, 422, 503)
+_WRITE = (401, 403, 422, 503)
 
 
 _FORM_SCHEMA: dict[str, Any] = {
@@ -263,7 +330,12 @@ def _validate(container: Any, new: _NewCampaign) -> Draft:
 # -- health and metrics ----------------------------------------------------------------------
 
 
-@router.get("/healthz", tags=["operations"])
+@router.get(
+    "/healthz",
+    tags=["operations"],
+    response_model=Health,
+    responses={503: {"model": Health, "description": "the task store does not answer"}},
+)
 def healthz(c: ContainerDep) -> JSONResponse:
     """``{"status": "ok"}`` when the task store answers; 503 when it does not."""
     try:
@@ -276,7 +348,12 @@ def healthz(c: ContainerDep) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-@router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+@router.get(
+    "/metrics",
+    tags=["operations"],
+    response_class=PlainTextResponse,
+    responses=_errors(401, json_only=True),
+)
 def metrics_text(c: ContainerDep) -> PlainTextResponse:
     """Prometheus text: sends by outcome, lateness, dead-letter depth, repairs, alarms."""
     try:
@@ -291,13 +368,19 @@ def metrics_text(c: ContainerDep) -> PlainTextResponse:
 # -- campaigns -------------------------------------------------------------------------------
 
 
-@router.get("/api/campaigns", tags=["campaigns"])
+@router.get("/api/campaigns", tags=["campaigns"], responses=_errors(*_READ))
 def list_campaigns(c: ContainerDep) -> dict[str, Any]:
     """Every campaign with its counts, newest first."""
     return {"campaigns": [campaign_view(c.store, x) for x in c.store.list_campaigns()]}
 
 
-@router.post("/api/campaigns", tags=["campaigns"], status_code=201, openapi_extra=_CREATE_BODY)
+@router.post(
+    "/api/campaigns",
+    tags=["campaigns"],
+    status_code=201,
+    openapi_extra=_CREATE_BODY,
+    responses=_errors(*_WRITE, 413, 415),
+)
 async def create_campaign(request: Request, c: ContainerDep) -> JSONResponse:
     """Create a draft from a CSV upload or JSON rows; nothing is written if anything is
     invalid."""
@@ -318,7 +401,12 @@ async def create_campaign(request: Request, c: ContainerDep) -> JSONResponse:
     return JSONResponse(data, status_code=201, headers={"Location": f"/api/campaigns/{data['id']}"})
 
 
-@router.post("/api/campaigns/preview", tags=["campaigns"], openapi_extra=_CREATE_BODY)
+@router.post(
+    "/api/campaigns/preview",
+    tags=["campaigns"],
+    openapi_extra=_CREATE_BODY,
+    responses=_errors(*_WRITE, 413, 415),
+)
 async def preview_new_campaign(request: Request, c: ContainerDep) -> dict[str, Any]:
     """The plan a create with this body would get if provisioned now; nothing is written."""
     async with _new_campaign(request, c.settings) as new:
@@ -337,7 +425,7 @@ async def preview_new_campaign(request: Request, c: ContainerDep) -> dict[str, A
         return await run_in_threadpool(preview)
 
 
-@router.get("/api/campaigns/{campaign_id}", tags=["campaigns"])
+@router.get("/api/campaigns/{campaign_id}", tags=["campaigns"], responses=_errors(*_READ, 404))
 def get_campaign(campaign_id: str, c: ContainerDep, request: Request) -> dict[str, Any]:
     """The campaign with its counts, next send and per-day ``timeline``."""
     campaign = c.store.get_campaign(campaign_id)
@@ -346,7 +434,9 @@ def get_campaign(campaign_id: str, c: ContainerDep, request: Request) -> dict[st
     return data
 
 
-@router.get("/api/campaigns/{campaign_id}/preview", tags=["campaigns"])
+@router.get(
+    "/api/campaigns/{campaign_id}/preview", tags=["campaigns"], responses=_errors(*_READ, 404)
+)
 def preview_campaign(campaign_id: str, c: ContainerDep) -> dict[str, Any]:
     """The plan of a stored campaign's recipients if it were provisioned now."""
     campaign = c.store.get_campaign(campaign_id)
@@ -355,7 +445,12 @@ def preview_campaign(campaign_id: str, c: ContainerDep) -> dict[str, Any]:
     return plan_view(campaign.policy, sends, emails=[r.email for r, _ in pairs[: len(sends)]])
 
 
-@router.post("/api/campaigns/{campaign_id}/provision", tags=["controls"], status_code=202)
+@router.post(
+    "/api/campaigns/{campaign_id}/provision",
+    tags=["controls"],
+    status_code=202,
+    responses=_errors(*_WRITE, 404, 409),
+)
 def provision(campaign_id: str, c: ContainerDep, runner: ProvisioningDep) -> dict[str, Any]:
     """Start provisioning in the background: 202 at once, progress on the event stream.
 
@@ -367,28 +462,38 @@ def provision(campaign_id: str, c: ContainerDep, runner: ProvisioningDep) -> dic
     return campaign_view(c.store, campaign)
 
 
-@router.post("/api/campaigns/{campaign_id}/pause", tags=["controls"])
+@router.post(
+    "/api/campaigns/{campaign_id}/pause", tags=["controls"], responses=_errors(*_WRITE, 404, 409)
+)
 def pause(campaign_id: str, c: ContainerDep) -> dict[str, Any]:
     """Stop sending: the schedules of Pending emails are deleted; they stay Pending."""
     c.campaigns.pause(campaign_id)
     return campaign_view(c.store, c.store.get_campaign(campaign_id))
 
 
-@router.post("/api/campaigns/{campaign_id}/resume", tags=["controls"])
+@router.post(
+    "/api/campaigns/{campaign_id}/resume", tags=["controls"], responses=_errors(*_WRITE, 404, 409)
+)
 def resume(campaign_id: str, c: ContainerDep) -> dict[str, Any]:
     """Re-plan the Pending emails from now and schedule them again."""
     c.campaigns.resume(campaign_id)
     return campaign_view(c.store, c.store.get_campaign(campaign_id))
 
 
-@router.post("/api/campaigns/{campaign_id}/cancel", tags=["controls"])
+@router.post(
+    "/api/campaigns/{campaign_id}/cancel", tags=["controls"], responses=_errors(*_WRITE, 404, 409)
+)
 def cancel(campaign_id: str, c: ContainerDep) -> dict[str, Any]:
     """Cancel every Pending email and delete the schedules; Running ones finish."""
     c.campaigns.cancel(campaign_id)
     return campaign_view(c.store, c.store.get_campaign(campaign_id))
 
 
-@router.post("/api/campaigns/{campaign_id}/retry-failed", tags=["controls"])
+@router.post(
+    "/api/campaigns/{campaign_id}/retry-failed",
+    tags=["controls"],
+    responses=_errors(*_WRITE, 404, 409),
+)
 def retry_failed(campaign_id: str, c: ContainerDep) -> dict[str, Any]:
     """Send the Failed emails again, re-planned from now; ``affected`` counts them."""
     affected = c.campaigns.retry_failed(campaign_id)
@@ -409,7 +514,7 @@ def _task_state(value: str | None) -> TaskState | None:
     raise InvalidField("state", value, f"one of {', '.join(s.value for s in TaskState)}")
 
 
-@router.get("/api/campaigns/{campaign_id}/tasks", tags=["tasks"])
+@router.get("/api/campaigns/{campaign_id}/tasks", tags=["tasks"], responses=_errors(*_READ, 404))
 def list_tasks(
     campaign_id: str,
     c: ContainerDep,
@@ -436,7 +541,11 @@ def list_tasks(
     }
 
 
-@router.post("/api/campaigns/{campaign_id}/tasks/{task_id}/cancel", tags=["tasks"])
+@router.post(
+    "/api/campaigns/{campaign_id}/tasks/{task_id}/cancel",
+    tags=["tasks"],
+    responses=_errors(*_WRITE, 404, 409),
+)
 def cancel_task(campaign_id: str, task_id: str, c: ContainerDep) -> dict[str, Any]:
     """Cancel one Pending email and delete its schedule; 409 if it is past Pending."""
     task = c.store.get_task(task_id)
@@ -464,7 +573,10 @@ def _resume_point(last_event_id: str | None, after: int | None) -> int | None:
     tags=["campaigns"],
     response_class=EventStreamResponse,
     status_code=200,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "change events"}},
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "change events"},
+        **_errors(*_READ, 404, json_only=True),
+    },
 )
 async def events(
     campaign_id: str,
@@ -490,13 +602,13 @@ async def events(
 # -- dead letters ----------------------------------------------------------------------------
 
 
-@router.get("/api/dead-letters", tags=["dead letters"])
+@router.get("/api/dead-letters", tags=["dead letters"], responses=_errors(*_READ))
 def dead_letters(c: ContainerDep) -> dict[str, Any]:
     """Invocations the execution layer gave up on, oldest first."""
     return {"dead_letters": [dead_letter_dict(d) for d in c.scheduler.dead_letters()]}
 
 
-@router.post("/api/dead-letters/redrive", tags=["dead letters"])
+@router.post("/api/dead-letters/redrive", tags=["dead letters"], responses=_errors(*_WRITE))
 def redrive_all(c: ContainerDep) -> dict[str, Any]:
     """Turn every dead letter back into a schedule due now."""
     redriven: list[str] = []
@@ -511,7 +623,11 @@ def redrive_all(c: ContainerDep) -> dict[str, Any]:
     return {"redriven": redriven, "schedules": schedules}
 
 
-@router.post("/api/dead-letters/{letter_id}/redrive", tags=["dead letters"])
+@router.post(
+    "/api/dead-letters/{letter_id}/redrive",
+    tags=["dead letters"],
+    responses=_errors(*_WRITE, 404),
+)
 def redrive_one(letter_id: str, c: ContainerDep) -> dict[str, Any]:
     """Turn one dead letter back into a schedule due now."""
     schedule = c.scheduler.redrive(letter_id)

@@ -23,6 +23,7 @@ InfrastructureError (store, scheduler)         503 + ``Retry-After``
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from sendqueue.domain.errors import (
     Conflict,
@@ -47,6 +49,7 @@ __all__ = [
     "error_body",
     "error_response",
     "install_error_handlers",
+    "shown_value",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,24 @@ class HttpProblem(Exception):
         self.headers = dict(headers or {})
 
 
+#: A value quoted back in an error is cut to this many characters (a malformed body would
+#: otherwise come back whole).
+_VALUE_SHOWN_CHARS = 200
+
+
+def shown_value(value: object) -> object:
+    """``value`` as an error may quote it: JSON-safe (NaN and infinities become text, as
+    strict JSON has no spelling for them) and, when it is text, cut to a readable length."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, bool | int | float | None):
+        return value
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > _VALUE_SHOWN_CHARS:
+        return text[:_VALUE_SHOWN_CHARS] + f"... ({len(text)} characters)"
+    return text
+
+
 def error_body(status: int, message: str, **extra: Any) -> dict[str, Any]:
     """The JSON body of an error; ``extra`` keys whose value is None are left out."""
     inner: dict[str, Any] = {"status": status, "message": message}
@@ -89,7 +110,7 @@ def error_response(
 def _field_error(exc: InvalidField) -> JSONResponse:
     data = exc.as_dict()
     return error_response(
-        422, str(exc), field=data["field"], reason=data["reason"], value=data["value"]
+        422, str(exc), field=data["field"], reason=data["reason"], value=shown_value(data["value"])
     )
 
 
@@ -97,7 +118,7 @@ def _invalid_input(exc: InvalidInput) -> JSONResponse:
     return error_response(
         422,
         str(exc),
-        errors=[e.as_dict() for e in exc.errors],
+        errors=[{**e.as_dict(), "value": shown_value(e.value)} for e in exc.errors],
         total=exc.total,
     )
 
@@ -119,7 +140,7 @@ def validation_errors(errors: list[Mapping[str, Any]]) -> JSONResponse:
             {
                 "field": _location(error.get("loc", ())),
                 "reason": str(error.get("msg", "invalid")),
-                "value": value if isinstance(value, str | int | float | None) else str(value),
+                "value": shown_value(value),
             }
         )
     first = shaped[0] if shaped else {"field": "body", "reason": "invalid", "value": None}
@@ -171,6 +192,16 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return validation_errors(list(exc.errors()))
 
+    async def client_gone(request: Request, exc: Exception) -> JSONResponse:
+        # The client closed the connection while its body was being read: nobody is left to
+        # answer, and it is no fault of the server (uvicorn would log a traceback at ERROR).
+        log.info(
+            "%s %s: the client disconnected before its body was read",
+            request.method,
+            request.url.path,
+        )
+        return error_response(400, "the client disconnected before the body was read")
+
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
@@ -185,3 +216,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HttpProblem, problem)
     app.add_exception_handler(RequestValidationError, request_invalid)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(ClientDisconnect, client_gone)

@@ -1,7 +1,7 @@
 """Access control for the web app: the API token, the session cookie, CSRF, body limits and
 security headers.
 
-Four pure-ASGI middlewares, outermost first (see :func:`install_security`):
+Five pure-ASGI middlewares, outermost first (see :func:`install_security`):
 
 1. :class:`SecurityHeadersMiddleware` adds ``X-Content-Type-Options``, ``Referrer-Policy``,
    ``X-Frame-Options`` and a Content-Security-Policy to every response.
@@ -22,6 +22,9 @@ Four pure-ASGI middlewares, outermost first (see :func:`install_security`):
    to a temporary file (memory up to 1 MiB), searched for the field and replayed to the app.
    The cookie is set on every response to a request that lacked it, and its value is in
    ``request.state.csrf_token`` for pages to put into forms and ``<meta name="csrf-token">``.
+5. :class:`NulByteMiddleware`: a NUL byte in the path (404) or the query (422) is answered
+   before any route runs. No id or address holds one, and PostgreSQL refuses it in any text
+   parameter, which would otherwise surface as an unreachable store (503, an ERROR log line).
 
 Session cookies are ``v1.<expires>.<nonce>.<signature>``, the signature an HMAC-SHA256 with a
 key derived from the API token, so changing the token ends every session and several server
@@ -60,6 +63,7 @@ __all__ = [
     "AuthMiddleware",
     "BodyLimitMiddleware",
     "CsrfMiddleware",
+    "NulByteMiddleware",
     "SecurityHeadersMiddleware",
     "SessionSigner",
     "install_security",
@@ -334,6 +338,30 @@ class BodyLimitMiddleware:
             await _send_response(scope, receive, send, self._too_large())
 
 
+class NulByteMiddleware:
+    """Refuses a NUL byte in the path or the query string; see the module docstring."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            if "\x00" in scope["path"]:
+                response = error_response(404, "not found: a path holds no NUL character")
+                await _send_response(scope, receive, send, response)
+                return
+            if b"\x00" in unquote_to_bytes(scope.get("query_string", b"")):
+                response = error_response(
+                    422,
+                    "query: a parameter holds a NUL character",
+                    field="query",
+                    reason="a parameter holds a NUL character",
+                )
+                await _send_response(scope, receive, send, response)
+                return
+        await self.app(scope, receive, send)
+
+
 class CsrfMiddleware:
     """Double-submit-cookie CSRF check; see the module docstring."""
 
@@ -590,11 +618,12 @@ async def logout(request: Request) -> Response:
 
 
 def install_security(app: FastAPI, *, token: str | None, max_body_bytes: int) -> None:
-    """Add the four middlewares (in the order of the module docstring) and the login routes."""
+    """Add the five middlewares (in the order of the module docstring) and the login routes."""
     signer = SessionSigner(token) if token is not None else None
     app.state.auth = (token, signer)
     app.include_router(router)
     # add_middleware puts each new one outside the previous ones: innermost first.
+    app.add_middleware(NulByteMiddleware)
     app.add_middleware(CsrfMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     app.add_middleware(AuthMiddleware, token=token, signer=signer)
