@@ -253,3 +253,24 @@ def test_a_retry_due_after_the_window_waits_for_the_next_sending_day() -> None:
     assert task.state is TaskState.PENDING
     # not 17:00:30 on Friday: 09:00 on Monday, Berlin time
     assert task.send_at == datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
+
+
+def test_a_claim_racing_a_cancel_ends_cancelled_not_pending() -> None:
+    clock = FakeClock(T0)
+    mailer = RecordingMailer()
+    app = fake_app(clock=clock, mailer=mailer)
+    cid = _provisioned(app, 1)
+    (task,) = _tasks(app, cid)
+    clock.advance(hours=1)
+    real_transition = app.store.transition
+
+    def cancel_right_after_the_claim(task_id: str, expected: TaskState, new: TaskState, **kw):  # type: ignore[no-untyped-def]
+        result = real_transition(task_id, expected, new, **kw)
+        if new is TaskState.RUNNING:
+            app.campaigns.cancel(cid)  # its sweep of Pending tasks misses this Running one
+        return result
+
+    app.store.transition = cancel_right_after_the_claim  # type: ignore[method-assign]
+    app.worker.send(send_payload(task))
+    assert mailer.sent == []
+    assert app.store.get_task(task.id).state is TaskState.CANCELLED  # type: ignore[union-attr]

@@ -12,6 +12,8 @@ this metadata, so a change here needs a new migration.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -254,6 +256,19 @@ def _sqlite_engine(url: sa.URL, **kwargs: Any) -> Engine:
     connect_args.setdefault("check_same_thread", False)
     engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
 
+    def _set_wal(cursor: Any) -> None:
+        # Switching a fresh file to WAL can fail with "database is locked" at once, without
+        # waiting on the busy timeout, while another process is opening the same file.
+        deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+        while True:
+            try:
+                cursor.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take transaction control away from the sqlite3 module, which would otherwise open
@@ -263,7 +278,7 @@ def _sqlite_engine(url: sa.URL, **kwargs: Any) -> Engine:
         try:
             # busy_timeout first, so switching a fresh file to WAL waits for other openers.
             cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _set_wal(cursor)
             cursor.execute("PRAGMA synchronous = NORMAL")
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:

@@ -150,12 +150,19 @@ class SendWorker:
         if claimed is None:
             log.info("task %s was claimed by another invocation", task_id)
             return
-        # A pause may have landed between the campaign read (perhaps cached) and the claim:
-        # this fresh read after the claim is what stops sends, so give the task back.
-        if self._store.campaign_state(task.campaign_id) not in SENDING_STATES:
+        # A pause or cancel may have landed between the campaign read (perhaps cached) and the
+        # claim: this fresh read after the claim is what stops sends, so give the task back.
+        state = self._store.campaign_state(task.campaign_id)
+        if state not in SENDING_STATES:
             self._store.transition(
                 task.id, TaskState.RUNNING, TaskState.PENDING, at=now, note="campaign not active"
             )
+            if state is CampaignState.CANCELLED:
+                # The cancel's sweep of Pending tasks ran while this one was Running.
+                self._store.transition(
+                    task.id, TaskState.PENDING, TaskState.CANCELLED, at=now,
+                    note="campaign cancelled",
+                )  # fmt: skip
             return
         self._emit("claimed", claimed)
         self._deliver(campaign, claimed)
