@@ -55,7 +55,7 @@ from sendqueue.services.demo import demo_csv, demo_policy
 from sendqueue.services.importing import Templates
 from sendqueue.services.provisioning import ProvisionProgress, ProvisionReport
 from sendqueue.services.views import campaign_dict, dead_letter_dict, iso, task_dict
-from sendqueue.settings import Settings
+from sendqueue.settings import Settings, redact_url
 
 __all__ = ["app", "main"]
 
@@ -726,11 +726,11 @@ def worker_cmd(
     with _container() as c:
         log.info(
             "worker started: store %s, scheduler %s, mailer %s",
-            _redact(c.settings.database_url),
+            redact_url(c.settings.database_url),
             "procrastinate (the store's database)"
             if c.settings.execution == "procrastinate"
-            else _redact(c.settings.scheduler_url),
-            _redact(c.settings.mailer),
+            else redact_url(c.settings.scheduler_url),
+            redact_url(c.settings.mailer),
         )
         run_worker(c, stop, reconcile_interval=reconcile_interval)
     log.info("worker stopped")
@@ -792,21 +792,12 @@ def serve_cmd(
 
         log.info(
             "serving: store %s, scheduler %s, mailer %s",
-            _redact(c.settings.database_url),
-            _redact(c.settings.scheduler_url),
-            _redact(c.settings.mailer),
+            redact_url(c.settings.database_url),
+            redact_url(c.settings.scheduler_url),
+            redact_url(c.settings.mailer),
         )
         run_server(web, host=host, port=port, on_started=started)
     log.info("server stopped")
-
-
-def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        user = creds.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}" if ":" in creds else f"{scheme}://{user}@{host}"
-    return url
 
 
 @db_app.command("upgrade")
@@ -897,7 +888,7 @@ def db_migrate_to(
                 store,
                 target.writer,
                 target.clock,
-                target_label=_redact(url),
+                target_label=redact_url(url),
                 retire_group=source.writer.delete_group,
             )
         finally:
@@ -914,7 +905,7 @@ def db_migrate_to(
     if report.retired:
         out.print(f"paused in the old database: {', '.join(report.retired)}")
     out.print(
-        f"next: run the workers with SENDQUEUE_DATABASE_URL={_redact(url)} "
+        f"next: run the workers with SENDQUEUE_DATABASE_URL={redact_url(url)} "
         "SENDQUEUE_EXECUTION=procrastinate",
         markup=False,
     )
@@ -959,7 +950,9 @@ def demo_cmd(
         cid = created.campaign.id
         out.print(f"demo campaign [bold]{cid}[/]: {count} emails, one every {interval:g}s")
         out.print(f"policy: {policy.describe()}", markup=False)
-        out.print(f"mailer: {_redact(c.settings.mailer)}  store: {c.settings.database_url}")
+        out.print(
+            f"mailer: {redact_url(c.settings.mailer)}  store: {redact_url(c.settings.database_url)}"
+        )
         report = _provision_with_progress(c, cid, None, 90.0)
         _print_provision(report)
         if ui:
