@@ -695,3 +695,11 @@ def test_parse_recipient_rows_refuses_bad_input_as_a_whole() -> None:
 def test_created_at_is_the_clock_time(web: Web) -> None:
     data = web.create(1)
     assert datetime.fromisoformat(data["created_at"].replace("Z", "+00:00")) == T0.astimezone(UTC)
+
+
+def test_cursors_beyond_64_bits_are_a_422_not_a_500(web: Web) -> None:
+    huge = str(2**63)
+    tasks = web.client.get("/api/campaigns/cany/tasks", params={"after": huge})
+    assert tasks.status_code == 422 and tasks.json()["error"]["field"] == "after"
+    events = web.client.get("/api/campaigns/cany/events", headers={"Last-Event-ID": huge})
+    assert events.status_code == 422 and events.json()["error"]["field"] == "Last-Event-ID"

@@ -46,6 +46,9 @@ __all__ = [
     "router",
 ]
 
+#: Cursors are positions and change-log ids: 64-bit integers in every store.
+MAX_CURSOR = 2**63 - 1
+
 log = logging.getLogger(__name__)
 
 router = APIRouter()
@@ -522,7 +525,9 @@ def list_tasks(
     search: Annotated[
         str | None, Query(max_length=254, description="part of the address, any case")
     ] = None,
-    after: Annotated[int, Query(ge=-1, description="the cursor: `next` of the last page")] = -1,
+    after: Annotated[
+        int, Query(ge=-1, le=MAX_CURSOR, description="the cursor: `next` of the last page")
+    ] = -1,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> dict[str, Any]:
     """A page of the campaign's emails in position order."""
@@ -562,7 +567,7 @@ def _resume_point(last_event_id: str | None, after: int | None) -> int | None:
     # got to in Last-Event-ID: the header wins.
     if last_event_id is not None and last_event_id.strip():
         text = last_event_id.strip()
-        if not text.isdigit():
+        if not text.isdigit() or int(text) > MAX_CURSOR:
             raise InvalidField("Last-Event-ID", last_event_id, "expected a change id")
         return int(text)
     return after
@@ -582,7 +587,9 @@ async def events(
     campaign_id: str,
     c: ContainerDep,
     broker: BrokerDep,
-    after: Annotated[int | None, Query(ge=0, description="resume after this change id")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=MAX_CURSOR, description="resume after this change id")
+    ] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventStreamResponse:
     """Server-Sent Events of the campaign's change log (see docs/api.md)."""
