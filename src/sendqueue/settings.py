@@ -85,6 +85,27 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(4, ge=1, le=64, description="sends in flight per process")
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="largest CSV accepted")
     max_recipients: int = Field(1_000_000, ge=1, description="most rows one campaign may have")
+    http_header_timeout: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="web server: seconds a client has to send a request's line and headers",
+    )
+    http_body_timeout: float = Field(
+        120.0,
+        gt=0,
+        le=86400,
+        description="web server: seconds a client has to send a request's body (the upload)",
+    )
+    http_keep_alive: int = Field(
+        5, ge=1, le=3600, description="web server: seconds an idle kept-alive connection stays"
+    )
+    http_max_connections: int = Field(
+        1000, ge=1, description="web server: connections served at once (503 beyond)"
+    )
+    http_max_header_bytes: int = Field(
+        16 * 1024, ge=1024, le=1024 * 1024, description="web server: request line and headers"
+    )
     api_token: SecretStr | None = Field(None, description="required for the web UI and API")
 
     @field_validator("default_timezone")

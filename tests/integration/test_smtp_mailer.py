@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -9,6 +10,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -256,6 +258,84 @@ def test_silent_server_times_out_as_transient(silent_smtp_server):
         mailer.send(message())
     # The timeout is the behaviour under test; the margin is generous.
     assert time.monotonic() - started < 10
+
+
+class StallingSink(SmtpSink):
+    """A real aiosmtpd server that stops answering once, at one command, until released (a
+    relay that hangs mid-conversation; the silent server above never greets at all)."""
+
+    def __init__(self, stall_at: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stall_at: str | None = stall_at
+        self.release = threading.Event()
+
+    async def _stall(self, command: str) -> None:
+        if self.stall_at == command:
+            self.stall_at = None
+            await asyncio.to_thread(self.release.wait, 30)
+
+    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, *args: Any) -> str:
+        await self._stall("RCPT")
+        return await super().handle_RCPT(server, session, envelope, *args)
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        await self._stall("DATA")
+        return await super().handle_DATA(server, session, envelope)
+
+
+@pytest.fixture
+def stalling_sink() -> Iterator[Callable[[str], StallingSink]]:
+    made: list[StallingSink] = []
+
+    def make(stall_at: str) -> StallingSink:
+        sink = StallingSink(stall_at).start()
+        made.append(sink)
+        return sink
+
+    yield make
+    for sink in made:
+        sink.release.set()
+        sink.stop()
+
+
+def test_a_server_that_hangs_before_the_data_times_out_and_the_retry_sends_once(
+    stalling_sink, mailer_for
+):
+    sink = stalling_sink("RCPT")
+    mailer = mailer_for(sink, timeout=1)
+
+    started = time.monotonic()
+    with pytest.raises(TransientMailError, match="timed out after 1s"):
+        mailer.send(message(1))
+    # The timeout is the behaviour under test; the margin is generous.
+    assert time.monotonic() - started < 10
+    sink.release.set()
+
+    mailer.send(message(1))  # the caller's retry, on a new connection
+    (mail,) = sink.wait_for(1)
+    assert mail.connection == 2
+    time.sleep(0.5)
+    assert len(sink.messages) == 1  # the hung transaction delivered nothing
+
+
+def test_a_server_that_hangs_after_the_data_times_out_as_transient(stalling_sink, mailer_for):
+    sink = stalling_sink("DATA")
+    mailer = mailer_for(sink, timeout=1)
+
+    started = time.monotonic()
+    with pytest.raises(TransientMailError, match="timed out after 1s while sending"):
+        mailer.send(message(1))
+    assert time.monotonic() - started < 10
+    # The server had the whole message; a relay may still deliver it although the client saw
+    # a timeout, so the mailer does not resend it by itself (the stale and retry policies
+    # decide, with the same Message-ID: docs/operations.md). aiosmtpd drops the transaction of
+    # a client that went away. The next send takes a new connection.
+    sink.release.set()
+    mailer.send(message(2))
+    (mail,) = sink.wait_for(1)
+    assert (mail.connection, str(mail.message["Message-ID"])) == (2, message(2).message_id)
+    time.sleep(0.5)
+    assert len(sink.messages) == 1
 
 
 def test_non_ascii_local_part_goes_out_over_smtputf8(smtp_sink, mailer_for):

@@ -9,8 +9,8 @@ test_smtp_mailer.py). Here:
   that accepts the connection and never speaks costs one transient failure within the
   timeout, and the email is retried later;
 - the web server closes an idle keep-alive connection (uvicorn's keep-alive timeout, 5 s);
-  it has no timeout for a request whose headers or body never finish (put a reverse proxy
-  with client timeouts in front: docs/operations.md);
+  the deadlines for headers and bodies that never finish (slowloris) and the size and
+  connection limits are in test_request_timeouts.py;
 - a client that disconnects half way through an upload is no server error: no traceback at
   ERROR, nothing written, and the server goes on answering.
 """

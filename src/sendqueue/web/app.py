@@ -7,9 +7,10 @@ lifespan that owns the live-stream broker and, with ``start_worker=True``, runs 
 dispatcher, the send workers and the periodic reconciler in a thread (the embedded default
 of ``sendqueue serve``).
 
-:func:`run_server` runs it under uvicorn: SIGTERM and SIGINT stop the server, end the open
-event streams so the shutdown does not wait on them, stop the worker thread (in-flight sends
-finish) and close nothing else: the caller owns the container.
+:func:`run_server` runs it under uvicorn (:func:`build_server`: with the request limits of
+:mod:`sendqueue.web.limits`): SIGTERM and SIGINT stop the server, end the open event streams
+so the shutdown does not wait on them, stop the worker thread (in-flight sends finish) and
+close nothing else: the caller owns the container.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ from sendqueue.runtime import run_worker
 from sendqueue.web import api, pages
 from sendqueue.web.deps import BackgroundProvisioning
 from sendqueue.web.errors import install_error_handlers
+from sendqueue.web.limits import BodyTimeoutMiddleware, header_timeout_protocol
 from sendqueue.web.queries import TimelineCache
 from sendqueue.web.security import install_security
 from sendqueue.web.stream import ChangeBroker, StreamConfig
 
-__all__ = ["STATIC_DIR", "Server", "create_app", "run_server", "server_url"]
+__all__ = ["STATIC_DIR", "Server", "build_server", "create_app", "run_server", "server_url"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,9 @@ def create_app(
         token=token,
         max_body_bytes=settings.max_upload_bytes + api.BODY_OVERHEAD_BYTES,
     )
+    # Outermost, so that the body reads of the security middlewares (the CSRF check of a form)
+    # are timed as well.
+    app.add_middleware(BodyTimeoutMiddleware, timeout=settings.http_body_timeout)
     return app
 
 
@@ -158,6 +163,19 @@ def run_server(
 
     ``on_started`` gets the URL once the socket listens (``port=0`` picks a free port).
     """
+    server = build_server(app, host=host, port=port, log_level=log_level)
+    if on_started is not None:
+        _announce(server, host, on_started)
+    server.run()
+
+
+def build_server(app: FastAPI, *, host: str, port: int, log_level: str = "warning") -> Server:
+    """The uvicorn server :func:`run_server` runs, with the request limits of the app's settings
+    (:mod:`sendqueue.web.limits`): a deadline for the headers (408, then closed), the keep-alive
+    timeout, the size of the request line and headers (400 above it) and the connections served
+    at once (503 above it). The body deadline is the app's own middleware (:func:`create_app`).
+    """
+    settings = app.state.container.settings
     config = uvicorn.Config(
         app,
         host=host,
@@ -165,11 +183,13 @@ def run_server(
         log_level=log_level,
         lifespan="on",
         timeout_graceful_shutdown=10,
+        # h11 whatever else is installed: the header deadline is a subclass of its protocol.
+        http=header_timeout_protocol(settings.http_header_timeout),
+        timeout_keep_alive=settings.http_keep_alive,
+        h11_max_incomplete_event_size=settings.http_max_header_bytes,
+        limit_concurrency=settings.http_max_connections,
     )
-    server = Server(config, app.state.broker)
-    if on_started is not None:
-        _announce(server, host, on_started)
-    server.run()
+    return Server(config, app.state.broker)
 
 
 def server_url(server: uvicorn.Server, host: str) -> str:
