@@ -10,6 +10,7 @@ from sendqueue.bootstrap import Container
 from sendqueue.domain.errors import IllegalTransition, InvalidField
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, schedule_group
+from sendqueue.ports import Schedule
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
@@ -23,15 +24,19 @@ def _create(app: Container, count: int) -> str:
     ).campaign.id
 
 
-def _schedules(app: Container, cid: str) -> list[str]:
-    names: list[str] = []
+def _schedule_objects(app: Container, cid: str) -> list[Schedule]:
+    found: list[Schedule] = []
     after = None
     while True:
         page = app.scheduler.list(schedule_group(cid), after=after, limit=1000)
-        names += [s.name for s in page]
+        found += page
         if len(page) < 1000:
-            return names
+            return found
         after = page[-1].name
+
+
+def _schedules(app: Container, cid: str) -> list[str]:
+    return [s.name for s in _schedule_objects(app, cid)]
 
 
 def _assert_exactly_one_each(app: Container, cid: str, count: int) -> None:
@@ -40,6 +45,10 @@ def _assert_exactly_one_each(app: Container, cid: str, count: int) -> None:
     assert [t.position for t in tasks] == list(range(count))
     names = _schedules(app, cid)
     assert Counter(names) == Counter(expected_schedule_name(t) for t in tasks)
+    # Each schedule carries its task's stored token: one with another token would be skipped
+    # as stale by the worker, and that task never sent.
+    tokens = {s.name: s.payload["token"] for s in _schedule_objects(app, cid)}
+    assert all(tokens[expected_schedule_name(t)] == t.token for t in tasks)
 
 
 def test_provision_creates_one_task_and_one_schedule_per_recipient() -> None:
@@ -76,7 +85,9 @@ def test_progress_goes_to_the_change_log_and_the_callback() -> None:
         for e in app.store.changes_after(0, campaign_id=cid, limit=10_000)
         if e.to_state == "progress"
     ]
-    assert "schedules 1200/1200" in notes and "provisioned 1200 emails" in notes
+    # each chunk's schedules are created with its tasks: one checkpoint, one note per chunk
+    assert "tasks 500/1200, schedules 500/1200" in notes
+    assert "tasks 1200/1200, schedules 1200/1200" in notes and "provisioned 1200 emails" in notes
 
 
 def test_at_most_ten_scheduler_calls_in_flight() -> None:
@@ -107,8 +118,13 @@ def test_throttling_is_retried_with_backoff() -> None:
         ("store", "save_checkpoint", 3),
         ("store", "save_checkpoint", 5),
         ("store", "set_campaign_state", 2),
-        ("store", "list_tasks", 2),
+        # A fresh run reads tasks back once: the schedules phase confirming that every chunk
+        # got its schedules with its tasks. Crashing there leaves all of them in place.
+        ("store", "list_tasks", 1),
+        # In the second chunk's schedules, after its tasks were stored: the rerun finds them
+        # stored, with the first run's tokens, and must schedule those (read back), not its own.
         ("scheduler", "create", 777),
+        ("scheduler", "create", 501),
     ],
 )
 def test_crash_anywhere_then_rerun_finishes_with_exactly_one_of_each(
@@ -131,6 +147,30 @@ def test_crash_anywhere_then_rerun_finishes_with_exactly_one_of_each(
     report = fresh.provisioner.provision(cid)
     assert report.status == "done"
     assert fresh.store.get_campaign(cid).state is CampaignState.ACTIVE
+    _assert_exactly_one_each(fresh, cid, 1500)
+
+
+def test_resumed_checkpoint_without_schedules_for_its_tasks_gets_them() -> None:
+    # A checkpoint as a run that made the schedules only after all tasks left it (an earlier
+    # version, stopped in its tasks phase): tasks up to "after", no "scheduled", no schedules.
+    clock = FakeClock(T0)
+    store = InMemoryTaskStore()
+    scheduler = FakeScheduler(clock)
+    first = fake_app(clock=clock, store=CrashAfter(store, "insert_tasks", 3), scheduler=scheduler)  # type: ignore[arg-type]
+    cid = _create(first, 1500)
+    with pytest.raises(StoreCrash):
+        first.provisioner.provision(cid)
+    checkpoint = dict(store.get_campaign(cid).checkpoint or {})
+    assert (checkpoint["phase"], checkpoint["after"], checkpoint.pop("scheduled")) == (
+        "tasks", 999, 999
+    )  # fmt: skip
+    for name in _schedules(first, cid):
+        scheduler.delete(name)
+    store.save_checkpoint(cid, checkpoint, at=clock.now())
+    clock.advance(seconds=61)
+    fresh = fake_app(clock=clock, store=store, scheduler=scheduler)
+    report = fresh.provisioner.provision(cid)
+    assert (report.status, report.tasks_created, report.schedules_created) == ("done", 500, 1500)
     _assert_exactly_one_each(fresh, cid, 1500)
 
 

@@ -132,7 +132,10 @@ class Provisioner:
             try:
                 if checkpoint["phase"] == "tasks":
                     self._create_tasks(campaign, checkpoint, report, tick, progress)
-                    checkpoint = {**checkpoint, "phase": "schedules", "after": -1}
+                    # Schedules were created with the tasks up to "scheduled" (all of them
+                    # unless a scheduler call failed, or an older run began without it).
+                    scheduled = int(str(checkpoint.get("scheduled", -1)))
+                    checkpoint = {**checkpoint, "phase": "schedules", "after": scheduled}
                     self._store.save_checkpoint(campaign_id, checkpoint, at=self._clock.now())
                 if not self._create_schedules(campaign, checkpoint, report, tick, progress):
                     report.status = "stopped"
@@ -192,6 +195,12 @@ class Provisioner:
         sends = plan(campaign.policy, campaign.recipient_count, now=plan_start)
         after = int(str(checkpoint.get("after", -1)))
         chunk = self._config.provision_chunk
+        total = campaign.recipient_count
+        # Each chunk's schedules are created right after its tasks while every chunk before it
+        # has its schedules too ("scheduled" == "after" in the checkpoint); once a chunk's
+        # scheduler calls fail, or when resuming a checkpoint without "scheduled", the rest is
+        # left to the schedules phase, which starts after "scheduled".
+        with_schedules = after < 0 or checkpoint.get("scheduled") == after
         while True:
             tick()
             recipients = self._store.list_recipients(campaign.id, after=after, limit=chunk)
@@ -217,20 +226,49 @@ class Provisioner:
                 )
                 for i, r in enumerate(recipients)
             ]
-            report.tasks_created += self._store.insert_tasks(tasks, at=now)
-            after = recipients[-1].position
+            inserted = self._store.insert_tasks(tasks, at=now)
+            report.tasks_created += inserted
+            last = recipients[-1].position
+            if with_schedules:
+                if inserted < len(tasks):
+                    # Some existed already (a resumed run): schedule what the store holds, with
+                    # its tokens, not the tasks built here, which were not stored.
+                    stored = self._store.list_tasks(
+                        campaign.id, state=TaskState.PENDING, after=after, limit=chunk
+                    )
+                    tasks = [t for t in stored if t.position <= last]
+                with_schedules = self._schedule_chunk(campaign.id, tasks, report)
+            after = last
             done = after + 1
             checkpoint.update(after=after)
-            self._store.save_checkpoint(
-                campaign.id,
-                checkpoint,
-                at=now,
-                note=f"tasks {done}/{campaign.recipient_count}",
-            )
+            note = f"tasks {done}/{total}"
+            if with_schedules:
+                checkpoint.update(scheduled=after)
+                note += f", schedules {done}/{total}"
+            self._store.save_checkpoint(campaign.id, checkpoint, at=now, note=note)
             if progress:
-                progress(ProvisionProgress(campaign.id, "tasks", done, campaign.recipient_count))
+                progress(ProvisionProgress(campaign.id, "tasks", done, total))
+                if with_schedules:
+                    progress(ProvisionProgress(campaign.id, "schedules", done, total))
             if len(recipients) < chunk:
                 return
+
+    def _schedule_chunk(self, campaign_id: str, tasks: list[Task], report: ProvisionReport) -> bool:
+        """Create the schedules of a chunk just inserted; False when some calls failed (the
+        schedules phase then retries from the last chunk that has all of its schedules)."""
+        result = self._writer.ensure_many(tasks)
+        report.throttled += result.throttled
+        report.schedules_created += result.created
+        if result.failed:
+            log.warning(
+                "provisioning %s: %d schedule writes failed (first: %s); the schedules phase "
+                "retries them",
+                campaign_id,
+                len(result.failed),
+                result.failed[0][1],
+            )
+            return False
+        return True
 
     def _create_schedules(
         self,
