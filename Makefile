@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 DEV_STAMP := $(VENV)/.dev-installed
 
-.PHONY: run test lint format typecheck unit bench soak clean
+.PHONY: run test lint format typecheck unit bench soak aws-package clean
 
 DURATION ?= 600
 
@@ -50,6 +50,10 @@ bench: $(DEV_STAMP)
 soak: $(DEV_STAMP)
 	$(BIN)/python -m tests.soak.soak --duration $(DURATION) --policy retry --json soak-retry.json
 	$(BIN)/python -m tests.soak.soak --duration $(DURATION) --policy fail --json soak-fail.json
+
+## aws-package: Lambda bundle build/aws/ + build/sendqueue-aws.zip (no dev extras); AWS_PACKAGE_ARGS=--with-boto3
+aws-package: $(RUN_STAMP)
+	$(BIN)/python deploy/aws/package.py $(AWS_PACKAGE_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
