@@ -179,10 +179,11 @@ CAMPAIGN = json.dumps(
 
 
 def test_stalled_headers_get_a_408_and_the_connection_is_closed(tmp_path: Path) -> None:
-    with live(tmp_path) as server, server.connect() as conn:
-        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: te")
-        started = time.monotonic()
-        answer = parse(read_until_closed(conn))
+    with live(tmp_path) as server:
+        started = time.monotonic()  # before connecting: the deadline cannot start earlier
+        with server.connect() as conn:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: te")
+            answer = parse(read_until_closed(conn))
         elapsed = time.monotonic() - started
 
         assert answer.status == 408
@@ -258,10 +259,11 @@ def test_requests_beyond_the_connection_limit_get_a_503(tmp_path: Path) -> None:
 
 
 def test_a_stalled_body_gets_a_408_naming_the_body(tmp_path: Path) -> None:
-    with live(tmp_path) as server, server.connect() as conn:
-        conn.sendall(post_json("/api/campaigns", CAMPAIGN[:40], declared=len(CAMPAIGN)))
+    with live(tmp_path) as server:
         started = time.monotonic()
-        answer = parse(read_until_closed(conn))
+        with server.connect() as conn:
+            conn.sendall(post_json("/api/campaigns", CAMPAIGN[:40], declared=len(CAMPAIGN)))
+            answer = parse(read_until_closed(conn))
         elapsed = time.monotonic() - started
 
         assert answer.status == 408
