@@ -40,6 +40,18 @@ def _sqlite_path(url: str) -> Path | None:
     return None
 
 
+def _required(value: str | None, name: str) -> str:
+    """An eventbridge setting (Settings refuse the layer without it; this is the last guard)."""
+    if not value:
+        raise InvalidField(name, value, "required when SENDQUEUE_EXECUTION=eventbridge")
+    return value
+
+
+def _region_of(arn: str) -> str:
+    """The region of an ARN (``arn:aws:lambda:REGION:ACCOUNT:...``)."""
+    return arn.split(":")[3]
+
+
 def _make_parent(url: str) -> None:
     """The embedded default creates the folders of its SQLite files."""
     path = _sqlite_path(url)
@@ -98,6 +110,8 @@ class Container:
             return self._scheduler
         if self.settings.execution == "procrastinate":
             return self._procrastinate()
+        if self.settings.execution == "eventbridge":
+            return self._eventbridge()
         if _sqlite_path(self.settings.scheduler_url) is None:
             raise InvalidField(
                 "SENDQUEUE_SCHEDULER_URL",
@@ -132,8 +146,36 @@ class Container:
             pool_size=s.provision_concurrency + 2,
         )
 
+    def _eventbridge(self) -> Scheduler:
+        # Imported here: boto3 is the optional 'aws' extra.
+        import boto3
+
+        from sendqueue.adapters.eventbridge_scheduler import EventBridgeScheduler
+
+        s = self.settings
+        target_arn = _required(s.send_function_arn, "SENDQUEUE_SEND_FUNCTION_ARN")
+        dlq_arn = _required(s.dead_letter_queue_arn, "SENDQUEUE_DEAD_LETTER_QUEUE_ARN")
+        # The schedules live where the send function does, the queue where its ARN says.
+        return EventBridgeScheduler(
+            boto3.client("scheduler", region_name=_region_of(target_arn)),
+            boto3.client("sqs", region_name=_region_of(dlq_arn)),
+            physical_group=_required(s.schedule_group, "SENDQUEUE_SCHEDULE_GROUP"),
+            target_arn=target_arn,
+            role_arn=_required(s.scheduler_role_arn, "SENDQUEUE_SCHEDULER_ROLE_ARN"),
+            dead_letter_url=_required(s.dead_letter_queue_url, "SENDQUEUE_DEAD_LETTER_QUEUE_URL"),
+            dead_letter_arn=dlq_arn,
+            clock=self.clock,
+        )
+
     @property
     def dispatcher(self) -> Dispatcher:
+        if self._scheduler is None and self.settings.execution == "eventbridge":
+            raise InvalidField(
+                "SENDQUEUE_EXECUTION",
+                "eventbridge",
+                "EventBridge Scheduler invokes the send Lambda function, so there is no worker "
+                "process to run here; run the web UI with `sendqueue serve --no-worker`",
+            )
         scheduler = self.scheduler
         if not hasattr(scheduler, "run"):
             raise TypeError(f"{type(scheduler).__name__} has no dispatcher in this process")

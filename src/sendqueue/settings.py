@@ -7,19 +7,84 @@ plain values and never read the environment themselves.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .domain.errors import InvalidField
 from .domain.policy import load_timezone
 
-__all__ = ["Settings", "redact_url"]
+__all__ = ["DynamoDbUrl", "LambdaSettings", "Settings", "parse_dynamodb_url", "redact_url"]
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", ""}
+_AWS_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
+_SCHEDULE_GROUP = re.compile(r"[0-9a-zA-Z_.\-]{1,64}")
+_DYNAMODB_TABLE = re.compile(r"[a-zA-Z0-9_.\-]{3,255}")
+_LAMBDA_ARN = re.compile(
+    r"arn:aws[a-zA-Z-]*:lambda:[a-z]{2}(-[a-z]+)+-\d+:\d{12}:function:[a-zA-Z0-9_\-]{1,64}"
+    r"(:[a-zA-Z0-9$_\-]{1,128})?"
+)
+_ROLE_ARN = re.compile(r"arn:aws[a-zA-Z-]*:iam::\d{12}:role/[\w+=,.@/\-]{1,512}")
+_QUEUE_ARN = re.compile(
+    r"arn:aws[a-zA-Z-]*:sqs:[a-z]{2}(-[a-z]+)+-\d+:\d{12}:[\w\-]{1,80}(\.fifo)?"
+)
+#: What SENDQUEUE_EXECUTION=eventbridge needs, in the order the error names them.
+_EVENTBRIDGE_FIELDS = (
+    "schedule_group",
+    "send_function_arn",
+    "scheduler_role_arn",
+    "dead_letter_queue_url",
+    "dead_letter_queue_arn",
+)
+
+
+def _sqlite_url(url: str) -> bool:
+    return url.split(":", 1)[0] in {"sqlite", "sqlite+pysqlite"}
+
+
+@dataclass(frozen=True)
+class DynamoDbUrl:
+    """``dynamodb://TABLE?region=R&endpoint_url=U``, taken apart."""
+
+    table: str
+    region: str | None = None
+    endpoint_url: str | None = None
+
+
+def parse_dynamodb_url(url: str) -> DynamoDbUrl:
+    """Take ``dynamodb://TABLE?region=REGION&endpoint_url=URL`` apart (both options optional:
+    boto3's own chain supplies the region); raises ``InvalidField("SENDQUEUE_DATABASE_URL")``."""
+    field = "SENDQUEUE_DATABASE_URL"
+    parts = urlsplit(url)
+    if parts.scheme != "dynamodb":
+        raise InvalidField(field, url, "expected dynamodb://TABLE")
+    if parts.path not in {"", "/"} or parts.fragment:
+        raise InvalidField(field, url, "expected dynamodb://TABLE?region=REGION, nothing else")
+    table = parts.netloc
+    if not _DYNAMODB_TABLE.fullmatch(table):
+        raise InvalidField(
+            field, url, "the table name is 3 to 255 characters of letters, digits, '_', '-', '.'"
+        )
+    options = parse_qs(parts.query, keep_blank_values=True)
+    unknown = sorted(set(options) - {"region", "endpoint_url"})
+    if unknown:
+        raise InvalidField(
+            field, url, f"unknown parameter {unknown[0]!r}; use region, endpoint_url"
+        )
+    region = options.get("region", [""])[-1] or None
+    if region is not None and not _AWS_REGION.fullmatch(region):
+        raise InvalidField(
+            field, url, f"region must be an AWS region like eu-west-1, got {region!r}"
+        )
+    endpoint = options.get("endpoint_url", [""])[-1] or None
+    if endpoint is not None and urlsplit(endpoint).scheme not in {"http", "https"}:
+        raise InvalidField(field, url, "endpoint_url must be an http:// or https:// URL")
+    return DynamoDbUrl(table, region, endpoint)
 
 
 class Settings(BaseSettings):
@@ -39,15 +104,31 @@ class Settings(BaseSettings):
     )
     database_url: str = Field(
         "sqlite:///./sendqueue.db",
-        description="task store: sqlite:///FILE or postgresql+psycopg://",
+        description="task store: sqlite:///FILE, postgresql+psycopg://, or dynamodb://TABLE",
     )
     scheduler_url: str = Field(
         "sqlite:///./sendqueue-scheduler.db",
         description="embedded execution layer's own SQLite file",
     )
-    execution: Literal["embedded", "procrastinate"] = Field(
+    execution: Literal["embedded", "procrastinate", "eventbridge"] = Field(
         "embedded",
-        description="execution layer: embedded (one machine) or procrastinate (PostgreSQL, many)",
+        description="execution layer: embedded (one machine), procrastinate (PostgreSQL, many) "
+        "or eventbridge (EventBridge Scheduler invoking the send Lambda)",
+    )
+    schedule_group: str | None = Field(
+        None, description="eventbridge: the dedicated EventBridge Scheduler schedule group"
+    )
+    send_function_arn: str | None = Field(
+        None, description="eventbridge: ARN of the send Lambda function the schedules invoke"
+    )
+    scheduler_role_arn: str | None = Field(
+        None, description="eventbridge: role the Scheduler assumes (may invoke only the send one)"
+    )
+    dead_letter_queue_url: str | None = Field(
+        None, description="eventbridge: URL of the SQS dead-letter queue"
+    )
+    dead_letter_queue_arn: str | None = Field(
+        None, description="eventbridge: ARN of the same SQS dead-letter queue"
     )
     mailer: str = Field(
         "maildir:./outbox",
@@ -119,14 +200,64 @@ class Settings(BaseSettings):
 
     @field_validator("database_url", "scheduler_url")
     @classmethod
-    def _known_database(cls, value: str) -> str:
+    def _known_database(cls, value: str, info: ValidationInfo) -> str:
         scheme = value.split(":", 1)[0]
+        if scheme == "dynamodb" and info.field_name == "database_url":
+            try:
+                parse_dynamodb_url(value)
+            except InvalidField as exc:
+                raise ValueError(exc.reason) from None
+            return value
         if scheme not in {"sqlite", "sqlite+pysqlite", "postgresql", "postgresql+psycopg"}:
+            also = ", or dynamodb://TABLE" if info.field_name == "database_url" else ""
             raise ValueError(
-                "expected sqlite:///FILE or postgresql+psycopg://user@host:5432/db, "
+                f"expected sqlite:///FILE or postgresql+psycopg://user@host:5432/db{also}, "
                 f"got scheme {scheme!r}"
             )
         return value
+
+    @field_validator("schedule_group")
+    @classmethod
+    def _schedule_group(cls, value: str | None) -> str | None:
+        if value is not None and not _SCHEDULE_GROUP.fullmatch(value):
+            raise ValueError(
+                "a schedule group name is 1 to 64 characters of letters, digits, '-', '_' and '.'"
+            )
+        return value or None
+
+    @field_validator("send_function_arn")
+    @classmethod
+    def _function_arn(cls, value: str | None) -> str | None:
+        if value is not None and not _LAMBDA_ARN.fullmatch(value):
+            raise ValueError(
+                "expected a Lambda function ARN, arn:aws:lambda:REGION:ACCOUNT:function:NAME"
+            )
+        return value or None
+
+    @field_validator("scheduler_role_arn")
+    @classmethod
+    def _role_arn(cls, value: str | None) -> str | None:
+        if value is not None and not _ROLE_ARN.fullmatch(value):
+            raise ValueError("expected an IAM role ARN, arn:aws:iam::ACCOUNT:role/NAME")
+        return value or None
+
+    @field_validator("dead_letter_queue_arn")
+    @classmethod
+    def _queue_arn(cls, value: str | None) -> str | None:
+        if value is not None and not _QUEUE_ARN.fullmatch(value):
+            raise ValueError("expected an SQS queue ARN, arn:aws:sqs:REGION:ACCOUNT:NAME")
+        return value or None
+
+    @field_validator("dead_letter_queue_url")
+    @classmethod
+    def _queue_url(cls, value: str | None) -> str | None:
+        if value is not None and (
+            urlsplit(value).scheme not in {"http", "https"} or not urlsplit(value).hostname
+        ):
+            raise ValueError(
+                "expected an SQS queue URL, https://sqs.REGION.amazonaws.com/ACCOUNT/NAME"
+            )
+        return value or None
 
     @field_validator("mailer")
     @classmethod
@@ -135,9 +266,20 @@ class Settings(BaseSettings):
             if not value[len("maildir:") :]:
                 raise ValueError("maildir: needs a directory, e.g. maildir:./outbox")
             return value
+        if value.startswith("ses:"):
+            # the same rules as SesMailer.from_url, checked here without importing boto3
+            region, _, options = value[len("ses:") :].partition("?")
+            if region and not _AWS_REGION.fullmatch(region):
+                raise ValueError(f"expected ses:REGION, e.g. ses:eu-west-1, got {region!r}")
+            unknown = sorted(set(parse_qs(options, keep_blank_values=True)) - {"configuration_set"})
+            if unknown:
+                raise ValueError(f"unknown ses: parameter {unknown[0]!r}; use configuration_set")
+            return value
         parts = urlsplit(value)
         if parts.scheme != "smtp" or not parts.hostname:
-            raise ValueError("expected maildir:DIR or smtp://user:pass@host:port?security=...")
+            raise ValueError(
+                "expected maildir:DIR, smtp://user:pass@host:port?security=... or ses:REGION"
+            )
         query = parse_qs(parts.query)
         unknown = sorted(set(query) - {"security", "timeout"})
         if unknown:
@@ -180,6 +322,27 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _eventbridge_needs_its_resources(self) -> Settings:
+        """The EventBridge layer writes schedules that point at resources the template made."""
+        if self.execution != "eventbridge":
+            return self
+        missing = [
+            f"SENDQUEUE_{name.upper()}" for name in _EVENTBRIDGE_FIELDS if not getattr(self, name)
+        ]
+        if missing:
+            raise ValueError(
+                f"SENDQUEUE_EXECUTION=eventbridge needs {', '.join(missing)} (the SAM "
+                "template sets them on every function; see docs/deploy-aws.md)"
+            )
+        if _sqlite_url(self.database_url):
+            raise ValueError(
+                "SENDQUEUE_EXECUTION=eventbridge needs a task store every Lambda function "
+                "shares: set SENDQUEUE_DATABASE_URL=dynamodb://TABLE (or a PostgreSQL URL), "
+                "not a SQLite file"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:
         """Refuse settings that would leak credentials or lose mail."""
         parts = urlsplit(self.mailer) if self.mailer.startswith("smtp") else None
@@ -193,7 +356,7 @@ class Settings(BaseSettings):
         if self.api_token is not None and len(self.api_token.get_secret_value()) < 16:
             raise ValueError("SENDQUEUE_API_TOKEN: must be at least 16 characters long")
         if self.environment == "production":
-            if self.api_token is None:
+            if self.api_token is None and self._serves_http:
                 raise ValueError(
                     "SENDQUEUE_API_TOKEN is required when SENDQUEUE_ENVIRONMENT=production"
                 )
@@ -204,6 +367,9 @@ class Settings(BaseSettings):
                 )
         return self
 
+    #: The process may serve the web UI and the API, which the token guards.
+    _serves_http: ClassVar[bool] = True
+
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """repr() and str() show URLs without their secrets (the token is a SecretStr)."""
         for name, value in super().__repr_args__():
@@ -213,6 +379,17 @@ class Settings(BaseSettings):
 
 
 _URL_FIELDS = frozenset({"database_url", "scheduler_url", "mailer", "alarm_webhook"})
+
+
+class LambdaSettings(Settings):
+    """The settings of sendqueue's Lambda functions (:mod:`sendqueue.lambda_handlers`).
+
+    The same variables and rules, except that ``SENDQUEUE_ENVIRONMENT=production`` does not
+    require ``SENDQUEUE_API_TOKEN``: a function serves no web UI or API for it to guard, and a
+    secret it never uses should not sit in its environment.
+    """
+
+    _serves_http: ClassVar[bool] = False
 
 
 def redact_url(url: str, *, path: bool = False) -> str:

@@ -25,7 +25,7 @@ from sendqueue.ports import Clock, Scheduler, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
 
-__all__ = ["ProvisionProgress", "ProvisionReport", "Provisioner"]
+__all__ = ["Continuation", "ProvisionProgress", "ProvisionReport", "Provisioner"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,12 @@ class _OutOfTime(Exception):
     pass
 
 
+#: Hands the rest of a run that spent its time to another process: called with the campaign id
+#: and the checkpoint just saved, after the provisioning lease is released. It raises when the
+#: hand-over failed (the caller's retry, or the reconciler, then resumes from the checkpoint).
+Continuation = Callable[[str, dict[str, object]], None]
+
+
 class Provisioner:
     """Creates a campaign's tasks and schedules; see the module docstring."""
 
@@ -68,12 +74,15 @@ class Provisioner:
         writer: ScheduleWriter,
         clock: Clock,
         config: ServiceConfig,
+        *,
+        continuation: Continuation | None = None,
     ) -> None:
         self._store = store
         self._scheduler = scheduler
         self._writer = writer
         self._clock = clock
         self._config = config
+        self._continuation = continuation
 
     def provision(
         self,
@@ -82,11 +91,15 @@ class Provisioner:
         time_budget: float | None = None,
         safety_margin: float | None = None,
         progress: Callable[[ProvisionProgress], None] | None = None,
+        time_left: Callable[[], float] | None = None,
+        continuation: Continuation | None = None,
     ) -> ProvisionReport:
         """Provision the campaign, or continue where an earlier run stopped.
 
-        With ``time_budget`` (seconds), stop when less than ``safety_margin`` (default
-        ``config.provision_margin``) is left, save the checkpoint and schedule a continuation
+        With ``time_budget`` (seconds), or ``time_left`` (asked before every chunk for the
+        seconds left, e.g. a Lambda context's remaining time), stop when less than
+        ``safety_margin`` (default ``config.provision_margin``) is left, save the checkpoint and
+        hand the rest on: to ``continuation``, else the constructor's, else a control schedule
         in the execution layer, which the running worker picks up.
         """
         started = time.monotonic()
@@ -128,6 +141,8 @@ class Provisioner:
                     raise Conflict(f"lost the provisioning lease of {campaign_id}")
                 if deadline is not None and time.monotonic() >= deadline:
                     raise _OutOfTime
+                if time_left is not None and time_left() <= margin:
+                    raise _OutOfTime
 
             try:
                 if checkpoint["phase"] == "tasks":
@@ -141,8 +156,7 @@ class Provisioner:
                     report.status = "stopped"
                     return report
             except _OutOfTime:
-                report.status = "continued"
-                self._continue_later(campaign_id)
+                report.status = "continued"  # handed on below, once the lease is released
                 return report
             done = {
                 "phase": "done",
@@ -163,6 +177,9 @@ class Provisioner:
         finally:
             report.seconds = time.monotonic() - started
             self._store.release_lease(lease, owner)
+            if report.status == "continued":
+                # After the release: a continuation that starts at once must not find it busy.
+                self._continue_later(campaign_id, continuation or self._continuation)
 
     def _begin(self, campaign_id: str) -> Campaign:
         campaign = self._store.get_campaign(campaign_id)
@@ -314,9 +331,15 @@ class Provisioner:
             if len(tasks) < chunk:
                 return True
 
-    def _continue_later(self, campaign_id: str) -> None:
-        """Hand the rest to the execution layer: a control schedule, due now, whose invocation
-        runs :meth:`provision` again in the worker process."""
+    def _continue_later(self, campaign_id: str, continuation: Continuation | None) -> None:
+        """Hand the rest on: to ``continuation`` with the saved checkpoint, or by default to the
+        execution layer, as a control schedule due now whose invocation runs :meth:`provision`
+        again in the worker process."""
+        if continuation is not None:
+            checkpoint = dict(self._store.get_campaign(campaign_id).checkpoint or {})
+            continuation(campaign_id, checkpoint)
+            log.info("provisioning %s: time budget spent, continuation handed on", campaign_id)
+            return
         now = self._clock.now()
         try:
             self._scheduler.create(

@@ -1,0 +1,215 @@
+"""The AWS Lambda entry points: ``send_handler``, ``provision_handler``, ``reconcile_handler``.
+
+All three go through the same composition root: the first invocation in a Lambda execution
+environment builds one :class:`~sendqueue.bootstrap.Container` from the environment
+(``SENDQUEUE_*``, see the README) and every later invocation in that warm environment reuses
+it, with its boto3 clients and connections. The settings are
+:class:`~sendqueue.settings.LambdaSettings`: production needs no API token in a function.
+
+Events:
+
+- **send** (the target of every task's EventBridge schedule): the schedule's ``Input``,
+  ``{"taskId": ..., "token": ..., "kind": "send", "sendqueue": {...}}`` as
+  :class:`~sendqueue.adapters.eventbridge_scheduler.EventBridgeScheduler` writes it; only
+  ``taskId`` is required (without ``token`` the worker does not check it). The worker's rules
+  hold: a task that is not Pending, a stale token or a duplicate invocation is skipped and the
+  handler returns normally; it raises only when infrastructure fails (the store is unreachable),
+  so Lambda's asynchronous retries and on-failure destination (the dead-letter queue) apply.
+  A control schedule (``"kind": "provision"``, a provisioning continuation written by a process
+  with a time budget) is handled like a provision event within this function's time.
+- **provision**: ``{"campaignId": ..., "checkpoint": {...}?}``. Provisions with at most
+  ``SENDQUEUE_PROVISION_CONCURRENCY`` (default 10) Scheduler calls in flight, asks the context
+  for the time left before every chunk, and stops 90 s (``provision_margin``) before the
+  function's timeout: the checkpoint is saved in the store, the lease released, and the function
+  invokes itself asynchronously (``InvocationType="Event"``) with the campaign id and that
+  checkpoint. The stored checkpoint is the one a run resumes from; the event's is informational
+  (it is logged). A run that stopped because schedule writes failed raises, so Lambda retries it
+  from the checkpoint.
+- **reconcile**: any event (the template's 30-minute schedule); one reconciler pass.
+
+Each handler returns a small JSON-friendly summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from sendqueue.bootstrap import Container, bootstrap
+from sendqueue.domain.errors import InvalidField, SchedulerError
+from sendqueue.services.provisioning import ProvisionReport
+from sendqueue.settings import LambdaSettings
+
+__all__ = [
+    "LambdaContext",
+    "container",
+    "provision_handler",
+    "reconcile_handler",
+    "send_handler",
+    "use",
+]
+
+log = logging.getLogger(__name__)
+
+
+class LambdaContext(Protocol):
+    """The parts of Lambda's context object the handlers use."""
+
+    @property
+    def invoked_function_arn(self) -> str: ...
+
+    def get_remaining_time_in_millis(self) -> int: ...
+
+
+#: ``invoke(FunctionName=..., InvocationType="Event", Payload=...)``: boto3's Lambda client
+#: method, or a stand-in that records the call.
+Invoke = Callable[..., Any]
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def use(built: Container | None = None, *, invoke: Invoke | None = None) -> None:
+    """Install the container (and the Lambda ``invoke`` call) the handlers use, instead of
+    building them from the environment at first use; ``use()`` forgets both."""
+    with _lock:
+        _state.clear()
+        if built is not None:
+            _state["container"] = built
+        if invoke is not None:
+            _state["invoke"] = invoke
+
+
+def container() -> Container:
+    """This execution environment's container, built from the environment at first use."""
+    with _lock:
+        built = _state.get("container")
+        if built is None:
+            logging.getLogger("sendqueue").setLevel(logging.INFO)
+            built = _state["container"] = bootstrap(LambdaSettings())
+        return built
+
+
+def _invoke(function_arn: str) -> Invoke:
+    with _lock:
+        invoke = _state.get("invoke")
+        if invoke is None:
+            import boto3  # the aws extra; Lambda's Python runtime has it
+
+            region = function_arn.split(":")[3] if function_arn.count(":") >= 6 else None
+            invoke = _state["invoke"] = boto3.client("lambda", region_name=region).invoke
+        return invoke
+
+
+def _text(event: Mapping[str, Any], key: str) -> str:
+    value = event.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidField(key, value, "the event needs it as a non-empty string")
+    return value
+
+
+def _event(event: object) -> Mapping[str, Any]:
+    if isinstance(event, str | bytes):  # a test console or a raw payload
+        event = json.loads(event)
+    if not isinstance(event, Mapping):
+        raise InvalidField("event", event, "expected a JSON object")
+    return event
+
+
+# -- send ----------------------------------------------------------------------------------
+def send_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """One schedule fired: hand the task to the send worker (see the module docstring)."""
+    try:
+        data = _event(event)
+        kind = data.get("kind", "send")
+        if kind not in {"send", "provision"}:
+            raise InvalidField("kind", kind, "expected send or provision")
+        key = "taskId" if kind == "send" else "campaignId"
+        wanted = _text(data, key)
+    except InvalidField as exc:
+        # Retrying a malformed event cannot help; an ERROR log (the function's alarm) can.
+        log.error("send: malformed event, ignored: %s", exc)
+        return {"status": "rejected", "error": str(exc)}
+    if kind == "provision":
+        return _provision(wanted, context, continuation=None)
+    task_id = wanted
+    payload = {"kind": "send", "task_id": task_id}
+    token = data.get("token")
+    if isinstance(token, str):
+        payload["token"] = token
+    container().worker.send(payload)  # raises only on infrastructure failure
+    return {"status": "handled", "taskId": task_id}
+
+
+# -- provision -----------------------------------------------------------------------------
+def provision_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """Provision a campaign within this invocation's time; continue in a new one."""
+    data = _event(event)
+    campaign_id = _text(data, "campaignId")
+    checkpoint = data.get("checkpoint")
+    if checkpoint is not None:
+        log.info("provision %s: continuing (checkpoint %s)", campaign_id, checkpoint)
+    function_arn = context.invoked_function_arn
+
+    def continue_in_lambda(cid: str, saved: dict[str, object]) -> None:
+        body = json.dumps({"campaignId": cid, "checkpoint": saved}, separators=(",", ":"))
+        _invoke(function_arn)(
+            FunctionName=function_arn, InvocationType="Event", Payload=body.encode()
+        )
+
+    return _provision(campaign_id, context, continuation=continue_in_lambda)
+
+
+def _provision(
+    campaign_id: str,
+    context: LambdaContext,
+    *,
+    continuation: Callable[[str, dict[str, object]], None] | None,
+) -> dict[str, Any]:
+    c = container()
+    margin = c.config.provision_margin
+    left = context.get_remaining_time_in_millis() / 1000.0
+    if left <= margin:
+        # Continuing now would hand the same nothing on, forever: a configuration error.
+        raise InvalidField(
+            "Timeout",
+            round(left),
+            f"the function needs more than {margin:g} s to provision (set its timeout to 900)",
+        )
+    report = c.provisioner.provision(
+        campaign_id,
+        time_left=lambda: context.get_remaining_time_in_millis() / 1000.0,
+        safety_margin=margin,
+        continuation=continuation,
+    )
+    summary = _summary(report)
+    log.info("provision %s: %s", campaign_id, summary)
+    if report.status == "stopped":
+        # Schedule writes failed (the Scheduler is down or refusing): let Lambda retry it.
+        raise SchedulerError(
+            f"provisioning {campaign_id} stopped with the checkpoint kept: {report.errors[:3]}"
+        )
+    return summary
+
+
+def _summary(report: ProvisionReport) -> dict[str, Any]:
+    return {
+        "campaignId": report.campaign_id,
+        "status": report.status,
+        "total": report.total,
+        "tasksCreated": report.tasks_created,
+        "schedulesCreated": report.schedules_created,
+        "throttled": report.throttled,
+        "errors": report.errors[:20],
+        "seconds": round(report.seconds, 3),
+    }
+
+
+# -- reconcile -----------------------------------------------------------------------------
+def reconcile_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """One reconciler pass (the template runs it every 30 minutes)."""
+    report = container().reconciler.run()
+    return report.as_dict()
