@@ -111,6 +111,7 @@ class Report:
     throughput_per_s: float = 0.0
     lateness_p50_ms: float = 0.0
     lateness_p99_ms: float = 0.0
+    lateness_max_ms: float = 0.0
     rss_kb: list[tuple[float, int]] = field(default_factory=list)
     rss_growth_kb: int = 0
     violations: list[str] = field(default_factory=list)
@@ -284,6 +285,7 @@ class Soak:
             ordered = sorted(late)
             r.lateness_p50_ms = round(statistics.median(ordered) * 1000, 1)
             r.lateness_p99_ms = round(ordered[int(0.99 * (len(ordered) - 1))] * 1000, 1)
+            r.lateness_max_ms = round(ordered[-1] * 1000, 1)
         # Growth is judged after a warm-up (imports, pools, caches fill in the first minutes) and
         # only on runs long enough to have several samples after it.
         warm_up = max(RSS_WARM_UP_S, r.duration_s / 4)
@@ -311,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{report.campaigns} campaigns, {report.tasks} emails, {report.sent} sent, "
         f"{report.duplicates} duplicates, {report.failed} failed, {report.kills} worker kills; "
         f"{report.throughput_per_s}/s; lateness p50 {report.lateness_p50_ms} ms, "
-        f"p99 {report.lateness_p99_ms} ms; stable worker RSS "
+        f"p99 {report.lateness_p99_ms} ms, max {report.lateness_max_ms} ms; stable worker RSS "
         f"{report.rss_kb[0][1] if report.rss_kb else '?'} -> "
         f"{report.rss_kb[-1][1] if report.rss_kb else '?'} kB "
         f"(growth after warm-up {report.rss_growth_kb} kB)"

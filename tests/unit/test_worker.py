@@ -274,3 +274,21 @@ def test_a_claim_racing_a_cancel_ends_cancelled_not_pending() -> None:
     app.worker.send(send_payload(task))
     assert mailer.sent == []
     assert app.store.get_task(task.id).state is TaskState.CANCELLED  # type: ignore[union-attr]
+
+
+def test_the_worker_keeps_nothing_for_campaigns_that_are_done() -> None:
+    # A worker process lives through many campaigns: what it caches per campaign (the campaign
+    # read, the failure streak) must go when the campaign has nothing left to send.
+    clock = FakeClock(T0)
+    mailer = RecordingMailer()
+    app = fake_app(clock=clock, mailer=mailer, auto_pause_after=5)
+    cids = [_provisioned(app, 2) for _ in range(20)]
+    # half the sends fail for good: some campaigns end on a failure streak (under the limit)
+    mailer.fail_next(*[PermanentMailError("550 rejected")] * 20)
+    clock.advance(hours=1)
+    _fire_all(app)
+    for cid in cids:
+        assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
+    worker = app.worker
+    assert worker._campaigns_seen == {}
+    assert worker._failures_in_a_row == {}
