@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import sqlite3
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -210,6 +211,14 @@ _SQLITE_LOG_INSERT = (
     " VALUES (?, ?, ?, ?, ?, ?)"
 )
 
+#: The ``None -> Pending`` entries of tasks just inserted, one per id of a JSON array, in its
+#: order: SQLite builds them from the rows (no Python object per entry).
+_SQLITE_LOG_CREATED = (
+    "INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+    " SELECT t.campaign_id, t.id, NULL, ?, ?, NULL"
+    " FROM json_each(?) AS j JOIN tasks AS t ON t.id = j.value ORDER BY j.key"
+)
+
 _SQLITE_TASK_COLUMNS = (
     "id, campaign_id, position, email, name, subject, text, html, send_at, state, token, "
     "attempts, claimed_at, sent_at, message_id, error, created_at, updated_at"
@@ -325,7 +334,8 @@ def _aware_utc(value: datetime) -> datetime:
 
 @contextmanager
 def _errors(action: str) -> Iterator[None]:
-    """Map SQLAlchemy's exceptions to sendqueue's at the adapter edge."""
+    """Map SQLAlchemy's (and the sqlite3 driver's) exceptions to sendqueue's at the adapter
+    edge."""
     try:
         yield
     except sa_exc.DBAPIError as exc:
@@ -337,6 +347,9 @@ def _errors(action: str) -> Iterator[None]:
             raise exc.orig from None
         raise StoreUnavailable(f"task store: {action} failed: {exc}") from exc
     except sa_exc.SQLAlchemyError as exc:
+        raise StoreUnavailable(f"task store: {action} failed: {exc}") from exc
+    except sqlite3.Error as exc:
+        # From statements run on the driver's connection directly (the SQLite fast paths).
         raise StoreUnavailable(f"task store: {action} failed: {exc}") from exc
 
 
@@ -637,13 +650,19 @@ class SqlTaskStore:
         with self._read("list recipients") as conn:
             self._require_campaign(conn, campaign_id)
             if not self._postgres:
-                # The driver's rows: see list_tasks.
-                raw = conn.exec_driver_sql(
-                    "SELECT position, email, name, subject, text, html, variables "
-                    "FROM recipients WHERE campaign_id = ? AND position > ? "
-                    "ORDER BY position LIMIT ?",
-                    (campaign_id, after, limit),
-                )
+                # The driver's cursor and rows (see list_tasks): provisioning reads every
+                # recipient of a campaign once, and SQLAlchemy's result rows cost a third more.
+                cursor = conn.connection.cursor()
+                try:
+                    cursor.execute(
+                        "SELECT position, email, name, subject, text, html, variables "
+                        "FROM recipients WHERE campaign_id = ? AND position > ? "
+                        "ORDER BY position LIMIT ?",
+                        (campaign_id, after, limit),
+                    )
+                    raw = cursor.fetchall()
+                finally:
+                    cursor.close()
                 return [
                     Recipient(position, email, name, subject, text, html, json.loads(variables))
                     for position, email, name, subject, text, html, variables in raw
@@ -679,7 +698,18 @@ class SqlTaskStore:
             for campaign_id in sorted({t.campaign_id for t in tasks}):
                 self._require_campaign(conn, campaign_id)
             inserted: set[str] = set()
-            if self._postgres:
+            if not self._postgres:
+                ids = _sqlite_insert_tasks(conn, tasks, at)
+                if len(ids) == len(tasks):
+                    # Every task inserted (a fresh provisioning chunk): the log entries, in
+                    # input order, straight from the rows.
+                    conn.exec_driver_sql(
+                        _SQLITE_LOG_CREATED,
+                        (TaskState.PENDING.value, sqlite_text(at), json.dumps(ids)),
+                    )
+                    return len(ids)
+                inserted.update(ids)
+            else:
                 rows = [
                     {
                         "id": t.id,
@@ -707,8 +737,6 @@ class SqlTaskStore:
                 # rows; taking them in one global order (by id) means they cannot deadlock.
                 rows.sort(key=lambda row: str(row["id"]))
                 inserted.update(_unnest_insert(conn, schema.tasks, rows, returning="id"))
-            else:
-                inserted.update(_sqlite_insert_tasks(conn, tasks, at))
             entries = []
             for t in tasks:
                 if t.id in inserted:
