@@ -21,11 +21,15 @@ How it fires:
 - At most ``concurrency`` targets run at once, on ``concurrency`` daemon threads that live as
   long as the dispatcher: a target keeps per-thread state (the SMTP mailer's connection)
   from one invocation to the next.
-- A target that returns deletes its schedule; one that raises is retried after an exponential,
-  jittered backoff (``retry_backoff`` doubling up to ``max_backoff``) while attempts remain,
-  then moved to the dead letters, and the alarm is raised. Every write after the target is
-  conditional on our lease: if the schedule was deleted or replaced (same name, new token)
-  meanwhile, the newer state wins.
+- A target that returns deletes its schedule. On the dispatcher's fire threads the delete
+  is deferred to the dispatcher's next transaction (the claim that refills the freed slot, or
+  the release on shutdown), so a send costs one write on this file, not two; the lease keeps
+  the schedule from firing again meanwhile, and should the process die before that write,
+  the lease expires and it fires again (at-least-once, as when a delete fails). A target
+  that raises is retried after an exponential, jittered backoff (``retry_backoff`` doubling
+  up to ``max_backoff``) while attempts remain, then moved to the dead letters, and the alarm
+  is raised. Every write after the target is conditional on our lease: if the schedule was
+  deleted or replaced (same name, new token) meanwhile, the newer state wins.
 - Setting ``stop`` makes the dispatcher take nothing new, wait up to ``shutdown_timeout`` for
   running targets, release the leases of what it claimed but did not start, and return.
 
@@ -246,6 +250,11 @@ class EmbeddedScheduler:
         self._wake_seq = 0
         self._sleep_until: datetime | None = None  # when the local dispatcher wakes next
         self._running = False
+        # Schedules whose invocation on a fire thread succeeded, (name, lease owner), to be
+        # deleted by the dispatcher's next transaction; appended to only while it runs.
+        self._succeeded: list[tuple[str, str]] = []
+        self._succeeded_lock = threading.Lock()
+        self._deferring = False
         self._own_socket: str | None = None
         self._sender: socket.socket | None = None
         self.wake_dir = self._wake_dir(wake_path)
@@ -513,6 +522,8 @@ class EmbeddedScheduler:
             if self._running:
                 raise RuntimeError("this EmbeddedScheduler is already dispatching")
             self._running = True
+        with self._succeeded_lock:
+            self._deferring = True
         owner = self._new_owner()
         done = threading.Event()
         listener = self._bind_wake_socket()
@@ -594,7 +605,7 @@ class EmbeddedScheduler:
         while (job := jobs.get()) is not None:
             schedule, ended = job
             try:
-                self._invoke(schedule, target, owner)
+                self._invoke(schedule, target, owner, defer_delete=True)
             finally:
                 ended.set()
                 self._notify()
@@ -623,12 +634,17 @@ class EmbeddedScheduler:
                 len(running),
                 ", ".join(sorted(running)),
             )
+        with self._succeeded_lock:
+            # Invocations that end from now on (past the shutdown timeout) delete at once.
+            self._deferring = False
         try:
-            self._release(owner, None, keep=running)
+            self._release(owner, None, keep=running)  # deletes the deferred ones first
         except SchedulerError as exc:
             log.error("dispatcher: could not release leases on shutdown: %s", exc)
 
-    def _invoke(self, schedule: Schedule, target: Target, owner: str) -> None:
+    def _invoke(
+        self, schedule: Schedule, target: Target, owner: str, *, defer_delete: bool = False
+    ) -> None:
         try:
             target(dict(schedule.payload))
         except Exception as exc:
@@ -640,6 +656,11 @@ class EmbeddedScheduler:
             if letter is not None:
                 self._raise_alarm(letter)
         else:
+            if defer_delete:
+                with self._succeeded_lock:
+                    if self._deferring:
+                        self._succeeded.append((schedule.name, owner))
+                        return
             try:
                 self._record_success(schedule, owner)
             except SchedulerError as db_exc:
@@ -662,7 +683,7 @@ class EmbeddedScheduler:
         until = _us(now + timedelta(seconds=self.lease_seconds))
         claimed: builtins.list[Schedule] = []
         letters: builtins.list[DeadLetter] = []
-        with self._write() as conn:
+        with self._write_deleting_succeeded() as conn:
             rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM schedules WHERE due_at <= ? "
                 "AND (lease_owner IS NULL OR (lease_until <= ? AND lease_owner != ?)) "
@@ -728,6 +749,31 @@ class EmbeddedScheduler:
         )
         return letter
 
+    @contextlib.contextmanager
+    def _write_deleting_succeeded(self) -> Iterator[sqlite3.Connection]:
+        """:meth:`_write`, whose transaction first deletes the schedules whose deferred
+        invocations succeeded (see the module docstring); if it fails, they wait for the
+        next one."""
+        with self._succeeded_lock:
+            taken, self._succeeded = self._succeeded, []
+        try:
+            with self._write() as conn:
+                for name, owner in taken:
+                    gone = conn.execute(
+                        "DELETE FROM schedules WHERE name = ? AND lease_owner = ?", (name, owner)
+                    ).rowcount
+                    if not gone:
+                        log.info(
+                            "schedule %s ran but was deleted, replaced or re-leased meanwhile",
+                            name,
+                        )
+                yield conn
+        except BaseException:
+            if taken:
+                with self._succeeded_lock:
+                    self._succeeded[:0] = taken
+            raise
+
     def _record_success(self, schedule: Schedule, owner: str) -> None:
         with self._write() as conn:
             gone = conn.execute(
@@ -780,7 +826,7 @@ class EmbeddedScheduler:
         self, owner: str, names: set[str] | None, *, keep: set[str] | frozenset[str] = frozenset()
     ) -> None:
         """Give up our leases on ``names`` (None: all of ours) except ``keep``."""
-        with self._write() as conn:
+        with self._write_deleting_succeeded() as conn:
             rows = conn.execute(
                 "SELECT name FROM schedules WHERE lease_owner = ?", (owner,)
             ).fetchall()

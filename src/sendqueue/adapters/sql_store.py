@@ -24,7 +24,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -377,6 +377,11 @@ class SqlTaskStore:
         self._write_lock: AbstractContextManager[object] = (
             nullcontext() if self._postgres else threading.Lock()
         )
+        # SQLite fast paths: each thread's own driver connection (see _sqlite_connection).
+        self._local = threading.local()
+        self._own_lock = threading.Lock()
+        self._own: list[tuple[threading.Thread, sqlite3.Connection]] = []
+        self._closed = False
         if upgrade:
             try:
                 migrate.upgrade_engine(self._engine)
@@ -396,6 +401,12 @@ class SqlTaskStore:
         self.close()
 
     def close(self) -> None:
+        with self._own_lock:
+            self._closed = True
+            own, self._own = self._own, []
+        for _thread, db in own:
+            with suppress(sqlite3.Error):
+                db.close()
         self._engine.dispose()
 
     # transactions ----------------------------------------------------------------------------
@@ -413,6 +424,66 @@ class SqlTaskStore:
     def _read(self, action: str) -> Iterator[Connection]:
         with _errors(action), self._engine.connect() as conn:
             yield conn
+
+    # The send path's statements on SQLite (a task, a campaign's state, whether anything is
+    # left, the claim and the finish with their change-log rows: seven per send) run on the
+    # pooled driver connection itself. Through SQLAlchemy each read also cost a BEGIN and a
+    # ROLLBACK of its own, and each statement its execution-context and result machinery:
+    # several times the statement.
+
+    def _sqlite_connection(self) -> sqlite3.Connection:
+        """This thread's own driver connection: opened by the engine (so with its pragmas),
+        then detached from its pool, kept for the thread's life and closed by :meth:`close`.
+        A pool checkout and return per statement cost more than the statement, all the more
+        with four send threads queueing on the pool's lock."""
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is not None:
+            return db
+        raw = self._engine.raw_connection()
+        db = raw.driver_connection
+        assert isinstance(db, sqlite3.Connection)
+        raw.detach()
+        me = threading.current_thread()
+        with self._own_lock:
+            if self._closed:
+                db.close()
+                raise StoreUnavailable("task store: closed")
+            # Threads come and go (a web server's, a pool's): close what dead ones left.
+            dead = [entry for entry in self._own if not entry[0].is_alive()]
+            self._own = [entry for entry in self._own if entry[0].is_alive()]
+            self._own.append((me, db))
+        for _thread, old in dead:
+            with suppress(sqlite3.Error):
+                old.close()
+        self._local.db = db
+        return db
+
+    @contextmanager
+    def _sqlite_read(self, action: str) -> Iterator[sqlite3.Connection]:
+        """The driver connection for single-statement reads (each its own transaction: the
+        connection is in autocommit mode, see sql_schema)."""
+        with _errors(action):
+            yield self._sqlite_connection()
+
+    @contextmanager
+    def _sqlite_write(self, action: str) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction on the driver connection, queued on this
+        process's writer lock as :meth:`_write` is."""
+        with self._write_lock, _errors(action):
+            db = self._sqlite_connection()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                with suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                raise
+            try:
+                db.execute("COMMIT")
+            except sqlite3.Error:
+                with suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                raise
 
     def _insert(self) -> Any:
         # Both dialects spell ON CONFLICT the same way, but through their own insert().
@@ -531,16 +602,17 @@ class SqlTaskStore:
         The send worker checks the state around every claim; this reads one column instead of
         building the whole campaign (its policy is JSON).
         """
-        with self._read("get campaign state") as conn:
-            if self._postgres:
+        if self._postgres:
+            with self._read("get campaign state") as conn:
                 state = conn.execute(
                     sa.select(schema.campaigns.c.state).where(schema.campaigns.c.id == campaign_id)
                 ).scalar_one_or_none()
-            else:
-                row = conn.exec_driver_sql(
+        else:
+            with self._sqlite_read("get campaign state") as db:
+                rows = db.execute(
                     "SELECT state FROM campaigns WHERE id = ?", (campaign_id,)
-                ).first()
-                state = None if row is None else row[0]
+                ).fetchall()
+            state = rows[0][0] if rows else None
         if state is None:
             raise NotFound("campaign", campaign_id)
         return CampaignState(state)
@@ -755,13 +827,14 @@ class SqlTaskStore:
         return len(entries)
 
     def get_task(self, task_id: str) -> Task | None:
-        with self._read("get task") as conn:
-            if not self._postgres:
-                # The send path reads a task per send: the driver's row, converted here.
-                raw = conn.exec_driver_sql(
+        if not self._postgres:
+            # The send path reads a task per send: the driver's row, converted here.
+            with self._sqlite_read("get task") as db:
+                rows = db.execute(
                     f"SELECT {_SQLITE_TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
-                ).first()
-                return None if raw is None else _sqlite_task(raw)
+                ).fetchall()
+            return _sqlite_task(rows[0]) if rows else None
+        with self._read("get task") as conn:
             row = conn.execute(sa.select(schema.tasks).where(schema.tasks.c.id == task_id)).first()
         return None if row is None else _task(row)
 
@@ -794,28 +867,32 @@ class SqlTaskStore:
             params = tuple(
                 sqlite_text(v) if isinstance(v, datetime) else v for v in values.values()
             )
-        with self._write("transition task") as conn:
-            if self._postgres:
-                row = conn.execute(
-                    sa.update(schema.tasks)
-                    .where(schema.tasks.c.id == task_id, schema.tasks.c.state == expected.value)
-                    .values(**values)
-                    .returning(*schema.tasks.c)
-                ).first()
-                if row is None:
-                    return None
-                task = _task(row)
-            else:
-                # Two writes per send go through here: the driver's statement and row skip
-                # SQLAlchemy's compilation of an UPDATE whose SET list varies per call.
-                raw = conn.exec_driver_sql(
+            # Two writes per send go through here: the driver's statements and row (an UPDATE
+            # whose SET list varies per call, and its change-log row) in one transaction.
+            with self._sqlite_write("transition task") as db:
+                rows = db.execute(
                     f"UPDATE tasks SET {sets} WHERE id = ? AND state = ?"
                     f" RETURNING {_SQLITE_TASK_COLUMNS}",
                     (*params, task_id, expected.value),
-                ).first()
-                if raw is None:
+                ).fetchall()
+                if not rows:
                     return None
-                task = _sqlite_task(raw)
+                task = _sqlite_task(rows[0])
+                db.execute(
+                    _SQLITE_LOG_INSERT,
+                    (task.campaign_id, task.id, expected.value, new.value, sqlite_text(at), note),
+                )
+            return task
+        with self._write("transition task") as conn:
+            row = conn.execute(
+                sa.update(schema.tasks)
+                .where(schema.tasks.c.id == task_id, schema.tasks.c.state == expected.value)
+                .values(**values)
+                .returning(*schema.tasks.c)
+            ).first()
+            if row is None:
+                return None
+            task = _task(row)
             self._log(
                 conn,
                 [
@@ -995,21 +1072,22 @@ class SqlTaskStore:
         the campaign service's completion check (which asks again before its state change).
         """
         open_states = (TaskState.PENDING.value, TaskState.RUNNING.value)
-        with self._read("check unfinished tasks") as conn:
-            if self._postgres:
-                found = conn.execute(
-                    sa.select(schema.tasks.c.id)
-                    .where(
-                        schema.tasks.c.campaign_id == campaign_id,
-                        schema.tasks.c.state.in_(open_states),
-                    )
-                    .limit(1)
-                ).first()
-            else:
-                found = conn.exec_driver_sql(
+        if not self._postgres:
+            with self._sqlite_read("check unfinished tasks") as db:
+                rows = db.execute(
                     "SELECT 1 FROM tasks WHERE campaign_id = ? AND state IN (?, ?) LIMIT 1",
                     (campaign_id, *open_states),
-                ).first()
+                ).fetchall()
+            return bool(rows)
+        with self._read("check unfinished tasks") as conn:
+            found = conn.execute(
+                sa.select(schema.tasks.c.id)
+                .where(
+                    schema.tasks.c.campaign_id == campaign_id,
+                    schema.tasks.c.state.in_(open_states),
+                )
+                .limit(1)
+            ).first()
         return found is not None
 
     def due_tasks(

@@ -81,6 +81,19 @@ class SendWorker:
         self._failures_in_a_row: dict[str, int] = {}
         self._campaigns_seen: dict[str, tuple[float, Campaign]] = {}
         self._swept_at = time.monotonic()
+        #: Sends of each campaign claimed in this process and not yet ended (their tasks are
+        #: Running until their outcome is recorded).
+        self._sending: dict[str, int] = {}
+
+    def _end_send(self, campaign_id: str) -> int:
+        """Count a send of the campaign as ended; how many others are still under way here."""
+        with self._lock:
+            left = self._sending[campaign_id] - 1
+            if left:
+                self._sending[campaign_id] = left
+            else:
+                del self._sending[campaign_id]
+        return left
 
     def _complete_if_done(self, campaign_id: str) -> None:
         # Nearly every send leaves Pending tasks behind; one cheap query spares the full
@@ -185,9 +198,22 @@ class SendWorker:
                 )  # fmt: skip
             return
         self._emit("claimed", claimed)
-        self._deliver(campaign, claimed)
+        with self._lock:
+            self._sending[campaign.id] = self._sending.get(campaign.id, 0) + 1
+        final = False
+        try:
+            final = self._deliver(campaign, claimed)
+        finally:
+            others = self._end_send(campaign.id)
+        # Another send of this campaign under way here holds a Running task, so the campaign
+        # cannot be done yet; the last of them to end (after every other one recorded its
+        # outcome) runs the check.
+        if final and not others:
+            self._complete_if_done(campaign.id)
 
-    def _deliver(self, campaign: Campaign, task: Task) -> None:
+    def _deliver(self, campaign: Campaign, task: Task) -> bool:
+        """Send and record the outcome; True when the task ended final (Finished, Failed) and
+        the campaign may be done."""
         message = OutgoingMessage(
             message_id=message_id_for(task.id, _sender_domain(campaign.from_addr)),
             from_addr=campaign.from_addr,
@@ -203,11 +229,9 @@ class SendWorker:
         try:
             accepted_id = self._mailer.send(message)
         except PermanentMailError as exc:
-            self._failed(campaign, task, f"permanent: {exc}")
-            return
+            return self._failed(campaign, task, f"permanent: {exc}")
         except TransientMailError as exc:
-            self._transient(campaign, task, str(exc))
-            return
+            return self._transient(campaign, task, str(exc))
         sent_at = self._clock.now()
         done = self._store.transition(
             task.id,
@@ -222,9 +246,10 @@ class SendWorker:
             self._failures_in_a_row.pop(campaign.id, None)  # the streak is broken
         if done is not None:
             self._emit("finished", done)
-        self._complete_if_done(campaign.id)
+        return True
 
-    def _failed(self, campaign: Campaign, task: Task, error: str) -> None:
+    def _failed(self, campaign: Campaign, task: Task, error: str) -> bool:
+        """Record a failure (auto-pausing after too many in a row); True unless it paused."""
         done = self._store.transition(
             task.id,
             TaskState.RUNNING,
@@ -241,8 +266,8 @@ class SendWorker:
         limit = self._config.auto_pause_after
         if limit and count >= limit:
             self._auto_pause(campaign, count, error)
-        else:
-            self._complete_if_done(campaign.id)
+            return False
+        return True
 
     def _auto_pause(self, campaign: Campaign, count: int, error: str) -> None:
         reason = f"auto-paused after {count} failed sends in a row; last error: {error[:300]}"
@@ -254,10 +279,11 @@ class SendWorker:
         with self._lock:
             self._failures_in_a_row.pop(campaign.id, None)
 
-    def _transient(self, campaign: Campaign, task: Task, error: str) -> None:
+    def _transient(self, campaign: Campaign, task: Task, error: str) -> bool:
         if task.attempts >= self._config.max_attempts:
-            self._failed(campaign, task, f"gave up after {task.attempts} attempts; last: {error}")
-            return
+            return self._failed(
+                campaign, task, f"gave up after {task.attempts} attempts; last: {error}"
+            )
         delay = self._config.retry_backoff * 2 ** (task.attempts - 1)
         # never resend outside the campaign's windows: after 17:00 the retry waits for 09:00
         retry_at = next_window_instant(
@@ -277,13 +303,14 @@ class SendWorker:
         )
         SENDS_TOTAL.inc(outcome="transient")
         if back is None:
-            return
+            return False
         self._emit("retry", back)
         try:
             self._writer.ensure(back)
         except SchedulerError as exc:
             # The task is safe in the store; the reconciler recreates the missing schedule.
             log.warning("task %s: retry schedule not created (%s); reconciler will", task.id, exc)
+        return False
 
     def _emit(self, event: str, task: Task) -> None:
         if self._on_event is not None:
