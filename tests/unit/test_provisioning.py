@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections import Counter
+from datetime import datetime, timedelta
 
 import pytest
 
 from sendqueue.bootstrap import Container
-from sendqueue.domain.errors import IllegalTransition, InvalidField
+from sendqueue.domain.errors import Conflict, IllegalTransition, InvalidField
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, schedule_group
 from sendqueue.ports import Schedule
+from sendqueue.services.provisioning import ProvisionProgress
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
@@ -172,6 +174,43 @@ def test_resumed_checkpoint_without_schedules_for_its_tasks_gets_them() -> None:
     report = fresh.provisioner.provision(cid)
     assert (report.status, report.tasks_created, report.schedules_created) == ("done", 500, 1500)
     _assert_exactly_one_each(fresh, cid, 1500)
+
+
+def test_the_lease_is_renewed_after_a_third_of_it_and_a_lost_lease_stops_the_run() -> None:
+    clock = FakeClock(T0)
+    store = InMemoryTaskStore()
+    calls: list[tuple[str, object]] = []
+    real_acquire = store.acquire_lease
+
+    def acquire(name: str, owner: str, *, ttl_seconds: float, at: datetime) -> bool:
+        calls.append((owner, at))
+        return real_acquire(name, owner, ttl_seconds=ttl_seconds, at=at)
+
+    store.acquire_lease = acquire  # type: ignore[method-assign]
+    app = fake_app(clock=clock, store=store)
+    cid = _create(app, 2000)
+    # 25 s per chunk (the lease is 60 s): renewed at every tick after the first (the 4 chunks,
+    # then the tick that finds no more recipients)
+    app.provisioner.provision(
+        cid, progress=lambda p: clock.advance(seconds=25) if p.phase == "tasks" else None
+    )
+    assert [at for _, at in calls] == [T0 + timedelta(seconds=25 * n) for n in range(5)]
+
+    calls.clear()
+    cid = _create(app, 2000)
+    app.provisioner.provision(cid)  # the clock stands still: taken once, never renewed
+    assert len(calls) == 1
+
+    cid = _create(app, 2000)
+
+    def stall(p: ProvisionProgress) -> None:
+        if p.phase == "tasks" and p.done == 500:
+            clock.advance(seconds=61)  # this run stalls past its lease; another process takes it
+            assert store.acquire_lease(f"provision:{cid}", "other", ttl_seconds=60, at=clock.now())
+
+    with pytest.raises(Conflict, match="lost the provisioning lease"):
+        app.provisioner.provision(cid, progress=stall)
+    assert store.count_tasks(cid)[TaskState.PENDING] == 500
 
 
 def test_resumed_run_keeps_the_send_times_of_the_first_plan() -> None:

@@ -119,8 +119,9 @@ class Provisioner:
             return report  # already provisioned: nothing to do
         owner = secrets.token_hex(8)
         lease = f"provision:{campaign_id}"
+        renewed = self._clock.now()  # when the lease was last taken or renewed, see tick()
         if not self._store.acquire_lease(
-            lease, owner, ttl_seconds=self._config.provision_lease_seconds, at=self._clock.now()
+            lease, owner, ttl_seconds=self._config.provision_lease_seconds, at=renewed
         ):
             report.status = "busy"
             report.errors.append("another process is provisioning this campaign")
@@ -131,14 +132,17 @@ class Provisioner:
                 checkpoint = {"phase": "tasks", "plan_start": self._clock.now().isoformat()}
                 self._store.save_checkpoint(campaign_id, checkpoint, at=self._clock.now())
 
+            ttl = self._config.provision_lease_seconds
+
             def tick() -> None:
-                if not self._store.acquire_lease(
-                    lease,
-                    owner,
-                    ttl_seconds=self._config.provision_lease_seconds,
-                    at=self._clock.now(),
-                ):
-                    raise Conflict(f"lost the provisioning lease of {campaign_id}")
+                # Renewed once a third of it has passed, not with every chunk (one write less
+                # per chunk): at every chunk the lease still has two thirds of its time left.
+                nonlocal renewed
+                now = self._clock.now()
+                if (now - renewed).total_seconds() >= ttl / 3:
+                    if not self._store.acquire_lease(lease, owner, ttl_seconds=ttl, at=now):
+                        raise Conflict(f"lost the provisioning lease of {campaign_id}")
+                    renewed = now
                 if deadline is not None and time.monotonic() >= deadline:
                     raise _OutOfTime
                 if time_left is not None and time_left() <= margin:
