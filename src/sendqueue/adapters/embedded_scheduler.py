@@ -383,36 +383,64 @@ class EmbeddedScheduler:
         schedules = [rules.build_schedule(*item, created_at=now) for item in items]
         if not schedules:
             return []
+        with self._write() as conn:
+            if self._insert_new(conn, schedules):
+                out: builtins.list[Schedule | Conflict] = list(schedules)
+                created = schedules
+            else:
+                out, created = self._insert_checked(conn, schedules)
+        if created:
+            self._wake(min(s.due_at for s in created))
+        return out
+
+    @staticmethod
+    def _insert_new(conn: sqlite3.Connection, schedules: Sequence[Schedule]) -> bool:
+        """Insert ``schedules`` if every name is new (the common case: a fresh provisioning
+        chunk) and say so; otherwise insert nothing and return False. One statement, no
+        lookup: the rows taken are counted, and a skipped one undoes the batch."""
+        if len({s.name for s in schedules}) != len(schedules):
+            return False
+        conn.execute("SAVEPOINT sq_bulk_schedules")
+        taken = conn.executemany(
+            _INSERT + " ON CONFLICT (name) DO NOTHING", [_insert_params(s) for s in schedules]
+        ).rowcount
+        if taken != len(schedules):
+            conn.execute("ROLLBACK TO SAVEPOINT sq_bulk_schedules")
+        conn.execute("RELEASE SAVEPOINT sq_bulk_schedules")
+        return taken == len(schedules)
+
+    @staticmethod
+    def _insert_checked(
+        conn: sqlite3.Connection, schedules: Sequence[Schedule]
+    ) -> tuple[builtins.list[Schedule | Conflict], builtins.list[Schedule]]:
+        """:meth:`create_many`'s results when some names exist or repeat: looked up first."""
         out: builtins.list[Schedule | Conflict] = []
         created: dict[str, Schedule] = {}
-        with self._write() as conn:
-            existing: dict[str, tuple[str, sqlite3.Row]] = {}
-            names = [s.name for s in schedules]
-            for start in range(0, len(names), _IN_LIMIT):
-                part = names[start : start + _IN_LIMIT]
-                marks = ", ".join("?" * len(part))
-                for row in conn.execute(
-                    f"SELECT {_COLUMNS} FROM schedules WHERE name IN ({marks})", part
-                ):
-                    existing[row["name"]] = (row["client_token"], row)
-            fresh: builtins.list[Schedule] = []
-            for schedule in schedules:
-                found = created.get(schedule.name)
-                if found is not None:
-                    same = found.client_token == schedule.client_token
-                    out.append(found if same else _conflict(schedule.name))
-                elif schedule.name in existing:
-                    token, row = existing[schedule.name]
-                    same = token == schedule.client_token
-                    out.append(_row_to_schedule(row) if same else _conflict(schedule.name))
-                else:
-                    created[schedule.name] = schedule
-                    fresh.append(schedule)
-                    out.append(schedule)
-            conn.executemany(_INSERT, [_insert_params(s) for s in fresh])
-        if created:
-            self._wake(min(s.due_at for s in created.values()))
-        return out
+        existing: dict[str, tuple[str, sqlite3.Row]] = {}
+        names = [s.name for s in schedules]
+        for start in range(0, len(names), _IN_LIMIT):
+            part = names[start : start + _IN_LIMIT]
+            marks = ", ".join("?" * len(part))
+            for row in conn.execute(
+                f"SELECT {_COLUMNS} FROM schedules WHERE name IN ({marks})", part
+            ):
+                existing[row["name"]] = (row["client_token"], row)
+        fresh: builtins.list[Schedule] = []
+        for schedule in schedules:
+            found = created.get(schedule.name)
+            if found is not None:
+                same = found.client_token == schedule.client_token
+                out.append(found if same else _conflict(schedule.name))
+            elif schedule.name in existing:
+                token, row = existing[schedule.name]
+                same = token == schedule.client_token
+                out.append(_row_to_schedule(row) if same else _conflict(schedule.name))
+            else:
+                created[schedule.name] = schedule
+                fresh.append(schedule)
+                out.append(schedule)
+        conn.executemany(_INSERT, [_insert_params(s) for s in fresh])
+        return out, fresh
 
     def _insert(self, conn: sqlite3.Connection, schedule: Schedule) -> None:
         conn.execute(_INSERT, _insert_params(schedule))
