@@ -1,0 +1,279 @@
+"""What DynamoDbTaskStore asks of DynamoDB, and how it reads DynamoDB's answers (moto server).
+
+The TaskStore contract (tests/contract/test_task_store.py) runs against this adapter too; these
+are the AWS-specific parts: the table the template must agree with, the URL, throttling and
+other vendor errors at the edge.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from botocore.config import Config
+
+from sendqueue.adapters.dynamodb_store import GSI_NAMES, DynamoDbTaskStore, table_definition
+from sendqueue.domain.errors import InvalidField, StoreUnavailable
+from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.models import task_id
+from tests.contract.test_task_store import campaign, make_task, recipients
+from tests.support.aws import REGION, client, dynamodb_url, reset
+
+T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+NO_RETRIES = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=1)
+
+
+@pytest.fixture
+def store() -> Iterator[DynamoDbTaskStore]:
+    reset()
+    made = DynamoDbTaskStore(client("dynamodb", url=dynamodb_url()), "sqt", create_table=True)
+    yield made
+    made.close()
+
+
+def test_the_table_is_on_demand_with_the_documented_keys_and_indexes() -> None:
+    table = table_definition("sqt")
+    assert table["TableName"] == "sqt"
+    assert table["BillingMode"] == "PAY_PER_REQUEST"
+    assert "ProvisionedThroughput" not in table
+    assert table["KeySchema"] == [
+        {"AttributeName": "pk", "KeyType": "HASH"},
+        {"AttributeName": "sk", "KeyType": "RANGE"},
+    ]
+    indexes = {
+        index["IndexName"]: tuple(key["AttributeName"] for key in index["KeySchema"])
+        for index in table["GlobalSecondaryIndexes"]
+    }
+    assert indexes == {"by_campaign": ("gc", "gp"), "by_state": ("gs", "gt"), "due": ("gd", "gt")}
+    assert indexes == GSI_NAMES
+    assert all(
+        index["Projection"] == {"ProjectionType": "ALL"}
+        for index in table["GlobalSecondaryIndexes"]
+    )
+    types = {d["AttributeName"]: d["AttributeType"] for d in table["AttributeDefinitions"]}
+    assert types == {"pk": "S", "sk": "S", "gc": "S", "gp": "N", "gs": "S", "gt": "S", "gd": "S"}
+
+
+def test_create_table_makes_that_table_with_point_in_time_recovery(
+    store: DynamoDbTaskStore,
+) -> None:
+    dynamodb = client("dynamodb", url=dynamodb_url())
+    described = dynamodb.describe_table(TableName="sqt")["Table"]
+    assert described["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+    assert {i["IndexName"] for i in described["GlobalSecondaryIndexes"]} == set(GSI_NAMES)
+    backups = dynamodb.describe_continuous_backups(TableName="sqt")
+    recovery = backups["ContinuousBackupsDescription"]["PointInTimeRecoveryDescription"]
+    assert recovery["PointInTimeRecoveryStatus"] == "ENABLED"
+    # Creating it again (another process started first) is not an error.
+    store.create_table()
+    dynamodb.close()
+
+
+def test_a_transition_writes_the_task_and_its_log_item_together(store: DynamoDbTaskStore) -> None:
+    store.create_campaign(campaign(), recipients(2))
+    assert store.insert_tasks([make_task("c1", 0), make_task("c1", 1)], at=T0) == 2
+    assert store.transition(task_id("c1", 0), TaskState.PENDING, TaskState.RUNNING, at=T0)
+
+    dynamodb = client("dynamodb", url=dynamodb_url())
+    log = dynamodb.query(
+        TableName="sqt",
+        KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": "log"}},
+        ConsistentRead=True,
+    )["Items"]
+    dynamodb.close()
+    # One log item per transaction: both inserts in the first, the claim in the second.
+    assert [(i["sk"]["S"], i["n"]["N"]) for i in log] == [
+        (f"{1:020d}", "2"),
+        (f"{3:020d}", "1"),
+    ]
+    assert [e.id for e in store.changes_after(0)] == [1, 2, 3]
+    assert store.last_change_id() == 3
+
+
+def test_an_item_larger_than_dynamodb_allows_is_an_invalid_field(
+    store: DynamoDbTaskStore,
+) -> None:
+    store.create_campaign(campaign(), [])
+    huge = make_task("c1", 0, text="x" * 500_000)
+    with pytest.raises(InvalidField) as info:
+        store.insert_tasks([huge], at=T0)
+    assert info.value.field == "task"
+    with pytest.raises(InvalidField) as about_recipient:
+        store.create_campaign(campaign("c2"), [replace(recipients(1)[0], text="x" * 500_000)])
+    assert about_recipient.value.field == "recipient"
+    assert store.last_change_id() == 0
+
+
+# --- vendor errors at the edge ------------------------------------------------------------------
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    """Forwards to moto, but cancels the first ``throttle`` TransactWriteItems for throttling
+    (as DynamoDB does when a partition is hot) and answers every call with a 500 once
+    ``broken`` is set."""
+
+    throttle = 0
+    broken = False
+    upstream = ""
+    seen: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        target = self.headers.get("X-Amz-Target", "")
+        type(self).seen.append(target)
+        if type(self).broken:
+            self._answer(500, "InternalServerError", {"message": "boom"})
+            return
+        if target.endswith("TransactWriteItems") and type(self).throttle > 0:
+            type(self).throttle -= 1
+            items = json.loads(body)["TransactItems"]
+            reasons = [{"Code": "ThrottlingError", "Message": "hot"}] + [
+                {"Code": "None"} for _ in items[1:]
+            ]
+            self._answer(
+                400,
+                "TransactionCanceledException",
+                {"message": "Transaction cancelled", "CancellationReasons": reasons},
+            )
+            return
+        request = urllib.request.Request(
+            type(self).upstream, data=body, method="POST", headers=dict(self.headers)
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            data = answer.read()
+            self.send_response(answer.status)
+            for name, value in answer.headers.items():
+                if name.lower() not in {"content-length", "connection", "transfer-encoding"}:
+                    self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _answer(self, status: int, code: str, payload: dict[str, object]) -> None:
+        body = json.dumps({"__type": f"com.amazonaws.dynamodb.v20120810#{code}", **payload})
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("x-amzn-ErrorType", code)
+        self.send_header("Content-Type", "application/x-amz-json-1.0")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def flaky_url(store: DynamoDbTaskStore) -> Iterator[str]:
+    """The URL of a :class:`_Flaky` endpoint in front of the ``store``'s moto server."""
+    _Flaky.throttle, _Flaky.broken, _Flaky.upstream, _Flaky.seen = 0, False, dynamodb_url(), []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_a_transaction_cancelled_for_throttling_is_retried(
+    store: DynamoDbTaskStore, flaky_url: str
+) -> None:
+    store.create_campaign(campaign(), recipients(1))
+    store.insert_tasks([make_task("c1", 0)], at=T0)
+    _Flaky.throttle = 3
+    through = DynamoDbTaskStore(client("dynamodb", url=flaky_url, config=NO_RETRIES), "sqt")
+
+    moved = through.transition(task_id("c1", 0), TaskState.PENDING, TaskState.RUNNING, at=T0)
+
+    assert moved is not None
+    assert moved.state is TaskState.RUNNING
+    assert _Flaky.throttle == 0
+    assert len([t for t in _Flaky.seen if t.endswith("TransactWriteItems")]) == 4
+    assert [(e.task_id, e.to_state) for e in store.changes_after(1)] == [
+        (task_id("c1", 0), "Running")
+    ]
+    through.close()
+
+
+def test_service_errors_and_unreachable_endpoints_are_store_unavailable(
+    store: DynamoDbTaskStore, flaky_url: str
+) -> None:
+    store.create_campaign(campaign(), recipients(1))
+    _Flaky.broken = True
+    broken = DynamoDbTaskStore(client("dynamodb", url=flaky_url, config=NO_RETRIES), "sqt")
+    with pytest.raises(StoreUnavailable, match="InternalServerError"):
+        broken.get_campaign("c1")
+    with pytest.raises(StoreUnavailable):
+        broken.transition(task_id("c1", 0), TaskState.PENDING, TaskState.RUNNING, at=T0)
+    broken.close()
+    unreachable = DynamoDbTaskStore(
+        client("dynamodb", url="http://127.0.0.1:1", config=NO_RETRIES), "sqt"
+    )
+    with pytest.raises(StoreUnavailable, match="Could not connect"):
+        unreachable.campaign_state("c1")
+    with pytest.raises(StoreUnavailable):
+        unreachable.has_unfinished_tasks("c1")
+    unreachable.close()
+
+
+# --- the URL ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def aws_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Dummy credentials and no region in boto3's chain (this test's environment only)."""
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    empty = tmp_path / "aws-config"
+    empty.write_text("")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+
+
+@pytest.mark.usefixtures("aws_environment")
+def test_from_url_builds_a_client_for_the_table_region_and_endpoint(
+    store: DynamoDbTaskStore,
+) -> None:
+    store.create_campaign(campaign(), [])
+    url = f"dynamodb://sqt?region={REGION}&endpoint_url={dynamodb_url()}"
+    made = DynamoDbTaskStore.from_url(url)
+    assert [c.id for c in made.list_campaigns()] == ["c1"]
+    made.close()
+    # The table name is the URL's: another one is not there.
+    other = DynamoDbTaskStore.from_url(
+        f"dynamodb://elsewhere?region={REGION}&endpoint_url={dynamodb_url()}"
+    )
+    with pytest.raises(StoreUnavailable, match="ResourceNotFound"):
+        other.list_campaigns()
+    other.close()
+
+
+@pytest.mark.usefixtures("aws_environment")
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("postgresql://x", "expected dynamodb://TABLE"),
+        ("dynamodb://a", "3 to 255 characters"),
+        ("dynamodb://sqt/path", "nothing else"),
+        ("dynamodb://sqt?colour=blue", "unknown parameter 'colour'"),
+        ("dynamodb://sqt?region=Mars", "AWS region"),
+        ("dynamodb://sqt?region=eu-west-1&endpoint_url=ftp://x", "http:// or https://"),
+        ("dynamodb://sqt", "no AWS region"),
+    ],
+)
+def test_a_bad_url_is_an_invalid_field_naming_the_setting(url: str, reason: str) -> None:
+    with pytest.raises(InvalidField, match=reason) as info:
+        DynamoDbTaskStore.from_url(url)
+    assert info.value.field == "SENDQUEUE_DATABASE_URL"
