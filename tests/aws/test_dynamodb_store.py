@@ -277,3 +277,34 @@ def test_a_bad_url_is_an_invalid_field_naming_the_setting(url: str, reason: str)
     with pytest.raises(InvalidField, match=reason) as info:
         DynamoDbTaskStore.from_url(url)
     assert info.value.field == "SENDQUEUE_DATABASE_URL"
+
+
+def test_a_cancelled_transaction_leaves_none_of_its_items(store: DynamoDbTaskStore) -> None:
+    """The moto server's rollback (tests/support/aws.py) undoes every item of the transaction."""
+    dynamodb = client("dynamodb", url=dynamodb_url())
+    dynamodb.put_item(TableName="sqt", Item={"pk": {"S": "b"}, "sk": {"S": "#"}, "v": {"N": "1"}})
+    with pytest.raises(dynamodb.exceptions.TransactionCanceledException):
+        dynamodb.transact_write_items(
+            TransactItems=[
+                {"Put": {"TableName": "sqt", "Item": {"pk": {"S": "a"}, "sk": {"S": "#"}}}},
+                {
+                    "Put": {
+                        "TableName": "sqt",
+                        "Item": {"pk": {"S": "b"}, "sk": {"S": "#"}, "v": {"N": "2"}},
+                    }
+                },
+                {
+                    "Put": {
+                        "TableName": "sqt",
+                        "Item": {"pk": {"S": "c"}, "sk": {"S": "#"}},
+                        "ConditionExpression": "attribute_exists(pk)",
+                    }
+                },
+            ]
+        )
+    key = {"sk": {"S": "#"}}
+    assert "Item" not in dynamodb.get_item(TableName="sqt", Key={"pk": {"S": "a"}, **key})
+    kept = dynamodb.get_item(TableName="sqt", Key={"pk": {"S": "b"}, **key})["Item"]
+    assert kept["v"] == {"N": "1"}
+    assert "Item" not in dynamodb.get_item(TableName="sqt", Key={"pk": {"S": "c"}, **key})
+    dynamodb.close()

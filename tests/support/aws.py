@@ -22,6 +22,7 @@ import boto3
 import pytest
 from botocore.config import Config
 from moto.dynamodb import models as moto_dynamodb_models
+from moto.dynamodb.models.dynamo_type import DynamoType
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
     MotoRequestHandler,
@@ -136,34 +137,33 @@ def world() -> AwsWorld:
 _dynamodb_server: dict[str, str] = {}
 
 
-class _CopyOnce(threading.local):
-    """Stands in for the ``copy`` module in moto's ``transact_write_items``: one deep copy of
-    each table per call, where moto makes one per item of the transaction."""
+class _NoCopy(threading.local):
+    """Stands in for the ``copy`` module in moto's ``transact_write_items`` while
+    :func:`_undo_instead_of_copies` keeps the rollback: the table itself, not a copy."""
 
-    copies: dict[int, Any] | None = None
+    active = False
 
     def deepcopy(self, value: Any) -> Any:
-        if self.copies is None:
-            return copy.deepcopy(value)
-        if id(value) not in self.copies:
-            self.copies[id(value)] = copy.deepcopy(value)
-        return self.copies[id(value)]
+        return value if self.active else copy.deepcopy(value)
 
 
-def _copy_each_table_once() -> None:
-    """Make moto's TransactWriteItems copy each table once instead of once per item.
+def _undo_instead_of_copies() -> None:
+    """Make moto's TransactWriteItems undo its own items instead of copying the table.
 
-    To roll back, moto deep-copies the whole table for every item of a transaction, all before
-    it writes anything, keeping the last copy: 99 copies for a 99-item transaction, each as
-    large as the table, which made a few thousand tasks take minutes. One copy per table is the
-    same rollback point, so this changes the cost only. The function runs unchanged, with its
-    own globals in which ``copy`` is :class:`_CopyOnce`; nothing else in moto is touched.
+    To roll back, moto deep-copies the whole table for every item of a transaction (all before
+    it writes anything) and, when an item fails, puts the copy in the table's place: 99 copies
+    for a 99-item transaction, each as large as the table, which made a few thousand tasks
+    take minutes and every transition cost as much as the table. A transaction only writes the
+    items it names, so keeping those items' previous versions and putting them back on failure
+    is the same rollback at the cost of the transaction. The function runs unchanged, with its
+    own globals in which ``copy`` is :class:`_NoCopy`; nothing else in moto is touched. Only
+    sound while requests run one at a time (:func:`dynamodb_url`).
     """
     backend = moto_dynamodb_models.DynamoDBBackend
-    if getattr(backend.transact_write_items, "copies_once", False):
+    if getattr(backend.transact_write_items, "undoes", False):
         return
     original = backend.transact_write_items
-    shim = _CopyOnce()
+    shim = _NoCopy()
     clone = types.FunctionType(
         original.__code__,
         {**original.__globals__, "copy": shim},
@@ -173,13 +173,33 @@ def _copy_each_table_once() -> None:
     )
 
     def transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> None:
-        shim.copies = {}
+        before: list[tuple[Any, Any, Any, Any]] = []
+        for entry in transact_items:
+            op = next(iter(entry.values()))
+            table = self.tables.get(op.get("TableName"))
+            if table is None:
+                continue
+            key = op.get("Item") or op.get("Key") or {}
+            if table.hash_key_attr not in key or table.range_key_attr not in key:
+                continue
+            hash_key = DynamoType(key[table.hash_key_attr])
+            range_key = DynamoType(key[table.range_key_attr])
+            old = table.items.get(hash_key, {}).get(range_key)
+            before.append((table, hash_key, range_key, copy.deepcopy(old)))
+        shim.active = True
         try:
             clone(self, transact_items)
+        except BaseException:
+            for table, hash_key, range_key, old in reversed(before):
+                if old is None:
+                    table.items.get(hash_key, {}).pop(range_key, None)
+                else:
+                    table.items[hash_key][range_key] = old
+            raise
         finally:
-            shim.copies = None
+            shim.active = False
 
-    transact_write_items.copies_once = True  # type: ignore[attr-defined]
+    transact_write_items.undoes = True  # type: ignore[attr-defined]
     backend.transact_write_items = transact_write_items  # type: ignore[method-assign]
 
 
@@ -191,11 +211,11 @@ def dynamodb_url() -> str:
     undoing what other requests wrote meanwhile. DynamoDB applies each request atomically, so
     the store's races (between its requests) are only tested faithfully if moto handles one
     request at a time. It shares moto's state with :func:`moto_url`'s server (one process), so
-    :func:`reset` empties it too. Its TransactWriteItems copies each table once
-    (:func:`_copy_each_table_once`).
+    :func:`reset` empties it too. Its TransactWriteItems rolls back without copying the table
+    (:func:`_undo_instead_of_copies`).
     """
     if "url" not in _dynamodb_server:
-        _copy_each_table_once()
+        _undo_instead_of_copies()
         app = DomainDispatcherApplication(create_backend_app)
         lock = threading.Lock()
 
@@ -215,12 +235,11 @@ def dynamodb_url() -> str:
 def dynamodb_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """The TaskStore contract's backend: a table in moto; unreachable is a closed port.
 
-    The two bulk tests run with 1,000 tasks instead of 20,000 and 2,000, only because of costs
-    moto has and DynamoDB does not: every TransactWriteItems deep-copies the whole table (even
-    once per call, that is 20,000 tasks times 600 transactions) and every Query sorts the whole
-    table. 1,000 tasks still take 21 insert and 11 cancel transactions per call (49 and 99
-    tasks each), so a mistake at a transaction boundary, in log order or in counting still
-    fails them.
+    The bulk test runs with 2,000 tasks instead of 20,000, only because of a cost moto has and
+    DynamoDB does not: every Query sorts the whole table (the insert reads the end of the log
+    once per transaction, 400 times for 20,000 tasks in a table that grows to 40,000 items).
+    2,000 tasks still take 41 insert and 21 cancel transactions (49 and 99 tasks each), so a
+    mistake at a transaction boundary, in log order or in counting still fails it.
     """
     from tests.contract.test_task_store import Backend
 
@@ -234,8 +253,7 @@ def dynamodb_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         lambda: DynamoDbTaskStore(
             client("dynamodb", url="http://127.0.0.1:1", config=no_retries), table
         ),
-        bulk_tasks=1_000,
-        concurrent_inserts=1_000,
+        bulk_tasks=2_000,
     )
 
 
