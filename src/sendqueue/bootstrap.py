@@ -97,8 +97,17 @@ class Container:
     def store(self) -> TaskStore:
         if self._store is not None:
             return self._store
+        if self.settings.database_url.startswith("dynamodb:"):
+            return self._dynamodb()
         _make_parent(self.settings.database_url)
         return SqlTaskStore(self.settings.database_url, upgrade=True)
+
+    def _dynamodb(self) -> TaskStore:
+        # Imported here: boto3 is the optional 'aws' extra.
+        from sendqueue.adapters.dynamodb_store import DynamoDbTaskStore
+
+        # The table is the template's (on-demand, point-in-time recovery): never made here.
+        return DynamoDbTaskStore.from_url(self.settings.database_url)
 
     @cached_property
     def alarm(self) -> Alarm:

@@ -113,7 +113,10 @@ def _text(event: Mapping[str, Any], key: str) -> str:
 
 def _event(event: object) -> Mapping[str, Any]:
     if isinstance(event, str | bytes):  # a test console or a raw payload
-        event = json.loads(event)
+        try:
+            event = json.loads(event)
+        except ValueError as exc:
+            raise InvalidField("event", event, f"not JSON: {exc}") from None
     if not isinstance(event, Mapping):
         raise InvalidField("event", event, "expected a JSON object")
     return event
@@ -130,7 +133,7 @@ def send_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, 
         key = "taskId" if kind == "send" else "campaignId"
         wanted = _text(data, key)
     except InvalidField as exc:
-        # Retrying a malformed event cannot help; an ERROR log (the function's alarm) can.
+        # Retrying a malformed event cannot help; an ERROR log (which can be alarmed on) can.
         log.error("send: malformed event, ignored: %s", exc)
         return {"status": "rejected", "error": str(exc)}
     if kind == "provision":
