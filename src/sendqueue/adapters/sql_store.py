@@ -381,7 +381,7 @@ class SqlTaskStore:
         self._local = threading.local()
         self._own_lock = threading.Lock()
         self._own: list[tuple[threading.Thread, sqlite3.Connection]] = []
-        self._closed = False
+        self._generation = 0  # bumped by close(): connections of an older one are closed
         if upgrade:
             try:
                 migrate.upgrade_engine(self._engine)
@@ -401,8 +401,9 @@ class SqlTaskStore:
         self.close()
 
     def close(self) -> None:
+        # Like the engine's dispose(), this closes what is open; a later call opens anew.
         with self._own_lock:
-            self._closed = True
+            self._generation += 1
             own, self._own = self._own, []
         for _thread, db in own:
             with suppress(sqlite3.Error):
@@ -426,28 +427,26 @@ class SqlTaskStore:
             yield conn
 
     # The send path's statements on SQLite (a task, a campaign's state, whether anything is
-    # left, the claim and the finish with their change-log rows: seven per send) run on the
-    # pooled driver connection itself. Through SQLAlchemy each read also cost a BEGIN and a
-    # ROLLBACK of its own, and each statement its execution-context and result machinery:
-    # several times the statement.
+    # left, the claim and the finish with their change-log rows: seven per send) run on a
+    # driver connection of the calling thread's own. Through SQLAlchemy each read also cost a
+    # BEGIN and a ROLLBACK of its own, and each statement its execution-context and result
+    # machinery: several times the statement.
 
     def _sqlite_connection(self) -> sqlite3.Connection:
         """This thread's own driver connection: opened by the engine (so with its pragmas),
         then detached from its pool, kept for the thread's life and closed by :meth:`close`.
         A pool checkout and return per statement cost more than the statement, all the more
         with four send threads queueing on the pool's lock."""
-        db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is not None:
-            return db
+        cached: tuple[int, sqlite3.Connection] | None = getattr(self._local, "db", None)
+        if cached is not None and cached[0] == self._generation:
+            return cached[1]
         raw = self._engine.raw_connection()
         db = raw.driver_connection
         assert isinstance(db, sqlite3.Connection)
         raw.detach()
         me = threading.current_thread()
         with self._own_lock:
-            if self._closed:
-                db.close()
-                raise StoreUnavailable("task store: closed")
+            generation = self._generation
             # Threads come and go (a web server's, a pool's): close what dead ones left.
             dead = [entry for entry in self._own if not entry[0].is_alive()]
             self._own = [entry for entry in self._own if entry[0].is_alive()]
@@ -455,7 +454,7 @@ class SqlTaskStore:
         for _thread, old in dead:
             with suppress(sqlite3.Error):
                 old.close()
-        self._local.db = db
+        self._local.db = (generation, db)
         return db
 
     @contextmanager

@@ -1,0 +1,72 @@
+"""SqlTaskStore on SQLite: the send path's statements run on a driver connection per thread.
+
+Those connections behave as the engine's pool does where it shows: several threads claim and
+finish tasks at once without losing a change-log row, a dead thread's connection is closed
+when another thread opens one, and ``close()`` closes them all while a later call opens anew
+(as after the engine's ``dispose()``).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.domain.lifecycle import TaskState
+from tests.support.app import T0, csv_bytes, fake_app, open_policy
+
+
+def _store_with_tasks(tmp_path: Path, count: int) -> tuple[SqlTaskStore, str, list[str]]:
+    store = SqlTaskStore(f"sqlite:///{tmp_path / 'store.db'}")
+    app = fake_app(store=store)
+    cid = app.campaigns.create(
+        name="c", recipients=csv_bytes(count), policy=open_policy()
+    ).campaign.id
+    assert app.provisioner.provision(cid).status == "done"
+    return store, cid, [t.id for t in store.list_tasks(cid, limit=count)]
+
+
+def test_threads_claim_and_finish_on_their_own_connections(tmp_path: Path) -> None:
+    store, cid, ids = _store_with_tasks(tmp_path, 200)
+    before = store.last_change_id()
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        for task_id in ids:
+            task = store.transition(task_id, TaskState.PENDING, TaskState.RUNNING, at=T0)
+            if task is None:
+                continue  # another thread won the compare-and-set
+            with lock:
+                claimed.append(task_id)
+            assert store.campaign_state(cid).value in {"active", "provisioning"}
+            assert store.transition(task_id, TaskState.RUNNING, TaskState.FINISHED, at=T0)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(claimed) == sorted(ids)  # each claimed exactly once
+    assert store.count_tasks(cid)[TaskState.FINISHED] == 200
+    assert not store.has_unfinished_tasks(cid)
+    entries = store.changes_after(before, campaign_id=cid, limit=1000)
+    assert len(entries) == 400  # Pending -> Running and Running -> Finished, each logged once
+    store.close()
+
+
+def test_dead_threads_connections_are_closed_and_close_reopens(tmp_path: Path) -> None:
+    store, _cid, ids = _store_with_tasks(tmp_path, 3)
+    for _ in range(5):
+        thread = threading.Thread(target=store.get_task, args=(ids[0],))
+        thread.start()
+        thread.join()
+    # each new thread's connection closes the one the previous, dead, thread left
+    assert len(store._own) == 1
+    assert store.get_task(ids[1]) is not None
+    assert [t for t, _ in store._own] == [threading.current_thread()]  # the last one's too
+    store.close()
+    assert store._own == []
+    task = store.get_task(ids[2])  # opens anew, like the engine after dispose()
+    assert task is not None and task.state is TaskState.PENDING
+    store.close()
