@@ -156,8 +156,9 @@ def _undo_instead_of_copies() -> None:
     take minutes and every transition cost as much as the table. A transaction only writes the
     items it names, so keeping those items' previous versions and putting them back on failure
     is the same rollback at the cost of the transaction. The function runs unchanged, with its
-    own globals in which ``copy`` is :class:`_NoCopy`; nothing else in moto is touched. Only
-    sound while requests run one at a time (:func:`dynamodb_url`).
+    own globals in which ``copy`` is :class:`_NoCopy`; nothing else in moto is touched (a
+    transaction on a table without a range key keeps moto's copies). Like moto's own rollback,
+    it is only sound while requests run one at a time (:func:`dynamodb_url`).
     """
     backend = moto_dynamodb_models.DynamoDBBackend
     if getattr(backend.transact_write_items, "undoes", False):
@@ -177,11 +178,14 @@ def _undo_instead_of_copies() -> None:
         for entry in transact_items:
             op = next(iter(entry.values()))
             table = self.tables.get(op.get("TableName"))
-            if table is None:
-                continue
             key = op.get("Item") or op.get("Key") or {}
-            if table.hash_key_attr not in key or table.range_key_attr not in key:
-                continue
+            if (
+                table is None
+                or table.range_key_attr is None
+                or not (table.hash_key_attr in key and table.range_key_attr in key)
+            ):
+                clone(self, transact_items)  # not our kind of table: moto's own copies
+                return
             hash_key = DynamoType(key[table.hash_key_attr])
             range_key = DynamoType(key[table.range_key_attr])
             old = table.items.get(hash_key, {}).get(range_key)
