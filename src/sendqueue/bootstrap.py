@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
@@ -221,9 +222,11 @@ class Container:
 
     @cached_property
     def worker(self) -> SendWorker:
-        return SendWorker(
-            self.store, self.mailer, self.writer, self.campaigns, self.clock, self.config
-        )
+        # The execution layer's firing precision (the port's optional attribute; exact without
+        # it), so the worker does not skip an EventBridge invocation early in its minute.
+        precision = float(getattr(self.scheduler, "firing_precision", 0.0))
+        config = replace(self.config, firing_precision=precision)
+        return SendWorker(self.store, self.mailer, self.writer, self.campaigns, self.clock, config)
 
     @cached_property
     def reconciler(self) -> Reconciler:

@@ -248,8 +248,15 @@ class Scheduler(Protocol):
       it is a no-op that returns the existing schedule; with another token it raises Conflict.
     - ``delete`` of a missing name succeeds. ``get`` of a missing name returns None.
     - ``list(group)`` pages by name (``after``), in name order.
-    - A schedule fires at ``due_at`` or later (overdue ones as soon as possible, in due order).
-      After an invocation that returns, the schedule is deleted. One that raises is retried
+    - A schedule fires at ``due_at`` or later (overdue ones as soon as possible, in due order),
+      except that a layer which fires only to a coarser precision says so with a
+      ``firing_precision`` attribute (seconds): its schedule may fire anywhere from the start of
+      the ``firing_precision``-long slot holding ``due_at`` (whole slots counted from the Unix
+      epoch; EventBridge Scheduler: 60, any time within the minute of its ``at()`` time).
+      Without the attribute a layer is exact (the embedded and procrastinate ones). The
+      composition root hands it to the send worker, which must not skip such an invocation as
+      early.
+    - After an invocation that returns, the schedule is deleted. One that raises is retried
       ``max_retries`` times with backoff, then removed and recorded as a dead letter, and the
       alarm is raised. Delivery is at-least-once: a target may run twice for one schedule.
     - ``redrive`` turns a dead letter back into a schedule due now and removes the letter.

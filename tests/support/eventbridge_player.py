@@ -6,6 +6,10 @@ for every one that is due hands its ``Input`` to the send handler, then deletes 
 (``ActionAfterCompletion`` DELETE). What can go wrong is played too, decided per schedule by
 the test's predicates:
 
+- ``early(name)``: the schedule is due from the start of the minute of its ``at()`` time, as
+  AWS may fire it ("between 1:00:00 and 1:00:59" for 1:00); otherwise at the time itself. By
+  default every schedule fires early, the worst AWS allows;
+
 - ``duplicate(name)``: the event is delivered twice at the same moment (delivery is
   at-least-once), two handler calls in two threads. Give the store moto's one-request-at-a-time
   endpoint (:func:`tests.support.aws.dynamodb_url`): on the plain server moto's transactions
@@ -86,6 +90,7 @@ class EventBridgePlayer:
         handler: Callable[[Mapping[str, Any], Any], object],
         clock: Clock,
         context: Callable[[], Any],
+        early: Callable[[str], bool] = lambda name: True,
         duplicate: Callable[[str], bool] = lambda name: False,
         handoff_fails: Callable[[str, int], bool] = lambda name, attempt: False,
         fails_after: Callable[[str, int], bool] = lambda name, attempt: False,
@@ -97,12 +102,14 @@ class EventBridgePlayer:
         self._handler = handler
         self._clock = clock
         self._context = context
+        self._early = early
         self._duplicate = duplicate
         self._handoff_fails = handoff_fails
         self._fails_after = fails_after
 
     def _due(self) -> list[dict[str, Any]]:
-        """The schedules due at the clock's now, in due order (names break ties)."""
+        """The schedules due at the clock's now (from their minute's start if they fire
+        ``early``), in the order of their times (names break ties)."""
         names: list[str] = []
         args: dict[str, Any] = {"GroupName": self._group, "MaxResults": 100}
         while True:
@@ -119,7 +126,8 @@ class EventBridgePlayer:
             assert expression.startswith("at(") and expression.endswith(")"), expression
             zone = ZoneInfo(found.get("ScheduleExpressionTimezone") or "UTC")
             at = datetime.fromisoformat(expression[3:-1]).replace(tzinfo=zone)
-            if at <= now:
+            fires = at.replace(second=0, microsecond=0) if self._early(name) else at
+            if fires <= now:
                 due.append((at, name, found))
         return [found for _, _, found in sorted(due, key=lambda d: (d[0], d[1]))]
 

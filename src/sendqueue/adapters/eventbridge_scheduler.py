@@ -7,9 +7,12 @@ Every schedule is what the production design creates:
   ``sq-<campaign>``) is kept in the schedule's ``Description`` with the client token and the
   creation instant, because ``GetSchedule`` returns neither the token nor a group of ours.
 - ``ScheduleExpression`` ``at(yyyy-mm-ddThh:mm:ss)`` in local wall-clock time, with
-  ``ScheduleExpressionTimezone`` the campaign's IANA zone. EventBridge works to the minute: a
-  schedule fires within about 60 seconds after its time, never before it, and seconds below
-  that are not honoured exactly.
+  ``ScheduleExpressionTimezone`` the campaign's IANA zone. EventBridge works to the minute:
+  "if you set your schedule to run at 1:00, it will invoke the target API between 1:00:00 and
+  1:00:59" (AWS, Schedule types). So a schedule at 10:30:15 may fire at 10:30:00, up to 59 s
+  before its time; :attr:`EventBridgeScheduler.firing_precision` (60) tells the send worker,
+  which then sends from the start of the send time's minute instead of skipping the invocation
+  as early.
 - ``FlexibleTimeWindow`` OFF and ``ActionAfterCompletion`` DELETE: the schedule deletes itself
   after it invoked the target.
 - ``ClientToken`` is the task's stored token.
@@ -92,6 +95,10 @@ class EventBridgeScheduler:
     ``role_arn`` the execution role that may invoke only it, ``dead_letter_url`` and
     ``dead_letter_arn`` the SQS queue.
     """
+
+    #: Seconds: a one-time schedule fires anywhere in the minute of its ``at()`` time, so from
+    #: the start of that minute on (see :class:`~sendqueue.ports.Scheduler`).
+    firing_precision = 60.0
 
     def __init__(
         self,

@@ -23,5 +23,8 @@ class ServiceConfig:
     #: renewed after every chunk: a provisioning run whose process died blocks others this long
     provision_lease_seconds: float = 60.0
     reconcile_lease_seconds: float = 120.0
+    #: seconds; the execution layer may fire a schedule from the start of the slot this long
+    #: that holds its time (EventBridge: 60, the minute); 0: never before its time
+    firing_precision: float = 0.0
     default_timezone: str = "Europe/Berlin"
     default_from: str = "sendqueue@example.com"
