@@ -708,6 +708,16 @@ def _install_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def _execution_layer(settings: Settings) -> str:
+    """Where the schedules live, for the startup log lines (no secrets)."""
+    if settings.execution == "procrastinate":
+        return "procrastinate (the store's database)"
+    if settings.execution == "eventbridge":
+        # SENDQUEUE_SCHEDULER_URL means nothing here: the schedules are in AWS.
+        return f"EventBridge Scheduler group {settings.schedule_group}"
+    return redact_url(settings.scheduler_url)
+
+
 @app.command("worker")
 @handle_errors
 def worker_cmd(
@@ -724,12 +734,13 @@ def worker_cmd(
     stop = threading.Event()
     _install_signals(stop)
     with _container() as c:
+        # Under eventbridge there is no dispatcher to run (Lambda is it): this refuses with
+        # the reason before anything is logged as started.
+        c.dispatcher  # noqa: B018
         log.info(
             "worker started: store %s, scheduler %s, mailer %s",
             redact_url(c.settings.database_url),
-            "procrastinate (the store's database)"
-            if c.settings.execution == "procrastinate"
-            else redact_url(c.settings.scheduler_url),
+            _execution_layer(c.settings),
             redact_url(c.settings.mailer),
         )
         run_worker(c, stop, reconcile_interval=reconcile_interval)
@@ -757,7 +768,9 @@ def serve_cmd(
     no_worker: Annotated[
         bool,
         typer.Option(
-            "--no-worker", help="Only the web app; run `sendqueue worker` to send the emails."
+            "--no-worker",
+            help="Only the web app; run `sendqueue worker` to send the emails. Implied under "
+            "SENDQUEUE_EXECUTION=eventbridge (the send Lambda function sends them).",
         ),
     ] = False,
     reconcile_interval: Annotated[
@@ -782,8 +795,22 @@ def serve_cmd(
             )
         from sendqueue.web.app import create_app, run_server
 
-        web = create_app(c, start_worker=not no_worker, reconcile_interval=reconcile_interval)
-        worker = "off (run `sendqueue worker`)" if no_worker else "embedded"
+        # Under eventbridge the worker is the send Lambda function, invoked by EventBridge
+        # Scheduler: there is none to run here, so serve implies --no-worker (refusing would
+        # only make every AWS user type a flag that changes nothing; the emails go out either
+        # way) and says so.
+        in_lambda = c.settings.execution == "eventbridge"
+        if in_lambda and not no_worker:
+            log.info(
+                "SENDQUEUE_EXECUTION=eventbridge: no worker in this process (as with "
+                "--no-worker); EventBridge Scheduler invokes the send Lambda function"
+            )
+        start_worker = not (no_worker or in_lambda)
+        web = create_app(c, start_worker=start_worker, reconcile_interval=reconcile_interval)
+        if in_lambda:
+            worker = "the send Lambda function"
+        else:
+            worker = "embedded" if start_worker else "off (run `sendqueue worker`)"
 
         def started(url: str) -> None:
             out.print(f"sendqueue is serving {url}  (worker: {worker})", markup=False)
@@ -793,7 +820,7 @@ def serve_cmd(
         log.info(
             "serving: store %s, scheduler %s, mailer %s",
             redact_url(c.settings.database_url),
-            redact_url(c.settings.scheduler_url),
+            _execution_layer(c.settings),
             redact_url(c.settings.mailer),
         )
         run_server(web, host=host, port=port, on_started=started)
