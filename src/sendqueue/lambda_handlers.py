@@ -25,7 +25,11 @@ Events:
   checkpoint. The stored checkpoint is the one a run resumes from; the event's is informational
   (it is logged). A run that stopped because schedule writes failed raises, so Lambda retries it
   from the checkpoint.
-- **reconcile**: any event (the template's 30-minute schedule); one reconciler pass.
+- **reconcile**: any event (the template's 30-minute schedule); one reconciler pass. A stuck
+  provisioning run the pass resumes gets the same time budget as in the provision function: it
+  stops 90 s before this function's timeout with the checkpoint saved and invokes the provision
+  function (``SENDQUEUE_PROVISION_FUNCTION_ARN``) asynchronously to continue; without that
+  setting the rest is handed to a control schedule (the send function continues it).
 
 Each handler returns a small JSON-friendly summary.
 """
@@ -40,7 +44,7 @@ from typing import Any, Protocol
 
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import InvalidField, SchedulerError
-from sendqueue.services.provisioning import ProvisionReport
+from sendqueue.services.provisioning import Continuation, ProvisionReport
 from sendqueue.settings import LambdaSettings
 
 __all__ = [
@@ -104,6 +108,11 @@ def _invoke(function_arn: str) -> Invoke:
         return invoke
 
 
+def _time_left(context: LambdaContext) -> Callable[[], float]:
+    """Seconds left before the function's timeout, asked afresh at every call."""
+    return lambda: context.get_remaining_time_in_millis() / 1000.0
+
+
 def _text(event: Mapping[str, Any], key: str) -> str:
     value = event.get(key)
     if not isinstance(value, str) or not value:
@@ -155,7 +164,12 @@ def provision_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[
     checkpoint = data.get("checkpoint")
     if checkpoint is not None:
         log.info("provision %s: continuing (checkpoint %s)", campaign_id, checkpoint)
-    function_arn = context.invoked_function_arn
+    return _provision(campaign_id, context, continuation=_continue_in(context.invoked_function_arn))
+
+
+def _continue_in(function_arn: str) -> Continuation:
+    """Hands a provisioning run on to the provision function: an asynchronous invocation with
+    the campaign id and the saved checkpoint."""
 
     def continue_in_lambda(cid: str, saved: dict[str, object]) -> None:
         body = json.dumps({"campaignId": cid, "checkpoint": saved}, separators=(",", ":"))
@@ -163,14 +177,14 @@ def provision_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[
             FunctionName=function_arn, InvocationType="Event", Payload=body.encode()
         )
 
-    return _provision(campaign_id, context, continuation=continue_in_lambda)
+    return continue_in_lambda
 
 
 def _provision(
     campaign_id: str,
     context: LambdaContext,
     *,
-    continuation: Callable[[str, dict[str, object]], None] | None,
+    continuation: Continuation | None,
 ) -> dict[str, Any]:
     c = container()
     margin = c.config.provision_margin
@@ -184,7 +198,7 @@ def _provision(
         )
     report = c.provisioner.provision(
         campaign_id,
-        time_left=lambda: context.get_remaining_time_in_millis() / 1000.0,
+        time_left=_time_left(context),
         safety_margin=margin,
         continuation=continuation,
     )
@@ -213,6 +227,12 @@ def _summary(report: ProvisionReport) -> dict[str, Any]:
 
 # -- reconcile -----------------------------------------------------------------------------
 def reconcile_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
-    """One reconciler pass (the template runs it every 30 minutes)."""
-    report = container().reconciler.run()
+    """One reconciler pass (the template runs it every 30 minutes); a provisioning run it
+    resumes stops 90 s before the timeout and continues in the provision function."""
+    c = container()
+    target = c.settings.provision_function_arn
+    report = c.reconciler.run(
+        time_left=_time_left(context),
+        continuation=_continue_in(target) if target else None,
+    )
     return report.as_dict()

@@ -124,6 +124,11 @@ class Settings(BaseSettings):
     scheduler_role_arn: str | None = Field(
         None, description="eventbridge: role the Scheduler assumes (may invoke only the send one)"
     )
+    provision_function_arn: str | None = Field(
+        None,
+        description="eventbridge, the reconcile function: the provision Lambda function it hands "
+        "a resumed provisioning run on to before its timeout (unset: a control schedule)",
+    )
     dead_letter_queue_url: str | None = Field(
         None, description="eventbridge: URL of the SQS dead-letter queue"
     )
@@ -225,7 +230,7 @@ class Settings(BaseSettings):
             )
         return value or None
 
-    @field_validator("send_function_arn")
+    @field_validator("send_function_arn", "provision_function_arn")
     @classmethod
     def _function_arn(cls, value: str | None) -> str | None:
         if value is not None and not _LAMBDA_ARN.fullmatch(value):

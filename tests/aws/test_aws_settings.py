@@ -60,6 +60,7 @@ def test_all_missing_are_named_at_once() -> None:
     [
         ("send_function_arn", "sendqueue-send", "Lambda function ARN"),
         ("send_function_arn", "arn:aws:sqs:eu-central-1:123456789012:q", "Lambda function ARN"),
+        ("provision_function_arn", "sendqueue-provision", "Lambda function ARN"),
         ("scheduler_role_arn", "arn:aws:iam::123:role/x", "IAM role ARN"),
         ("dead_letter_queue_arn", "arn:aws:sqs:eu-central-1:123456789012:", "SQS queue ARN"),
         ("dead_letter_queue_url", "sqs/sendqueue-dlq", "SQS queue URL"),

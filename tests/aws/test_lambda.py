@@ -41,6 +41,7 @@ from tests.support.eventbridge_player import EventBridgePlayer, FakeContext
 
 TABLE = "sendqueue"
 PROVISION_ARN = f"arn:aws:lambda:{REGION}:123456789012:function:sendqueue-provision"
+RECONCILE_ARN = f"arn:aws:lambda:{REGION}:123456789012:function:sendqueue-reconcile"
 
 
 class CountingScheduler:
@@ -112,6 +113,7 @@ def _settings(made: AwsWorld, **extra: Any) -> Settings:
         "database_url": f"dynamodb://{TABLE}?region={REGION}",
         "schedule_group": SCHEDULE_GROUP,
         "send_function_arn": made.send_arn,
+        "provision_function_arn": PROVISION_ARN,
         "scheduler_role_arn": made.role_arn,
         "dead_letter_queue_url": made.dlq_url,
         "dead_letter_queue_arn": made.dlq_arn,
@@ -311,6 +313,62 @@ def test_a_reconcile_recreates_schedules_deleted_behind_its_back_with_the_same_t
     assert (
         lambda_handlers.reconcile_handler({}, FakeContext(PROVISION_ARN, 900_000))["repairs"] == 0
     )
+
+
+def _stuck_provisioning(aws: Aws, count: int) -> str:
+    """A campaign whose provisioning stopped after 30 tasks and whose continuation was lost."""
+    cid = aws.create_campaign(count)
+    first = lambda_handlers.provision_handler(
+        {"campaignId": cid}, FakeContext(PROVISION_ARN, 100_000, spend_ms=3_000)
+    )
+    assert (first["status"], first["tasksCreated"]) == ("continued", 30)
+    aws.invocations.clear()  # the continuation never ran
+    return cid
+
+
+def test_a_reconcile_resumes_stuck_provisioning_within_its_time_and_hands_the_rest_on(
+    aws: Aws,
+) -> None:
+    count = 90
+    cid = _stuck_provisioning(aws, count)
+    # The reconcile function has 100 s left, and every question spends 3 s of it: 100, 97, 94,
+    # 91 make four more chunks of ten, then 88 is within 90 s of its timeout: it stops there,
+    # as the provision function does.
+    context = FakeContext(RECONCILE_ARN, 100_000, spend_ms=3_000)
+    report = lambda_handlers.reconcile_handler({}, context)
+    assert (report["ran"], report["provisioning_resumed"]) == (True, 1)
+    campaign = aws.app.store.get_campaign(cid)
+    assert campaign.state is CampaignState.PROVISIONING
+    assert campaign.checkpoint is not None
+    assert (campaign.checkpoint["phase"], campaign.checkpoint["after"]) == ("tasks", 69)
+    assert len(aws.app.store.list_tasks(cid, limit=1000)) == 70
+
+    # Handed to the provision function asynchronously, not to the reconcile function itself.
+    [call] = aws.invocations
+    assert (call["FunctionName"], call["InvocationType"]) == (PROVISION_ARN, "Event")
+    payload = json.loads(call["Payload"])
+    assert payload == {"campaignId": cid, "checkpoint": campaign.checkpoint}
+    assert aws.app.scheduler.list(CONTROL_GROUP) == []
+
+    done = lambda_handlers.provision_handler(payload, FakeContext(PROVISION_ARN, 900_000))
+    assert (done["status"], done["tasksCreated"]) == ("done", 20)
+    tasks = aws.app.store.list_tasks(cid, limit=1000)
+    assert [t.position for t in tasks] == list(range(count))
+    assert sorted(aws.raw_schedules()) == sorted(expected_schedule_name(t) for t in tasks)
+    assert aws.app.store.get_campaign(cid).state is CampaignState.ACTIVE
+
+
+def test_a_reconcile_without_the_provision_function_hands_the_rest_to_a_control_schedule(
+    aws: Aws,
+) -> None:
+    cid = _stuck_provisioning(aws, 60)
+    aws.app.settings = aws.app.settings.model_copy(update={"provision_function_arn": None})
+    report = lambda_handlers.reconcile_handler({}, FakeContext(RECONCILE_ARN, 90_000))
+    assert report["provisioning_resumed"] == 1
+    assert aws.invocations == []
+    [control] = aws.app.scheduler.list(CONTROL_GROUP)
+    assert dict(control.payload) == {"kind": "provision", "campaign_id": cid}
+    assert len(aws.app.store.list_tasks(cid, limit=1000)) == 30  # no time for a chunk
 
 
 def test_the_send_handler_maps_the_input_and_skips_a_stale_token(aws: Aws) -> None:

@@ -559,6 +559,12 @@ def test_each_function_may_do_what_its_code_calls_and_no_more(
         }
     if function == "ProvisionFunction":
         want.add(("lambda:InvokeFunction", own_arn))  # the continuation, and nothing else
+    if function == "ReconcileFunction":
+        # A resumed provisioning run is handed on to the provision function, and nothing else.
+        provision_arn = resolve.get_att("ProvisionFunction", "Arn")
+        want.add(("lambda:InvokeFunction", provision_arn))
+        env = _environment(cfn, function, PARAMETERS)
+        assert env["SENDQUEUE_PROVISION_FUNCTION_ARN"] == provision_arn
     assert grants == want
 
     # iam:PassRole only towards EventBridge Scheduler.

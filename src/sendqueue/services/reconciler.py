@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 
@@ -35,7 +36,7 @@ from sendqueue.metrics import RECONCILER_REPAIRS_TOTAL
 from sendqueue.ports import Clock, Scheduler, TaskStore
 from sendqueue.services.campaigns import CampaignService, iter_tasks
 from sendqueue.services.config import ServiceConfig
-from sendqueue.services.provisioning import Provisioner
+from sendqueue.services.provisioning import Continuation, Provisioner
 from sendqueue.services.scheduling import ScheduleWriter
 
 __all__ = ["ReconcileReport", "Reconciler"]
@@ -98,8 +99,18 @@ class Reconciler:
         self._config = config
         self._owner = secrets.token_hex(8)
 
-    def run(self) -> ReconcileReport:
-        """One pass. Returns ``ran=False`` when another pass holds the lease."""
+    def run(
+        self,
+        *,
+        time_left: Callable[[], float] | None = None,
+        continuation: Continuation | None = None,
+    ) -> ReconcileReport:
+        """One pass. Returns ``ran=False`` when another pass holds the lease.
+
+        ``time_left`` and ``continuation`` go to every provisioning run the pass resumes (see
+        :meth:`Provisioner.provision`): a process with a deadline (the reconcile Lambda) stops
+        it ``provision_margin`` seconds before and hands the rest on.
+        """
         report = ReconcileReport()
         if not self._store.acquire_lease(
             LEASE, self._owner, ttl_seconds=self._config.reconcile_lease_seconds,
@@ -113,7 +124,7 @@ class Reconciler:
                 self._renew()
                 report.campaigns_checked += 1
                 try:
-                    self._campaign(campaign, report)
+                    self._campaign(campaign, report, time_left, continuation)
                 except SchedulerError as exc:
                     report.errors.append(f"{campaign.id}: {exc}")
                     log.warning("reconciling %s failed: %s", campaign.id, exc)
@@ -139,10 +150,18 @@ class Reconciler:
         ):  # fmt: skip
             raise Conflict("the reconciler lease was taken over; stopping this pass")
 
-    def _campaign(self, campaign: Campaign, report: ReconcileReport) -> None:
+    def _campaign(
+        self,
+        campaign: Campaign,
+        report: ReconcileReport,
+        time_left: Callable[[], float] | None = None,
+        continuation: Continuation | None = None,
+    ) -> None:
         state = campaign.state
         if state is CampaignState.PROVISIONING:
-            result = self._provisioner.provision(campaign.id)
+            result = self._provisioner.provision(
+                campaign.id, time_left=time_left, continuation=continuation
+            )
             if result.status in {"done", "continued"}:
                 report.provisioning_resumed += 1
             if result.errors and result.status != "busy":
