@@ -189,3 +189,22 @@ def test_flaky_provisioning_then_one_reconcile_gives_exactly_one_schedule_each()
     app.reconciler.run()
     assert app.store.get_campaign(cid).state is CampaignState.ACTIVE
     _every_pending_has_exactly_one_schedule(app, cid)
+
+
+def test_campaign_completed_too_early_is_reopened_and_its_email_sent() -> None:
+    """A store with lagging queries completed the campaign while one task was still Pending."""
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _active(app, 3, start_hours=1)
+    (early, *_rest) = app.store.list_tasks(cid)
+    _fake(app).lose(expected_schedule_name(early))  # its schedule fired, was skipped, is gone
+    app.store.set_campaign_state(cid, {CampaignState.ACTIVE}, CampaignState.COMPLETED, at=T0)
+    report = app.reconciler.run()
+    assert report.campaigns_reopened == 1 and report.missing_schedules_created == 1
+    assert app.store.get_campaign(cid).state is CampaignState.ACTIVE
+    _every_pending_has_exactly_one_schedule(app, cid)
+    clock.advance(hours=2)
+    assert _fake(app).fire_due(app.invoke) == 3
+    assert app.store.count_tasks(cid)[TaskState.FINISHED] == 3
+    assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
+    assert app.reconciler.run().repairs == 0

@@ -11,7 +11,8 @@ One pass (guarded by a lease in the store, so only one runs at a time across pro
    back to Pending with a new schedule (at-least-once: the email may go out twice if the lost
    worker had already handed it to the provider); policy ``fail`` marks them Failed with
    "outcome unknown" (at-most-once: an email may be lost, never duplicated);
-5. marks active campaigns with no Pending or Running task completed.
+5. marks active campaigns with no Pending or Running task completed, and reopens a completed
+   campaign that still has one (a store with eventually consistent queries completed it early).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class ReconcileReport:
     provisioning_resumed: int = 0
     cancels_finished: int = 0
     campaigns_completed: int = 0
+    campaigns_reopened: int = 0
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -71,6 +73,7 @@ class ReconcileReport:
             + self.provisioning_resumed
             + self.cancels_finished
             + self.campaigns_completed
+            + self.campaigns_reopened
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -133,6 +136,7 @@ class Reconciler:
         for kind in (
             "missing_schedules_created", "orphan_schedules_deleted", "stale_retried",
             "stale_failed", "provisioning_resumed", "cancels_finished", "campaigns_completed",
+            "campaigns_reopened",
         ):  # fmt: skip
             value = getattr(report, kind)
             if value:
@@ -173,6 +177,9 @@ class Reconciler:
                 report.cancels_finished += 1
             self._campaigns.cancel_pending(campaign.id)
             return
+        if state is CampaignState.COMPLETED and self._reopen(campaign.id):
+            report.campaigns_reopened += 1
+            state = CampaignState.ACTIVE
         if state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
             self._diff(campaign, report)
             if state is CampaignState.ACTIVE and self._campaigns.complete_if_done(campaign.id):
@@ -182,6 +189,24 @@ class Reconciler:
             report.orphan_schedules_deleted += self._writer.delete_group(
                 schedule_group(campaign.id)
             )
+
+    def _reopen(self, campaign_id: str) -> bool:
+        """Give a campaign completed too early back its unfinished emails.
+
+        A store whose task queries are eventually consistent (DynamoDB's indexes) can answer
+        "nothing left" a moment before a task that just went back to Pending shows up, and the
+        campaign is completed with that task still to send. The worker skips tasks of a
+        campaign that is not active, so without this repair the email would wait forever.
+        """
+        if not self._store.has_unfinished_tasks(campaign_id):
+            return False
+        return self._store.set_campaign_state(
+            campaign_id,
+            {CampaignState.COMPLETED},
+            CampaignState.ACTIVE,
+            at=self._clock.now(),
+            reason="reopened by the reconciler: emails were still Pending or Running",
+        )
 
     def _diff(self, campaign: Campaign, report: ReconcileReport) -> None:
         expected: dict[str, Task] = {
