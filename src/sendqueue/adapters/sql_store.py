@@ -23,7 +23,7 @@ import builtins
 import json
 import sqlite3
 import threading
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -51,6 +51,13 @@ from sendqueue.domain.lifecycle import (
 )
 from sendqueue.domain.models import Campaign, ChangeLogEntry, Recipient, Task, TaskChanges
 from sendqueue.domain.policy import SendingPolicy
+
+try:  # the PostgreSQL fast paths use the driver directly; it is an optional dependency
+    import psycopg
+    from psycopg import errors as pg_errors
+except ImportError:  # pragma: no cover - the "postgres" extra not installed
+    psycopg = None  # type: ignore[assignment]
+    pg_errors = None  # type: ignore[assignment]
 
 __all__ = ["CHANGE_LOG_LOCK_KEY", "CHUNK_SIZE", "SqlTaskStore"]
 
@@ -100,19 +107,6 @@ def _campaign(row: sa.Row[Any]) -> Campaign:
         checkpoint=m["checkpoint"],
         created_at=m["created_at"],
         updated_at=m["updated_at"],
-    )
-
-
-def _recipient(row: sa.Row[Any]) -> Recipient:
-    m = row._mapping
-    return Recipient(
-        position=m["position"],
-        email=m["email"],
-        name=m["name"],
-        subject=m["subject"],
-        text=m["text"],
-        html=m["html"],
-        variables=m["variables"],
     )
 
 
@@ -326,10 +320,70 @@ def _sqlite_insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) 
     return inserted
 
 
+_PG_TASK_COLUMNS = _SQLITE_TASK_COLUMNS
+
+#: A task state change on PostgreSQL in one statement, so one round trip and (autocommit) its
+#: own transaction: the CAS UPDATE, then the change-log lock, then the change-log INSERT, each
+#: fed by the one before. ``locked`` reads the UPDATE's row, so the lock is taken only when a
+#: row matched and only after its row lock (as _log requires); the INSERT reads ``locked``, so
+#: its id is drawn only once the lock is held, and the lock is kept until the statement
+#: commits. A data-modifying WITH runs to completion whether or not the query reads it.
+_PG_TRANSITION = (
+    "WITH moved AS (UPDATE tasks SET {sets} WHERE id = %s AND state = %s"
+    f" RETURNING {_PG_TASK_COLUMNS}),"
+    f" locked AS (SELECT campaign_id, id, pg_advisory_xact_lock({CHANGE_LOG_LOCK_KEY})"
+    " FROM moved),"
+    " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+    " SELECT campaign_id, id, %s, %s, %s::timestamptz, %s::text FROM locked)"
+    f" SELECT {_PG_TASK_COLUMNS} FROM moved"
+)
+
+#: Tasks inserted in bulk with their ``None -> Pending`` entries, in one statement: the rows
+#: (arrays, one per column, in id order) with ON CONFLICT DO NOTHING; then, once every row is
+#: in (count(*) reads all of ``ins``, so every row lock is taken first), the change-log lock;
+#: then one entry per inserted id, in the order of the second pair of arrays (input order).
+_PG_INSERT_TASKS = (
+    f"WITH ins AS (INSERT INTO tasks ({_PG_TASK_COLUMNS})"
+    f" SELECT {_PG_TASK_COLUMNS} FROM unnest("
+    "%s::varchar[], %s::varchar[], %s::integer[], %s::text[], %s::text[], %s::text[],"
+    " %s::text[], %s::text[], %s::timestamptz[], %s::varchar[], %s::varchar[], %s::integer[],"
+    " %s::timestamptz[], %s::timestamptz[], %s::text[], %s::text[], %s::timestamptz[],"
+    " %s::timestamptz[])"
+    f" WITH ORDINALITY AS u({_PG_TASK_COLUMNS}, sq_ordinal) ORDER BY sq_ordinal"
+    " ON CONFLICT DO NOTHING RETURNING id),"
+    f" locked AS (SELECT pg_advisory_xact_lock({CHANGE_LOG_LOCK_KEY}) AS held"
+    " FROM (SELECT count(*) AS n FROM ins) AS c WHERE c.n > 0),"
+    " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+    " SELECT e.campaign_id, e.id, NULL, %s, %s::timestamptz, NULL"
+    " FROM unnest(%s::varchar[], %s::varchar[]) WITH ORDINALITY AS e(id, campaign_id, ord)"
+    " JOIN ins ON ins.id = e.id CROSS JOIN locked ORDER BY e.ord RETURNING 1)"
+    " SELECT count(*) FROM logged"
+)
+
+
+def _pg_time(value: datetime | None) -> datetime | None:
+    """An aware datetime for a timestamptz parameter (ValueError for a naive one)."""
+    if value is None or value.tzinfo is UTC:
+        return value
+    return _aware_utc(value)
+
+
 def _aware_utc(value: datetime) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"naive datetime {value!r} where an aware one is required")
     return value.astimezone(UTC)
+
+
+_PG_ERRORS: tuple[type[Exception], ...] = () if psycopg is None else (psycopg.Error,)
+
+#: Errors after which a statement certainly did not run (or did not commit): the server
+#: ended the session (pg_terminate_backend, a shutdown, a restart) before or while running it.
+#: A write is retried once on a new connection only after one of these.
+_PG_SESSION_ENDED: tuple[type[Exception], ...] = (
+    ()
+    if pg_errors is None
+    else (pg_errors.AdminShutdown, pg_errors.CrashShutdown, pg_errors.CannotConnectNow)
+)
 
 
 @contextmanager
@@ -350,6 +404,9 @@ def _errors(action: str) -> Iterator[None]:
         raise StoreUnavailable(f"task store: {action} failed: {exc}") from exc
     except sqlite3.Error as exc:
         # From statements run on the driver's connection directly (the SQLite fast paths).
+        raise StoreUnavailable(f"task store: {action} failed: {exc}") from exc
+    except _PG_ERRORS as exc:
+        # The same on PostgreSQL (psycopg's connection of the PostgreSQL fast paths).
         raise StoreUnavailable(f"task store: {action} failed: {exc}") from exc
 
 
@@ -380,7 +437,8 @@ class SqlTaskStore:
         # SQLite fast paths: each thread's own driver connection (see _sqlite_connection).
         self._local = threading.local()
         self._own_lock = threading.Lock()
-        self._own: list[tuple[threading.Thread, sqlite3.Connection]] = []
+        # Per-thread driver connections (sqlite3 or psycopg), detached from the engine's pool.
+        self._own: list[tuple[threading.Thread, Any]] = []
         self._generation = 0  # bumped by close(): connections of an older one are closed
         if upgrade:
             try:
@@ -406,7 +464,7 @@ class SqlTaskStore:
             self._generation += 1
             own, self._own = self._own, []
         for _thread, db in own:
-            with suppress(sqlite3.Error):
+            with suppress(sqlite3.Error, *_PG_ERRORS):
                 db.close()
         self._engine.dispose()
 
@@ -444,6 +502,12 @@ class SqlTaskStore:
         db = raw.driver_connection
         assert isinstance(db, sqlite3.Connection)
         raw.detach()
+        self._local.db = (self._adopt(db), db)
+        return db
+
+    def _adopt(self, db: Any) -> int:
+        """Keep ``db`` as the calling thread's own connection (closed by :meth:`close`);
+        returns the generation it belongs to."""
         me = threading.current_thread()
         with self._own_lock:
             generation = self._generation
@@ -452,10 +516,9 @@ class SqlTaskStore:
             self._own = [entry for entry in self._own if entry[0].is_alive()]
             self._own.append((me, db))
         for _thread, old in dead:
-            with suppress(sqlite3.Error):
+            with suppress(sqlite3.Error, *_PG_ERRORS):
                 old.close()
-        self._local.db = (generation, db)
-        return db
+        return generation
 
     @contextmanager
     def _sqlite_read(self, action: str) -> Iterator[sqlite3.Connection]:
@@ -483,6 +546,60 @@ class SqlTaskStore:
                 with suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
                 raise
+
+    # The same on PostgreSQL. Through SQLAlchemy every call checked a connection out of the
+    # pool (with a pre-ping SELECT 1 round trip), and a write cost a BEGIN, the UPDATE, the
+    # change-log lock, the change-log INSERT and a COMMIT: five round trips, each waiting on a
+    # server that shares the cores. On the thread's own connection, in autocommit mode, a read
+    # is one statement and a state change one statement too (see _PG_TRANSITION), each its own
+    # transaction; psycopg prepares a statement server-side once it has run a few times.
+    # Without the pre-ping, a connection the server dropped is noticed by the first statement
+    # on it: reads are then retried once on a new connection, writes only when the session had
+    # certainly ended before they committed (_PG_SESSION_ENDED). A new connection comes from
+    # the engine (its connect timeout, its pre-ping), so a store that is down still raises
+    # StoreUnavailable at once.
+
+    def _pg_connection(self) -> Any:
+        """This thread's own psycopg connection (autocommit, session time zone UTC)."""
+        cached: tuple[int, Any] | None = getattr(self._local, "db", None)
+        if cached is not None and cached[0] == self._generation and not cached[1].closed:
+            return cached[1]
+        raw = self._engine.raw_connection()
+        try:
+            db: Any = raw.driver_connection
+            db.rollback()  # the pool's pre-ping left a transaction open
+            db.autocommit = True
+            # Times come back as datetime.UTC, as UtcDateTime gives them, with no conversion.
+            db.execute("SET TIME ZONE 'UTC'")
+        except BaseException:
+            raw.invalidate()
+            raise
+        raw.detach()
+        self._local.db = (self._adopt(db), db)
+        return db
+
+    def _pg_forget(self, db: Any) -> None:
+        """Close and forget this thread's connection ``db`` (it broke)."""
+        with self._own_lock:
+            self._own = [entry for entry in self._own if entry[1] is not db]
+        with suppress(*_PG_ERRORS):
+            db.close()
+        self._local.db = None
+
+    def _pg_run(self, action: str, run: Callable[[Any], _T], *, write: bool = False) -> _T:
+        """``run(connection)`` on this thread's connection, once more on a new one when the
+        old one turns out to be dead (for a write: only if it certainly did not commit)."""
+        with _errors(action):
+            db = self._pg_connection()
+            try:
+                return run(db)
+            except _PG_ERRORS as exc:
+                if not db.closed and not db.broken:
+                    raise  # the statement failed, not the connection
+                self._pg_forget(db)
+                if write and not isinstance(exc, _PG_SESSION_ENDED):
+                    raise
+            return run(self._pg_connection())
 
     def _insert(self) -> Any:
         # Both dialects spell ON CONFLICT the same way, but through their own insert().
@@ -602,10 +719,13 @@ class SqlTaskStore:
         building the whole campaign (its policy is JSON).
         """
         if self._postgres:
-            with self._read("get campaign state") as conn:
-                state = conn.execute(
-                    sa.select(schema.campaigns.c.state).where(schema.campaigns.c.id == campaign_id)
-                ).scalar_one_or_none()
+            rows = self._pg_run(
+                "get campaign state",
+                lambda db: db.execute(
+                    "SELECT state FROM campaigns WHERE id = %s", (campaign_id,)
+                ).fetchall(),
+            )
+            state = rows[0][0] if rows else None
         else:
             with self._sqlite_read("get campaign state") as db:
                 rows = db.execute(
@@ -718,9 +838,9 @@ class SqlTaskStore:
         self, campaign_id: str, *, after: int = -1, limit: int = 1000
     ) -> list[Recipient]:
         _check_limit(limit)
-        with self._read("list recipients") as conn:
-            self._require_campaign(conn, campaign_id)
-            if not self._postgres:
+        if not self._postgres:
+            with self._read("list recipients") as conn:
+                self._require_campaign(conn, campaign_id)
                 # The driver's cursor and rows (see list_tasks): provisioning reads every
                 # recipient of a campaign once, and SQLAlchemy's result rows cost a third more.
                 cursor = conn.connection.cursor()
@@ -738,16 +858,22 @@ class SqlTaskStore:
                     Recipient(position, email, name, subject, text, html, json.loads(variables))
                     for position, email, name, subject, text, html, variables in raw
                 ]
-            rows = conn.execute(
-                sa.select(schema.recipients)
-                .where(
-                    schema.recipients.c.campaign_id == campaign_id,
-                    schema.recipients.c.position > after,
-                )
-                .order_by(schema.recipients.c.position)
-                .limit(limit)
-            ).all()
-        return [_recipient(row) for row in rows]
+        # PostgreSQL: one statement on this thread's connection; the campaign is looked up only
+        # when the page is empty (a recipient's campaign exists: a foreign key).
+        sql = (
+            "SELECT position, email, name, subject, text, html, variables FROM recipients"
+            " WHERE campaign_id = %s AND position > %s ORDER BY position LIMIT %s"
+        )
+
+        def run(db: Any) -> list[Recipient]:
+            rows = db.execute(sql, (campaign_id, after, limit)).fetchall()
+            if not rows:
+                found = db.execute("SELECT 1 FROM campaigns WHERE id = %s", (campaign_id,))
+                if not found.fetchall():
+                    raise NotFound("campaign", campaign_id)
+            return [Recipient(*row) for row in rows]
+
+        return self._pg_run("list recipients", run)
 
     # tasks -----------------------------------------------------------------------------------
 
@@ -765,6 +891,8 @@ class SqlTaskStore:
                 raise IllegalTransition(
                     "task", "(new)", task.state.value, "tasks are created Pending"
                 )
+        if self._postgres and len(tasks) <= _UNNEST_CHUNK_SIZE:
+            return self._pg_insert_tasks(tasks, at)
         with self._write("insert tasks") as conn:
             for campaign_id in sorted({t.campaign_id for t in tasks}):
                 self._require_campaign(conn, campaign_id)
@@ -825,6 +953,53 @@ class SqlTaskStore:
             self._log(conn, entries)
         return len(entries)
 
+    def _pg_insert_tasks(self, tasks: Sequence[Task], at: datetime) -> int:
+        """:meth:`insert_tasks` on PostgreSQL, one provisioning chunk: one statement
+        (:data:`_PG_INSERT_TASKS`), so one round trip and one transaction."""
+        stamp = _pg_time(at)
+        pending = TaskState.PENDING.value
+        # Two provisioners inserting the same tasks wait on each other's uncommitted rows;
+        # taking them in one global order (by id) means they cannot deadlock.
+        rows = [
+            (
+                t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
+                _pg_time(t.send_at), pending, t.token, t.attempts, _pg_time(t.claimed_at),
+                _pg_time(t.sent_at), t.message_id, t.error, stamp, stamp,
+            )
+            for t in sorted(tasks, key=lambda t: t.id)
+        ]  # fmt: skip
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        # One entry per inserted id, for its first task in the input (a later duplicate of an
+        # id is skipped by ON CONFLICT, the sort being stable).
+        seen: set[str] = set()
+        log_ids: list[str] = []
+        log_campaigns: list[str] = []
+        for t in tasks:
+            if t.id not in seen:
+                seen.add(t.id)
+                log_ids.append(t.id)
+                log_campaigns.append(t.campaign_id)
+        params = (*columns, pending, stamp, log_ids, log_campaigns)
+
+        def run(db: Any) -> int:
+            try:
+                row = db.execute(_PG_INSERT_TASKS, params).fetchone()
+            except pg_errors.ForeignKeyViolation:
+                found = {
+                    r[0]
+                    for r in db.execute(
+                        "SELECT id FROM campaigns WHERE id = ANY(%s::varchar[])",
+                        (sorted(set(log_campaigns)),),
+                    )
+                }
+                missing = sorted(set(log_campaigns) - found)
+                if not missing:
+                    raise
+                raise NotFound("campaign", missing[0]) from None
+            return int(row[0])
+
+        return self._pg_run("insert tasks", run, write=True)
+
     def get_task(self, task_id: str) -> Task | None:
         if not self._postgres:
             # The send path reads a task per send: the driver's row, converted here.
@@ -833,9 +1008,13 @@ class SqlTaskStore:
                     f"SELECT {_SQLITE_TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
                 ).fetchall()
             return _sqlite_task(rows[0]) if rows else None
-        with self._read("get task") as conn:
-            row = conn.execute(sa.select(schema.tasks).where(schema.tasks.c.id == task_id)).first()
-        return None if row is None else _task(row)
+        sql = f"SELECT {_PG_TASK_COLUMNS} FROM tasks WHERE id = %s"
+
+        def run(db: Any) -> Task | None:
+            rows = db.execute(sql, (task_id,)).fetchall()
+            return _task(rows[0]) if rows else None
+
+        return self._pg_run("get task", run)
 
     def transition(
         self,
@@ -882,30 +1061,27 @@ class SqlTaskStore:
                     (task.campaign_id, task.id, expected.value, new.value, sqlite_text(at), note),
                 )
             return task
-        with self._write("transition task") as conn:
-            row = conn.execute(
-                sa.update(schema.tasks)
-                .where(schema.tasks.c.id == task_id, schema.tasks.c.state == expected.value)
-                .values(**values)
-                .returning(*schema.tasks.c)
-            ).first()
-            if row is None:
-                return None
-            task = _task(row)
-            self._log(
-                conn,
-                [
-                    {
-                        "campaign_id": task.campaign_id,
-                        "task_id": task.id,
-                        "from_state": expected.value,
-                        "to_state": new.value,
-                        "at": at,
-                        "note": note,
-                    }
-                ],
-            )
-        return task
+        return self._pg_transition(task_id, expected, new, values, at, note)
+
+    def _pg_transition(
+        self,
+        task_id: str,
+        expected: TaskState,
+        new: TaskState,
+        values: Mapping[str, Any],
+        at: datetime,
+        note: str | None,
+    ) -> Task | None:
+        """:meth:`transition` on PostgreSQL: one statement (:data:`_PG_TRANSITION`)."""
+        params = [_pg_time(v) if isinstance(v, datetime) else v for v in values.values()]
+        sql = _PG_TRANSITION.format(sets=", ".join(f"{name} = %s" for name in values))
+        args = (*params, task_id, expected.value, expected.value, new.value, _pg_time(at), note)
+
+        def run(db: Any) -> Task | None:
+            rows = db.execute(sql, args).fetchall()
+            return _task(rows[0]) if rows else None
+
+        return self._pg_run("transition task", run, write=True)
 
     def transition_all(
         self,
@@ -1078,16 +1254,14 @@ class SqlTaskStore:
                     (campaign_id, *open_states),
                 ).fetchall()
             return bool(rows)
-        with self._read("check unfinished tasks") as conn:
-            found = conn.execute(
-                sa.select(schema.tasks.c.id)
-                .where(
-                    schema.tasks.c.campaign_id == campaign_id,
-                    schema.tasks.c.state.in_(open_states),
-                )
-                .limit(1)
-            ).first()
-        return found is not None
+        rows = self._pg_run(
+            "check unfinished tasks",
+            lambda db: db.execute(
+                "SELECT 1 FROM tasks WHERE campaign_id = %s AND state IN (%s, %s) LIMIT 1",
+                (campaign_id, *open_states),
+            ).fetchall(),
+        )
+        return bool(rows)
 
     def due_tasks(
         self,

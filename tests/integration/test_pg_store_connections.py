@@ -1,0 +1,164 @@
+"""SqlTaskStore on PostgreSQL: the send path's and the provisioner's statements run on a psycopg
+connection per thread, in autocommit mode, with no pre-ping.
+
+What the pool's pre-ping gave must still hold: a connection the server ended while it sat idle
+is replaced on its next use (a read, and a write that certainly did not run, are retried once
+on a new connection), and a database that refuses connections raises StoreUnavailable at once,
+then works again when it is back. Several threads claim and finish tasks at once without losing
+a change-log row, and ``close()`` closes the connections while a later call opens anew.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.domain.errors import NotFound, StoreUnavailable
+from sendqueue.domain.lifecycle import TaskState
+from tests.conftest import POSTGRES_ADMIN_URL
+from tests.support.app import T0, csv_bytes, fake_app, open_policy
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def store(postgres_url: str) -> Iterator[SqlTaskStore]:
+    opened = SqlTaskStore(postgres_url)
+    yield opened
+    opened.close()
+
+
+def _provisioned(store: SqlTaskStore, count: int) -> tuple[str, list[str]]:
+    app = fake_app(store=store)
+    cid = app.campaigns.create(
+        name="c", recipients=csv_bytes(count), policy=open_policy()
+    ).campaign.id
+    assert app.provisioner.provision(cid).status == "done"
+    return cid, [t.id for t in store.list_tasks(cid, limit=count)]
+
+
+def _admin(sql: str, *params: object) -> None:
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(sql, params)
+
+
+def _terminate(database: str) -> None:
+    _admin(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = %s AND pid <> pg_backend_pid()",
+        database,
+    )
+
+
+def _backend_pid(store: SqlTaskStore) -> int:
+    pid: int = store._pg_connection().info.backend_pid
+    return pid
+
+
+def test_threads_claim_and_finish_on_their_own_connections(store: SqlTaskStore) -> None:
+    cid, ids = _provisioned(store, 200)
+    before = store.last_change_id()
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        for task_id in ids:
+            task = store.transition(task_id, TaskState.PENDING, TaskState.RUNNING, at=T0)
+            if task is None:
+                continue  # another thread won the compare-and-set
+            with lock:
+                claimed.append(task_id)
+            assert store.campaign_state(cid).value in {"active", "provisioning"}
+            assert store.transition(task_id, TaskState.RUNNING, TaskState.FINISHED, at=T0)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(claimed) == sorted(ids)  # each claimed exactly once
+    assert store.count_tasks(cid)[TaskState.FINISHED] == 200
+    assert not store.has_unfinished_tasks(cid)
+    entries = store.changes_after(before, campaign_id=cid, limit=1000)
+    assert len(entries) == 400  # Pending -> Running and Running -> Finished, each logged once
+    assert [e.id for e in entries] == sorted(e.id for e in entries)
+
+
+def test_a_connection_the_server_ended_is_replaced_on_its_next_use(
+    store: SqlTaskStore, postgres_url: str
+) -> None:
+    database = postgres_url.rsplit("/", 1)[1]
+    cid, ids = _provisioned(store, 3)
+    first = _backend_pid(store)
+    _terminate(database)
+    task = store.get_task(ids[0])  # a read: retried once on a new connection
+    assert task is not None and task.state is TaskState.PENDING
+    second = _backend_pid(store)
+    assert second != first
+    _terminate(database)
+    # a write the server refused because the session had ended: it never ran, so it is retried
+    claimed = store.transition(ids[0], TaskState.PENDING, TaskState.RUNNING, at=T0)
+    assert claimed is not None and claimed.state is TaskState.RUNNING
+    assert _backend_pid(store) != second
+    assert store.has_unfinished_tasks(cid)
+    entries = store.changes_after(0, campaign_id=cid, limit=100)
+    moved = [(e.task_id, e.to_state) for e in entries if e.from_state == TaskState.PENDING.value]
+    assert moved == [(ids[0], TaskState.RUNNING.value)]  # logged exactly once
+
+
+def test_a_database_that_refuses_connections_raises_at_once_then_recovers(
+    store: SqlTaskStore, postgres_url: str
+) -> None:
+    database = postgres_url.rsplit("/", 1)[1]
+    cid, ids = _provisioned(store, 2)
+    _admin(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+    try:
+        _terminate(database)
+        for call in (
+            lambda: store.get_task(ids[0]),
+            lambda: store.campaign_state(cid),
+            lambda: store.has_unfinished_tasks(cid),
+            lambda: store.transition(ids[0], TaskState.PENDING, TaskState.RUNNING, at=T0),
+            lambda: store.list_recipients(cid),
+        ):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                call()
+            assert time.monotonic() - started < 5
+    finally:
+        _admin(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+    claimed = store.transition(ids[0], TaskState.PENDING, TaskState.RUNNING, at=T0)
+    assert claimed is not None
+    assert store.get_task(ids[1]) is not None
+
+
+def test_statement_errors_are_not_retried_and_keep_the_connection(store: SqlTaskStore) -> None:
+    _cid, ids = _provisioned(store, 1)
+    pid = _backend_pid(store)
+    with pytest.raises(NotFound):
+        store.list_recipients("no-such-campaign")
+    with pytest.raises(NotFound):
+        store.campaign_state("no-such-campaign")
+    assert _backend_pid(store) == pid
+    assert store.get_task(ids[0]) is not None
+
+
+def test_close_closes_the_connections_and_a_later_call_opens_anew(store: SqlTaskStore) -> None:
+    _cid, ids = _provisioned(store, 2)  # the main thread has its connection now
+    for _ in range(3):
+        thread = threading.Thread(target=store.get_task, args=(ids[0],))
+        thread.start()
+        thread.join()
+    # each new thread's connection closed the one the previous, dead, thread left
+    owners = [t for t, _ in store._own]
+    assert len(owners) == 2 and threading.current_thread() in owners
+    connections = [db for _, db in store._own]
+    store.close()
+    assert store._own == [] and all(db.closed for db in connections)
+    task = store.get_task(ids[1])  # opens anew, like the engine after dispose()
+    assert task is not None and task.state is TaskState.PENDING
