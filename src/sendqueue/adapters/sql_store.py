@@ -54,6 +54,7 @@ from sendqueue.domain.policy import SendingPolicy
 
 try:  # the PostgreSQL fast paths use the driver directly; it is an optional dependency
     import psycopg
+    import psycopg.types.json
     from psycopg import errors as pg_errors
 except ImportError:  # pragma: no cover - the "postgres" extra not installed
     psycopg = None  # type: ignore[assignment]
@@ -360,6 +361,17 @@ _PG_INSERT_TASKS = (
     " FROM unnest(%b::varchar[], %b::varchar[]) WITH ORDINALITY AS e(id, campaign_id, ord)"
     " JOIN ins ON ins.id = e.id CROSS JOIN locked ORDER BY e.ord RETURNING 1)"
     " SELECT count(*) FROM logged"
+)
+
+
+#: A campaign's checkpoint with its progress entry, in one statement (see _PG_TRANSITION).
+_PG_CHECKPOINT_LOGGED = (
+    "WITH saved AS (UPDATE campaigns SET checkpoint = %s, updated_at = %s WHERE id = %s"
+    " RETURNING id),"
+    f" locked AS (SELECT id, pg_advisory_xact_lock({CHANGE_LOG_LOCK_KEY}) FROM saved),"
+    " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+    " SELECT id, NULL, NULL, 'progress', %s::timestamptz, %s::text FROM locked)"
+    " SELECT count(*) FROM saved"
 )
 
 
@@ -811,6 +823,9 @@ class SqlTaskStore:
         note: str | None = None,
     ) -> None:
         _json_ready("checkpoint", checkpoint)
+        if self._postgres:
+            self._pg_save_checkpoint(campaign_id, checkpoint, at, note)
+            return
         with self._write("save checkpoint") as conn:
             result = conn.execute(
                 sa.update(schema.campaigns)
@@ -833,6 +848,31 @@ class SqlTaskStore:
                         }
                     ],
                 )
+
+    def _pg_save_checkpoint(
+        self,
+        campaign_id: str,
+        checkpoint: Mapping[str, object] | None,
+        at: datetime,
+        note: str | None,
+    ) -> None:
+        """:meth:`save_checkpoint` on PostgreSQL (the provisioner saves one per chunk): one
+        statement, the progress entry (if any) logged as :data:`_PG_TRANSITION` logs."""
+        value = None if checkpoint is None else psycopg.types.json.Json(dict(checkpoint))
+        stamp = _pg_time(at)
+        if note is None:
+            sql = "UPDATE campaigns SET checkpoint = %s, updated_at = %s WHERE id = %s"
+            args: tuple[object, ...] = (value, stamp, campaign_id)
+        else:
+            sql = _PG_CHECKPOINT_LOGGED
+            args = (value, stamp, campaign_id, stamp, note)
+
+        def run(db: Any) -> int:
+            cursor = db.execute(sql, args)
+            return int(cursor.fetchone()[0]) if note is not None else int(cursor.rowcount)
+
+        if self._pg_run("save checkpoint", run, write=True) == 0:
+            raise NotFound("campaign", campaign_id)
 
     # recipients ------------------------------------------------------------------------------
 
