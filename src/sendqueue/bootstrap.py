@@ -63,6 +63,10 @@ def _make_parent(url: str) -> None:
 class Container:
     """Everything a sendqueue process needs, wired once."""
 
+    #: Campaign timezones :meth:`timezone_of` keeps; beyond this the oldest go (a worker process
+    #: lives through many campaigns, and its memory must not grow with each).
+    ZONES_CACHED = 4096
+
     def __init__(
         self,
         settings: Settings,
@@ -203,6 +207,8 @@ class Container:
         if zone is None:
             zone = self.store.get_campaign(campaign_id).policy.timezone
             with self._zones_lock:
+                if len(self._zones) >= self.ZONES_CACHED:
+                    del self._zones[next(iter(self._zones))]
                 self._zones[campaign_id] = zone
         return zone
 

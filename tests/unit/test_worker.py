@@ -282,6 +282,7 @@ def test_the_worker_keeps_nothing_for_campaigns_that_are_done() -> None:
     clock = FakeClock(T0)
     mailer = RecordingMailer()
     app = fake_app(clock=clock, mailer=mailer, auto_pause_after=5)
+    app.ZONES_CACHED = 5  # the container's timezone cache, made small
     cids = [_provisioned(app, 2) for _ in range(20)]
     # half the sends fail for good: some campaigns end on a failure streak (under the limit)
     mailer.fail_next(*[PermanentMailError("550 rejected")] * 20)
@@ -292,3 +293,5 @@ def test_the_worker_keeps_nothing_for_campaigns_that_are_done() -> None:
     worker = app.worker
     assert worker._campaigns_seen == {}
     assert worker._failures_in_a_row == {}
+    assert len(app._zones) == 5
+    assert app.timezone_of(cids[0]) == "UTC"  # dropped from the cache, read again
