@@ -13,8 +13,10 @@ contract. How it keeps it:
 - Vendor exceptions are wrapped here: failures of the database become
   :class:`~sendqueue.domain.errors.StoreUnavailable`.
 
-The store is safe to use from several threads (a connection pool) and from several processes on
-one database. Open it after forking: an engine's pooled connections must not cross a fork.
+The store is safe to use from several threads (a connection pool, and on the hot paths a driver
+connection per thread: see :meth:`SqlTaskStore._sqlite_connection` and
+:meth:`SqlTaskStore._pg_connection`) and from several processes on one database. Open it after
+forking: an engine's pooled connections must not cross a fork.
 """
 
 from __future__ import annotations
