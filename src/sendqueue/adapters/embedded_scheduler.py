@@ -15,7 +15,15 @@ How it fires:
   (30 s), a safety net should a wake-up datagram be lost.
 - A due schedule is leased (``lease_owner``/``lease_until``, a conditional write in a
   ``BEGIN IMMEDIATE`` transaction) before its target runs, and the lease is renewed while it
-  runs. If the process dies, the lease expires and another dispatcher fires the schedule again:
+  runs. The dispatcher claims ``lookahead`` (25 ms) ahead: it wakes that much before the next
+  due time and leases what falls due within it (as many as it has free slots), and the fire
+  thread waits for the exact due time before invoking, so the transaction (and a WAL
+  checkpoint it may run) is not paid between the due time and the invocation. Nothing fires
+  before its due time. A schedule claimed ahead is read again right before its invocation
+  (on the fire thread's own connection, which never waits for the dispatcher's writes) and
+  skipped if it was deleted or replaced meanwhile: a delete before the due time still
+  cancels it. Once invoked, it is in flight as before (a delete does not stop it).
+  If the process dies, the lease expires and another dispatcher fires the schedule again:
   delivery is at-least-once. An expired lease counts as a failed attempt, so a target that
   kills its process every time ends in the dead-letter queue instead of looping.
 - At most ``concurrency`` targets run at once, on ``concurrency`` daemon threads that live as
@@ -176,6 +184,11 @@ def _conflict(name: str) -> Conflict:
     return Conflict(f"schedule {name!r} exists with another client token")
 
 
+#: What the dispatcher hands a fire thread: the schedule, the event set once its invocation
+#: ended, and whether it was claimed before its due time (see ``lookahead``).
+_Job = tuple[Schedule, threading.Event, bool]
+
+
 def _row_to_schedule(row: sqlite3.Row) -> Schedule:
     return Schedule(
         name=row["name"],
@@ -228,6 +241,7 @@ class EmbeddedScheduler:
         shutdown_timeout: float = 30.0,
         busy_timeout: float = 10.0,
         seed: int | None = None,
+        lookahead: float = 0.025,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -235,6 +249,8 @@ class EmbeddedScheduler:
             raise ValueError("lease_seconds and max_sleep must be > 0, timeouts >= 0")
         if retry_backoff < 0 or max_backoff < retry_backoff:
             raise ValueError("need 0 <= retry_backoff <= max_backoff")
+        if not 0 <= lookahead <= min(1.0, lease_seconds / 3):
+            raise ValueError("lookahead must be between 0 and min(1 s, lease_seconds / 3)")
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.alarm: Alarm = alarm if alarm is not None else LoggingAlarm()
         self.concurrency = concurrency
@@ -244,6 +260,10 @@ class EmbeddedScheduler:
         self.max_sleep = max_sleep
         self.shutdown_timeout = shutdown_timeout
         self.path = _sqlite_path(url)
+        # A private in-memory database cannot be read from a second connection, which the
+        # check of a schedule claimed ahead needs (see _still_ours): no claiming ahead there.
+        self.lookahead = 0.0 if self.path == ":memory:" else lookahead
+        self._busy_timeout = busy_timeout
         self._rng = random.Random(seed)
         self._lock = threading.RLock()
         self._cond = threading.Condition()
@@ -560,11 +580,11 @@ class EmbeddedScheduler:
         )
         watcher.start()
         in_flight: dict[str, threading.Event] = {}  # name -> set when its invocation ended
-        jobs: queue.SimpleQueue[tuple[Schedule, threading.Event] | None] = queue.SimpleQueue()
+        jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         for n in range(self.concurrency):
             threading.Thread(
                 target=self._fire_loop,
-                args=(jobs, target, owner),
+                args=(jobs, target, owner, stop),
                 name=f"sendqueue-fire-{n}",
                 daemon=True,  # a target hung past shutdown_timeout must not keep the process
             ).start()
@@ -583,13 +603,14 @@ class EmbeddedScheduler:
                         next_renew = time.monotonic() + renew_every
                     free = self.concurrency - len(in_flight)
                     if free > 0:
-                        claimed = self._claim(owner, self.clock.now(), limit=free)
+                        now = self.clock.now()
+                        claimed = self._claim(owner, now, limit=free, ahead=self.lookahead)
                         if stop.is_set():
                             self._release(owner, {s.name for s in claimed})
                             break
                         for schedule in claimed:
                             ended = threading.Event()
-                            jobs.put((schedule, ended))
+                            jobs.put((schedule, ended, schedule.due_at > now))
                             in_flight[schedule.name] = ended
                         if len(claimed) == free:
                             continue
@@ -621,22 +642,73 @@ class EmbeddedScheduler:
 
     def _fire_loop(
         self,
-        jobs: queue.SimpleQueue[tuple[Schedule, threading.Event] | None],
+        jobs: queue.SimpleQueue[_Job | None],
         target: Target,
         owner: str,
+        stop: threading.Event,
     ) -> None:
         """One of the dispatcher's fire threads: invoke what it hands over, until told to end.
 
-        The event is set (and the dispatcher notified) once the invocation has ended: the
-        dispatcher then counts the slot as free.
+        A schedule claimed ahead of its due time (``lookahead``) is waited for here, so the
+        claim's transaction is not between the due time and the invocation; it is invoked
+        only once due, only if ``stop`` is still unset (else its lease is released with the
+        others on shutdown), and only if it is still ours: a schedule deleted or replaced
+        after the claim but before its due time does not fire, as if it had not been claimed.
+        The event is set (and the dispatcher notified) once the invocation has ended (or was
+        skipped): the dispatcher then counts the slot as free.
         """
-        while (job := jobs.get()) is not None:
-            schedule, ended = job
-            try:
-                self._invoke(schedule, target, owner, defer_delete=True)
-            finally:
-                ended.set()
-                self._notify()
+        reader: sqlite3.Connection | None = None
+        try:
+            while (job := jobs.get()) is not None:
+                schedule, ended, ahead = job
+                try:
+                    if ahead:
+                        if not self._wait_until_due(schedule, stop):
+                            continue
+                        if reader is None:
+                            reader = self._reader()
+                        if not self._still_ours(reader, schedule, owner):
+                            continue
+                    self._invoke(schedule, target, owner, defer_delete=True)
+                finally:
+                    ended.set()
+                    self._notify()
+        finally:
+            if reader is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    reader.close()
+
+    def _wait_until_due(self, schedule: Schedule, stop: threading.Event) -> bool:
+        """Wait until ``schedule`` is due (never return early); False if ``stop`` was set."""
+        while not stop.is_set():
+            left = (schedule.due_at - self.clock.now()).total_seconds()
+            if left <= 0:
+                return True
+            stop.wait(left)
+        return False
+
+    def _reader(self) -> sqlite3.Connection:
+        """A fire thread's own read connection: in WAL mode, its reads never wait for the
+        dispatcher's write transactions (nor for the lock on the shared connection)."""
+        reader = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
+        reader.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+        return reader
+
+    def _still_ours(self, reader: sqlite3.Connection, schedule: Schedule, owner: str) -> bool:
+        """Is ``schedule`` still there, unchanged and leased by us? On a database error, say
+        yes: the claim stands, as for a schedule claimed when due (at-least-once)."""
+        try:
+            row = reader.execute(
+                "SELECT 1 FROM schedules WHERE name = ? AND lease_owner = ? "
+                "AND client_token = ? AND due_at = ?",
+                (schedule.name, owner, schedule.client_token, _us(schedule.due_at)),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            log.warning("schedule %s: cannot re-check it before firing: %s", schedule.name, exc)
+            return True
+        if row is None:
+            log.info("schedule %s was deleted or replaced after being claimed", schedule.name)
+        return row is not None
 
     def _drain(self, owner: str, in_flight: dict[str, threading.Event]) -> None:
         """Let running targets finish (bounded), then release what we still hold."""
@@ -705,10 +777,14 @@ class EmbeddedScheduler:
     def _new_owner(self) -> str:
         return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
-    def _claim(self, owner: str, now: datetime, *, limit: int | None) -> builtins.list[Schedule]:
-        """Lease up to ``limit`` due schedules (None: all), in due order."""
+    def _claim(
+        self, owner: str, now: datetime, *, limit: int | None, ahead: float = 0.0
+    ) -> builtins.list[Schedule]:
+        """Lease up to ``limit`` schedules due by ``now`` + ``ahead`` seconds (None: all), in
+        due order. The lease covers the wait until the due time, then ``lease_seconds``."""
         now_us = _us(now)
-        until = _us(now + timedelta(seconds=self.lease_seconds))
+        horizon_us = _us(now + timedelta(seconds=ahead))
+        until = _us(now + timedelta(seconds=ahead + self.lease_seconds))
         claimed: builtins.list[Schedule] = []
         letters: builtins.list[DeadLetter] = []
         with self._write_deleting_succeeded() as conn:
@@ -716,7 +792,7 @@ class EmbeddedScheduler:
                 f"SELECT {_COLUMNS} FROM schedules WHERE due_at <= ? "
                 "AND (lease_owner IS NULL OR (lease_until <= ? AND lease_owner != ?)) "
                 "ORDER BY due_at, name LIMIT ?",
-                (now_us, now_us, owner, -1 if limit is None else limit),
+                (horizon_us, now_us, owner, -1 if limit is None else limit),
             ).fetchall()
             for row in rows:
                 schedule = _row_to_schedule(row)
@@ -871,8 +947,8 @@ class EmbeddedScheduler:
             self._notify()
 
     def _next_available(self, owner: str) -> datetime | None:
-        """When the next schedule becomes claimable: the earliest free due time or the
-        earliest expiry of someone else's lease."""
+        """When the next schedule becomes claimable: ``lookahead`` before the earliest free
+        due time, or the earliest expiry of someone else's lease."""
         free = self._read(
             "SELECT due_at FROM schedules WHERE lease_owner IS NULL ORDER BY due_at LIMIT 1"
         )
@@ -881,7 +957,8 @@ class EmbeddedScheduler:
             "AND lease_owner != ? ORDER BY lease_until LIMIT 1",
             (owner,),
         )
-        times = [_dt(r[0]) for r in free + held]
+        ahead = timedelta(seconds=self.lookahead)
+        times = [_dt(r[0]) - ahead for r in free] + [_dt(r[0]) for r in held]
         return min(times) if times else None
 
     # ----------------------------------------------------------------- waking up
