@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
-from sendqueue.adapters.mime import build_message, envelope_addresses, needs_smtputf8
+from sendqueue.adapters.mime import build_message, envelope_of, needs_smtputf8
 from sendqueue.domain.errors import (
     InvalidField,
     MailError,
@@ -187,10 +187,10 @@ class SmtpMailer:
         """Hand ``message`` to the server; returns its Message-ID once the server accepted it."""
         try:
             mime = build_message(message)
-            sender, recipient = envelope_addresses(message)
         except InvalidField as exc:
             # A message that cannot be built never will be: retrying cannot help.
             raise PermanentMailError(f"message not sent, it is invalid: {exc}") from exc
+        sender, recipient = envelope_of(mime)
         data = mime.as_bytes()
         utf8 = needs_smtputf8(mime)
         for attempt in (1, 2):
