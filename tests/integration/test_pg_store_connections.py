@@ -56,7 +56,12 @@ def _terminate(database: str) -> None:
 
 
 def _backend_pid(store: SqlTaskStore) -> int:
-    pid: int = store._pg_connection().info.backend_pid
+    """The server process of the fast-path connection the next call would use."""
+    generation, db = store._pg_checkout()
+    try:
+        pid: int = db.info.backend_pid
+    finally:
+        store._pg_checkin(generation, db)
     return pid
 
 
@@ -148,17 +153,24 @@ def test_statement_errors_are_not_retried_and_keep_the_connection(store: SqlTask
     assert store.get_task(ids[0]) is not None
 
 
-def test_close_closes_the_connections_and_a_later_call_opens_anew(store: SqlTaskStore) -> None:
-    _cid, ids = _provisioned(store, 2)  # the main thread has its connection now
+def test_threads_share_a_bounded_set_of_idle_connections(store: SqlTaskStore) -> None:
+    """A web server's many threads must not each keep a connection open: the server allows
+    a hundred in all, for every process."""
+    _cid, ids = _provisioned(store, 2)
+    pid = _backend_pid(store)
     for _ in range(3):
         thread = threading.Thread(target=store.get_task, args=(ids[0],))
         thread.start()
         thread.join()
-    # each new thread's connection closed the one the previous, dead, thread left
-    owners = [t for t, _ in store._own]
-    assert len(owners) == 2 and threading.current_thread() in owners
-    connections = [db for _, db in store._own]
+    assert len(store._pg_idle) == 1 and _backend_pid(store) == pid  # reused, not one per thread
+    held = [store._pg_checkout() for _ in range(10)]  # ten calls at once
+    assert len({db.info.backend_pid for _, db in held}) == 10
+    for generation, db in held:
+        store._pg_checkin(generation, db)
+    kept = list(store._pg_idle)
+    assert len(kept) == 4  # pg_idle_connections
+    assert sum(db.closed for _, db in held) == 6
     store.close()
-    assert store._own == [] and all(db.closed for db in connections)
+    assert store._pg_idle == [] and all(db.closed for db in kept)
     task = store.get_task(ids[1])  # opens anew, like the engine after dispose()
     assert task is not None and task.state is TaskState.PENDING

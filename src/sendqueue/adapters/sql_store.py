@@ -15,7 +15,7 @@ contract. How it keeps it:
 
 The store is safe to use from several threads (a connection pool, and on the hot paths a driver
 connection per thread: see :meth:`SqlTaskStore._sqlite_connection` and
-:meth:`SqlTaskStore._pg_connection`) and from several processes on one database. Open it after
+:meth:`SqlTaskStore._pg_checkout`) and from several processes on one database. Open it after
 forking: an engine's pooled connections must not cross a fork.
 """
 
@@ -433,7 +433,8 @@ class SqlTaskStore:
     (plain ``postgresql://`` means psycopg 3 too). With ``upgrade`` (the default) the schema is
     migrated to the newest revision on open; pass ``upgrade=False`` where ``sendqueue db
     upgrade`` is run explicitly. ``engine_options`` go to :func:`sqlalchemy.create_engine`
-    (e.g. ``pool_size``).
+    (e.g. ``pool_size``). On PostgreSQL the hot paths keep up to ``pg_idle_connections``
+    connections of their own open between calls, besides the engine's pool.
     """
 
     def __init__(
@@ -442,6 +443,7 @@ class SqlTaskStore:
         *,
         upgrade: bool = True,
         engine_options: Mapping[str, Any] | None = None,
+        pg_idle_connections: int = 4,
     ) -> None:
         # Creating the engine does not connect; an unreachable database shows on first use.
         self._engine: Engine = create_store_engine(url, **dict(engine_options or {}))
@@ -456,6 +458,9 @@ class SqlTaskStore:
         # Per-thread driver connections (sqlite3 or psycopg), detached from the engine's pool.
         self._own: list[tuple[threading.Thread, Any]] = []
         self._generation = 0  # bumped by close(): connections of an older one are closed
+        # PostgreSQL fast-path connections not in use (see _pg_checkout), at most this many.
+        self._pg_idle: list[Any] = []
+        self._pg_idle_max = pg_idle_connections
         if upgrade:
             try:
                 migrate.upgrade_engine(self._engine)
@@ -479,7 +484,8 @@ class SqlTaskStore:
         with self._own_lock:
             self._generation += 1
             own, self._own = self._own, []
-        for _thread, db in own:
+            idle, self._pg_idle = self._pg_idle, []
+        for db in [entry[1] for entry in own] + idle:
             with suppress(sqlite3.Error, *_PG_ERRORS):
                 db.close()
         self._engine.dispose()
@@ -566,7 +572,7 @@ class SqlTaskStore:
     # The same on PostgreSQL. Through SQLAlchemy every call checked a connection out of the
     # pool (with a pre-ping SELECT 1 round trip), and a write cost a BEGIN, the UPDATE, the
     # change-log lock, the change-log INSERT and a COMMIT: five round trips, each waiting on a
-    # server that shares the cores. On the thread's own connection, in autocommit mode, a read
+    # server that shares the cores. On a fast-path connection in autocommit mode, a read
     # is one statement and a state change one statement too (see _PG_TRANSITION), each its own
     # transaction; psycopg prepares a statement server-side once it has run a few times.
     # Without the pre-ping, a connection the server dropped is noticed by the first statement
@@ -575,11 +581,9 @@ class SqlTaskStore:
     # the engine (its connect timeout, its pre-ping), so a store that is down still raises
     # StoreUnavailable at once.
 
-    def _pg_connection(self) -> Any:
-        """This thread's own psycopg connection (autocommit, session time zone UTC)."""
-        cached: tuple[int, Any] | None = getattr(self._local, "db", None)
-        if cached is not None and cached[0] == self._generation and not cached[1].closed:
-            return cached[1]
+    def _pg_open(self) -> Any:
+        """A new psycopg connection from the engine (its connect timeout and pre-ping), then
+        detached from its pool: autocommit, session time zone UTC."""
         raw = self._engine.raw_connection()
         try:
             db: Any = raw.driver_connection
@@ -591,31 +595,53 @@ class SqlTaskStore:
             raw.invalidate()
             raise
         raw.detach()
-        self._local.db = (self._adopt(db), db)
         return db
 
-    def _pg_forget(self, db: Any) -> None:
-        """Close and forget this thread's connection ``db`` (it broke)."""
+    def _pg_checkout(self) -> tuple[int, Any]:
+        """An idle fast-path connection (the most recently used), or a new one; with the
+        generation it belongs to. Give it back with :meth:`_pg_checkin`."""
         with self._own_lock:
-            self._own = [entry for entry in self._own if entry[1] is not db]
+            generation = self._generation
+            if self._pg_idle:
+                return generation, self._pg_idle.pop()
+        return generation, self._pg_open()
+
+    def _pg_checkin(self, generation: int, db: Any) -> None:
+        """Keep ``db`` for the next call, unless it broke, :meth:`close` ran since it was
+        checked out, or ``pg_idle_connections`` are kept already: then close it. Idle ones
+        are bounded, not one per thread: a web server's forty threads would otherwise each
+        keep a connection open on a server that allows a hundred in all."""
+        with self._own_lock:
+            if (
+                generation == self._generation
+                and not db.closed
+                and not db.broken
+                and len(self._pg_idle) < self._pg_idle_max
+            ):
+                self._pg_idle.append(db)
+                return
         with suppress(*_PG_ERRORS):
             db.close()
-        self._local.db = None
 
     def _pg_run(self, action: str, run: Callable[[Any], _T], *, write: bool = False) -> _T:
-        """``run(connection)`` on this thread's connection, once more on a new one when the
-        old one turns out to be dead (for a write: only if it certainly did not commit)."""
+        """``run(connection)`` on a fast-path connection, once more on a new one when the old
+        one turns out to be dead (for a write: only if it certainly did not commit)."""
         with _errors(action):
-            db = self._pg_connection()
+            generation, db = self._pg_checkout()
             try:
                 return run(db)
             except _PG_ERRORS as exc:
                 if not db.closed and not db.broken:
                     raise  # the statement failed, not the connection
-                self._pg_forget(db)
                 if write and not isinstance(exc, _PG_SESSION_ENDED):
                     raise
-            return run(self._pg_connection())
+            finally:
+                self._pg_checkin(generation, db)
+            generation, db = generation, self._pg_open()
+            try:
+                return run(db)
+            finally:
+                self._pg_checkin(generation, db)
 
     def _insert(self) -> Any:
         # Both dialects spell ON CONFLICT the same way, but through their own insert().
