@@ -17,7 +17,9 @@ from bench.report import render_markdown
 from bench import __main__ as bench_main
 from bench import dispatch, planner, provisioning, reconciler, stream, throughput
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bench")]
+# One xdist group with tests/integration/test_procrastinate.py: both open many PostgreSQL
+# connections, and the server allows a hundred in all.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("many-connections")]
 
 _MACHINE = {
     "cpu_count": 1,

@@ -56,7 +56,10 @@ from tests.support.smtp import SmtpSink
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.postgres
+# Three worker processes each hold a dozen or more PostgreSQL connections (procrastinate's
+# pools, the store's); the bench smoke run is as greedy. Under `-n 2` the two must not run at
+# once on a server that allows a hundred connections in all (CI saw "too many clients").
+pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("many-connections")]
 
 
 # --------------------------------------------------------------------------- helpers
