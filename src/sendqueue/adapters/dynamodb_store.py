@@ -99,6 +99,7 @@ from sendqueue.domain.models import (
     Recipient,
     Task,
     TaskChanges,
+    checked_changes,
     utc,
 )
 from sendqueue.domain.policy import SendingPolicy
@@ -116,8 +117,6 @@ GSI_NAMES: dict[str, tuple[str, str]] = {
 }
 _KEY_TYPES = {"pk": "S", "sk": "S", "gc": "S", "gp": "N", "gs": "S", "gt": "S", "gd": "S"}
 
-_TASK_CHANGE_FIELDS = frozenset(TaskChanges.__annotations__)
-_TIME_FIELDS = frozenset({"send_at", "claimed_at", "sent_at"})
 #: Items per TransactWriteItems (DynamoDB's limit is 100) and entries per log item.
 _TXN_ITEMS = 100
 _LOG_MAX = _TXN_ITEMS - 1
@@ -902,19 +901,7 @@ class DynamoDbTaskStore:
     ) -> Task | None:
         check_task_transition(expected, new)
         at = utc(at)
-        values: dict[str, Any] = {}
-        if changes:
-            unknown = set(changes) - _TASK_CHANGE_FIELDS
-            if unknown:
-                raise InvalidField(
-                    "changes",
-                    sorted(unknown),
-                    f"a transition may set {sorted(_TASK_CHANGE_FIELDS)}",
-                )
-            values.update(changes)
-            for key in _TIME_FIELDS & values.keys():
-                if values[key] is not None:
-                    values[key] = utc(values[key])
+        values = checked_changes(changes)
         result: list[Task] = []
 
         def build() -> tuple[list[dict[str, Any]], list[_Pending]] | None:

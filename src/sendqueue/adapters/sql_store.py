@@ -51,7 +51,14 @@ from sendqueue.domain.lifecycle import (
     check_campaign_transition,
     check_task_transition,
 )
-from sendqueue.domain.models import Campaign, ChangeLogEntry, Recipient, Task, TaskChanges
+from sendqueue.domain.models import (
+    Campaign,
+    ChangeLogEntry,
+    Recipient,
+    Task,
+    TaskChanges,
+    checked_changes,
+)
 from sendqueue.domain.policy import SendingPolicy
 
 try:  # the PostgreSQL fast paths use the driver directly; it is an optional dependency
@@ -74,7 +81,6 @@ CHANGE_LOG_LOCK_KEY = 0x7371_0002
 #: Rows per statement of a PostgreSQL ``unnest`` insert (its parameters are arrays).
 _UNNEST_CHUNK_SIZE = 5000
 
-_TASK_CHANGE_FIELDS = frozenset(TaskChanges.__annotations__)
 
 _T = TypeVar("_T")
 
@@ -1097,16 +1103,7 @@ class SqlTaskStore:
         note: str | None = None,
     ) -> Task | None:
         check_task_transition(expected, new)
-        values: dict[str, Any] = {}
-        if changes:
-            unknown = set(changes) - _TASK_CHANGE_FIELDS
-            if unknown:
-                raise InvalidField(
-                    "changes",
-                    sorted(unknown),
-                    f"a transition may set {sorted(_TASK_CHANGE_FIELDS)}",
-                )
-            values.update(changes)
+        values = checked_changes(changes)
         values.update(state=new.value, updated_at=at)
         if not self._postgres:
             # Converted before the write lock is taken: a naive datetime raises ValueError

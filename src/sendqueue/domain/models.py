@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
+from .errors import InvalidField
 from .lifecycle import CampaignState, TaskState
 from .policy import SendingPolicy
 
@@ -22,6 +23,7 @@ __all__ = [
     "Recipient",
     "Task",
     "TaskChanges",
+    "checked_changes",
     "expected_schedule_name",
     "new_campaign_id",
     "new_token",
@@ -143,6 +145,26 @@ class TaskChanges(TypedDict, total=False):
     sent_at: datetime | None
     message_id: str | None
     error: str | None
+
+
+_TASK_CHANGE_FIELDS = frozenset(TaskChanges.__annotations__)
+_TASK_TIME_FIELDS = frozenset({"send_at", "claimed_at", "sent_at"})
+
+
+def checked_changes(changes: TaskChanges | None) -> dict[str, Any]:
+    """The fields a transition sets, as every store takes them: a key :class:`TaskChanges`
+    does not have is an ``InvalidField("changes", ...)``; times are converted to UTC (a naive
+    one raises ValueError, as :func:`utc` does)."""
+    values: dict[str, Any] = dict(changes or {})
+    unknown = values.keys() - _TASK_CHANGE_FIELDS
+    if unknown:
+        raise InvalidField(
+            "changes", sorted(unknown), f"a transition may set {sorted(_TASK_CHANGE_FIELDS)}"
+        )
+    for key in _TASK_TIME_FIELDS & values.keys():
+        if values[key] is not None:
+            values[key] = utc(values[key])
+    return values
 
 
 @dataclass(frozen=True)

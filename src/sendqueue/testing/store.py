@@ -29,12 +29,18 @@ from sendqueue.domain.lifecycle import (
     check_campaign_transition,
     check_task_transition,
 )
-from sendqueue.domain.models import Campaign, ChangeLogEntry, Recipient, Task, TaskChanges, utc
+from sendqueue.domain.models import (
+    Campaign,
+    ChangeLogEntry,
+    Recipient,
+    Task,
+    TaskChanges,
+    checked_changes,
+    utc,
+)
 
 __all__ = ["InMemoryTaskStore"]
 
-_TASK_CHANGE_FIELDS = frozenset(TaskChanges.__annotations__)
-_TIME_FIELDS = frozenset({"send_at", "claimed_at", "sent_at"})
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -302,18 +308,7 @@ class InMemoryTaskStore:
         note: str | None,
     ) -> Task | None:
         at = utc(at)
-        values: dict[str, Any] = {}
-        if changes:
-            unknown = set(changes) - _TASK_CHANGE_FIELDS
-            if unknown:
-                raise InvalidField(
-                    "changes",
-                    sorted(unknown),
-                    f"a transition may set {sorted(_TASK_CHANGE_FIELDS)}",
-                )
-            values.update(changes)
-            for key in _TIME_FIELDS & values.keys():
-                values[key] = _utc_or_none(values[key])
+        values = checked_changes(changes)
         task = self._tasks.get(task_id)
         if task is None or task.state is not expected:
             return None
