@@ -21,7 +21,7 @@ from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.domain.errors import NotFound, StoreUnavailable
 from sendqueue.domain.lifecycle import TaskState
 from tests.conftest import POSTGRES_ADMIN_URL
-from tests.support.app import T0, csv_bytes, fake_app, open_policy
+from tests.support.app import T0, claim_and_finish_from_threads, csv_bytes, fake_app, open_policy
 
 pytestmark = pytest.mark.postgres
 
@@ -67,31 +67,7 @@ def _backend_pid(store: SqlTaskStore) -> int:
 
 def test_threads_claim_and_finish_on_their_own_connections(store: SqlTaskStore) -> None:
     cid, ids = _provisioned(store, 200)
-    before = store.last_change_id()
-    claimed: list[str] = []
-    lock = threading.Lock()
-
-    def work() -> None:
-        for task_id in ids:
-            task = store.transition(task_id, TaskState.PENDING, TaskState.RUNNING, at=T0)
-            if task is None:
-                continue  # another thread won the compare-and-set
-            with lock:
-                claimed.append(task_id)
-            assert store.campaign_state(cid).value in {"active", "provisioning"}
-            assert store.transition(task_id, TaskState.RUNNING, TaskState.FINISHED, at=T0)
-
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(claimed) == sorted(ids)  # each claimed exactly once
-    assert store.count_tasks(cid)[TaskState.FINISHED] == 200
-    assert not store.has_unfinished_tasks(cid)
-    entries = store.changes_after(before, campaign_id=cid, limit=1000)
-    assert len(entries) == 400  # Pending -> Running and Running -> Finished, each logged once
-    assert [e.id for e in entries] == sorted(e.id for e in entries)
+    claim_and_finish_from_threads(store, cid, ids)
 
 
 def test_a_connection_the_server_ended_is_replaced_on_its_next_use(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.domain.lifecycle import TaskState
-from tests.support.app import T0, csv_bytes, fake_app, open_policy
+from tests.support.app import claim_and_finish_from_threads, csv_bytes, fake_app, open_policy
 
 
 def _store_with_tasks(tmp_path: Path, count: int) -> tuple[SqlTaskStore, str, list[str]]:
@@ -28,30 +28,7 @@ def _store_with_tasks(tmp_path: Path, count: int) -> tuple[SqlTaskStore, str, li
 
 def test_threads_claim_and_finish_on_their_own_connections(tmp_path: Path) -> None:
     store, cid, ids = _store_with_tasks(tmp_path, 200)
-    before = store.last_change_id()
-    claimed: list[str] = []
-    lock = threading.Lock()
-
-    def work() -> None:
-        for task_id in ids:
-            task = store.transition(task_id, TaskState.PENDING, TaskState.RUNNING, at=T0)
-            if task is None:
-                continue  # another thread won the compare-and-set
-            with lock:
-                claimed.append(task_id)
-            assert store.campaign_state(cid).value in {"active", "provisioning"}
-            assert store.transition(task_id, TaskState.RUNNING, TaskState.FINISHED, at=T0)
-
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(claimed) == sorted(ids)  # each claimed exactly once
-    assert store.count_tasks(cid)[TaskState.FINISHED] == 200
-    assert not store.has_unfinished_tasks(cid)
-    entries = store.changes_after(before, campaign_id=cid, limit=1000)
-    assert len(entries) == 400  # Pending -> Running and Running -> Finished, each logged once
+    claim_and_finish_from_threads(store, cid, ids)
     store.close()
 
 

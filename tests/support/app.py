@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
 from sendqueue.bootstrap import Container, bootstrap
+from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.policy import SendingPolicy, Window
 from sendqueue.ports import Scheduler, TaskStore
 from sendqueue.settings import Settings
@@ -14,7 +16,7 @@ from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
 
-__all__ = ["csv_bytes", "fake_app", "open_policy"]
+__all__ = ["claim_and_finish_from_threads", "csv_bytes", "fake_app", "open_policy"]
 
 #: A Tuesday, 08:00 UTC = 09:00 in Berlin.
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
@@ -57,3 +59,33 @@ def csv_bytes(count: int, *, prefix: str = "user") -> bytes:
     rows = ["email,name,subject,body"]
     rows += [f"{prefix}{i}@example.com,User {i},Hello {i},Body {i}" for i in range(count)]
     return ("\n".join(rows) + "\n").encode()
+
+
+def claim_and_finish_from_threads(store: TaskStore, cid: str, ids: list[str]) -> None:
+    """Four threads race to claim and finish every task of ``ids`` (all Pending): each is
+    claimed exactly once, and every change is logged once, in id order."""
+    before = store.last_change_id()
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        for task_id in ids:
+            task = store.transition(task_id, TaskState.PENDING, TaskState.RUNNING, at=T0)
+            if task is None:
+                continue  # another thread won the compare-and-set
+            with lock:
+                claimed.append(task_id)
+            assert store.campaign_state(cid).value in {"active", "provisioning"}
+            assert store.transition(task_id, TaskState.RUNNING, TaskState.FINISHED, at=T0)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(claimed) == sorted(ids)  # each claimed exactly once
+    assert store.count_tasks(cid)[TaskState.FINISHED] == len(ids)
+    assert not store.has_unfinished_tasks(cid)
+    entries = store.changes_after(before, campaign_id=cid, limit=2 * len(ids) + 1)
+    assert len(entries) == 2 * len(ids)  # Pending -> Running and Running -> Finished, once each
+    assert [e.id for e in entries] == sorted(e.id for e in entries)
