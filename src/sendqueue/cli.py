@@ -40,6 +40,7 @@ from sendqueue.domain.errors import (
     NotFound,
 )
 from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.models import check_cursor
 from sendqueue.domain.planner import per_day_summary, plan
 from sendqueue.domain.policy import (
     SendingPolicy,
@@ -51,6 +52,7 @@ from sendqueue.domain.policy import (
     parse_window,
 )
 from sendqueue.runtime import run_worker
+from sendqueue.services.dead_letters import redrive_all
 from sendqueue.services.demo import demo_csv, demo_policy
 from sendqueue.services.importing import Templates
 from sendqueue.services.provisioning import ProvisionProgress, ProvisionReport
@@ -566,12 +568,8 @@ def campaign_tasks(
     as_json: JsonOpt = False,
 ) -> None:
     """The campaign's emails in position order."""
-    wanted: TaskState | None = None
-    if state is not None:
-        matches = [s for s in TaskState if s.value.lower() == state.lower()]
-        if not matches:
-            raise InvalidField("state", state, f"one of {', '.join(s.value for s in TaskState)}")
-        wanted = matches[0]
+    wanted = TaskState.parse(state) if state is not None else None
+    check_cursor(after)
     if limit < 0:
         raise InvalidField("limit", limit, "must be 0 (all) or more")
     rows: list[dict[str, Any]] = []
@@ -669,11 +667,16 @@ def dlq_redrive(
     if bool(letter_id) == all_:
         raise InvalidField("id", letter_id, "give one dead-letter id, or --all")
     with _container() as c:
-        ids = [d.id for d in c.scheduler.dead_letters()] if all_ else [letter_id or ""]
-        for i in ids:
-            schedule = c.scheduler.redrive(i)
-            out.print(f"redriven {i} as {schedule.name}", markup=False)
-    if all_ and not ids:
+        if not all_:
+            schedule = c.scheduler.redrive(letter_id or "")
+            out.print(f"redriven {letter_id} as {schedule.name}", markup=False)
+            return
+        report = redrive_all(c.scheduler)
+    for letter, schedule_name in zip(report.redriven, report.schedules, strict=True):
+        out.print(f"redriven {letter} as {schedule_name}", markup=False)
+    for letter in report.skipped:
+        out.print(f"skipped {letter}: redriven by someone else meanwhile", markup=False)
+    if not report.redriven and not report.skipped:
         out.print("the dead-letter queue is empty")
 
 

@@ -99,6 +99,8 @@ from sendqueue.domain.models import (
     Recipient,
     Task,
     TaskChanges,
+    check_cursor,
+    check_limit,
     checked_changes,
     utc,
 )
@@ -209,11 +211,6 @@ def _size(item: Mapping[str, Any]) -> int:
             else:
                 total += len(str(raw).encode())
     return total
-
-
-def _check_limit(limit: int) -> None:
-    if limit < 0:
-        raise InvalidField("limit", limit, "must be zero or more")
 
 
 def _json_copy(field: str, value: Any) -> Any:
@@ -783,7 +780,8 @@ class DynamoDbTaskStore:
     def list_recipients(
         self, campaign_id: str, *, after: int = -1, limit: int = 1000
     ) -> list[Recipient]:
-        _check_limit(limit)
+        check_limit(limit)
+        check_cursor(after)
         with self._errors("list recipients"):
             key = self._require_campaign(campaign_id)["rk"]["S"]
             if limit == 0:
@@ -1051,7 +1049,8 @@ class DynamoDbTaskStore:
         after: int = -1,
         limit: int = 100,
     ) -> list[Task]:
-        _check_limit(limit)
+        check_limit(limit)
+        check_cursor(after)
         needle = search.lower() if search else None
         with self._errors("list tasks"):
             self._require_campaign(campaign_id)
@@ -1085,7 +1084,7 @@ class DynamoDbTaskStore:
         after: tuple[datetime, str] | None = None,
         limit: int = 1000,
     ) -> list[Task]:
-        _check_limit(limit)
+        check_limit(limit)
         before = utc(before)
         cursor = None if after is None else (utc(after[0]), after[1])
         if limit == 0:
@@ -1116,7 +1115,7 @@ class DynamoDbTaskStore:
         return out
 
     def stale_running(self, *, claimed_before: datetime, limit: int = 1000) -> list[Task]:
-        _check_limit(limit)
+        check_limit(limit)
         claimed_before = utc(claimed_before)
         with self._errors("list stale tasks"):
             stale = [
@@ -1172,7 +1171,8 @@ class DynamoDbTaskStore:
         ``after_id + 1`` is returned: an item that became visible before an earlier one (a
         query reads items one by one) is left for the next call, never stepped over.
         """
-        _check_limit(limit)
+        check_limit(limit)
+        check_cursor(after_id, field="after_id")
         if limit == 0:
             return []
         after_id = max(after_id, 0)

@@ -57,6 +57,8 @@ from sendqueue.domain.models import (
     Recipient,
     Task,
     TaskChanges,
+    check_cursor,
+    check_limit,
     checked_changes,
 )
 from sendqueue.domain.policy import SendingPolicy
@@ -88,11 +90,6 @@ _T = TypeVar("_T")
 def _chunks(items: Sequence[_T], size: int = CHUNK_SIZE) -> Iterator[Sequence[_T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-def _check_limit(limit: int) -> None:
-    if limit < 0:
-        raise InvalidField("limit", limit, "must be zero or more")
 
 
 def _json_ready(field: str, value: object) -> None:
@@ -913,7 +910,8 @@ class SqlTaskStore:
     def list_recipients(
         self, campaign_id: str, *, after: int = -1, limit: int = 1000
     ) -> list[Recipient]:
-        _check_limit(limit)
+        check_limit(limit)
+        check_cursor(after)
         if not self._postgres:
             with self._read("list recipients") as conn:
                 self._require_campaign(conn, campaign_id)
@@ -1279,7 +1277,8 @@ class SqlTaskStore:
     ) -> list[Task]:
         """A page in position order; ``search`` is a case-insensitive substring of the address
         (``%`` and ``_`` match themselves). NotFound for an unknown campaign."""
-        _check_limit(limit)
+        check_limit(limit)
+        check_cursor(after)
         query = sa.select(schema.tasks).where(
             schema.tasks.c.campaign_id == campaign_id, schema.tasks.c.position > after
         )
@@ -1338,7 +1337,7 @@ class SqlTaskStore:
         after: tuple[datetime, str] | None = None,
         limit: int = 1000,
     ) -> list[Task]:
-        _check_limit(limit)
+        check_limit(limit)
         query = sa.select(schema.tasks).where(
             schema.tasks.c.state == state.value, schema.tasks.c.send_at < before
         )
@@ -1356,7 +1355,7 @@ class SqlTaskStore:
         return [_task(row) for row in rows]
 
     def stale_running(self, *, claimed_before: datetime, limit: int = 1000) -> list[Task]:
-        _check_limit(limit)
+        check_limit(limit)
         query = (
             sa.select(schema.tasks)
             .where(
@@ -1390,7 +1389,8 @@ class SqlTaskStore:
     def changes_after(
         self, after_id: int, *, campaign_id: str | None = None, limit: int = 1000
     ) -> builtins.list[ChangeLogEntry]:
-        _check_limit(limit)
+        check_limit(limit)
+        check_cursor(after_id, field="after_id")
         query = sa.select(schema.change_log).where(schema.change_log.c.id > after_id)
         if campaign_id is not None:
             query = query.where(schema.change_log.c.campaign_id == campaign_id)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from .errors import IllegalTransition
+from .errors import IllegalTransition, InvalidField
 
 __all__ = [
     "CAMPAIGN_TRANSITIONS",
@@ -38,6 +38,19 @@ class TaskState(enum.StrEnum):
     def is_final(self) -> bool:
         """Finished, Failed and Cancelled: no worker will touch the task again by itself."""
         return self in _FINAL_TASK_STATES
+
+    @classmethod
+    def parse(cls, value: str, *, field: str = "state") -> TaskState:
+        """The state spelled ``value`` in any case (surrounding blanks ignored).
+
+        The one parser the CLI, the API, the pages and the stores share; anything else raises
+        InvalidField naming ``field`` and listing the states.
+        """
+        wanted = value.strip().lower() if isinstance(value, str) else None
+        for state in cls:
+            if state.value.lower() == wanted:
+                return state
+        raise InvalidField(field, value, f"one of {', '.join(s.value for s in cls)}")
 
 
 _FINAL_TASK_STATES = frozenset({TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED})

@@ -17,12 +17,15 @@ from .policy import SendingPolicy
 
 __all__ = [
     "CONTROL_GROUP",
+    "MAX_CURSOR",
     "Campaign",
     "ChangeLogEntry",
     "DeadLetter",
     "Recipient",
     "Task",
     "TaskChanges",
+    "check_cursor",
+    "check_limit",
     "checked_changes",
     "expected_schedule_name",
     "new_campaign_id",
@@ -32,6 +35,23 @@ __all__ = [
     "task_id",
     "utc",
 ]
+
+
+#: The largest cursor (a position or a change-log id) any store accepts: a signed 64-bit
+#: integer, which SQLite, PostgreSQL's BIGINT and DynamoDB numbers all hold.
+MAX_CURSOR = 2**63 - 1
+
+
+def check_limit(limit: int, *, field: str = "limit") -> None:
+    """A page size: zero or more (InvalidField naming ``field`` otherwise)."""
+    if limit < 0:
+        raise InvalidField(field, limit, "must be zero or more")
+
+
+def check_cursor(value: int, *, field: str = "after", lowest: int = -1) -> None:
+    """A paging cursor between ``lowest`` and :data:`MAX_CURSOR` (InvalidField otherwise)."""
+    if not lowest <= value <= MAX_CURSOR:
+        raise InvalidField(field, value, f"must be between {lowest} and {MAX_CURSOR}")
 
 
 def utc(value: datetime) -> datetime:

@@ -35,6 +35,8 @@ from sendqueue.domain.models import (
     Recipient,
     Task,
     TaskChanges,
+    check_cursor,
+    check_limit,
     checked_changes,
     utc,
 )
@@ -51,11 +53,6 @@ def _json_copy(field: str, value: Any) -> Any:
         return json.loads(json.dumps(value))
     except (TypeError, ValueError) as exc:
         raise InvalidField(field, value, f"must be JSON-serialisable: {exc}") from exc
-
-
-def _check_limit(limit: int) -> None:
-    if limit < 0:
-        raise InvalidField("limit", limit, "must be zero or more")
 
 
 def _utc_or_none(value: datetime | None) -> datetime | None:
@@ -235,7 +232,8 @@ class InMemoryTaskStore:
     def list_recipients(
         self, campaign_id: str, *, after: int = -1, limit: int = 1000
     ) -> list[Recipient]:
-        _check_limit(limit)
+        check_limit(limit)
+        check_cursor(after)
         self._require_campaign(campaign_id)
         positions = self._recipient_positions[campaign_id]
         start = bisect_right(positions, after)
@@ -373,7 +371,8 @@ class InMemoryTaskStore:
         after: int = -1,
         limit: int = 100,
     ) -> list[Task]:
-        _check_limit(limit)
+        check_limit(limit)
+        check_cursor(after)
         self._require_campaign(campaign_id)
         needle = search.lower() if search else None
         positions = self._task_positions[campaign_id]
@@ -399,7 +398,7 @@ class InMemoryTaskStore:
         after: tuple[datetime, str] | None = None,
         limit: int = 1000,
     ) -> list[Task]:
-        _check_limit(limit)
+        check_limit(limit)
         before = utc(before)
         cursor = None if after is None else (utc(after[0]), after[1])
         due = [
@@ -414,7 +413,7 @@ class InMemoryTaskStore:
 
     @_guarded
     def stale_running(self, *, claimed_before: datetime, limit: int = 1000) -> list[Task]:
-        _check_limit(limit)
+        check_limit(limit)
         claimed_before = utc(claimed_before)
         stale = [
             t
@@ -452,7 +451,8 @@ class InMemoryTaskStore:
     def changes_after(
         self, after_id: int, *, campaign_id: str | None = None, limit: int = 1000
     ) -> builtins.list[ChangeLogEntry]:
-        _check_limit(limit)
+        check_limit(limit)
+        check_cursor(after_id, field="after_id")
         # Entry n sits at index n - 1.
         start = max(after_id, 0)
         if campaign_id is None:

@@ -25,9 +25,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sendqueue import metrics
 from sendqueue.domain.errors import InfrastructureError, InvalidField, NotFound
 from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.models import MAX_CURSOR
 from sendqueue.domain.planner import plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.services.campaigns import Draft
+from sendqueue.services.dead_letters import redrive_all as redrive_all_letters
 from sendqueue.services.importing import ImportLimits, Templates
 from sendqueue.services.views import dead_letter_dict, task_dict
 from sendqueue.settings import Settings
@@ -47,7 +49,7 @@ __all__ = [
 ]
 
 #: Cursors are positions and change-log ids: 64-bit integers in every store.
-MAX_CURSOR = 2**63 - 1
+
 
 log = logging.getLogger(__name__)
 
@@ -511,10 +513,7 @@ def retry_failed(campaign_id: str, c: ContainerDep) -> dict[str, Any]:
 def _task_state(value: str | None) -> TaskState | None:
     if value is None or not value.strip():
         return None
-    for state in TaskState:
-        if state.value.lower() == value.strip().lower():
-            return state
-    raise InvalidField("state", value, f"one of {', '.join(s.value for s in TaskState)}")
+    return TaskState.parse(value)
 
 
 @router.get("/api/campaigns/{campaign_id}/tasks", tags=["tasks"], responses=_errors(*_READ, 404))
@@ -617,17 +616,9 @@ def dead_letters(c: ContainerDep) -> dict[str, Any]:
 
 @router.post("/api/dead-letters/redrive", tags=["dead letters"], responses=_errors(*_WRITE))
 def redrive_all(c: ContainerDep) -> dict[str, Any]:
-    """Turn every dead letter back into a schedule due now."""
-    redriven: list[str] = []
-    schedules: list[str] = []
-    for letter in c.scheduler.dead_letters():
-        try:
-            schedule = c.scheduler.redrive(letter.id)
-        except NotFound:
-            continue  # redriven by someone else meanwhile
-        redriven.append(letter.id)
-        schedules.append(schedule.name)
-    return {"redriven": redriven, "schedules": schedules}
+    """Turn every dead letter back into a schedule due now (those redriven meanwhile skipped)."""
+    report = redrive_all_letters(c.scheduler)
+    return {"redriven": report.redriven, "schedules": report.schedules}
 
 
 @router.post(

@@ -40,7 +40,7 @@ from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from sendqueue.bootstrap import Container
-from sendqueue.domain.errors import InfrastructureError, NoSendingDay, NotFound
+from sendqueue.domain.errors import InfrastructureError, InvalidField, NoSendingDay, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.planner import per_day_summary, plan
@@ -183,6 +183,10 @@ def _error_page(request: Request, exc: Exception) -> HTMLResponse:
     """An unknown id or an unreachable backend, as an HTML page instead of JSON."""
     if isinstance(exc, NotFound):
         return _render(request, "error.html", status_code=404, title="Not found", message=str(exc))
+    if isinstance(exc, InvalidField):
+        return _render(
+            request, "error.html", status_code=400, title="Bad request", message=str(exc)
+        )
     log.warning("page %s: %s", request.url.path, exc)
     return _render(
         request,
@@ -383,7 +387,7 @@ def campaigns_page(request: Request) -> Response:
         return _render(
             request, "campaigns.html", title="Campaigns", rows=rows, states=list(TaskState)
         )
-    except (NotFound, InfrastructureError) as exc:
+    except (NotFound, InvalidField, InfrastructureError) as exc:
         return _error_page(request, exc)
 
 
@@ -449,7 +453,7 @@ def campaign_page(
         # made while this page renders arrives as an event instead of falling into a gap
         last_change = store.last_change_id()
         campaign = store.get_campaign(campaign_id)
-        wanted = next((s for s in TaskState if s.value.lower() == (state or "").lower()), None)
+        wanted = TaskState.parse(state) if state and state.strip() else None
         needle = (search or "").strip()[:_SEARCH_MAX] or None
         cursor = max(-1, _int_param(after, -1))
         page = store.list_tasks(
