@@ -17,7 +17,7 @@ from pathlib import Path
 from sendqueue.adapters.alarm import LoggingAlarm
 from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
 from sendqueue.adapters.mailers import mailer_from_url
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import open_store
 from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import InvalidField
 from sendqueue.ports import Alarm, Clock, Dispatcher, Mailer, Scheduler, TaskStore
@@ -105,7 +105,7 @@ class Container:
         if self.settings.database_url.startswith("dynamodb:"):
             return self._dynamodb()
         _make_parent(self.settings.database_url)
-        return SqlTaskStore(self.settings.database_url, upgrade=True)
+        return open_store(self.settings.database_url, upgrade=True)
 
     def _dynamodb(self) -> TaskStore:
         # Imported here: boto3 is the optional 'aws' extra.

@@ -834,7 +834,7 @@ def serve_cmd(
 @handle_errors
 def db_upgrade() -> None:
     """Apply the schema migrations to SENDQUEUE_DATABASE_URL."""
-    from sendqueue.adapters.migrate import current, upgrade
+    from sendqueue.adapters.sql.migrate import current, upgrade
 
     settings = Settings()
     upgrade(settings.database_url)
@@ -895,7 +895,7 @@ def db_migrate_to(
 ) -> None:
     """Copy this SQLite deployment into PostgreSQL and schedule its pending emails there
     (procrastinate). Stop every worker first; see docs/deploy-postgres.md."""
-    from sendqueue.adapters.sql_store import SqlTaskStore
+    from sendqueue.adapters.sql import SqlTaskStore
     from sendqueue.services.migration import migrate_to
 
     with _container() as source:
