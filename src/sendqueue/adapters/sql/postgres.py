@@ -375,9 +375,8 @@ class PostgresTaskStore(SqlTaskStore):
         at: datetime,
         note: str | None,
     ) -> int:
-        # UPDATE first (under READ COMMITTED, a SELECT first could log a task another worker
-        # moved in between); the ids it moved wait in a temporary table (a campaign may have a
-        # million), then the change-log lock, then one INSERT ... SELECT of the entries.
+        # The UPDATE first, so exactly the rows it moved are logged (READ COMMITTED); their ids
+        # wait server-side, then the change-log lock, then the entries (docs/performance.md).
         conn.execute(
             sa.text("CREATE TEMPORARY TABLE sq_moved (id text, position integer) ON COMMIT DROP")
         )
