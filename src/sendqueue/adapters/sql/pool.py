@@ -1,12 +1,13 @@
 """The PostgreSQL store's fast-path connections: psycopg connections in autocommit mode,
 opened by the engine and kept between calls, at most ``idle_max`` of them idle.
 
-Not ``psycopg_pool.ConnectionPool``, which was measured against this (docs/performance.md,
-"SQL store: why the code looks this way"): its connections are opened by background workers,
-so a database that refuses connections makes a caller wait for the pool's timeout instead of
-failing at once; it bounds the connections in use (callers queue) where this bounds only the
-idle ones; and it closes surplus idle connections only after ``max_idle`` seconds. Each of these
-would change what the store's callers see (tests/integration/test_pg_store_connections.py).
+Not ``psycopg_pool.ConnectionPool``: it was as fast on the send benchmark, but callers would see
+a change (docs/performance.md, "SQL store: why the code looks this way"). It opens connections
+in background workers, so a database that refuses connections makes a caller wait for the
+pool's timeout instead of failing at once; it bounds the connections in use (callers queue)
+where this bounds only the idle ones; a retry after the server ended every session can draw
+another dead idle connection; and a closed pool cannot reopen.
+tests/integration/test_pg_store_connections.py pins each of these.
 
 No pre-ping: a connection the server dropped is noticed by the first statement on it. Reads
 are then retried once on a new connection; writes only when the session had certainly ended
