@@ -34,14 +34,14 @@ import pytest
 from aiosmtpd.smtp import SMTP, Envelope, Session
 from pydantic import ValidationError
 
-from sendqueue.adapters.procrastinate_scheduler import (
-    FIRE_TASK,
-    ProcrastinateScheduler,
+from sendqueue.adapters.procrastinate.jobs import FIRE_TASK
+from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
+from sendqueue.adapters.procrastinate.schema import (
     conninfo_from_url,
-    cron_every,
     schema_version,
     upgrade_schema,
 )
+from sendqueue.adapters.procrastinate.worker import cron_every
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import Conflict, SchedulerError
