@@ -141,8 +141,7 @@ def upgrade_schema(url: str) -> str:
 
 
 def _upgrade_locked(conn: psycopg.Connection[Any], target: Version) -> Version:
-    # Raw SQL from here on: procrastinate's SchemaManager applies schema.sql only (no
-    # migrations, no version record), so the runner is ours; it uses procrastinate's files.
+    # Raw SQL: SchemaManager.apply_schema has its own transaction, no migrations, no version.
     installed_row = conn.execute("SELECT to_regclass('procrastinate_jobs') IS NOT NULL").fetchone()
     installed = bool(installed_row and installed_row[0])
     with conn.transaction():
