@@ -183,10 +183,8 @@ def child_procrastinate(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
     import psycopg
 
-    from sendqueue.adapters.procrastinate_scheduler import (
-        ProcrastinateScheduler,
-        conninfo_from_url,
-    )
+    from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
+    from sendqueue.adapters.procrastinate.schema import conninfo_from_url
     from sendqueue.adapters.sql_store import SqlTaskStore
 
     total = args.schedules + args.burst

@@ -144,7 +144,7 @@ class Container:
 
     def _procrastinate(self) -> Scheduler:
         # Imported here: procrastinate is an optional extra ('sendqueue[procrastinate]').
-        from sendqueue.adapters.procrastinate_scheduler import ProcrastinateScheduler
+        from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
 
         s = self.settings
         return ProcrastinateScheduler(

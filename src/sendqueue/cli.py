@@ -840,7 +840,7 @@ def db_upgrade() -> None:
     upgrade(settings.database_url)
     out.print(f"database at revision {current(settings.database_url)}")
     if settings.execution == "procrastinate":
-        from sendqueue.adapters.procrastinate_scheduler import upgrade_schema
+        from sendqueue.adapters.procrastinate.schema import upgrade_schema
 
         out.print(f"procrastinate schema at {upgrade_schema(settings.database_url)}")
 
