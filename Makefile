@@ -18,7 +18,7 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(DEV_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet $(if $(filter true,$(CI)),-c requirements/ci.lock) -e '.[dev]'
 	touch $@ $(RUN_STAMP)
 
 ## run: the embedded default (SQLite, embedded scheduler, Maildir outbox) with a demo campaign
