@@ -136,7 +136,7 @@ def aws() -> Iterator[Aws]:
         clock=clock,
         # moto's one-request-at-a-time endpoint: concurrent claims are atomic, as on DynamoDB
         store=DynamoDbTaskStore(client("dynamodb", url=dynamodb_url()), TABLE, create_table=True),
-        scheduler=scheduler,  # type: ignore[arg-type]
+        scheduler=scheduler,
         mailer=SesMailer(client("sesv2")),
     )
     # Small chunks, so that a run of a few dozen emails is many chunks (many checkpoints).

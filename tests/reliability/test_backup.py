@@ -48,7 +48,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, s
 
 def _settings(env: dict[str, str]) -> Settings:
     return Settings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         database_url=env["SENDQUEUE_DATABASE_URL"],
         scheduler_url=env["SENDQUEUE_SCHEDULER_URL"],
         mailer=env["SENDQUEUE_MAILER"],

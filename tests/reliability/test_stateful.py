@@ -126,12 +126,12 @@ class SendqueueMachine(RuleBasedStateMachine):
                 max_attempts=3,
             ),
             clock=self.clock,
-            store=self.store,  # type: ignore[arg-type]
-            scheduler=self.scheduler,  # type: ignore[arg-type]
+            store=self.store,
+            scheduler=self.scheduler,
             mailer=self.mailer,
         )
         self.app.__dict__["writer"] = ScheduleWriter(
-            self.scheduler,  # type: ignore[arg-type]
+            self.scheduler,
             self.app.timezone_of,
             concurrency=1,
             sleep=lambda _s: None,

@@ -47,7 +47,7 @@ class Locked:
     def __init__(self, home: Path) -> None:
         self.container: Container = bootstrap(
             Settings(
-                _env_file=None,  # type: ignore[call-arg]
+                _env_file=None,
                 database_url=f"sqlite:///{home / 'store.db'}",
                 scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
                 mailer=f"maildir:{home / 'outbox'}",

@@ -54,7 +54,7 @@ def container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     home = tmp_path_factory.mktemp("schemathesis")
     c = bootstrap(
         Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             database_url=f"sqlite:///{home / 'store.db'}",
             scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
             mailer=f"maildir:{home / 'outbox'}",

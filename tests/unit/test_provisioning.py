@@ -95,7 +95,7 @@ def test_progress_goes_to_the_change_log_and_the_callback() -> None:
 def test_at_most_ten_scheduler_calls_in_flight() -> None:
     clock = FakeClock(T0)
     flaky = FlakyScheduler(FakeScheduler(clock))
-    app = fake_app(clock=clock, scheduler=flaky)  # type: ignore[arg-type]
+    app = fake_app(clock=clock, scheduler=flaky)
     cid = _create(app, 600)
     app.provisioner.provision(cid)
     assert 2 <= flaky.max_in_flight <= 10
@@ -105,7 +105,7 @@ def test_at_most_ten_scheduler_calls_in_flight() -> None:
 def test_throttling_is_retried_with_backoff() -> None:
     clock = FakeClock(T0)
     flaky = FlakyScheduler(FakeScheduler(clock), throttle=0.3)
-    app = fake_app(clock=clock, scheduler=flaky)  # type: ignore[arg-type]
+    app = fake_app(clock=clock, scheduler=flaky)
     cid = _create(app, 300)
     report = app.provisioner.provision(cid)
     assert report.status == "done"
@@ -137,8 +137,8 @@ def test_crash_anywhere_then_rerun_finishes_with_exactly_one_of_each(
     scheduler = FakeScheduler(clock)
     crashing = fake_app(
         clock=clock,
-        store=CrashAfter(store, method, n) if target == "store" else store,  # type: ignore[arg-type]
-        scheduler=CrashAfter(scheduler, method, n) if target == "scheduler" else scheduler,  # type: ignore[arg-type]
+        store=CrashAfter(store, method, n) if target == "store" else store,
+        scheduler=CrashAfter(scheduler, method, n) if target == "scheduler" else scheduler,
     )
     cid = _create(crashing, 1500)
     with pytest.raises(StoreCrash):
@@ -158,7 +158,7 @@ def test_resumed_checkpoint_without_schedules_for_its_tasks_gets_them() -> None:
     clock = FakeClock(T0)
     store = InMemoryTaskStore()
     scheduler = FakeScheduler(clock)
-    first = fake_app(clock=clock, store=CrashAfter(store, "insert_tasks", 3), scheduler=scheduler)  # type: ignore[arg-type]
+    first = fake_app(clock=clock, store=CrashAfter(store, "insert_tasks", 3), scheduler=scheduler)
     cid = _create(first, 1500)
     with pytest.raises(StoreCrash):
         first.provisioner.provision(cid)
@@ -217,7 +217,7 @@ def test_resumed_run_keeps_the_send_times_of_the_first_plan() -> None:
     clock = FakeClock(T0)
     store = InMemoryTaskStore()
     scheduler = FakeScheduler(clock)
-    first = fake_app(clock=clock, store=CrashAfter(store, "insert_tasks", 2), scheduler=scheduler)  # type: ignore[arg-type]
+    first = fake_app(clock=clock, store=CrashAfter(store, "insert_tasks", 2), scheduler=scheduler)
     cid = _create(first, 1200)
     with pytest.raises(StoreCrash):
         first.provisioner.provision(cid)
@@ -256,7 +256,7 @@ def test_failed_scheduler_calls_stop_with_checkpoint_and_rerun_completes() -> No
     clock = FakeClock(T0)
     inner = FakeScheduler(clock)
     flaky = FlakyScheduler(inner, fail=0.05)
-    app = fake_app(clock=clock, scheduler=flaky)  # type: ignore[arg-type]
+    app = fake_app(clock=clock, scheduler=flaky)
     cid = _create(app, 800)
     report = app.provisioner.provision(cid)
     assert report.status == "stopped" and report.errors

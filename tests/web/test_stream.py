@@ -130,7 +130,7 @@ def stage(tmp_path: Path, stream: StreamConfig = FAST, **overrides: Any) -> Iter
     writer = bootstrap(settings)
     writer.store.last_change_id()  # creates the schema before the server opens the files
     counted = FlakyStore(bootstrap(settings).store)
-    server = bootstrap(settings, store=counted)  # type: ignore[arg-type]
+    server = bootstrap(settings, store=counted)
     try:
         with live_server(server, stream=stream) as (base, app):
             yield Stage(server, writer, counted, base, app)
