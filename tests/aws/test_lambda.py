@@ -383,6 +383,7 @@ def test_the_send_handler_maps_the_input_and_skips_a_stale_token(aws: Aws) -> No
     # Only taskId is required.
     lambda_handlers.send_handler({"taskId": first.id}, context)
     assert aws.app.store.get_task(first.id).state is TaskState.FINISHED  # type: ignore[union-attr]
+    bad: Any  # malformed events, some not even a mapping
     for bad, field in (
         ({}, "taskId"), ({"taskId": 7}, "taskId"), ({"kind": "x"}, "kind"), ("{", "event"),
         ({"kind": "provision"}, "campaignId"),

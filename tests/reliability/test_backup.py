@@ -14,7 +14,6 @@ import json
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from tests.support.app import T0, csv_bytes, open_policy
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     for key in [k for k in os.environ if k.startswith("SENDQUEUE_")]:
         monkeypatch.delenv(key)
     monkeypatch.chdir(tmp_path)

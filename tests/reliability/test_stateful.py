@@ -24,7 +24,7 @@ import tempfile
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -158,7 +158,8 @@ class SendqueueMachine(RuleBasedStateMachine):
     # -- rules --------------------------------------------------------------------------
     @initialize(target=campaigns, size=st.integers(1, 6), policy=st.sampled_from(POLICIES))
     def first_campaign(self, size: int, policy: SendingPolicy) -> str:
-        return self.create(size, policy)
+        # create is a rule too: hypothesis types its result as a value or a MultipleResults
+        return cast(str, self.create(size, policy))
 
     @rule(target=campaigns, size=st.integers(1, 6), policy=st.sampled_from(POLICIES))
     def create(self, size: int, policy: SendingPolicy) -> str:

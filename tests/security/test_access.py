@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +189,7 @@ def _raw(app: FastAPI, method: str, raw_path: bytes, headers: dict[str, str]) ->
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         nonlocal status, body
         if message["type"] == "http.response.start":
             status = message["status"]

@@ -189,11 +189,14 @@ def test_the_lease_is_renewed_after_a_third_of_it_and_a_lost_lease_stops_the_run
     store.acquire_lease = acquire  # type: ignore[method-assign]
     app = fake_app(clock=clock, store=store)
     cid = _create(app, 2000)
+
+    def tick(p: ProvisionProgress) -> None:
+        if p.phase == "tasks":
+            clock.advance(seconds=25)
+
     # 25 s per chunk (the lease is 60 s): renewed at every tick after the first (the 4 chunks,
     # then the tick that finds no more recipients)
-    app.provisioner.provision(
-        cid, progress=lambda p: clock.advance(seconds=25) if p.phase == "tasks" else None
-    )
+    app.provisioner.provision(cid, progress=tick)
     assert [at for _, at in calls] == [T0 + timedelta(seconds=25 * n) for n in range(5)]
 
     calls.clear()
