@@ -29,7 +29,7 @@ run: $(RUN_STAMP)
 test: $(DEV_STAMP) lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
-## lint: ruff (lint + format check) and mypy strict on src/
+## lint: ruff (lint + format check) and mypy strict on src/, tests/ and bench/
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
