@@ -7,7 +7,12 @@ from typing import Annotated
 
 import typer
 
-from sendqueue.bootstrap import bootstrap
+from sendqueue.bootstrap import (
+    bootstrap,
+    sql_store_of,
+    upgrade_scheduler_schema,
+    upgrade_store_schema,
+)
 from sendqueue.cli.common import JsonOpt, container, err, fail, handle_errors, out, print_json
 from sendqueue.settings import Settings, redact_url
 
@@ -20,15 +25,11 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 @handle_errors
 def db_upgrade() -> None:
     """Apply the schema migrations to SENDQUEUE_DATABASE_URL."""
-    from sendqueue.adapters.migrate import current, upgrade
-
     settings = Settings()
-    upgrade(settings.database_url)
-    out.print(f"database at revision {current(settings.database_url)}")
-    if settings.execution == "procrastinate":
-        from sendqueue.adapters.procrastinate_scheduler import upgrade_schema
-
-        out.print(f"procrastinate schema at {upgrade_schema(settings.database_url)}")
+    out.print(f"database at revision {upgrade_store_schema(settings)}")
+    version = upgrade_scheduler_schema(settings)
+    if version is not None:
+        out.print(f"procrastinate schema at {version}")
 
 
 @db_app.command("backup")
@@ -81,7 +82,6 @@ def db_migrate_to(
 ) -> None:
     """Copy this SQLite deployment into PostgreSQL and schedule its pending emails there
     (procrastinate). Stop every worker first; see docs/deploy-postgres.md."""
-    from sendqueue.adapters.sql_store import SqlTaskStore
     from sendqueue.services.migration import migrate_to
 
     with container() as source:
@@ -97,11 +97,9 @@ def db_migrate_to(
             fail(2, "invalid target: " + " ".join(str(exc).split())[:300])
         target = bootstrap(settings)
         try:
-            store = target.store
-            assert isinstance(store, SqlTaskStore)
             report = migrate_to(
                 source.settings.database_url,
-                store,
+                sql_store_of(target),
                 target.writer,
                 target.clock,
                 target_label=redact_url(url),
