@@ -30,7 +30,7 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import check_cursor
 from sendqueue.services.importing import Templates
-from sendqueue.services.views import campaign_dict, task_dict
+from sendqueue.services.views import campaign_dict, task_list_dict
 
 __all__ = ["campaign_app"]
 
@@ -291,29 +291,12 @@ def campaign_tasks(
             batch = c.store.list_tasks(
                 campaign_id, state=wanted, search=search, after=cursor, limit=page
             )
-            rows.extend(task_dict(t) for t in batch)
+            rows.extend(task_list_dict(t) for t in batch)
             if len(batch) < page or (limit and len(rows) >= limit):
                 break
             cursor = batch[-1].position
     if as_json:
-        print_json(
-            [
-                {
-                    k: r[k]
-                    for k in (
-                        "id",
-                        "email",
-                        "state",
-                        "send_at",
-                        "sent_at",
-                        "attempts",
-                        "message_id",
-                        "error",
-                    )
-                }
-                for r in rows
-            ]
-        )
+        print_json(rows)
         return
     table = Table(title=f"{len(rows)} email(s)")
     for col in ("id", "email", "state", "send_at", "sent_at", "attempts", "error"):
