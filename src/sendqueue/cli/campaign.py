@@ -29,7 +29,7 @@ from sendqueue.cli.render import plan_rows, print_plan, print_provision, provisi
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import check_cursor
-from sendqueue.services.importing import Templates
+from sendqueue.services.importing import ImportLimits, Templates
 from sendqueue.services.views import campaign_dict, task_list_dict
 
 __all__ = ["campaign_app"]
@@ -89,8 +89,6 @@ def campaign_create(
             seed=seed,
             default_timezone=c.settings.default_timezone,
         )
-        from sendqueue.services.importing import ImportLimits
-
         limits = ImportLimits(
             max_bytes=c.settings.max_upload_bytes, max_rows=c.settings.max_recipients
         )

@@ -131,10 +131,8 @@ def serve_cmd(
             )
         from sendqueue.web.app import create_app, run_server
 
-        # Under eventbridge the worker is the send Lambda function, invoked by EventBridge
-        # Scheduler: there is none to run here, so serve implies --no-worker (refusing would
-        # only make every AWS user type a flag that changes nothing; the emails go out either
-        # way) and says so.
+        # Under eventbridge the send Lambda function is the worker: serve implies --no-worker and
+        # says so (refusing would only make every AWS user type a flag that changes nothing).
         in_lambda = c.settings.execution == "eventbridge"
         if in_lambda and not no_worker:
             log.info(
