@@ -16,7 +16,6 @@ authenticated by a bearer header must carry the ``sq_csrf`` cookie's value, else
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.dependencies.models import Dependant
@@ -150,7 +149,7 @@ class CsrfMiddleware:
         await self.app(scope, receive, send_with_cookie)
 
     def _takes_form(self, scope: Scope, request_headers: dict[str, str]) -> bool:
-        route: tuple[str, Any] = (scope["method"], scope["path"])
+        route = (scope["method"], scope["path"])
         return route in self.form_routes and _is_form(request_headers.get("content-type", ""))
 
     @staticmethod
