@@ -30,7 +30,7 @@ from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.web.app import create_app
-from sendqueue.web.security import SESSION_COOKIE, SessionSigner
+from sendqueue.web.session import SESSION_COOKIE, SessionSigner
 from tests.support.app import T0, csv_bytes, open_policy
 
 with warnings.catch_warnings():

@@ -1,4 +1,4 @@
-"""The web server's request limits (sendqueue.web.limits, settings SENDQUEUE_HTTP_*), against
+"""The web server's request limits (sendqueue.web.middleware.limits, SENDQUEUE_HTTP_*), against
 the real uvicorn server of ``sendqueue serve`` (:func:`build_server`) and raw sockets.
 
 - headers that never finish (stalled, or trickled a byte at a time: slowloris) get a 408 in

@@ -31,7 +31,7 @@ from sendqueue.services.importing import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.web.app import create_app
-from sendqueue.web.security import SESSION_COOKIE
+from sendqueue.web.session import SESSION_COOKIE
 from tests.support.app import T0, open_policy
 from tests.support.smtp import SmtpSink
 

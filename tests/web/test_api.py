@@ -18,9 +18,9 @@ from sendqueue.domain.errors import (
 )
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.services.importing import Templates, parse_recipient_rows
-from sendqueue.web.api import BODY_OVERHEAD_BYTES
 from sendqueue.web.app import create_app
-from sendqueue.web.pages import campaign_timeline
+from sendqueue.web.bodies import BODY_OVERHEAD_BYTES
+from sendqueue.web.queries import campaign_timeline
 from tests.support.app import T0, csv_bytes
 from tests.support.real import wait_until
 from tests.web.conftest import Web

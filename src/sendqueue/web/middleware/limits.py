@@ -210,8 +210,8 @@ class BodyTimeoutMiddleware:
         try:
             await self.app(scope, timed_receive, tracked_send)
         except _BodyTimeout as exc:
-            # Raised where no error handler catches it (a middleware reading the body, as the
-            # CSRF check does for forms): answer here, in the same shape.
+            # Raised where no error handler catches it (a middleware reading the body): answer
+            # here, in the same shape.
             if started:
                 raise
             response = error_response(exc.status, exc.message, headers=exc.headers, field="body")
