@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 from sendqueue.adapters.alarm import LoggingAlarm
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.mailers import mailer_from_url
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.clock import SystemClock
