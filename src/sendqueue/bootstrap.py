@@ -109,7 +109,7 @@ class Container:
 
     def _dynamodb(self) -> TaskStore:
         # Imported here: boto3 is the optional 'aws' extra.
-        from sendqueue.adapters.dynamodb_store import DynamoDbTaskStore
+        from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 
         # The table is the template's (on-demand, point-in-time recovery): never made here.
         return DynamoDbTaskStore.from_url(self.settings.database_url)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sendqueue import lambda_handlers
-from sendqueue.adapters.dynamodb_store import DynamoDbTaskStore
+from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 from sendqueue.adapters.eventbridge_scheduler import EventBridgeScheduler
 from sendqueue.adapters.ses_mailer import SesMailer
 from sendqueue.bootstrap import Container, bootstrap

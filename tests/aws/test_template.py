@@ -31,7 +31,7 @@ from samtranslator.parser.parser import Parser
 from samtranslator.translator.translator import Translator
 
 from sendqueue import lambda_handlers
-from sendqueue.adapters.dynamodb_store import table_definition
+from sendqueue.adapters.dynamodb.table import table_definition
 from sendqueue.services.config import ServiceConfig
 from sendqueue.settings import Settings
 
@@ -452,10 +452,15 @@ def test_each_handler_is_a_callable_in_the_package(cfn: dict[str, Any], function
 
 
 # -- least privilege, against the calls the code makes ---------------------------------------------
+def _source_text(source: Path) -> str:
+    """The text of a module, or of every module of a package."""
+    files = sorted(source.glob("*.py")) if source.is_dir() else [source]
+    return "\n".join(f.read_text(encoding="utf-8") for f in files)
+
+
 def _calls(source: Path, attribute: str) -> set[str]:
-    """The boto3 client methods ``source`` calls on ``self.<attribute>``."""
-    text = source.read_text(encoding="utf-8")
-    return set(re.findall(rf"self\.{attribute}\.([a-z_]+)\(", text))
+    """The boto3 client methods ``source`` (a module or a package) calls on ``self.<attribute>``."""
+    return set(re.findall(rf"self\.{attribute}\.([a-z_]+)\(", _source_text(source)))
 
 
 def _iam_actions(service: str, prefix: str, methods: set[str]) -> set[str]:
@@ -489,11 +494,11 @@ TRANSACT = {
 
 
 def _store_actions() -> set[str]:
-    source = SOURCES / "dynamodb_store.py"
+    source = SOURCES / "dynamodb"
     calls = _calls(source, "_db") - NOT_IN_FUNCTIONS
     assert "transact_write_items" in calls
     actions = _iam_actions("dynamodb", "dynamodb", calls - {"transact_write_items"})
-    kinds = set(re.findall(r'"(Put|Update|Delete|ConditionCheck)": \{', source.read_text()))
+    kinds = set(re.findall(r'"(Put|Update|Delete|ConditionCheck)": \{', _source_text(source)))
     return actions | {TRANSACT[k] for k in kinds}
 
 

@@ -31,7 +31,7 @@ from moto.moto_server.werkzeug_app import (
 from moto.server import ThreadedMotoServer
 from werkzeug.serving import make_server
 
-from sendqueue.adapters.dynamodb_store import DynamoDbTaskStore
+from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 from sendqueue.adapters.eventbridge_scheduler import EventBridgeScheduler
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
