@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sendqueue.adapters.alarm import LoggingAlarm
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
-from sendqueue.adapters.mailers import mailer_from_url
+from sendqueue.adapters.mail.factory import mailer_from_url
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import InvalidField
@@ -164,7 +164,7 @@ class Container:
         # Imported here: boto3 is the optional 'aws' extra.
         import boto3
 
-        from sendqueue.adapters.eventbridge_scheduler import EventBridgeScheduler
+        from sendqueue.adapters.eventbridge.scheduler import EventBridgeScheduler
 
         s = self.settings
         target_arn = _required(s.send_function_arn, "SENDQUEUE_SEND_FUNCTION_ARN")

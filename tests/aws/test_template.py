@@ -503,7 +503,7 @@ def _store_actions() -> set[str]:
 
 
 def _scheduler_actions() -> set[str]:
-    calls = _calls(SOURCES / "eventbridge_scheduler.py", "_client")
+    calls = _calls(SOURCES / "eventbridge" / "scheduler.py", "_client")
     calls -= {"create_schedule_group", "close"}  # the template creates the group
     return _iam_actions("scheduler", "scheduler", calls)
 
@@ -581,7 +581,7 @@ def test_each_function_may_do_what_its_code_calls_and_no_more(
 
 
 def test_ses_is_called_as_the_policy_says() -> None:
-    calls = _calls(SOURCES / "ses_mailer.py", "_client") - {"close"}
+    calls = _calls(SOURCES / "mail" / "ses.py", "_client") - {"close"}
     assert _iam_actions("sesv2", "ses", calls) == {"ses:SendEmail"}
 
 
@@ -590,7 +590,7 @@ def test_the_operator_policy_covers_the_dead_letter_calls(cfn: dict[str, Any]) -
     (policy,) = _of_type(cfn, "AWS::IAM::ManagedPolicy").values()
     grants = _grants(resolve(policy["Properties"]["PolicyDocument"])["Statement"])
     dlq = resolve.get_att("DeadLetterQueue", "Arn")
-    calls = _calls(SOURCES / "eventbridge_scheduler.py", "_sqs") - {"close"}
+    calls = _calls(SOURCES / "eventbridge" / "scheduler.py", "_sqs") - {"close"}
     # SQS authorises a batch call as its single action.
     actions = {a.removesuffix("Batch") for a in _iam_actions("sqs", "sqs", calls)}
     assert actions == {"sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage"}

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from sendqueue.adapters.maildir_mailer import MaildirMailer
-from sendqueue.adapters.mailers import mailer_from_url
-from sendqueue.adapters.mime import message_id_for
-from sendqueue.adapters.smtp_mailer import SmtpMailer
+from sendqueue.adapters.mail.factory import mailer_from_url
+from sendqueue.adapters.mail.maildir import MaildirMailer
+from sendqueue.adapters.mail.mime import message_id_for
+from sendqueue.adapters.mail.smtp import SmtpMailer
 from sendqueue.domain.errors import (
     InvalidField,
     MailError,

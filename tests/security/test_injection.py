@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from sendqueue.adapters.mime import build_message
+from sendqueue.adapters.mail.mime import build_message
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.bootstrap import bootstrap
 from sendqueue.cli import app as cli_app

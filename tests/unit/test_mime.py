@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sendqueue.adapters.mime import (
+from sendqueue.adapters.mail.mime import (
     FALLBACK_DOMAIN,
     build_message,
     envelope_addresses,

@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 from email_validator import EmailNotValidError, validate_email
 
-from sendqueue.adapters.mime import parse_mailbox
+from sendqueue.adapters.mail.mime import parse_mailbox
 from sendqueue.domain.errors import IllegalTransition, InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState, check_campaign_transition
 from sendqueue.domain.models import (
