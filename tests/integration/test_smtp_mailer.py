@@ -16,8 +16,8 @@ import pytest
 
 from sendqueue.adapters.mail.factory import mailer_from_url
 from sendqueue.adapters.mail.maildir import MaildirMailer
-from sendqueue.adapters.mail.mime import message_id_for
 from sendqueue.adapters.mail.smtp import SmtpMailer
+from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.errors import (
     InvalidField,
     MailError,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sendqueue.adapters.mail.maildir import MaildirMailer
-from sendqueue.adapters.mail.mime import message_id_for
+from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.errors import PermanentMailError, TransientMailError
 from sendqueue.ports import Mailer, OutgoingMessage
 from sendqueue.testing.mailer import RecordingMailer

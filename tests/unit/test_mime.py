@@ -15,13 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sendqueue.adapters.mail.mime import (
-    FALLBACK_DOMAIN,
-    build_message,
-    envelope_addresses,
-    message_id_for,
-    needs_smtputf8,
-)
+from sendqueue.adapters.mail.mime import build_message, envelope_addresses, needs_smtputf8
+from sendqueue.domain.addresses import FALLBACK_DOMAIN, message_id_for
 from sendqueue.domain.errors import InvalidField
 from sendqueue.ports import OutgoingMessage
 
