@@ -95,6 +95,17 @@ def test_send_delivers_every_header_and_both_parts(smtp_sink, mailer_for):
     assert parts[1].get_content() == "<p>Hallo <b>Zoë</b></p>\n"
 
 
+def test_an_internationalised_domain_is_sent_to_its_idna_2008_form(smtp_sink, mailer_for):
+    """faß.de is xn--fa-hia.de (IDNA 2008), not fass.de (IDNA 2003), in RCPT TO and To."""
+    mailer_for(smtp_sink).send(message(to_addr="reader@faß.de", from_addr="news@βόλος.gr"))
+
+    (mail,) = smtp_sink.wait_for(1)
+    assert mail.rcpt_tos == ("reader@xn--fa-hia.de",)
+    assert mail.mail_from == "news@xn--nxasmm1c.gr"
+    assert mail.message["To"].addresses[0].addr_spec == "reader@xn--fa-hia.de"
+    assert mail.message["From"].addresses[0].addr_spec == "news@xn--nxasmm1c.gr"
+
+
 def test_text_only_message_is_a_single_text_part(smtp_sink, mailer_for):
     mailer_for(smtp_sink).send(message(html=None, reply_to=None))
 

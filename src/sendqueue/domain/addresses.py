@@ -3,7 +3,11 @@
 Pure functions, shared by the services (a campaign's sender is normalised when it is created)
 and the mail adapters (every address is parsed again when a message is built).
 
-Domains travel in their ASCII form, so only a local part ever needs SMTPUTF8.
+Domains travel in their ASCII form, so only a local part ever needs SMTPUTF8. A non-ASCII domain
+is converted with IDNA 2008 and the UTS 46 mapping (the ``idna`` package, as email-validator
+does), never with Python's ``idna`` codec, which is IDNA 2003: that one maps ``faß.de`` to
+``fass.de`` and the final sigma ``ς`` (U+03C2) to the plain one (U+03C3): other domains
+than the ones written.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import email.utils
 import re
 from email.headerregistry import Address
 
+import idna
 from email_validator import EmailNotValidError, validate_email
 
 from sendqueue.domain.errors import InvalidField
@@ -33,6 +38,7 @@ _CONTROLS = frozenset({"\x7f", "\u2028", "\u2029"} | {chr(c) for c in range(0x80
 _ID_LEFT = re.compile(r"[^<>@\s\"\\()\[\],;:]+")
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _DOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+_MAX_LABEL = 63
 
 
 def check_header_value(field: str, value: str) -> str:
@@ -50,18 +56,25 @@ def check_header_value(field: str, value: str) -> str:
 
 
 def ascii_domain(field: str, domain: str, value: str) -> str:
-    """The domain in its ASCII (IDNA) form, so only local parts ever need SMTPUTF8.
+    """The domain in its ASCII form: IDNA 2008 with the UTS 46 mapping for a non-ASCII one.
 
     An address literal (``[192.0.2.1]``) is returned as it is. Raises InvalidField naming
-    ``field`` (and showing ``value``) for a domain that is not a valid hostname.
+    ``field`` (and showing ``value``) for a domain that is not a valid hostname, or whose
+    labels IDNA 2008 refuses.
     """
     if domain.startswith("[") and domain.endswith("]"):
         return domain
-    try:
-        encoded = domain.encode("idna").decode("ascii")
-    except UnicodeError as exc:
-        raise InvalidField(field, value, f"the domain {domain!r} is not valid") from exc
-    if not _DOMAIN.fullmatch(encoded):
+    if domain.isascii():
+        encoded = domain
+    else:
+        try:
+            encoded = idna.encode(domain, uts46=True).decode("ascii")
+        except idna.IDNAError as exc:
+            raise InvalidField(
+                field, value, f"the domain {domain!r} is not valid under IDNA 2008: {exc}"
+            ) from exc
+    labels_fit = all(len(label) <= _MAX_LABEL for label in encoded.split("."))
+    if not labels_fit or not _DOMAIN.fullmatch(encoded):
         raise InvalidField(field, value, f"the domain {domain!r} is not valid")
     return encoded
 
@@ -70,11 +83,12 @@ def parse_mailbox(
     field: str, value: str, *, display_name: str | None = None, name_field: str = ""
 ) -> Address:
     """Parse one mailbox, ``addr`` or ``Name <addr>``, into a header-safe Address (its domain
-    in ASCII). What this accepts, the mail adapters accept as From, To or Reply-To.
+    in ASCII, see :func:`ascii_domain`). What this accepts, the mail adapters accept as From,
+    To or Reply-To.
 
     ``display_name`` (checked as ``name_field``) replaces a name given in ``value``. Raises
     InvalidField naming ``field``: CR, LF or another control character, not exactly one
-    address, anything the parser would have to repair.
+    address, anything the parser would have to repair, or a domain IDNA 2008 refuses.
     """
     check_header_value(field, value)
     if display_name is not None:
@@ -102,8 +116,8 @@ def normalize_sender(value: str, field: str) -> str:
     Refused with InvalidField naming ``field``: line breaks and every other control or line
     separator character, more than one address, anything the mail parser would have to repair
     (it would otherwise send from another address than the one written), and an address that
-    email-validator refuses. Internationalised addresses are kept as Unicode. Whatever this
-    returns, :func:`parse_mailbox` accepts.
+    email-validator refuses. Internationalised addresses are kept as Unicode (``faß.de`` stays
+    ``faß.de``). Whatever this returns, :func:`parse_mailbox` accepts.
     """
     if not isinstance(value, str):
         raise InvalidField(field, value, "expected an address like news@example.com")
