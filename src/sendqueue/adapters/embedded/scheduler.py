@@ -17,9 +17,8 @@ How it fires:
   ``BEGIN IMMEDIATE`` transaction) before its target runs, and the lease is renewed while it
   runs. The dispatcher claims ``lookahead`` (25 ms) ahead: it wakes that much before the next
   due time and leases what falls due within it (as many as it has free slots), and the fire
-  thread waits for the exact due time before invoking, so the transaction (and a WAL
-  checkpoint it may run) is not paid between the due time and the invocation. Nothing fires
-  before its due time. A schedule claimed ahead is read again right before its invocation
+  thread waits for the exact due time before invoking (why: docs/performance.md). Nothing
+  fires before its due time. A schedule claimed ahead is read again right before its invocation
   (on the fire thread's own connection, which never waits for the dispatcher's writes) and
   skipped if it was deleted or replaced meanwhile: a delete before the due time still
   cancels it. Once invoked, it is in flight as before (a delete does not stop it).

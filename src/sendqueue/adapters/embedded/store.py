@@ -115,9 +115,7 @@ INSERT = (
 #: Names per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
 IN_LIMIT = 900
 
-#: Payloads as stored: ``json.dumps(payload, sort_keys=True)``, whose per-call set-up (a new
-#: encoder for every call with a keyword argument) cost more than the encoding when a
-#: campaign's schedules are written in bulk.
+#: Payloads as stored: ``json.dumps(payload, sort_keys=True)``, with one encoder for all calls.
 payload_json = json.JSONEncoder(sort_keys=True).encode
 
 
