@@ -126,8 +126,8 @@ class LeaseBook(WakeUps):
     @contextlib.contextmanager
     def _write_deleting_succeeded(self) -> Iterator[sqlite3.Connection]:
         """:meth:`_write`, whose transaction first deletes the schedules whose deferred
-        invocations succeeded (see the module docstring); if it fails, they wait for the
-        next one."""
+        invocations succeeded (see :mod:`sendqueue.adapters.embedded.scheduler`); if it fails,
+        they wait for the next one."""
         with self._succeeded_lock:
             taken, self._succeeded = self._succeeded, []
         try:
