@@ -133,7 +133,7 @@ def _lead(create_rate: float, total: int) -> float:
 
 
 def child_sendqueue(args: argparse.Namespace, home: Path) -> dict[str, Any]:
-    from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+    from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 
     total = args.schedules + args.burst
     # Calibrate: how fast are schedules created here, now (a throwaway file)?

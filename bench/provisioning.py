@@ -147,7 +147,7 @@ _SCHEDULE_INSERT = (
 
 def child_raw(store_url: str, scheduler_file: str, campaign_id: str) -> dict[str, Any]:
     """executemany of the equivalent rows, one transaction per file."""
-    from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+    from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 
     EmbeddedScheduler(f"sqlite:///{scheduler_file}").close()  # its schema, not timed
     postgres = store_url.startswith("postgresql")

@@ -40,7 +40,7 @@ def _text(value: datetime) -> str:
 
 def build(home: Path, total: int, pending: int) -> tuple[str, str]:
     """The two SQLite files; returns (store URL, scheduler URL)."""
-    from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+    from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
     from sendqueue.adapters.sql_store import SqlTaskStore
     from sendqueue.domain.lifecycle import CampaignState
     from sendqueue.domain.models import Campaign, schedule_name

@@ -15,8 +15,8 @@ from functools import cached_property
 from pathlib import Path
 
 from sendqueue.adapters.alarm import LoggingAlarm
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
-from sendqueue.adapters.mailers import mailer_from_url
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
+from sendqueue.adapters.mail.factory import mailer_from_url
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import InvalidField
@@ -115,7 +115,7 @@ class Container:
 
     def _dynamodb(self) -> TaskStore:
         # Imported here: boto3 is the optional 'aws' extra.
-        from sendqueue.adapters.dynamodb_store import DynamoDbTaskStore
+        from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 
         # The table is the template's (on-demand, point-in-time recovery): never made here.
         return DynamoDbTaskStore.from_url(self.settings.database_url)
@@ -170,7 +170,7 @@ class Container:
         # Imported here: boto3 is the optional 'aws' extra.
         import boto3
 
-        from sendqueue.adapters.eventbridge_scheduler import EventBridgeScheduler
+        from sendqueue.adapters.eventbridge.scheduler import EventBridgeScheduler
 
         s = self.settings
         target_arn = _required(s.send_function_arn, "SENDQUEUE_SEND_FUNCTION_ARN")

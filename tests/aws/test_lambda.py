@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from sendqueue import lambda_handlers
-from sendqueue.adapters.dynamodb_store import DynamoDbTaskStore
-from sendqueue.adapters.eventbridge_scheduler import EventBridgeScheduler
-from sendqueue.adapters.ses_mailer import SesMailer
+from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
+from sendqueue.adapters.eventbridge.scheduler import EventBridgeScheduler
+from sendqueue.adapters.mail.ses import SesMailer
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, schedule_group

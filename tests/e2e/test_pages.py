@@ -15,7 +15,7 @@ import pytest
 from playwright.sync_api import expect
 
 import sendqueue.web
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from tests.e2e.conftest import Sendqueue, api, provision
 
 if TYPE_CHECKING:

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from sendqueue.adapters.maildir_mailer import MaildirMailer
-from sendqueue.adapters.mailers import mailer_from_url
-from sendqueue.adapters.mime import message_id_for
-from sendqueue.adapters.smtp_mailer import SmtpMailer
+from sendqueue.adapters.mail.factory import mailer_from_url
+from sendqueue.adapters.mail.maildir import MaildirMailer
+from sendqueue.adapters.mail.smtp import SmtpMailer
+from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.errors import (
     InvalidField,
     MailError,
@@ -95,6 +95,19 @@ def test_send_delivers_every_header_and_both_parts(
     assert [p.get_content_type() for p in parts] == ["text/plain", "text/html"]
     assert parts[0].get_content() == "Hallo Zoë,\nthe text part.\n"
     assert parts[1].get_content() == "<p>Hallo <b>Zoë</b></p>\n"
+
+
+def test_an_internationalised_domain_is_sent_to_its_idna_2008_form(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
+    """faß.de is xn--fa-hia.de (IDNA 2008), not fass.de (IDNA 2003), in RCPT TO and To."""
+    mailer_for(smtp_sink).send(message(to_addr="reader@faß.de", from_addr="news@βόλος.gr"))
+
+    (mail,) = smtp_sink.wait_for(1)
+    assert mail.rcpt_tos == ("reader@xn--fa-hia.de",)
+    assert mail.mail_from == "news@xn--nxasmm1c.gr"
+    assert mail.message["To"].addresses[0].addr_spec == "reader@xn--fa-hia.de"
+    assert mail.message["From"].addresses[0].addr_spec == "news@xn--nxasmm1c.gr"
 
 
 def test_text_only_message_is_a_single_text_part(

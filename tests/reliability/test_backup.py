@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.bootstrap import bootstrap
 from sendqueue.cli import app as cli_app

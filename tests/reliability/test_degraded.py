@@ -31,7 +31,7 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from sendqueue.adapters.smtp_mailer import SmtpMailer
+from sendqueue.adapters.mail.smtp import SmtpMailer
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.cli import app as cli_app

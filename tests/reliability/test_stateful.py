@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import DomainError, StoreUnavailable, Throttled

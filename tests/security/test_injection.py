@@ -25,14 +25,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from sendqueue.adapters.mime import build_message
+from sendqueue.adapters.mail.mime import build_message
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.bootstrap import bootstrap
 from sendqueue.cli import app as cli_app
+from sendqueue.domain.addresses import normalize_sender
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.ports import OutgoingMessage
-from sendqueue.services.campaigns import normalize_sender
 from sendqueue.services.importing import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from sendqueue.adapters.mailers import mailer_from_url
+from sendqueue.adapters.mail.factory import mailer_from_url
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.bootstrap import bootstrap
 from sendqueue.domain.lifecycle import TaskState

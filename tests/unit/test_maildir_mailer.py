@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sendqueue.adapters.maildir_mailer import MaildirMailer
-from sendqueue.adapters.mime import message_id_for
+from sendqueue.adapters.mail.maildir import MaildirMailer
+from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.errors import PermanentMailError, TransientMailError
 from sendqueue.ports import Mailer, OutgoingMessage
 from sendqueue.testing.mailer import RecordingMailer

@@ -14,13 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sendqueue.adapters.mime import (
-    FALLBACK_DOMAIN,
-    build_message,
-    envelope_addresses,
-    message_id_for,
-    needs_smtputf8,
-)
+from sendqueue.adapters.mail.mime import build_message, envelope_addresses, needs_smtputf8
+from sendqueue.domain.addresses import FALLBACK_DOMAIN, message_id_for
 from sendqueue.domain.errors import InvalidField
 from sendqueue.ports import OutgoingMessage
 
@@ -268,3 +263,30 @@ def test_date_keeps_the_offset_and_drops_fractions() -> None:
     when = datetime(2026, 1, 1, 12, 0, 0, 750_000, tzinfo=UTC)
 
     assert str(build_message(outgoing(date=when))["Date"]) == "Thu, 01 Jan 2026 12:00:00 +0000"
+
+
+# -- IDNA 2008 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("to_addr", "ascii_addr"),
+    [("jane@faß.de", "jane@xn--fa-hia.de"), ("jane@βόλος.gr", "jane@xn--nxasmm1c.gr")],
+)
+def test_the_to_header_and_envelope_name_the_idna_2008_domain(to_addr, ascii_addr):
+    """IDNA 2003 (Python's codec) would send these to jane@fass.de and jane@xn--nxasmq6b.gr."""
+    msg = outgoing(to_addr=to_addr, from_addr=f"News <news@{to_addr.split('@')[1]}>")
+
+    built = build_message(msg)
+
+    assert built["To"].addresses[0].addr_spec == ascii_addr
+    assert built["From"].addresses[0].domain == ascii_addr.split("@")[1]
+    assert envelope_addresses(msg) == (f"news@{ascii_addr.split('@')[1]}", ascii_addr)
+    assert not needs_smtputf8(built)
+
+
+def test_a_domain_idna_2008_refuses_is_an_invalid_field_naming_the_address():
+    with pytest.raises(InvalidField) as refused:
+        build_message(outgoing(to_addr="jane@a\u200db.de"))
+
+    assert refused.value.field == "to_addr"
+    assert "IDNA 2008" in refused.value.reason

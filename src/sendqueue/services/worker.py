@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
-from sendqueue.adapters.mime import message_id_for
+from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.errors import PermanentMailError, SchedulerError, TransientMailError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token

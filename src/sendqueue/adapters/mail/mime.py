@@ -22,22 +22,17 @@ from email.headerregistry import Address, AddressHeader, BaseHeader, HeaderRegis
 from email.message import EmailMessage
 from typing import Any, cast
 
+from sendqueue.domain.addresses import check_header_value, parse_mailbox
 from sendqueue.domain.errors import InvalidField
 from sendqueue.ports import OutgoingMessage
 
 __all__ = [
-    "FALLBACK_DOMAIN",
     "RESERVED_HEADERS",
     "build_message",
     "envelope_addresses",
     "envelope_of",
-    "message_id_for",
     "needs_smtputf8",
-    "parse_mailbox",
 ]
-
-#: The Message-ID domain when the sender's domain is unknown (``.invalid`` is reserved, RFC 2606).
-FALLBACK_DOMAIN = "sendqueue.invalid"
 
 #: Headers that :func:`build_message` writes itself; ``OutgoingMessage.headers`` may not set them.
 RESERVED_HEADERS = frozenset(
@@ -62,12 +57,8 @@ RESERVED_HEADERS = frozenset(
 
 
 class _HeaderRegistry(HeaderRegistry):
-    """The email package's header registry, remembering the header class it makes per name.
-
-    ``HeaderRegistry[name]`` builds a new class (``type(...)``) at every call, and the email
-    package calls it at least twice for every header it sets (``header_max_count``, then the
-    factory): a tenth of a message's build time. The class depends only on the name.
-    """
+    """The email package's header registry, remembering the header class it makes per name
+    (``HeaderRegistry[name]`` builds a new one at every call; it depends only on the name)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -88,70 +79,10 @@ class _HeaderRegistry(HeaderRegistry):
 _ASCII_POLICY = email.policy.SMTP.clone(cte_type="7bit", header_factory=_HeaderRegistry())
 _UTF8_POLICY = email.policy.SMTPUTF8.clone(cte_type="7bit", header_factory=_HeaderRegistry())
 
-_CONTROLS = frozenset({"\x7f", "\u2028", "\u2029"} | {chr(c) for c in range(0x80, 0xA0)})
 # RFC 5322 field names: printable ASCII except the colon.
 _FIELD_NAME = re.compile(r"[!-9;-~]+")
 # A Message-ID as we produce and accept it: <left@right>, no whitespace, no nested brackets.
 _MESSAGE_ID = re.compile(r"<[^<>@\s]+@[^<>@\s]+>")
-_ID_LEFT = re.compile(r"[^<>@\s\"\\()\[\],;:]+")
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-_DOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
-
-
-def _check_value(field: str, value: str) -> str:
-    if "\r" in value or "\n" in value:
-        raise InvalidField(field, value, "a header value may not contain CR or LF")
-    # Other controls are no better: Python's email package treats VT, FF, FS..RS, NEL and the
-    # Unicode line separators as line breaks too, and RFC 5322 allows none of them.
-    bad = next((c for c in value if c in _CONTROLS or (c < " " and c != "\t")), None)
-    if bad is not None:
-        raise InvalidField(
-            field, value, f"a header value may not contain control characters (U+{ord(bad):04X})"
-        )
-    return value
-
-
-def _ascii_domain(field: str, domain: str, value: str) -> str:
-    """The domain in its ASCII (IDNA) form, so only local parts ever need SMTPUTF8."""
-    if domain.startswith("[") and domain.endswith("]"):
-        return domain  # an address literal, [192.0.2.1]
-    try:
-        ascii_domain = domain.encode("idna").decode("ascii")
-    except UnicodeError as exc:
-        raise InvalidField(field, value, f"the domain {domain!r} is not valid") from exc
-    if not _DOMAIN.fullmatch(ascii_domain):
-        raise InvalidField(field, value, f"the domain {domain!r} is not valid")
-    return ascii_domain
-
-
-def parse_mailbox(
-    field: str, value: str, *, display_name: str | None = None, name_field: str = ""
-) -> Address:
-    """Parse one mailbox, ``addr`` or ``Name <addr>``, into a header-safe Address (its domain
-    in ASCII). What this accepts, :func:`build_message` accepts as From, To or Reply-To.
-
-    ``display_name`` (checked as ``name_field``) replaces a name given in ``value``. Raises
-    InvalidField naming ``field``: CR, LF or another control character, not exactly one
-    address, or anything the parser would have to repair.
-    """
-    _check_value(field, value)
-    if display_name is not None:
-        _check_value(name_field or field, display_name)
-    pairs = email.utils.getaddresses([value])
-    if len(pairs) != 1:
-        raise InvalidField(field, value, "expected exactly one address, e.g. Name <a@example.com>")
-    name, addr_spec = pairs[0]
-    local, at, domain = addr_spec.rpartition("@")
-    # getaddresses quietly repairs what it cannot parse ("a@exa mple.com" -> "a@example.com"):
-    # insist that the address it found is written in the value as it is.
-    spaced = any(c.isspace() for c in addr_spec)
-    if addr_spec not in value or spaced or not at or not local or not domain:
-        raise InvalidField(field, value, "expected an address such as Name <a@example.com>")
-    return Address(
-        display_name=display_name if display_name is not None else name,
-        username=local,
-        domain=_ascii_domain(field, domain, value),
-    )
 
 
 def needs_smtputf8(message: EmailMessage) -> bool:
@@ -187,8 +118,8 @@ def build_message(msg: OutgoingMessage) -> EmailMessage:
     reply_to, reply_to_header = (
         _campaign_mailbox("reply_to", msg.reply_to) if msg.reply_to else (None, None)
     )
-    _check_value("subject", msg.subject)
-    _check_value("message_id", msg.message_id)
+    check_header_value("subject", msg.subject)
+    check_header_value("message_id", msg.message_id)
     if not _MESSAGE_ID.fullmatch(msg.message_id) or not msg.message_id.isascii():
         raise InvalidField("message_id", msg.message_id, "expected <left@right>, ASCII")
     if msg.date.tzinfo is None or msg.date.utcoffset() is None:
@@ -215,9 +146,8 @@ def build_message(msg: OutgoingMessage) -> EmailMessage:
     return out
 
 
-# The sender's mailbox (From, Reply-To) is the campaign's, the same in every one of its emails:
-# it is parsed once, and its header object (immutable, as the email package's header objects
-# are) is reused, so a send parses only the recipient's address.
+# From and Reply-To are the campaign's, the same in every email: parsed once, and their
+# (immutable) header objects reused.
 _HEADER_NAMES = {"from_addr": "From", "reply_to": "Reply-To"}
 
 
@@ -250,9 +180,7 @@ _TEXT_PART_HEADERS = {
 def _set_short_ascii_text(out: EmailMessage, text: str) -> bool:
     """Set ``text`` as the body the way ``set_content`` would, when it would send it 7bit (ASCII,
     no line longer than the policy's limit), reusing that case's fixed header objects; False
-    (nothing set) otherwise. set_content spends more time parsing its own Content-Type and
-    Content-Transfer-Encoding values than anything else in a message; tests/unit/test_mime.py
-    checks the bytes are the same."""
+    (nothing set) otherwise; tests/unit/test_mime_shortcuts.py checks the bytes are the same."""
     if not text.isascii():
         return False
     # set_content's own split and join (email.contentmanager._encode_text): bytes.splitlines
@@ -288,28 +216,5 @@ def _extra_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
             raise InvalidField(name, name, "a header name is printable ASCII without ':'")
         if name.lower() in RESERVED_HEADERS:
             raise InvalidField(name, value, "this header is set from the message itself")
-        out.append((name, _check_value(name, value)))
+        out.append((name, check_header_value(name, value)))
     return out
-
-
-def message_id_for(task_id: str, domain: str) -> str:
-    """The Message-ID of the email a task sends: ``<task_id@domain>``.
-
-    Derived from the task id alone, so a second delivery of the same task (at-least-once
-    execution) carries the same Message-ID and a receiver or an operator can recognise it.
-    ``domain`` is the sender's domain; a whole address (``Name <a@example.com>``) is accepted
-    too and its domain used. An empty or unusable domain falls back to
-    :data:`FALLBACK_DOMAIN`. Raises InvalidField when ``task_id`` cannot be a Message-ID's left
-    part (empty, whitespace, brackets, ``@``, non-ASCII).
-    """
-    if not task_id or not task_id.isascii() or not _ID_LEFT.fullmatch(task_id):
-        raise InvalidField("task_id", task_id, "must be non-empty ASCII without spaces, <>@")
-    if "@" in domain:
-        pairs = email.utils.getaddresses([domain])
-        domain = pairs[0][1].rpartition("@")[2] if len(pairs) == 1 else ""
-    domain = domain.strip().rstrip(".")
-    try:
-        ascii_domain = _ascii_domain("domain", domain, domain) if domain else FALLBACK_DOMAIN
-    except InvalidField:
-        ascii_domain = FALLBACK_DOMAIN
-    return f"<{task_id}@{ascii_domain.lower()}>"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sendqueue.adapters.maildir_mailer import MaildirMailer
-from sendqueue.adapters.smtp_mailer import SmtpMailer
+from sendqueue.adapters.mail.maildir import MaildirMailer
+from sendqueue.adapters.mail.smtp import SmtpMailer
 from sendqueue.domain.errors import InvalidField
 from sendqueue.ports import Mailer
 
@@ -29,7 +29,7 @@ def mailer_from_url(url: str) -> Mailer:
         return SmtpMailer.from_url(url)
     if url.startswith("ses:"):
         # Imported here: boto3 is the optional 'aws' extra.
-        from sendqueue.adapters.ses_mailer import SesMailer
+        from sendqueue.adapters.mail.ses import SesMailer
 
         return SesMailer.from_url(url)
     shown = url.split("@", 1)[-1] if "@" in url else url  # never echo a password

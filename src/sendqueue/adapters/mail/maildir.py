@@ -11,7 +11,7 @@ import mailbox
 import threading
 from pathlib import Path
 
-from sendqueue.adapters.mime import build_message
+from sendqueue.adapters.mail.mime import build_message
 from sendqueue.domain.errors import InvalidField, PermanentMailError, TransientMailError
 from sendqueue.ports import OutgoingMessage
 

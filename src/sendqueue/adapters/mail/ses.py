@@ -1,8 +1,8 @@
 """The Mailer on Amazon SES (the sesv2 API, raw MIME).
 
-The message is built by :func:`~sendqueue.adapters.mime.build_message`, exactly as for SMTP, and
-sent raw, so the Message-ID derived from the task id, the Date and the extra headers are the
-ones every other mailer writes. ``send`` returns that Message-ID (SES's own id is logged).
+The message is built by :func:`~sendqueue.adapters.mail.mime.build_message`, exactly as for
+SMTP, and sent raw, so the Message-ID derived from the task id, the Date and the extra headers
+are the ones every other mailer writes. ``send`` returns that Message-ID (SES's own id is logged).
 
 Errors: throttling, quota and service failures (and connection errors) are transient; a
 rejected message, an unverified sender, a paused account and invalid parameters are permanent,
@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from sendqueue.adapters.mime import build_message
+from sendqueue.adapters.mail.mime import build_message
 from sendqueue.domain.errors import InvalidField, PermanentMailError, TransientMailError
 from sendqueue.ports import OutgoingMessage
 

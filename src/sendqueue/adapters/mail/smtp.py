@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
-from sendqueue.adapters.mime import build_message, envelope_of, needs_smtputf8
+from sendqueue.adapters.mail.mime import build_message, envelope_of, needs_smtputf8
 from sendqueue.domain.errors import (
     InvalidField,
     MailError,
