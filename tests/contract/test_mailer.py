@@ -28,9 +28,9 @@ from typing import cast
 import pytest
 from botocore.config import Config
 
-from sendqueue.adapters.maildir_mailer import MaildirMailer
-from sendqueue.adapters.ses_mailer import SesMailer
-from sendqueue.adapters.smtp_mailer import SmtpMailer
+from sendqueue.adapters.mail.maildir import MaildirMailer
+from sendqueue.adapters.mail.ses import SesMailer
+from sendqueue.adapters.mail.smtp import SmtpMailer
 from sendqueue.domain.errors import MailError, PermanentMailError, TransientMailError
 from sendqueue.ports import Mailer, OutgoingMessage
 from sendqueue.testing.mailer import RecordingMailer
