@@ -20,7 +20,15 @@ from sendqueue.adapters.mailers import mailer_from_url
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import InvalidField
-from sendqueue.ports import Alarm, Clock, Dispatcher, Mailer, Scheduler, TaskStore
+from sendqueue.ports import (
+    Alarm,
+    Clock,
+    Dispatcher,
+    FlushableAlarm,
+    Mailer,
+    Scheduler,
+    TaskStore,
+)
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.provisioning import Provisioner
@@ -191,9 +199,9 @@ class Container:
                 "process to run here; run the web UI with `sendqueue serve --no-worker`",
             )
         scheduler = self.scheduler
-        if not hasattr(scheduler, "run"):
+        if not isinstance(scheduler, Dispatcher):
             raise TypeError(f"{type(scheduler).__name__} has no dispatcher in this process")
-        return scheduler  # type: ignore[return-value]
+        return scheduler
 
     @cached_property
     def mailer(self) -> Mailer:
@@ -228,10 +236,9 @@ class Container:
 
     @cached_property
     def worker(self) -> SendWorker:
-        # The execution layer's firing precision (the port's optional attribute; exact without
-        # it), so the worker does not skip an EventBridge invocation early in its minute.
-        precision = float(getattr(self.scheduler, "firing_precision", 0.0))
-        config = replace(self.config, firing_precision=precision)
+        # The execution layer's firing precision, so the worker does not skip an EventBridge
+        # invocation early in its minute.
+        config = replace(self.config, firing_precision=float(self.scheduler.firing_precision))
         return SendWorker(self.store, self.mailer, self.writer, self.campaigns, self.clock, config)
 
     @cached_property
@@ -261,9 +268,8 @@ class Container:
     def close(self) -> None:
         """Close what was opened; give queued alarm webhooks a moment to go out."""
         alarm = self.__dict__.get("alarm")
-        flush = getattr(alarm, "flush", None)
-        if callable(flush):
-            flush(5.0)
+        if isinstance(alarm, FlushableAlarm):
+            alarm.flush(5.0)
         for name in ("mailer", "scheduler", "store"):
             if name in self.__dict__:
                 try:
