@@ -17,6 +17,7 @@ from pathlib import Path
 from sendqueue.adapters.alarm import LoggingAlarm
 from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
 from sendqueue.adapters.mailers import mailer_from_url
+from sendqueue.adapters.metrics import MetricsServer, PrometheusMetrics, serve_metrics
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import InvalidField
@@ -24,6 +25,7 @@ from sendqueue.ports import (
     Alarm,
     Clock,
     Dispatcher,
+    Events,
     FlushableAlarm,
     Mailer,
     Scheduler,
@@ -40,6 +42,9 @@ from sendqueue.settings import Settings
 __all__ = ["Container", "bootstrap"]
 
 log = logging.getLogger(__name__)
+
+#: The most dead letters the depth gauge counts in one scrape.
+_DEAD_LETTERS_COUNTED = 100_000
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -84,6 +89,7 @@ class Container:
         scheduler: Scheduler | None = None,
         mailer: Mailer | None = None,
         alarm: Alarm | None = None,
+        events: Events | None = None,
     ) -> None:
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
@@ -91,6 +97,7 @@ class Container:
         self._scheduler = scheduler
         self._mailer = mailer
         self._alarm = alarm
+        self._events = events
         self._zones: dict[str, str] = {}
         self._zones_lock = threading.Lock()
         self.config = ServiceConfig(
@@ -124,7 +131,28 @@ class Container:
 
     @cached_property
     def alarm(self) -> Alarm:
-        return self._alarm or LoggingAlarm(self.settings.alarm_webhook)
+        return self._alarm or LoggingAlarm(self.settings.alarm_webhook, events=self.events)
+
+    @cached_property
+    def metrics(self) -> PrometheusMetrics:
+        """This container's metrics registry (never the process-global one)."""
+        return PrometheusMetrics(
+            dead_letter_depth=lambda: len(self.scheduler.dead_letters(limit=_DEAD_LETTERS_COUNTED))
+        )
+
+    @cached_property
+    def events(self) -> Events:
+        """Where the services and the alarm report what happened: the metrics, unless given."""
+        return self._events if self._events is not None else self.metrics
+
+    def metrics_text(self) -> tuple[bytes, str]:
+        """The metrics in the Prometheus text format, and its content type (for ``/metrics``)."""
+        return self.metrics.render()
+
+    def serve_metrics(self, port: int, host: str = "127.0.0.1") -> MetricsServer:
+        """Serve :meth:`metrics_text` on ``host:port`` from a daemon thread (the worker process
+        has no web app); ``close()`` the result to stop it."""
+        return serve_metrics(self.metrics, port, host)
 
     @cached_property
     def scheduler(self) -> Scheduler:
@@ -239,7 +267,15 @@ class Container:
         # The execution layer's firing precision, so the worker does not skip an EventBridge
         # invocation early in its minute.
         config = replace(self.config, firing_precision=float(self.scheduler.firing_precision))
-        return SendWorker(self.store, self.mailer, self.writer, self.campaigns, self.clock, config)
+        return SendWorker(
+            self.store,
+            self.mailer,
+            self.writer,
+            self.campaigns,
+            self.clock,
+            config,
+            events=self.events,
+        )
 
     @cached_property
     def reconciler(self) -> Reconciler:
@@ -251,6 +287,7 @@ class Container:
             self.provisioner,
             self.clock,
             self.config,
+            events=self.events,
         )
 
     def invoke(self, payload: Mapping[str, str]) -> None:
@@ -286,6 +323,7 @@ def bootstrap(
     scheduler: Scheduler | None = None,
     mailer: Mailer | None = None,
     alarm: Alarm | None = None,
+    events: Events | None = None,
 ) -> Container:
     """Build the container from settings (read from the environment when not given)."""
     return Container(
@@ -295,4 +333,5 @@ def bootstrap(
         scheduler=scheduler,
         mailer=mailer,
         alarm=alarm,
+        events=events,
     )

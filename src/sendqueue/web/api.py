@@ -22,7 +22,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sendqueue import metrics
 from sendqueue.domain.errors import InfrastructureError, InvalidField, NotFound
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import MAX_CURSOR
@@ -59,7 +58,6 @@ router = APIRouter()
 BODY_OVERHEAD_BYTES = 1 << 20
 # Largest text field of a form (a template, say).
 _MAX_FORM_FIELD = 512 * 1024
-_DEAD_LETTERS_COUNTED = 100_000
 
 
 # -- request bodies -------------------------------------------------------------------------
@@ -361,13 +359,8 @@ def healthz(c: ContainerDep) -> JSONResponse:
 )
 def metrics_text(c: ContainerDep) -> PlainTextResponse:
     """Prometheus text: sends by outcome, lateness, dead-letter depth, repairs, alarms."""
-    try:
-        depth = len(c.scheduler.dead_letters(limit=_DEAD_LETTERS_COUNTED))
-    except InfrastructureError as exc:
-        log.warning("metrics: the dead-letter depth is unknown: %s", exc)
-    else:
-        metrics.DEAD_LETTER_DEPTH.set(depth)
-    return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+    body, content_type = c.metrics_text()
+    return PlainTextResponse(body, media_type=content_type)
 
 
 # -- campaigns -------------------------------------------------------------------------------
