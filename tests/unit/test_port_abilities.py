@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from sendqueue.adapters.alarm import LoggingAlarm
 from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
 from sendqueue.adapters.eventbridge_scheduler import EventBridgeScheduler
 from sendqueue.adapters.procrastinate_scheduler import ProcrastinateScheduler
-from sendqueue.ports import BulkScheduler, Dispatcher, FlushableAlarm
+from sendqueue.ports import BulkScheduler, Dispatcher, FlushableAlarm, Target
+from sendqueue.runtime import run_worker
 from sendqueue.services.scheduling import _bulk_writer
 from sendqueue.testing import FakeClock, FakeScheduler, RecordingAlarm
+from tests.support.app import T0, fake_app
 
 
 class _Forwarding:
@@ -34,7 +40,33 @@ def test_every_scheduler_declares_its_firing_precision() -> None:
 def test_every_dispatcher_says_whether_it_runs_the_reconciler() -> None:
     assert EmbeddedScheduler.runs_reconciler is False
     assert ProcrastinateScheduler.runs_reconciler is True
-    assert not issubclass(EventBridgeScheduler, BulkScheduler)
+
+
+class _Dispatching(FakeScheduler):
+    """The fake layer with a dispatcher that idles a moment (time for a reconciler pass)."""
+
+    runs_reconciler = False
+
+    def run(self, target: Target, stop: threading.Event) -> None:
+        stop.wait(0.3)
+
+
+class _ReconcilingDispatching(_Dispatching):
+    runs_reconciler = True
+
+
+@pytest.mark.parametrize(
+    ("scheduler_class", "passes"), [(_Dispatching, 1), (_ReconcilingDispatching, 0)]
+)
+def test_the_worker_runs_a_reconciler_loop_unless_the_dispatcher_does(
+    scheduler_class: type[_Dispatching], passes: int
+) -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock, scheduler=scheduler_class(clock, seed=1))
+    calls: list[None] = []
+    app.__dict__["reconciler"] = SimpleNamespace(run=lambda: calls.append(None))
+    run_worker(app, threading.Event(), reconcile_interval=60)
+    assert len(calls) == passes
 
 
 def test_only_the_embedded_layer_writes_in_bulk_and_a_wrapper_does_not(tmp_path: Path) -> None:
@@ -46,6 +78,7 @@ def test_only_the_embedded_layer_writes_in_bulk_and_a_wrapper_does_not(tmp_path:
         assert _bulk_writer(_Forwarding(embedded)) is None
     finally:
         embedded.close()
+    assert not issubclass(EventBridgeScheduler, BulkScheduler)
     fake = FakeScheduler(FakeClock())
     assert _bulk_writer(fake) is None
     assert not isinstance(fake, Dispatcher)
