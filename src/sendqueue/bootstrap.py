@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sendqueue.adapters.alarm import LoggingAlarm
 from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
 from sendqueue.adapters.mailers import mailer_from_url
-from sendqueue.adapters.metrics import MetricsServer, PrometheusMetrics, serve_metrics
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import InvalidField
@@ -38,6 +38,9 @@ from sendqueue.services.reconciler import Reconciler
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.worker import SendWorker
 from sendqueue.settings import Settings
+
+if TYPE_CHECKING:
+    from sendqueue.adapters.metrics import MetricsServer, PrometheusMetrics
 
 __all__ = ["Container", "bootstrap"]
 
@@ -136,6 +139,10 @@ class Container:
     @cached_property
     def metrics(self) -> PrometheusMetrics:
         """This container's metrics registry (never the process-global one)."""
+        # Imported here: prometheus_client takes ~60 ms to import, which a command that only
+        # reads the store does not need.
+        from sendqueue.adapters.metrics import PrometheusMetrics
+
         return PrometheusMetrics(
             dead_letter_depth=lambda: len(self.scheduler.dead_letters(limit=_DEAD_LETTERS_COUNTED))
         )
@@ -152,6 +159,8 @@ class Container:
     def serve_metrics(self, port: int, host: str = "127.0.0.1") -> MetricsServer:
         """Serve :meth:`metrics_text` on ``host:port`` from a daemon thread (the worker process
         has no web app); ``close()`` the result to stop it."""
+        from sendqueue.adapters.metrics import serve_metrics
+
         return serve_metrics(self.metrics, port, host)
 
     @cached_property
