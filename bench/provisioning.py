@@ -25,6 +25,7 @@ import shutil
 import sqlite3
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -277,7 +278,7 @@ def run(*, recipients: int, small: int, repeats: int, postgres: bool = False) ->
             raw.append(run_child("bench.provisioning", "raw", url, scheduler, cid))
 
         for n in range(repeats):
-            steps = [
+            steps: list[Callable[[], None]] = [
                 lambda: run_sendqueue(recipients, sq),
                 lambda: run_raw(recipients),
                 lambda: run_sendqueue(small, small_runs),

@@ -91,7 +91,7 @@ def build(home: Path, total: int, pending: int) -> tuple[str, str]:
         if position < final:
             state = "Finished" if position % 50 else ("Failed" if position % 100 else "Cancelled")
             send_at = now - timedelta(seconds=total - position)
-            row = (
+            row: tuple[Any, ...] = (
                 tid,
                 _CID,
                 position,

@@ -42,7 +42,13 @@ from sendqueue.settings import Settings
 if TYPE_CHECKING:
     from sendqueue.adapters.metrics import MetricsServer, PrometheusMetrics
 
-__all__ = ["Container", "bootstrap"]
+__all__ = [
+    "Container",
+    "bootstrap",
+    "sql_store_of",
+    "upgrade_scheduler_schema",
+    "upgrade_store_schema",
+]
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +195,7 @@ class Container:
 
     def _procrastinate(self) -> Scheduler:
         # Imported here: procrastinate is an optional extra ('sendqueue[procrastinate]').
-        from sendqueue.adapters.procrastinate_scheduler import ProcrastinateScheduler
+        from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
 
         s = self.settings
         return ProcrastinateScheduler(
@@ -344,3 +350,28 @@ def bootstrap(
         alarm=alarm,
         events=events,
     )
+
+
+def upgrade_store_schema(settings: Settings) -> str | None:
+    """Apply the task store's migrations to ``settings.database_url``; the revision it is at."""
+    from sendqueue.adapters.migrate import current, upgrade
+
+    upgrade(settings.database_url)
+    return current(settings.database_url)
+
+
+def upgrade_scheduler_schema(settings: Settings) -> str | None:
+    """Apply procrastinate's schema when it is the execution layer (its version); else None."""
+    if settings.execution != "procrastinate":
+        return None
+    # Imported here: procrastinate is the optional 'procrastinate' extra.
+    from sendqueue.adapters.procrastinate.schema import upgrade_schema
+
+    return upgrade_schema(settings.database_url)
+
+
+def sql_store_of(container: Container) -> SqlTaskStore:
+    """The container's task store, which must be the SQL one (``db migrate-to`` writes to it)."""
+    store = container.store
+    assert isinstance(store, SqlTaskStore)
+    return store

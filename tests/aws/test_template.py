@@ -20,7 +20,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import boto3
 import pytest
@@ -107,9 +107,11 @@ class Resolver:
         resource = self.resources[name]
         kind, props = resource["Type"], resource.get("Properties", {})
         if kind == "AWS::Lambda::Function":
-            return self(props["FunctionName"])
+            function_name: str = self(props["FunctionName"])
+            return function_name
         if kind == "AWS::Scheduler::ScheduleGroup":
-            return self(props["Name"])
+            group_name: str = self(props["Name"])
+            return group_name
         if kind == "AWS::SQS::Queue":
             return f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{STACK}-{name}"
         return f"{STACK}-{name}"
@@ -458,7 +460,9 @@ def _calls(source: Path, attribute: str) -> set[str]:
     return set(re.findall(rf"self\.{attribute}\.([a-z_]+)\(", text))
 
 
-def _iam_actions(service: str, prefix: str, methods: set[str]) -> set[str]:
+def _iam_actions(
+    service: Literal["dynamodb", "scheduler", "sesv2", "sqs"], prefix: str, methods: set[str]
+) -> set[str]:
     """The IAM actions of boto3 methods: the API operation's name (their names agree for
     DynamoDB, EventBridge Scheduler, SQS and SES v2)."""
     client = boto3.client(

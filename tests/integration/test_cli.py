@@ -8,14 +8,18 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from typer.testing import CliRunner
 
+from sendqueue.bootstrap import Container
 from sendqueue.cli import app
+from sendqueue.domain.models import DeadLetter
+from sendqueue.testing import FakeClock, FakeScheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = [sys.executable, "-m", "sendqueue.cli", "demo"]
@@ -200,6 +204,84 @@ def test_campaign_lifecycle_through_the_cli(cli: CliRunner, tmp_path: Path) -> N
     assert code == 0 and json.loads(out) == []
     code, _, err = run(cli, "dlq", "redrive", "nope")
     assert code == 1 and "not found" in err
+
+
+def test_campaign_tasks_after_beyond_the_cursor_range_is_refused_naming_after(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    # Before the shared cursor check this reached SQLite, which raised an OverflowError.
+    (tmp_path / "p.csv").write_text("email,name\nada@example.com,Ada\n", encoding="utf-8")
+    code, out, err = run(
+        cli, "campaign", "create", "--name", "Big cursor", "--recipients", "p.csv",
+        "--subject", "Hi", "--body-file", "p.csv", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    cid = json.loads(out)["id"]
+    assert run(cli, "campaign", "provision", cid, "--json")[0] == 0
+
+    code, out, err = run(cli, "campaign", "tasks", cid, "--after", "100000000000000000000")
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: after:"), err
+
+    largest = str(2**63 - 1)  # the largest cursor every store takes
+    code, out, err = run(cli, "campaign", "tasks", cid, "--after", largest, "--json")
+    assert code == 0 and json.loads(out) == [], err
+    code, out, _ = run(cli, "campaign", "tasks", cid, "--after", "-1", "--json")
+    assert code == 0 and [t["email"] for t in json.loads(out)] == ["ada@example.com"]
+
+
+class _RedrivenMeanwhile:
+    """A scheduler where another operator redrives ``stolen`` right after the first listing."""
+
+    def __init__(self, inner: FakeScheduler, stolen: str) -> None:
+        self.inner = inner
+        self.stolen: str | None = stolen
+
+    def dead_letters(self, *, limit: int = 1000) -> list[DeadLetter]:
+        letters = self.inner.dead_letters(limit=limit)
+        if self.stolen is not None:
+            self.inner.redrive(self.stolen)
+            self.stolen = None
+        return letters
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_dlq_redrive_all_takes_every_page_and_skips_a_letter_redriven_meanwhile(
+    cli: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before the shared redrive_all service the CLI redrove only the first 1,000 letters and
+    # aborted (exit 1) at one that someone else had redriven in the meantime.
+    clock = FakeClock(datetime(2030, 1, 7, 10, 0, tzinfo=UTC))
+    fake = FakeScheduler(clock)
+    total = 1500
+    for i in range(total):
+        fake.create(
+            f"t-{i:04d}", "g", datetime(2030, 1, 7, 9, 0), "UTC", {"task_id": f"t{i}"},
+            f"token-{i}", max_retries=0,
+        )  # fmt: skip
+
+    def broken(payload: Any) -> None:
+        raise RuntimeError("mailer down")
+
+    assert fake.fire_due(broken) == total
+    letters = [d.id for d in fake.dead_letters(limit=2 * total)]
+    assert len(letters) == total
+    stolen = letters[10]
+    scheduler = _RedrivenMeanwhile(fake, stolen)
+    monkeypatch.setattr(Container, "scheduler", property(lambda _self: scheduler))
+
+    code, out, err = run(cli, "dlq", "redrive", "--all")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert f"skipped {stolen}: redriven by someone else meanwhile" in lines
+    redriven = [line.split()[1] for line in lines if line.startswith("redriven ")]
+    assert sorted(redriven) == sorted(set(letters) - {stolen})
+    assert len(lines) == total
+    assert fake.dead_letters(limit=2 * total) == []
+    assert len(fake.list("g", limit=2 * total)) == total
 
 
 def test_invalid_settings_are_refused_naming_the_variable(

@@ -110,7 +110,7 @@ def test_injected_senders_are_refused_naming_the_field(given: str) -> None:
 def api_with_smtp(tmp_path: Path, smtp_sink: SmtpSink) -> Iterator[tuple[TestClient, Any]]:
     container = bootstrap(
         Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             database_url=f"sqlite:///{tmp_path / 'store.db'}",
             scheduler_url=f"sqlite:///{tmp_path / 'scheduler.db'}",
             mailer=smtp_sink.url(),
@@ -210,7 +210,7 @@ SEARCHES: list[tuple[str, list[str]]] = [
 def _store_with(url: str, home: Path) -> tuple[SqlTaskStore, str]:
     app = bootstrap(
         Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             database_url=url,
             scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
             default_timezone="UTC",
@@ -267,7 +267,7 @@ def test_search_metacharacters_are_literal_through_the_api_and_the_cli(
     store.close()
     container = bootstrap(
         Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             database_url=url,
             scheduler_url=f"sqlite:///{tmp_path / 'scheduler.db'}",
         ),

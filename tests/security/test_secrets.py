@@ -96,7 +96,7 @@ def sink(make_smtp_sink: Any) -> SmtpSink:
 
 def _settings(home: Path, sink: SmtpSink, password: str, **extra: Any) -> Settings:
     return Settings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         database_url=f"sqlite:///{home / 'store.db'}",
         scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
         mailer=f"smtp://{USER}:{password}@127.0.0.1:{sink.port}?security=none&timeout=5",
@@ -214,7 +214,7 @@ def test_no_secret_in_logs_responses_metrics_or_reprs(
     # the store unreachable, with a password in its URL (a closed port: connection refused)
     pg = bootstrap(
         Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             database_url=f"postgresql+psycopg://u:{DB_PASSWORD}@127.0.0.1:9/sq?connect_timeout=2",
             scheduler_url=f"sqlite:///{tmp_path / 'pg-scheduler.db'}",
             api_token=TOKEN,

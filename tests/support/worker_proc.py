@@ -79,7 +79,7 @@ def main() -> None:
     hold = _Hold(args.hold_at, args.nth)
     store = HoldingStore(SqlTaskStore(settings.database_url), hold)
     mailer = HoldingMailer(mailer_from_url(settings.mailer), hold)
-    app = bootstrap(settings, store=store, mailer=mailer)  # type: ignore[arg-type]
+    app = bootstrap(settings, store=store, mailer=mailer)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     sys.stdout.write("READY\n")

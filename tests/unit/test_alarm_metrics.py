@@ -52,7 +52,7 @@ class _Hook(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def hook() -> Iterator[tuple[str, type[_Hook]]]:
-    handler = type(
+    handler: type[_Hook] = type(
         "Hook",
         (_Hook,),
         {

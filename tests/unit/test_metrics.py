@@ -142,7 +142,7 @@ def test_given_events_hear_the_worker_and_the_reconciler() -> None:
     clock = FakeClock(T0)
     events = RecordingEvents()
     app = bootstrap(
-        Settings(_env_file=None),  # type: ignore[call-arg]
+        Settings(_env_file=None),
         clock=clock,
         store=InMemoryTaskStore(),
         scheduler=FakeScheduler(clock, seed=1),

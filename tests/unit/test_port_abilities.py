@@ -12,7 +12,7 @@ import pytest
 from sendqueue.adapters.alarm import LoggingAlarm
 from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
 from sendqueue.adapters.eventbridge_scheduler import EventBridgeScheduler
-from sendqueue.adapters.procrastinate_scheduler import ProcrastinateScheduler
+from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
 from sendqueue.ports import BulkScheduler, Dispatcher, FlushableAlarm, Target
 from sendqueue.runtime import run_worker
 from sendqueue.services.scheduling import _bulk_writer

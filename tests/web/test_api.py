@@ -3,7 +3,7 @@ a request is refused."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -285,12 +285,12 @@ def test_form_errors_name_the_field(web: Web) -> None:
 def test_413_when_content_length_says_too_large_before_reading_anything(web: Web) -> None:
     limit = web.container.settings.max_upload_bytes + BODY_OVERHEAD_BYTES
     app = create_app(web.container)
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         raise AssertionError("the body was read")
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     scope = {
@@ -330,7 +330,7 @@ def test_413_for_a_chunked_body_counting_bytes_and_reading_no_further(web: Web) 
 
     # At the ASGI level: the app stops pulling the endless body just past the limit.
     app = create_app(web.container)
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
     stream = body()
 
     async def receive() -> dict[str, Any]:
@@ -339,7 +339,7 @@ def test_413_for_a_chunked_body_counting_bytes_and_reading_no_further(web: Web) 
         pulled += len(data)
         return {"type": "http.request", "body": data, "more_body": True}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     scope = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -24,7 +24,7 @@ PUBLIC = {"/login", "/healthz"}
 
 
 @pytest.fixture
-def locked(make_web: Any) -> Web:
+def locked(make_web: Callable[..., Web]) -> Web:
     return make_web(api_token=TOKEN)
 
 

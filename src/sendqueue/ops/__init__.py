@@ -3,7 +3,6 @@
 - :mod:`sendqueue.ops.backup`: a consistent copy of the SQLite files (``sendqueue db backup``).
 - :mod:`sendqueue.ops.migrate_to`: moving an embedded deployment onto PostgreSQL
   (``sendqueue db migrate-to``).
-- :mod:`sendqueue.ops.schema`: creating or upgrading the schemas (``sendqueue db upgrade``).
 """
 
 __all__: list[str] = []

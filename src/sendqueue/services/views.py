@@ -9,7 +9,15 @@ from typing import Any
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter, Task
 
-__all__ = ["campaign_dict", "change_dict", "dead_letter_dict", "iso", "task_dict"]
+__all__ = [
+    "TASK_LIST_KEYS",
+    "campaign_dict",
+    "change_dict",
+    "dead_letter_dict",
+    "iso",
+    "task_dict",
+    "task_list_dict",
+]
 
 
 def iso(value: datetime | None) -> str | None:
@@ -78,3 +86,13 @@ def dead_letter_dict(letter: DeadLetter) -> dict[str, Any]:
         "attempts": letter.attempts,
         "failed_at": iso(letter.failed_at),
     }
+
+
+#: The keys ``campaign tasks --json`` lists, in order: a task without position, name and subject.
+TASK_LIST_KEYS = ("id", "email", "state", "send_at", "sent_at", "attempts", "message_id", "error")
+
+
+def task_list_dict(task: Task) -> dict[str, Any]:
+    """A task as ``campaign tasks --json`` lists it: :func:`task_dict` cut to TASK_LIST_KEYS."""
+    full = task_dict(task)
+    return {key: full[key] for key in TASK_LIST_KEYS}
