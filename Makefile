@@ -29,11 +29,13 @@ run: $(RUN_STAMP)
 test: $(DEV_STAMP) lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
-## lint: ruff (lint + format check) and mypy strict on src/, tests/ and bench/
+## lint: ruff (lint + format check), mypy strict on src/, tests/ and bench/, and the import
+## contracts (the layers)
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: $(DEV_STAMP)
 	$(BIN)/ruff format src tests

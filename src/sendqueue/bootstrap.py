@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sendqueue.adapters.alarm import LoggingAlarm
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
@@ -20,7 +21,16 @@ from sendqueue.adapters.mail.factory import mailer_from_url
 from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import InvalidField
-from sendqueue.ports import Alarm, Clock, Dispatcher, Mailer, Scheduler, TaskStore
+from sendqueue.ports import (
+    Alarm,
+    Clock,
+    Dispatcher,
+    Events,
+    FlushableAlarm,
+    Mailer,
+    Scheduler,
+    TaskStore,
+)
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.provisioning import Provisioner
@@ -28,6 +38,9 @@ from sendqueue.services.reconciler import Reconciler
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.worker import SendWorker
 from sendqueue.settings import Settings
+
+if TYPE_CHECKING:
+    from sendqueue.adapters.metrics import MetricsServer, PrometheusMetrics
 
 __all__ = [
     "Container",
@@ -38,6 +51,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The most dead letters the depth gauge counts in one scrape.
+_DEAD_LETTERS_COUNTED = 100_000
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -82,6 +98,7 @@ class Container:
         scheduler: Scheduler | None = None,
         mailer: Mailer | None = None,
         alarm: Alarm | None = None,
+        events: Events | None = None,
     ) -> None:
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
@@ -89,6 +106,7 @@ class Container:
         self._scheduler = scheduler
         self._mailer = mailer
         self._alarm = alarm
+        self._events = events
         self._zones: dict[str, str] = {}
         self._zones_lock = threading.Lock()
         self.config = ServiceConfig(
@@ -122,7 +140,34 @@ class Container:
 
     @cached_property
     def alarm(self) -> Alarm:
-        return self._alarm or LoggingAlarm(self.settings.alarm_webhook)
+        return self._alarm or LoggingAlarm(self.settings.alarm_webhook, events=self.events)
+
+    @cached_property
+    def metrics(self) -> PrometheusMetrics:
+        """This container's metrics registry (never the process-global one)."""
+        # Imported here: prometheus_client takes ~60 ms to import, which a command that only
+        # reads the store does not need.
+        from sendqueue.adapters.metrics import PrometheusMetrics
+
+        return PrometheusMetrics(
+            dead_letter_depth=lambda: len(self.scheduler.dead_letters(limit=_DEAD_LETTERS_COUNTED))
+        )
+
+    @cached_property
+    def events(self) -> Events:
+        """Where the services and the alarm report what happened: the metrics, unless given."""
+        return self._events if self._events is not None else self.metrics
+
+    def metrics_text(self) -> tuple[bytes, str]:
+        """The metrics in the Prometheus text format, and its content type (for ``/metrics``)."""
+        return self.metrics.render()
+
+    def serve_metrics(self, port: int, host: str = "127.0.0.1") -> MetricsServer:
+        """Serve :meth:`metrics_text` on ``host:port`` from a daemon thread (the worker process
+        has no web app); ``close()`` the result to stop it."""
+        from sendqueue.adapters.metrics import serve_metrics
+
+        return serve_metrics(self.metrics, port, host)
 
     @cached_property
     def scheduler(self) -> Scheduler:
@@ -197,9 +242,9 @@ class Container:
                 "process to run here; run the web UI with `sendqueue serve --no-worker`",
             )
         scheduler = self.scheduler
-        if not hasattr(scheduler, "run"):
+        if not isinstance(scheduler, Dispatcher):
             raise TypeError(f"{type(scheduler).__name__} has no dispatcher in this process")
-        return scheduler  # type: ignore[return-value]
+        return scheduler
 
     @cached_property
     def mailer(self) -> Mailer:
@@ -234,11 +279,18 @@ class Container:
 
     @cached_property
     def worker(self) -> SendWorker:
-        # The execution layer's firing precision (the port's optional attribute; exact without
-        # it), so the worker does not skip an EventBridge invocation early in its minute.
-        precision = float(getattr(self.scheduler, "firing_precision", 0.0))
-        config = replace(self.config, firing_precision=precision)
-        return SendWorker(self.store, self.mailer, self.writer, self.campaigns, self.clock, config)
+        # The execution layer's firing precision, so the worker does not skip an EventBridge
+        # invocation early in its minute.
+        config = replace(self.config, firing_precision=float(self.scheduler.firing_precision))
+        return SendWorker(
+            self.store,
+            self.mailer,
+            self.writer,
+            self.campaigns,
+            self.clock,
+            config,
+            events=self.events,
+        )
 
     @cached_property
     def reconciler(self) -> Reconciler:
@@ -250,6 +302,7 @@ class Container:
             self.provisioner,
             self.clock,
             self.config,
+            events=self.events,
         )
 
     def invoke(self, payload: Mapping[str, str]) -> None:
@@ -267,9 +320,8 @@ class Container:
     def close(self) -> None:
         """Close what was opened; give queued alarm webhooks a moment to go out."""
         alarm = self.__dict__.get("alarm")
-        flush = getattr(alarm, "flush", None)
-        if callable(flush):
-            flush(5.0)
+        if isinstance(alarm, FlushableAlarm):
+            alarm.flush(5.0)
         for name in ("mailer", "scheduler", "store"):
             if name in self.__dict__:
                 try:
@@ -286,6 +338,7 @@ def bootstrap(
     scheduler: Scheduler | None = None,
     mailer: Mailer | None = None,
     alarm: Alarm | None = None,
+    events: Events | None = None,
 ) -> Container:
     """Build the container from settings (read from the environment when not given)."""
     return Container(
@@ -295,6 +348,7 @@ def bootstrap(
         scheduler=scheduler,
         mailer=mailer,
         alarm=alarm,
+        events=events,
     )
 
 

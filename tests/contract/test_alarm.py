@@ -26,8 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sendqueue import metrics
 from sendqueue.adapters.alarm import LoggingAlarm
+from sendqueue.adapters.metrics import PrometheusMetrics
 from sendqueue.domain.models import DeadLetter
 from sendqueue.ports import Alarm
 from sendqueue.testing.alarm import RecordingAlarm
@@ -43,6 +43,9 @@ LETTER = DeadLetter(
 )
 
 LOGGER = "sendqueue.alarm"
+
+#: The metrics the logging adapters report to (the counters /metrics shows).
+METRICS = PrometheusMetrics()
 
 
 @dataclass
@@ -99,13 +102,15 @@ def _fake(caplog: pytest.LogCaptureFixture) -> Iterator[Harness]:
 
 
 def _logging(caplog: pytest.LogCaptureFixture) -> Iterator[Harness]:
-    yield Harness(LoggingAlarm(), lambda: _logged_ids(caplog))
+    yield Harness(LoggingAlarm(events=METRICS), lambda: _logged_ids(caplog))
 
 
 def _webhook(caplog: pytest.LogCaptureFixture) -> Iterator[Harness]:
     hook = _Hook()
     server = _webhook_server(hook)
-    alarm = LoggingAlarm(f"http://127.0.0.1:{server.server_address[1]}/hook/token", timeout=10)
+    alarm = LoggingAlarm(
+        f"http://127.0.0.1:{server.server_address[1]}/hook/token", timeout=10, events=METRICS
+    )
 
     def posted() -> list[dict[str, object]]:
         assert alarm.flush(30), "the webhook posts did not finish"
@@ -130,7 +135,7 @@ def _webhook_down(caplog: pytest.LogCaptureFixture) -> Iterator[Harness]:
     with socket.socket() as probe:  # a port where nothing listens: connection refused
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    alarm = LoggingAlarm(f"http://127.0.0.1:{port}/hook/token", timeout=2)
+    alarm = LoggingAlarm(f"http://127.0.0.1:{port}/hook/token", timeout=2, events=METRICS)
 
     def seen() -> list[str]:
         assert alarm.flush(30), "the webhook attempts did not finish"
@@ -182,7 +187,7 @@ def letter(n: int) -> DeadLetter:
 
 def counts() -> tuple[float, float]:
     """The alarm and dead-letter counters, as /metrics reports them."""
-    return metrics.ALARMS_TOTAL.value(), metrics.DEAD_LETTERS_TOTAL.value()
+    return METRICS.value("sendqueue_alarms_total"), METRICS.value("sendqueue_dead_letters_total")
 
 
 # --- every adapter ----------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def db_backup(
 ) -> None:
     """Online, consistent copy of the SQLite task store and the scheduler file (safe while
     workers run). For PostgreSQL it prints the pg_dump advice and exits 2."""
-    from sendqueue.services.backup import backup_sqlite, is_postgres, postgres_advice
+    from sendqueue.ops.backup import backup_sqlite, is_postgres, postgres_advice
 
     with container() as c:  # settings only: opens no store
         settings = c.settings
@@ -82,7 +82,7 @@ def db_migrate_to(
 ) -> None:
     """Copy this SQLite deployment into PostgreSQL and schedule its pending emails there
     (procrastinate). Stop every worker first; see docs/deploy-postgres.md."""
-    from sendqueue.services.migration import migrate_to
+    from sendqueue.ops.migrate_to import migrate_to
 
     with container() as source:
         try:

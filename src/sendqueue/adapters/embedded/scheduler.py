@@ -89,6 +89,9 @@ class EmbeddedScheduler(Dispatcher):
     Backend failures raise :class:`~sendqueue.domain.errors.SchedulerError`.
     """
 
+    firing_precision = 0.0  # exact: fires at due_at (see the Scheduler port)
+    runs_reconciler = False  # the worker process runs its own reconciler loop
+
     def __init__(
         self,
         url: str,

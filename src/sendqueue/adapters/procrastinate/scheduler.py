@@ -55,6 +55,8 @@ class ProcrastinateScheduler:
     (:mod:`~sendqueue.adapters.procrastinate.jobs`).
     """
 
+    firing_precision = 0.0  # exact: fires at due_at (see the Scheduler port)
+
     #: The reconciler runs as a procrastinate periodic task (once per tick across all workers),
     #: so a worker process must not run its own loop too.
     runs_reconciler = True

@@ -7,8 +7,6 @@ import logging
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from sendqueue import metrics
-from sendqueue.bootstrap import Container
 from sendqueue.domain.errors import InfrastructureError
 from sendqueue.web.deps import ContainerDep
 from sendqueue.web.errors import RETRY_AFTER_SECONDS, error_body
@@ -19,9 +17,6 @@ __all__ = ["router"]
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["operations"])
-
-_DEAD_LETTERS_COUNTED = 100_000
-_PROMETHEUS_TEXT = "text/plain; version=0.0.4"
 
 
 @router.get(
@@ -42,17 +37,6 @@ def healthz(c: ContainerDep) -> Health | JSONResponse:
     return Health(status="ok")
 
 
-def _metrics_text(c: Container) -> str:
-    """The process's metrics, with the dead-letter depth read now."""
-    try:
-        depth = len(c.scheduler.dead_letters(limit=_DEAD_LETTERS_COUNTED))
-    except InfrastructureError as exc:
-        log.warning("metrics: the dead-letter depth is unknown: %s", exc)
-    else:
-        metrics.DEAD_LETTER_DEPTH.set(depth)
-    return metrics.render()
-
-
 @router.get(
     "/metrics",
     response_class=PlainTextResponse,
@@ -60,4 +44,5 @@ def _metrics_text(c: Container) -> str:
 )
 def metrics_text(c: ContainerDep) -> PlainTextResponse:
     """Prometheus text: sends by outcome, lateness, dead-letter depth, repairs, alarms."""
-    return PlainTextResponse(_metrics_text(c), media_type=_PROMETHEUS_TEXT)
+    body, content_type = c.metrics_text()
+    return PlainTextResponse(body, media_type=content_type)

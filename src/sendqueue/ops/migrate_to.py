@@ -43,7 +43,7 @@ from sendqueue.adapters.sql_store import SqlTaskStore
 from sendqueue.domain.errors import Conflict, InvalidField, StoreUnavailable
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import schedule_group
-from sendqueue.ports import Clock
+from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.campaigns import iter_tasks
 from sendqueue.services.scheduling import ScheduleWriter
 
@@ -179,7 +179,7 @@ def _retire(conn: sa.Connection, clock: Clock, reason: str) -> list[str]:
 
 def migrate_to(
     source_url: str,
-    target: SqlTaskStore,
+    target: TaskStore,
     writer: ScheduleWriter,
     clock: Clock,
     *,
@@ -196,7 +196,7 @@ def migrate_to(
     Raises Conflict when it refuses (see the module docstring), InvalidField for a source that
     is not SQLite or a target that is not PostgreSQL, StoreUnavailable for database failures.
     """
-    if target.engine.dialect.name != "postgresql":
+    if not isinstance(target, SqlTaskStore) or target.engine.dialect.name != "postgresql":
         raise InvalidField("url", target_label, "migrate-to copies into a PostgreSQL database")
     source = create_store_engine(source_url)
     if source.dialect.name != "sqlite":
