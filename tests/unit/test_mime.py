@@ -272,7 +272,9 @@ def test_date_keeps_the_offset_and_drops_fractions() -> None:
     ("to_addr", "ascii_addr"),
     [("jane@faß.de", "jane@xn--fa-hia.de"), ("jane@βόλος.gr", "jane@xn--nxasmm1c.gr")],
 )
-def test_the_to_header_and_envelope_name_the_idna_2008_domain(to_addr, ascii_addr):
+def test_the_to_header_and_envelope_name_the_idna_2008_domain(
+    to_addr: str, ascii_addr: str
+) -> None:
     """IDNA 2003 (Python's codec) would send these to jane@fass.de and jane@xn--nxasmq6b.gr."""
     msg = outgoing(to_addr=to_addr, from_addr=f"News <news@{to_addr.split('@')[1]}>")
 
@@ -284,7 +286,7 @@ def test_the_to_header_and_envelope_name_the_idna_2008_domain(to_addr, ascii_add
     assert not needs_smtputf8(built)
 
 
-def test_a_domain_idna_2008_refuses_is_an_invalid_field_naming_the_address():
+def test_a_domain_idna_2008_refuses_is_an_invalid_field_naming_the_address() -> None:
     with pytest.raises(InvalidField) as refused:
         build_message(outgoing(to_addr="jane@a\u200db.de"))
 
