@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+import sendqueue
 from sendqueue.bootstrap import Container
 from sendqueue.cli import app
 from sendqueue.domain.models import DeadLetter
@@ -359,3 +361,67 @@ def test_demo_serves_the_ui_and_delivers_until_stopped(tmp_path: Path) -> None:
             proc.stdout.close()
     assert proc.returncode == 0
     assert len(list((tmp_path / "outbox" / "new").iterdir())) == 2
+
+
+def _worker_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENDQUEUE_")}
+    env["SENDQUEUE_DATABASE_URL"] = f"sqlite:///{tmp_path / 'store.db'}"
+    env["SENDQUEUE_SCHEDULER_URL"] = f"sqlite:///{tmp_path / 'scheduler.db'}"
+    env["SENDQUEUE_MAILER"] = f"maildir:{tmp_path / 'outbox'}"
+    return env
+
+
+def test_version_prints_without_a_command(cli: CliRunner) -> None:
+    code, out, _ = run(cli, "--version")
+    assert code == 0 and out.strip() == sendqueue.__version__
+
+
+def test_worker_serves_its_metrics_on_the_metrics_port(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sendqueue.cli", "worker", "--metrics-port", str(port)],
+        cwd=tmp_path,
+        env=_worker_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        body = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            assert response.status_code == 200
+            body = response.text
+            break
+        assert "# TYPE sendqueue_sends_total counter" in body, proc.poll()
+        assert "sendqueue_dead_letter_depth 0.0" in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+
+
+def test_worker_refuses_a_metrics_port_in_use_naming_the_option(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "sendqueue.cli", "worker", "--metrics-port", str(port)],
+            cwd=tmp_path,
+            env=_worker_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert "--metrics-port" in proc.stderr and "cannot listen" in proc.stderr

@@ -27,14 +27,23 @@ app.add_typer(dlq.dlq_app, name="dlq")
 app.add_typer(db.db_app, name="db")
 
 
+def _print_version(value: bool) -> None:
+    # An eager option's callback runs before Typer looks for a command, so it needs none.
+    if value:
+        out.print(__version__)
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
-    if version:
-        out.print(__version__)
-        raise typer.Exit(0)
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(message)s",

@@ -65,6 +65,22 @@ def worker_cmd(
             help="Seconds between passes [default: SENDQUEUE_RECONCILE_INTERVAL]",
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=1,
+            max=65535,
+            help="Serve Prometheus metrics of this process on /metrics at this port.",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            "--metrics-host",
+            help="Address the metrics endpoint listens on (it has no token: keep it private).",
+        ),
+    ] = "127.0.0.1",
 ) -> None:
     """Run the dispatcher, the send workers and the periodic reconciler until SIGTERM/SIGINT."""
     logging.getLogger("sendqueue").setLevel(logging.INFO)
@@ -80,7 +96,18 @@ def worker_cmd(
             _execution_layer(c.settings),
             redact_url(c.settings.mailer),
         )
-        run_worker(c, stop, reconcile_interval=reconcile_interval)
+        metrics = None
+        if metrics_port is not None:
+            try:
+                metrics = c.serve_metrics(metrics_port, metrics_host)
+            except OSError as exc:
+                raise InvalidField("--metrics-port", metrics_port, f"cannot listen: {exc}") from exc
+            log.info("metrics on http://%s:%d/metrics", metrics_host, metrics.port)
+        try:
+            run_worker(c, stop, reconcile_interval=reconcile_interval)
+        finally:
+            if metrics is not None:
+                metrics.close()
     log.info("worker stopped")
 
 
