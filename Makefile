@@ -18,7 +18,7 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(DEV_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet $(if $(filter true,$(CI)),-c requirements/ci.lock) -e '.[dev]'
 	touch $@ $(RUN_STAMP)
 
 ## run: the embedded default (SQLite, embedded scheduler, Maildir outbox) with a demo campaign
@@ -29,11 +29,13 @@ run: $(RUN_STAMP)
 test: $(DEV_STAMP) lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
-## lint: ruff (lint + format check) and mypy strict on src/
+## lint: ruff (lint + format check), mypy strict on src/, tests/ and bench/, and the import
+## contracts (the layers)
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: $(DEV_STAMP)
 	$(BIN)/ruff format src tests

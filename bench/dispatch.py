@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,7 @@ def _lead(create_rate: float, total: int) -> float:
 
 
 def child_sendqueue(args: argparse.Namespace, home: Path) -> dict[str, Any]:
-    from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+    from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 
     total = args.schedules + args.burst
     # Calibrate: how fast are schedules created here, now (a throwaway file)?
@@ -183,10 +184,8 @@ def child_procrastinate(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
     import psycopg
 
-    from sendqueue.adapters.procrastinate_scheduler import (
-        ProcrastinateScheduler,
-        conninfo_from_url,
-    )
+    from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
+    from sendqueue.adapters.procrastinate.schema import conninfo_from_url
     from sendqueue.adapters.sql import open_store
 
     total = args.schedules + args.burst
@@ -491,7 +490,7 @@ def run(
     base = _child_args(schedules, spread, burst, concurrency, 1.0)
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-        (v, lambda v=v: measure(v, [], base)) for v in variants
+        (v, partial(measure, v, [], base)) for v in variants
     ]
     if procrastinate is not None:
         runs["procrastinate"] = []
@@ -501,7 +500,7 @@ def run(
         label = "sendqueue-full-" + ("postgresql" if url.startswith("postgresql") else "sqlite")
         runs[label] = []
         extra = ["--smtp-port", str(smtp_port), "--store", url if "://" in url else ""]
-        steps.append((label, lambda extra=extra: measure("sendqueue-full", extra, base)))
+        steps.append((label, partial(measure, "sendqueue-full", extra, base)))
     for n in range(repeats):
         for label, step in steps if n % 2 == 0 else list(reversed(steps)):
             runs[label].append(step())

@@ -25,6 +25,7 @@ import shutil
 import sqlite3
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -146,7 +147,7 @@ _SCHEDULE_INSERT = (
 
 def child_raw(store_url: str, scheduler_file: str, campaign_id: str) -> dict[str, Any]:
     """executemany of the equivalent rows, one transaction per file."""
-    from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+    from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 
     EmbeddedScheduler(f"sqlite:///{scheduler_file}").close()  # its schema, not timed
     postgres = store_url.startswith("postgresql")
@@ -277,7 +278,7 @@ def run(*, recipients: int, small: int, repeats: int, postgres: bool = False) ->
             raw.append(run_child("bench.provisioning", "raw", url, scheduler, cid))
 
         for n in range(repeats):
-            steps = [
+            steps: list[Callable[[], None]] = [
                 lambda: run_sendqueue(recipients, sq),
                 lambda: run_raw(recipients),
                 lambda: run_sendqueue(small, small_runs),

@@ -40,7 +40,7 @@ def _text(value: datetime) -> str:
 
 def build(home: Path, total: int, pending: int) -> tuple[str, str]:
     """The two SQLite files; returns (store URL, scheduler URL)."""
-    from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+    from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
     from sendqueue.adapters.sql import open_store
     from sendqueue.domain.lifecycle import CampaignState
     from sendqueue.domain.models import Campaign, schedule_name
@@ -91,7 +91,7 @@ def build(home: Path, total: int, pending: int) -> tuple[str, str]:
         if position < final:
             state = "Finished" if position % 50 else ("Failed" if position % 100 else "Cancelled")
             send_at = now - timedelta(seconds=total - position)
-            row = (
+            row: tuple[Any, ...] = (
                 tid,
                 _CID,
                 position,

@@ -31,6 +31,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from email.utils import format_datetime, make_msgid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +193,8 @@ def run(
         steps.append(
             (
                 label,
-                lambda url=url, label=label: run_child(
+                partial(
+                    run_child,
                     "bench.throughput",
                     "sendqueue",
                     str(port),

@@ -9,8 +9,12 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    import psycopg
 
 pytest_plugins = ["tests.support.smtp"]
 
@@ -27,7 +31,7 @@ def missing(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _admin_connect():  # type: ignore[no-untyped-def]
+def _admin_connect() -> psycopg.Connection[tuple[Any, ...]]:
     try:
         import psycopg
     except ImportError:  # pragma: no cover - the postgres extra is part of dev

@@ -13,14 +13,24 @@ from collections.abc import Mapping
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sendqueue.adapters.alarm import LoggingAlarm
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
-from sendqueue.adapters.mailers import mailer_from_url
-from sendqueue.adapters.sql import open_store
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
+from sendqueue.adapters.mail.factory import mailer_from_url
+from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import InvalidField
-from sendqueue.ports import Alarm, Clock, Dispatcher, Mailer, Scheduler, TaskStore
+from sendqueue.ports import (
+    Alarm,
+    Clock,
+    Dispatcher,
+    Events,
+    FlushableAlarm,
+    Mailer,
+    Scheduler,
+    TaskStore,
+)
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.provisioning import Provisioner
@@ -29,9 +39,21 @@ from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.worker import SendWorker
 from sendqueue.settings import Settings
 
-__all__ = ["Container", "bootstrap"]
+if TYPE_CHECKING:
+    from sendqueue.adapters.metrics import MetricsServer, PrometheusMetrics
+
+__all__ = [
+    "Container",
+    "bootstrap",
+    "sql_store_of",
+    "upgrade_scheduler_schema",
+    "upgrade_store_schema",
+]
 
 log = logging.getLogger(__name__)
+
+#: The most dead letters the depth gauge counts in one scrape.
+_DEAD_LETTERS_COUNTED = 100_000
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -76,6 +98,7 @@ class Container:
         scheduler: Scheduler | None = None,
         mailer: Mailer | None = None,
         alarm: Alarm | None = None,
+        events: Events | None = None,
     ) -> None:
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
@@ -83,6 +106,7 @@ class Container:
         self._scheduler = scheduler
         self._mailer = mailer
         self._alarm = alarm
+        self._events = events
         self._zones: dict[str, str] = {}
         self._zones_lock = threading.Lock()
         self.config = ServiceConfig(
@@ -109,14 +133,41 @@ class Container:
 
     def _dynamodb(self) -> TaskStore:
         # Imported here: boto3 is the optional 'aws' extra.
-        from sendqueue.adapters.dynamodb_store import DynamoDbTaskStore
+        from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 
         # The table is the template's (on-demand, point-in-time recovery): never made here.
         return DynamoDbTaskStore.from_url(self.settings.database_url)
 
     @cached_property
     def alarm(self) -> Alarm:
-        return self._alarm or LoggingAlarm(self.settings.alarm_webhook)
+        return self._alarm or LoggingAlarm(self.settings.alarm_webhook, events=self.events)
+
+    @cached_property
+    def metrics(self) -> PrometheusMetrics:
+        """This container's metrics registry (never the process-global one)."""
+        # Imported here: prometheus_client takes ~60 ms to import, which a command that only
+        # reads the store does not need.
+        from sendqueue.adapters.metrics import PrometheusMetrics
+
+        return PrometheusMetrics(
+            dead_letter_depth=lambda: len(self.scheduler.dead_letters(limit=_DEAD_LETTERS_COUNTED))
+        )
+
+    @cached_property
+    def events(self) -> Events:
+        """Where the services and the alarm report what happened: the metrics, unless given."""
+        return self._events if self._events is not None else self.metrics
+
+    def metrics_text(self) -> tuple[bytes, str]:
+        """The metrics in the Prometheus text format, and its content type (for ``/metrics``)."""
+        return self.metrics.render()
+
+    def serve_metrics(self, port: int, host: str = "127.0.0.1") -> MetricsServer:
+        """Serve :meth:`metrics_text` on ``host:port`` from a daemon thread (the worker process
+        has no web app); ``close()`` the result to stop it."""
+        from sendqueue.adapters.metrics import serve_metrics
+
+        return serve_metrics(self.metrics, port, host)
 
     @cached_property
     def scheduler(self) -> Scheduler:
@@ -144,7 +195,7 @@ class Container:
 
     def _procrastinate(self) -> Scheduler:
         # Imported here: procrastinate is an optional extra ('sendqueue[procrastinate]').
-        from sendqueue.adapters.procrastinate_scheduler import ProcrastinateScheduler
+        from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
 
         s = self.settings
         return ProcrastinateScheduler(
@@ -164,7 +215,7 @@ class Container:
         # Imported here: boto3 is the optional 'aws' extra.
         import boto3
 
-        from sendqueue.adapters.eventbridge_scheduler import EventBridgeScheduler
+        from sendqueue.adapters.eventbridge.scheduler import EventBridgeScheduler
 
         s = self.settings
         target_arn = _required(s.send_function_arn, "SENDQUEUE_SEND_FUNCTION_ARN")
@@ -191,9 +242,9 @@ class Container:
                 "process to run here; run the web UI with `sendqueue serve --no-worker`",
             )
         scheduler = self.scheduler
-        if not hasattr(scheduler, "run"):
+        if not isinstance(scheduler, Dispatcher):
             raise TypeError(f"{type(scheduler).__name__} has no dispatcher in this process")
-        return scheduler  # type: ignore[return-value]
+        return scheduler
 
     @cached_property
     def mailer(self) -> Mailer:
@@ -228,11 +279,18 @@ class Container:
 
     @cached_property
     def worker(self) -> SendWorker:
-        # The execution layer's firing precision (the port's optional attribute; exact without
-        # it), so the worker does not skip an EventBridge invocation early in its minute.
-        precision = float(getattr(self.scheduler, "firing_precision", 0.0))
-        config = replace(self.config, firing_precision=precision)
-        return SendWorker(self.store, self.mailer, self.writer, self.campaigns, self.clock, config)
+        # The execution layer's firing precision, so the worker does not skip an EventBridge
+        # invocation early in its minute.
+        config = replace(self.config, firing_precision=float(self.scheduler.firing_precision))
+        return SendWorker(
+            self.store,
+            self.mailer,
+            self.writer,
+            self.campaigns,
+            self.clock,
+            config,
+            events=self.events,
+        )
 
     @cached_property
     def reconciler(self) -> Reconciler:
@@ -244,6 +302,7 @@ class Container:
             self.provisioner,
             self.clock,
             self.config,
+            events=self.events,
         )
 
     def invoke(self, payload: Mapping[str, str]) -> None:
@@ -261,9 +320,8 @@ class Container:
     def close(self) -> None:
         """Close what was opened; give queued alarm webhooks a moment to go out."""
         alarm = self.__dict__.get("alarm")
-        flush = getattr(alarm, "flush", None)
-        if callable(flush):
-            flush(5.0)
+        if isinstance(alarm, FlushableAlarm):
+            alarm.flush(5.0)
         for name in ("mailer", "scheduler", "store"):
             if name in self.__dict__:
                 try:
@@ -280,6 +338,7 @@ def bootstrap(
     scheduler: Scheduler | None = None,
     mailer: Mailer | None = None,
     alarm: Alarm | None = None,
+    events: Events | None = None,
 ) -> Container:
     """Build the container from settings (read from the environment when not given)."""
     return Container(
@@ -289,4 +348,30 @@ def bootstrap(
         scheduler=scheduler,
         mailer=mailer,
         alarm=alarm,
+        events=events,
     )
+
+
+def upgrade_store_schema(settings: Settings) -> str | None:
+    """Apply the task store's migrations to ``settings.database_url``; the revision it is at."""
+    from sendqueue.adapters.sql.migrate import current, upgrade
+
+    upgrade(settings.database_url)
+    return current(settings.database_url)
+
+
+def upgrade_scheduler_schema(settings: Settings) -> str | None:
+    """Apply procrastinate's schema when it is the execution layer (its version); else None."""
+    if settings.execution != "procrastinate":
+        return None
+    # Imported here: procrastinate is the optional 'procrastinate' extra.
+    from sendqueue.adapters.procrastinate.schema import upgrade_schema
+
+    return upgrade_schema(settings.database_url)
+
+
+def sql_store_of(container: Container) -> SqlTaskStore:
+    """The container's task store, which must be the SQL one (``db migrate-to`` writes to it)."""
+    store = container.store
+    assert isinstance(store, SqlTaskStore)
+    return store

@@ -10,7 +10,7 @@ Events:
 
 - **send** (the target of every task's EventBridge schedule): the schedule's ``Input``,
   ``{"taskId": ..., "token": ..., "kind": "send", "sendqueue": {...}}`` as
-  :class:`~sendqueue.adapters.eventbridge_scheduler.EventBridgeScheduler` writes it; only
+  :class:`~sendqueue.adapters.eventbridge.scheduler.EventBridgeScheduler` writes it; only
   ``taskId`` is required (without ``token`` the worker does not check it). The worker's rules
   hold: a task that is not Pending, a stale token or a duplicate invocation is skipped and the
   handler returns normally; it raises only when infrastructure fails (the store is unreachable),

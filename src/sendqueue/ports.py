@@ -11,7 +11,13 @@ the contract tests in ``tests/contract`` check, against the in-memory fakes in
   embedded and procrastinate layers have one; on AWS, Lambda is the dispatcher).
 - :class:`Mailer` hands one message to a mail provider.
 - :class:`Alarm` is raised when an invocation lands in the dead-letter queue.
+- :class:`Events` hears what happened (sends, dead letters, alarms, repairs), for the metrics.
 - :class:`Clock` tells the time, so tests can run on a fake one.
+
+Optional abilities are declared, never discovered with ``getattr``: ``Scheduler.firing_precision``
+and ``Dispatcher.runs_reconciler`` are attributes every adapter sets, and the small
+runtime-checkable protocols :class:`BulkScheduler` and :class:`FlushableAlarm` name what only
+some adapters can do.
 """
 
 from __future__ import annotations
@@ -21,19 +27,25 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from .domain.lifecycle import CampaignState, TaskState
 from .domain.models import Campaign, ChangeLogEntry, DeadLetter, Recipient, Task, TaskChanges
 
 __all__ = [
     "Alarm",
+    "BulkScheduler",
     "Clock",
+    "CreateArgs",
     "Dispatcher",
+    "Events",
+    "FlushableAlarm",
     "Mailer",
+    "NoEvents",
     "OutgoingMessage",
     "Schedule",
     "Scheduler",
+    "SendOutcome",
     "Target",
     "TaskStore",
 ]
@@ -249,11 +261,10 @@ class Scheduler(Protocol):
     - ``delete`` of a missing name succeeds. ``get`` of a missing name returns None.
     - ``list(group)`` pages by name (``after``), in name order.
     - A schedule fires at ``due_at`` or later (overdue ones as soon as possible, in due order),
-      except that a layer which fires only to a coarser precision says so with a
-      ``firing_precision`` attribute (seconds): its schedule may fire anywhere from the start of
-      the ``firing_precision``-long slot holding ``due_at`` (whole slots counted from the Unix
-      epoch; EventBridge Scheduler: 60, any time within the minute of its ``at()`` time).
-      Without the attribute a layer is exact (the embedded and procrastinate ones). The
+      to the layer's ``firing_precision`` (seconds; 0.0 is exact: the embedded and procrastinate
+      layers). A coarser layer's schedule may fire anywhere from the start of the
+      ``firing_precision``-long slot holding ``due_at`` (whole slots counted from the Unix
+      epoch; EventBridge Scheduler: 60, any time within the minute of its ``at()`` time). The
       composition root hands it to the send worker, which must not skip such an invocation as
       early.
     - After an invocation that returns, the schedule is deleted. One that raises is retried
@@ -262,6 +273,9 @@ class Scheduler(Protocol):
     - ``redrive`` turns a dead letter back into a schedule due now and removes the letter.
     - Backend failures raise SchedulerError; rate limits raise Throttled.
     """
+
+    #: Seconds to which schedules fire (0.0: exact); see the contract above.
+    firing_precision: float
 
     def create(
         self,
@@ -291,13 +305,33 @@ class Scheduler(Protocol):
     def close(self) -> None: ...
 
 
+#: ``create``'s positional arguments: name, group, at_local, timezone, payload, client_token,
+#: max_retries.
+CreateArgs = tuple[str, str, datetime, str, Mapping[str, str], str, int]
+
+
+@runtime_checkable
+class BulkScheduler(Protocol):
+    """A scheduler that also writes many schedules in one call (one transaction: embedded).
+
+    ``create_many`` returns one result per item, in order: the Schedule, or the Conflict (a name
+    held with another token) that ``create`` would have raised for it; other errors raise for
+    the whole batch. Check the class (``issubclass(type(s), BulkScheduler)``), not the
+    instance, so a wrapper that forwards unknown attributes still sees each ``create`` itself.
+    """
+
+    def create_many(self, items: Sequence[CreateArgs]) -> Sequence[Schedule | Exception]: ...
+
+
+@runtime_checkable
 class Dispatcher(Protocol):
     """Runs due schedules of an execution layer against ``target`` until ``stop`` is set.
 
-    A dispatcher whose execution layer runs the reconciler itself (a periodic job shared by all
-    workers) says so with a true ``runs_reconciler`` attribute; the worker process then runs no
-    reconciler loop of its own.
+    ``runs_reconciler`` is true when the execution layer runs the reconciler itself (a periodic
+    job shared by all workers); the worker process then runs no reconciler loop of its own.
     """
+
+    runs_reconciler: bool
 
     def run(self, target: Target, stop: threading.Event) -> None: ...
 
@@ -334,3 +368,58 @@ class Alarm(Protocol):
     """Raised when an invocation lands in the dead-letter queue (log, metric, webhook)."""
 
     def raise_alarm(self, letter: DeadLetter) -> None: ...
+
+
+@runtime_checkable
+class FlushableAlarm(Protocol):
+    """An alarm that sends in the background and can wait for what it queued (at exit)."""
+
+    def raise_alarm(self, letter: DeadLetter) -> None: ...
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything queued went out; False if ``timeout`` ran out first."""
+        ...
+
+
+#: How a send invocation ended: accepted, retried later, failed for good, or not attempted
+#: (the task was not Pending, the schedule stale or early, the campaign not sending).
+SendOutcome = Literal["sent", "transient", "permanent", "skipped"]
+
+
+class Events(Protocol):
+    """Hears what the services and adapters did, for the operators (metrics).
+
+    Calls are cheap, thread-safe and never raise; they decide nothing.
+    """
+
+    def send_finished(self, outcome: SendOutcome, lateness: float | None = None) -> None:
+        """A send invocation ended; ``lateness`` (seconds after send_at) when it was sent."""
+        ...
+
+    def dead_lettered(self, letter: DeadLetter) -> None:
+        """The execution layer gave up on an invocation."""
+        ...
+
+    def alarm_raised(self, letter: DeadLetter) -> None:
+        """The alarm went off for ``letter``."""
+        ...
+
+    def repaired(self, kind: str, n: int) -> None:
+        """The reconciler repaired ``n`` drifts of ``kind``."""
+        ...
+
+
+class NoEvents:
+    """The default :class:`Events`: hears nothing."""
+
+    def send_finished(self, outcome: SendOutcome, lateness: float | None = None) -> None:
+        pass
+
+    def dead_lettered(self, letter: DeadLetter) -> None:
+        pass
+
+    def alarm_raised(self, letter: DeadLetter) -> None:
+        pass
+
+    def repaired(self, kind: str, n: int) -> None:
+        pass

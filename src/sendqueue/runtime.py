@@ -29,7 +29,7 @@ def run_worker(
     """
     interval = reconcile_interval or app.settings.reconcile_interval
     dispatcher = app.dispatcher
-    if getattr(dispatcher, "runs_reconciler", False):
+    if dispatcher.runs_reconciler:
         if reconcile_interval is not None:
             log.warning("the execution layer schedules the reconciler itself: interval ignored")
         try:

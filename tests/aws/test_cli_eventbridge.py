@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from sendqueue.adapters.dynamodb_store import DynamoDbTaskStore
+from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 from tests.support.aws import REGION, SCHEDULE_GROUP, client, moto_url, world
 
 CLI = [sys.executable, "-m", "sendqueue.cli"]

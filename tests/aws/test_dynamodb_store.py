@@ -20,7 +20,8 @@ from typing import ClassVar
 import pytest
 from botocore.config import Config
 
-from sendqueue.adapters.dynamodb_store import GSI_NAMES, DynamoDbTaskStore, table_definition
+from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
+from sendqueue.adapters.dynamodb.table import GSI_NAMES, table_definition
 from sendqueue.domain.errors import InvalidField, StoreUnavailable
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import task_id

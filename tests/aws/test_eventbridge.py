@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from botocore.config import Config
 
-from sendqueue.adapters.eventbridge_scheduler import EventBridgeScheduler
+from sendqueue.adapters.eventbridge.scheduler import EventBridgeScheduler
 from sendqueue.domain.errors import NotFound, SchedulerError, Throttled
 from sendqueue.testing.clock import FakeClock
 from tests.support.aws import SCHEDULE_GROUP, AwsWorld, client, eventbridge, world

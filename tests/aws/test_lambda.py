@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from sendqueue import lambda_handlers
-from sendqueue.adapters.dynamodb_store import DynamoDbTaskStore
-from sendqueue.adapters.eventbridge_scheduler import EventBridgeScheduler
-from sendqueue.adapters.ses_mailer import SesMailer
+from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
+from sendqueue.adapters.eventbridge.scheduler import EventBridgeScheduler
+from sendqueue.adapters.mail.ses import SesMailer
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, schedule_group
@@ -136,7 +136,7 @@ def aws() -> Iterator[Aws]:
         clock=clock,
         # moto's one-request-at-a-time endpoint: concurrent claims are atomic, as on DynamoDB
         store=DynamoDbTaskStore(client("dynamodb", url=dynamodb_url()), TABLE, create_table=True),
-        scheduler=scheduler,  # type: ignore[arg-type]
+        scheduler=scheduler,
         mailer=SesMailer(client("sesv2")),
     )
     # Small chunks, so that a run of a few dozen emails is many chunks (many checkpoints).
@@ -383,6 +383,7 @@ def test_the_send_handler_maps_the_input_and_skips_a_stale_token(aws: Aws) -> No
     # Only taskId is required.
     lambda_handlers.send_handler({"taskId": first.id}, context)
     assert aws.app.store.get_task(first.id).state is TaskState.FINISHED  # type: ignore[union-attr]
+    bad: Any  # malformed events, some not even a mapping
     for bad, field in (
         ({}, "taskId"), ({"taskId": 7}, "taskId"), ({"kind": "x"}, "kind"), ("{", "event"),
         ({"kind": "provision"}, "campaignId"),

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import pytest
 from botocore.config import Config
 
-from sendqueue.adapters.mailers import mailer_from_url
-from sendqueue.adapters.ses_mailer import SesMailer
+from sendqueue.adapters.mail.factory import mailer_from_url
+from sendqueue.adapters.mail.ses import SesMailer
 from sendqueue.domain.errors import InvalidField, PermanentMailError, TransientMailError
 from sendqueue.ports import OutgoingMessage
 from tests.aws.test_eventbridge import throttling_url  # noqa: F401  (a fixture)

@@ -20,7 +20,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import boto3
 import pytest
@@ -31,7 +31,7 @@ from samtranslator.parser.parser import Parser
 from samtranslator.translator.translator import Translator
 
 from sendqueue import lambda_handlers
-from sendqueue.adapters.dynamodb_store import table_definition
+from sendqueue.adapters.dynamodb.table import table_definition
 from sendqueue.services.config import ServiceConfig
 from sendqueue.settings import Settings
 
@@ -107,9 +107,11 @@ class Resolver:
         resource = self.resources[name]
         kind, props = resource["Type"], resource.get("Properties", {})
         if kind == "AWS::Lambda::Function":
-            return self(props["FunctionName"])
+            function_name: str = self(props["FunctionName"])
+            return function_name
         if kind == "AWS::Scheduler::ScheduleGroup":
-            return self(props["Name"])
+            group_name: str = self(props["Name"])
+            return group_name
         if kind == "AWS::SQS::Queue":
             return f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{STACK}-{name}"
         return f"{STACK}-{name}"
@@ -452,13 +454,20 @@ def test_each_handler_is_a_callable_in_the_package(cfn: dict[str, Any], function
 
 
 # -- least privilege, against the calls the code makes ---------------------------------------------
+def _source_text(source: Path) -> str:
+    """The text of a module, or of every module of a package."""
+    files = sorted(source.glob("*.py")) if source.is_dir() else [source]
+    return "\n".join(f.read_text(encoding="utf-8") for f in files)
+
+
 def _calls(source: Path, attribute: str) -> set[str]:
-    """The boto3 client methods ``source`` calls on ``self.<attribute>``."""
-    text = source.read_text(encoding="utf-8")
-    return set(re.findall(rf"self\.{attribute}\.([a-z_]+)\(", text))
+    """The boto3 client methods ``source`` (a module or a package) calls on ``self.<attribute>``."""
+    return set(re.findall(rf"self\.{attribute}\.([a-z_]+)\(", _source_text(source)))
 
 
-def _iam_actions(service: str, prefix: str, methods: set[str]) -> set[str]:
+def _iam_actions(
+    service: Literal["dynamodb", "scheduler", "sesv2", "sqs"], prefix: str, methods: set[str]
+) -> set[str]:
     """The IAM actions of boto3 methods: the API operation's name (their names agree for
     DynamoDB, EventBridge Scheduler, SQS and SES v2)."""
     client = boto3.client(
@@ -489,16 +498,16 @@ TRANSACT = {
 
 
 def _store_actions() -> set[str]:
-    source = SOURCES / "dynamodb_store.py"
+    source = SOURCES / "dynamodb"
     calls = _calls(source, "_db") - NOT_IN_FUNCTIONS
     assert "transact_write_items" in calls
     actions = _iam_actions("dynamodb", "dynamodb", calls - {"transact_write_items"})
-    kinds = set(re.findall(r'"(Put|Update|Delete|ConditionCheck)": \{', source.read_text()))
+    kinds = set(re.findall(r'"(Put|Update|Delete|ConditionCheck)": \{', _source_text(source)))
     return actions | {TRANSACT[k] for k in kinds}
 
 
 def _scheduler_actions() -> set[str]:
-    calls = _calls(SOURCES / "eventbridge_scheduler.py", "_client")
+    calls = _calls(SOURCES / "eventbridge" / "scheduler.py", "_client")
     calls -= {"create_schedule_group", "close"}  # the template creates the group
     return _iam_actions("scheduler", "scheduler", calls)
 
@@ -576,7 +585,7 @@ def test_each_function_may_do_what_its_code_calls_and_no_more(
 
 
 def test_ses_is_called_as_the_policy_says() -> None:
-    calls = _calls(SOURCES / "ses_mailer.py", "_client") - {"close"}
+    calls = _calls(SOURCES / "mail" / "ses.py", "_client") - {"close"}
     assert _iam_actions("sesv2", "ses", calls) == {"ses:SendEmail"}
 
 
@@ -585,7 +594,7 @@ def test_the_operator_policy_covers_the_dead_letter_calls(cfn: dict[str, Any]) -
     (policy,) = _of_type(cfn, "AWS::IAM::ManagedPolicy").values()
     grants = _grants(resolve(policy["Properties"]["PolicyDocument"])["Statement"])
     dlq = resolve.get_att("DeadLetterQueue", "Arn")
-    calls = _calls(SOURCES / "eventbridge_scheduler.py", "_sqs") - {"close"}
+    calls = _calls(SOURCES / "eventbridge" / "scheduler.py", "_sqs") - {"close"}
     # SQS authorises a batch call as its single action.
     actions = {a.removesuffix("Batch") for a in _iam_actions("sqs", "sqs", calls)}
     assert actions == {"sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage"}

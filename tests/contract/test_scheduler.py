@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.domain.errors import Conflict, InvalidField, NotFound
 from sendqueue.ports import Scheduler, Target
 from sendqueue.testing.alarm import RecordingAlarm

@@ -557,7 +557,7 @@ def test_transition_back_to_pending_can_reschedule(store: TaskStore) -> None:
 def test_transition_refuses_unknown_change_fields(store: TaskStore) -> None:
     [task] = with_tasks(store, count=1)
     with pytest.raises(InvalidField):
-        store.transition(task.id, S.PENDING, S.RUNNING, at=T0, changes={"state": "x"})  # type: ignore[typeddict-unknown-key]
+        store.transition(task.id, S.PENDING, S.RUNNING, at=T0, changes={"state": "x"})  # type: ignore[arg-type]
     current = store.get_task(task.id)
     assert current is not None
     assert current.state is S.PENDING
@@ -940,7 +940,7 @@ def test_two_claimers_race_and_exactly_one_wins(backend: Backend) -> None:
 
     entries = all_changes(setup)
     claims = [e.task_id for e in entries if e.to_state == "Running"]
-    assert sorted(claims) == sorted(task_id("c1", p) for p in range(rounds))
+    assert sorted(claims, key=str) == sorted(task_id("c1", p) for p in range(rounds))
     assert setup.count_tasks("c1")[S.RUNNING] == rounds
 
 

@@ -166,11 +166,11 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliDeployment]:
 
 
 def _materialize(case: dict[str, Any], tmp_path: Path) -> Path:
-    source = CORPUS / "csv" / case["file"]
+    source: Path = CORPUS / "csv" / case["file"]
     data = source.read_bytes()
     if not _REPEAT.search(data):
         return source
-    path = tmp_path / case["file"]
+    path: Path = tmp_path / case["file"]
     path.write_bytes(_REPEAT.sub(lambda m: m.group(1) * int(m.group(2)), data))
     return path
 
@@ -331,7 +331,7 @@ def api(
 
 def _api_deployment(home: Path, url: str | None) -> Iterator[ApiDeployment]:
     settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         database_url=url or f"sqlite:///{home / 'store.db'}",
         scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
         mailer=f"maildir:{home / 'outbox'}",

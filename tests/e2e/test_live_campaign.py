@@ -27,7 +27,7 @@ from tests.e2e.conftest import (
 from tests.support.smtp import SmtpSink
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Page
+    from playwright.sync_api import FilePayload, Page
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e")]
 
@@ -125,9 +125,8 @@ def test_form_to_finished_rows_live_without_reload(
     zone, windows = sending_window(now, minutes=4)
 
     page.goto(f"{app.url}/campaigns/new")
-    page.set_input_files(
-        "#f-file", files=[{"name": "readers.csv", "mimeType": "text/csv", "buffer": _csv(COUNT)}]
-    )
+    readers: FilePayload = {"name": "readers.csv", "mimeType": "text/csv", "buffer": _csv(COUNT)}
+    page.set_input_files("#f-file", files=[readers])
     page.fill("#f-name", "Live launch")
     page.fill("#f-from", "Launch <launch@example.com>")
     page.fill("#f-subject", "Hello {{ name }} in {{ city }}")
@@ -144,7 +143,7 @@ def test_form_to_finished_rows_live_without_reload(
     chart.first.wait_for()
     assert chart.count() == 1
     assert int(chart.first.get_attribute("height") or 0) > 0
-    assert f"{COUNT} email(s)" in page.text_content("#preview-summary")
+    assert f"{COUNT} email(s)" in (page.text_content("#preview-summary") or "")
     assert page.locator("#preview-days tbody tr").count() == 1
 
     page.click("#create-button")
@@ -200,7 +199,7 @@ def test_form_to_finished_rows_live_without_reload(
 
     latencies = _latencies(seen, app.database_url, cid)
     assert len(latencies) == 2 * COUNT
-    report = {
+    report: dict[str, Any] = {
         "measured_at": datetime.now(UTC).isoformat(),
         "what": "store change (change-log `at`, worker process) to the row's state changing in "
         "the page (MutationObserver), over the SSE stream",

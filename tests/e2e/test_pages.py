@@ -15,11 +15,11 @@ import pytest
 from playwright.sync_api import expect
 
 import sendqueue.web
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from tests.e2e.conftest import Sendqueue, api, provision
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Page
+    from playwright.sync_api import FilePayload, Page
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e")]
 
@@ -36,7 +36,7 @@ FOCUSED_IN_DIALOG = """() => {
 }"""
 
 
-def _csv(rows: list[str]) -> dict[str, object]:
+def _csv(rows: list[str]) -> FilePayload:
     return {"name": "r.csv", "mimeType": "text/csv", "buffer": ("\n".join(rows) + "\n").encode()}
 
 

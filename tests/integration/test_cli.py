@@ -5,17 +5,23 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from typer.testing import CliRunner
 
+import sendqueue
+from sendqueue.bootstrap import Container
 from sendqueue.cli import app
+from sendqueue.domain.models import DeadLetter
+from sendqueue.testing import FakeClock, FakeScheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = [sys.executable, "-m", "sendqueue.cli", "demo"]
@@ -202,6 +208,84 @@ def test_campaign_lifecycle_through_the_cli(cli: CliRunner, tmp_path: Path) -> N
     assert code == 1 and "not found" in err
 
 
+def test_campaign_tasks_after_beyond_the_cursor_range_is_refused_naming_after(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    # Before the shared cursor check this reached SQLite, which raised an OverflowError.
+    (tmp_path / "p.csv").write_text("email,name\nada@example.com,Ada\n", encoding="utf-8")
+    code, out, err = run(
+        cli, "campaign", "create", "--name", "Big cursor", "--recipients", "p.csv",
+        "--subject", "Hi", "--body-file", "p.csv", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    cid = json.loads(out)["id"]
+    assert run(cli, "campaign", "provision", cid, "--json")[0] == 0
+
+    code, out, err = run(cli, "campaign", "tasks", cid, "--after", "100000000000000000000")
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: after:"), err
+
+    largest = str(2**63 - 1)  # the largest cursor every store takes
+    code, out, err = run(cli, "campaign", "tasks", cid, "--after", largest, "--json")
+    assert code == 0 and json.loads(out) == [], err
+    code, out, _ = run(cli, "campaign", "tasks", cid, "--after", "-1", "--json")
+    assert code == 0 and [t["email"] for t in json.loads(out)] == ["ada@example.com"]
+
+
+class _RedrivenMeanwhile:
+    """A scheduler where another operator redrives ``stolen`` right after the first listing."""
+
+    def __init__(self, inner: FakeScheduler, stolen: str) -> None:
+        self.inner = inner
+        self.stolen: str | None = stolen
+
+    def dead_letters(self, *, limit: int = 1000) -> list[DeadLetter]:
+        letters = self.inner.dead_letters(limit=limit)
+        if self.stolen is not None:
+            self.inner.redrive(self.stolen)
+            self.stolen = None
+        return letters
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_dlq_redrive_all_takes_every_page_and_skips_a_letter_redriven_meanwhile(
+    cli: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before the shared redrive_all service the CLI redrove only the first 1,000 letters and
+    # aborted (exit 1) at one that someone else had redriven in the meantime.
+    clock = FakeClock(datetime(2030, 1, 7, 10, 0, tzinfo=UTC))
+    fake = FakeScheduler(clock)
+    total = 1500
+    for i in range(total):
+        fake.create(
+            f"t-{i:04d}", "g", datetime(2030, 1, 7, 9, 0), "UTC", {"task_id": f"t{i}"},
+            f"token-{i}", max_retries=0,
+        )  # fmt: skip
+
+    def broken(payload: Any) -> None:
+        raise RuntimeError("mailer down")
+
+    assert fake.fire_due(broken) == total
+    letters = [d.id for d in fake.dead_letters(limit=2 * total)]
+    assert len(letters) == total
+    stolen = letters[10]
+    scheduler = _RedrivenMeanwhile(fake, stolen)
+    monkeypatch.setattr(Container, "scheduler", property(lambda _self: scheduler))
+
+    code, out, err = run(cli, "dlq", "redrive", "--all")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert f"skipped {stolen}: redriven by someone else meanwhile" in lines
+    redriven = [line.split()[1] for line in lines if line.startswith("redriven ")]
+    assert sorted(redriven) == sorted(set(letters) - {stolen})
+    assert len(lines) == total
+    assert fake.dead_letters(limit=2 * total) == []
+    assert len(fake.list("g", limit=2 * total)) == total
+
+
 def test_invalid_settings_are_refused_naming_the_variable(
     cli: CliRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -277,3 +361,67 @@ def test_demo_serves_the_ui_and_delivers_until_stopped(tmp_path: Path) -> None:
             proc.stdout.close()
     assert proc.returncode == 0
     assert len(list((tmp_path / "outbox" / "new").iterdir())) == 2
+
+
+def _worker_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENDQUEUE_")}
+    env["SENDQUEUE_DATABASE_URL"] = f"sqlite:///{tmp_path / 'store.db'}"
+    env["SENDQUEUE_SCHEDULER_URL"] = f"sqlite:///{tmp_path / 'scheduler.db'}"
+    env["SENDQUEUE_MAILER"] = f"maildir:{tmp_path / 'outbox'}"
+    return env
+
+
+def test_version_prints_without_a_command(cli: CliRunner) -> None:
+    code, out, _ = run(cli, "--version")
+    assert code == 0 and out.strip() == sendqueue.__version__
+
+
+def test_worker_serves_its_metrics_on_the_metrics_port(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sendqueue.cli", "worker", "--metrics-port", str(port)],
+        cwd=tmp_path,
+        env=_worker_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        body = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            assert response.status_code == 200
+            body = response.text
+            break
+        assert "# TYPE sendqueue_sends_total counter" in body, proc.poll()
+        assert "sendqueue_dead_letter_depth 0.0" in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+
+
+def test_worker_refuses_a_metrics_port_in_use_naming_the_option(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "sendqueue.cli", "worker", "--metrics-port", str(port)],
+            cwd=tmp_path,
+            env=_worker_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert "--metrics-port" in proc.stderr and "cannot listen" in proc.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.domain.errors import Conflict, InvalidField
 from sendqueue.ports import Schedule
 from sendqueue.testing.clock import FakeClock

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from sendqueue.adapters.alarm import LoggingAlarm
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.domain.errors import SchedulerError
 from sendqueue.ports import Target
 from sendqueue.testing.alarm import RecordingAlarm
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 DISPATCHER_SCRIPT = """
 import signal, sys, threading, time
 from pathlib import Path
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 
 url, marks, lease, block = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 stop = threading.Event()
@@ -56,7 +56,7 @@ scheduler.close()
 CREATE_SCRIPT = """
 import sys
 from datetime import UTC, datetime, timedelta
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 
 scheduler = EmbeddedScheduler(sys.argv[1])
 due = datetime.now(UTC) + timedelta(seconds=0.2)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.testing.alarm import RecordingAlarm
 from tests.integration.test_embedded_dispatcher import (
     Recorder,

@@ -34,14 +34,14 @@ import pytest
 from aiosmtpd.smtp import SMTP, Envelope, Session
 from pydantic import ValidationError
 
-from sendqueue.adapters.procrastinate_scheduler import (
-    FIRE_TASK,
-    ProcrastinateScheduler,
+from sendqueue.adapters.procrastinate.jobs import FIRE_TASK
+from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
+from sendqueue.adapters.procrastinate.schema import (
     conninfo_from_url,
-    cron_every,
     schema_version,
     upgrade_schema,
 )
+from sendqueue.adapters.procrastinate.worker import cron_every
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import Conflict, SchedulerError
@@ -602,4 +602,41 @@ def test_far_schedules_are_parked_then_promoted_when_within_the_horizon(
     assert scheduler.fire_due(lambda p: fired.append(p["task_id"])) == 2
     assert fired == ["near", "far"]
     assert scheduler.list("g") == []
+    scheduler.close()
+
+
+def test_promotion_defers_parked_schedules_in_batches_each_as_its_own_job(
+    postgres_url: str,
+) -> None:
+    clock = FakeClock(SystemClock().now())
+    scheduler = ProcrastinateScheduler(
+        postgres_url, clock=clock, horizon=300, reconcile_interval=None
+    )
+    base = (clock.now() + timedelta(hours=1)).replace(tzinfo=None)
+    created = [
+        scheduler.create(
+            f"sq-{i}", "g", base - timedelta(seconds=i), "UTC", {"task_id": f"{i}"}, "t"
+        )
+        for i in range(7)
+    ]
+    assert _query(postgres_url, "SELECT count(*) FROM procrastinate_jobs") == [(0,)]
+
+    clock.advance(3600)
+    assert scheduler.promote(batch=3) == 7  # three batches: 3, 3, 1
+    rows = _query(
+        postgres_url,
+        "SELECT queueing_lock, queue_name, scheduled_at, priority, status FROM procrastinate_jobs "
+        "ORDER BY priority DESC, id",
+    )
+    # Each its own waiting job, due at its own time, the earliest due first by priority.
+    assert [(r[0], r[1], r[2], r[4]) for r in rows] == [
+        (s.name, "g", s.due_at, "todo") for s in reversed(created)
+    ]
+    assert len({r[3] for r in rows}) == 7
+    assert _query(postgres_url, "SELECT count(*) FROM sendqueue_parked_schedules") == [(0,)]
+    assert [scheduler.get(s.name) for s in created] == created
+    assert scheduler.promote() == 0
+    fired: list[str] = []
+    assert scheduler.fire_due(lambda p: fired.append(p["task_id"])) == 7
+    assert fired == ["6", "5", "4", "3", "2", "1", "0"]
     scheduler.close()

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from sendqueue.adapters.maildir_mailer import MaildirMailer
-from sendqueue.adapters.mailers import mailer_from_url
-from sendqueue.adapters.mime import message_id_for
-from sendqueue.adapters.smtp_mailer import SmtpMailer
+from sendqueue.adapters.mail.factory import mailer_from_url
+from sendqueue.adapters.mail.maildir import MaildirMailer
+from sendqueue.adapters.mail.smtp import SmtpMailer
+from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.errors import (
     InvalidField,
     MailError,
@@ -65,7 +65,9 @@ def mailer_for() -> Iterator[Callable[..., SmtpMailer]]:
         mailer.close()
 
 
-def test_send_delivers_every_header_and_both_parts(smtp_sink, mailer_for):
+def test_send_delivers_every_header_and_both_parts(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     mailer = mailer_for(smtp_sink)
     msg = message()
 
@@ -95,7 +97,22 @@ def test_send_delivers_every_header_and_both_parts(smtp_sink, mailer_for):
     assert parts[1].get_content() == "<p>Hallo <b>Zoë</b></p>\n"
 
 
-def test_text_only_message_is_a_single_text_part(smtp_sink, mailer_for):
+def test_an_internationalised_domain_is_sent_to_its_idna_2008_form(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
+    """faß.de is xn--fa-hia.de (IDNA 2008), not fass.de (IDNA 2003), in RCPT TO and To."""
+    mailer_for(smtp_sink).send(message(to_addr="reader@faß.de", from_addr="news@βόλος.gr"))
+
+    (mail,) = smtp_sink.wait_for(1)
+    assert mail.rcpt_tos == ("reader@xn--fa-hia.de",)
+    assert mail.mail_from == "news@xn--nxasmm1c.gr"
+    assert mail.message["To"].addresses[0].addr_spec == "reader@xn--fa-hia.de"
+    assert mail.message["From"].addresses[0].addr_spec == "news@xn--nxasmm1c.gr"
+
+
+def test_text_only_message_is_a_single_text_part(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     mailer_for(smtp_sink).send(message(html=None, reply_to=None))
 
     (mail,) = smtp_sink.wait_for(1)
@@ -103,7 +120,9 @@ def test_text_only_message_is_a_single_text_part(smtp_sink, mailer_for):
     assert mail.message["Reply-To"] is None
 
 
-def test_three_sends_share_one_connection(smtp_sink, mailer_for):
+def test_three_sends_share_one_connection(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     mailer = mailer_for(smtp_sink)
 
     for n in range(3):
@@ -115,7 +134,9 @@ def test_three_sends_share_one_connection(smtp_sink, mailer_for):
     assert [m.rcpt_tos[0] for m in mails] == [f"reader{n}@example.org" for n in range(3)]
 
 
-def test_reconnects_once_after_the_server_dropped_the_connection(smtp_sink, mailer_for):
+def test_reconnects_once_after_the_server_dropped_the_connection(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     mailer = mailer_for(smtp_sink)
     mailer.send(message(1))
     smtp_sink.drop_connections()
@@ -127,7 +148,9 @@ def test_reconnects_once_after_the_server_dropped_the_connection(smtp_sink, mail
     assert smtp_sink.connections == 2
 
 
-def test_idle_connection_is_checked_with_noop_and_replaced_when_dead(smtp_sink, mailer_for):
+def test_idle_connection_is_checked_with_noop_and_replaced_when_dead(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     mailer = mailer_for(smtp_sink)
     mailer.IDLE_CHECK_AFTER = 0.0  # every reuse counts as idle
     mailer.send(message(1))
@@ -139,7 +162,9 @@ def test_idle_connection_is_checked_with_noop_and_replaced_when_dead(smtp_sink, 
     assert [m.connection for m in smtp_sink.wait_for(3)] == [1, 1, 2]
 
 
-def test_close_quits_and_a_later_send_opens_a_new_connection(smtp_sink, mailer_for):
+def test_close_quits_and_a_later_send_opens_a_new_connection(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     mailer = mailer_for(smtp_sink)
     mailer.send(message(1))
     mailer.close()
@@ -149,7 +174,9 @@ def test_close_quits_and_a_later_send_opens_a_new_connection(smtp_sink, mailer_f
     assert [m.connection for m in smtp_sink.wait_for(2)] == [1, 2]
 
 
-def test_starttls_with_auth(make_smtp_sink, mailer_for):
+def test_starttls_with_auth(
+    make_smtp_sink: Callable[..., SmtpSink], mailer_for: Callable[..., SmtpMailer]
+) -> None:
     sink = make_smtp_sink(security="starttls", auth=("campaigns", "s3cret"))
     mailer = mailer_for(sink, username="campaigns", password="s3cret")
 
@@ -160,7 +187,9 @@ def test_starttls_with_auth(make_smtp_sink, mailer_for):
     assert mail.login == "campaigns"
 
 
-def test_starttls_refuses_a_certificate_it_does_not_trust(make_smtp_sink, mailer_for):
+def test_starttls_refuses_a_certificate_it_does_not_trust(
+    make_smtp_sink: Callable[..., SmtpSink], mailer_for: Callable[..., SmtpMailer]
+) -> None:
     sink = make_smtp_sink(security="starttls")
     mailer = mailer_for(sink, ssl_context=None)  # the system trust store: the test CA is unknown
 
@@ -169,7 +198,9 @@ def test_starttls_refuses_a_certificate_it_does_not_trust(make_smtp_sink, mailer
     assert sink.messages == []
 
 
-def test_implicit_tls_with_auth(make_smtp_sink, mailer_for):
+def test_implicit_tls_with_auth(
+    make_smtp_sink: Callable[..., SmtpSink], mailer_for: Callable[..., SmtpMailer]
+) -> None:
     sink = make_smtp_sink(security="tls", auth=("campaigns", "s3cret"))
     mailer = mailer_for(sink, username="campaigns", password="s3cret")
 
@@ -180,7 +211,9 @@ def test_implicit_tls_with_auth(make_smtp_sink, mailer_for):
     assert mail.login == "campaigns"
 
 
-def test_wrong_password_is_permanent(make_smtp_sink, mailer_for):
+def test_wrong_password_is_permanent(
+    make_smtp_sink: Callable[..., SmtpSink], mailer_for: Callable[..., SmtpMailer]
+) -> None:
     sink = make_smtp_sink(security="starttls", auth=("campaigns", "s3cret"))
     mailer = mailer_for(sink, username="campaigns", password="wrong")
 
@@ -192,14 +225,18 @@ def test_wrong_password_is_permanent(make_smtp_sink, mailer_for):
     assert sink.messages == []
 
 
-def test_server_requiring_auth_refuses_an_anonymous_sender_permanently(make_smtp_sink, mailer_for):
+def test_server_requiring_auth_refuses_an_anonymous_sender_permanently(
+    make_smtp_sink: Callable[..., SmtpSink], mailer_for: Callable[..., SmtpMailer]
+) -> None:
     sink = make_smtp_sink(auth=("campaigns", "s3cret"))
 
     with pytest.raises(PermanentMailError, match="530"):
         mailer_for(sink).send(message())
 
 
-def test_451_is_transient_550_permanent_then_sending_goes_on(smtp_sink, mailer_for):
+def test_451_is_transient_550_permanent_then_sending_goes_on(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     mailer = mailer_for(smtp_sink)
     smtp_sink.reply_next("451 4.3.0 try later", "550 5.1.1 no such user")
 
@@ -214,7 +251,9 @@ def test_451_is_transient_550_permanent_then_sending_goes_on(smtp_sink, mailer_f
     assert smtp_sink.connections == 1  # refusals leave the connection usable
 
 
-def test_refused_recipient_is_permanent_and_names_it(smtp_sink, mailer_for):
+def test_refused_recipient_is_permanent_and_names_it(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     smtp_sink.reply_next("550 5.1.1 mailbox unavailable", command="RCPT")
 
     with pytest.raises(PermanentMailError, match="RCPT") as info:
@@ -224,14 +263,18 @@ def test_refused_recipient_is_permanent_and_names_it(smtp_sink, mailer_for):
     assert "550 5.1.1 mailbox unavailable" in str(info.value)
 
 
-def test_recipient_greylisted_is_transient(smtp_sink, mailer_for):
+def test_recipient_greylisted_is_transient(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     smtp_sink.reply_next("450 4.2.0 greylisted", command="RCPT")
 
     with pytest.raises(TransientMailError, match=r"450 4.2.0 greylisted"):
         mailer_for(smtp_sink).send(message())
 
 
-def test_421_closing_is_transient_and_the_next_send_reconnects(smtp_sink, mailer_for):
+def test_421_closing_is_transient_and_the_next_send_reconnects(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     mailer = mailer_for(smtp_sink)
     smtp_sink.reply_next("421 4.3.2 shutting down", command="MAIL")
 
@@ -242,14 +285,14 @@ def test_421_closing_is_transient_and_the_next_send_reconnects(smtp_sink, mailer
     assert [m.connection for m in smtp_sink.wait_for(1)] == [2]
 
 
-def test_connection_refused_is_transient(closed_port):
+def test_connection_refused_is_transient(closed_port: int) -> None:
     mailer = SmtpMailer("127.0.0.1", closed_port, security="none", timeout=5)
 
     with pytest.raises(TransientMailError, match="ConnectionRefused"):
         mailer.send(message())
 
 
-def test_silent_server_times_out_as_transient(silent_smtp_server):
+def test_silent_server_times_out_as_transient(silent_smtp_server: tuple[str, int]) -> None:
     host, port = silent_smtp_server
     mailer = SmtpMailer(host, port, security="none", timeout=1)
 
@@ -299,8 +342,8 @@ def stalling_sink() -> Iterator[Callable[[str], StallingSink]]:
 
 
 def test_a_server_that_hangs_before_the_data_times_out_and_the_retry_sends_once(
-    stalling_sink, mailer_for
-):
+    stalling_sink: Callable[[str], StallingSink], mailer_for: Callable[..., SmtpMailer]
+) -> None:
     sink = stalling_sink("RCPT")
     mailer = mailer_for(sink, timeout=1)
 
@@ -318,7 +361,9 @@ def test_a_server_that_hangs_before_the_data_times_out_and_the_retry_sends_once(
     assert len(sink.messages) == 1  # the hung transaction delivered nothing
 
 
-def test_a_server_that_hangs_after_the_data_times_out_as_transient(stalling_sink, mailer_for):
+def test_a_server_that_hangs_after_the_data_times_out_as_transient(
+    stalling_sink: Callable[[str], StallingSink], mailer_for: Callable[..., SmtpMailer]
+) -> None:
     sink = stalling_sink("DATA")
     mailer = mailer_for(sink, timeout=1)
 
@@ -338,7 +383,9 @@ def test_a_server_that_hangs_after_the_data_times_out_as_transient(stalling_sink
     assert len(sink.messages) == 1
 
 
-def test_non_ascii_local_part_goes_out_over_smtputf8(smtp_sink, mailer_for):
+def test_non_ascii_local_part_goes_out_over_smtputf8(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     mailer_for(smtp_sink).send(message(to_addr="jörg@bücher.example"))
 
     (mail,) = smtp_sink.wait_for(1)
@@ -346,14 +393,18 @@ def test_non_ascii_local_part_goes_out_over_smtputf8(smtp_sink, mailer_for):
     assert mail.message["To"].addresses[0].username == "jörg"
 
 
-def test_invalid_message_is_permanent_and_nothing_is_sent(smtp_sink, mailer_for):
+def test_invalid_message_is_permanent_and_nothing_is_sent(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     with pytest.raises(PermanentMailError, match="subject"):
         mailer_for(smtp_sink).send(message(subject="hi\r\nBcc: victim@example.net"))
 
     assert smtp_sink.connections == 0
 
 
-def test_threads_sending_at_once_all_arrive(smtp_sink, mailer_for):
+def test_threads_sending_at_once_all_arrive(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     mailer = mailer_for(smtp_sink)
     threads, per_thread = 6, 5
     errors: list[BaseException] = []
@@ -389,7 +440,7 @@ def test_threads_sending_at_once_all_arrive(smtp_sink, mailer_for):
 # -- configuration by URL ---------------------------------------------------------------------
 
 
-def test_from_url_decodes_credentials_and_logs_in(make_smtp_sink):
+def test_from_url_decodes_credentials_and_logs_in(make_smtp_sink: Callable[..., SmtpSink]) -> None:
     user, password = "ops@example.com", "p@ss:w/rd%+ ok"
     sink = make_smtp_sink(security="starttls", auth=(user, password))
     url = (
@@ -416,7 +467,7 @@ def test_from_url_decodes_credentials_and_logs_in(make_smtp_sink):
         ("smtp://mail.example.com:2525?security=none", 2525, "none"),
     ],
 )
-def test_from_url_default_ports(url, port, security):
+def test_from_url_default_ports(url: str, port: int, security: str) -> None:
     mailer = SmtpMailer.from_url(url)
 
     assert (mailer.host, mailer.port, mailer.security) == ("mail.example.com", port, security)
@@ -437,7 +488,7 @@ def test_from_url_default_ports(url, port, security):
         "smtp://u:topsecret@mail.example.com/path",
     ],
 )
-def test_from_url_refuses_bad_urls_without_echoing_the_password(url):
+def test_from_url_refuses_bad_urls_without_echoing_the_password(url: str) -> None:
     with pytest.raises(InvalidField) as info:
         SmtpMailer.from_url(url)
 
@@ -445,7 +496,7 @@ def test_from_url_refuses_bad_urls_without_echoing_the_password(url):
     assert "topsecret" not in str(info.value)
 
 
-def test_mailer_from_url_builds_each_kind(tmp_path: Path):
+def test_mailer_from_url_builds_each_kind(tmp_path: Path) -> None:
     maildir = mailer_from_url(f"maildir:{tmp_path / 'outbox'}")
     smtp = mailer_from_url("smtp://u:p@mail.example.com:2525?security=tls")
 
@@ -457,14 +508,16 @@ def test_mailer_from_url_builds_each_kind(tmp_path: Path):
 
 
 @pytest.mark.parametrize("url", ["", "maildir:", "ses://eu-west-1", "smtps://u:pw@host"])
-def test_mailer_from_url_refuses_unknown_kinds(url):
+def test_mailer_from_url_refuses_unknown_kinds(url: str) -> None:
     with pytest.raises(InvalidField) as info:
         mailer_from_url(url)
 
     assert info.value.field == "mailer"
 
 
-def test_send_time_date_header_is_utc_safe(smtp_sink, mailer_for):
+def test_send_time_date_header_is_utc_safe(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
     when = datetime(2026, 10, 25, 0, 30, 0, 999_999, tzinfo=UTC)
     mailer_for(smtp_sink).send(message(date=when))
 

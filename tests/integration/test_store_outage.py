@@ -16,7 +16,6 @@ import psycopg
 import pytest
 
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.metrics import ALARMS_TOTAL
 from sendqueue.services.demo import demo_csv, demo_policy
 from sendqueue.services.importing import Templates
 from tests.conftest import POSTGRES_ADMIN_URL
@@ -82,7 +81,7 @@ def test_store_outage_dead_letters_raises_the_alarm_and_redrive_completes(
     ).campaign.id
     app.provisioner.provision(cid)
     (task,) = app.store.list_tasks(cid)
-    alarms_before = ALARMS_TOTAL.value()
+    alarms_before = app.metrics.value("sendqueue_alarms_total")
     _set_outage(database, down=True)
     try:
         with caplog.at_level(logging.ERROR), running_worker(app):
@@ -95,7 +94,7 @@ def test_store_outage_dead_letters_raises_the_alarm_and_redrive_completes(
     assert letter.payload["task_id"] == task.id
     assert "StoreUnavailable" in letter.error or "store" in letter.error.lower()
     assert posts[0]["event"] == "dead_letter" and posts[0]["payload"]["task_id"] == task.id
-    assert ALARMS_TOTAL.value() == alarms_before + 1
+    assert app.metrics.value("sendqueue_alarms_total") == alarms_before + 1
     assert any(r.levelno == logging.ERROR and task.id in r.getMessage() for r in caplog.records)
     assert smtp_sink.messages == []
     assert app.store.get_task(task.id).state is TaskState.PENDING  # type: ignore[union-attr]

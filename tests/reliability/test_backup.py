@@ -14,14 +14,13 @@ import json
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.sql import open_store
 from sendqueue.bootstrap import bootstrap
 from sendqueue.cli import app as cli_app
@@ -35,7 +34,7 @@ from tests.support.app import T0, csv_bytes, open_policy
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     for key in [k for k in os.environ if k.startswith("SENDQUEUE_")]:
         monkeypatch.delenv(key)
     monkeypatch.chdir(tmp_path)
@@ -48,7 +47,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, s
 
 def _settings(env: dict[str, str]) -> Settings:
     return Settings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         database_url=env["SENDQUEUE_DATABASE_URL"],
         scheduler_url=env["SENDQUEUE_SCHEDULER_URL"],
         mailer=env["SENDQUEUE_MAILER"],

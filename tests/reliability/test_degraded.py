@@ -31,14 +31,13 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from sendqueue.adapters.smtp_mailer import SmtpMailer
+from sendqueue.adapters.mail.smtp import SmtpMailer
 from sendqueue.adapters.sql import open_store
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.cli import app as cli_app
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import schedule_group
 from sendqueue.domain.policy import SendingPolicy, Window
-from sendqueue.metrics import ALARMS_TOTAL
 from sendqueue.ports import OutgoingMessage
 from sendqueue.services.importing import Templates
 from sendqueue.settings import Settings
@@ -121,7 +120,7 @@ def _dead_letter_and_recover(
     the store back, redrive, and check every email went out exactly once."""
     scheduler: Any = app.scheduler
     tasks = [t for cid in cids for t in app.store.list_tasks(cid)]
-    alarms_before = ALARMS_TOTAL.value()
+    alarms_before = app.metrics.value("sendqueue_alarms_total")
     set_down(True)
     try:
         with caplog.at_level(logging.WARNING):
@@ -134,7 +133,7 @@ def _dead_letter_and_recover(
     assert sorted(d.payload["task_id"] for d in letters) == sorted(t.id for t in tasks)
     assert all(d.attempts == 3 for d in letters)  # the first invocation and two retries
     assert all("StoreUnavailable" in d.error for d in letters)
-    assert ALARMS_TOTAL.value() == alarms_before + len(tasks)
+    assert app.metrics.value("sendqueue_alarms_total") == alarms_before + len(tasks)
     alarm_lines = [r for r in caplog.records if r.name == "sendqueue.alarm"]
     assert len(alarm_lines) == len(tasks) and all(r.levelno == logging.ERROR for r in alarm_lines)
     # retried first: WARNING lines for the failed attempts before the dead letter

@@ -81,7 +81,7 @@ class Store:
         self.path = home / "store.db"
         self.container: Container = bootstrap(
             Settings(
-                _env_file=None,  # type: ignore[call-arg]
+                _env_file=None,
                 database_url=f"sqlite:///{self.path}",
                 scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
                 mailer=f"maildir:{home / 'outbox'}",
@@ -94,7 +94,7 @@ class Store:
     def counts(self) -> tuple[int, int, int, int]:
         conn = sqlite3.connect(self.path)
         try:
-            return tuple(  # type: ignore[return-value]
+            return tuple(
                 conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
                 for t in ("campaigns", "recipients", "tasks", "change_log")
             )

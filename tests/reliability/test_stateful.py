@@ -24,13 +24,13 @@ import tempfile
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
-from sendqueue.adapters.embedded_scheduler import EmbeddedScheduler
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import DomainError, StoreUnavailable, Throttled
@@ -126,12 +126,12 @@ class SendqueueMachine(RuleBasedStateMachine):
                 max_attempts=3,
             ),
             clock=self.clock,
-            store=self.store,  # type: ignore[arg-type]
-            scheduler=self.scheduler,  # type: ignore[arg-type]
+            store=self.store,
+            scheduler=self.scheduler,
             mailer=self.mailer,
         )
         self.app.__dict__["writer"] = ScheduleWriter(
-            self.scheduler,  # type: ignore[arg-type]
+            self.scheduler,
             self.app.timezone_of,
             concurrency=1,
             sleep=lambda _s: None,
@@ -158,7 +158,8 @@ class SendqueueMachine(RuleBasedStateMachine):
     # -- rules --------------------------------------------------------------------------
     @initialize(target=campaigns, size=st.integers(1, 6), policy=st.sampled_from(POLICIES))
     def first_campaign(self, size: int, policy: SendingPolicy) -> str:
-        return self.create(size, policy)
+        # create is a rule too: hypothesis types its result as a value or a MultipleResults
+        return cast(str, self.create(size, policy))
 
     @rule(target=campaigns, size=st.integers(1, 6), policy=st.sampled_from(POLICIES))
     def create(self, size: int, policy: SendingPolicy) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.web.app import create_app
-from sendqueue.web.security import SESSION_COOKIE, SessionSigner
+from sendqueue.web.session import SESSION_COOKIE, SessionSigner
 from tests.support.app import T0, csv_bytes, open_policy
 
 with warnings.catch_warnings():
@@ -47,7 +47,7 @@ class Locked:
     def __init__(self, home: Path) -> None:
         self.container: Container = bootstrap(
             Settings(
-                _env_file=None,  # type: ignore[call-arg]
+                _env_file=None,
                 database_url=f"sqlite:///{home / 'store.db'}",
                 scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
                 mailer=f"maildir:{home / 'outbox'}",
@@ -189,7 +189,7 @@ def _raw(app: FastAPI, method: str, raw_path: bytes, headers: dict[str, str]) ->
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         nonlocal status, body
         if message["type"] == "http.response.start":
             status = message["status"]

@@ -25,14 +25,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from sendqueue.adapters.mime import build_message
+from sendqueue.adapters.mail.mime import build_message
 from sendqueue.adapters.sql import SqlTaskStore
 from sendqueue.bootstrap import bootstrap
 from sendqueue.cli import app as cli_app
+from sendqueue.domain.addresses import normalize_sender
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.ports import OutgoingMessage
-from sendqueue.services.campaigns import normalize_sender
 from sendqueue.services.importing import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
@@ -110,7 +110,7 @@ def test_injected_senders_are_refused_naming_the_field(given: str) -> None:
 def api_with_smtp(tmp_path: Path, smtp_sink: SmtpSink) -> Iterator[tuple[TestClient, Any]]:
     container = bootstrap(
         Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             database_url=f"sqlite:///{tmp_path / 'store.db'}",
             scheduler_url=f"sqlite:///{tmp_path / 'scheduler.db'}",
             mailer=smtp_sink.url(),
@@ -210,7 +210,7 @@ SEARCHES: list[tuple[str, list[str]]] = [
 def _store_with(url: str, home: Path) -> tuple[SqlTaskStore, str]:
     app = bootstrap(
         Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             database_url=url,
             scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
             default_timezone="UTC",
@@ -267,7 +267,7 @@ def test_search_metacharacters_are_literal_through_the_api_and_the_cli(
     store.close()
     container = bootstrap(
         Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             database_url=url,
             scheduler_url=f"sqlite:///{tmp_path / 'scheduler.db'}",
         ),

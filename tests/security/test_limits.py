@@ -41,7 +41,7 @@ def test_a_silent_smtp_server_costs_one_transient_failure_within_the_timeout(
     host, port = silent_smtp_server
     app = bootstrap(
         Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             database_url=f"sqlite:///{tmp_path / 'store.db'}",
             scheduler_url=f"sqlite:///{tmp_path / 'scheduler.db'}",
             mailer=f"smtp://{host}:{port}?security=none&timeout=1",
@@ -73,7 +73,7 @@ def test_a_silent_smtp_server_costs_one_transient_failure_within_the_timeout(
 
 def _settings(home: Path) -> Settings:
     return Settings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         database_url=f"sqlite:///{home / 'store.db'}",
         scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
         mailer=f"maildir:{home / 'outbox'}",

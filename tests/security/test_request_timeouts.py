@@ -1,4 +1,4 @@
-"""The web server's request limits (sendqueue.web.limits, settings SENDQUEUE_HTTP_*), against
+"""The web server's request limits (sendqueue.web.middleware.limits, SENDQUEUE_HTTP_*), against
 the real uvicorn server of ``sendqueue serve`` (:func:`build_server`) and raw sockets.
 
 - headers that never finish (stalled, or trickled a byte at a time: slowloris) get a 408 in
@@ -59,7 +59,7 @@ class Live:
 @contextmanager
 def live(home: Path, **limits: Any) -> Iterator[Live]:
     settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         database_url=f"sqlite:///{home / 'store.db'}",
         scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
         mailer=f"maildir:{home / 'outbox'}",
@@ -361,6 +361,6 @@ def test_an_event_stream_outlives_the_body_timeout(tmp_path: Path) -> None:
         ("http_max_header_bytes", 100),
     ],
 )
-def test_a_bad_limit_is_refused_naming_the_setting(field: str, value: object) -> None:
+def test_a_bad_limit_is_refused_naming_the_setting(field: str, value: Any) -> None:
     with pytest.raises(ValidationError, match=field):
-        Settings(_env_file=None, **{field: value})  # type: ignore[call-arg]
+        Settings(_env_file=None, **{field: value})

@@ -31,7 +31,7 @@ from sendqueue.services.importing import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.web.app import create_app
-from sendqueue.web.security import SESSION_COOKIE
+from sendqueue.web.session import SESSION_COOKIE
 from tests.support.app import T0, open_policy
 from tests.support.smtp import SmtpSink
 
@@ -96,7 +96,7 @@ def sink(make_smtp_sink: Any) -> SmtpSink:
 
 def _settings(home: Path, sink: SmtpSink, password: str, **extra: Any) -> Settings:
     return Settings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         database_url=f"sqlite:///{home / 'store.db'}",
         scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
         mailer=f"smtp://{USER}:{password}@127.0.0.1:{sink.port}?security=none&timeout=5",
@@ -214,7 +214,7 @@ def test_no_secret_in_logs_responses_metrics_or_reprs(
     # the store unreachable, with a password in its URL (a closed port: connection refused)
     pg = bootstrap(
         Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             database_url=f"postgresql+psycopg://u:{DB_PASSWORD}@127.0.0.1:9/sq?connect_timeout=2",
             scheduler_url=f"sqlite:///{tmp_path / 'pg-scheduler.db'}",
             api_token=TOKEN,

@@ -31,8 +31,8 @@ from moto.moto_server.werkzeug_app import (
 from moto.server import ThreadedMotoServer
 from werkzeug.serving import make_server
 
-from sendqueue.adapters.dynamodb_store import DynamoDbTaskStore
-from sendqueue.adapters.eventbridge_scheduler import EventBridgeScheduler
+from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
+from sendqueue.adapters.eventbridge.scheduler import EventBridgeScheduler
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
 

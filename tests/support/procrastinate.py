@@ -15,11 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from sendqueue.adapters.procrastinate_scheduler import (
-    ProcrastinateScheduler,
-    conninfo_from_url,
-    upgrade_schema,
-)
+from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
+from sendqueue.adapters.procrastinate.schema import conninfo_from_url, upgrade_schema
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
 from tests.conftest import POSTGRES_ADMIN_URL, missing

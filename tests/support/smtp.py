@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.message import EmailMessage
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
 import pytest
 from aiosmtpd.controller import Controller
@@ -118,7 +118,13 @@ def client_ssl_context() -> ssl.SSLContext:
 # -- the server --------------------------------------------------------------------------------
 
 
-class _Controller(Controller):  # type: ignore[misc]
+class _SinkSMTP(SMTP):
+    """aiosmtpd's SMTP, carrying the number of its connection."""
+
+    _sink_connection = 0
+
+
+class _Controller(Controller):
     """aiosmtpd's Controller, on a port the kernel picks and with one SMTP per connection."""
 
     def __init__(self, sink: SmtpSink, **kwargs: Any) -> None:
@@ -127,15 +133,15 @@ class _Controller(Controller):  # type: ignore[misc]
 
     def factory(self) -> SMTP:
         # Passing the loop keeps SMTP from looking one up itself (deprecated outside a loop).
-        smtp = SMTP(self.handler, loop=self.loop, **self.SMTP_kwargs)
+        smtp = _SinkSMTP(self.handler, loop=self.loop, **self.SMTP_kwargs)
         self._sink._opened(smtp)
         return smtp
 
     def _trigger_server(self) -> None:
         # Bound to port 0, so learn the real port before start() connects to it.
-        assert self.server is not None
+        assert isinstance(self.server, asyncio.Server)
         self.port = self.server.sockets[0].getsockname()[1]
-        super()._trigger_server()
+        super()._trigger_server()  # type: ignore[no-untyped-call]
 
 
 class SmtpSink:
@@ -182,7 +188,7 @@ class SmtpSink:
 
     # lifecycle
 
-    def start(self) -> SmtpSink:
+    def start(self) -> Self:
         self._controller.start()
         self._started = True
         self.clear()  # forget the Controller's own readiness probe connection
@@ -197,7 +203,7 @@ class SmtpSink:
         self._controller.stop()
         self._started = False
 
-    def __enter__(self) -> SmtpSink:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -291,7 +297,7 @@ class SmtpSink:
 
     # aiosmtpd's hooks (run in the server's thread)
 
-    def _opened(self, server: SMTP) -> None:
+    def _opened(self, server: _SinkSMTP) -> None:
         with self._lock:
             self._connections += 1
             server._sink_connection = self._connections
@@ -372,7 +378,7 @@ def _parse(raw: bytes, *, utf8: bool) -> EmailMessage:
         parsed = email.message_from_string(unix.decode("utf-8"), policy=email.policy.default)
     else:
         parsed = email.message_from_bytes(unix, policy=email.policy.default)
-    return cast(EmailMessage, parsed)
+    return parsed
 
 
 # -- fixtures ----------------------------------------------------------------------------------

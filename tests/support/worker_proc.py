@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from sendqueue.adapters.mailers import mailer_from_url
+from sendqueue.adapters.mail.factory import mailer_from_url
 from sendqueue.adapters.sql import open_store
 from sendqueue.bootstrap import bootstrap
 from sendqueue.domain.lifecycle import TaskState
@@ -79,7 +79,7 @@ def main() -> None:
     hold = _Hold(args.hold_at, args.nth)
     store = HoldingStore(open_store(settings.database_url), hold)
     mailer = HoldingMailer(mailer_from_url(settings.mailer), hold)
-    app = bootstrap(settings, store=store, mailer=mailer)  # type: ignore[arg-type]
+    app = bootstrap(settings, store=store, mailer=mailer)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     sys.stdout.write("READY\n")

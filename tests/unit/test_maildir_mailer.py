@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sendqueue.adapters.maildir_mailer import MaildirMailer
-from sendqueue.adapters.mime import message_id_for
+from sendqueue.adapters.mail.maildir import MaildirMailer
+from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.errors import PermanentMailError, TransientMailError
 from sendqueue.ports import Mailer, OutgoingMessage
 from sendqueue.testing.mailer import RecordingMailer
@@ -41,7 +41,7 @@ def parsed_files(outbox: Path) -> list[EmailMessage]:
     return [parser.parsebytes(p.read_bytes()) for p in sorted((outbox / "new").iterdir())]
 
 
-def run_threads(count: int, work: Callable[[int], None]) -> list[BaseException]:
+def run_threads(count: int, work: Callable[[int], object]) -> list[BaseException]:
     errors: list[BaseException] = []
     barrier = threading.Barrier(count)
 
@@ -63,7 +63,7 @@ def run_threads(count: int, work: Callable[[int], None]) -> list[BaseException]:
 # -- MaildirMailer ----------------------------------------------------------------------------
 
 
-def test_message_lands_in_outbox_new_and_parses(tmp_path: Path):
+def test_message_lands_in_outbox_new_and_parses(tmp_path: Path) -> None:
     outbox = tmp_path / "outbox"
     mailer: Mailer = MaildirMailer(outbox)
     msg = outgoing()
@@ -81,14 +81,14 @@ def test_message_lands_in_outbox_new_and_parses(tmp_path: Path):
     assert list((outbox / "cur").iterdir()) == []
 
 
-def test_stored_file_uses_local_line_ends(tmp_path: Path):
+def test_stored_file_uses_local_line_ends(tmp_path: Path) -> None:
     MaildirMailer(tmp_path).send(outgoing())
 
     (path,) = (tmp_path / "new").iterdir()
     assert b"\r" not in path.read_bytes()
 
 
-def test_outbox_is_readable_with_the_stdlib_mailbox(tmp_path: Path):
+def test_outbox_is_readable_with_the_stdlib_mailbox(tmp_path: Path) -> None:
     mailer = MaildirMailer(tmp_path / "box")
     for n in range(3):
         mailer.send(outgoing(n))
@@ -97,7 +97,7 @@ def test_outbox_is_readable_with_the_stdlib_mailbox(tmp_path: Path):
     assert sorted(m["Message-ID"] for m in box) == sorted(outgoing(n).message_id for n in range(3))
 
 
-def test_missing_parent_directories_are_created(tmp_path: Path):
+def test_missing_parent_directories_are_created(tmp_path: Path) -> None:
     outbox = tmp_path / "a" / "b" / "outbox"
 
     MaildirMailer(outbox).send(outgoing())
@@ -105,7 +105,7 @@ def test_missing_parent_directories_are_created(tmp_path: Path):
     assert len(list((outbox / "new").iterdir())) == 1
 
 
-def test_concurrent_sends_all_land_once(tmp_path: Path):
+def test_concurrent_sends_all_land_once(tmp_path: Path) -> None:
     # Two mailers on one directory as well: the stdlib's file naming is shared between them.
     mailers = [MaildirMailer(tmp_path), MaildirMailer(tmp_path)]
     threads, per_thread = 8, 10
@@ -123,7 +123,7 @@ def test_concurrent_sends_all_land_once(tmp_path: Path):
     assert ids == expected
 
 
-def test_file_system_failure_is_transient(tmp_path: Path):
+def test_file_system_failure_is_transient(tmp_path: Path) -> None:
     outbox = tmp_path / "outbox"
     mailer = MaildirMailer(outbox)
     shutil.rmtree(outbox)
@@ -133,7 +133,7 @@ def test_file_system_failure_is_transient(tmp_path: Path):
         mailer.send(outgoing())
 
 
-def test_unusable_path_is_transient_at_construction(tmp_path: Path):
+def test_unusable_path_is_transient_at_construction(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
 
@@ -141,7 +141,7 @@ def test_unusable_path_is_transient_at_construction(tmp_path: Path):
         MaildirMailer(blocker / "outbox")
 
 
-def test_invalid_message_is_permanent_and_writes_nothing(tmp_path: Path):
+def test_invalid_message_is_permanent_and_writes_nothing(tmp_path: Path) -> None:
     mailer = MaildirMailer(tmp_path)
 
     with pytest.raises(PermanentMailError, match="subject"):
@@ -150,7 +150,7 @@ def test_invalid_message_is_permanent_and_writes_nothing(tmp_path: Path):
     assert list((tmp_path / "new").iterdir()) == []
 
 
-def test_close_is_harmless_and_sending_goes_on(tmp_path: Path):
+def test_close_is_harmless_and_sending_goes_on(tmp_path: Path) -> None:
     mailer = MaildirMailer(tmp_path)
     mailer.close()
 
@@ -162,7 +162,7 @@ def test_close_is_harmless_and_sending_goes_on(tmp_path: Path):
 # -- RecordingMailer --------------------------------------------------------------------------
 
 
-def test_recording_mailer_records_and_returns_the_message_id():
+def test_recording_mailer_records_and_returns_the_message_id() -> None:
     mailer: Mailer = RecordingMailer()
     msg = outgoing()
 
@@ -172,7 +172,7 @@ def test_recording_mailer_records_and_returns_the_message_id():
     assert mailer.sent_to("READER1@example.org") == [msg]
 
 
-def test_fail_next_raises_queued_errors_in_order_then_succeeds():
+def test_fail_next_raises_queued_errors_in_order_then_succeeds() -> None:
     mailer = RecordingMailer()
     mailer.fail_next(TransientMailError("451 later"), PermanentMailError("550 no"))
 
@@ -186,7 +186,7 @@ def test_fail_next_raises_queued_errors_in_order_then_succeeds():
     assert [m.to_addr for m in mailer.attempts] == [f"reader{n}@example.org" for n in (1, 2, 3)]
 
 
-def test_on_send_runs_first_and_its_exception_refuses_the_message():
+def test_on_send_runs_first_and_its_exception_refuses_the_message() -> None:
     seen: list[str] = []
 
     def hook(msg: OutgoingMessage) -> None:
@@ -203,7 +203,7 @@ def test_on_send_runs_first_and_its_exception_refuses_the_message():
     assert [m.to_addr for m in mailer.sent] == ["reader1@example.org"]
 
 
-def test_after_send_sees_the_message_already_recorded():
+def test_after_send_sees_the_message_already_recorded() -> None:
     recorded_then: list[int] = []
     mailer = RecordingMailer()
     mailer.after_send = lambda msg: recorded_then.append(len(mailer.sent))
@@ -216,7 +216,7 @@ def test_after_send_sees_the_message_already_recorded():
     assert recorded_then == [1]  # not called for the refused send
 
 
-def test_on_send_can_hold_a_send_until_released():
+def test_on_send_can_hold_a_send_until_released() -> None:
     release = threading.Event()
     entered = threading.Event()
 
@@ -235,7 +235,7 @@ def test_on_send_can_hold_a_send_until_released():
     sender.join(10)
 
 
-def test_wait_for_times_out_with_the_count():
+def test_wait_for_times_out_with_the_count() -> None:
     mailer = RecordingMailer()
     mailer.send(outgoing())
 
@@ -243,7 +243,7 @@ def test_wait_for_times_out_with_the_count():
         mailer.wait_for(2, timeout=0.05)
 
 
-def test_recording_mailer_is_thread_safe_and_clear_forgets():
+def test_recording_mailer_is_thread_safe_and_clear_forgets() -> None:
     mailer = RecordingMailer()
 
     errors = run_threads(8, lambda t: [mailer.send(outgoing(t * 100 + i)) for i in range(50)])

@@ -9,19 +9,13 @@ from datetime import UTC, datetime, timedelta, timezone
 from email.header import decode_header, make_header
 from email.message import EmailMessage
 from email.utils import parsedate_to_datetime
-from typing import cast
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sendqueue.adapters.mime import (
-    FALLBACK_DOMAIN,
-    build_message,
-    envelope_addresses,
-    message_id_for,
-    needs_smtputf8,
-)
+from sendqueue.adapters.mail.mime import build_message, envelope_addresses, needs_smtputf8
+from sendqueue.domain.addresses import FALLBACK_DOMAIN, message_id_for
 from sendqueue.domain.errors import InvalidField
 from sendqueue.ports import OutgoingMessage
 
@@ -44,10 +38,10 @@ def outgoing(**changes: object) -> OutgoingMessage:
 def reparse(msg: EmailMessage) -> EmailMessage:
     """What a receiver parses from the bytes on the wire."""
     raw = msg.as_bytes().replace(b"\r\n", b"\n")
-    return cast(EmailMessage, email.message_from_bytes(raw, policy=email.policy.default))
+    return email.message_from_bytes(raw, policy=email.policy.default)
 
 
-def test_headers_are_set_from_the_message():
+def test_headers_are_set_from_the_message() -> None:
     msg = outgoing(reply_to="help@example.com", headers={"X-Campaign": "c00ffee00001"})
 
     parsed = reparse(build_message(msg))
@@ -65,7 +59,7 @@ def test_headers_are_set_from_the_message():
     assert parsed.get_content() == "Hello Jane\n"
 
 
-def test_headers_appear_in_a_fixed_order_with_extra_ones_last():
+def test_headers_appear_in_a_fixed_order_with_extra_ones_last() -> None:
     msg = outgoing(reply_to="help@example.com", headers={"X-B": "2", "X-A": "1"})
 
     names = list(build_message(msg).keys())
@@ -74,11 +68,11 @@ def test_headers_appear_in_a_fixed_order_with_extra_ones_last():
     assert names.index("X-B") < names.index("X-A")
 
 
-def test_without_reply_to_there_is_no_such_header():
+def test_without_reply_to_there_is_no_such_header() -> None:
     assert build_message(outgoing())["Reply-To"] is None
 
 
-def test_html_makes_a_multipart_alternative_text_first():
+def test_html_makes_a_multipart_alternative_text_first() -> None:
     parsed = reparse(build_message(outgoing(html="<p>Hello <i>Jane</i></p>")))
 
     assert parsed.get_content_type() == "multipart/alternative"
@@ -88,7 +82,7 @@ def test_html_makes_a_multipart_alternative_text_first():
     assert parts[1].get_content() == "<p>Hello <i>Jane</i></p>\n"
 
 
-def test_non_ascii_names_and_subject_are_encoded_and_round_trip():
+def test_non_ascii_names_and_subject_are_encoded_and_round_trip() -> None:
     msg = outgoing(
         from_addr="Jörg Ünal <jorg@example.com>",
         to_name="Zoë Ångström",
@@ -111,7 +105,7 @@ def test_non_ascii_names_and_subject_are_encoded_and_round_trip():
 
 
 @pytest.mark.parametrize("name", ["Doe, Jane", 'Jane "JD" Doe', "O'Brien (Sales)", "a@b <c>"])
-def test_display_names_with_specials_are_quoted(name):
+def test_display_names_with_specials_are_quoted(name: str) -> None:
     parsed = reparse(build_message(outgoing(to_name=name)))
 
     assert parsed["To"].addresses[0].display_name == name
@@ -119,7 +113,7 @@ def test_display_names_with_specials_are_quoted(name):
     assert len(parsed["To"].addresses) == 1
 
 
-def test_a_long_non_ascii_name_is_folded_into_valid_encoded_words():
+def test_a_long_non_ascii_name_is_folded_into_valid_encoded_words() -> None:
     name = "Zoë Ångström-Johansson, Geschäftsführerin der Müller & Söhne GmbH, Köln"
 
     raw = build_message(outgoing(to_name=name)).as_bytes().decode("ascii")
@@ -133,7 +127,7 @@ def test_a_long_non_ascii_name_is_folded_into_valid_encoded_words():
     )
 
 
-def test_idna_domain_is_encoded_and_ascii_mail_needs_no_smtputf8():
+def test_idna_domain_is_encoded_and_ascii_mail_needs_no_smtputf8() -> None:
     msg = outgoing(to_addr="jane@bücher.example")
 
     built = build_message(msg)
@@ -143,7 +137,7 @@ def test_idna_domain_is_encoded_and_ascii_mail_needs_no_smtputf8():
     assert not needs_smtputf8(built)
 
 
-def test_non_ascii_local_part_needs_smtputf8():
+def test_non_ascii_local_part_needs_smtputf8() -> None:
     msg = outgoing(to_addr="jörg@example.org")
 
     built = build_message(msg)
@@ -158,7 +152,7 @@ def test_non_ascii_local_part_needs_smtputf8():
         alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=300
     ).filter(lambda s: s == s.strip())
 )
-def test_any_subject_round_trips(subject):
+def test_any_subject_round_trips(subject: str) -> None:
     parsed = reparse(build_message(outgoing(subject=subject)))
 
     assert str(parsed["Subject"]) == subject
@@ -184,7 +178,9 @@ def test_any_subject_round_trips(subject):
         ({"to_name": "line\u2028separator"}, "to_name"),
     ],
 )
-def test_line_breaks_in_a_header_are_refused_naming_it(changes, field):
+def test_line_breaks_in_a_header_are_refused_naming_it(
+    changes: dict[str, object], field: str
+) -> None:
     with pytest.raises(InvalidField) as info:
         build_message(outgoing(**changes))
 
@@ -192,7 +188,7 @@ def test_line_breaks_in_a_header_are_refused_naming_it(changes, field):
     assert field in str(info.value)
 
 
-def test_a_tab_in_a_subject_is_allowed():
+def test_a_tab_in_a_subject_is_allowed() -> None:
     assert str(reparse(build_message(outgoing(subject="a\tb")))["Subject"]) == "a\tb"
 
 
@@ -215,7 +211,7 @@ def test_a_tab_in_a_subject_is_allowed():
         ({"headers": {"X-Colon:": "x"}}, "X-Colon:"),
     ],
 )
-def test_malformed_fields_are_refused(changes, field):
+def test_malformed_fields_are_refused(changes: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidField) as info:
         build_message(outgoing(**changes))
 
@@ -225,7 +221,7 @@ def test_malformed_fields_are_refused(changes, field):
 # -- message_id_for ---------------------------------------------------------------------------
 
 
-def test_message_id_for_is_derived_from_the_task_id():
+def test_message_id_for_is_derived_from_the_task_id() -> None:
     first = message_id_for("c00ffee00001-3", "example.com")
 
     assert first == "<c00ffee00001-3@example.com>"
@@ -245,25 +241,54 @@ def test_message_id_for_is_derived_from_the_task_id():
         ("localhost", "<t-1@localhost>"),
     ],
 )
-def test_message_id_for_takes_the_senders_domain_or_falls_back(domain, expected):
+def test_message_id_for_takes_the_senders_domain_or_falls_back(domain: str, expected: str) -> None:
     assert message_id_for("t-1", domain) == expected
 
 
-def test_message_id_for_output_is_accepted_by_build_message():
+def test_message_id_for_output_is_accepted_by_build_message() -> None:
     mid = message_id_for("c00ffee00001-3", "Campaign Desk <news@example.com>")
 
     assert str(build_message(outgoing(message_id=mid))["Message-ID"]) == mid
 
 
 @pytest.mark.parametrize("task_id", ["", "a b", "a@b", "<a>", "tä", "a\r\nb"])
-def test_message_id_for_refuses_unusable_task_ids(task_id):
+def test_message_id_for_refuses_unusable_task_ids(task_id: str) -> None:
     with pytest.raises(InvalidField) as info:
         message_id_for(task_id, "example.com")
 
     assert info.value.field == "task_id"
 
 
-def test_date_keeps_the_offset_and_drops_fractions():
+def test_date_keeps_the_offset_and_drops_fractions() -> None:
     when = datetime(2026, 1, 1, 12, 0, 0, 750_000, tzinfo=UTC)
 
     assert str(build_message(outgoing(date=when))["Date"]) == "Thu, 01 Jan 2026 12:00:00 +0000"
+
+
+# -- IDNA 2008 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("to_addr", "ascii_addr"),
+    [("jane@faß.de", "jane@xn--fa-hia.de"), ("jane@βόλος.gr", "jane@xn--nxasmm1c.gr")],
+)
+def test_the_to_header_and_envelope_name_the_idna_2008_domain(
+    to_addr: str, ascii_addr: str
+) -> None:
+    """IDNA 2003 (Python's codec) would send these to jane@fass.de and jane@xn--nxasmq6b.gr."""
+    msg = outgoing(to_addr=to_addr, from_addr=f"News <news@{to_addr.split('@')[1]}>")
+
+    built = build_message(msg)
+
+    assert built["To"].addresses[0].addr_spec == ascii_addr
+    assert built["From"].addresses[0].domain == ascii_addr.split("@")[1]
+    assert envelope_addresses(msg) == (f"news@{ascii_addr.split('@')[1]}", ascii_addr)
+    assert not needs_smtputf8(built)
+
+
+def test_a_domain_idna_2008_refuses_is_an_invalid_field_naming_the_address() -> None:
+    with pytest.raises(InvalidField) as refused:
+        build_message(outgoing(to_addr="jane@a\u200db.de"))
+
+    assert refused.value.field == "to_addr"
+    assert "IDNA 2008" in refused.value.reason

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sendqueue.adapters.mime import build_message, envelope_addresses, envelope_of
+from sendqueue.adapters.mail.mime import build_message, envelope_addresses, envelope_of
 
 WHEN = datetime(2026, 5, 4, 8, 15, 30, 250000, tzinfo=UTC)
 

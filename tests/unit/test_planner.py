@@ -318,8 +318,8 @@ def test_per_day_summary_agrees_with_the_plan(policy: SendingPolicy, count: int)
 # -- exact examples -----------------------------------------------------------------------------
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC)
 
 
 def policy_for(

@@ -95,7 +95,7 @@ def test_progress_goes_to_the_change_log_and_the_callback() -> None:
 def test_at_most_ten_scheduler_calls_in_flight() -> None:
     clock = FakeClock(T0)
     flaky = FlakyScheduler(FakeScheduler(clock))
-    app = fake_app(clock=clock, scheduler=flaky)  # type: ignore[arg-type]
+    app = fake_app(clock=clock, scheduler=flaky)
     cid = _create(app, 600)
     app.provisioner.provision(cid)
     assert 2 <= flaky.max_in_flight <= 10
@@ -105,7 +105,7 @@ def test_at_most_ten_scheduler_calls_in_flight() -> None:
 def test_throttling_is_retried_with_backoff() -> None:
     clock = FakeClock(T0)
     flaky = FlakyScheduler(FakeScheduler(clock), throttle=0.3)
-    app = fake_app(clock=clock, scheduler=flaky)  # type: ignore[arg-type]
+    app = fake_app(clock=clock, scheduler=flaky)
     cid = _create(app, 300)
     report = app.provisioner.provision(cid)
     assert report.status == "done"
@@ -137,8 +137,8 @@ def test_crash_anywhere_then_rerun_finishes_with_exactly_one_of_each(
     scheduler = FakeScheduler(clock)
     crashing = fake_app(
         clock=clock,
-        store=CrashAfter(store, method, n) if target == "store" else store,  # type: ignore[arg-type]
-        scheduler=CrashAfter(scheduler, method, n) if target == "scheduler" else scheduler,  # type: ignore[arg-type]
+        store=CrashAfter(store, method, n) if target == "store" else store,
+        scheduler=CrashAfter(scheduler, method, n) if target == "scheduler" else scheduler,
     )
     cid = _create(crashing, 1500)
     with pytest.raises(StoreCrash):
@@ -158,7 +158,7 @@ def test_resumed_checkpoint_without_schedules_for_its_tasks_gets_them() -> None:
     clock = FakeClock(T0)
     store = InMemoryTaskStore()
     scheduler = FakeScheduler(clock)
-    first = fake_app(clock=clock, store=CrashAfter(store, "insert_tasks", 3), scheduler=scheduler)  # type: ignore[arg-type]
+    first = fake_app(clock=clock, store=CrashAfter(store, "insert_tasks", 3), scheduler=scheduler)
     cid = _create(first, 1500)
     with pytest.raises(StoreCrash):
         first.provisioner.provision(cid)
@@ -189,11 +189,14 @@ def test_the_lease_is_renewed_after_a_third_of_it_and_a_lost_lease_stops_the_run
     store.acquire_lease = acquire  # type: ignore[method-assign]
     app = fake_app(clock=clock, store=store)
     cid = _create(app, 2000)
+
+    def tick(p: ProvisionProgress) -> None:
+        if p.phase == "tasks":
+            clock.advance(seconds=25)
+
     # 25 s per chunk (the lease is 60 s): renewed at every tick after the first (the 4 chunks,
     # then the tick that finds no more recipients)
-    app.provisioner.provision(
-        cid, progress=lambda p: clock.advance(seconds=25) if p.phase == "tasks" else None
-    )
+    app.provisioner.provision(cid, progress=tick)
     assert [at for _, at in calls] == [T0 + timedelta(seconds=25 * n) for n in range(5)]
 
     calls.clear()
@@ -217,7 +220,7 @@ def test_resumed_run_keeps_the_send_times_of_the_first_plan() -> None:
     clock = FakeClock(T0)
     store = InMemoryTaskStore()
     scheduler = FakeScheduler(clock)
-    first = fake_app(clock=clock, store=CrashAfter(store, "insert_tasks", 2), scheduler=scheduler)  # type: ignore[arg-type]
+    first = fake_app(clock=clock, store=CrashAfter(store, "insert_tasks", 2), scheduler=scheduler)
     cid = _create(first, 1200)
     with pytest.raises(StoreCrash):
         first.provisioner.provision(cid)
@@ -256,7 +259,7 @@ def test_failed_scheduler_calls_stop_with_checkpoint_and_rerun_completes() -> No
     clock = FakeClock(T0)
     inner = FakeScheduler(clock)
     flaky = FlakyScheduler(inner, fail=0.05)
-    app = fake_app(clock=clock, scheduler=flaky)  # type: ignore[arg-type]
+    app = fake_app(clock=clock, scheduler=flaky)
     cid = _create(app, 800)
     report = app.provisioner.provision(cid)
     assert report.status == "stopped" and report.errors

@@ -130,7 +130,7 @@ def test_stale_retry_with_attempts_exhausted_fails() -> None:
 def test_stopped_provisioning_is_resumed() -> None:
     clock = FakeClock(T0)
     flaky = FlakyScheduler(FakeScheduler(clock), fail=0.2)
-    app = fake_app(clock=clock, scheduler=flaky)  # type: ignore[arg-type]
+    app = fake_app(clock=clock, scheduler=flaky)
     cid = app.campaigns.create(
         name="x", recipients=csv_bytes(300), policy=open_policy()
     ).campaign.id
@@ -177,7 +177,7 @@ def test_only_one_pass_at_a_time() -> None:
 def test_flaky_provisioning_then_one_reconcile_gives_exactly_one_schedule_each() -> None:
     clock = FakeClock(T0)
     flaky = FlakyScheduler(FakeScheduler(clock), fail=0.1, throttle=0.2)
-    app = fake_app(clock=clock, scheduler=flaky)  # type: ignore[arg-type]
+    app = fake_app(clock=clock, scheduler=flaky)
     cid = app.campaigns.create(
         name="f", recipients=csv_bytes(500), policy=open_policy(start=T0 + timedelta(days=1))
     ).campaign.id

@@ -125,7 +125,11 @@ def test_stale_token_and_unknown_task_are_skipped() -> None:
 
 def test_two_concurrent_invocations_send_one_email() -> None:
     gate = threading.Event()
-    mailer = RecordingMailer(on_send=lambda _m: gate.wait(5))
+
+    def hold(_m: object) -> None:
+        gate.wait(5)
+
+    mailer = RecordingMailer(on_send=hold)
     clock = FakeClock(T0)
     app = fake_app(clock=clock, mailer=mailer)
     cid = _provisioned(app, 1)

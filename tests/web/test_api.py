@@ -3,7 +3,7 @@ a request is refused."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,9 +18,9 @@ from sendqueue.domain.errors import (
 )
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.services.importing import Templates, parse_recipient_rows
-from sendqueue.web.api import BODY_OVERHEAD_BYTES
 from sendqueue.web.app import create_app
-from sendqueue.web.pages import campaign_timeline
+from sendqueue.web.bodies import BODY_OVERHEAD_BYTES
+from sendqueue.web.queries import campaign_timeline
 from tests.support.app import T0, csv_bytes
 from tests.support.real import wait_until
 from tests.web.conftest import Web
@@ -285,12 +285,12 @@ def test_form_errors_name_the_field(web: Web) -> None:
 def test_413_when_content_length_says_too_large_before_reading_anything(web: Web) -> None:
     limit = web.container.settings.max_upload_bytes + BODY_OVERHEAD_BYTES
     app = create_app(web.container)
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         raise AssertionError("the body was read")
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     scope = {
@@ -330,7 +330,7 @@ def test_413_for_a_chunked_body_counting_bytes_and_reading_no_further(web: Web) 
 
     # At the ASGI level: the app stops pulling the endless body just past the limit.
     app = create_app(web.container)
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
     stream = body()
 
     async def receive() -> dict[str, Any]:
@@ -339,7 +339,7 @@ def test_413_for_a_chunked_body_counting_bytes_and_reading_no_further(web: Web) 
         pulled += len(data)
         return {"type": "http.request", "body": data, "more_body": True}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     scope = {

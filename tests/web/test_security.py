@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +15,9 @@ from starlette.routing import Mount, Route
 from typer.testing import CliRunner
 
 from sendqueue.cli import app as cli_app
-from sendqueue.web.security import CSP, SessionSigner, is_api_path, safe_next
+from sendqueue.web.middleware.auth import is_api_path
+from sendqueue.web.middleware.headers import CSP
+from sendqueue.web.session import SessionSigner, safe_next
 from tests.support.app import csv_bytes
 from tests.web.conftest import TOKEN, Web
 
@@ -24,7 +26,7 @@ PUBLIC = {"/login", "/healthz"}
 
 
 @pytest.fixture
-def locked(make_web: Any) -> Web:
+def locked(make_web: Callable[..., Web]) -> Web:
     return make_web(api_token=TOKEN)
 
 

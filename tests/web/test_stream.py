@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -130,7 +130,7 @@ def stage(tmp_path: Path, stream: StreamConfig = FAST, **overrides: Any) -> Iter
     writer = bootstrap(settings)
     writer.store.last_change_id()  # creates the schema before the server opens the files
     counted = FlakyStore(bootstrap(settings).store)
-    server = bootstrap(settings, store=counted)  # type: ignore[arg-type]
+    server = bootstrap(settings, store=counted)
     try:
         with live_server(server, stream=stream) as (base, app):
             yield Stage(server, writer, counted, base, app)
@@ -369,6 +369,7 @@ def test_a_client_that_does_not_read_is_dropped_not_buffered() -> None:
         slow = await broker.subscribe("c1", None)
         fast = await broker.subscribe("c1", None)
         frames = broker.frames(fast)
+        assert isinstance(frames, AsyncGenerator)
         assert (await anext(frames)).startswith("retry:")
         log.add("c1", 3)
         assert (await anext(frames)).count("event: change") == 3

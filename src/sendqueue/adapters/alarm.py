@@ -1,7 +1,8 @@
 """The alarm raised when an invocation lands in the dead-letter queue.
 
-:class:`LoggingAlarm` logs an ERROR line, counts the letter in the metrics and, when a webhook
-URL is configured, POSTs a JSON description of it::
+:class:`LoggingAlarm` logs an ERROR line, tells its :class:`~sendqueue.ports.Events` (the
+metrics count the letter and the alarm) and, when a webhook URL is configured, POSTs a JSON
+description of it::
 
     {"event": "dead_letter", "id": "...", "schedule": "sq-c1-0", "group": "c1",
      "payload": {"task_id": "c1-0"}, "error": "...", "attempts": 3,
@@ -22,8 +23,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from sendqueue import metrics
 from sendqueue.domain.models import DeadLetter
+from sendqueue.ports import Events, NoEvents
 
 __all__ = ["LoggingAlarm", "dead_letter_document"]
 
@@ -48,9 +49,15 @@ class LoggingAlarm:
     """Logs, counts and (optionally) POSTs every dead letter. Thread-safe."""
 
     def __init__(
-        self, webhook_url: str | None = None, timeout: float = 5.0, *, queue_size: int = 1000
+        self,
+        webhook_url: str | None = None,
+        timeout: float = 5.0,
+        *,
+        queue_size: int = 1000,
+        events: Events | None = None,
     ) -> None:
         self.webhook_url = webhook_url or None
+        self.events: Events = events if events is not None else NoEvents()
         self.timeout = timeout
         self._queue: queue.Queue[DeadLetter] = queue.Queue(maxsize=queue_size)
         self._lock = threading.Lock()
@@ -67,8 +74,8 @@ class LoggingAlarm:
             json.dumps(dict(letter.payload), sort_keys=True),
             letter.error,
         )
-        metrics.ALARMS_TOTAL.inc()
-        metrics.DEAD_LETTERS_TOTAL.inc()
+        self.events.alarm_raised(letter)
+        self.events.dead_lettered(letter)
         if self.webhook_url is None:
             return
         try:

@@ -13,12 +13,9 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from email.headerregistry import Address
 from typing import BinaryIO
 
-from email_validator import EmailNotValidError, validate_email
-
-from sendqueue.adapters.mime import parse_mailbox
+from sendqueue.domain.addresses import normalize_sender
 from sendqueue.domain.errors import IllegalTransition, InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState, check_campaign_transition
 from sendqueue.domain.models import (
@@ -43,7 +40,7 @@ from sendqueue.services.importing import (
 )
 from sendqueue.services.scheduling import ScheduleWriter
 
-__all__ = ["CampaignService", "CreatedCampaign", "Draft", "iter_tasks", "normalize_sender"]
+__all__ = ["CampaignService", "CreatedCampaign", "Draft", "iter_tasks"]
 
 log = logging.getLogger(__name__)
 
@@ -62,37 +59,6 @@ def iter_tasks(
         if len(batch) < page:
             return
         after = batch[-1].position
-
-
-def normalize_sender(value: str, field: str) -> str:
-    """``"Name <a@b.example>"`` or ``"a@b.example"``, validated and normalized.
-
-    Refused with InvalidField naming ``field``: line breaks and every other control or line
-    separator character, more than one address, anything the mail parser would have to repair
-    (it would otherwise send from another address than the one written), and an address that
-    email-validator refuses. Internationalised addresses are kept as Unicode. Whatever this
-    returns, the mailers accept as a From or Reply-To header.
-    """
-    if not isinstance(value, str):
-        raise InvalidField(field, value, "expected an address like news@example.com")
-    text = value.strip()
-    if not text:
-        raise InvalidField(field, value, "expected an address like news@example.com")
-    if "\r" in text or "\n" in text:
-        raise InvalidField(field, value, "must not contain line breaks")
-    try:
-        mailbox = parse_mailbox(field, text)
-        name = mailbox.display_name
-        # parse_mailbox gives the ASCII (IDNA) domain; email-validator gives it back as written
-        valid = validate_email(f"{mailbox.username}@{mailbox.domain}", check_deliverability=False)
-        local, _, domain = valid.normalized.rpartition("@")
-        normalized = str(Address(display_name=name, username=local, domain=domain))
-        parse_mailbox(field, normalized)
-    except InvalidField as exc:
-        raise InvalidField(field, value, exc.reason) from None
-    except EmailNotValidError as exc:
-        raise InvalidField(field, value, str(exc)) from exc
-    return normalized
 
 
 @dataclass(frozen=True)

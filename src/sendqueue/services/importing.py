@@ -40,21 +40,18 @@ import io
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
-from email_validator import EmailNotValidError, validate_email
-from email_validator.rfc_constants import CASE_INSENSITIVE_MAILBOX_NAMES
+from email_validator import EmailNotValidError
 from jinja2 import StrictUndefined, Template, TemplateError, TemplateSyntaxError
 from jinja2.sandbox import SandboxedEnvironment
 
 from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.models import Recipient
-
-if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
+from sendqueue.services.addresses import AddressNormalizer
+from sendqueue.services.csv_source import LimitedReader, open_binary, source_name, utf8_lines
 
 __all__ = [
     "CompiledTemplates",
@@ -77,11 +74,6 @@ _EMAIL_PRECHECK_CHARS = 1024
 _VALUE_SHOWN_CHARS = 200
 _READ_BUFFER = 1 << 16
 
-# The shapes of address the fast path in _Addresses takes; anything else goes the full way.
-_PLAIN_LOCAL = re.compile(r"[A-Za-z0-9_+-]+(?:\.[A-Za-z0-9_+-]+)*\Z")
-_PLAIN_DOMAIN = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+\Z")
-_LOWERCASED_LOCALS = frozenset(CASE_INSENSITIVE_MAILBOX_NAMES)
-_MAX_ADDRESS = 254
 
 # No email may carry a NUL (RFC 5322), and PostgreSQL refuses one in any text column.
 _NUL_REASON = "contains the NUL character (U+0000), which no email may carry"
@@ -191,15 +183,15 @@ def parse_recipients(
     wanted = min(limits.max_bytes + 1, sys.maxsize)
     if csv.field_size_limit() < wanted:
         csv.field_size_limit(wanted)
-    with _open_binary(source, limits.max_bytes) as raw:
-        buffered = io.BufferedReader(_LimitedReader(raw, limits.max_bytes), _READ_BUFFER)
-        # surrogateescape keeps going past an invalid byte so _utf8_lines can name its offset.
+    with open_binary(source, limits.max_bytes) as raw:
+        buffered = io.BufferedReader(LimitedReader(raw, limits.max_bytes), _READ_BUFFER)
+        # surrogateescape keeps going past an invalid byte so utf8_lines can name its offset.
         text = io.TextIOWrapper(buffered, encoding="utf-8", errors="surrogateescape", newline="")
         try:
-            reader = csv.reader(_utf8_lines(text), strict=True)
+            reader = csv.reader(utf8_lines(text), strict=True)
             return _Import(compiled, limits, max(0, max_errors)).run(reader)
         except OSError as exc:
-            raise InvalidField("file", _source_name(source), f"cannot be read: {exc}") from exc
+            raise InvalidField("file", source_name(source), f"cannot be read: {exc}") from exc
         finally:
             text.close()
 
@@ -301,130 +293,6 @@ def parse_recipient_rows(
     )
 
 
-# --- reading --------------------------------------------------------------------------------
-
-
-class _LimitedReader(io.RawIOBase):
-    """Counts the bytes read from ``raw`` and refuses to go past ``limit``."""
-
-    def __init__(self, raw: BinaryIO, limit: int) -> None:
-        self._raw = raw
-        self._limit = limit
-        self.count = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self._raw.read(len(view)) or b""
-        n = len(data)
-        view[:n] = data
-        self.count += n
-        if self.count > self._limit:
-            raise _too_large(self.count, self._limit)
-        return n
-
-
-@contextmanager
-def _open_binary(
-    source: bytes | str | os.PathLike[str] | BinaryIO, limit: int
-) -> Iterator[BinaryIO]:
-    if isinstance(source, bytes | bytearray | memoryview):
-        if len(source) > limit:
-            raise _too_large(len(source), limit)
-        yield io.BytesIO(source)
-    elif isinstance(source, str | os.PathLike):
-        path = os.fspath(source)
-        try:
-            size = os.stat(path).st_size
-            fh = open(path, "rb")  # noqa: SIM115 - closed by the with below
-        except OSError as exc:
-            raise InvalidField("file", path, f"cannot be read: {exc.strerror or exc}") from exc
-        with fh:
-            if size > limit:
-                raise _too_large(size, limit)
-            yield fh
-    else:
-        yield source
-
-
-def _too_large(size: int, limit: int) -> InvalidField:
-    return InvalidField(
-        "file", size, f"larger than {limit} bytes; split the file or raise the limit"
-    )
-
-
-def _source_name(source: object) -> str:
-    if isinstance(source, str | os.PathLike):
-        return str(os.fspath(source))
-    return str(getattr(source, "name", "<stream>"))
-
-
-def _utf8_lines(text: Iterable[str]) -> Iterator[str]:
-    """The physical lines of ``text``, a BOM dropped; an undecodable byte stops with its offset.
-
-    ``text`` was decoded with ``surrogateescape``, so every invalid byte shows up as a lone
-    surrogate and encoding a line back gives exactly the bytes it came from.
-    """
-    offset = 0
-    for number, line in enumerate(text, start=1):
-        if line.isascii():
-            offset += len(line)
-            yield line
-            continue
-        try:
-            size = len(line.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            at = offset + len(line[: exc.start].encode("utf-8", "surrogateescape"))
-            bad = line[exc.start : exc.end].encode("utf-8", "surrogateescape")
-            hint = " (it looks like UTF-16)" if at == 0 and bad[:1] in (b"\xff", b"\xfe") else ""
-            raise InvalidField(
-                "file",
-                bad,
-                f"not UTF-8{hint}: invalid byte 0x{bad[0]:02x} at byte {at} (0-based, line "
-                f"{number}); save the file as UTF-8",
-            ) from None
-        offset += size
-        yield line[1:] if number == 1 and line.startswith("\ufeff") else line
-
-
-class _Addresses:
-    """email-validator's normalized form of an address, with each domain checked once per import.
-
-    Validating an address costs about 50 us, most of it on the domain (IDNA rules), and a
-    recipient list repeats few domains many times. For a plain ASCII address (a dot-atom local
-    part of letters, digits and ``_+-.``, a hostname of letters, digits and ``-``) the normalized
-    form is the local part as written, ``@``, and the domain's normalized form, so the domain of
-    the first valid address that has it is remembered. Everything else (RFC 2142 role names,
-    which email-validator lowercases; non-ASCII; quoting; anything too long or invalid) goes
-    through :func:`validate_email` whole, so errors carry its messages. A property test holds
-    the two paths equal.
-    """
-
-    def __init__(self) -> None:
-        self._domains: dict[str, str] = {}
-
-    def normalize(self, address: str) -> str:
-        """The normalized address; raises ``EmailNotValidError`` as ``validate_email`` does."""
-        local, _, domain = address.partition("@")
-        plain = (
-            _PLAIN_LOCAL.match(local) is not None
-            and _PLAIN_DOMAIN.match(domain) is not None
-            and local.lower() not in _LOWERCASED_LOCALS
-        )
-        if plain and (known := self._domains.get(domain)) is not None:
-            normalized = f"{local}@{known}"
-            # The length checks email-validator makes; the ASCII form is the address as written,
-            # up to case, so its length is the first one's.
-            if len(address) <= _MAX_ADDRESS and len(normalized.encode("utf-8")) <= _MAX_ADDRESS:
-                return normalized
-        validated = validate_email(address, check_deliverability=False)
-        if plain:
-            self._domains[domain] = validated.domain
-        return validated.normalized
-
-
 # --- checking -------------------------------------------------------------------------------
 
 
@@ -498,7 +366,7 @@ class _Import:
         self.rows = 0
         self.recipients: list[Recipient] = []
         self.seen: set[str] = set()
-        self.addresses = _Addresses()
+        self.addresses = AddressNormalizer()
         # Jinja's render() merges the template's globals into a fresh dict for every call; doing
         # it once here and rendering with a shared context makes a row three times cheaper.
         self.globals = {

@@ -33,8 +33,7 @@ from sendqueue.domain.models import (
     schedule_group,
 )
 from sendqueue.domain.planner import next_window_instant
-from sendqueue.metrics import RECONCILER_REPAIRS_TOTAL
-from sendqueue.ports import Clock, Scheduler, TaskStore
+from sendqueue.ports import Clock, Events, NoEvents, Scheduler, TaskStore
 from sendqueue.services.campaigns import CampaignService, iter_tasks
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.provisioning import Continuation, Provisioner
@@ -92,6 +91,8 @@ class Reconciler:
         provisioner: Provisioner,
         clock: Clock,
         config: ServiceConfig,
+        *,
+        events: Events | None = None,
     ) -> None:
         self._store = store
         self._scheduler = scheduler
@@ -101,6 +102,7 @@ class Reconciler:
         self._clock = clock
         self._config = config
         self._owner = secrets.token_hex(8)
+        self._events: Events = events if events is not None else NoEvents()
 
     def run(
         self,
@@ -140,7 +142,7 @@ class Reconciler:
         ):  # fmt: skip
             value = getattr(report, kind)
             if value:
-                RECONCILER_REPAIRS_TOTAL.inc(value, kind=kind)
+                self._events.repaired(kind, value)
         if report.repairs:
             log.warning("reconciler repaired %d things: %s", report.repairs, report.as_dict())
         return report

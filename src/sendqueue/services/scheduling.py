@@ -9,15 +9,15 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from typing import cast
 from zoneinfo import ZoneInfo
 
 from sendqueue.domain.errors import Conflict, SchedulerError, Throttled
 from sendqueue.domain.models import Task, expected_schedule_name, schedule_group
-from sendqueue.ports import Scheduler
+from sendqueue.ports import BulkScheduler, CreateArgs, Scheduler
 
 __all__ = ["ScheduleWriter", "WriteReport", "send_payload"]
 
@@ -29,8 +29,18 @@ _BULK_CHUNK = 1000
 #: The execution layer's default retries of a failed invocation (``Scheduler.create``'s).
 _MAX_RETRIES = 2
 
-#: The positional arguments of ``Scheduler.create``.
-_CreateArgs = tuple[str, str, datetime, str, Mapping[str, str], str, int]
+
+def _bulk_writer(
+    scheduler: Scheduler,
+) -> Callable[[Sequence[CreateArgs]], Sequence[object]] | None:
+    """``create_many`` of a :class:`BulkScheduler`, else None.
+
+    The class is checked, not the instance: a wrapper that forwards unknown attributes to a
+    bulk-capable scheduler (a fault injector, a metrics decorator) must see each create itself.
+    """
+    if issubclass(type(scheduler), BulkScheduler):
+        return cast(BulkScheduler, scheduler).create_many
+    return None
 
 
 def send_payload(task: Task) -> dict[str, str]:
@@ -139,11 +149,7 @@ class ScheduleWriter:
             except SchedulerError as exc:
                 report.failed.append((task.id, str(exc) or type(exc).__name__))
 
-        # Looked up on the class: a wrapper that forwards unknown attributes to a bulk-capable
-        # scheduler (a fault injector, a metrics decorator) must see each create itself.
-        bulk = None
-        if callable(getattr(type(self._scheduler), "create_many", None)):
-            bulk = self._scheduler.create_many  # type: ignore[attr-defined]
+        bulk = _bulk_writer(self._scheduler)
         if bulk is not None and len(tasks) > 1:
             for start in range(0, len(tasks), _BULK_CHUNK):
                 self._ensure_bulk(bulk, tasks[start : start + _BULK_CHUNK], report, one)
@@ -160,7 +166,7 @@ class ScheduleWriter:
 
     def _ensure_bulk(
         self,
-        bulk: Callable[[Sequence[_CreateArgs]], Sequence[object]],
+        bulk: Callable[[Sequence[CreateArgs]], Sequence[object]],
         tasks: Sequence[Task],
         report: WriteReport,
         one: Callable[[Task], None],
@@ -182,7 +188,7 @@ class ScheduleWriter:
             else:
                 report.created += 1
 
-    def _create_args(self, task: Task, zones: dict[str, tuple[str, ZoneInfo]]) -> _CreateArgs:
+    def _create_args(self, task: Task, zones: dict[str, tuple[str, ZoneInfo]]) -> CreateArgs:
         """``create``'s arguments for ``task``; ``zones`` caches each campaign's zone."""
         zone = zones.get(task.campaign_id)
         if zone is None:

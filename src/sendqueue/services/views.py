@@ -1,17 +1,46 @@
-"""JSON shapes shared by the CLI's ``--json`` output and the HTTP API."""
+"""The one view of a campaign, a task, a dead letter and a change: pydantic models shared by the
+CLI's ``--json`` output, the HTTP API (its response models) and the pages.
+
+Each model has ``of(...)`` to build it from the domain object; the ``*_dict`` functions are its
+JSON form (``model_dump(mode="json", by_alias=True)``), as the CLI prints it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any, overload
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter, Task
 
-__all__ = ["campaign_dict", "change_dict", "dead_letter_dict", "iso", "task_dict"]
+__all__ = [
+    "TASK_LIST_KEYS",
+    "CampaignView",
+    "ChangeView",
+    "DeadLetterView",
+    "IsoTime",
+    "TaskView",
+    "campaign_dict",
+    "change_dict",
+    "dead_letter_dict",
+    "iso",
+    "task_dict",
+    "task_list_dict",
+]
+
+#: A time as :func:`iso` writes it: ISO-8601 in UTC with a ``Z``.
+IsoTime = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
 
+@overload
+def iso(value: datetime) -> str: ...
+@overload
+def iso(value: None) -> None: ...
+@overload
+def iso(value: datetime | None) -> str | None: ...
 def iso(value: datetime | None) -> str | None:
     """ISO-8601 in UTC with a ``Z``, or None."""
     if value is None:
@@ -19,62 +48,160 @@ def iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+class _View(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON form: field names as the API and ``--json`` spell them."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class CampaignView(_View):
+    """A campaign with its task counts per state (``campaign show --json``)."""
+
+    id: str
+    name: str
+    state: str
+    state_reason: str | None
+    from_addr: str | None = Field(alias="from")
+    reply_to: str | None
+    recipients: int
+    policy: dict[str, Any] = Field(description="timezone, per_day, weekdays, windows, ...")
+    policy_text: str
+    counts: dict[str, int] = Field(description="tasks per state, every state named")
+    checkpoint: dict[str, Any] | None
+    created_at: IsoTime
+    updated_at: IsoTime
+
+    @classmethod
+    def fields_of(cls, campaign: Campaign, counts: Mapping[TaskState, int]) -> dict[str, Any]:
+        """The field values of ``campaign`` (for subclasses that add their own)."""
+        return {
+            "id": campaign.id,
+            "name": campaign.name,
+            "state": campaign.state.value,
+            "state_reason": campaign.state_reason,
+            "from_addr": campaign.from_addr,
+            "reply_to": campaign.reply_to,
+            "recipients": campaign.recipient_count,
+            "policy": campaign.policy.to_dict(),
+            "policy_text": campaign.policy.describe(),
+            "counts": {state.value: counts.get(state, 0) for state in TaskState},
+            "checkpoint": dict(campaign.checkpoint) if campaign.checkpoint else None,
+            "created_at": iso(campaign.created_at),
+            "updated_at": iso(campaign.updated_at),
+        }
+
+    @classmethod
+    def of(cls, campaign: Campaign, counts: Mapping[TaskState, int]) -> CampaignView:
+        return cls(**cls.fields_of(campaign, counts))
+
+
+class TaskView(_View):
+    """One email of a campaign (``campaign tasks --json``)."""
+
+    id: str
+    position: int
+    email: str
+    name: str
+    subject: str
+    state: str
+    send_at: IsoTime
+    sent_at: IsoTime | None
+    attempts: int
+    message_id: str | None
+    error: str | None
+
+    @classmethod
+    def of(cls, task: Task) -> TaskView:
+        return cls(
+            id=task.id,
+            position=task.position,
+            email=task.email,
+            name=task.name,
+            subject=task.subject,
+            state=task.state.value,
+            send_at=iso(task.send_at),
+            sent_at=iso(task.sent_at),
+            attempts=task.attempts,
+            message_id=task.message_id,
+            error=task.error,
+        )
+
+
+class ChangeView(_View):
+    """A change-log entry, as the live stream sends it."""
+
+    id: int
+    campaign_id: str
+    task_id: str | None
+    from_state: str | None = Field(alias="from")
+    to_state: str = Field(alias="to")
+    at: IsoTime
+    note: str | None
+
+    @classmethod
+    def of(cls, entry: ChangeLogEntry) -> ChangeView:
+        return cls(
+            id=entry.id,
+            campaign_id=entry.campaign_id,
+            task_id=entry.task_id,
+            from_state=entry.from_state,
+            to_state=entry.to_state,
+            at=iso(entry.at),
+            note=entry.note,
+        )
+
+
+class DeadLetterView(_View):
+    """An invocation the execution layer gave up on (``dlq list --json``)."""
+
+    id: str
+    schedule: str
+    group: str
+    payload: dict[str, str]
+    error: str
+    attempts: int
+    failed_at: IsoTime
+
+    @classmethod
+    def of(cls, letter: DeadLetter) -> DeadLetterView:
+        return cls(
+            id=letter.id,
+            schedule=letter.schedule_name,
+            group=letter.group,
+            payload=dict(letter.payload),
+            error=letter.error,
+            attempts=letter.attempts,
+            failed_at=iso(letter.failed_at),
+        )
+
+
 def campaign_dict(campaign: Campaign, counts: Mapping[TaskState, int]) -> dict[str, Any]:
     """A campaign with its task counts per state."""
-    return {
-        "id": campaign.id,
-        "name": campaign.name,
-        "state": campaign.state.value,
-        "state_reason": campaign.state_reason,
-        "from": campaign.from_addr,
-        "reply_to": campaign.reply_to,
-        "recipients": campaign.recipient_count,
-        "policy": campaign.policy.to_dict(),
-        "policy_text": campaign.policy.describe(),
-        "counts": {state.value: counts.get(state, 0) for state in TaskState},
-        "checkpoint": dict(campaign.checkpoint) if campaign.checkpoint else None,
-        "created_at": iso(campaign.created_at),
-        "updated_at": iso(campaign.updated_at),
-    }
+    return CampaignView.of(campaign, counts).as_json()
 
 
 def task_dict(task: Task) -> dict[str, Any]:
-    """A task as ``campaign tasks --json`` prints it."""
-    return {
-        "id": task.id,
-        "position": task.position,
-        "email": task.email,
-        "name": task.name,
-        "subject": task.subject,
-        "state": task.state.value,
-        "send_at": iso(task.send_at),
-        "sent_at": iso(task.sent_at),
-        "attempts": task.attempts,
-        "message_id": task.message_id,
-        "error": task.error,
-    }
+    """A task as the API and ``task cancel --json`` show it."""
+    return TaskView.of(task).as_json()
 
 
 def change_dict(entry: ChangeLogEntry) -> dict[str, Any]:
     """A change-log entry, as the live stream sends it."""
-    return {
-        "id": entry.id,
-        "campaign_id": entry.campaign_id,
-        "task_id": entry.task_id,
-        "from": entry.from_state,
-        "to": entry.to_state,
-        "at": iso(entry.at),
-        "note": entry.note,
-    }
+    return ChangeView.of(entry).as_json()
 
 
 def dead_letter_dict(letter: DeadLetter) -> dict[str, Any]:
-    return {
-        "id": letter.id,
-        "schedule": letter.schedule_name,
-        "group": letter.group,
-        "payload": dict(letter.payload),
-        "error": letter.error,
-        "attempts": letter.attempts,
-        "failed_at": iso(letter.failed_at),
-    }
+    """A dead letter as ``dlq list --json`` prints it."""
+    return DeadLetterView.of(letter).as_json()
+
+
+#: The keys ``campaign tasks --json`` lists, in order: a task without position, name and subject.
+TASK_LIST_KEYS = ("id", "email", "state", "send_at", "sent_at", "attempts", "message_id", "error")
+
+
+def task_list_dict(task: Task) -> dict[str, Any]:
+    """A task as ``campaign tasks --json`` lists it: :func:`task_dict` cut to TASK_LIST_KEYS."""
+    full = task_dict(task)
+    return {key: full[key] for key in TASK_LIST_KEYS}

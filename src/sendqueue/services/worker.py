@@ -12,6 +12,8 @@ Rules (design.md):
 - Mail accepted -> Finished with sent_at and message id. Permanent error -> Failed with the
   error. Transient error -> Pending with a new schedule after back-off while attempts remain,
   then Failed.
+- Every invocation ends in one outcome told to the Events port: sent, transient, permanent, or
+  skipped (any of the skips above, a lost claim, a campaign not sending).
 - The worker raises only when infrastructure fails (the store is unreachable), so the execution
   layer's retry and dead-letter path covers that.
 """
@@ -24,13 +26,12 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
-from sendqueue.adapters.mime import message_id_for
+from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.errors import PermanentMailError, SchedulerError, TransientMailError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
 from sendqueue.domain.planner import next_window_instant
-from sendqueue.metrics import SEND_LATENESS_SECONDS, SENDS_TOTAL
-from sendqueue.ports import Clock, Mailer, OutgoingMessage, TaskStore
+from sendqueue.ports import Clock, Events, Mailer, NoEvents, OutgoingMessage, TaskStore
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
@@ -91,6 +92,7 @@ class SendWorker:
         config: ServiceConfig,
         *,
         on_event: Callable[[str, Task], None] | None = None,
+        events: Events | None = None,
     ) -> None:
         self._store = store
         self._mailer = mailer
@@ -99,6 +101,7 @@ class SendWorker:
         self._clock = clock
         self._config = config
         self._on_event = on_event
+        self._events: Events = events if events is not None else NoEvents()
         self._lock = threading.Lock()
         self._failures_in_a_row: dict[str, int] = {}
         self._campaigns_seen: dict[str, tuple[float, Campaign]] = {}
@@ -167,18 +170,23 @@ class SendWorker:
         self.send(payload)
 
     def send(self, payload: Mapping[str, str]) -> None:
+        if not self._send(payload):
+            self._events.send_finished("skipped")
+
+    def _send(self, payload: Mapping[str, str]) -> bool:
+        """Handle one invocation; False when it was skipped (nothing sent or recorded)."""
         task_id = payload.get("task_id", "")
         task = self._store.get_task(task_id)
         if task is None:
             log.warning("schedule for unknown task %r: skipped", task_id)
-            return
+            return False
         token = payload.get("token")
         if token is not None and token != task.token:
             log.info("task %s: stale schedule (token changed), skipped", task_id)
-            return
+            return False
         if task.state is not TaskState.PENDING:
             log.info("task %s is %s: skipped", task_id, task.state.value)
-            return
+            return False
         early = task.send_at - self._clock.now()
         if early > EARLY_TOLERANCE + _into_slot(task.send_at, self._config.firing_precision):
             # Earlier than the layer ever fires (before the start of send_at's firing slot,
@@ -190,11 +198,11 @@ class SendWorker:
                 task_id,
                 early.total_seconds(),
             )
-            return
+            return False
         campaign = self._campaign(task.campaign_id)
         if campaign.state not in SENDING_STATES:
             log.info("task %s: campaign %s is %s, skipped", task_id, campaign.id, campaign.state)
-            return
+            return False
         now = self._clock.now()
         claimed = self._store.transition(
             task.id,
@@ -205,7 +213,7 @@ class SendWorker:
         )
         if claimed is None:
             log.info("task %s was claimed by another invocation", task_id)
-            return
+            return False
         # A pause or cancel may have landed between the campaign read (perhaps cached) and the
         # claim: this fresh read after the claim is what stops sends, so give the task back.
         state = self._store.campaign_state(task.campaign_id)
@@ -219,7 +227,7 @@ class SendWorker:
                     task.id, TaskState.PENDING, TaskState.CANCELLED, at=now,
                     note="campaign cancelled",
                 )  # fmt: skip
-            return
+            return False
         self._emit("claimed", claimed)
         with self._lock:
             self._sending[campaign.id] = self._sending.get(campaign.id, 0) + 1
@@ -233,6 +241,7 @@ class SendWorker:
         # outcome) runs the check.
         if final and not others:
             self._complete_if_done(campaign.id)
+        return True
 
     def _deliver(self, campaign: Campaign, task: Task) -> bool:
         """Send and record the outcome; True when the task ended final (Finished, Failed) and
@@ -263,8 +272,7 @@ class SendWorker:
             at=sent_at,
             changes={"sent_at": sent_at, "message_id": accepted_id, "error": None},
         )
-        SENDS_TOTAL.inc(outcome="sent")
-        SEND_LATENESS_SECONDS.observe(max(0.0, (sent_at - task.send_at).total_seconds()))
+        self._events.send_finished("sent", (sent_at - task.send_at).total_seconds())
         with self._lock:
             self._failures_in_a_row.pop(campaign.id, None)  # the streak is broken
         if done is not None:
@@ -280,7 +288,7 @@ class SendWorker:
             at=self._clock.now(),
             changes={"error": error[:2000]},
         )
-        SENDS_TOTAL.inc(outcome="permanent")
+        self._events.send_finished("permanent")
         if done is not None:
             self._emit("failed", done)
         with self._lock:
@@ -324,7 +332,7 @@ class SendWorker:
             },
             note=f"retry {task.attempts + 1} of {self._config.max_attempts} in {delay:.0f}s",
         )
-        SENDS_TOTAL.inc(outcome="transient")
+        self._events.send_finished("transient")
         if back is None:
             return False
         self._emit("retry", back)

@@ -5,6 +5,7 @@ Each fake honours its port's contract and runs the same contract tests as the re
 
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock, SystemClock
+from sendqueue.testing.events import RecordingEvents
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
@@ -14,6 +15,7 @@ __all__ = [
     "FakeScheduler",
     "InMemoryTaskStore",
     "RecordingAlarm",
+    "RecordingEvents",
     "RecordingMailer",
     "SystemClock",
 ]

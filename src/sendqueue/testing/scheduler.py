@@ -43,6 +43,8 @@ class FakeScheduler:
     Thread-safe; a schedule being invoked by one ``fire_due`` is skipped by a concurrent one.
     """
 
+    firing_precision = 0.0  # exact, as the embedded and procrastinate layers
+
     def __init__(
         self,
         clock: Clock,

@@ -1,16 +1,16 @@
 """The web application: one factory, :func:`create_app`, and the server that runs it.
 
-``create_app(container)`` wires the API router (:mod:`sendqueue.web.api`), the pages
-(:mod:`sendqueue.web.pages`), ``/static``, the login routes, the security middlewares
-(:mod:`sendqueue.web.security`), the error mapping (:mod:`sendqueue.web.errors`) and a
+``create_app(container)`` wires the routers (:mod:`sendqueue.web.routers`: the API, the pages,
+the login routes), ``/static``, the security middlewares (:mod:`sendqueue.web.middleware`),
+the error mapping (:mod:`sendqueue.web.errors`) and a
 lifespan that owns the live-stream broker and, with ``start_worker=True``, runs the
 dispatcher, the send workers and the periodic reconciler in a thread (the embedded default
 of ``sendqueue serve``).
 
 :func:`run_server` runs it under uvicorn (:func:`build_server`: with the request limits of
-:mod:`sendqueue.web.limits`): SIGTERM and SIGINT stop the server, end the open event streams
-so the shutdown does not wait on them, stop the worker thread (in-flight sends finish) and
-close nothing else: the caller owns the container.
+:mod:`sendqueue.web.middleware.limits`): SIGTERM and SIGINT stop the server, end the open event
+streams so the shutdown does not wait on them, stop the worker thread (in-flight sends finish)
+and close nothing else: the caller owns the container.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import anyio.to_thread
 import uvicorn
@@ -32,19 +31,19 @@ from fastapi.staticfiles import StaticFiles
 from sendqueue import __version__
 from sendqueue.bootstrap import Container
 from sendqueue.runtime import run_worker
-from sendqueue.web import api, pages
+from sendqueue.web.bodies import BODY_OVERHEAD_BYTES
 from sendqueue.web.deps import BackgroundProvisioning
 from sendqueue.web.errors import install_error_handlers
-from sendqueue.web.limits import BodyTimeoutMiddleware, header_timeout_protocol
+from sendqueue.web.middleware import install_security
+from sendqueue.web.middleware.limits import BodyTimeoutMiddleware, header_timeout_protocol
 from sendqueue.web.queries import TimelineCache
-from sendqueue.web.security import install_security
+from sendqueue.web.rendering import STATIC_DIR
+from sendqueue.web.routers import ROUTERS
 from sendqueue.web.stream import ChangeBroker, StreamConfig
 
 __all__ = ["STATIC_DIR", "Server", "build_server", "create_app", "run_server", "server_url"]
 
 log = logging.getLogger(__name__)
-
-STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 # Seconds shutdown waits for in-flight sends (the worker) and background provisioning.
 _WORKER_STOP_TIMEOUT = 60.0
@@ -101,18 +100,18 @@ def create_app(
     app.state.container = container
     app.state.broker = broker
     app.state.provisioning = provisioning
-    app.state.timelines = TimelineCache(container.store, container.clock, pages.campaign_timeline)
+    app.state.timelines = TimelineCache(container.store, container.clock)
     install_error_handlers(app)
-    app.include_router(api.router)
-    app.include_router(pages.router)
+    for router in ROUTERS:
+        app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     install_security(
         app,
         token=token,
-        max_body_bytes=settings.max_upload_bytes + api.BODY_OVERHEAD_BYTES,
+        max_body_bytes=settings.max_upload_bytes + BODY_OVERHEAD_BYTES,
+        routers=ROUTERS,
     )
-    # Outermost, so that the body reads of the security middlewares (the CSRF check of a form)
-    # are timed as well.
+    # Outermost, so that every read of the body is timed, whichever layer makes it.
     app.add_middleware(BodyTimeoutMiddleware, timeout=settings.http_body_timeout)
     return app
 
@@ -171,9 +170,10 @@ def run_server(
 
 def build_server(app: FastAPI, *, host: str, port: int, log_level: str = "warning") -> Server:
     """The uvicorn server :func:`run_server` runs, with the request limits of the app's settings
-    (:mod:`sendqueue.web.limits`): a deadline for the headers (408, then closed), the keep-alive
-    timeout, the size of the request line and headers (400 above it) and the connections served
-    at once (503 above it). The body deadline is the app's own middleware (:func:`create_app`).
+    (:mod:`sendqueue.web.middleware.limits`): a deadline for the headers (408, then closed),
+    the keep-alive timeout, the size of the request line and headers (400 above it) and the
+    connections served at once (503 above it). The body deadline is the app's own middleware
+    (:func:`create_app`).
     """
     settings = app.state.container.settings
     config = uvicorn.Config(

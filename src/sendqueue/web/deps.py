@@ -1,4 +1,5 @@
-"""What routes get from the app: the container, the stream broker, background provisioning.
+"""What routes get from the app: the container, the stream broker, background provisioning and
+the timeline cache.
 
 ``create_app`` puts them on ``app.state``; routes (the API's and the pages') take them as
 ``Annotated`` dependencies::
@@ -7,7 +8,7 @@
     def page(campaign_id: str, c: ContainerDep, request: Request) -> HTMLResponse: ...
 
 ``request.state.csrf_token`` holds the CSRF token a page puts into its forms and its
-``<meta name="csrf-token">`` (set by :class:`sendqueue.web.security.CsrfMiddleware`).
+``<meta name="csrf-token">`` (set by :class:`sendqueue.web.middleware.csrf.CsrfMiddleware`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from sendqueue.bootstrap import Container
+from sendqueue.web.queries import TimelineCache
 from sendqueue.web.stream import ChangeBroker
 
 __all__ = [
@@ -27,10 +29,11 @@ __all__ = [
     "BrokerDep",
     "ContainerDep",
     "ProvisioningDep",
-    "csrf_token",
+    "TimelinesDep",
     "get_broker",
     "get_container",
     "get_provisioning",
+    "get_timelines",
 ]
 
 log = logging.getLogger(__name__)
@@ -120,12 +123,13 @@ def get_provisioning(request: Request) -> BackgroundProvisioning:
     return runner
 
 
-def csrf_token(request: Request) -> str:
-    """The CSRF token for this request's forms (the ``sq_csrf`` cookie's value)."""
-    token: str = request.state.csrf_token
-    return token
+def get_timelines(request: Request) -> TimelineCache:
+    """The app's cache of campaign timelines, shared by the API and the pages."""
+    cache: TimelineCache = request.app.state.timelines
+    return cache
 
 
 ContainerDep = Annotated[Container, Depends(get_container)]
 BrokerDep = Annotated[ChangeBroker, Depends(get_broker)]
 ProvisioningDep = Annotated[BackgroundProvisioning, Depends(get_provisioning)]
+TimelinesDep = Annotated[TimelineCache, Depends(get_timelines)]

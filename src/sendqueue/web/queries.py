@@ -7,22 +7,26 @@ agree. The pages use these functions too, so a page and the API never disagree.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from sendqueue.domain.errors import NoSendingDay
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign
-from sendqueue.domain.planner import per_day_summary
+from sendqueue.domain.planner import per_day_summary, plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.ports import Clock, TaskStore
-from sendqueue.services.views import campaign_dict, iso
+from sendqueue.services.campaigns import iter_tasks
+from sendqueue.services.views import CampaignView, iso
+from sendqueue.web.schemas import CampaignDetail, Plan, PlanDay, PlanSend
 
 __all__ = [
     "PLAN_SENDS_SHOWN",
     "TimelineCache",
     "TimelineFunction",
+    "campaign_timeline",
     "campaign_view",
     "next_send_at",
     "plan_view",
@@ -47,11 +51,10 @@ def next_send_at(store: TaskStore, campaign: Campaign) -> datetime | None:
     return min((t.send_at for t in pending), default=None)
 
 
-def campaign_view(store: TaskStore, campaign: Campaign) -> dict[str, Any]:
+def campaign_view(store: TaskStore, campaign: Campaign) -> CampaignDetail:
     """``campaign show --json`` plus ``next_send_at``."""
-    data = campaign_dict(campaign, store.count_tasks(campaign.id))
-    data["next_send_at"] = iso(next_send_at(store, campaign))
-    return data
+    fields = CampaignView.fields_of(campaign, store.count_tasks(campaign.id))
+    return CampaignDetail(**fields, next_send_at=iso(next_send_at(store, campaign)))
 
 
 def plan_view(
@@ -60,35 +63,65 @@ def plan_view(
     *,
     emails: Sequence[str] | None = None,
     duplicates: int = 0,
-) -> dict[str, Any]:
-    """A plan as the preview routes return it (docs/api.md)."""
+) -> Plan:
+    """A plan as the preview routes return it (docs/api.md); a send has an ``email`` only
+    where ``emails`` names one."""
     zone = policy.zone
-    rows: list[dict[str, Any]] = []
+    rows: list[PlanSend] = []
     for index, when in enumerate(sends[:PLAN_SENDS_SHOWN]):
-        row: dict[str, Any] = {
-            "index": index,
-            "send_at": iso(when),
-            "local": when.astimezone(zone).isoformat(),
-        }
-        if emails is not None and index < len(emails):
-            row["email"] = emails[index]
-        rows.append(row)
-    return {
-        "policy_text": policy.describe(),
-        "timezone": policy.timezone,
-        "count": len(sends),
-        "duplicates": duplicates,
-        "sends": rows,
-        "days": [
-            {
-                "day": day.day.isoformat(),
-                "count": day.count,
-                "first": day.first.isoformat(),
-                "last": day.last.isoformat(),
-            }
+        email = emails[index] if emails is not None and index < len(emails) else None
+        rows.append(
+            PlanSend(
+                index=index,
+                send_at=iso(when),
+                local=when.astimezone(zone).isoformat(),
+                email=email,
+            )
+        )
+    return Plan(
+        policy_text=policy.describe(),
+        timezone=policy.timezone,
+        count=len(sends),
+        duplicates=duplicates,
+        sends=rows,
+        days=[
+            PlanDay(
+                day=day.day.isoformat(),
+                count=day.count,
+                first=day.first.isoformat(),
+                last=day.last.isoformat(),
+            )
             for day in per_day_summary(sends, policy.timezone)
         ],
-    }
+    )
+
+
+def campaign_timeline(store: TaskStore, campaign: Campaign, now: datetime) -> list[dict[str, Any]]:
+    """Planned and done emails per local day (the campaign's zone), in day order.
+
+    ``planned`` counts every task that is not cancelled by the local day of its send time;
+    ``done`` counts the Finished ones by the local day they were sent. Before provisioning has
+    created any task, the plan from ``now`` stands in for the tasks (``done`` is 0).
+    """
+    zone = campaign.policy.zone
+    planned: Counter[str] = Counter()
+    done: Counter[str] = Counter()
+    seen = False
+    for task in iter_tasks(store, campaign.id):
+        seen = True
+        if task.state is not TaskState.CANCELLED:
+            planned[task.send_at.astimezone(zone).date().isoformat()] += 1
+        if task.state is TaskState.FINISHED and task.sent_at is not None:
+            done[task.sent_at.astimezone(zone).date().isoformat()] += 1
+    if not seen and campaign.state in {CampaignState.DRAFT, CampaignState.PROVISIONING}:
+        try:
+            sends = plan(campaign.policy, campaign.recipient_count, now=now)
+        except NoSendingDay:
+            return []
+        for day in per_day_summary(sends, campaign.policy.timezone):
+            planned[day.day.isoformat()] = day.count
+    days = sorted(set(planned) | set(done))
+    return [{"day": d, "planned": planned.get(d, 0), "done": done.get(d, 0)} for d in days]
 
 
 #: ``(store, campaign, now) -> [{"day", "planned", "done"}, ...]``: what the chart draws.
@@ -102,11 +135,16 @@ class TimelineCache:
     campaign_id=..., limit=1)`` tells whether anything changed since. Before provisioning has
     made tasks a timeline is the plan from now, so for drafts and provisioning campaigns it is
     kept for the current minute at most. ``compute`` is the one definition of a timeline
-    (:func:`sendqueue.web.pages.campaign_timeline`), so the page and the API agree.
+    (:func:`campaign_timeline` unless told otherwise), so the page and the API agree.
     """
 
     def __init__(
-        self, store: TaskStore, clock: Clock, compute: TimelineFunction, *, size: int = 64
+        self,
+        store: TaskStore,
+        clock: Clock,
+        compute: TimelineFunction = campaign_timeline,
+        *,
+        size: int = 64,
     ) -> None:
         self._store = store
         self._clock = clock

@@ -1,0 +1,1 @@
+"""The TaskStore on DynamoDB (:mod:`~sendqueue.adapters.dynamodb.store`)."""

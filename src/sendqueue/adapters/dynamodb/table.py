@@ -1,0 +1,105 @@
+"""The DynamoDB task store's one on-demand table: its keys, indexes and limits.
+
+The table (``table_definition`` gives its ``CreateTable`` arguments; the SAM template declares
+the same, with point-in-time recovery on). Billing is on demand (``PAY_PER_REQUEST``). Every
+item has the string key ``pk`` (hash) and ``sk`` (range); these names, the index names and their
+key attributes are the contract with the template and must stay stable:
+
+==================  ===========  ==============================================================
+``pk``              ``sk``       item
+==================  ===========  ==============================================================
+``campaign``        id           a campaign: ``st`` its state, ``rk`` its recipient key, ``d``
+                                 the campaign as JSON
+``R#<id>#<rk>``     position     a recipient (position zero-padded to 10 digits)
+``T#<task id>``     ``#``        a task: ``v`` its version, ``st`` its state, ``d`` the task as
+                                 JSON, ``ca`` its claim time, and the index keys below
+``P#<campaign>``    position     the marker that makes a campaign's position taken once
+``log``             first id     change-log entries ``first..first+n-1`` (``n``; ``d`` JSON;
+                                 ``cs`` the set of their campaigns); ids are zero-padded to 20
+``lease``           name         a lease: ``owner``, ``exp``
+==================  ===========  ==============================================================
+
+Global secondary indexes (projection ALL), all on task items:
+
+- ``by_campaign``: hash ``gc`` (campaign id, S), range ``gp`` (position, N): a campaign's tasks
+  in position order (``list_tasks``).
+- ``by_state``: hash ``gs`` (``<campaign>#<state>``, S), range ``gt`` (``<send_at>#<task id>``,
+  S): a campaign's tasks in one state by send time (``transition_all``, ``count_tasks``,
+  ``has_unfinished_tasks``).
+- ``due``: hash ``gd`` (state, S), range ``gt``: due and stale tasks across campaigns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ATTEMPTS",
+    "GSI_NAMES",
+    "ITEM_BYTES",
+    "LOG_MAX",
+    "RETRYABLE",
+    "TXN_BYTES",
+    "TXN_ITEMS",
+    "WRITERS",
+    "table_definition",
+]
+
+#: The global secondary indexes, by name: (hash key, range key). Stable: the template uses them.
+GSI_NAMES: dict[str, tuple[str, str]] = {
+    "by_campaign": ("gc", "gp"),
+    "by_state": ("gs", "gt"),
+    "due": ("gd", "gt"),
+}
+_KEY_TYPES = {"pk": "S", "sk": "S", "gc": "S", "gp": "N", "gs": "S", "gt": "S", "gd": "S"}
+
+#: Items per TransactWriteItems (DynamoDB's limit is 100) and entries per log item.
+TXN_ITEMS = 100
+LOG_MAX = TXN_ITEMS - 1
+#: Bytes per TransactWriteItems (DynamoDB's limit is 4 MB) and per item (400 KB), with room.
+TXN_BYTES = 3_500_000
+ITEM_BYTES = 380_000
+#: Transaction cancellation reasons that a retry (after reading again) resolves.
+RETRYABLE = frozenset(
+    {
+        "None",
+        "ConditionalCheckFailed",
+        "TransactionConflict",
+        "ThrottlingError",
+        "ProvisionedThroughputExceeded",
+        "RequestLimitExceeded",
+    }
+)
+ATTEMPTS = 200
+#: Threads writing recipient batches in parallel (boto3 clients are thread-safe).
+WRITERS = 4
+
+
+def table_definition(name: str) -> dict[str, Any]:
+    """``CreateTable`` arguments for the store's table (the SAM template declares the same).
+
+    On-demand billing; point-in-time recovery is a table setting the template turns on (and
+    ``create_table`` too, where the endpoint supports it).
+    """
+    return {
+        "TableName": name,
+        "BillingMode": "PAY_PER_REQUEST",
+        "AttributeDefinitions": [
+            {"AttributeName": k, "AttributeType": t} for k, t in _KEY_TYPES.items()
+        ],
+        "KeySchema": [
+            {"AttributeName": "pk", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+        "GlobalSecondaryIndexes": [
+            {
+                "IndexName": index,
+                "KeySchema": [
+                    {"AttributeName": hash_key, "KeyType": "HASH"},
+                    {"AttributeName": range_key, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            }
+            for index, (hash_key, range_key) in GSI_NAMES.items()
+        ],
+    }

@@ -1,0 +1,355 @@
+"""The embedded execution layer: one-time schedules in their own SQLite file, and a dispatcher.
+
+:class:`EmbeddedScheduler` is both the :class:`~sendqueue.ports.Scheduler` and the
+:class:`~sendqueue.ports.Dispatcher` of a single machine. Its file is separate from the task
+store on purpose: the two can drift apart as they do in production, and the reconciler repairs
+that drift the same way everywhere.
+
+How it fires:
+
+- The dispatcher (:meth:`EmbeddedScheduler.run`) sleeps until the next due schedule, never on
+  a fixed poll. A ``create`` in the same process that adds an earlier schedule wakes it through
+  a condition variable. A ``create`` in another process (the CLI provisioning while the worker
+  runs) wakes it with a datagram on a Unix socket in the wake directory (``<db>.wake/``, one
+  socket per running dispatcher; best effort). No single sleep is longer than ``max_sleep``
+  (30 s), a safety net should a wake-up datagram be lost.
+- A due schedule is leased (``lease_owner``/``lease_until``, a conditional write in a
+  ``BEGIN IMMEDIATE`` transaction) before its target runs, and the lease is renewed while it
+  runs. The dispatcher claims ``lookahead`` (25 ms) ahead: it wakes that much before the next
+  due time and leases what falls due within it (as many as it has free slots), and the fire
+  thread waits for the exact due time before invoking (why: docs/performance.md). Nothing
+  fires before its due time. A schedule claimed ahead is read again right before its invocation
+  (on the fire thread's own connection, which never waits for the dispatcher's writes) and
+  skipped if it was deleted or replaced meanwhile: a delete before the due time still
+  cancels it. Once invoked, it is in flight as before (a delete does not stop it).
+  If the process dies, the lease expires and another dispatcher fires the schedule again:
+  delivery is at-least-once. An expired lease counts as a failed attempt, so a target that
+  kills its process every time ends in the dead-letter queue instead of looping.
+- At most ``concurrency`` targets run at once, on ``concurrency`` daemon threads that live as
+  long as the dispatcher: a target keeps per-thread state (the SMTP mailer's connection)
+  from one invocation to the next.
+- A target that returns deletes its schedule. On the dispatcher's fire threads the delete
+  is deferred to the dispatcher's next transaction (the claim that refills the freed slot, or
+  the release on shutdown), so a send costs one write on this file, not two; the lease keeps
+  the schedule from firing again meanwhile, and should the process die before that write,
+  the lease expires and it fires again (at-least-once, as when a delete fails). A target
+  that raises is retried after an exponential, jittered backoff (``retry_backoff`` doubling
+  up to ``max_backoff``) while attempts remain, then moved to the dead letters, and the alarm
+  is raised. Every write after the target is conditional on our lease: if the schedule was
+  deleted or replaced (same name, new token) meanwhile, the newer state wins.
+- Setting ``stop`` makes the dispatcher take nothing new, wait up to ``shutdown_timeout`` for
+  running targets, release the leases of what it claimed but did not start, and return.
+
+Several processes may share one file (WAL, ``busy_timeout``, writes in ``BEGIN IMMEDIATE``).
+Instants are stored as integer microseconds since the epoch, UTC.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import os
+import random
+import socket
+import sqlite3
+import threading
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from sendqueue.adapters import scheduler_rules as rules
+from sendqueue.adapters.alarm import LoggingAlarm
+from sendqueue.adapters.embedded.dispatcher import Dispatcher
+from sendqueue.adapters.embedded.store import (
+    COLUMNS,
+    IN_LIMIT,
+    INSERT,
+    SCHEMA_VERSION,
+    conflict,
+    insert_params,
+    row_to_letter,
+    row_to_schedule,
+    sqlite_path,
+)
+from sendqueue.clock import SystemClock
+from sendqueue.domain.errors import Conflict, NotFound, SchedulerError
+from sendqueue.domain.models import DeadLetter, new_token
+from sendqueue.ports import Alarm, Clock, Schedule
+
+__all__ = ["SCHEMA_VERSION", "EmbeddedScheduler"]
+
+
+class EmbeddedScheduler(Dispatcher):
+    """Scheduler and Dispatcher on a SQLite file of their own (see the module docstring).
+
+    ``url`` is ``sqlite:///FILE`` (``sqlite://`` for a private in-memory database, which only
+    this instance sees). ``alarm`` defaults to a :class:`~sendqueue.adapters.alarm.LoggingAlarm`
+    without webhook. ``wake_path`` overrides the wake directory (by default ``<FILE>.wake``, or
+    a directory in the temp dir named after the file when that path is too long for a socket).
+    Backend failures raise :class:`~sendqueue.domain.errors.SchedulerError`.
+    """
+
+    firing_precision = 0.0  # exact: fires at due_at (see the Scheduler port)
+    runs_reconciler = False  # the worker process runs its own reconciler loop
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Clock | None = None,
+        alarm: Alarm | None = None,
+        concurrency: int = 4,
+        lease_seconds: float = 60.0,
+        retry_backoff: float = 5.0,
+        max_backoff: float = 300.0,
+        wake_path: str | os.PathLike[str] | None = None,
+        max_sleep: float = 30.0,
+        shutdown_timeout: float = 30.0,
+        busy_timeout: float = 10.0,
+        seed: int | None = None,
+        lookahead: float = 0.025,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if lease_seconds <= 0 or max_sleep <= 0 or shutdown_timeout < 0 or busy_timeout < 0:
+            raise ValueError("lease_seconds and max_sleep must be > 0, timeouts >= 0")
+        if retry_backoff < 0 or max_backoff < retry_backoff:
+            raise ValueError("need 0 <= retry_backoff <= max_backoff")
+        if not 0 <= lookahead <= min(1.0, lease_seconds / 3):
+            raise ValueError("lookahead must be between 0 and min(1 s, lease_seconds / 3)")
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.alarm: Alarm = alarm if alarm is not None else LoggingAlarm()
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.retry_backoff = retry_backoff
+        self.max_backoff = max_backoff
+        self.max_sleep = max_sleep
+        self.shutdown_timeout = shutdown_timeout
+        self.path = sqlite_path(url)
+        # A private in-memory database cannot be read from a second connection, which the
+        # check of a schedule claimed ahead needs (see _still_ours): no claiming ahead there.
+        self.lookahead = 0.0 if self.path == ":memory:" else lookahead
+        self._busy_timeout = busy_timeout
+        self._rng = random.Random(seed)
+        self._lock = threading.RLock()
+        self._cond = threading.Condition()
+        self._wake_seq = 0
+        self._sleep_until: datetime | None = None  # when the local dispatcher wakes next
+        self._running = False
+        # Schedules whose invocation on a fire thread succeeded, (name, lease owner), to be
+        # deleted by the dispatcher's next transaction; appended to only while it runs.
+        self._succeeded: list[tuple[str, str]] = []
+        self._succeeded_lock = threading.Lock()
+        self._deferring = False
+        self._own_socket: str | None = None
+        self._sender: socket.socket | None = None
+        self.wake_dir = self._wake_dir(wake_path)
+        try:
+            self._conn = sqlite3.connect(
+                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            if self.path != ":memory:":
+                self._conn.execute("PRAGMA journal_mode = WAL")
+            # WAL with synchronous=NORMAL cannot corrupt, but a power cut may lose the last
+            # commits; the reconciler re-creates lost schedules, and provisioning stays fast.
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+        except sqlite3.Error as exc:
+            self._close_quietly()
+            raise SchedulerError(f"cannot open scheduler database {self.path!r}: {exc}") from exc
+        except SchedulerError:
+            self._close_quietly()
+            raise
+
+    # ----------------------------------------------------------------- Scheduler
+    def create(
+        self,
+        name: str,
+        group: str,
+        at_local: datetime,
+        timezone: str,
+        payload: Mapping[str, str],
+        client_token: str,
+        max_retries: int = 2,
+    ) -> Schedule:
+        schedule = rules.build_schedule(
+            name,
+            group,
+            at_local,
+            timezone,
+            payload,
+            client_token,
+            max_retries,
+            created_at=self.clock.now(),
+        )
+        with self._write() as conn:
+            row = conn.execute(
+                f"SELECT {COLUMNS} FROM schedules WHERE name = ?", (name,)
+            ).fetchone()
+            if row is not None:
+                if row["client_token"] == client_token:
+                    return row_to_schedule(row)
+                raise conflict(name)
+            self._insert(conn, schedule)
+        self._wake(schedule.due_at)
+        return schedule
+
+    def create_many(
+        self, items: Sequence[tuple[str, str, datetime, str, Mapping[str, str], str, int]]
+    ) -> builtins.list[Schedule | Conflict]:
+        """:meth:`create` for many schedules in one transaction (not part of the port).
+
+        Each item holds the positional arguments of :meth:`create`. The result has one entry
+        per item, in order: the new schedule, the existing one (same name and token), or a
+        :class:`Conflict` (same name, another token), which is returned, not raised, so one
+        clash does not lose the batch. A repeated name within the batch behaves as two calls.
+        InvalidField and SchedulerError are raised and nothing is written. Provisioning a
+        campaign makes one call per chunk instead of one transaction per schedule.
+        """
+        now = self.clock.now()
+        schedules = [rules.build_schedule(*item, created_at=now) for item in items]
+        if not schedules:
+            return []
+        with self._write() as conn:
+            if self._insert_new(conn, schedules):
+                out: builtins.list[Schedule | Conflict] = list(schedules)
+                created = schedules
+            else:
+                out, created = self._insert_checked(conn, schedules)
+        if created:
+            self._wake(min(s.due_at for s in created))
+        return out
+
+    @staticmethod
+    def _insert_new(conn: sqlite3.Connection, schedules: Sequence[Schedule]) -> bool:
+        """Insert ``schedules`` if every name is new (the common case: a fresh provisioning
+        chunk) and say so; otherwise insert nothing and return False. One statement, no
+        lookup: the rows taken are counted, and a skipped one undoes the batch."""
+        if len({s.name for s in schedules}) != len(schedules):
+            return False
+        conn.execute("SAVEPOINT sq_bulk_schedules")
+        taken = conn.executemany(
+            INSERT + " ON CONFLICT (name) DO NOTHING", [insert_params(s) for s in schedules]
+        ).rowcount
+        if taken != len(schedules):
+            conn.execute("ROLLBACK TO SAVEPOINT sq_bulk_schedules")
+        conn.execute("RELEASE SAVEPOINT sq_bulk_schedules")
+        return taken == len(schedules)
+
+    @staticmethod
+    def _insert_checked(
+        conn: sqlite3.Connection, schedules: Sequence[Schedule]
+    ) -> tuple[builtins.list[Schedule | Conflict], builtins.list[Schedule]]:
+        """:meth:`create_many`'s results when some names exist or repeat: looked up first."""
+        out: builtins.list[Schedule | Conflict] = []
+        created: dict[str, Schedule] = {}
+        existing: dict[str, tuple[str, sqlite3.Row]] = {}
+        names = [s.name for s in schedules]
+        for start in range(0, len(names), IN_LIMIT):
+            part = names[start : start + IN_LIMIT]
+            marks = ", ".join("?" * len(part))
+            for row in conn.execute(
+                f"SELECT {COLUMNS} FROM schedules WHERE name IN ({marks})", part
+            ):
+                existing[row["name"]] = (row["client_token"], row)
+        fresh: builtins.list[Schedule] = []
+        for schedule in schedules:
+            found = created.get(schedule.name)
+            if found is not None:
+                same = found.client_token == schedule.client_token
+                out.append(found if same else conflict(schedule.name))
+            elif schedule.name in existing:
+                token, row = existing[schedule.name]
+                same = token == schedule.client_token
+                out.append(row_to_schedule(row) if same else conflict(schedule.name))
+            else:
+                created[schedule.name] = schedule
+                fresh.append(schedule)
+                out.append(schedule)
+        conn.executemany(INSERT, [insert_params(s) for s in fresh])
+        return out, fresh
+
+    def _insert(self, conn: sqlite3.Connection, schedule: Schedule) -> None:
+        conn.execute(INSERT, insert_params(schedule))
+
+    def delete(self, name: str) -> None:
+        rules.check_name(name)
+        with self._write() as conn:
+            conn.execute("DELETE FROM schedules WHERE name = ?", (name,))
+
+    def get(self, name: str) -> Schedule | None:
+        rules.check_name(name)
+        rows = self._read(f"SELECT {COLUMNS} FROM schedules WHERE name = ?", (name,))
+        return row_to_schedule(rows[0]) if rows else None
+
+    def list(self, group: str, *, after: str | None = None, limit: int = 1000) -> list[Schedule]:
+        rules.check_group(group)
+        rules.check_limit(limit)
+        rows = self._read(
+            f"SELECT {COLUMNS} FROM schedules WHERE grp = ? AND name > ? ORDER BY name LIMIT ?",
+            (group, after or "", limit),
+        )
+        return [row_to_schedule(row) for row in rows]
+
+    def dead_letters(self, *, limit: int = 1000) -> builtins.list[DeadLetter]:
+        """Dead letters, oldest first."""
+        rules.check_limit(limit)
+        rows = self._read("SELECT * FROM dead_letters ORDER BY seq LIMIT ?", (limit,))
+        return [row_to_letter(row) for row in rows]
+
+    def redrive(self, dead_letter_id: str) -> Schedule:
+        """Re-create the letter's schedule, due now, with a fresh token; remove the letter.
+
+        If a schedule of that name exists already (the reconciler re-created it, say), the
+        letter is removed and that schedule returned: the work is scheduled once, not twice.
+        """
+        now = self.clock.now()
+        with self._write() as conn:
+            letter = conn.execute(
+                "SELECT * FROM dead_letters WHERE id = ?", (dead_letter_id,)
+            ).fetchone()
+            if letter is None:
+                raise NotFound("dead letter", dead_letter_id)
+            conn.execute("DELETE FROM dead_letters WHERE id = ?", (dead_letter_id,))
+            existing = conn.execute(
+                f"SELECT {COLUMNS} FROM schedules WHERE name = ?", (letter["schedule_name"],)
+            ).fetchone()
+            if existing is not None:
+                return row_to_schedule(existing)
+            schedule = Schedule(
+                name=letter["schedule_name"],
+                group=letter["grp"],
+                at_local=rules.local_now(now, letter["timezone"]),
+                timezone=letter["timezone"],
+                payload=json.loads(letter["payload"]),
+                client_token=new_token(),
+                due_at=now,
+                max_retries=letter["max_retries"],
+                created_at=now,
+            )
+            self._insert(conn, schedule)
+        self._wake(schedule.due_at)
+        return schedule
+
+    def leases(self) -> dict[str, str]:
+        """Schedules currently leased (expired leases included): name -> lease owner."""
+        rows = self._read(
+            "SELECT name, lease_owner FROM schedules WHERE lease_owner IS NOT NULL ORDER BY name"
+        )
+        return {row["name"]: row["lease_owner"] for row in rows}
+
+    def close(self) -> None:
+        with self._lock:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            if self._sender is not None:
+                self._sender.close()
+                self._sender = None
+
+    def __enter__(self) -> EmbeddedScheduler:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,243 @@
+"""The embedded scheduler's SQLite file: its schema, rows, and transactions.
+
+Instants are stored as integer microseconds since the epoch, UTC.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+from sendqueue.domain.errors import Conflict, InvalidField, SchedulerError
+from sendqueue.domain.models import DeadLetter
+from sendqueue.ports import Alarm, Clock, Schedule
+
+__all__ = [
+    "COLUMNS",
+    "INSERT",
+    "IN_LIMIT",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "ScheduleFile",
+    "conflict",
+    "from_us",
+    "insert_params",
+    "payload_json",
+    "row_to_letter",
+    "row_to_schedule",
+    "sqlite_path",
+    "to_us",
+]
+
+log = logging.getLogger("sendqueue.scheduler")
+
+SCHEMA_VERSION = 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS schedules (
+    name TEXT PRIMARY KEY,
+    grp TEXT NOT NULL,
+    at_local TEXT NOT NULL,
+    timezone TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    client_token TEXT NOT NULL,
+    due_at INTEGER NOT NULL,
+    max_retries INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL,
+    lease_owner TEXT,
+    lease_until INTEGER
+);
+CREATE INDEX IF NOT EXISTS schedules_due ON schedules (due_at, name);
+CREATE INDEX IF NOT EXISTS schedules_group ON schedules (grp, name);
+CREATE INDEX IF NOT EXISTS schedules_leased ON schedules (lease_until)
+    WHERE lease_owner IS NOT NULL;
+CREATE TABLE IF NOT EXISTS dead_letters (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    schedule_name TEXT NOT NULL,
+    grp TEXT NOT NULL,
+    timezone TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    error TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    max_retries INTEGER NOT NULL,
+    failed_at INTEGER NOT NULL
+);
+"""
+
+COLUMNS = (
+    "name, grp, at_local, timezone, payload, client_token, due_at, max_retries, attempts, "
+    "created_at, lease_owner, lease_until"
+)
+
+
+def to_us(value: datetime) -> int:
+    return (value - _EPOCH) // _MICRO
+
+
+def from_us(value: int) -> datetime:
+    return _EPOCH + value * _MICRO
+
+
+def sqlite_path(url: str) -> str:
+    for prefix in ("sqlite+pysqlite://", "sqlite://"):
+        if url.startswith(prefix):
+            rest = url[len(prefix) :]
+            break
+    else:
+        raise InvalidField("scheduler_url", url, "expected sqlite:///FILE")
+    if rest in ("", "/:memory:"):
+        return ":memory:"
+    if not rest.startswith("/") or rest == "/" or "?" in rest:
+        raise InvalidField("scheduler_url", url, "expected sqlite:///FILE (no host, no query)")
+    # sqlite:///relative.db and sqlite:////absolute.db, as SQLAlchemy spells them.
+    return rest[1:]
+
+
+INSERT = (
+    "INSERT INTO schedules (name, grp, at_local, timezone, payload, client_token, "
+    "due_at, max_retries, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+#: Names per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
+IN_LIMIT = 900
+
+#: Payloads as stored: ``json.dumps(payload, sort_keys=True)``, with one encoder for all calls.
+payload_json = json.JSONEncoder(sort_keys=True).encode
+
+
+def insert_params(schedule: Schedule) -> tuple[object, ...]:
+    assert schedule.created_at is not None
+    return (
+        schedule.name,
+        schedule.group,
+        schedule.at_local.isoformat(),
+        schedule.timezone,
+        payload_json(dict(schedule.payload)),
+        schedule.client_token,
+        to_us(schedule.due_at),
+        schedule.max_retries,
+        schedule.attempts,
+        to_us(schedule.created_at),
+    )
+
+
+def conflict(name: str) -> Conflict:
+    return Conflict(f"schedule {name!r} exists with another client token")
+
+
+def row_to_schedule(row: sqlite3.Row) -> Schedule:
+    return Schedule(
+        name=row["name"],
+        group=row["grp"],
+        at_local=datetime.fromisoformat(row["at_local"]),
+        timezone=row["timezone"],
+        payload=json.loads(row["payload"]),
+        client_token=row["client_token"],
+        due_at=from_us(row["due_at"]),
+        max_retries=row["max_retries"],
+        attempts=row["attempts"],
+        created_at=from_us(row["created_at"]),
+    )
+
+
+def row_to_letter(row: sqlite3.Row) -> DeadLetter:
+    return DeadLetter(
+        id=row["id"],
+        schedule_name=row["schedule_name"],
+        group=row["grp"],
+        payload=json.loads(row["payload"]),
+        error=row["error"],
+        attempts=row["attempts"],
+        failed_at=from_us(row["failed_at"]),
+    )
+
+
+class ScheduleFile:
+    """The scheduler's SQLite file: one shared connection, its write transactions and reads.
+
+    The first base of :class:`~sendqueue.adapters.embedded.scheduler.EmbeddedScheduler`, which
+    opens the connection; backend failures raise :class:`SchedulerError`.
+    """
+
+    path: str
+    clock: Clock
+    alarm: Alarm
+    _conn: sqlite3.Connection
+    _lock: threading.RLock
+    _busy_timeout: float
+
+    def _close_quietly(self) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    def _migrate(self) -> None:
+        with self._write() as conn:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+            elif row["value"] != str(SCHEMA_VERSION):
+                raise SchedulerError(
+                    f"scheduler database {self.path!r} has schema version {row['value']}, "
+                    f"this sendqueue understands {SCHEMA_VERSION}"
+                )
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taking SQLite's write lock up front (no upgrade deadlocks)."""
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise SchedulerError(f"scheduler database: {exc}") from exc
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise SchedulerError(f"scheduler database: {exc}") from exc
+            except BaseException:
+                self._rollback()
+                raise
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise SchedulerError(f"scheduler database: {exc}") from exc
+
+    def _rollback(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.execute("ROLLBACK")
+
+    def _read(self, sql: str, params: tuple[object, ...] = ()) -> builtins.list[sqlite3.Row]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise SchedulerError(f"scheduler database: {exc}") from exc
+
+    def _raise_alarm(self, letter: DeadLetter) -> None:
+        try:
+            self.alarm.raise_alarm(letter)
+        except Exception:
+            log.exception("raising the alarm for dead letter %s failed", letter.id)

@@ -1,0 +1,2 @@
+"""The execution layer on AWS EventBridge Scheduler
+(:mod:`~sendqueue.adapters.eventbridge.scheduler`)."""

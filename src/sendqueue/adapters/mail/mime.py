@@ -1,0 +1,220 @@
+"""Turning an :class:`~sendqueue.ports.OutgoingMessage` into a MIME message, for every mailer.
+
+:func:`build_message` gives an :class:`email.message.EmailMessage` whose policy is
+:data:`email.policy.SMTP` (CRLF line endings, non-ASCII display names and subjects encoded as
+RFC 2047 words), or :data:`email.policy.SMTPUTF8` when an address has a non-ASCII local part and
+so can only travel over an SMTPUTF8 session. Bodies are always 7-bit safe (quoted-printable or
+base64), so the message passes through servers that lack 8BITMIME.
+
+Every header value is checked for CR and LF first: a newline in a subject or a name taken from an
+imported CSV file must never let its author add headers of their own (``Bcc:``) to the mail.
+"""
+
+from __future__ import annotations
+
+import email.policy
+import email.utils
+import functools
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from email.headerregistry import Address, AddressHeader, BaseHeader, HeaderRegistry
+from email.message import EmailMessage
+from typing import Any, cast
+
+from sendqueue.domain.addresses import check_header_value, parse_mailbox
+from sendqueue.domain.errors import InvalidField
+from sendqueue.ports import OutgoingMessage
+
+__all__ = [
+    "RESERVED_HEADERS",
+    "build_message",
+    "envelope_addresses",
+    "envelope_of",
+    "needs_smtputf8",
+]
+
+#: Headers that :func:`build_message` writes itself; ``OutgoingMessage.headers`` may not set them.
+RESERVED_HEADERS = frozenset(
+    {
+        "from",
+        "sender",
+        "to",
+        "cc",
+        "bcc",
+        "reply-to",
+        "subject",
+        "date",
+        "message-id",
+        "mime-version",
+        "content-type",
+        "content-transfer-encoding",
+    }
+)
+
+# Bodies are encoded 7-bit safe whatever the policy: cte_type="7bit" makes set_content pick
+# quoted-printable or base64 for non-ASCII text instead of raw 8-bit.
+
+
+class _HeaderRegistry(HeaderRegistry):
+    """The email package's header registry, remembering the header class it makes per name
+    (``HeaderRegistry[name]`` builds a new one at every call; it depends only on the name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._classes: dict[str, type[BaseHeader]] = {}
+
+    def map_to_type(self, name: str, cls: type[BaseHeader]) -> None:
+        super().map_to_type(name, cls)
+        self._classes.clear()
+
+    def __getitem__(self, name: str) -> type[BaseHeader]:
+        key = name.lower()
+        cls = self._classes.get(key)
+        if cls is None:
+            cls = self._classes[key] = super().__getitem__(name)
+        return cls
+
+
+_ASCII_POLICY = email.policy.SMTP.clone(cte_type="7bit", header_factory=_HeaderRegistry())
+_UTF8_POLICY = email.policy.SMTPUTF8.clone(cte_type="7bit", header_factory=_HeaderRegistry())
+
+# RFC 5322 field names: printable ASCII except the colon.
+_FIELD_NAME = re.compile(r"[!-9;-~]+")
+# A Message-ID as we produce and accept it: <left@right>, no whitespace, no nested brackets.
+_MESSAGE_ID = re.compile(r"<[^<>@\s]+@[^<>@\s]+>")
+
+
+def needs_smtputf8(message: EmailMessage) -> bool:
+    """True when the message (an address's local part) can only be sent with SMTPUTF8."""
+    return bool(getattr(message.policy, "utf8", False))
+
+
+def envelope_addresses(msg: OutgoingMessage) -> tuple[str, str]:
+    """The SMTP envelope (MAIL FROM, RCPT TO) of a message: bare addresses, IDNA domains."""
+    sender = parse_mailbox("from_addr", msg.from_addr)
+    recipient = parse_mailbox(
+        "to_addr", msg.to_addr, display_name=msg.to_name, name_field="to_name"
+    )
+    return sender.addr_spec, recipient.addr_spec
+
+
+def build_message(msg: OutgoingMessage) -> EmailMessage:
+    """The MIME message for ``msg``.
+
+    Headers: From, Reply-To (when set), To (``to_name <to_addr>``), Subject, Date (from
+    ``msg.date``, which must be aware), Message-ID (exactly ``msg.message_id``, which must look
+    like ``<left@right>``), then ``msg.headers`` in their order. The body is ``text/plain``, or
+    ``multipart/alternative`` with the text first and ``msg.html`` second.
+
+    Raises InvalidField (naming the field or header) for a CR or LF in any header value, an
+    unparseable address, a naive date, a malformed Message-ID, or an extra header that is
+    malformed or one this function writes itself.
+    """
+    sender, from_header = _campaign_mailbox("from_addr", msg.from_addr)
+    recipient = parse_mailbox(
+        "to_addr", msg.to_addr, display_name=msg.to_name, name_field="to_name"
+    )
+    reply_to, reply_to_header = (
+        _campaign_mailbox("reply_to", msg.reply_to) if msg.reply_to else (None, None)
+    )
+    check_header_value("subject", msg.subject)
+    check_header_value("message_id", msg.message_id)
+    if not _MESSAGE_ID.fullmatch(msg.message_id) or not msg.message_id.isascii():
+        raise InvalidField("message_id", msg.message_id, "expected <left@right>, ASCII")
+    if msg.date.tzinfo is None or msg.date.utcoffset() is None:
+        raise InvalidField("date", msg.date, "an aware datetime is required")
+    extra = _extra_headers(msg.headers)
+
+    addresses = [sender, recipient] + ([reply_to] if reply_to else [])
+    utf8 = any(not a.username.isascii() for a in addresses)
+    policy = _UTF8_POLICY if utf8 else _ASCII_POLICY
+    out = EmailMessage(policy=policy)
+    out["From"] = from_header
+    if reply_to_header is not None:
+        out["Reply-To"] = reply_to_header
+    out["To"] = recipient
+    out["Subject"] = msg.subject
+    out["Date"] = email.utils.format_datetime(_whole_seconds(msg.date))
+    out["Message-ID"] = msg.message_id
+    for name, value in extra:
+        out[name] = value
+    if msg.html is not None or not _set_short_ascii_text(out, msg.text):
+        out.set_content(msg.text, subtype="plain", charset="utf-8")
+        if msg.html is not None:
+            out.add_alternative(msg.html, subtype="html", charset="utf-8")
+    return out
+
+
+# From and Reply-To are the campaign's, the same in every email: parsed once, and their
+# (immutable) header objects reused.
+_HEADER_NAMES = {"from_addr": "From", "reply_to": "Reply-To"}
+
+
+@functools.lru_cache(maxsize=256)
+def _campaign_mailbox(field: str, value: str) -> tuple[Address, Any]:
+    mailbox = parse_mailbox(field, value)
+    return mailbox, _ASCII_POLICY.header_factory(_HEADER_NAMES[field], mailbox)
+
+
+def _text_part_headers(policy: email.policy.EmailPolicy[EmailMessage]) -> list[tuple[str, Any]]:
+    """The header objects ``set_content(text, subtype="plain", charset="utf-8")`` writes for a
+    text it sends as 7bit, taken from a part it built."""
+    part = EmailMessage(policy=policy)
+    part.set_content("x", subtype="plain", charset="utf-8")
+    headers = list(part.items())
+    names = [name for name, _ in headers]
+    if (
+        names != ["Content-Type", "Content-Transfer-Encoding", "MIME-Version"]
+        or str(part["Content-Transfer-Encoding"]) != "7bit"
+    ):
+        raise RuntimeError(f"unexpected headers from set_content: {names}")
+    return headers
+
+
+_TEXT_PART_HEADERS = {
+    id(policy): _text_part_headers(policy) for policy in (_ASCII_POLICY, _UTF8_POLICY)
+}
+
+
+def _set_short_ascii_text(out: EmailMessage, text: str) -> bool:
+    """Set ``text`` as the body the way ``set_content`` would, when it would send it 7bit (ASCII,
+    no line longer than the policy's limit), reusing that case's fixed header objects; False
+    (nothing set) otherwise; tests/unit/test_mime_shortcuts.py checks the bytes are the same."""
+    if not text.isascii():
+        return False
+    # set_content's own split and join (email.contentmanager._encode_text): bytes.splitlines
+    # breaks at CR, LF and CRLF only.
+    lines = text.encode("ascii").splitlines()
+    if max((len(line) for line in lines), default=0) > cast(int, out.policy.max_line_length):
+        return False
+    for name, header in _TEXT_PART_HEADERS[id(out.policy)]:
+        out[name] = header
+    out.set_payload((b"\n".join(lines) + b"\n").decode("ascii"))
+    return True
+
+
+def envelope_of(message: EmailMessage) -> tuple[str, str]:
+    """The SMTP envelope (MAIL FROM, RCPT TO) of a message :func:`build_message` made: the
+    same as :func:`envelope_addresses` of its OutgoingMessage, read from the headers' parsed
+    addresses instead of parsing both addresses again."""
+    sender = cast(AddressHeader, message["From"]).addresses[0]
+    recipient = cast(AddressHeader, message["To"]).addresses[0]
+    return sender.addr_spec, recipient.addr_spec
+
+
+def _whole_seconds(value: datetime) -> datetime:
+    # RFC 5322 dates have no fractions; format_datetime would drop them anyway, but rounding
+    # down explicitly keeps Date equal to what a reader parses back.
+    return value.replace(microsecond=0)
+
+
+def _extra_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for name, value in headers.items():
+        if not _FIELD_NAME.fullmatch(name):
+            raise InvalidField(name, name, "a header name is printable ASCII without ':'")
+        if name.lower() in RESERVED_HEADERS:
+            raise InvalidField(name, value, "this header is set from the message itself")
+        out.append((name, check_header_value(name, value)))
+    return out

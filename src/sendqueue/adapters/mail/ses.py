@@ -1,0 +1,103 @@
+"""The Mailer on Amazon SES (the sesv2 API, raw MIME).
+
+The message is built by :func:`~sendqueue.adapters.mail.mime.build_message`, exactly as for
+SMTP, and sent raw, so the Message-ID derived from the task id, the Date and the extra headers
+are the ones every other mailer writes. ``send`` returns that Message-ID (SES's own id is logged).
+
+Errors: throttling, quota and service failures (and connection errors) are transient; a
+rejected message, an unverified sender, a paused account and invalid parameters are permanent,
+because sending the same message again will get the same answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from sendqueue.adapters.mail.mime import build_message
+from sendqueue.domain.errors import InvalidField, PermanentMailError, TransientMailError
+from sendqueue.ports import OutgoingMessage
+
+if TYPE_CHECKING:
+    from mypy_boto3_sesv2 import SESV2Client
+
+__all__ = ["PERMANENT_CODES", "SesMailer"]
+
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
+
+log = logging.getLogger(__name__)
+
+#: SES error codes that no retry can fix. Everything else is treated as transient.
+PERMANENT_CODES = frozenset(
+    {
+        "MessageRejected",
+        "MailFromDomainNotVerifiedException",
+        "AccountSuspendedException",
+        "SendingPausedException",
+        "BadRequestException",
+        "NotFoundException",
+        "InvalidParameterValue",
+        "ValidationException",
+        "AccessDeniedException",
+    }
+)
+
+
+class SesMailer:
+    """:class:`~sendqueue.ports.Mailer` on SES; see the module docstring.
+
+    ``configuration_set`` names an SES configuration set (event publishing, IP pools).
+    """
+
+    def __init__(self, client: SESV2Client, *, configuration_set: str | None = None) -> None:
+        self._client = client
+        self._configuration_set = configuration_set
+
+    @classmethod
+    def from_url(cls, url: str) -> SesMailer:
+        """``ses:`` (the region of the environment), ``ses:REGION`` or
+        ``ses:REGION?configuration_set=NAME``; credentials come from boto3's usual chain."""
+        import boto3  # the aws extra; imported only when SES is configured
+
+        rest = url[len("ses:") :]
+        region, _, query = rest.partition("?")
+        options = dict(parse_qsl(query))
+        unknown = set(options) - {"configuration_set"}
+        if unknown:
+            raise InvalidField("mailer", url, f"unknown SES option(s) {sorted(unknown)}")
+        if region and not _REGION.fullmatch(region):
+            raise InvalidField("mailer", url, "expected ses:REGION, e.g. ses:eu-west-1")
+        client = boto3.client("sesv2", region_name=region or None)
+        return cls(client, configuration_set=options.get("configuration_set"))
+
+    def send(self, message: OutgoingMessage) -> str:
+        try:
+            mime = build_message(message)
+        except InvalidField as exc:
+            raise PermanentMailError(f"message not sent, it is invalid: {exc}") from exc
+        args: dict[str, object] = {
+            "FromEmailAddress": message.from_addr,
+            "Destination": {"ToAddresses": [message.to_addr]},
+            "Content": {"Raw": {"Data": mime.as_bytes()}},
+        }
+        if self._configuration_set:
+            args["ConfigurationSetName"] = self._configuration_set
+        try:
+            answer = self._client.send_email(**args)  # type: ignore[arg-type]
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            text = f"SES refused {message.message_id}: {code}: {exc}"
+            if code in PERMANENT_CODES:
+                raise PermanentMailError(text) from exc
+            raise TransientMailError(text) from exc
+        except BotoCoreError as exc:
+            raise TransientMailError(f"SES unreachable for {message.message_id}: {exc}") from exc
+        log.debug("SES accepted %s as %s", message.message_id, answer.get("MessageId"))
+        return message.message_id
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,406 @@
+"""The SMTP mailer: one reused connection per thread, SMTP replies mapped to mail errors.
+
+Error mapping (the text of every error names the server, the step, the reply code and the
+server's own message):
+
+- reply codes 4xx (including 421 "closing"), connection refused or reset, timeouts, TLS
+  failures, a server that drops the connection: :class:`TransientMailError`;
+- reply codes 5xx (sender or recipient refused, message refused after DATA, authentication
+  failed 535), a server lacking STARTTLS, AUTH or SMTPUTF8 that the configuration or the message
+  needs, and a message that cannot be built at all: :class:`PermanentMailError`.
+
+Connections are kept per thread (a send worker thread reuses its own), checked with NOOP when
+they sat idle for longer than :attr:`SmtpMailer.IDLE_CHECK_AFTER` seconds, and re-opened once,
+transparently, when a reused connection turns out to be dead before the message was handed
+over. A connection that dies *after* the message data was sent is not retried here: the server
+may have accepted the mail, so the caller gets a TransientMailError and its retry policy (with
+the Message-ID derived from the task id, so a duplicate is recognisable) decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import smtplib
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+
+from sendqueue.adapters.mail.mime import build_message, envelope_of, needs_smtputf8
+from sendqueue.domain.errors import (
+    InvalidField,
+    MailError,
+    PermanentMailError,
+    TransientMailError,
+)
+from sendqueue.ports import OutgoingMessage
+
+__all__ = ["DEFAULT_PORTS", "Security", "SmtpMailer"]
+
+Security = Literal["starttls", "tls", "none"]
+
+#: The port used when a URL names none: submission (587), submissions (465), SMTP (25).
+DEFAULT_PORTS: dict[str, int] = {"starttls": 587, "tls": 465, "none": 25}
+
+_URL_PARAMS = frozenset({"security", "timeout"})
+
+
+@dataclass(eq=False)
+class _Connection:
+    smtp: smtplib.SMTP
+    thread: threading.Thread
+    last_used: float
+    # Held for a whole transaction, so close() from another thread waits for it to end.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _DeadConnection(Exception):
+    """Internal: the connection died; ``safe_to_retry`` when no message data had been sent."""
+
+    def __init__(self, cause: OSError, *, safe_to_retry: bool) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.safe_to_retry = safe_to_retry
+
+
+def _redact(url: str) -> str:
+    """``url`` with its password replaced, for error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[2]}"))
+
+
+def _text(reply: bytes | str) -> str:
+    return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
+
+
+def _by_code(code: int, text: str) -> MailError:
+    if 500 <= code <= 599:
+        return PermanentMailError(text)
+    return TransientMailError(text)
+
+
+class SmtpMailer:
+    """Sends through an SMTP server (smtplib). Implements :class:`~sendqueue.ports.Mailer`.
+
+    ``security``: ``starttls`` (plain connect, then STARTTLS, required), ``tls`` (implicit TLS
+    from the first byte) or ``none``. ``ssl_context`` defaults to the system's trust store with
+    hostname checking. ``username``/``password`` log in after TLS is up. ``timeout`` (seconds)
+    bounds every socket operation. Thread-safe; ``close()`` sends QUIT on every open connection;
+    a later ``send`` opens a new one.
+    """
+
+    #: Seconds a connection may sit idle before it is checked with NOOP prior to reuse.
+    IDLE_CHECK_AFTER: float = 30.0
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        security: Security = "starttls",
+        username: str | None = None,
+        password: str | None = None,
+        timeout: float = 30.0,
+        local_hostname: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if not host:
+            raise InvalidField("host", host, "an SMTP host name or address is required")
+        if not 0 < port < 65536:
+            raise InvalidField("port", port, "a TCP port, 1..65535")
+        if security not in get_args(Security):
+            raise InvalidField("security", security, "one of starttls, tls, none")
+        if not timeout > 0:
+            raise InvalidField("timeout", timeout, "seconds, greater than 0")
+        if password is not None and username is None:
+            raise InvalidField("username", None, "a password needs a username")
+        self.host = host
+        self.port = port
+        self.security: Security = security
+        self.username = username
+        self._password = password
+        self.timeout = float(timeout)
+        self.local_hostname = local_hostname
+        self._ssl_context = ssl_context
+        self._lock = threading.Lock()
+        self._connections: dict[int, _Connection] = {}
+
+    @classmethod
+    def from_url(cls, url: str, *, ssl_context: ssl.SSLContext | None = None) -> SmtpMailer:
+        """``smtp://user:pass@host:port?security=starttls|tls|none&timeout=30``.
+
+        User and password are percent-decoded (write ``@`` as ``%40``, ``:`` as ``%3A``). The
+        port defaults by security: 587 for starttls (the default), 465 for tls, 25 for none.
+        Raises InvalidField("mailer", ...) for anything else; the message never shows the
+        password.
+        """
+        shown = _redact(url)
+        parts = urlsplit(url)
+        if parts.scheme != "smtp" or not parts.hostname:
+            raise InvalidField("mailer", shown, "expected smtp://user:pass@host:port?security=...")
+        if parts.path not in {"", "/"} or parts.fragment:
+            raise InvalidField("mailer", shown, "an smtp:// URL has no path or fragment")
+        try:
+            query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+            port = parts.port
+        except ValueError as exc:
+            raise InvalidField("mailer", shown, f"malformed URL: {exc}") from exc
+        unknown = sorted(set(query) - _URL_PARAMS)
+        if unknown:
+            raise InvalidField("mailer", shown, f"unknown parameter(s) {', '.join(unknown)}")
+        if any(len(values) > 1 for values in query.values()):
+            raise InvalidField("mailer", shown, "a parameter is given twice")
+        security = query.get("security", ["starttls"])[0]
+        if security not in get_args(Security):
+            raise InvalidField("mailer", shown, "security must be starttls, tls or none")
+        try:
+            timeout = float(query.get("timeout", ["30"])[0])
+        except ValueError as exc:
+            raise InvalidField("mailer", shown, "timeout must be a number of seconds") from exc
+        if not 0 < timeout < float("inf"):
+            raise InvalidField("mailer", shown, "timeout must be greater than 0")
+        username = unquote(parts.username) if parts.username is not None else None
+        password = unquote(parts.password) if parts.password is not None else None
+        return cls(
+            parts.hostname,
+            port if port is not None else DEFAULT_PORTS[security],
+            security=security,  # type: ignore[arg-type]  # checked against Security above
+            username=username or None,
+            password=password if username else None,
+            timeout=timeout,
+            ssl_context=ssl_context,
+        )
+
+    def __repr__(self) -> str:
+        user = f"{self.username}@" if self.username else ""
+        return f"SmtpMailer(smtp://{user}{self.host}:{self.port}, security={self.security})"
+
+    # -- Mailer -----------------------------------------------------------------------------
+
+    def send(self, message: OutgoingMessage) -> str:
+        """Hand ``message`` to the server; returns its Message-ID once the server accepted it."""
+        try:
+            mime = build_message(message)
+        except InvalidField as exc:
+            # A message that cannot be built never will be: retrying cannot help.
+            raise PermanentMailError(f"message not sent, it is invalid: {exc}") from exc
+        sender, recipient = envelope_of(mime)
+        data = mime.as_bytes()
+        utf8 = needs_smtputf8(mime)
+        for attempt in (1, 2):
+            conn, reused = self._acquire()
+            with conn.lock:
+                try:
+                    self._transaction(conn, sender, recipient, data, utf8)
+                except _DeadConnection as dead:
+                    self._discard(conn)
+                    if reused and dead.safe_to_retry and attempt == 1:
+                        continue
+                    raise self._connection_error(dead.cause, "sending") from dead.cause
+                conn.last_used = time.monotonic()
+            return message.message_id
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def close(self) -> None:
+        """QUIT and close every open connection (each after its current send, if any)."""
+        with self._lock:
+            conns = list(self._connections.values())
+            self._connections.clear()
+        for conn in conns:
+            with conn.lock:
+                self._quit(conn.smtp)
+
+    def __enter__(self) -> SmtpMailer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- connections ------------------------------------------------------------------------
+
+    def _acquire(self) -> tuple[_Connection, bool]:
+        """This thread's connection and whether it was reused, opening one if needed."""
+        me = threading.current_thread()
+        ident = threading.get_ident()
+        with self._lock:
+            # Threads of a pool come and go: drop what dead threads left behind, including a
+            # dead thread's connection filed under an ident the system gave to a new thread.
+            stale = [
+                key
+                for key, c in self._connections.items()
+                if not c.thread.is_alive() or (key == ident and c.thread is not me)
+            ]
+            leftovers = [self._connections.pop(key) for key in stale]
+            conn = self._connections.get(ident)
+        for c in leftovers:
+            # close, not QUIT: a hung peer must not stall this thread's send for a timeout.
+            self._close_quietly(c.smtp)
+        if conn is not None:
+            if time.monotonic() - conn.last_used <= self.IDLE_CHECK_AFTER or self._alive(conn):
+                return conn, True
+            self._discard(conn)
+        conn = _Connection(self._open(), me, time.monotonic())
+        with self._lock:
+            self._connections[ident] = conn
+        return conn, False
+
+    def _alive(self, conn: _Connection) -> bool:
+        try:
+            code, _ = conn.smtp.noop()
+        except (smtplib.SMTPException, OSError):
+            return False
+        return code == 250
+
+    def _discard(self, conn: _Connection) -> None:
+        with self._lock:
+            for key, value in list(self._connections.items()):
+                if value is conn:
+                    del self._connections[key]
+        self._close_quietly(conn.smtp)
+
+    @staticmethod
+    def _close_quietly(smtp: smtplib.SMTP) -> None:
+        with contextlib.suppress(OSError):
+            smtp.close()
+
+    def _quit(self, smtp: smtplib.SMTP) -> None:
+        try:
+            smtp.quit()
+        except (smtplib.SMTPException, OSError):
+            self._close_quietly(smtp)
+
+    def _open(self) -> smtplib.SMTP:
+        """Connect, greet, secure and log in; every failure mapped to a MailError."""
+        where = f"SMTP {self.host}:{self.port}"
+        try:
+            if self.security == "tls":
+                smtp: smtplib.SMTP = smtplib.SMTP_SSL(
+                    self.host,
+                    self.port,
+                    local_hostname=self.local_hostname,
+                    timeout=self.timeout,
+                    context=self._context(),
+                )
+            else:
+                smtp = smtplib.SMTP(
+                    self.host, self.port, local_hostname=self.local_hostname, timeout=self.timeout
+                )
+        except smtplib.SMTPResponseException as exc:
+            reply = f"{exc.smtp_code} {_text(exc.smtp_error)}"
+            raise _by_code(exc.smtp_code, f"{where} refused the connection: {reply}") from exc
+        except OSError as exc:
+            raise self._connection_error(exc, "connecting") from exc
+        try:
+            self._greet(smtp, where)
+        except BaseException:
+            self._close_quietly(smtp)
+            raise
+        return smtp
+
+    def _greet(self, smtp: smtplib.SMTP, where: str) -> None:
+        step = "EHLO"
+        try:
+            smtp.ehlo_or_helo_if_needed()
+            if self.security == "starttls":
+                step = "STARTTLS"
+                if not smtp.has_extn("starttls"):
+                    raise PermanentMailError(
+                        f"{where} does not offer STARTTLS, which security=starttls requires"
+                    )
+                smtp.starttls(context=self._context())
+                smtp.ehlo()
+            if self.username is not None:
+                step = "AUTH"
+                if not smtp.has_extn("auth"):
+                    raise PermanentMailError(
+                        f"{where} does not offer AUTH, but a username is configured"
+                    )
+                smtp.login(self.username, self._password or "")
+        except smtplib.SMTPResponseException as exc:
+            reply = f"{exc.smtp_code} {_text(exc.smtp_error)}"
+            raise _by_code(exc.smtp_code, f"{where} {step} failed: {reply}") from exc
+        except smtplib.SMTPServerDisconnected as exc:
+            raise self._connection_error(exc, step) from exc
+        except smtplib.SMTPException as exc:
+            # smtplib's own refusals ("No suitable authentication method found"): configuration
+            # problems that a retry will not fix.
+            raise PermanentMailError(f"{where} {step} failed: {exc}") from exc
+        except OSError as exc:
+            raise self._connection_error(exc, step) from exc
+
+    def _context(self) -> ssl.SSLContext:
+        if self._ssl_context is None:
+            self._ssl_context = ssl.create_default_context()
+        return self._ssl_context
+
+    def _connection_error(self, exc: OSError, step: str) -> TransientMailError:
+        where = f"SMTP {self.host}:{self.port}"
+        # smtplib reports a timeout while reading a reply as SMTPServerDisconnected("Connection
+        # unexpectedly closed: timed out"), raised while handling the TimeoutError.
+        if isinstance(exc, TimeoutError) or isinstance(exc.__context__, TimeoutError):
+            return TransientMailError(f"{where}: timed out after {self.timeout:g}s while {step}")
+        if isinstance(exc, smtplib.SMTPServerDisconnected):
+            return TransientMailError(f"{where}: server closed the connection while {step}: {exc}")
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        return TransientMailError(f"{where}: {type(exc).__name__} while {step}: {reason}")
+
+    # -- one transaction --------------------------------------------------------------------
+
+    def _transaction(
+        self, conn: _Connection, sender: str, recipient: str, data: bytes, utf8: bool
+    ) -> None:
+        """MAIL, RCPT, DATA on ``conn``. Raises a MailError for replies, _DeadConnection else."""
+        smtp = conn.smtp
+        where = f"SMTP {self.host}:{self.port}"
+        data_sent = False
+        try:
+            options: list[str] = []
+            if utf8:
+                if not smtp.has_extn("smtputf8"):
+                    raise PermanentMailError(
+                        f"{where} lacks SMTPUTF8, which the address {recipient!r} or "
+                        f"{sender!r} needs"
+                    )
+                options.append("SMTPUTF8")
+            if smtp.has_extn("size"):
+                options.append(f"SIZE={len(data)}")
+            code, reply = smtp.mail(sender, options)
+            if code != 250:
+                self._refused(conn, code, f"{where} refused MAIL FROM:<{sender}>", reply)
+            code, reply = smtp.rcpt(recipient)
+            if code not in (250, 251):
+                self._refused(conn, code, f"{where} refused RCPT TO:<{recipient}>", reply)
+            # From here on the server may accept the mail even if we never see its reply.
+            data_sent = True
+            code, reply = smtp.data(data)
+            if code != 250:
+                self._refused(conn, code, f"{where} refused the message data", reply)
+        except smtplib.SMTPResponseException as exc:
+            # smtplib raises (instead of returning) when DATA itself is refused.
+            self._refused(conn, exc.smtp_code, f"{where} refused DATA", exc.smtp_error)
+        except MailError:
+            raise
+        except smtplib.SMTPServerDisconnected as exc:
+            raise _DeadConnection(exc, safe_to_retry=not data_sent) from exc
+        except smtplib.SMTPException as exc:
+            raise PermanentMailError(f"{where}: {exc}") from exc
+        except OSError as exc:
+            # A broken pipe or reset before DATA means the server has not seen the message.
+            raise _DeadConnection(exc, safe_to_retry=not data_sent) from exc
+
+    def _refused(self, conn: _Connection, code: int, what: str, reply: bytes | str) -> None:
+        """Raise the mapped error for a refusal, leaving the connection ready for the next mail."""
+        if code == 421 or code < 0:
+            self._discard(conn)  # 421: the server is closing this connection
+        else:
+            try:
+                conn.smtp.rset()
+            except (smtplib.SMTPException, OSError):
+                self._discard(conn)
+        raise _by_code(code, f"{what}: {code} {_text(reply)}")

@@ -1,0 +1,312 @@
+"""``sendqueue campaign``: create, inspect and control campaigns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from sendqueue.bootstrap import Container
+from sendqueue.cli.common import (
+    JitterOpt,
+    JsonOpt,
+    PerDayOpt,
+    SeedOpt,
+    SkipOpt,
+    TimezoneOpt,
+    WeekdaysOpt,
+    WindowOpt,
+    build_policy,
+    container,
+    handle_errors,
+    out,
+    print_json,
+)
+from sendqueue.cli.render import plan_rows, print_plan, print_provision, provision_with_progress
+from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.models import check_cursor
+from sendqueue.services.importing import ImportLimits, Templates
+from sendqueue.services.views import campaign_dict, task_list_dict
+
+__all__ = ["campaign_app"]
+
+campaign_app = typer.Typer(help="Create, inspect and control campaigns.", no_args_is_help=True)
+
+
+@campaign_app.command("create")
+@handle_errors
+def campaign_create(
+    name: Annotated[str, typer.Option("--name", help="Campaign name.")],
+    recipients: Annotated[
+        Path, typer.Option("--recipients", help="CSV file: email, name, subject, body, html, ...")
+    ],
+    timezone: TimezoneOpt = None,
+    per_day: PerDayOpt = 20,
+    weekdays: WeekdaysOpt = "mon-fri",
+    window: WindowOpt = None,
+    start: Annotated[
+        str | None, typer.Option("--start", help="Earliest send, ISO-8601 [default: provisioning]")
+    ] = None,
+    skip_date: SkipOpt = None,
+    jitter: JitterOpt = 0,
+    seed: SeedOpt = 0,
+    from_addr: Annotated[
+        str | None, typer.Option("--from", help="From address [default: SENDQUEUE_DEFAULT_FROM]")
+    ] = None,
+    reply_to: Annotated[str | None, typer.Option("--reply-to", help="Reply-To address.")] = None,
+    subject: Annotated[
+        str | None, typer.Option("--subject", help="Subject template (Jinja2, {{ name }} ...).")
+    ] = None,
+    body_file: Annotated[
+        Path | None, typer.Option("--body-file", help="Text body template file.")
+    ] = None,
+    html_file: Annotated[
+        Path | None, typer.Option("--html-file", help="HTML body template file.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Import a CSV of recipients as a new draft campaign (all or nothing)."""
+    if not recipients.is_file():
+        raise InvalidField("recipients", str(recipients), "no such file")
+    templates = Templates(
+        subject=subject,
+        body=_read_text(body_file, "body_file") if body_file else None,
+        html=_read_text(html_file, "html_file") if html_file else None,
+    )
+    with container() as c:
+        policy = build_policy(
+            timezone=timezone,
+            per_day=per_day,
+            weekdays=weekdays,
+            windows=window,
+            start=start,
+            skip_dates=skip_date,
+            jitter=jitter,
+            seed=seed,
+            default_timezone=c.settings.default_timezone,
+        )
+        limits = ImportLimits(
+            max_bytes=c.settings.max_upload_bytes, max_rows=c.settings.max_recipients
+        )
+        created = c.campaigns.create(
+            name=name,
+            recipients=recipients,
+            policy=policy,
+            from_addr=from_addr,
+            reply_to=reply_to,
+            templates=templates,
+            limits=limits,
+        )
+        campaign = created.campaign
+        data = campaign_dict(campaign, c.store.count_tasks(campaign.id))
+        data["import"] = {"rows": created.imported.rows, "duplicates": created.imported.duplicates}
+        if as_json:
+            print_json(data)
+            return
+        out.print(
+            f"created campaign [bold]{campaign.id}[/] ({campaign.name}): "
+            f"{campaign.recipient_count} recipients, "
+            f"{created.imported.duplicates} duplicate(s) dropped"
+        )
+        out.print(f"policy: {campaign.policy.describe()}")
+        out.print(
+            f"next: sendqueue campaign preview {campaign.id}  |  "
+            f"sendqueue campaign provision {campaign.id}"
+        )
+
+
+def _read_text(path: Path, field: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidField(field, str(path), f"cannot read it: {exc}") from exc
+
+
+@campaign_app.command("list")
+@handle_errors
+def campaign_list(as_json: JsonOpt = False) -> None:
+    """All campaigns with their state and counts."""
+    with container() as c:
+        rows = [campaign_dict(x, c.store.count_tasks(x.id)) for x in c.store.list_campaigns()]
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title=f"{len(rows)} campaign(s)")
+    for col in ("id", "name", "state", "recipients", *[s.value for s in TaskState]):
+        table.add_column(
+            col, justify="right" if col[0].isupper() or col == "recipients" else "left"
+        )
+    for r in rows:
+        table.add_row(
+            r["id"],
+            r["name"],
+            r["state"],
+            str(r["recipients"]),
+            *[str(r["counts"][s.value]) for s in TaskState],
+        )
+    out.print(table)
+
+
+@campaign_app.command("show")
+@handle_errors
+def campaign_show(campaign_id: str, as_json: JsonOpt = False) -> None:
+    """One campaign: policy, state and counts per task state."""
+    with container() as c:
+        data = campaign_dict(c.store.get_campaign(campaign_id), c.store.count_tasks(campaign_id))
+    if as_json:
+        print_json(data)
+        return
+    out.print(f"[bold]{data['name']}[/] ({data['id']}) is [bold]{data['state']}[/]")
+    if data["state_reason"]:
+        out.print(f"reason: {data['state_reason']}", markup=False)
+    out.print(f"policy: {data['policy_text']}", markup=False)
+    out.print(
+        f"from: {data['from']}" + (f"  reply-to: {data['reply_to']}" if data["reply_to"] else ""),
+        markup=False,
+    )
+    out.print(f"recipients: {data['recipients']}")
+    out.print("  ".join(f"{k}: {v}" for k, v in data["counts"].items()))
+
+
+@campaign_app.command("preview")
+@handle_errors
+def campaign_preview(campaign_id: str, as_json: JsonOpt = False) -> None:
+    """The plan for the campaign's recipients if it were provisioned now."""
+    with container() as c:
+        campaign = c.store.get_campaign(campaign_id)
+        pairs = c.campaigns.preview(campaign_id)
+    sends = [when for _, when in pairs]
+    if as_json:
+        rows = plan_rows(sends, campaign.policy.timezone)
+        for row, (recipient, _) in zip(rows, pairs, strict=True):
+            row["email"] = recipient.email
+        print_json({"timezone": campaign.policy.timezone, "sends": rows})
+        return
+    out.print(f"{campaign.name}: {campaign.policy.describe()}", markup=False)
+    print_plan(sends, campaign.policy.timezone)
+
+
+@campaign_app.command("provision")
+@handle_errors
+def campaign_provision(
+    campaign_id: str,
+    time_budget: Annotated[
+        float | None,
+        typer.Option(
+            "--time-budget", help="Stop after this many seconds and continue in the worker."
+        ),
+    ] = None,
+    safety_margin: Annotated[
+        float, typer.Option("--safety-margin", help="Seconds kept in reserve from the budget.")
+    ] = 90.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create every task and schedule (resumable; running it twice creates nothing twice)."""
+    with container() as c:
+        if as_json:
+            report = c.provisioner.provision(
+                campaign_id, time_budget=time_budget, safety_margin=safety_margin
+            )
+        else:
+            report = provision_with_progress(c, campaign_id, time_budget, safety_margin)
+        data = {
+            "campaign_id": report.campaign_id,
+            "status": report.status,
+            "total": report.total,
+            "tasks_created": report.tasks_created,
+            "schedules_created": report.schedules_created,
+            "throttled": report.throttled,
+            "errors": report.errors,
+            "seconds": round(report.seconds, 3),
+        }
+        if as_json:
+            print_json(data)
+        else:
+            print_provision(report)
+        if report.status in {"stopped", "busy"}:
+            raise typer.Exit(3 if report.status == "stopped" else 1)
+
+
+def _control(name: str, call: Callable[[Container, str], Any]) -> Callable[..., None]:
+    @handle_errors
+    def command(campaign_id: str, as_json: JsonOpt = False) -> None:
+        with container() as c:
+            result = call(c, campaign_id)
+            data = campaign_dict(
+                c.store.get_campaign(campaign_id), c.store.count_tasks(campaign_id)
+            )
+        if isinstance(result, int):
+            data["affected"] = result
+        if as_json:
+            print_json(data)
+        else:
+            extra = f" ({result} email(s))" if isinstance(result, int) else ""
+            out.print(f"{campaign_id}: {name} done{extra}; campaign is {data['state']}")
+
+    command.__name__ = f"campaign_{name.replace('-', '_')}"
+    return command
+
+
+campaign_app.command("cancel", help="Cancel every Pending email and delete the schedules.")(
+    _control("cancel", lambda c, i: c.campaigns.cancel(i))
+)
+campaign_app.command("pause", help="Delete the schedules of Pending emails; they stay Pending.")(
+    _control("pause", lambda c, i: c.campaigns.pause(i))
+)
+campaign_app.command("resume", help="Re-plan the Pending emails from now and schedule them.")(
+    _control("resume", lambda c, i: c.campaigns.resume(i))
+)
+campaign_app.command("retry-failed", help="Send the Failed emails again, re-planned from now.")(
+    _control("retry-failed", lambda c, i: c.campaigns.retry_failed(i))
+)
+
+
+@campaign_app.command("tasks")
+@handle_errors
+def campaign_tasks(
+    campaign_id: str,
+    state: Annotated[str | None, typer.Option("--state", help="Only this state.")] = None,
+    search: Annotated[str | None, typer.Option("--search", help="Address contains.")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many (0 = all).")] = 0,
+    after: Annotated[int, typer.Option("--after", help="Cursor: position to start after.")] = -1,
+    as_json: JsonOpt = False,
+) -> None:
+    """The campaign's emails in position order."""
+    wanted = TaskState.parse(state) if state is not None else None
+    check_cursor(after)
+    if limit < 0:
+        raise InvalidField("limit", limit, "must be 0 (all) or more")
+    rows: list[dict[str, Any]] = []
+    with container() as c:
+        c.store.get_campaign(campaign_id)
+        cursor = after
+        while True:
+            page = min(1000, limit - len(rows)) if limit else 1000
+            batch = c.store.list_tasks(
+                campaign_id, state=wanted, search=search, after=cursor, limit=page
+            )
+            rows.extend(task_list_dict(t) for t in batch)
+            if len(batch) < page or (limit and len(rows) >= limit):
+                break
+            cursor = batch[-1].position
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title=f"{len(rows)} email(s)")
+    for col in ("id", "email", "state", "send_at", "sent_at", "attempts", "error"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["id"],
+            r["email"],
+            r["state"],
+            r["send_at"] or "",
+            r["sent_at"] or "",
+            str(r["attempts"]),
+            (r["error"] or "")[:60],
+        )
+    out.print(table)

@@ -1,0 +1,183 @@
+"""What every command group shares: the consoles, error handling, the container, JSON output,
+the policy flags and signal handling."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+
+from sendqueue.bootstrap import Container, bootstrap
+from sendqueue.domain.errors import (
+    Conflict,
+    IllegalTransition,
+    InfrastructureError,
+    InvalidField,
+    InvalidInput,
+    NoSendingDay,
+    NotFound,
+)
+from sendqueue.domain.policy import (
+    SendingPolicy,
+    Window,
+    load_timezone,
+    parse_date,
+    parse_start,
+    parse_weekdays,
+    parse_window,
+)
+from sendqueue.settings import Settings
+
+__all__ = [
+    "JitterOpt",
+    "JsonOpt",
+    "PerDayOpt",
+    "SeedOpt",
+    "SkipOpt",
+    "TimezoneOpt",
+    "WeekdaysOpt",
+    "WindowOpt",
+    "build_policy",
+    "container",
+    "err",
+    "fail",
+    "handle_errors",
+    "install_signals",
+    "log",
+    "out",
+    "print_json",
+]
+
+# Piped output is not squeezed into 80 columns: ids must stay whole for scripts and people.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+log = logging.getLogger("sendqueue")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(code: int, message: str) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    err.print(f"error: {message}", markup=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _print_invalid_input(exc: InvalidInput) -> None:
+    err.print(f"error: {exc.summary}: {exc.total} problem(s)", markup=False)
+    for problem in exc.errors:
+        where = f"row {problem.row}: " if problem.row is not None else ""
+        err.print(f"  {where}{problem.field}: {problem.reason}", markup=False, soft_wrap=True)
+    if exc.total > len(exc.errors):
+        err.print(f"  ... and {exc.total - len(exc.errors)} more", markup=False)
+
+
+def handle_errors(func: F) -> F:
+    """Map domain and infrastructure errors to one clear line and an exit status."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except InvalidInput as exc:
+            _print_invalid_input(exc)
+            raise typer.Exit(2) from None
+        except InvalidField as exc:
+            fail(2, str(exc))
+        except NoSendingDay as exc:
+            fail(2, f"policy: {exc}")
+        except (NotFound, IllegalTransition, Conflict) as exc:
+            fail(1, str(exc))
+        except InfrastructureError as exc:
+            fail(3, f"{type(exc).__name__}: {exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+@contextmanager
+def container() -> Iterator[Container]:
+    """The container built from the environment's settings, closed on the way out."""
+    try:
+        settings = Settings()
+    except Exception as exc:  # pydantic's ValidationError: name the variable and the problem
+        lines = str(exc).splitlines()
+        fail(2, "invalid settings: " + " ".join(line.strip() for line in lines[:3]))
+    built = bootstrap(settings)
+    try:
+        yield built
+    finally:
+        built.close()
+
+
+def print_json(data: Any) -> None:
+    """``--json`` output: indented, UTF-8 as is."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+# -- shared policy flags ----------------------------------------------------------------------
+TimezoneOpt = Annotated[
+    str | None,
+    typer.Option("--timezone", help="IANA timezone [default: SENDQUEUE_DEFAULT_TIMEZONE]"),
+]
+PerDayOpt = Annotated[int, typer.Option("--per-day", help="Emails per local day (1..10000).")]
+WeekdaysOpt = Annotated[
+    str, typer.Option("--weekdays", help="Sending days: mon,tue,... or ranges like mon-fri.")
+]
+WindowOpt = Annotated[
+    list[str] | None,
+    typer.Option("--window", help="Daily window HH:MM-HH:MM (repeatable) [default: 09:00-17:00]"),
+]
+SkipOpt = Annotated[
+    list[str] | None, typer.Option("--skip-date", help="A date to skip, YYYY-MM-DD (repeatable).")
+]
+JitterOpt = Annotated[int, typer.Option("--jitter", help="Random shift of each send, seconds.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed that makes jitter repeatable.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def build_policy(
+    *,
+    timezone: str | None,
+    per_day: int,
+    weekdays: str,
+    windows: list[str] | None,
+    start: str | None,
+    skip_dates: list[str] | None,
+    jitter: int,
+    seed: int,
+    default_timezone: str,
+) -> SendingPolicy:
+    """A policy from the textual flags; every problem names its flag's field."""
+    zone = timezone or default_timezone
+    load_timezone(zone)
+    return SendingPolicy(
+        timezone=zone,
+        per_day=per_day,
+        weekdays=parse_weekdays(weekdays),
+        windows=tuple(parse_window(w) for w in windows) if windows else (Window(540, 1020),),
+        start=parse_start(start, zone) if start else None,
+        skip_dates=frozenset(parse_date(d) for d in skip_dates or []),
+        jitter_seconds=jitter,
+        seed=seed,
+    )
+
+
+def install_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``stop``: in-flight sends finish, then the process stops."""
+
+    def handler(signum: int, _frame: object) -> None:
+        log.warning(
+            "received %s: finishing in-flight sends, then stopping", signal.Signals(signum).name
+        )
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

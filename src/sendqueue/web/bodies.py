@@ -1,0 +1,256 @@
+"""The body of ``POST /api/campaigns`` and ``POST /api/campaigns/preview``: a CSV upload
+(multipart/form-data, the page's form) or JSON rows, parsed into one :class:`NewCampaign`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import FormData, UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sendqueue.bootstrap import Container
+from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.policy import SendingPolicy
+from sendqueue.services.campaigns import Draft
+from sendqueue.services.importing import ImportLimits, Templates
+from sendqueue.settings import Settings
+from sendqueue.web.errors import HttpProblem
+from sendqueue.web.middleware.csrf import FormCsrf
+
+__all__ = [
+    "BODY_OVERHEAD_BYTES",
+    "CAMPAIGN_FORM_CSRF",
+    "CREATE_BODY",
+    "CampaignBody",
+    "NewCampaign",
+    "TemplatesBody",
+    "new_campaign",
+    "validate",
+]
+
+#: Room for the form fields and multipart framing around a CSV of the largest allowed size.
+BODY_OVERHEAD_BYTES = 1 << 20
+# Largest text field of a form (a template, say).
+_MAX_FORM_FIELD = 512 * 1024
+_FORM_LIMITS: dict[str, int] = {
+    "max_files": 1,
+    "max_fields": 200,
+    "max_part_size": _MAX_FORM_FIELD,
+}
+#: The page's form posts its CSRF token as a field; this checks it (see the CSRF middleware).
+CAMPAIGN_FORM_CSRF = FormCsrf(**_FORM_LIMITS)
+
+
+class TemplatesBody(BaseModel):
+    """Jinja2 templates used where a recipient has no cell of its own."""
+
+    model_config = ConfigDict(extra="forbid")
+    subject: str | None = None
+    body: str | None = None
+    html: str | None = None
+
+
+class CampaignBody(BaseModel):
+    """The JSON body of ``POST /api/campaigns`` and ``POST /api/campaigns/preview``."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str
+    from_addr: str | None = Field(None, alias="from")
+    reply_to: str | None = None
+    recipients: list[Any] = Field(
+        description="rows as in a CSV: email (required), name, subject, body, html, variables"
+    )
+    templates: TemplatesBody = Field(default_factory=TemplatesBody)
+    policy: dict[str, Any] = Field(
+        default_factory=dict,
+        description="timezone, per_day, weekdays, windows, start, skip_dates, jitter_seconds, seed",
+    )
+
+
+_FORM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["file", "name"],
+    "properties": {
+        "file": {"type": "string", "format": "binary", "description": "the recipients CSV"},
+        **{
+            name: {"type": "string"}
+            for name in (
+                "name", "from", "reply_to", "subject", "body", "html", "timezone", "weekdays",
+                "start",
+            )
+        },
+        "per_day": {"type": "integer"},
+        "windows": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "HH:MM-HH:MM, repeated or comma-separated",
+        },
+        "skip_dates": {"type": "array", "items": {"type": "string", "format": "date"}},
+        "jitter_seconds": {"type": "integer"},
+        "seed": {"type": "integer"},
+    },
+}  # fmt: skip
+
+CREATE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {"schema": _FORM_SCHEMA},
+            "application/json": {"schema": {"$ref": "#/components/schemas/CampaignBody"}},
+        },
+    }
+}
+
+
+@dataclass
+class NewCampaign:
+    """A create or preview request, parsed; the recipients are rows or a spooled CSV."""
+
+    name: str
+    from_addr: str | None
+    reply_to: str | None
+    templates: Templates
+    policy: SendingPolicy
+    rows: list[Any] | None = None
+    csv: BinaryIO | None = None
+
+
+def _policy(data: dict[str, Any], settings: Settings) -> SendingPolicy:
+    data = {k: v for k, v in data.items() if v is not None}
+    if not data.get("timezone"):
+        data["timezone"] = settings.default_timezone
+    return SendingPolicy.from_dict(data)
+
+
+def _text(form: FormData, name: str, *, keep_blank: bool = False) -> str | None:
+    """A text field; an empty one counts as left out (HTML forms send every field), unless
+    ``keep_blank`` (a field whose emptiness is itself a mistake)."""
+    values = form.getlist(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidField(name, len(values), "give this field once")
+    value = values[0]
+    if not isinstance(value, str):
+        raise InvalidField(name, getattr(value, "filename", None), "expected text, not a file")
+    return value if keep_blank or value.strip() else None
+
+
+def _number(form: FormData, name: str) -> int | None:
+    value = _text(form, name)
+    if value is None:
+        return None
+    try:
+        return int(value.strip())
+    except ValueError as exc:
+        raise InvalidField(name, value, "expected a whole number") from exc
+
+
+def _listed(form: FormData, name: str) -> list[str] | None:
+    out: list[str] = []
+    for value in form.getlist(name):
+        if not isinstance(value, str):
+            raise InvalidField(name, getattr(value, "filename", None), "expected text")
+        out += [part.strip() for part in value.split(",") if part.strip()]
+    return out or None
+
+
+def _from_form(form: FormData, settings: Settings) -> NewCampaign:
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise InvalidField("file", upload, "upload the recipients as a CSV file")
+    if upload.size is not None and upload.size > settings.max_upload_bytes:
+        raise HttpProblem(
+            413,
+            f"file: larger than {settings.max_upload_bytes} bytes (SENDQUEUE_MAX_UPLOAD_BYTES); "
+            "split the file",
+            field="file",
+        )
+    policy = _policy(
+        {
+            "timezone": _text(form, "timezone"),
+            "per_day": _number(form, "per_day"),
+            "weekdays": _text(form, "weekdays", keep_blank=True),
+            "windows": _listed(form, "windows"),
+            "start": _text(form, "start"),
+            "skip_dates": _listed(form, "skip_dates"),
+            "jitter_seconds": _number(form, "jitter_seconds"),
+            "seed": _number(form, "seed"),
+        },
+        settings,
+    )
+    upload.file.seek(0)
+    return NewCampaign(
+        name=_text(form, "name") or "",
+        from_addr=_text(form, "from"),
+        reply_to=_text(form, "reply_to"),
+        templates=Templates(
+            subject=_text(form, "subject"), body=_text(form, "body"), html=_text(form, "html")
+        ),
+        policy=policy,
+        csv=upload.file,
+    )
+
+
+def _from_json(raw: bytes, settings: Settings) -> NewCampaign:
+    try:
+        body = CampaignBody.model_validate_json(raw)
+    except ValidationError as exc:
+        # Shaped like FastAPI's own body errors, so the one handler names the field.
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        ) from None
+    return NewCampaign(
+        name=body.name,
+        from_addr=body.from_addr or None,
+        reply_to=body.reply_to or None,
+        templates=Templates(
+            subject=body.templates.subject, body=body.templates.body, html=body.templates.html
+        ),
+        policy=_policy(body.policy, settings),
+        rows=body.recipients,
+    )
+
+
+@asynccontextmanager
+async def new_campaign(request: Request, settings: Settings) -> AsyncIterator[NewCampaign]:
+    """Parse a create/preview body: multipart (the CSV goes to a spooled temporary file,
+    bounded by the body limit) or JSON."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "multipart/form-data":
+        try:
+            form = await request.form(**_FORM_LIMITS)
+        except StarletteHTTPException as exc:
+            raise InvalidField("body", None, f"malformed form: {exc.detail}") from exc
+        try:
+            yield _from_form(form, settings)
+        finally:
+            await form.close()
+    elif content_type == "application/json":
+        yield _from_json(await request.body(), settings)
+    else:
+        raise HttpProblem(415, "send multipart/form-data (with a CSV file) or application/json")
+
+
+def validate(container: Container, new: NewCampaign) -> Draft:
+    limits = ImportLimits(
+        max_bytes=container.settings.max_upload_bytes,
+        max_rows=container.settings.max_recipients,
+    )
+    draft: Draft = container.campaigns.validate(
+        name=new.name,
+        recipients=new.csv,
+        rows=new.rows,
+        from_addr=new.from_addr,
+        reply_to=new.reply_to,
+        templates=new.templates,
+        limits=limits,
+    )
+    return draft

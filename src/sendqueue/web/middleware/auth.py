@@ -1,0 +1,94 @@
+"""The API token: with ``SENDQUEUE_API_TOKEN`` set, every route but ``/login``, ``/static/*``
+and ``/healthz`` needs ``Authorization: Bearer <token>`` or a valid ``sq_session`` cookie.
+
+Without them an API route answers 401 (``WWW-Authenticate: Bearer``) and a page redirects to
+``/login?next=...``. :class:`AuthMiddleware` records how the request was authenticated in
+``scope["state"]["auth"]``: ``bearer``, ``cookie``, ``open`` (no token configured) or
+``public``.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from starlette.responses import RedirectResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sendqueue.web.errors import error_response
+from sendqueue.web.middleware.scope import cookies, headers, send_response, state
+from sendqueue.web.session import SESSION_COOKIE, SessionSigner, token_matches
+
+__all__ = ["AuthMiddleware", "is_api_path"]
+
+_API_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json"})
+
+
+def is_api_path(path: str) -> bool:
+    """Routes that answer machines (401 JSON) rather than people (redirect to login)."""
+    return path.startswith("/api/") or path == "/api" or path in _API_PATHS
+
+
+def _is_public(path: str) -> bool:
+    # /healthz is for load balancers and process managers, which hold no token; it tells
+    # only whether the store answers.
+    return path in {"/login", "/healthz"} or path.startswith("/static/")
+
+
+class AuthMiddleware:
+    """Requires the token (bearer or session cookie) when one is configured."""
+
+    def __init__(self, app: ASGIApp, *, token: str | None, signer: SessionSigner | None) -> None:
+        self.app = app
+        self.token = token
+        self.signer = signer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_state = state(scope)
+        path: str = scope["path"]
+        if self.token is None:
+            request_state["auth"] = "open"
+        elif _is_public(path):
+            request_state["auth"] = "public"
+        else:
+            request_headers = headers(scope)
+            method = self._authenticate(request_headers)
+            if method is None:
+                await send_response(scope, receive, send, self._deny(scope, request_headers))
+                return
+            request_state["auth"] = method
+        await self.app(scope, receive, send)
+
+    def _authenticate(self, request_headers: dict[str, str]) -> str | None:
+        assert self.token is not None
+        assert self.signer is not None
+        authorization = request_headers.get("authorization")
+        if authorization is not None:
+            scheme, _, value = authorization.partition(" ")
+            # A wrong bearer token is refused even alongside a valid cookie: it is explicit.
+            if scheme.lower() == "bearer" and token_matches(value.strip(), self.token):
+                return "bearer"
+            return None
+        if self.signer.verify(cookies(request_headers).get(SESSION_COOKIE)):
+            return "cookie"
+        return None
+
+    @staticmethod
+    def _deny(scope: Scope, request_headers: dict[str, str]) -> Response:
+        path: str = scope["path"]
+        if not is_api_path(path) and "text/html" in request_headers.get("accept", ""):
+            target = "/login"
+            if scope["method"] in {"GET", "HEAD"}:
+                query = scope.get("query_string", b"").decode("latin-1")
+                here = path + (f"?{query}" if query else "")
+                if here != "/":
+                    target += "?next=" + quote(here, safe="")
+            return RedirectResponse(target, status_code=303)
+        return error_response(
+            401,
+            "authentication required: send Authorization: Bearer <SENDQUEUE_API_TOKEN> "
+            "or log in at /login",
+            headers={"WWW-Authenticate": 'Bearer realm="sendqueue"'},
+        )

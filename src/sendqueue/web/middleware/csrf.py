@@ -1,0 +1,163 @@
+"""CSRF: the double-submit cookie. Every unsafe request (POST, PUT, PATCH, DELETE) not
+authenticated by a bearer header must carry the ``sq_csrf`` cookie's value, else 403.
+
+- :class:`CsrfMiddleware` checks the ``X-CSRF-Token`` header (the scripts' fetches) before any
+  route runs. Without a token configured, requests that carry neither ``Origin`` nor
+  ``Sec-Fetch-Site`` are exempt: browsers send one of them with every POST, scripts like curl
+  send none. It sets the cookie on every response to a request that lacked it, and puts the
+  token into ``request.state.csrf_token`` for pages to embed.
+- The HTML forms (login, logout, a new campaign) post the token as a ``csrf_token`` field
+  instead. Only the routes that declare a :class:`FormCsrf` dependency take it: for them the
+  middleware lets a form without the header through, and the dependency reads the form (with
+  the route's own limits; the route gets the same parsed form) and checks the field before the
+  route runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from fastapi import APIRouter, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sendqueue.web.errors import HttpProblem, error_response
+from sendqueue.web.middleware.scope import cookies, headers, send_response, state
+from sendqueue.web.session import (
+    CSRF_COOKIE,
+    CSRF_FIELD,
+    CSRF_HEADER,
+    csrf_shaped,
+    new_csrf_token,
+    token_matches,
+)
+
+__all__ = ["CsrfMiddleware", "FormCsrf", "form_routes"]
+
+_UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+# scope["state"] keys: the cookie a form's field must match, set when the form route checks it.
+_FORM_PENDING = "csrf_form_pending"
+_EXPECTED = "csrf_expected"
+_REFUSED = (
+    "CSRF token missing or wrong: send the sq_csrf cookie's value as the X-CSRF-Token header "
+    "or the csrf_token form field"
+)
+
+
+class FormCsrf:
+    """A route dependency: checks the ``csrf_token`` field of a form posted without the header.
+
+    ``max_files``, ``max_fields`` and ``max_part_size`` are the route's own limits for
+    ``request.form()``: the form is parsed once, here, and the route's call gets it back.
+    """
+
+    def __init__(self, *, max_files: int, max_fields: int, max_part_size: int) -> None:
+        self.limits: dict[str, int] = {
+            "max_files": max_files,
+            "max_fields": max_fields,
+            "max_part_size": max_part_size,
+        }
+
+    async def __call__(self, request: Request) -> None:
+        scope_state = state(request.scope)
+        if not scope_state.get(_FORM_PENDING):
+            return
+        expected: str | None = scope_state.get(_EXPECTED)
+        try:
+            form = await request.form(**self.limits)
+        except StarletteHTTPException:
+            # A form that cannot be read has no token to find.
+            raise HttpProblem(403, _REFUSED) from None
+        presented = form.get(CSRF_FIELD)
+        if (
+            expected is None
+            or not isinstance(presented, str)
+            or not token_matches(presented, expected)
+        ):
+            await form.close()
+            raise HttpProblem(403, _REFUSED)
+        scope_state[_FORM_PENDING] = False
+
+
+def _has_form_csrf(dependant: Dependant) -> bool:
+    return any(
+        isinstance(dep.call, FormCsrf) or _has_form_csrf(dep) for dep in dependant.dependencies
+    )
+
+
+def form_routes(routers: Iterable[APIRouter]) -> frozenset[tuple[str, str]]:
+    """``(method, path)`` of the routes that check a form's field (a :class:`FormCsrf`)."""
+    found: set[tuple[str, str]] = set()
+    for route in (route for router in routers for route in router.routes):
+        if isinstance(route, APIRoute) and _has_form_csrf(route.dependant):
+            found.update((method, route.path) for method in route.methods or ())
+    return frozenset(found)
+
+
+def _is_form(content_type: str) -> bool:
+    return content_type.split(";")[0].strip().lower() in _FORM_TYPES
+
+
+class CsrfMiddleware:
+    """The header half of the double-submit check; see the module docstring."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        form_routes: Iterable[tuple[str, str]] = (),
+        secure: Callable[[Scope], bool] | None = None,
+    ) -> None:
+        self.app = app
+        self.form_routes = frozenset(form_routes)
+        self.secure = secure or (lambda scope: scope.get("scheme") == "https")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_headers = headers(scope)
+        cookie: str | None = cookies(request_headers).get(CSRF_COOKIE)
+        if not csrf_shaped(cookie):
+            cookie = None
+        scope_state = state(scope)
+        scope_state["csrf_token"] = token = cookie or new_csrf_token()
+
+        async def send_with_cookie(message: Message) -> None:
+            if message["type"] == "http.response.start" and cookie is None:
+                value = f"{CSRF_COOKIE}={token}; Path=/; SameSite=Strict"
+                if self.secure(scope):
+                    value += "; Secure"
+                headers_out = [*message.get("headers", []), (b"set-cookie", value.encode())]
+                message = {**message, "headers": headers_out}
+            await send(message)
+
+        if scope["method"] in _UNSAFE and self._needs_check(
+            scope_state.get("auth"), request_headers
+        ):
+            presented = request_headers.get(CSRF_HEADER)
+            if presented is None and self._takes_form(scope, request_headers):
+                scope_state[_FORM_PENDING] = True
+                scope_state[_EXPECTED] = cookie
+            elif cookie is None or not token_matches(presented, cookie):
+                response = error_response(403, _REFUSED)
+                await send_response(scope, receive, send_with_cookie, response)
+                return
+        await self.app(scope, receive, send_with_cookie)
+
+    def _takes_form(self, scope: Scope, request_headers: dict[str, str]) -> bool:
+        route = (scope["method"], scope["path"])
+        return route in self.form_routes and _is_form(request_headers.get("content-type", ""))
+
+    @staticmethod
+    def _needs_check(auth: object, request_headers: dict[str, str]) -> bool:
+        if auth == "bearer":
+            return False
+        if auth == "open":
+            # No token, so no session to ride on; still, a page in the user's browser must
+            # not be made to post here by another site. Browsers say where a POST comes from.
+            return "origin" in request_headers or "sec-fetch-site" in request_headers
+        return True

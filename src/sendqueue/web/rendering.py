@@ -1,0 +1,105 @@
+"""Rendering the pages: Jinja2 templates (autoescaped), versioned static URLs, error pages.
+
+Everything a user typed reaches a page as text: Jinja2 escapes every value, and the scripts in
+``static/`` only ever use ``textContent``. Every page gets the request's CSRF token (for its
+forms and ``<meta name="csrf-token">``) and is never cached.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from sendqueue.domain.errors import InvalidField, NotFound
+from sendqueue.web.errors import RETRY_AFTER_SECONDS
+from sendqueue.web.session import page_csrf_token, set_csrf_cookie
+
+__all__ = ["STATIC_DIR", "TEMPLATES_DIR", "error_page", "local_time", "render", "static_url"]
+
+log = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).resolve().parent
+TEMPLATES_DIR = WEB_DIR / "templates"
+STATIC_DIR = WEB_DIR / "static"
+
+_env = Environment(
+    loader=FileSystemLoader(TEMPLATES_DIR),
+    autoescape=True,
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+@functools.cache
+def _static_version(name: str) -> str:
+    """A short content hash, so a browser never runs a stale script against a new page."""
+    try:
+        return hashlib.sha256((STATIC_DIR / name).read_bytes()).hexdigest()[:10]
+    except OSError:
+        return "0"
+
+
+def static_url(name: str) -> str:
+    """The URL of a file in STATIC_DIR, versioned by its content (safe to cache)."""
+    return f"/static/{name}?v={_static_version(name)}"
+
+
+def render(
+    request: Request,
+    template: str,
+    *,
+    status_code: int = 200,
+    headers: Mapping[str, str] | None = None,
+    **context: Any,
+) -> HTMLResponse:
+    """``template`` rendered with ``context`` plus the CSRF token, the path and the login."""
+    token, fresh = page_csrf_token(request)
+    html = _env.get_template(template).render(
+        csrf_token=token,
+        static_url=static_url,
+        path=request.url.path,
+        logged_in=getattr(request.state, "auth", None) == "cookie",
+        **context,
+    )
+    response = HTMLResponse(html, status_code=status_code, headers=dict(headers or {}))
+    # pages carry live data and a CSRF token: never serve them from a cache
+    response.headers["Cache-Control"] = "no-store"
+    if fresh:
+        set_csrf_cookie(response, token, secure=request.url.scheme == "https")
+    return response
+
+
+def error_page(request: Request, exc: Exception) -> HTMLResponse:
+    """An unknown id (404), a bad parameter (400) or an unreachable backend (503), as an HTML
+    page instead of JSON."""
+    if isinstance(exc, NotFound):
+        return render(request, "error.html", status_code=404, title="Not found", message=str(exc))
+    if isinstance(exc, InvalidField):
+        return render(request, "error.html", status_code=400, title="Bad request", message=str(exc))
+    log.warning("page %s: %s", request.url.path, exc)
+    return render(
+        request,
+        "error.html",
+        status_code=503,
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        title="Temporarily unavailable",
+        message=f"{type(exc).__name__}: {exc}",
+    )
+
+
+def local_time(value: datetime | None, zone: ZoneInfo) -> str:
+    """``2026-12-01 09:15:03`` in the campaign's zone; campaign.js formats the same way."""
+    if value is None:
+        return ""
+    return value.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,162 @@
+"""``/api/campaigns``: list, create, preview, read, and the controls (provision, pause, resume,
+cancel, retry-failed), thin routes over the service layer the CLI uses (docs/api.md).
+
+Store and scheduler calls are blocking, so routes that make them are plain ``def`` (FastAPI
+runs them in its thread pool) or hand them to :func:`run_in_threadpool`. Errors become JSON in
+:mod:`sendqueue.web.errors`.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from sendqueue.domain.planner import plan
+from sendqueue.web.bodies import CAMPAIGN_FORM_CSRF, CREATE_BODY, new_campaign, validate
+from sendqueue.web.deps import ContainerDep, ProvisioningDep, TimelinesDep
+from sendqueue.web.queries import campaign_view, plan_view
+from sendqueue.web.schemas import (
+    READ_ERRORS,
+    WRITE_ERRORS,
+    CampaignDetail,
+    CampaignList,
+    CampaignWithTimeline,
+    CreatedCampaign,
+    ImportSummary,
+    Plan,
+    RetriedCampaign,
+    error_responses,
+)
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/api/campaigns")
+
+_CONTROL_ERRORS = error_responses(*WRITE_ERRORS, 404, 409)
+
+
+@router.get("", tags=["campaigns"], responses=error_responses(*READ_ERRORS))
+def list_campaigns(c: ContainerDep) -> CampaignList:
+    """Every campaign with its counts, newest first."""
+    return CampaignList(campaigns=[campaign_view(c.store, x) for x in c.store.list_campaigns()])
+
+
+@router.post(
+    "",
+    tags=["campaigns"],
+    status_code=201,
+    openapi_extra=CREATE_BODY,
+    responses=error_responses(*WRITE_ERRORS, 413, 415),
+    dependencies=[Depends(CAMPAIGN_FORM_CSRF)],
+)
+async def create_campaign(request: Request, c: ContainerDep, response: Response) -> CreatedCampaign:
+    """Create a draft from a CSV upload or JSON rows; nothing is written if anything is
+    invalid."""
+    async with new_campaign(request, c.settings) as new:
+
+        def create() -> CreatedCampaign:
+            draft = validate(c, new)
+            created = c.campaigns.create_draft(draft, new.policy)
+            imported = ImportSummary(
+                rows=created.imported.rows,
+                duplicates=created.imported.duplicates,
+                duplicate_rows=created.imported.duplicate_rows,
+            )
+            view = campaign_view(c.store, created.campaign)
+            return CreatedCampaign(**dict(view), imported=imported)
+
+        data = await run_in_threadpool(create)
+    response.headers["Location"] = f"/api/campaigns/{data.id}"
+    return data
+
+
+@router.post(
+    "/preview",
+    tags=["campaigns"],
+    openapi_extra=CREATE_BODY,
+    responses=error_responses(*WRITE_ERRORS, 413, 415),
+    response_model_exclude_none=True,
+)
+async def preview_new_campaign(request: Request, c: ContainerDep) -> Plan:
+    """The plan a create with this body would get if provisioned now; nothing is written."""
+    async with new_campaign(request, c.settings) as new:
+
+        def preview() -> Plan:
+            draft = validate(c, new)
+            recipients = draft.imported.recipients
+            sends = plan(new.policy, len(recipients), now=c.clock.now())
+            return plan_view(
+                new.policy,
+                sends,
+                emails=[r.email for r in recipients[: len(sends)]],
+                duplicates=draft.imported.duplicates,
+            )
+
+        return await run_in_threadpool(preview)
+
+
+@router.get("/{campaign_id}", tags=["campaigns"], responses=error_responses(*READ_ERRORS, 404))
+def get_campaign(
+    campaign_id: str, c: ContainerDep, timelines: TimelinesDep
+) -> CampaignWithTimeline:
+    """The campaign with its counts, next send and per-day ``timeline``."""
+    campaign = c.store.get_campaign(campaign_id)
+    view = campaign_view(c.store, campaign)
+    return CampaignWithTimeline(**dict(view), timeline=timelines.get(campaign))
+
+
+@router.get(
+    "/{campaign_id}/preview",
+    tags=["campaigns"],
+    responses=error_responses(*READ_ERRORS, 404),
+    response_model_exclude_none=True,
+)
+def preview_campaign(campaign_id: str, c: ContainerDep) -> Plan:
+    """The plan of a stored campaign's recipients if it were provisioned now."""
+    campaign = c.store.get_campaign(campaign_id)
+    pairs = c.campaigns.preview(campaign_id)
+    sends = [when for _, when in pairs]
+    return plan_view(campaign.policy, sends, emails=[r.email for r, _ in pairs[: len(sends)]])
+
+
+@router.post(
+    "/{campaign_id}/provision", tags=["controls"], status_code=202, responses=_CONTROL_ERRORS
+)
+def provision(campaign_id: str, c: ContainerDep, runner: ProvisioningDep) -> CampaignDetail:
+    """Start provisioning in the background: 202 at once, progress on the event stream.
+
+    A draft goes to provisioning; one already provisioning continues from its checkpoint;
+    any other state is 409.
+    """
+    campaign = c.campaigns.start_provisioning(campaign_id)
+    runner.start(campaign_id)
+    return campaign_view(c.store, campaign)
+
+
+@router.post("/{campaign_id}/pause", tags=["controls"], responses=_CONTROL_ERRORS)
+def pause(campaign_id: str, c: ContainerDep) -> CampaignDetail:
+    """Stop sending: the schedules of Pending emails are deleted; they stay Pending."""
+    c.campaigns.pause(campaign_id)
+    return campaign_view(c.store, c.store.get_campaign(campaign_id))
+
+
+@router.post("/{campaign_id}/resume", tags=["controls"], responses=_CONTROL_ERRORS)
+def resume(campaign_id: str, c: ContainerDep) -> CampaignDetail:
+    """Re-plan the Pending emails from now and schedule them again."""
+    c.campaigns.resume(campaign_id)
+    return campaign_view(c.store, c.store.get_campaign(campaign_id))
+
+
+@router.post("/{campaign_id}/cancel", tags=["controls"], responses=_CONTROL_ERRORS)
+def cancel(campaign_id: str, c: ContainerDep) -> CampaignDetail:
+    """Cancel every Pending email and delete the schedules; Running ones finish."""
+    c.campaigns.cancel(campaign_id)
+    return campaign_view(c.store, c.store.get_campaign(campaign_id))
+
+
+@router.post("/{campaign_id}/retry-failed", tags=["controls"], responses=_CONTROL_ERRORS)
+def retry_failed(campaign_id: str, c: ContainerDep) -> RetriedCampaign:
+    """Send the Failed emails again, re-planned from now; ``affected`` counts them."""
+    affected = c.campaigns.retry_failed(campaign_id)
+    view = campaign_view(c.store, c.store.get_campaign(campaign_id))
+    return RetriedCampaign(**dict(view), affected=affected)

@@ -1,0 +1,40 @@
+"""``/api/dead-letters``: invocations the execution layer gave up on, and redriving them."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from sendqueue.services.dead_letters import redrive_all as redrive_all_letters
+from sendqueue.services.views import DeadLetterView
+from sendqueue.web.deps import ContainerDep
+from sendqueue.web.schemas import (
+    READ_ERRORS,
+    WRITE_ERRORS,
+    DeadLetterList,
+    Redriven,
+    error_responses,
+)
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/api/dead-letters", tags=["dead letters"])
+
+
+@router.get("", responses=error_responses(*READ_ERRORS))
+def dead_letters(c: ContainerDep) -> DeadLetterList:
+    """Invocations the execution layer gave up on, oldest first."""
+    return DeadLetterList(dead_letters=[DeadLetterView.of(d) for d in c.scheduler.dead_letters()])
+
+
+@router.post("/redrive", responses=error_responses(*WRITE_ERRORS))
+def redrive_all(c: ContainerDep) -> Redriven:
+    """Turn every dead letter back into a schedule due now (those redriven meanwhile skipped)."""
+    report = redrive_all_letters(c.scheduler)
+    return Redriven(redriven=report.redriven, schedules=report.schedules)
+
+
+@router.post("/{letter_id}/redrive", responses=error_responses(*WRITE_ERRORS, 404))
+def redrive_one(letter_id: str, c: ContainerDep) -> Redriven:
+    """Turn one dead letter back into a schedule due now."""
+    schedule = c.scheduler.redrive(letter_id)
+    return Redriven(redriven=[letter_id], schedules=[schedule.name])

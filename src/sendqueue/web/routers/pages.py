@@ -1,0 +1,212 @@
+"""HTML pages of the web UI: ``/``, ``/campaigns/new``, ``/campaigns/{id}``, ``/dead-letters``
+(the login page is :mod:`sendqueue.web.routers.auth`'s).
+
+Routes are thin: they read the store and the scheduler through the Container (and timelines
+through the cache the API shares) and render a template (:mod:`sendqueue.web.rendering`). The
+first render already shows the data; the scripts in ``static/`` then keep it live through the
+JSON API and the event stream (docs/api.md). Rows come from the same views the API sends
+(:mod:`sendqueue.services.views`), with times shown in the campaign's zone.
+"""
+
+from __future__ import annotations
+
+import functools
+import zoneinfo
+from collections.abc import Mapping
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+
+from sendqueue.domain.errors import InfrastructureError, InvalidField, NotFound
+from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.models import Campaign, Task
+from sendqueue.domain.policy import WEEKDAY_NAMES
+from sendqueue.ports import TaskStore
+from sendqueue.services.views import DeadLetterView, TaskView, iso
+from sendqueue.web.charts import day_chart, progress_segments
+from sendqueue.web.deps import ContainerDep, TimelinesDep
+from sendqueue.web.queries import next_send_at
+from sendqueue.web.rendering import error_page, local_time, render
+
+__all__ = ["PAGE_SIZE", "router"]
+
+#: Rows of the task table per page; the scripts ask the API for the same.
+PAGE_SIZE = 50
+_SEARCH_MAX = 200
+
+router = APIRouter(include_in_schema=False)
+
+_FINAL_STATES = (TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED)
+# Which controls a campaign state offers; campaign.js keeps the same table.
+_ACTIONS: dict[str, frozenset[CampaignState]] = {
+    "provision": frozenset({CampaignState.DRAFT}),
+    "pause": frozenset({CampaignState.ACTIVE}),
+    "resume": frozenset({CampaignState.PAUSED}),
+    "retry-failed": frozenset(
+        {CampaignState.ACTIVE, CampaignState.PAUSED, CampaignState.COMPLETED}
+    ),
+    "cancel": frozenset(
+        {
+            CampaignState.DRAFT,
+            CampaignState.PROVISIONING,
+            CampaignState.ACTIVE,
+            CampaignState.PAUSED,
+        }
+    ),
+}
+# What a page shows instead of its data when an id is unknown, a parameter is bad or the
+# store does not answer.
+_PAGE_ERRORS = (NotFound, InvalidField, InfrastructureError)
+
+
+def _total(campaign: Campaign, counts: Mapping[TaskState, int]) -> int:
+    return max(campaign.recipient_count, sum(counts.values()))
+
+
+def _summary(store: TaskStore, campaign: Campaign) -> dict[str, Any]:
+    """What the list and the campaign page show about one campaign."""
+    counts = store.count_tasks(campaign.id)
+    by_name = {state.value: counts.get(state, 0) for state in TaskState}
+    total = _total(campaign, counts)
+    final = sum(counts.get(s, 0) for s in _FINAL_STATES)
+    zone = campaign.policy.zone
+    next_send = next_send_at(store, campaign)
+    return {
+        "campaign": campaign,
+        "counts": by_name,
+        "total": total,
+        "final": final,
+        "percent": final * 100 // total if total else 0,
+        "segments": progress_segments(by_name, total),
+        "next_send": local_time(next_send, zone),
+        "next_send_iso": iso(next_send) or "",
+    }
+
+
+@router.get("/", response_class=HTMLResponse, name="page_campaigns")
+def campaigns_page(request: Request, c: ContainerDep) -> Response:
+    """Every campaign with its state, progress, counts and next send."""
+    try:
+        rows = [_summary(c.store, campaign) for campaign in c.store.list_campaigns()]
+        return render(
+            request, "campaigns.html", title="Campaigns", rows=rows, states=list(TaskState)
+        )
+    except _PAGE_ERRORS as exc:
+        return error_page(request, exc)
+
+
+@router.get("/campaigns/new", response_class=HTMLResponse, name="page_new_campaign")
+def new_campaign_page(request: Request, c: ContainerDep) -> Response:
+    """The form that uploads a CSV, sets the policy, previews the plan and creates a draft."""
+    settings = c.settings
+    return render(
+        request,
+        "new.html",
+        title="New campaign",
+        default_timezone=settings.default_timezone,
+        default_from=settings.default_from,
+        timezones=_timezones(),
+        weekdays=WEEKDAY_NAMES,
+        max_upload_mb=max(1, settings.max_upload_bytes // (1024 * 1024)),
+        empty_chart=day_chart([]),
+    )
+
+
+@functools.cache
+def _timezones() -> list[str]:
+    return sorted(z for z in zoneinfo.available_timezones() if "/" in z or z == "UTC")
+
+
+def _task_row(task: Task, zone: ZoneInfo) -> dict[str, Any]:
+    """The task's view, its times in the campaign's zone."""
+    row = TaskView.of(task).model_dump(exclude={"message_id"})
+    row.update(
+        send_at=local_time(task.send_at, zone),
+        sent_at=local_time(task.sent_at, zone),
+        error=task.error or "",
+    )
+    return row
+
+
+def _int_param(value: str | None, default: int) -> int:
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        return default
+
+
+@router.get("/campaigns/{campaign_id}", response_class=HTMLResponse, name="page_campaign")
+def campaign_page(
+    request: Request,
+    campaign_id: str,
+    c: ContainerDep,
+    timelines: TimelinesDep,
+    state: str | None = None,
+    search: str | None = None,
+    after: str | None = None,
+) -> Response:
+    """One campaign: policy, counts, timeline, actions and the paged task table."""
+    try:
+        store = c.store
+        # the change-log id before reading: the page's stream resumes after it, so a change
+        # made while this page renders arrives as an event instead of falling into a gap
+        last_change = store.last_change_id()
+        campaign = store.get_campaign(campaign_id)
+        wanted = TaskState.parse(state) if state and state.strip() else None
+        needle = (search or "").strip()[:_SEARCH_MAX] or None
+        cursor = max(-1, _int_param(after, -1))
+        page = store.list_tasks(
+            campaign_id, state=wanted, search=needle, after=cursor, limit=PAGE_SIZE + 1
+        )
+        more = len(page) > PAGE_SIZE
+        page = page[:PAGE_SIZE]
+        zone = campaign.policy.zone
+        summary = _summary(store, campaign)
+        timeline = timelines.get(campaign)
+        return render(
+            request,
+            "campaign.html",
+            title=campaign.name,
+            last_change=last_change,
+            tasks=[_task_row(t, zone) for t in page],
+            next_cursor=page[-1].position if more and page else None,
+            cursor=cursor,
+            filter_state=wanted.value if wanted else "",
+            search=needle or "",
+            chart=day_chart(timeline),
+            actions={name: campaign.state in allowed for name, allowed in _ACTIONS.items()},
+            states=list(TaskState),
+            page_size=PAGE_SIZE,
+            **summary,
+        )
+    except _PAGE_ERRORS as exc:
+        return error_page(request, exc)
+
+
+def _letter_row(view: DeadLetterView) -> dict[str, Any]:
+    """The letter's view, its payload as one line of text."""
+    row = view.model_dump()
+    row.update(
+        payload=", ".join(f"{k}={v}" for k, v in sorted(view.payload.items())),
+        task_id=view.payload.get("task_id", ""),
+    )
+    return row
+
+
+@router.get("/dead-letters", response_class=HTMLResponse, name="page_dead_letters")
+def dead_letters_page(request: Request, c: ContainerDep) -> Response:
+    """Invocations the execution layer gave up on, each with a redrive button."""
+    try:
+        letters = c.scheduler.dead_letters()
+        return render(
+            request,
+            "dead_letters.html",
+            title="Dead letters",
+            letters=[_letter_row(DeadLetterView.of(d)) for d in letters],
+        )
+    except _PAGE_ERRORS as exc:
+        return error_page(request, exc)

@@ -1,0 +1,62 @@
+"""``/api/campaigns/{id}/tasks``: the campaign's emails, a page at a time, and cancelling one."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from sendqueue.domain.errors import NotFound
+from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.models import MAX_CURSOR
+from sendqueue.services.views import TaskView
+from sendqueue.web.deps import ContainerDep
+from sendqueue.web.schemas import READ_ERRORS, WRITE_ERRORS, TaskPage, error_responses
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/api/campaigns/{campaign_id}/tasks", tags=["tasks"])
+
+
+def _task_state(value: str | None) -> TaskState | None:
+    if value is None or not value.strip():
+        return None
+    return TaskState.parse(value)
+
+
+@router.get("", responses=error_responses(*READ_ERRORS, 404))
+def list_tasks(
+    campaign_id: str,
+    c: ContainerDep,
+    state: Annotated[str | None, Query(max_length=20, description="a task state")] = None,
+    search: Annotated[
+        str | None, Query(max_length=254, description="part of the address, any case")
+    ] = None,
+    after: Annotated[
+        int, Query(ge=-1, le=MAX_CURSOR, description="the cursor: `next` of the last page")
+    ] = -1,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> TaskPage:
+    """A page of the campaign's emails in position order."""
+    page = c.store.list_tasks(
+        campaign_id,
+        state=_task_state(state),
+        search=search or None,
+        after=after,
+        limit=limit + 1,
+    )
+    more = len(page) > limit
+    page = page[:limit]
+    return TaskPage(
+        tasks=[TaskView.of(t) for t in page],
+        next=page[-1].position if more else None,
+    )
+
+
+@router.post("/{task_id}/cancel", responses=error_responses(*WRITE_ERRORS, 404, 409))
+def cancel_task(campaign_id: str, task_id: str, c: ContainerDep) -> TaskView:
+    """Cancel one Pending email and delete its schedule; 409 if it is past Pending."""
+    task = c.store.get_task(task_id)
+    if task is None or task.campaign_id != campaign_id:
+        raise NotFound("task", task_id)
+    return TaskView.of(c.campaigns.cancel_task(task_id))

@@ -1,0 +1,169 @@
+"""The API's response models (what ``/openapi.json`` documents as each success body) and the
+error shape every route may answer besides.
+
+The campaign, task and dead-letter views are :mod:`sendqueue.services.views`, the ones the CLI
+prints; the models here wrap or extend them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from sendqueue.services.views import CampaignView, DeadLetterView, IsoTime, TaskView
+
+__all__ = [
+    "READ_ERRORS",
+    "WRITE_ERRORS",
+    "CampaignDetail",
+    "CampaignList",
+    "CampaignWithTimeline",
+    "CreatedCampaign",
+    "DeadLetterList",
+    "ErrorBody",
+    "ErrorInfo",
+    "Health",
+    "ImportSummary",
+    "Plan",
+    "PlanDay",
+    "PlanSend",
+    "Redriven",
+    "RetriedCampaign",
+    "TaskPage",
+    "TimelineDay",
+    "error_responses",
+]
+
+
+class CampaignDetail(CampaignView):
+    """A campaign with its counts (``campaign show --json``) and when it sends next."""
+
+    next_send_at: IsoTime | None
+
+
+class CampaignList(BaseModel):
+    campaigns: list[CampaignDetail]
+
+
+class ImportSummary(BaseModel):
+    rows: int
+    duplicates: int
+    duplicate_rows: list[int]
+
+
+class CreatedCampaign(CampaignDetail):
+    """A new draft, with what the import made of the recipients."""
+
+    imported: ImportSummary = Field(alias="import")
+
+
+class RetriedCampaign(CampaignDetail):
+    affected: int = Field(description="how many Failed emails are sent again")
+
+
+class TimelineDay(BaseModel):
+    day: str = Field(json_schema_extra={"format": "date"})
+    planned: int
+    done: int
+
+
+class CampaignWithTimeline(CampaignDetail):
+    timeline: list[TimelineDay] = Field(description="planned and done emails per local day")
+
+
+class PlanSend(BaseModel):
+    index: int
+    send_at: IsoTime
+    local: str = Field(description="the send time in the policy's zone, with its offset")
+    email: str | None = Field(None, description="left out where the plan has no recipients")
+
+
+class PlanDay(BaseModel):
+    day: str = Field(json_schema_extra={"format": "date"})
+    count: int
+    first: str
+    last: str
+
+
+class Plan(BaseModel):
+    """When each email would be sent (the first 1,000), and how many per day (all)."""
+
+    policy_text: str
+    timezone: str
+    count: int
+    duplicates: int
+    sends: list[PlanSend]
+    days: list[PlanDay]
+
+
+class TaskPage(BaseModel):
+    tasks: list[TaskView]
+    next: int | None = Field(description="the cursor of the next page (`after`), or null")
+
+
+class DeadLetterList(BaseModel):
+    dead_letters: list[DeadLetterView]
+
+
+class Redriven(BaseModel):
+    redriven: list[str] = Field(description="the dead letters turned back into schedules")
+    schedules: list[str] = Field(description="the schedules made, in the same order")
+
+
+class ErrorInfo(BaseModel):
+    """The inside of every error response (docs/api.md, "Errors")."""
+
+    status: int
+    message: str
+    field: str | None = None
+    reason: str | None = None
+    value: Any = None
+    errors: list[dict[str, Any]] | None = Field(
+        None, description="with several problems (rows of a CSV): each with row, field, reason"
+    )
+    total: int | None = Field(None, description="how many problems in all")
+
+
+class ErrorBody(BaseModel):
+    """Every error the API answers: ``{"error": {...}}``."""
+
+    error: ErrorInfo
+
+
+class Health(BaseModel):
+    """``GET /healthz``: ``ok``, or ``unavailable`` with the error."""
+
+    status: str
+    error: ErrorInfo | None = None
+
+
+_ERROR_TEXT = {
+    401: "no or wrong token (`WWW-Authenticate: Bearer`)",
+    403: "CSRF token missing or wrong (session cookie requests)",
+    404: "unknown campaign, task or dead letter",
+    409: "illegal transition or conflict",
+    413: "body or CSV larger than SENDQUEUE_MAX_UPLOAD_BYTES",
+    415: "neither multipart/form-data nor application/json",
+    422: "invalid input, naming the field or the rows",
+    503: "the store or the execution layer is unreachable (`Retry-After`)",
+}
+
+#: What every API route may answer besides its success.
+READ_ERRORS = (401, 422, 503)
+WRITE_ERRORS = (401, 403, 422, 503)
+
+
+def error_responses(*statuses: int, json_only: bool = False) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these error statuses, all in the one error shape.
+
+    ``json_only`` for a route whose success is not JSON (the event stream, the metrics):
+    FastAPI would document its errors in the success's media type, but errors are JSON.
+    """
+    if json_only:
+        ref = {"$ref": "#/components/schemas/ErrorBody"}
+        return {
+            s: {"description": _ERROR_TEXT[s], "content": {"application/json": {"schema": ref}}}
+            for s in statuses
+        }
+    return {s: {"model": ErrorBody, "description": _ERROR_TEXT[s]} for s in statuses}

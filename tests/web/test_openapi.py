@@ -1,0 +1,63 @@
+"""The OpenAPI document describes every success body of the API, and the form CSRF check
+guards exactly the routes that take a form."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sendqueue.web.middleware.csrf import form_routes
+from sendqueue.web.routers import ROUTERS
+from tests.web.conftest import Web
+
+_METHODS = {"get", "post", "put", "patch", "delete"}
+
+
+def _resolve(document: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        name = schema["$ref"].removeprefix("#/components/schemas/")
+        schema = document["components"]["schemas"][name]
+    return schema
+
+
+def test_every_api_success_body_has_a_schema_with_properties(web: Web) -> None:
+    document = web.client.get("/openapi.json").json()
+    checked: list[str] = []
+    for path, operations in document["paths"].items():
+        if not path.startswith("/api/"):
+            continue
+        for method, operation in operations.items():
+            if method not in _METHODS:
+                continue
+            where = f"{method.upper()} {path}"
+            successes = {s: r for s, r in operation["responses"].items() if s.startswith("2")}
+            assert successes, f"{where}: no success response documented"
+            for status, response in successes.items():
+                content = response.get("content", {})
+                if "text/event-stream" in content:
+                    continue
+                assert "application/json" in content, f"{where} {status}: not JSON: {content}"
+                schema = _resolve(document, content["application/json"].get("schema", {}))
+                assert schema.get("properties"), f"{where} {status}: an empty schema {schema}"
+                checked.append(where)
+    # every JSON route of the API, not a vacuous pass
+    assert len(checked) >= 15, checked
+
+
+def test_the_views_are_in_the_schema_with_their_json_names(web: Web) -> None:
+    schemas = web.client.get("/openapi.json").json()["components"]["schemas"]
+    assert set(schemas["TaskView"]["properties"]) == {
+        "id", "position", "email", "name", "subject", "state", "send_at", "sent_at",
+        "attempts", "message_id", "error",
+    }  # fmt: skip
+    assert {"from", "counts", "next_send_at"} <= set(schemas["CampaignDetail"]["properties"])
+    assert set(schemas["DeadLetterView"]["properties"]) == {
+        "id", "schedule", "group", "payload", "error", "attempts", "failed_at",
+    }  # fmt: skip
+
+
+def test_only_the_three_forms_take_the_csrf_token_as_a_field() -> None:
+    assert form_routes(ROUTERS) == {
+        ("POST", "/login"),
+        ("POST", "/logout"),
+        ("POST", "/api/campaigns"),
+    }
