@@ -186,10 +186,10 @@ def child_procrastinate(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
     from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
     from sendqueue.adapters.procrastinate.schema import conninfo_from_url
-    from sendqueue.adapters.sql_store import SqlTaskStore
+    from sendqueue.adapters.sql import open_store
 
     total = args.schedules + args.burst
-    SqlTaskStore(url, upgrade=True).close()  # the deployed layout: the store's tables beside
+    open_store(url, upgrade=True).close()  # the deployed layout: the store's tables beside
     threads = PROCRASTINATE_CREATE_THREADS
 
     def clear() -> None:

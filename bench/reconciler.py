@@ -41,7 +41,7 @@ def _text(value: datetime) -> str:
 def build(home: Path, total: int, pending: int) -> tuple[str, str]:
     """The two SQLite files; returns (store URL, scheduler URL)."""
     from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
-    from sendqueue.adapters.sql_store import SqlTaskStore
+    from sendqueue.adapters.sql import open_store
     from sendqueue.domain.lifecycle import CampaignState
     from sendqueue.domain.models import Campaign, schedule_name
     from sendqueue.domain.policy import SendingPolicy, Window
@@ -49,7 +49,7 @@ def build(home: Path, total: int, pending: int) -> tuple[str, str]:
     store_url = f"sqlite:///{home / 'store.db'}"
     scheduler_url = f"sqlite:///{home / 'scheduler.db'}"
     now = datetime.now(UTC)
-    with SqlTaskStore(store_url) as store:
+    with open_store(store_url) as store:
         policy = SendingPolicy(
             timezone="UTC",
             per_day=10_000,

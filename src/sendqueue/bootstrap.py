@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from sendqueue.adapters.alarm import LoggingAlarm
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.mail.factory import mailer_from_url
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import InvalidField
 from sendqueue.ports import (
@@ -129,7 +129,7 @@ class Container:
         if self.settings.database_url.startswith("dynamodb:"):
             return self._dynamodb()
         _make_parent(self.settings.database_url)
-        return SqlTaskStore(self.settings.database_url, upgrade=True)
+        return open_store(self.settings.database_url, upgrade=True)
 
     def _dynamodb(self) -> TaskStore:
         # Imported here: boto3 is the optional 'aws' extra.
@@ -354,7 +354,7 @@ def bootstrap(
 
 def upgrade_store_schema(settings: Settings) -> str | None:
     """Apply the task store's migrations to ``settings.database_url``; the revision it is at."""
-    from sendqueue.adapters.migrate import current, upgrade
+    from sendqueue.adapters.sql.migrate import current, upgrade
 
     upgrade(settings.database_url)
     return current(settings.database_url)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import open_store
 from sendqueue.domain.errors import (
     Conflict,
     IllegalTransition,
@@ -77,18 +77,14 @@ def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     url = f"sqlite:///{tmp_path / 'store.db'}"
     missing = f"sqlite:///{tmp_path / 'no-such-dir' / 'store.db'}"
-    return Backend(
-        "sqlite", lambda: SqlTaskStore(url), lambda: SqlTaskStore(missing, upgrade=False)
-    )
+    return Backend("sqlite", lambda: open_store(url), lambda: open_store(missing, upgrade=False))
 
 
 def _postgres(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     url = request.getfixturevalue("postgres_url")
     # Port 1 on loopback: connection refused at once.
     refused = "postgresql+psycopg://postgres@127.0.0.1:1/nothing"
-    return Backend(
-        "postgres", lambda: SqlTaskStore(url), lambda: SqlTaskStore(refused, upgrade=False)
-    )
+    return Backend("postgres", lambda: open_store(url), lambda: open_store(refused, upgrade=False))
 
 
 BACKENDS = [

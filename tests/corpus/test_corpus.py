@@ -41,7 +41,7 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner, Result
 
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import SqlTaskStore
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.cli import app as cli_app
 from sendqueue.domain.lifecycle import CampaignState, TaskState

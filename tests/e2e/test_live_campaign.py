@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from playwright.sync_api import expect
 
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import open_store
 from tests.e2e.conftest import (
     ARTIFACTS,
     Sendqueue,
@@ -101,7 +101,7 @@ def _server_chart(html: str) -> list[list[Any]]:
 
 def _latencies(seen: list[dict[str, Any]], database_url: str, cid: str) -> list[float]:
     """Milliseconds from each change's commit time in the store to its row changing in the page."""
-    store = SqlTaskStore(database_url, upgrade=False)
+    store = open_store(database_url, upgrade=False)
     try:
         changes = store.changes_after(0, campaign_id=cid, limit=10_000)
     finally:

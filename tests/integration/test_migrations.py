@@ -18,9 +18,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from sendqueue.adapters import migrate
-from sendqueue.adapters.sql_schema import create_store_engine, metadata
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import migrate, open_store
+from sendqueue.adapters.sql.schema import create_store_engine, metadata
 from sendqueue.domain.errors import InvalidField, StoreUnavailable
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Campaign, Task, task_id
@@ -98,20 +97,20 @@ def test_the_comparison_notices_a_schema_that_drifted(url: str, engine: sa.Engin
 
 def test_upgrading_twice_is_a_no_op(url: str, engine: sa.Engine) -> None:
     migrate.upgrade(url)
-    with SqlTaskStore(url, upgrade=False) as store:
+    with open_store(url, upgrade=False) as store:
         store.create_campaign(a_campaign(), [])
 
     migrate.upgrade(url)
 
     assert migrate.current(url) == migrate.head()
     assert schema_diffs(engine) == []
-    with SqlTaskStore(url) as store:
+    with open_store(url) as store:
         assert store.get_campaign("c1").id == "c1"
 
 
 def test_downgrade_to_base_drops_everything(url: str, engine: sa.Engine) -> None:
     migrate.upgrade(url)
-    with SqlTaskStore(url, upgrade=False) as store:
+    with open_store(url, upgrade=False) as store:
         store.create_campaign(a_campaign(), [])
 
     migrate.downgrade(url, "base")
@@ -121,7 +120,7 @@ def test_downgrade_to_base_drops_everything(url: str, engine: sa.Engine) -> None
     assert table_names(engine) <= {"alembic_version", "sqlite_sequence"}
     migrate.upgrade(url)
     assert schema_diffs(engine) == []
-    with SqlTaskStore(url) as store:
+    with open_store(url) as store:
         assert store.list_campaigns() == []
 
 
@@ -148,11 +147,11 @@ def test_concurrent_upgrades_of_an_empty_database_both_succeed(url: str, engine:
 
 
 def test_the_store_upgrades_itself_on_open_unless_told_not_to(url: str) -> None:
-    with SqlTaskStore(url, upgrade=False) as store, pytest.raises(StoreUnavailable):
+    with open_store(url, upgrade=False) as store, pytest.raises(StoreUnavailable):
         store.list_campaigns()
     assert migrate.current(url) is None
 
-    with SqlTaskStore(url) as store:
+    with open_store(url) as store:
         assert store.list_campaigns() == []
     assert migrate.current(url) == migrate.head()
 
@@ -165,13 +164,13 @@ def test_unknown_revision_is_refused(url: str) -> None:
 
 def test_unsupported_urls_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unsupported"):
-        SqlTaskStore("mysql://localhost/db")
+        open_store("mysql://localhost/db")
     with pytest.raises(ValueError, match="needs a file"):
-        SqlTaskStore("sqlite://")
+        open_store("sqlite://")
 
 
 def test_sqlite_connections_are_set_up_for_concurrency(tmp_path: Path) -> None:
-    with SqlTaskStore(f"sqlite:///{tmp_path / 'store.db'}") as store, store.engine.connect() as c:
+    with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store, store.engine.connect() as c:
         pragmas = {
             name: c.exec_driver_sql(f"PRAGMA {name}").scalar()
             for name in ("journal_mode", "foreign_keys", "busy_timeout", "synchronous")
@@ -188,7 +187,7 @@ def test_sqlite_connections_are_set_up_for_concurrency(tmp_path: Path) -> None:
 _CLAIMER = """
 import json, sys
 from datetime import datetime, UTC
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import open_store
 from sendqueue.domain.lifecycle import TaskState
 
 url, ids = sys.argv[1], sys.argv[2].split(",")
@@ -196,7 +195,7 @@ sys.stdout.write("ready\\n")
 sys.stdout.flush()
 sys.stdin.readline()
 won = []
-with SqlTaskStore(url) as store:
+with open_store(url) as store:
     at = datetime.now(UTC)
     for tid in ids:
         if store.transition(tid, TaskState.PENDING, TaskState.RUNNING, at=at) is not None:
@@ -208,7 +207,7 @@ print(json.dumps(won))
 def test_processes_claiming_the_same_tasks_never_both_win(url: str) -> None:
     count = 200
     ids = [task_id("c1", i) for i in range(count)]
-    with SqlTaskStore(url) as store:
+    with open_store(url) as store:
         store.create_campaign(a_campaign(), [])
         store.insert_tasks(
             [
@@ -260,7 +259,7 @@ def test_processes_claiming_the_same_tasks_never_both_win(url: str) -> None:
     won = [set(json.loads(out)) for out in outputs]
     assert won[0].isdisjoint(won[1])
     assert won[0] | won[1] == set(ids)
-    with SqlTaskStore(url) as store:
+    with open_store(url) as store:
         entries = store.changes_after(start, limit=10 * count)
         assert sorted(e.task_id or "" for e in entries) == sorted(ids)
         assert {e.to_state for e in entries} == {TaskState.RUNNING.value}

@@ -1,4 +1,4 @@
-"""SqlTaskStore on PostgreSQL: the send path's and the provisioner's statements run on a psycopg
+"""PostgresTaskStore: the send path's and the provisioner's statements run on a psycopg
 connection per thread, in autocommit mode, with no pre-ping.
 
 What the pool's pre-ping gave must still hold: a connection the server ended while it sat idle
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import PostgresTaskStore
 from sendqueue.domain.errors import NotFound, StoreUnavailable
 from sendqueue.domain.lifecycle import TaskState
 from tests.conftest import POSTGRES_ADMIN_URL
@@ -27,13 +27,13 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def store(postgres_url: str) -> Iterator[SqlTaskStore]:
-    opened = SqlTaskStore(postgres_url)
+def store(postgres_url: str) -> Iterator[PostgresTaskStore]:
+    opened = PostgresTaskStore(postgres_url)
     yield opened
     opened.close()
 
 
-def _provisioned(store: SqlTaskStore, count: int) -> tuple[str, list[str]]:
+def _provisioned(store: PostgresTaskStore, count: int) -> tuple[str, list[str]]:
     app = fake_app(store=store)
     cid = app.campaigns.create(
         name="c", recipients=csv_bytes(count), policy=open_policy()
@@ -55,23 +55,23 @@ def _terminate(database: str) -> None:
     )
 
 
-def _backend_pid(store: SqlTaskStore) -> int:
+def _backend_pid(store: PostgresTaskStore) -> int:
     """The server process of the fast-path connection the next call would use."""
-    generation, db = store._pg_checkout()
+    generation, db = store._connections.checkout()
     try:
         pid: int = db.info.backend_pid
     finally:
-        store._pg_checkin(generation, db)
+        store._connections.checkin(generation, db)
     return pid
 
 
-def test_threads_claim_and_finish_on_their_own_connections(store: SqlTaskStore) -> None:
+def test_threads_claim_and_finish_on_their_own_connections(store: PostgresTaskStore) -> None:
     cid, ids = _provisioned(store, 200)
     claim_and_finish_from_threads(store, cid, ids)
 
 
 def test_a_connection_the_server_ended_is_replaced_on_its_next_use(
-    store: SqlTaskStore, postgres_url: str
+    store: PostgresTaskStore, postgres_url: str
 ) -> None:
     database = postgres_url.rsplit("/", 1)[1]
     cid, ids = _provisioned(store, 3)
@@ -93,7 +93,7 @@ def test_a_connection_the_server_ended_is_replaced_on_its_next_use(
 
 
 def test_a_database_that_refuses_connections_raises_at_once_then_recovers(
-    store: SqlTaskStore, postgres_url: str
+    store: PostgresTaskStore, postgres_url: str
 ) -> None:
     database = postgres_url.rsplit("/", 1)[1]
     cid, ids = _provisioned(store, 2)
@@ -118,7 +118,7 @@ def test_a_database_that_refuses_connections_raises_at_once_then_recovers(
     assert store.get_task(ids[1]) is not None
 
 
-def test_statement_errors_are_not_retried_and_keep_the_connection(store: SqlTaskStore) -> None:
+def test_statement_errors_are_not_retried_and_keep_the_connection(store: PostgresTaskStore) -> None:
     _cid, ids = _provisioned(store, 1)
     pid = _backend_pid(store)
     with pytest.raises(NotFound):
@@ -129,7 +129,7 @@ def test_statement_errors_are_not_retried_and_keep_the_connection(store: SqlTask
     assert store.get_task(ids[0]) is not None
 
 
-def test_threads_share_a_bounded_set_of_idle_connections(store: SqlTaskStore) -> None:
+def test_threads_share_a_bounded_set_of_idle_connections(store: PostgresTaskStore) -> None:
     """A web server's many threads must not each keep a connection open: the server allows
     a hundred in all, for every process."""
     _cid, ids = _provisioned(store, 2)
@@ -138,15 +138,16 @@ def test_threads_share_a_bounded_set_of_idle_connections(store: SqlTaskStore) ->
         thread = threading.Thread(target=store.get_task, args=(ids[0],))
         thread.start()
         thread.join()
-    assert len(store._pg_idle) == 1 and _backend_pid(store) == pid  # reused, not one per thread
-    held = [store._pg_checkout() for _ in range(10)]  # ten calls at once
+    # reused, not one per thread
+    assert len(store._connections.idle()) == 1 and _backend_pid(store) == pid
+    held = [store._connections.checkout() for _ in range(10)]  # ten calls at once
     assert len({db.info.backend_pid for _, db in held}) == 10
     for generation, db in held:
-        store._pg_checkin(generation, db)
-    kept = list(store._pg_idle)
+        store._connections.checkin(generation, db)
+    kept = list(store._connections.idle())
     assert len(kept) == 4  # pg_idle_connections
     assert sum(db.closed for _, db in held) == 6
     store.close()
-    assert store._pg_idle == [] and all(db.closed for db in kept)
+    assert store._connections.idle() == [] and all(db.closed for db in kept)
     task = store.get_task(ids[1])  # opens anew, like the engine after dispose()
     assert task is not None and task.state is TaskState.PENDING

@@ -1,4 +1,4 @@
-"""SqlTaskStore on SQLite: the send path's statements run on a driver connection per thread.
+"""SqliteTaskStore on SQLite: the send path's statements run on a driver connection per thread.
 
 Those connections behave as the engine's pool does where it shows: several threads claim and
 finish tasks at once without losing a change-log row, a dead thread's connection is closed
@@ -11,13 +11,13 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import SqliteTaskStore
 from sendqueue.domain.lifecycle import TaskState
 from tests.support.app import claim_and_finish_from_threads, csv_bytes, fake_app, open_policy
 
 
-def _store_with_tasks(tmp_path: Path, count: int) -> tuple[SqlTaskStore, str, list[str]]:
-    store = SqlTaskStore(f"sqlite:///{tmp_path / 'store.db'}")
+def _store_with_tasks(tmp_path: Path, count: int) -> tuple[SqliteTaskStore, str, list[str]]:
+    store = SqliteTaskStore(f"sqlite:///{tmp_path / 'store.db'}")
     app = fake_app(store=store)
     cid = app.campaigns.create(
         name="c", recipients=csv_bytes(count), policy=open_policy()

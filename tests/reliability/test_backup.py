@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import open_store
 from sendqueue.bootstrap import bootstrap
 from sendqueue.cli import app as cli_app
 from sendqueue.domain.lifecycle import CampaignState, TaskState
@@ -88,7 +88,7 @@ class Writer(threading.Thread):
 def check_consistent(directory: Path) -> dict[str, int]:
     """The checks of the module docstring on one backup; returns its manifest's row counts."""
     manifest = json.loads((directory / "backup.json").read_text())
-    store = SqlTaskStore(f"sqlite:///{directory / 'store.db'}")
+    store = open_store(f"sqlite:///{directory / 'store.db'}")
     try:
         campaigns = store.list_campaigns()
         assert len(campaigns) == manifest["store"]["rows"]["campaigns"]

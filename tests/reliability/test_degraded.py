@@ -32,7 +32,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sendqueue.adapters.mail.smtp import SmtpMailer
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import open_store
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.cli import app as cli_app
 from sendqueue.domain.lifecycle import CampaignState, TaskState
@@ -155,7 +155,7 @@ def test_store_down_503_everywhere_then_dead_letters_then_redrive_loses_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = _settings(tmp_path)
-    store = FlakyStore(SqlTaskStore(settings.database_url, upgrade=True))
+    store = FlakyStore(open_store(settings.database_url, upgrade=True))
     clock = FakeClock(T0)
     mailer = RecordingMailer()
     app = bootstrap(settings, clock=clock, store=store, mailer=mailer)

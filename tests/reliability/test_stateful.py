@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import DomainError, StoreUnavailable, Throttled
 from sendqueue.domain.lifecycle import CampaignState, TaskState
@@ -104,7 +104,7 @@ class SendqueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="sq-stateful-"))
         self.clock = FakeClock(T0)
-        self.store = FaultyStore(SqlTaskStore(f"sqlite:///{self.dir / 'store.db'}"))
+        self.store = FaultyStore(open_store(f"sqlite:///{self.dir / 'store.db'}"))
         self.scheduler = ThrottlingScheduler(
             EmbeddedScheduler(
                 f"sqlite:///{self.dir / 'scheduler.db'}",

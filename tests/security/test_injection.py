@@ -26,7 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sendqueue.adapters.mail.mime import build_message
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import SqlTaskStore
 from sendqueue.bootstrap import bootstrap
 from sendqueue.cli import app as cli_app
 from sendqueue.domain.addresses import normalize_sender

@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from sendqueue.adapters.mail.factory import mailer_from_url
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import open_store
 from sendqueue.bootstrap import bootstrap
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.ports import Mailer, OutgoingMessage, TaskStore
@@ -77,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = Settings()
     hold = _Hold(args.hold_at, args.nth)
-    store = HoldingStore(SqlTaskStore(settings.database_url), hold)
+    store = HoldingStore(open_store(settings.database_url), hold)
     mailer = HoldingMailer(mailer_from_url(settings.mailer), hold)
     app = bootstrap(settings, store=store, mailer=mailer)
     stop = threading.Event()

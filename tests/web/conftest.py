@@ -28,7 +28,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*install `httpx2`")
     from fastapi.testclient import TestClient
 
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import open_store
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import StoreUnavailable
 from sendqueue.settings import Settings
@@ -141,7 +141,7 @@ def make_web(tmp_path: Path) -> Iterator[Callable[..., Web]]:
         mailer = RecordingMailer()
         store: Any = None
         if flaky:
-            store = FlakyStore(SqlTaskStore(settings.database_url, upgrade=True))
+            store = FlakyStore(open_store(settings.database_url, upgrade=True))
         container = bootstrap(settings, clock=clock, mailer=mailer, store=store)
         app = create_app(container)
         client = TestClient(app, base_url="http://testserver", follow_redirects=False)

@@ -37,9 +37,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from sendqueue.adapters import sql_schema as schema
-from sendqueue.adapters.sql_schema import WRITE, create_store_engine
-from sendqueue.adapters.sql_store import SqlTaskStore
+from sendqueue.adapters.sql import SqlTaskStore, schema
+from sendqueue.adapters.sql.schema import WRITE, create_store_engine
 from sendqueue.domain.errors import Conflict, InvalidField, StoreUnavailable
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import schedule_group

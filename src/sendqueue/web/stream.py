@@ -14,7 +14,7 @@ How it holds the promises of docs/api.md:
   through one path or the other (the reader delivers every entry above the position it had
   when the subscriber joined; the backlog read runs until the log is exhausted, past that
   position), and anything it has already sent (id at or below its last id) is skipped. The
-  store makes change-log ids visible in id order (see ``SqlTaskStore._log``), so a position
+  store makes change-log ids visible in id order (see ``PostgresTaskStore._log``), so a position
   never skips an entry that commits later.
 - **Bounded memory.** A subscriber whose queue is full (a client that does not read) is
   disconnected; it resumes with ``Last-Event-ID`` from the store, losing nothing. The number

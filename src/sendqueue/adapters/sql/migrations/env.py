@@ -1,7 +1,7 @@
-"""Alembic environment for the task store; driven by :mod:`sendqueue.adapters.migrate`.
+"""Alembic environment for the task store; driven by :mod:`sendqueue.adapters.sql.migrate`.
 
-There is no ``alembic.ini``: :mod:`sendqueue.adapters.migrate` builds the configuration in code
-and hands over an open connection (``config.attributes["connection"]``) whose transaction it
+There is no ``alembic.ini``: :mod:`sendqueue.adapters.sql.migrate` builds the configuration in
+code and hands over an open connection (``config.attributes["connection"]``) whose transaction it
 controls, so the migration runs inside the lock it took. For authoring a new revision with the
 ``alembic`` command, a ``sqlalchemy.url`` main option works too.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from sendqueue.adapters.sql_schema import create_store_engine, metadata
+from sendqueue.adapters.sql.schema import create_store_engine, metadata
 
 config = context.config
 

@@ -1,8 +1,8 @@
 """The task store's SQL schema, and the engine set-up both SQL dialects rely on.
 
-The tables here are the *current* schema. The Alembic migrations in ``sendqueue/migrations``
-create it; ``tests/integration/test_migrations.py`` checks that upgrading to head yields exactly
-this metadata, so a change here needs a new migration.
+The tables here are the *current* schema. The Alembic migrations in ``migrations/`` beside
+this module create it; ``tests/integration/test_migrations.py`` checks that upgrading to head
+yields exactly this metadata, so a change here needs a new migration.
 
 :func:`create_store_engine` builds an engine for ``sqlite:///FILE`` or
 ``postgresql+psycopg://...``. On SQLite it turns on WAL, foreign keys, a 30 s busy timeout and

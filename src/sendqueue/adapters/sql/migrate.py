@@ -1,7 +1,8 @@
 """Schema migrations of the SQL task store (Alembic, configured in code; no ``alembic.ini``).
 
-``sendqueue db upgrade`` calls :func:`upgrade`; :class:`~sendqueue.adapters.sql_store.SqlTaskStore`
-calls :func:`upgrade_engine` when it opens with ``upgrade=True``. Several processes may upgrade
+``sendqueue db upgrade`` calls :func:`upgrade`; the task stores
+(:class:`~sendqueue.adapters.sql.base.SqlTaskStore`) call :func:`upgrade_engine` when they open
+with ``upgrade=True``. Several processes may upgrade
 at once: each migration run holds the database's write lock (SQLite ``BEGIN IMMEDIATE``, a
 PostgreSQL advisory lock) for its whole transaction, so the second one waits and then finds the
 schema at head already.
@@ -22,7 +23,7 @@ from alembic.util import CommandError
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
-from sendqueue.adapters.sql_schema import WRITE, create_store_engine
+from sendqueue.adapters.sql.schema import WRITE, create_store_engine
 from sendqueue.domain.errors import InvalidField, StoreUnavailable
 
 __all__ = [
@@ -36,7 +37,7 @@ __all__ = [
     "upgrade_engine",
 ]
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 # pg_advisory_xact_lock key serialising migration runs ("sq" + 1); distinct from the store's
 # change-log key.

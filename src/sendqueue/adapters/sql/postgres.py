@@ -1,0 +1,420 @@
+"""The task store on PostgreSQL (psycopg 3): :class:`PostgresTaskStore`.
+
+The send path's and the provisioner's statements run on a psycopg connection of
+:class:`~sendqueue.adapters.sql.pool.FastPathPool` in autocommit mode, each call one statement
+and so one round trip and one transaction (a state change with its change-log row included);
+everything else goes through SQLAlchemy Core (:class:`~sendqueue.adapters.sql.base.SqlTaskStore`).
+Why: docs/performance.md, "SQL store: why the code looks this way".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+
+from sendqueue.adapters.sql import rows
+from sendqueue.adapters.sql import schema as tables
+from sendqueue.adapters.sql.base import SqlTaskStore
+from sendqueue.adapters.sql.errors import mapped_errors
+from sendqueue.adapters.sql.pool import FastPathPool
+from sendqueue.adapters.sql.rows import TASK_COLUMNS, task_from_row
+from sendqueue.adapters.sql.schema import UtcDateTime
+from sendqueue.domain.errors import NotFound
+from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.models import Recipient, Task, check_cursor, check_limit
+
+try:  # the driver is the optional "postgres" extra
+    import psycopg.types.json
+    from psycopg import errors as pg_errors
+except ImportError:  # pragma: no cover - the "postgres" extra not installed
+    psycopg = None  # type: ignore[assignment]
+    pg_errors = None  # type: ignore[assignment]
+
+__all__ = ["CHANGE_LOG_LOCK_KEY", "PostgresTaskStore"]
+
+#: pg_advisory_xact_lock key taken right before change-log rows are inserted ("sq" + 2).
+CHANGE_LOG_LOCK_KEY = 0x7371_0002
+
+#: Rows per statement of an ``unnest`` insert (its parameters are arrays).
+_UNNEST_CHUNK_SIZE = 5000
+
+#: A task state change in one statement: the CAS UPDATE, then the change-log lock (only if a
+#: row matched, after its row lock), then the change-log INSERT (its id drawn under the lock).
+_TRANSITION = (
+    "WITH moved AS (UPDATE tasks SET {sets} WHERE id = %s AND state = %s"
+    f" RETURNING {TASK_COLUMNS}),"
+    f" locked AS (SELECT campaign_id, id, pg_advisory_xact_lock({CHANGE_LOG_LOCK_KEY})"
+    " FROM moved),"
+    " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+    " SELECT campaign_id, id, %s, %s, %s::timestamptz, %s::text FROM locked)"
+    f" SELECT {TASK_COLUMNS} FROM moved"
+)
+
+#: Tasks inserted in bulk with their ``None -> Pending`` entries, in one statement: the rows
+#: (binary arrays, one per column, in id order; ON CONFLICT DO NOTHING), then the change-log
+#: lock once every row is in, then one entry per inserted id in input order.
+_INSERT_TASKS = (
+    f"WITH ins AS (INSERT INTO tasks ({TASK_COLUMNS})"
+    f" SELECT {TASK_COLUMNS} FROM unnest("
+    "%b::varchar[], %b::varchar[], %b::integer[], %b::text[], %b::text[], %b::text[],"
+    " %b::text[], %b::text[], %b::timestamptz[], %b::varchar[], %b::varchar[], %b::integer[],"
+    " %b::timestamptz[], %b::timestamptz[], %b::text[], %b::text[], %b::timestamptz[],"
+    " %b::timestamptz[])"
+    f" WITH ORDINALITY AS u({TASK_COLUMNS}, sq_ordinal) ORDER BY sq_ordinal"
+    " ON CONFLICT DO NOTHING RETURNING id),"
+    f" locked AS (SELECT pg_advisory_xact_lock({CHANGE_LOG_LOCK_KEY}) AS held"
+    " FROM (SELECT count(*) AS n FROM ins) AS c WHERE c.n > 0),"
+    " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+    " SELECT e.campaign_id, e.id, NULL, %s, %b::timestamptz, NULL"
+    " FROM unnest(%b::varchar[], %b::varchar[]) WITH ORDINALITY AS e(id, campaign_id, ord)"
+    " JOIN ins ON ins.id = e.id CROSS JOIN locked ORDER BY e.ord RETURNING 1)"
+    " SELECT count(*) FROM logged"
+)
+
+#: A campaign's checkpoint with its progress entry, in one statement (as :data:`_TRANSITION`).
+_CHECKPOINT_LOGGED = (
+    "WITH saved AS (UPDATE campaigns SET checkpoint = %s, updated_at = %s WHERE id = %s"
+    " RETURNING id),"
+    f" locked AS (SELECT id, pg_advisory_xact_lock({CHANGE_LOG_LOCK_KEY}) FROM saved),"
+    " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+    " SELECT id, NULL, NULL, 'progress', %s::timestamptz, %s::text FROM locked)"
+    " SELECT count(*) FROM saved"
+)
+
+_LOCK_CHANGE_LOG = sa.text("SELECT pg_advisory_xact_lock(:key)")
+
+_T = TypeVar("_T")
+
+
+def _aware_utc(value: datetime) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"naive datetime {value!r} where an aware one is required")
+    return value.astimezone(UTC)
+
+
+def _time(value: datetime | None) -> datetime | None:
+    """An aware datetime for a timestamptz parameter (ValueError for a naive one)."""
+    if value is None or value.tzinfo is UTC:
+        return value
+    return _aware_utc(value)
+
+
+def _unnest_insert(
+    conn: Connection,
+    table: sa.Table,
+    new_rows: Sequence[Mapping[str, Any]],
+    *,
+    returning: str | None = None,
+) -> list[Any]:
+    """Bulk insert: one array parameter per column, ``unnest`` server-side (a short statement
+    whatever the row count). Rows go in (and draw serial ids) in the given order; conflicting
+    ones are skipped. With ``returning``, that column of the rows inserted comes back."""
+    dialect = conn.dialect
+    columns = list(new_rows[0])
+    names = ", ".join(f'"{c}"' for c in columns)
+    arrays = ", ".join(
+        f"CAST(:{c} AS {table.c[c].type.compile(dialect=dialect)}[])" for c in columns
+    )
+    sql = (
+        f"INSERT INTO {table.name} ({names}) SELECT {names} FROM unnest({arrays})"
+        f" WITH ORDINALITY AS u({names}, sq_ordinal) ORDER BY sq_ordinal"
+        " ON CONFLICT DO NOTHING"
+    )
+    if returning is not None:
+        sql += f' RETURNING "{returning}"'
+    statement = sa.text(sql)
+    times = [c for c in columns if isinstance(table.c[c].type, UtcDateTime)]
+    out: list[Any] = []
+    for chunk in rows.chunks(new_rows, _UNNEST_CHUNK_SIZE):
+        params = {c: [row[c] for row in chunk] for c in columns}
+        for c in times:
+            params[c] = [None if v is None else _aware_utc(v) for v in params[c]]
+        result = conn.execute(statement, params)
+        if returning is not None:
+            out.extend(result.scalars())
+    return out
+
+
+def _task_params(t: Task, pending: str, at: datetime) -> dict[str, Any]:
+    """The ``tasks`` row of a new task, for :func:`_unnest_insert`."""
+    return {
+        "id": t.id,
+        "campaign_id": t.campaign_id,
+        "position": t.position,
+        "email": t.email,
+        "name": t.name,
+        "subject": t.subject,
+        "text": t.text,
+        "html": t.html,
+        "send_at": t.send_at,
+        "state": pending,
+        "token": t.token,
+        "attempts": t.attempts,
+        "claimed_at": t.claimed_at,
+        "sent_at": t.sent_at,
+        "message_id": t.message_id,
+        "error": t.error,
+        "created_at": at,
+        "updated_at": at,
+    }
+
+
+class PostgresTaskStore(SqlTaskStore):
+    """:class:`~sendqueue.ports.TaskStore` on PostgreSQL (``postgresql+psycopg://...``; plain
+    ``postgresql://`` means psycopg 3 too).
+
+    The fast paths keep up to ``pg_idle_connections`` connections of their own open between
+    calls, besides the engine's pool.
+    """
+
+    dialect = "postgresql"
+    _insert = staticmethod(postgresql.insert)
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        upgrade: bool = True,
+        engine_options: Mapping[str, Any] | None = None,
+        pg_idle_connections: int = 4,
+    ) -> None:
+        super().__init__(url, upgrade=upgrade, engine_options=engine_options)
+        self._connections = FastPathPool(self._engine, pg_idle_connections)
+
+    def close(self) -> None:
+        self._connections.close()
+        super().close()
+
+    def _run(self, action: str, run: Callable[[Any], _T], *, write: bool = False) -> _T:
+        """``run(connection)`` on a fast-path connection (see FastPathPool.run)."""
+        with mapped_errors(action):
+            return self._connections.run(run, write=write)
+
+    def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
+        """Ids are drawn at INSERT, not at commit: each logging transaction takes the
+        change-log lock right before its INSERT, so ids commit in id order (a reader resuming
+        after id 6 must not miss a 6 that commits after 7). Taken last, after the row locks of
+        the write it records, so no lock cycle can form."""
+        if not entries:
+            return
+        conn.execute(_LOCK_CHANGE_LOG, {"key": CHANGE_LOG_LOCK_KEY})
+        _unnest_insert(conn, tables.change_log, entries)
+
+    def _current_campaign_state(self, conn: Connection, campaign_id: str) -> str | None:
+        # The row lock makes the logged from-state the one replaced. FOR NO KEY UPDATE, not FOR
+        # UPDATE: a change-log INSERT's foreign key takes FOR KEY SHARE on this row (deadlock).
+        query = (
+            sa.select(tables.campaigns.c.state)
+            .where(tables.campaigns.c.id == campaign_id)
+            .with_for_update(key_share=True)
+        )
+        return conn.execute(query).scalar_one_or_none()
+
+    # campaigns -------------------------------------------------------------------------------
+
+    def campaign_state(self, campaign_id: str) -> CampaignState:
+        found = self._run(
+            "get campaign state",
+            lambda db: db.execute(
+                "SELECT state FROM campaigns WHERE id = %s", (campaign_id,)
+            ).fetchall(),
+        )
+        if not found or found[0][0] is None:
+            raise NotFound("campaign", campaign_id)
+        return CampaignState(found[0][0])
+
+    def save_checkpoint(
+        self,
+        campaign_id: str,
+        checkpoint: Mapping[str, object] | None,
+        *,
+        at: datetime,
+        note: str | None = None,
+    ) -> None:
+        rows.json_ready("checkpoint", checkpoint)
+        value = None if checkpoint is None else psycopg.types.json.Json(dict(checkpoint))
+        stamp = _time(at)
+        if note is None:
+            sql = "UPDATE campaigns SET checkpoint = %s, updated_at = %s WHERE id = %s"
+            args: tuple[object, ...] = (value, stamp, campaign_id)
+        else:
+            sql = _CHECKPOINT_LOGGED
+            args = (value, stamp, campaign_id, stamp, note)
+
+        def run(db: Any) -> int:
+            cursor = db.execute(sql, args)
+            return int(cursor.fetchone()[0]) if note is not None else int(cursor.rowcount)
+
+        if self._run("save checkpoint", run, write=True) == 0:
+            raise NotFound("campaign", campaign_id)
+
+    # recipients ------------------------------------------------------------------------------
+
+    def list_recipients(
+        self, campaign_id: str, *, after: int = -1, limit: int = 1000
+    ) -> list[Recipient]:
+        check_limit(limit)
+        check_cursor(after)
+        # The campaign is looked up only when the page is empty (a recipient's campaign exists).
+        sql = (
+            "SELECT position, email, name, subject, text, html, variables FROM recipients"
+            " WHERE campaign_id = %s AND position > %s ORDER BY position LIMIT %s"
+        )
+
+        def run(db: Any) -> list[Recipient]:
+            found = db.execute(sql, (campaign_id, after, limit)).fetchall()
+            if not found:
+                campaign = db.execute("SELECT 1 FROM campaigns WHERE id = %s", (campaign_id,))
+                if not campaign.fetchall():
+                    raise NotFound("campaign", campaign_id)
+            return [Recipient(*row) for row in found]
+
+        return self._run("list recipients", run)
+
+    # tasks -----------------------------------------------------------------------------------
+
+    def _insert_tasks(self, tasks: Sequence[Task], at: datetime) -> int:
+        if len(tasks) <= _UNNEST_CHUNK_SIZE:
+            return self._insert_chunk(tasks, at)
+        pending = TaskState.PENDING.value
+        # In one global order (by id), so two provisioners inserting the same tasks cannot
+        # deadlock on each other's uncommitted rows.
+        new_rows = sorted((_task_params(t, pending, at) for t in tasks), key=lambda r: r["id"])
+        with self._write("insert tasks") as conn:
+            for campaign_id in sorted({t.campaign_id for t in tasks}):
+                self._require_campaign(conn, campaign_id)
+            inserted = _unnest_insert(conn, tables.tasks, new_rows, returning="id")
+            entries = rows.created_entries(tasks, inserted, at)
+            self._log(conn, entries)
+        return len(entries)
+
+    def _insert_chunk(self, tasks: Sequence[Task], at: datetime) -> int:
+        """:meth:`insert_tasks` of one provisioning chunk: one statement (:data:`_INSERT_TASKS`)."""
+        stamp = _time(at)
+        pending = TaskState.PENDING.value
+        # In id order, as in _insert_tasks.
+        params = [
+            (
+                t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
+                _time(t.send_at), pending, t.token, t.attempts, _time(t.claimed_at),
+                _time(t.sent_at), t.message_id, t.error, stamp, stamp,
+            )
+            for t in sorted(tasks, key=lambda t: t.id)
+        ]  # fmt: skip
+        columns = [list(column) for column in zip(*params, strict=True)]
+        # One entry per inserted id, for its first task in the input (a later duplicate of an
+        # id is skipped by ON CONFLICT, the sort being stable).
+        seen: set[str] = set()
+        log_ids: list[str] = []
+        log_campaigns: list[str] = []
+        for t in tasks:
+            if t.id not in seen:
+                seen.add(t.id)
+                log_ids.append(t.id)
+                log_campaigns.append(t.campaign_id)
+        args = (*columns, pending, stamp, log_ids, log_campaigns)
+
+        def run(db: Any) -> int:
+            try:
+                row = db.execute(_INSERT_TASKS, args).fetchone()
+            except pg_errors.ForeignKeyViolation:
+                found = {
+                    r[0]
+                    for r in db.execute(
+                        "SELECT id FROM campaigns WHERE id = ANY(%s::varchar[])",
+                        (sorted(set(log_campaigns)),),
+                    )
+                }
+                missing = sorted(set(log_campaigns) - found)
+                if not missing:
+                    raise
+                raise NotFound("campaign", missing[0]) from None
+            return int(row[0])
+
+        return self._run("insert tasks", run, write=True)
+
+    def get_task(self, task_id: str) -> Task | None:
+        sql = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = %s"
+
+        def run(db: Any) -> Task | None:
+            found = db.execute(sql, (task_id,)).fetchall()
+            return task_from_row(found[0]) if found else None
+
+        return self._run("get task", run)
+
+    def _transition(
+        self,
+        task_id: str,
+        expected: TaskState,
+        new: TaskState,
+        values: Mapping[str, Any],
+        at: datetime,
+        note: str | None,
+    ) -> Task | None:
+        params = [_time(v) if isinstance(v, datetime) else v for v in values.values()]
+        sql = _TRANSITION.format(sets=", ".join(f"{name} = %s" for name in values))
+        args = (*params, task_id, expected.value, expected.value, new.value, _time(at), note)
+
+        def run(db: Any) -> Task | None:
+            found = db.execute(sql, args).fetchall()
+            return task_from_row(found[0]) if found else None
+
+        return self._run("transition task", run, write=True)
+
+    def _transition_all(
+        self,
+        conn: Connection,
+        campaign_id: str,
+        expected: TaskState,
+        new: TaskState,
+        at: datetime,
+        note: str | None,
+    ) -> int:
+        # The UPDATE first, so exactly the rows it moved are logged (READ COMMITTED); their ids
+        # wait server-side, then the change-log lock, then the entries (docs/performance.md).
+        conn.execute(
+            sa.text("CREATE TEMPORARY TABLE sq_moved (id text, position integer) ON COMMIT DROP")
+        )
+        conn.execute(
+            sa.text(
+                "WITH moved AS ("
+                " UPDATE tasks SET state = :new, updated_at = :at"
+                " WHERE campaign_id = :campaign_id AND state = :expected"
+                " RETURNING id, position)"
+                " INSERT INTO sq_moved (id, position) SELECT id, position FROM moved"
+            ).bindparams(sa.bindparam("at", type_=UtcDateTime())),
+            {"new": new.value, "at": at, "campaign_id": campaign_id, "expected": expected.value},
+        )
+        conn.execute(_LOCK_CHANGE_LOG, {"key": CHANGE_LOG_LOCK_KEY})
+        result = conn.execute(
+            sa.text(
+                "INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+                " SELECT :campaign_id, id, :expected, :new, :at, :note"
+                " FROM sq_moved ORDER BY position"
+            ).bindparams(
+                sa.bindparam("at", type_=UtcDateTime()), sa.bindparam("note", type_=sa.Text())
+            ),
+            {
+                "campaign_id": campaign_id,
+                "expected": expected.value,
+                "new": new.value,
+                "at": at,
+                "note": note,
+            },
+        )
+        return result.rowcount
+
+    def has_unfinished_tasks(self, campaign_id: str) -> bool:
+        found = self._run(
+            "check unfinished tasks",
+            lambda db: db.execute(
+                "SELECT 1 FROM tasks WHERE campaign_id = %s AND state IN (%s, %s) LIMIT 1",
+                (campaign_id, TaskState.PENDING.value, TaskState.RUNNING.value),
+            ).fetchall(),
+        )
+        return bool(found)

@@ -1,0 +1,183 @@
+"""Rows <-> domain objects, shared by the SQLite and the PostgreSQL task store.
+
+The readers take rows of the tables in :mod:`~sendqueue.adapters.sql.schema` (SQLAlchemy rows,
+or the drivers' tuples with the columns in :data:`TASK_COLUMNS` order); the writers build the
+parameter mappings of SQLAlchemy Core inserts. Times are aware UTC datetimes on both sides
+(SQLite's text times are the SQLite store's own business).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+from sendqueue.domain.errors import IllegalTransition, InvalidField
+from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.models import Campaign, ChangeLogEntry, Recipient, Task
+from sendqueue.domain.policy import SendingPolicy
+
+__all__ = [
+    "CHUNK_SIZE",
+    "STATES",
+    "TASK_COLUMNS",
+    "campaign_from_row",
+    "campaign_row",
+    "check_new_tasks",
+    "chunks",
+    "created_entries",
+    "entry_from_row",
+    "json_ready",
+    "log_row",
+    "recipient_rows",
+    "task_from_row",
+]
+
+#: Rows per INSERT statement. 500 rows of the widest table stay far below both SQLite's (32766)
+#: and PostgreSQL's (65535) limit on bound parameters.
+CHUNK_SIZE = 500
+
+#: The ``tasks`` columns in table order, for the statements the drivers run directly.
+TASK_COLUMNS = (
+    "id, campaign_id, position, email, name, subject, text, html, send_at, state, token, "
+    "attempts, claimed_at, sent_at, message_id, error, created_at, updated_at"
+)
+
+#: TaskState by value, cheaper than ``TaskState(value)`` per row.
+STATES = {state.value: state for state in TaskState}
+
+_T = TypeVar("_T")
+
+
+def chunks(items: Sequence[_T], size: int = CHUNK_SIZE) -> Iterator[Sequence[_T]]:
+    """``items`` in slices of ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def json_ready(field: str, value: object) -> None:
+    """InvalidField unless ``value`` can be stored as JSON."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidField(field, value, f"must be JSON-serialisable: {exc}") from exc
+
+
+def check_new_tasks(tasks: Sequence[Task]) -> None:
+    """IllegalTransition unless every task is Pending (tasks are born Pending)."""
+    for task in tasks:
+        if task.state is not TaskState.PENDING:
+            raise IllegalTransition("task", "(new)", task.state.value, "tasks are created Pending")
+
+
+def campaign_from_row(row: sa.Row[Any]) -> Campaign:
+    m = row._mapping
+    return Campaign(
+        id=m["id"],
+        name=m["name"],
+        policy=SendingPolicy.from_dict(m["policy"]),
+        from_addr=m["from_addr"],
+        state=CampaignState(m["state"]),
+        reply_to=m["reply_to"],
+        recipient_count=m["recipient_count"],
+        state_reason=m["state_reason"],
+        checkpoint=m["checkpoint"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+    )
+
+
+def task_from_row(row: Sequence[Any]) -> Task:
+    """A task from a row of the ``tasks`` columns in table order (``select(tasks)``)."""
+    (
+        id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
+        attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
+    ) = row  # fmt: skip
+    # Positional: tasks are read by the hundred thousand; see docs/performance.md.
+    return Task(
+        id_, campaign_id, position, email, name, subject, text, html, send_at, token,
+        STATES[state], attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
+    )  # fmt: skip
+
+
+def entry_from_row(row: sa.Row[Any]) -> ChangeLogEntry:
+    m = row._mapping
+    return ChangeLogEntry(
+        id=m["id"],
+        campaign_id=m["campaign_id"],
+        task_id=m["task_id"],
+        from_state=m["from_state"],
+        to_state=m["to_state"],
+        at=m["at"],
+        note=m["note"],
+    )
+
+
+def campaign_row(campaign: Campaign, recipient_count: int) -> dict[str, Any]:
+    """The ``campaigns`` row of a new campaign."""
+    return {
+        "id": campaign.id,
+        "name": campaign.name,
+        "policy": campaign.policy.to_dict(),
+        "from_addr": campaign.from_addr,
+        "reply_to": campaign.reply_to,
+        "state": campaign.state.value,
+        "state_reason": campaign.state_reason,
+        "recipient_count": recipient_count,
+        "checkpoint": None if campaign.checkpoint is None else dict(campaign.checkpoint),
+        "created_at": campaign.created_at,
+        "updated_at": campaign.updated_at,
+    }
+
+
+def recipient_rows(campaign_id: str, recipients: Sequence[Recipient]) -> list[dict[str, Any]]:
+    """The ``recipients`` rows of a new campaign."""
+    return [
+        {
+            "campaign_id": campaign_id,
+            "position": r.position,
+            "email": r.email,
+            "name": r.name,
+            "subject": r.subject,
+            "text": r.text,
+            "html": r.html,
+            "variables": dict(r.variables),
+        }
+        for r in recipients
+    ]
+
+
+def log_row(
+    campaign_id: str,
+    task_id: str | None,
+    from_state: str | None,
+    to_state: str,
+    at: datetime,
+    note: str | None,
+) -> dict[str, Any]:
+    """One ``change_log`` row (its id is the database's)."""
+    return {
+        "campaign_id": campaign_id,
+        "task_id": task_id,
+        "from_state": from_state,
+        "to_state": to_state,
+        "at": at,
+        "note": note,
+    }
+
+
+def created_entries(
+    tasks: Sequence[Task], inserted: Collection[str], at: datetime
+) -> list[Mapping[str, Any]]:
+    """The ``None -> Pending`` rows of the tasks whose id is in ``inserted``, in input order,
+    one per id (a later duplicate of an id in the input was not inserted)."""
+    left = set(inserted)
+    entries: list[Mapping[str, Any]] = []
+    for t in tasks:
+        if t.id in left:
+            left.discard(t.id)
+            entries.append(log_row(t.campaign_id, t.id, None, TaskState.PENDING.value, at, None))
+    return entries

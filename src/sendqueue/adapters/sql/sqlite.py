@@ -1,0 +1,439 @@
+"""The task store on SQLite, the embedded default: :class:`SqliteTaskStore`.
+
+The send path's statements (a task, a campaign's state, whether anything is left, the claim and
+the finish with their change-log rows: seven per send) run on a ``sqlite3`` connection of the
+calling thread's own, and bulk inserts on the driver's ``executemany``; everything else goes
+through SQLAlchemy Core (:class:`~sendqueue.adapters.sql.base.SqlTaskStore`). Why:
+docs/performance.md, "SQL store: why the code looks this way".
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import Connection
+
+from sendqueue.adapters.sql import rows
+from sendqueue.adapters.sql import schema as tables
+from sendqueue.adapters.sql.base import SqlTaskStore
+from sendqueue.adapters.sql.errors import mapped_errors
+from sendqueue.adapters.sql.rows import STATES, TASK_COLUMNS
+from sendqueue.adapters.sql.schema import UtcDateTime, sqlite_text
+from sendqueue.domain.errors import NotFound
+from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.models import Recipient, Task, check_cursor, check_limit
+
+__all__ = ["SqliteTaskStore"]
+
+_LOG_INSERT = (
+    "INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+#: The ``None -> Pending`` entries of tasks just inserted, one per id of a JSON array, in its
+#: order: SQLite builds them from the rows (no Python object per entry).
+_LOG_CREATED = (
+    "INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+    " SELECT t.campaign_id, t.id, NULL, ?, ?, NULL"
+    " FROM json_each(?) AS j JOIN tasks AS t ON t.id = j.value ORDER BY j.key"
+)
+
+_INSERT_TASK = (
+    f"INSERT INTO tasks ({TASK_COLUMNS}) VALUES ({', '.join('?' * 18)}) ON CONFLICT DO NOTHING"
+)
+
+#: Values per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
+_IN_LIMIT = 900
+
+
+def _time(value: str | None) -> datetime | None:
+    """Read what :func:`~sendqueue.adapters.sql.schema.sqlite_text` wrote."""
+    return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+def _task(row: Sequence[Any]) -> Task:
+    """:func:`~sendqueue.adapters.sql.rows.task_from_row` of a driver row (times still text)."""
+    (
+        id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
+        attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
+    ) = row  # fmt: skip
+    return Task(
+        id_, campaign_id, position, email, name, subject, text, html,
+        datetime.fromisoformat(send_at).replace(tzinfo=UTC), token, STATES[state], attempts,
+        _time(claimed_at), _time(sent_at), message_id, error,
+        datetime.fromisoformat(created_at).replace(tzinfo=UTC),
+        datetime.fromisoformat(updated_at).replace(tzinfo=UTC),
+    )  # fmt: skip
+
+
+def _task_row(t: Task, pending: str, stamp: str | None) -> tuple[object, ...]:
+    """The driver's parameters of :data:`_INSERT_TASK` for a new task."""
+    return (
+        t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
+        sqlite_text(t.send_at), pending, t.token, t.attempts, sqlite_text(t.claimed_at),
+        sqlite_text(t.sent_at), t.message_id, t.error, stamp, stamp,
+    )  # fmt: skip
+
+
+def _insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list[str]:
+    """Insert the tasks whose id and (campaign, position) are free; returns the ids inserted.
+
+    The caller holds SQLite's write lock (BEGIN IMMEDIATE), so the rows taken cannot change
+    between the lookup (run only when the plain insert skipped a row) and the INSERT; the
+    first of two tasks with one id or position wins, as with ON CONFLICT DO NOTHING.
+    """
+    stamp = sqlite_text(at)
+    pending = TaskState.PENDING.value
+    # The common case, a fresh chunk: insert everything at once and count the rows taken; if
+    # some were skipped (a resumed run, a duplicate), undo and redo with the lookups below.
+    conn.exec_driver_sql("SAVEPOINT sq_bulk_tasks")
+    taken = conn.exec_driver_sql(
+        _INSERT_TASK, [_task_row(t, pending, stamp) for t in tasks]
+    ).rowcount
+    if taken == len(tasks):
+        conn.exec_driver_sql("RELEASE SAVEPOINT sq_bulk_tasks")
+        return [t.id for t in tasks]
+    conn.exec_driver_sql("ROLLBACK TO SAVEPOINT sq_bulk_tasks")
+    conn.exec_driver_sql("RELEASE SAVEPOINT sq_bulk_tasks")
+    taken_ids: set[str] = set()
+    taken_positions: set[tuple[str, int]] = set()
+    for part in rows.chunks([t.id for t in tasks], _IN_LIMIT):
+        marks = ", ".join("?" * len(part))
+        taken_ids.update(
+            row[0]
+            for row in conn.exec_driver_sql(
+                f"SELECT id FROM tasks WHERE id IN ({marks})", tuple(part)
+            )
+        )
+    by_campaign: dict[str, list[int]] = {}
+    for t in tasks:
+        by_campaign.setdefault(t.campaign_id, []).append(t.position)
+    for campaign_id, positions in by_campaign.items():
+        for some in rows.chunks(positions, _IN_LIMIT):
+            marks = ", ".join("?" * len(some))
+            taken_positions.update(
+                (campaign_id, row[0])
+                for row in conn.exec_driver_sql(
+                    f"SELECT position FROM tasks WHERE campaign_id = ? AND position IN ({marks})",
+                    (campaign_id, *some),
+                )
+            )
+    inserted: list[str] = []
+    params: list[tuple[object, ...]] = []
+    for t in tasks:
+        where = (t.campaign_id, t.position)
+        if t.id in taken_ids or where in taken_positions:
+            continue
+        taken_ids.add(t.id)
+        taken_positions.add(where)
+        inserted.append(t.id)
+        params.append(_task_row(t, pending, stamp))
+    if params:
+        conn.exec_driver_sql(_INSERT_TASK, params)
+    return inserted
+
+
+class SqliteTaskStore(SqlTaskStore):
+    """:class:`~sendqueue.ports.TaskStore` on a SQLite file (``sqlite:///path/to/file.db``).
+
+    This process's writers queue on a lock of the store's own before ``BEGIN IMMEDIATE``
+    (other processes wait on SQLite's busy timeout). Each thread's fast-path connection is
+    closed by :meth:`close` or when a later thread finds its owner dead.
+    """
+
+    dialect = "sqlite"
+    _insert = staticmethod(sqlite_dialect.insert)
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        upgrade: bool = True,
+        engine_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._write_lock = threading.Lock()
+        self._local = threading.local()
+        self._own_lock = threading.Lock()
+        # Each thread's driver connection, detached from the engine's pool.
+        self._own: list[tuple[threading.Thread, sqlite3.Connection]] = []
+        self._generation = 0  # bumped by close(): connections of an older one are closed
+        super().__init__(url, upgrade=upgrade, engine_options=engine_options)
+
+    def close(self) -> None:
+        with self._own_lock:
+            self._generation += 1
+            own, self._own = self._own, []
+        for _thread, db in own:
+            with suppress(sqlite3.Error):
+                db.close()
+        super().close()
+
+    # transactions ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self, action: str) -> Iterator[Connection]:
+        # Our lock, not SQLite's busy handler (it sleeps in steps of up to 100 ms).
+        with self._write_lock, super()._write(action) as conn:
+            yield conn
+
+    def _connection(self) -> sqlite3.Connection:
+        """This thread's own driver connection: opened by the engine (so with its pragmas),
+        then detached from its pool, kept for the thread's life and closed by :meth:`close`."""
+        cached: tuple[int, sqlite3.Connection] | None = getattr(self._local, "db", None)
+        if cached is not None and cached[0] == self._generation:
+            return cached[1]
+        raw = self._engine.raw_connection()
+        db = raw.driver_connection
+        assert isinstance(db, sqlite3.Connection)
+        raw.detach()
+        self._local.db = (self._adopt(db), db)
+        return db
+
+    def _adopt(self, db: sqlite3.Connection) -> int:
+        """Keep ``db`` as the calling thread's own connection; returns its generation."""
+        me = threading.current_thread()
+        with self._own_lock:
+            generation = self._generation
+            # Threads come and go (a web server's, a pool's): close what dead ones left.
+            dead = [entry for entry in self._own if not entry[0].is_alive()]
+            self._own = [entry for entry in self._own if entry[0].is_alive()]
+            self._own.append((me, db))
+        for _thread, old in dead:
+            with suppress(sqlite3.Error):
+                old.close()
+        return generation
+
+    @contextmanager
+    def _fast_read(self, action: str) -> Iterator[sqlite3.Connection]:
+        """The driver connection for single-statement reads (autocommit: see schema)."""
+        with mapped_errors(action):
+            yield self._connection()
+
+    @contextmanager
+    def _fast_write(self, action: str) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction on the driver connection, queued on this
+        process's writer lock as :meth:`_write` is."""
+        with self._write_lock, mapped_errors(action):
+            db = self._connection()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                with suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                raise
+            try:
+                db.execute("COMMIT")
+            except sqlite3.Error:
+                with suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                raise
+
+    def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
+        # BEGIN IMMEDIATE already serialises writers, so ids commit in order. The driver's
+        # executemany: SQLAlchemy's per-row processing costs more than the INSERT.
+        if not entries:
+            return
+        conn.exec_driver_sql(
+            _LOG_INSERT,
+            [
+                (
+                    r["campaign_id"],
+                    r["task_id"],
+                    r["from_state"],
+                    r["to_state"],
+                    sqlite_text(r["at"]),
+                    r["note"],
+                )
+                for r in entries
+            ],
+        )
+
+    def _require_campaign(self, conn: Connection, campaign_id: str) -> None:
+        # Every list_tasks runs this (the worker's completion check): the driver's statement.
+        found = conn.exec_driver_sql(
+            "SELECT id FROM campaigns WHERE id = ?", (campaign_id,)
+        ).first()
+        if found is None:
+            raise NotFound("campaign", campaign_id)
+
+    # campaigns -------------------------------------------------------------------------------
+
+    def campaign_state(self, campaign_id: str) -> CampaignState:
+        with self._fast_read("get campaign state") as db:
+            found = db.execute("SELECT state FROM campaigns WHERE id = ?", (campaign_id,))
+            state = found.fetchall()
+        if not state or state[0][0] is None:
+            raise NotFound("campaign", campaign_id)
+        return CampaignState(state[0][0])
+
+    def save_checkpoint(
+        self,
+        campaign_id: str,
+        checkpoint: Mapping[str, object] | None,
+        *,
+        at: datetime,
+        note: str | None = None,
+    ) -> None:
+        rows.json_ready("checkpoint", checkpoint)
+        with self._write("save checkpoint") as conn:
+            result = conn.execute(
+                sa.update(tables.campaigns)
+                .where(tables.campaigns.c.id == campaign_id)
+                .values(checkpoint=None if checkpoint is None else dict(checkpoint), updated_at=at)
+            )
+            if result.rowcount == 0:
+                raise NotFound("campaign", campaign_id)
+            if note is not None:
+                self._log(conn, [rows.log_row(campaign_id, None, None, "progress", at, note)])
+
+    # recipients ------------------------------------------------------------------------------
+
+    def list_recipients(
+        self, campaign_id: str, *, after: int = -1, limit: int = 1000
+    ) -> list[Recipient]:
+        check_limit(limit)
+        check_cursor(after)
+        with self._read("list recipients") as conn:
+            self._require_campaign(conn, campaign_id)
+            # The driver's cursor and rows: provisioning reads every recipient once.
+            cursor = conn.connection.cursor()
+            try:
+                cursor.execute(
+                    "SELECT position, email, name, subject, text, html, variables "
+                    "FROM recipients WHERE campaign_id = ? AND position > ? "
+                    "ORDER BY position LIMIT ?",
+                    (campaign_id, after, limit),
+                )
+                raw = cursor.fetchall()
+            finally:
+                cursor.close()
+            return [
+                Recipient(position, email, name, subject, text, html, json.loads(variables))
+                for position, email, name, subject, text, html, variables in raw
+            ]
+
+    # tasks -----------------------------------------------------------------------------------
+
+    def _insert_tasks(self, tasks: Sequence[Task], at: datetime) -> int:
+        with self._write("insert tasks") as conn:
+            for campaign_id in sorted({t.campaign_id for t in tasks}):
+                self._require_campaign(conn, campaign_id)
+            ids = _insert_tasks(conn, tasks, at)
+            if len(ids) == len(tasks):
+                # Every task inserted (a fresh provisioning chunk): the entries, in input
+                # order, straight from the rows.
+                conn.exec_driver_sql(
+                    _LOG_CREATED, (TaskState.PENDING.value, sqlite_text(at), json.dumps(ids))
+                )
+                return len(ids)
+            entries = rows.created_entries(tasks, ids, at)
+            self._log(conn, entries)
+        return len(entries)
+
+    def get_task(self, task_id: str) -> Task | None:
+        with self._fast_read("get task") as db:
+            found = db.execute(
+                f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
+            ).fetchall()
+        return _task(found[0]) if found else None
+
+    def _transition(
+        self,
+        task_id: str,
+        expected: TaskState,
+        new: TaskState,
+        values: Mapping[str, Any],
+        at: datetime,
+        note: str | None,
+    ) -> Task | None:
+        # Converted before the write lock is taken: a naive datetime raises ValueError here,
+        # as UtcDateTime's bind processing does on PostgreSQL.
+        sets = ", ".join(f"{name} = ?" for name in values)
+        params = tuple(sqlite_text(v) if isinstance(v, datetime) else v for v in values.values())
+        with self._fast_write("transition task") as db:
+            found = db.execute(
+                f"UPDATE tasks SET {sets} WHERE id = ? AND state = ? RETURNING {TASK_COLUMNS}",
+                (*params, task_id, expected.value),
+            ).fetchall()
+            if not found:
+                return None
+            task = _task(found[0])
+            db.execute(
+                _LOG_INSERT,
+                (task.campaign_id, task.id, expected.value, new.value, sqlite_text(at), note),
+            )
+        return task
+
+    def _transition_all(
+        self,
+        conn: Connection,
+        campaign_id: str,
+        expected: TaskState,
+        new: TaskState,
+        at: datetime,
+        note: str | None,
+    ) -> int:
+        # BEGIN IMMEDIATE excludes every other writer, so the rows the INSERT ... SELECT reads
+        # are exactly the rows the UPDATE then changes.
+        matching = (
+            tables.tasks.c.campaign_id == campaign_id,
+            tables.tasks.c.state == expected.value,
+        )
+        source = (
+            sa.select(
+                sa.literal(campaign_id, sa.String()),
+                tables.tasks.c.id,
+                sa.literal(expected.value, sa.String()),
+                sa.literal(new.value, sa.String()),
+                sa.literal(at, UtcDateTime()),
+                sa.literal(note, sa.Text()),
+            )
+            .where(*matching)
+            .order_by(tables.tasks.c.position)
+        )
+        conn.execute(
+            sa.insert(tables.change_log).from_select(
+                ["campaign_id", "task_id", "from_state", "to_state", "at", "note"], source
+            )
+        )
+        result = conn.execute(
+            sa.update(tables.tasks).where(*matching).values(state=new.value, updated_at=at)
+        )
+        return result.rowcount
+
+    def _page_of_tasks(
+        self,
+        conn: Connection,
+        campaign_id: str,
+        state: TaskState | None,
+        search: str | None,
+        after: int,
+        limit: int,
+    ) -> list[Task]:
+        if search:
+            return super()._page_of_tasks(conn, campaign_id, state, search, after, limit)
+        # The provisioner's and the reconciler's pages: the driver's rows, converted here.
+        sql = f"SELECT {TASK_COLUMNS} FROM tasks WHERE campaign_id = ? AND position > ?"
+        params: tuple[object, ...] = (campaign_id, after)
+        if state is not None:
+            sql += " AND state = ?"
+            params += (state.value,)
+        raw = conn.exec_driver_sql(sql + " ORDER BY position LIMIT ?", (*params, limit))
+        return [_task(row) for row in raw]
+
+    def has_unfinished_tasks(self, campaign_id: str) -> bool:
+        with self._fast_read("check unfinished tasks") as db:
+            found = db.execute(
+                "SELECT 1 FROM tasks WHERE campaign_id = ? AND state IN (?, ?) LIMIT 1",
+                (campaign_id, TaskState.PENDING.value, TaskState.RUNNING.value),
+            ).fetchall()
+        return bool(found)
