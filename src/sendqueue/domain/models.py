@@ -56,8 +56,8 @@ def check_cursor(value: int, *, field: str = "after", lowest: int = -1) -> None:
 
 def utc(value: datetime) -> datetime:
     """``value`` converted to UTC; a naive value is refused (it would be ambiguous)."""
-    if value.tzinfo is None:
-        raise ValueError("naive datetime where an aware one is required")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"naive datetime {value!r} where an aware one is required")
     return value.astimezone(UTC)
 
 

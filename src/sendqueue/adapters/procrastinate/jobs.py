@@ -38,6 +38,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from sendqueue.domain.errors import Conflict, SchedulerError
+from sendqueue.domain.models import utc
 from sendqueue.ports import Schedule
 
 __all__ = [
@@ -51,7 +52,6 @@ __all__ = [
     "Jobs",
     "job_args",
     "priority",
-    "utc",
 ]
 
 FIRE_TASK = "sendqueue.fire"
@@ -83,10 +83,6 @@ def priority(due: datetime) -> int:
     """The job priority of a schedule due at ``due``: earlier due, higher priority."""
     seconds = int((due - _PRIORITY_EPOCH).total_seconds())
     return max(-_INT4, min(_INT4, -seconds))
-
-
-def utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
 
 
 def job_args(schedule: Schedule) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from sendqueue.adapters.sql.rows import TASK_COLUMNS, task_from_row
 from sendqueue.adapters.sql.schema import UtcDateTime
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import Recipient, Task, check_cursor, check_limit
+from sendqueue.domain.models import Recipient, Task, check_cursor, check_limit, utc
 
 try:  # the driver is the optional "postgres" extra
     import psycopg.types.json
@@ -91,17 +91,11 @@ _LOCK_CHANGE_LOG = sa.text("SELECT pg_advisory_xact_lock(:key)")
 _T = TypeVar("_T")
 
 
-def _aware_utc(value: datetime) -> datetime:
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"naive datetime {value!r} where an aware one is required")
-    return value.astimezone(UTC)
-
-
 def _time(value: datetime | None) -> datetime | None:
     """An aware datetime for a timestamptz parameter (ValueError for a naive one)."""
     if value is None or value.tzinfo is UTC:
         return value
-    return _aware_utc(value)
+    return utc(value)
 
 
 def _unnest_insert(
@@ -133,7 +127,7 @@ def _unnest_insert(
     for chunk in rows.chunks(new_rows, _UNNEST_CHUNK_SIZE):
         params = {c: [row[c] for row in chunk] for c in columns}
         for c in times:
-            params[c] = [None if v is None else _aware_utc(v) for v in params[c]]
+            params[c] = [None if v is None else utc(v) for v in params[c]]
         result = conn.execute(statement, params)
         if returning is not None:
             out.extend(result.scalars())

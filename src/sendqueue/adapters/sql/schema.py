@@ -21,6 +21,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect, Engine
 
+from sendqueue.domain.models import utc
+
 __all__ = [
     "BUSY_TIMEOUT_SECONDS",
     "WRITE",
@@ -59,9 +61,7 @@ class UtcDateTime(sa.TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError(f"naive datetime {value!r} where an aware one is required")
-        value = value.astimezone(UTC)
+        value = utc(value)
         if dialect.name == "sqlite":
             return value.replace(tzinfo=None)
         return value
