@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sendqueue.adapters.alarm import LoggingAlarm
+from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.mail.factory import mailer_from_url
 from sendqueue.adapters.sql import SqlTaskStore, open_store
-from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import InvalidField
 from sendqueue.ports import (
     Alarm,

@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from sendqueue.adapters.dynamodb.url import DynamoDbUrl, parse_dynamodb_url
 from sendqueue.bootstrap import bootstrap
 from sendqueue.domain.errors import InvalidField
-from sendqueue.settings import DynamoDbUrl, Settings, parse_dynamodb_url
+from sendqueue.settings import Settings
 
 ARNS: dict[str, str] = {
     "schedule_group": "sendqueue",

@@ -34,6 +34,7 @@ import pytest
 from aiosmtpd.smtp import SMTP, Envelope, Session
 from pydantic import ValidationError
 
+from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.procrastinate.jobs import FIRE_TASK
 from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
 from sendqueue.adapters.procrastinate.schema import (
@@ -43,7 +44,6 @@ from sendqueue.adapters.procrastinate.schema import (
 )
 from sendqueue.adapters.procrastinate.worker import cron_every
 from sendqueue.bootstrap import Container, bootstrap
-from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import Conflict, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import schedule_group

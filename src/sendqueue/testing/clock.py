@@ -1,11 +1,11 @@
-"""A fake clock that tests move by hand (the real one is :mod:`sendqueue.clock`)."""
+"""A fake clock that tests move by hand (the real one is :mod:`sendqueue.adapters.clock`)."""
 
 from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
 
-from sendqueue.clock import SystemClock
+from sendqueue.adapters.clock import SystemClock
 
 __all__ = ["FakeClock", "SystemClock"]
 

@@ -23,6 +23,7 @@ from sendqueue.adapters.dynamodb.table import (
     RETRYABLE,
     table_definition,
 )
+from sendqueue.adapters.dynamodb.url import parse_dynamodb_url
 from sendqueue.domain.errors import (
     InvalidField,
     NotFound,
@@ -75,8 +76,6 @@ class TableClient:
         import boto3  # the aws extra: imported only when DynamoDB is configured
         from botocore.config import Config
         from botocore.exceptions import NoRegionError
-
-        from sendqueue.settings import parse_dynamodb_url
 
         parsed = parse_dynamodb_url(url)
         config = Config(retries={"mode": "standard", "max_attempts": 8})

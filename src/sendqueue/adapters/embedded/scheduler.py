@@ -59,6 +59,7 @@ from datetime import datetime
 
 from sendqueue.adapters import scheduler_rules as rules
 from sendqueue.adapters.alarm import LoggingAlarm
+from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.embedded.dispatcher import Dispatcher
 from sendqueue.adapters.embedded.store import (
     COLUMNS,
@@ -71,7 +72,6 @@ from sendqueue.adapters.embedded.store import (
     row_to_schedule,
     sqlite_path,
 )
-from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import Conflict, NotFound, SchedulerError
 from sendqueue.domain.models import DeadLetter, new_token
 from sendqueue.ports import Alarm, Clock, Schedule

@@ -31,10 +31,10 @@ from datetime import datetime
 
 from sendqueue.adapters import scheduler_rules as rules
 from sendqueue.adapters.alarm import LoggingAlarm
+from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.procrastinate.jobs import Jobs
 from sendqueue.adapters.procrastinate.schema import conninfo_from_url, upgrade_schema
 from sendqueue.adapters.procrastinate.worker import Worker
-from sendqueue.clock import SystemClock
 from sendqueue.domain.errors import Conflict, NotFound
 from sendqueue.domain.models import DeadLetter, new_token, utc
 from sendqueue.ports import Alarm, Clock, Schedule, Target
