@@ -158,6 +158,24 @@ def test_login_refuses_a_wrong_token_and_foreign_next_paths(
     assert session not in caplog.text
 
 
+def test_a_form_over_its_limits_gets_the_routes_answer_not_a_csrf_refusal(locked: Web) -> None:
+    assert _login(locked).status_code == 303
+    csrf = locked.client.cookies["sq_csrf"]
+    too_big = locked.client.post(
+        "/api/campaigns",
+        data={"name": "x" * (600 * 1024), "csrf_token": csrf, "timezone": "UTC"},
+        files={"file": ("r.csv", csv_bytes(3), "text/csv")},
+    )
+    assert too_big.status_code == 422, too_big.text
+    assert too_big.json()["error"]["field"] == "body"
+    assert "malformed form" in too_big.json()["error"]["message"]
+    many = locked.client.post(
+        "/logout", data={f"f{i}": "v" for i in range(50)} | {"csrf_token": csrf}
+    )
+    assert many.status_code == 400, many.text
+    assert len(locked.container.store.list_campaigns()) == 0
+
+
 def test_login_itself_needs_the_csrf_token(locked: Web) -> None:
     locked.client.get("/login")
     response = locked.client.post("/login", data={"token": TOKEN})

@@ -23,6 +23,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sendqueue.domain.errors import InvalidField
 from sendqueue.web.errors import HttpProblem, error_response
 from sendqueue.web.middleware.scope import cookies, headers, send_response, state
 from sendqueue.web.session import (
@@ -51,15 +52,25 @@ class FormCsrf:
     """A route dependency: checks the ``csrf_token`` field of a form posted without the header.
 
     ``max_files``, ``max_fields`` and ``max_part_size`` are the route's own limits for
-    ``request.form()``: the form is parsed once, here, and the route's call gets it back.
+    ``request.form()``: the form is parsed once, here, and the route's call gets it back. A form
+    that breaks them gets the route's own answer, not a CSRF refusal: with ``malformed_field``
+    an InvalidField naming it (422), else Starlette's 400.
     """
 
-    def __init__(self, *, max_files: int, max_fields: int, max_part_size: int) -> None:
+    def __init__(
+        self,
+        *,
+        max_files: int,
+        max_fields: int,
+        max_part_size: int,
+        malformed_field: str | None = None,
+    ) -> None:
         self.limits: dict[str, int] = {
             "max_files": max_files,
             "max_fields": max_fields,
             "max_part_size": max_part_size,
         }
+        self.malformed_field = malformed_field
 
     async def __call__(self, request: Request) -> None:
         scope_state = state(request.scope)
@@ -68,9 +79,11 @@ class FormCsrf:
         expected: str | None = scope_state.get(_EXPECTED)
         try:
             form = await request.form(**self.limits)
-        except StarletteHTTPException:
-            # A form that cannot be read has no token to find.
-            raise HttpProblem(403, _REFUSED) from None
+        except StarletteHTTPException as exc:
+            if self.malformed_field is None:
+                raise
+            detail = f"malformed form: {exc.detail}"
+            raise InvalidField(self.malformed_field, None, detail) from exc
         presented = form.get(CSRF_FIELD)
         if (
             expected is None
