@@ -45,7 +45,7 @@ _FORM_LIMITS: dict[str, int] = {
     "max_part_size": _MAX_FORM_FIELD,
 }
 #: The page's form posts its CSRF token as a field; this checks it (see the CSRF middleware).
-CAMPAIGN_FORM_CSRF = FormCsrf(**_FORM_LIMITS, malformed_field="body")
+CAMPAIGN_FORM_CSRF = FormCsrf(_FORM_LIMITS, malformed_field="body")
 
 
 class TemplatesBody(BaseModel):

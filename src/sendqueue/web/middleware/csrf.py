@@ -15,7 +15,7 @@ authenticated by a bearer header must carry the ``sq_csrf`` cookie's value, else
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from fastapi import APIRouter, Request
 from fastapi.dependencies.models import Dependant
@@ -51,25 +51,14 @@ _REFUSED = (
 class FormCsrf:
     """A route dependency: checks the ``csrf_token`` field of a form posted without the header.
 
-    ``max_files``, ``max_fields`` and ``max_part_size`` are the route's own limits for
+    ``limits`` (``max_files``, ``max_fields``, ``max_part_size``) are the route's own ones for
     ``request.form()``: the form is parsed once, here, and the route's call gets it back. A form
     that breaks them gets the route's own answer, not a CSRF refusal: with ``malformed_field``
     an InvalidField naming it (422), else Starlette's 400.
     """
 
-    def __init__(
-        self,
-        *,
-        max_files: int,
-        max_fields: int,
-        max_part_size: int,
-        malformed_field: str | None = None,
-    ) -> None:
-        self.limits: dict[str, int] = {
-            "max_files": max_files,
-            "max_fields": max_fields,
-            "max_part_size": max_part_size,
-        }
+    def __init__(self, limits: Mapping[str, int], *, malformed_field: str | None = None) -> None:
+        self.limits = dict(limits)
         self.malformed_field = malformed_field
 
     async def __call__(self, request: Request) -> None:

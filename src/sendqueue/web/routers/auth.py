@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
 
 _FORM_LIMITS: dict[str, int] = {"max_files": 0, "max_fields": 10, "max_part_size": 4096}
-_FORM_CSRF = Depends(FormCsrf(**_FORM_LIMITS))
+_FORM_CSRF = Depends(FormCsrf(_FORM_LIMITS))
 
 
 def render_login(
