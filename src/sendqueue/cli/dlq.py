@@ -56,10 +56,15 @@ def dlq_redrive(
             schedule = c.scheduler.redrive(letter_id or "")
             out.print(f"redriven {letter_id} as {schedule.name}", markup=False)
             return
-        report = redrive_all(c.scheduler)
-    for letter, schedule_name in zip(report.redriven, report.schedules, strict=True):
-        out.print(f"redriven {letter} as {schedule_name}", markup=False)
+        report = redrive_all(
+            c.scheduler,
+            on_redriven=lambda letter, name: out.print(
+                f"redriven {letter} as {name}", markup=False
+            ),
+        )
     for letter in report.skipped:
         out.print(f"skipped {letter}: redriven by someone else meanwhile", markup=False)
-    if not report.redriven and not report.skipped:
+    for letter in report.failed_again:
+        out.print(f"left {letter}: its schedule failed again during this pass", markup=False)
+    if not (report.redriven or report.skipped or report.failed_again):
         out.print("the dead-letter queue is empty")

@@ -109,6 +109,13 @@ class DeadLetterList(BaseModel):
 class Redriven(BaseModel):
     redriven: list[str] = Field(description="the dead letters turned back into schedules")
     schedules: list[str] = Field(description="the schedules made, in the same order")
+    skipped: list[str] = Field(
+        default_factory=list, description="letters someone else redrove meanwhile"
+    )
+    failed_again: list[str] = Field(
+        default_factory=list,
+        description="new letters of schedules this pass redrove, which failed again at once",
+    )
 
 
 class ErrorInfo(BaseModel):

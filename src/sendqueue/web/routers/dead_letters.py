@@ -30,7 +30,12 @@ def dead_letters(c: ContainerDep) -> DeadLetterList:
 def redrive_all(c: ContainerDep) -> Redriven:
     """Turn every dead letter back into a schedule due now (those redriven meanwhile skipped)."""
     report = redrive_all_letters(c.scheduler)
-    return Redriven(redriven=report.redriven, schedules=report.schedules)
+    return Redriven(
+        redriven=report.redriven,
+        schedules=report.schedules,
+        skipped=report.skipped,
+        failed_again=report.failed_again,
+    )
 
 
 @router.post("/{letter_id}/redrive", responses=error_responses(*WRITE_ERRORS, 404))
