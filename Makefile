@@ -17,7 +17,7 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-$(DEV_STAMP): pyproject.toml | $(BIN)/python
+$(DEV_STAMP): pyproject.toml requirements/ci.lock | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(if $(filter true,$(CI)),-c requirements/ci.lock) -e '.[dev]'
 	touch $@ $(RUN_STAMP)
 
@@ -32,14 +32,14 @@ test: $(DEV_STAMP) lint
 ## lint: ruff (lint + format check), mypy strict on src/, tests/ and bench/, and the import
 ## contracts (the layers)
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 format: $(DEV_STAMP)
-	$(BIN)/ruff format src tests
-	$(BIN)/ruff check --fix src tests
+	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench
 
 unit: $(DEV_STAMP)
 	$(BIN)/python -m pytest tests/unit -q

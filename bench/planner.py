@@ -18,7 +18,6 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from bench.common import alternate, summarize
-
 from sendqueue.domain.planner import plan
 from sendqueue.domain.policy import SendingPolicy, Window
 

@@ -238,6 +238,7 @@ class _Templates:
         scheduler = str(self._home / f"scheduler-{self._n}.db")
         if self._postgres:
             import psycopg
+
             from bench.common import POSTGRES_ADMIN_URL
 
             name = f"{url.rsplit('/', 1)[1]}_c{self._n}"
@@ -252,6 +253,7 @@ class _Templates:
 
 def _drop_database(name: str) -> None:
     import psycopg
+
     from bench.common import POSTGRES_ADMIN_URL
 
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:

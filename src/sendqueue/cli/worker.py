@@ -90,12 +90,6 @@ def worker_cmd(
         # Under eventbridge there is no dispatcher to run (Lambda is it): this refuses with
         # the reason before anything is logged as started.
         c.dispatcher  # noqa: B018
-        log.info(
-            "worker started: store %s, scheduler %s, mailer %s",
-            redact_url(c.settings.database_url),
-            _execution_layer(c.settings),
-            redact_url(c.settings.mailer),
-        )
         metrics = None
         if metrics_port is not None:
             try:
@@ -103,6 +97,12 @@ def worker_cmd(
             except OSError as exc:
                 raise InvalidField("--metrics-port", metrics_port, f"cannot listen: {exc}") from exc
             log.info("metrics on http://%s:%d/metrics", metrics_host, metrics.port)
+        log.info(
+            "worker started: store %s, scheduler %s, mailer %s",
+            redact_url(c.settings.database_url),
+            _execution_layer(c.settings),
+            redact_url(c.settings.mailer),
+        )
         try:
             run_worker(c, stop, reconcile_interval=reconcile_interval)
         finally:

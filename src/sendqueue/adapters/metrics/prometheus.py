@@ -10,9 +10,15 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import get_args
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from sendqueue.domain.errors import InfrastructureError
@@ -22,6 +28,10 @@ from sendqueue.ports import SendOutcome
 __all__ = ["LATENESS_BUCKETS", "PrometheusMetrics"]
 
 log = logging.getLogger(__name__)
+
+# The documented series only: no ``*_created`` wall-clock gauges beside every counter (a
+# process-wide switch of prometheus_client, and this adapter is its only user).
+disable_created_metrics()
 
 #: Upper bounds (seconds) of the send lateness histogram (``+Inf`` is added).
 LATENESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -105,7 +115,7 @@ class PrometheusMetrics:
     # -- reading ---------------------------------------------------------------------------
     def render(self) -> tuple[bytes, str]:
         """The registry in the Prometheus text format, and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
 
     def value(self, name: str, **labels: str) -> float:
         """One sample's current value (0.0 when it was never recorded), e.g.
