@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 # The documented series only: no ``*_created`` wall-clock gauges beside every counter (a
 # process-wide switch of prometheus_client, and this adapter is its only user).
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
 
 #: Upper bounds (seconds) of the send lateness histogram (``+Inf`` is added).
 LATENESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
