@@ -7,6 +7,8 @@ plain values and never read the environment themselves.
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import re
 from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
@@ -19,7 +21,14 @@ from .adapters.dynamodb.url import DynamoDbUrl, parse_dynamodb_url
 from .domain.errors import InvalidField
 from .domain.policy import load_timezone
 
-__all__ = ["DynamoDbUrl", "LambdaSettings", "Settings", "parse_dynamodb_url", "redact_url"]
+__all__ = [
+    "DynamoDbUrl",
+    "LambdaSettings",
+    "Settings",
+    "parse_dynamodb_url",
+    "redact_url",
+    "trusted_networks",
+]
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", ""}
 _AWS_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
@@ -151,6 +160,37 @@ class Settings(BaseSettings):
     http_max_header_bytes: int = Field(
         16 * 1024, ge=1024, le=1024 * 1024, description="web server: request line and headers"
     )
+    http_public_max_body_bytes: int = Field(
+        4096,
+        ge=512,
+        le=1024 * 1024,
+        description="web server: body of a request before authentication (POST /login)",
+    )
+    http_public_body_timeout: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="web server: seconds for the body of a request before authentication",
+    )
+    http_max_connections_per_client: int = Field(
+        32,
+        ge=1,
+        description="web server: connections one client address holds at once (503 beyond)",
+    )
+    auth_max_failures: int = Field(
+        10, ge=1, le=1000, description="failed token checks per client before the back-off"
+    )
+    auth_failure_window: float = Field(
+        900.0, gt=0, le=86400, description="seconds after which a client's failures are forgotten"
+    )
+    auth_max_lockout: float = Field(
+        3600.0, ge=1, le=86400, description="longest back-off (429) after failed token checks"
+    )
+    forwarded_allow_ips: str = Field(
+        "127.0.0.1",
+        description="proxies trusted for X-Forwarded-Proto/-For: IPs or CIDRs, comma-separated, "
+        "or *",
+    )
     api_token: SecretStr | None = Field(None, description="required for the web UI and API")
 
     @field_validator("default_timezone")
@@ -178,6 +218,15 @@ class Settings(BaseSettings):
                 f"expected sqlite:///FILE or postgresql+psycopg://user@host:5432/db{also}, "
                 f"got scheme {scheme!r}"
             )
+        return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _trusted_proxies(cls, value: str) -> str:
+        try:
+            trusted_networks(value)
+        except ValueError as exc:
+            raise ValueError(f"SENDQUEUE_FORWARDED_ALLOW_IPS: {exc}") from None
         return value
 
     @field_validator("schedule_group")
@@ -319,6 +368,8 @@ class Settings(BaseSettings):
                 )
         if self.api_token is not None and len(self.api_token.get_secret_value()) < 16:
             raise ValueError("SENDQUEUE_API_TOKEN: must be at least 16 characters long")
+        if self.api_token is not None:
+            _refuse_guessable_token(self.api_token.get_secret_value())
         if self.environment == "production":
             if self.api_token is None and self._serves_http:
                 raise ValueError(
@@ -354,6 +405,47 @@ class LambdaSettings(Settings):
     """
 
     _serves_http: ClassVar[bool] = False
+
+
+#: A token must have at least this many distinct characters and this many bits by the
+#: estimate length x log2(distinct): a hex token (16 symbols) passes, "aaaa..." does not.
+_TOKEN_MIN_DISTINCT = 8
+_TOKEN_MIN_BITS = 64
+
+
+def _refuse_guessable_token(token: str) -> None:
+    distinct = len(set(token))
+    bits = len(token) * math.log2(distinct) if distinct > 1 else 0.0
+    if distinct < _TOKEN_MIN_DISTINCT or bits < _TOKEN_MIN_BITS:
+        raise ValueError(
+            f"SENDQUEUE_API_TOKEN: too easy to guess ({distinct} distinct characters, about "
+            f"{bits:.0f} bits; at least {_TOKEN_MIN_DISTINCT} and {_TOKEN_MIN_BITS} needed); "
+            "make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+
+
+def trusted_networks(
+    value: str,
+) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] | None:
+    """The networks of a ``SENDQUEUE_FORWARDED_ALLOW_IPS`` value; None for ``*`` (every peer).
+
+    Raises ValueError naming the first item that is not an IP address or a CIDR network.
+    """
+    items = [item.strip() for item in value.split(",")]
+    if items == ["*"]:
+        return None
+    networks = []
+    for item in items:
+        if not item or item == "*":
+            raise ValueError(
+                "expected IP addresses or CIDR networks separated by commas, or * alone; "
+                f"got {value!r}"
+            )
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"{item!r} is not an IP address or a CIDR network") from None
+    return tuple(networks)
 
 
 def redact_url(url: str, *, path: bool = False) -> str:

@@ -31,11 +31,14 @@ from fastapi.staticfiles import StaticFiles
 from sendqueue import __version__
 from sendqueue.bootstrap import Container
 from sendqueue.runtime import run_worker
+from sendqueue.settings import trusted_networks
 from sendqueue.web.bodies import BODY_OVERHEAD_BYTES
 from sendqueue.web.deps import BackgroundProvisioning
 from sendqueue.web.errors import install_error_handlers
 from sendqueue.web.middleware import install_security
 from sendqueue.web.middleware.limits import BodyTimeoutMiddleware, header_timeout_protocol
+from sendqueue.web.middleware.peers import PeerCap
+from sendqueue.web.middleware.throttle import AuthThrottle
 from sendqueue.web.queries import TimelineCache
 from sendqueue.web.rendering import STATIC_DIR
 from sendqueue.web.routers import ROUTERS
@@ -105,14 +108,25 @@ def create_app(
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    throttle = AuthThrottle(
+        max_failures=settings.auth_max_failures,
+        window=settings.auth_failure_window,
+        max_lockout=settings.auth_max_lockout,
+    )
     install_security(
         app,
         token=token,
         max_body_bytes=settings.max_upload_bytes + BODY_OVERHEAD_BYTES,
         routers=ROUTERS,
+        public_max_body_bytes=settings.http_public_max_body_bytes,
+        throttle=throttle,
     )
     # Outermost, so that every read of the body is timed, whichever layer makes it.
-    app.add_middleware(BodyTimeoutMiddleware, timeout=settings.http_body_timeout)
+    app.add_middleware(
+        BodyTimeoutMiddleware,
+        timeout=settings.http_body_timeout,
+        public_timeout=settings.http_public_body_timeout,
+    )
     return app
 
 
@@ -171,11 +185,17 @@ def run_server(
 def build_server(app: FastAPI, *, host: str, port: int, log_level: str = "warning") -> Server:
     """The uvicorn server :func:`run_server` runs, with the request limits of the app's settings
     (:mod:`sendqueue.web.middleware.limits`): a deadline for the headers (408, then closed),
-    the keep-alive timeout, the size of the request line and headers (400 above it) and the
-    connections served at once (503 above it). The body deadline is the app's own middleware
-    (:func:`create_app`).
+    the keep-alive timeout, the size of the request line and headers (400 above it), the
+    connections served at once and per client address (503 above them) and the proxies
+    trusted for ``X-Forwarded-Proto`` (``SENDQUEUE_FORWARDED_ALLOW_IPS``). The body deadline
+    is the app's own middleware (:func:`create_app`).
     """
     settings = app.state.container.settings
+    # Trusted proxies are exempt from the per-client cap: their clients all share their address.
+    peer_cap = PeerCap(
+        settings.http_max_connections_per_client,
+        exempt=trusted_networks(settings.forwarded_allow_ips),
+    )
     config = uvicorn.Config(
         app,
         host=host,
@@ -184,10 +204,13 @@ def build_server(app: FastAPI, *, host: str, port: int, log_level: str = "warnin
         lifespan="on",
         timeout_graceful_shutdown=10,
         # h11 whatever else is installed: the header deadline is a subclass of its protocol.
-        http=header_timeout_protocol(settings.http_header_timeout),
+        http=header_timeout_protocol(settings.http_header_timeout, peer_cap=peer_cap),
         timeout_keep_alive=settings.http_keep_alive,
         h11_max_incomplete_event_size=settings.http_max_header_bytes,
         limit_concurrency=settings.http_max_connections,
+        # X-Forwarded-Proto/-For from these peers only: the Secure cookie behind a TLS proxy.
+        proxy_headers=True,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
     )
     return Server(config, app.state.broker)
 

@@ -5,8 +5,9 @@
 1. :class:`~sendqueue.web.middleware.headers.SecurityHeadersMiddleware`: security headers on
    every response;
 2. :class:`~sendqueue.web.middleware.auth.AuthMiddleware`: the API token (bearer or session
-   cookie);
-3. :class:`~sendqueue.web.middleware.requests.BodyLimitMiddleware`: 413 above the body limit;
+   cookie), with the back-off of :mod:`sendqueue.web.middleware.throttle` (429);
+3. :class:`~sendqueue.web.middleware.requests.BodyLimitMiddleware`: 413 above the body limit
+   (a small one for the public routes);
 4. :class:`~sendqueue.web.middleware.csrf.CsrfMiddleware`: the double-submit CSRF check;
 5. :class:`~sendqueue.web.middleware.requests.NulByteMiddleware`: no NUL byte in path or query.
 
@@ -25,21 +26,33 @@ from sendqueue.web.middleware.auth import AuthMiddleware
 from sendqueue.web.middleware.csrf import CsrfMiddleware, form_routes
 from sendqueue.web.middleware.headers import SecurityHeadersMiddleware
 from sendqueue.web.middleware.requests import BodyLimitMiddleware, NulByteMiddleware
+from sendqueue.web.middleware.throttle import AuthThrottle
 from sendqueue.web.session import SessionSigner
 
 __all__ = ["install_security"]
 
 
 def install_security(
-    app: FastAPI, *, token: str | None, max_body_bytes: int, routers: Iterable[APIRouter]
+    app: FastAPI,
+    *,
+    token: str | None,
+    max_body_bytes: int,
+    routers: Iterable[APIRouter],
+    public_max_body_bytes: int | None = None,
+    throttle: AuthThrottle | None = None,
 ) -> None:
     """Add the five middlewares, in the order above. The CSRF check learns from ``routers``
-    (the app's) which routes take a form's field."""
+    (the app's) which routes take a form's field. ``public_max_body_bytes`` bounds the body
+    of a request to a public route (``/login``); ``throttle`` counts wrong tokens (it is
+    also ``app.state.throttle``, for the login route)."""
     signer = SessionSigner(token) if token is not None else None
     app.state.auth = (token, signer)
+    app.state.throttle = throttle
     # add_middleware puts each new one outside the previous ones: innermost first.
     app.add_middleware(NulByteMiddleware)
     app.add_middleware(CsrfMiddleware, form_routes=form_routes(routers))
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
-    app.add_middleware(AuthMiddleware, token=token, signer=signer)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=max_body_bytes, public_max_bytes=public_max_body_bytes
+    )
+    app.add_middleware(AuthMiddleware, token=token, signer=signer, throttle=throttle)
     app.add_middleware(SecurityHeadersMiddleware)

@@ -5,6 +5,10 @@ Without them an API route answers 401 (``WWW-Authenticate: Bearer``) and a page 
 ``/login?next=...``. :class:`AuthMiddleware` records how the request was authenticated in
 ``scope["state"]["auth"]``: ``bearer``, ``cookie``, ``open`` (no token configured) or
 ``public``.
+
+With a :class:`~sendqueue.web.middleware.throttle.AuthThrottle`, wrong bearer tokens are counted
+per client, and a locked-out client's bearer requests and ``POST /login`` get 429 before any
+token is compared or any body read.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sendqueue.web.errors import error_response
 from sendqueue.web.middleware.scope import cookies, headers, send_response, state
+from sendqueue.web.middleware.throttle import AuthThrottle
 from sendqueue.web.session import SESSION_COOKIE, SessionSigner, token_matches
 
-__all__ = ["AuthMiddleware", "is_api_path"]
+__all__ = ["AuthMiddleware", "client_address", "is_api_path", "is_public_path"]
 
 _API_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json"})
 
@@ -28,7 +33,14 @@ def is_api_path(path: str) -> bool:
     return path.startswith("/api/") or path == "/api" or path in _API_PATHS
 
 
-def _is_public(path: str) -> bool:
+def client_address(scope: Scope) -> str:
+    """The client's address (the forwarded one behind a trusted proxy)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "?"
+
+
+def is_public_path(path: str) -> bool:
+    """Routes served before any authentication (their bodies get the small public limits)."""
     # /healthz is for load balancers and process managers, which hold no token; it tells
     # only whether the store answers.
     return path in {"/login", "/healthz"} or path.startswith("/static/")
@@ -37,10 +49,18 @@ def _is_public(path: str) -> bool:
 class AuthMiddleware:
     """Requires the token (bearer or session cookie) when one is configured."""
 
-    def __init__(self, app: ASGIApp, *, token: str | None, signer: SessionSigner | None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        token: str | None,
+        signer: SessionSigner | None,
+        throttle: AuthThrottle | None = None,
+    ) -> None:
         self.app = app
         self.token = token
         self.signer = signer
+        self.throttle = throttle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -50,16 +70,36 @@ class AuthMiddleware:
         path: str = scope["path"]
         if self.token is None:
             request_state["auth"] = "open"
-        elif _is_public(path):
+            await self.app(scope, receive, send)
+            return
+        request_headers = headers(scope)
+        if self.throttle is not None and self._guesses(scope, request_headers):
+            wait = self.throttle.retry_after(client_address(scope))
+            if wait > 0:
+                await send_response(scope, receive, send, self.throttle.refusal(wait))
+                return
+        if is_public_path(path):
             request_state["auth"] = "public"
         else:
-            request_headers = headers(scope)
             method = self._authenticate(request_headers)
             if method is None:
+                if self.throttle is not None and "authorization" in request_headers:
+                    where = f"{scope['method']} {path}"
+                    self.throttle.failed(client_address(scope), where)
                 await send_response(scope, receive, send, self._deny(scope, request_headers))
                 return
+            if method == "bearer" and self.throttle is not None:
+                self.throttle.succeeded(client_address(scope))
             request_state["auth"] = method
         await self.app(scope, receive, send)
+
+    @staticmethod
+    def _guesses(scope: Scope, request_headers: dict[str, str]) -> bool:
+        """The request presents a token to compare: a bearer header, or the login form."""
+        path: str = scope["path"]
+        if scope["method"] == "POST" and path == "/login":
+            return True
+        return "authorization" in request_headers and not is_public_path(path)
 
     def _authenticate(self, request_headers: dict[str, str]) -> str | None:
         assert self.token is not None

@@ -17,7 +17,11 @@ body, the request's task) for as long as it likes (slowloris). Two pieces add th
 - :class:`BodyTimeoutMiddleware`, an ASGI middleware giving the app's reading of the body a
   deadline, counted from the first ``receive()``. Past it, the read fails with a 408 (JSON,
   ``Connection: close``) and uvicorn closes the connection. Once the body is complete, later
-  ``receive()`` calls (the disconnect watch of a streaming response) are not timed.
+  ``receive()`` calls (the disconnect watch of a streaming response) are not timed. A request
+  to a public route (``/login``: its body is read before any authentication) gets the short
+  ``public_timeout`` instead.
+- The protocol also applies :class:`~sendqueue.web.middleware.peers.PeerCap`: a connection
+  beyond the per-client cap gets a 503 and is closed as soon as it is made.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sendqueue.web.errors import HttpProblem, error_body, error_response
+from sendqueue.web.middleware.auth import is_public_path
+from sendqueue.web.middleware.peers import PeerCap
 
 __all__ = ["BodyTimeoutMiddleware", "HeaderTimeoutProtocol", "header_timeout_protocol"]
 
@@ -56,10 +62,13 @@ class HeaderTimeoutProtocol(H11Protocol):
     :attr:`header_timeout` seconds. Made with :func:`header_timeout_protocol`."""
 
     header_timeout: ClassVar[float] = 10.0
+    #: Shared by the connections of one server (the class is made per server).
+    peer_cap: ClassVar[PeerCap | None] = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_deadline: asyncio.TimerHandle | None = None
+        self._peer_key: str | None = None
 
     # -- the deadline -------------------------------------------------------------------------
 
@@ -121,10 +130,31 @@ class HeaderTimeoutProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.peer_cap is not None:
+            self._peer_key = self.peer_cap.admit(self.client)
+            if self._peer_key is None:
+                self._refuse_over_cap()
+                return
         self._arm()
+
+    def _refuse_over_cap(self) -> None:
+        body = error_body(
+            503,
+            "too many connections from this address at once; close some and try again",
+        )
+        data = json.dumps(body, separators=(",", ":")).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(data)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+        )
+        self.transport.write(head.encode() + data)
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self.peer_cap is not None and self._peer_key is not None:
+            self.peer_cap.release(self._peer_key)
+            self._peer_key = None
         super().connection_lost(exc)
 
     def handle_events(self) -> None:
@@ -140,12 +170,18 @@ class HeaderTimeoutProtocol(H11Protocol):
             self._arm()  # the next request's headers (or the unread rest of this body)
 
 
-def header_timeout_protocol(seconds: float) -> type[HeaderTimeoutProtocol]:
-    """:class:`HeaderTimeoutProtocol` with ``seconds`` as its deadline, for
+def header_timeout_protocol(
+    seconds: float, *, peer_cap: PeerCap | None = None
+) -> type[HeaderTimeoutProtocol]:
+    """:class:`HeaderTimeoutProtocol` with ``seconds`` as its deadline (and ``peer_cap``), for
     ``uvicorn.Config(http=...)`` (which builds the protocol itself, from its own config)."""
     if not seconds > 0:
         raise ValueError(f"the header timeout must be greater than 0, got {seconds!r}")
-    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": seconds})
+    return type(
+        "HeaderTimeoutProtocol",
+        (HeaderTimeoutProtocol,),
+        {"header_timeout": seconds, "peer_cap": peer_cap},
+    )
 
 
 class _BodyTimeout(HttpProblem):
@@ -153,19 +189,24 @@ class _BodyTimeout(HttpProblem):
 
 
 class BodyTimeoutMiddleware:
-    """Gives reading a request's body ``timeout`` seconds from the first ``receive()``."""
+    """Gives reading a request's body ``timeout`` seconds from the first ``receive()``
+    (``public_timeout`` on a public route, whose body is read before any authentication)."""
 
-    def __init__(self, app: ASGIApp, *, timeout: float) -> None:
-        if not timeout > 0:
-            raise ValueError(f"the body timeout must be greater than 0, got {timeout!r}")
+    def __init__(
+        self, app: ASGIApp, *, timeout: float, public_timeout: float | None = None
+    ) -> None:
+        for value in (timeout, public_timeout if public_timeout is not None else timeout):
+            if not value > 0:
+                raise ValueError(f"the body timeout must be greater than 0, got {value!r}")
         self.app = app
         self.timeout = timeout
+        self.public_timeout = public_timeout
 
-    def _problem(self) -> _BodyTimeout:
+    def _problem(self, seconds: float, setting: str) -> _BodyTimeout:
         return _BodyTimeout(
             408,
-            f"the request body did not arrive within {_seconds(self.timeout)}; "
-            "send it faster or raise SENDQUEUE_HTTP_BODY_TIMEOUT",
+            f"the request body did not arrive within {_seconds(seconds)}; "
+            f"send it faster or raise {setting}",
             field="body",
             headers={"Connection": "close"},
         )
@@ -177,6 +218,9 @@ class BodyTimeoutMiddleware:
         deadline: float | None = None
         complete = False
         started = False
+        seconds, setting = self.timeout, "SENDQUEUE_HTTP_BODY_TIMEOUT"
+        if self.public_timeout is not None and is_public_path(scope["path"]):
+            seconds, setting = self.public_timeout, "SENDQUEUE_HTTP_PUBLIC_BODY_TIMEOUT"
 
         async def timed_receive() -> Message:
             nonlocal deadline, complete
@@ -184,7 +228,7 @@ class BodyTimeoutMiddleware:
                 return await receive()
             now = time.monotonic()
             if deadline is None:
-                deadline = now + self.timeout
+                deadline = now + seconds
             try:
                 with anyio.fail_after(max(deadline - now, 0.0)):
                     message = await receive()
@@ -194,9 +238,9 @@ class BodyTimeoutMiddleware:
                     scope.get("method"),
                     scope.get("path"),
                     _peer(scope.get("client")),
-                    _seconds(self.timeout),
+                    _seconds(seconds),
                 )
-                raise self._problem() from None
+                raise self._problem(seconds, setting) from None
             if message["type"] != "http.request" or not message.get("more_body", False):
                 complete = True
             return message

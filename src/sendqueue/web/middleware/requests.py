@@ -1,4 +1,5 @@
-"""What a request may hold before any route runs: a body no larger than the limit (413), and
+"""What a request may hold before any route runs: a body no larger than the limit (413; a few
+KiB on the public routes, ``/login``, whose body is read before any authentication), and
 no NUL byte in the path (404) or the query (422).
 
 No id or address holds a NUL byte, and PostgreSQL refuses it in any text parameter, which
@@ -13,6 +14,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sendqueue.web.errors import error_response
+from sendqueue.web.middleware.auth import is_public_path
 from sendqueue.web.middleware.scope import headers, send_response
 
 __all__ = ["BodyLimitMiddleware", "NulByteMiddleware"]
@@ -26,14 +28,25 @@ class BodyLimitMiddleware:
     """Refuses request bodies larger than ``max_bytes`` with 413, without reading past it: at
     once when ``Content-Length`` says so, otherwise by counting bytes as they arrive."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_bytes: int, public_max_bytes: int | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.public_max_bytes = public_max_bytes
 
-    def _too_large(self) -> Response:
+    def _too_large(self, limit: int, public: bool) -> Response:
+        if public:
+            return error_response(
+                413,
+                f"request body larger than {limit} bytes before authentication; raise "
+                "SENDQUEUE_HTTP_PUBLIC_MAX_BODY_BYTES",
+                headers={"Connection": "close"},
+                field="body",
+            )
         return error_response(
             413,
-            f"request body larger than {self.max_bytes} bytes; split the file or raise "
+            f"request body larger than {limit} bytes; split the file or raise "
             "SENDQUEUE_MAX_UPLOAD_BYTES",
             headers={"Connection": "close"},
             field="file",
@@ -43,9 +56,11 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        public = self.public_max_bytes is not None and is_public_path(scope["path"])
+        limit = self.public_max_bytes if public and self.public_max_bytes else self.max_bytes
         length = headers(scope).get("content-length")
-        if length is not None and length.strip().isdigit() and int(length) > self.max_bytes:
-            await send_response(scope, receive, send, self._too_large())
+        if length is not None and length.strip().isdigit() and int(length) > limit:
+            await send_response(scope, receive, send, self._too_large(limit, public))
             return
         received = 0
         exceeded = False
@@ -56,7 +71,7 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > limit:
                     exceeded = True
                     raise _BodyTooLarge
             return message
@@ -75,7 +90,7 @@ class BodyLimitMiddleware:
             if not exceeded:
                 raise
         if exceeded and not started:
-            await send_response(scope, receive, send, self._too_large())
+            await send_response(scope, receive, send, self._too_large(limit, public))
 
 
 class NulByteMiddleware:

@@ -11,7 +11,9 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from sendqueue.web.middleware.auth import client_address
 from sendqueue.web.middleware.csrf import FormCsrf
+from sendqueue.web.middleware.throttle import AuthThrottle
 from sendqueue.web.rendering import render
 from sendqueue.web.session import SESSION_COOKIE, auth_config, safe_next, token_matches
 
@@ -61,12 +63,18 @@ async def login(request: Request) -> Response:
     if token is None or signer is None:
         return RedirectResponse(target, status_code=303)
     presented = form.get("token")
+    throttle: AuthThrottle | None = getattr(request.app.state, "throttle", None)
+    client = client_address(request.scope)
     if not isinstance(presented, str) or not token_matches(presented.strip(), token):
-        client = request.client.host if request.client else "?"
-        log.warning("failed login from %s", client)
+        if throttle is not None:
+            throttle.failed(client, "POST /login")  # logs it
+        else:
+            log.warning("failed login from %s", client)
         # The form again, keeping where the user wanted to go.
         scope = {**request.scope, "query_string": urlencode({"next": target}).encode()}
         return render_login(Request(scope), error="wrong token", status_code=401)
+    if throttle is not None:
+        throttle.succeeded(client)
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(
         SESSION_COOKIE,
