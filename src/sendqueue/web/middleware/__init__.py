@@ -42,4 +42,8 @@ def install_security(
     app.add_middleware(CsrfMiddleware, form_routes=form_routes(routers))
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     app.add_middleware(AuthMiddleware, token=token, signer=signer)
-    app.add_middleware(SecurityHeadersMiddleware)
+    viewers = {app.docs_url, app.redoc_url}
+    if app.docs_url is not None:
+        viewers.add(app.swagger_ui_oauth2_redirect_url)
+    docs_paths = frozenset(path for path in viewers if path is not None)
+    app.add_middleware(SecurityHeadersMiddleware, docs_paths=docs_paths)
