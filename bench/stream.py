@@ -8,25 +8,31 @@ worker in another process would. Delivery latency is the time a client parsed an
 the change's own timestamp; the server's CPU is read from /proc over the same window.
 
 Child entry points: ``python -m bench.stream serve|write ...``.
+
+The idle row (:func:`run_idle`, ``python -m bench.stream idle CAMPAIGNS SECONDS``): one SSE
+client on each of ``campaigns`` campaigns, nothing written; the server's CPU over ``seconds``
+is what the open streams cost by themselves.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, percentile, summarize
 
-__all__ = ["TARGET_P95_S", "run"]
+__all__ = ["TARGET_P95_S", "run", "run_idle"]
 
 TARGET_P95_S = 1.0
 
@@ -42,31 +48,35 @@ def _settings(home: Path) -> Any:
     )
 
 
-def prepare(home: Path, tasks: int) -> str:
-    """A provisioned campaign whose sends are a month away (nothing sends by itself)."""
+def prepare(home: Path, tasks: int, campaigns: int = 1) -> list[str]:
+    """``campaigns`` provisioned campaigns of ``tasks`` tasks whose sends are a month away
+    (nothing sends by itself)."""
     from sendqueue.bootstrap import bootstrap
     from sendqueue.domain.policy import SendingPolicy, Window
     from sendqueue.services.demo import demo_csv
     from sendqueue.services.importing import Templates
 
     app = bootstrap(_settings(home))
+    ids: list[str] = []
     try:
-        created = app.campaigns.create(
-            name="stream",
-            recipients=demo_csv(tasks),
-            policy=SendingPolicy(
-                timezone="UTC",
-                per_day=10_000,
-                weekdays=frozenset(range(7)),
-                windows=(Window(0, 1440),),
-                start=datetime.now(UTC) + timedelta(days=30),
-            ),
-            templates=Templates(subject="Hello {{ name }}", body="Hi"),
-        )
-        cid = created.campaign.id
-        if app.provisioner.provision(cid).status != "done":
-            raise AssertionError("provisioning failed")
-        return cid
+        for _ in range(campaigns):
+            created = app.campaigns.create(
+                name="stream",
+                recipients=demo_csv(tasks),
+                policy=SendingPolicy(
+                    timezone="UTC",
+                    per_day=10_000,
+                    weekdays=frozenset(range(7)),
+                    windows=(Window(0, 1440),),
+                    start=datetime.now(UTC) + timedelta(days=30),
+                ),
+                templates=Templates(subject="Hello {{ name }}", body="Hi"),
+            )
+            cid = created.campaign.id
+            if app.provisioner.provision(cid).status != "done":
+                raise AssertionError("provisioning failed")
+            ids.append(cid)
+        return ids
     finally:
         app.close()
 
@@ -181,37 +191,42 @@ async def _measure(
     }
 
 
+@contextlib.contextmanager
+def _server(home: Path) -> Iterator[tuple[str, int]]:
+    """A ``create_app`` server over ``home`` in its own process: its URL and pid."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.stream", "serve", str(home)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        if not url.startswith("http"):
+            raise RuntimeError(f"the server did not start: {url!r}")
+        yield url, server.pid
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+        if server.stdout is not None:
+            server.stdout.close()
+
+
 def run(*, clients: int, changes: int, seconds: float, repeats: int) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="sq-bench-stream-") as tmp:
             home = Path(tmp)
-            cid = prepare(home, changes)
-            server = subprocess.Popen(
-                [sys.executable, "-m", "bench.stream", "serve", str(home)],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            try:
-                assert server.stdout is not None
-                url = server.stdout.readline().strip()
-                if not url.startswith("http"):
-                    raise RuntimeError(f"the server did not start: {url!r}")
-                runs.append(
-                    asyncio.run(_measure(url, home, cid, clients, changes, seconds, server.pid))
-                )
-            finally:
-                server.terminate()
-                try:
-                    server.wait(30)
-                except subprocess.TimeoutExpired:
-                    server.kill()
-                    server.wait(10)
-                if server.stdout is not None:
-                    server.stdout.close()
+            (cid,) = prepare(home, changes)
+            with _server(home) as (url, pid):
+                runs.append(asyncio.run(_measure(url, home, cid, clients, changes, seconds, pid)))
     p95 = summarize([r["p95_s"] for r in runs])
     return {
         "clients": clients,
@@ -238,14 +253,71 @@ def run(*, clients: int, changes: int, seconds: float, repeats: int) -> dict[str
     }
 
 
+async def _idle_client(url: str, campaign_id: str, ready: asyncio.Event) -> None:
+    import httpx
+
+    async with (
+        httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None)) as client,
+        client.stream("GET", f"{url}api/campaigns/{campaign_id}/events") as response,
+    ):
+        if response.status_code != 200:
+            raise AssertionError(f"stream refused: {response.status_code}")
+        async for line in response.aiter_lines():
+            if line.startswith("id:"):
+                ready.set()  # the first frame: this client is subscribed
+
+
+async def _measure_idle(url: str, ids: list[str], seconds: float, pid: int) -> dict[str, Any]:
+    readies = [asyncio.Event() for _ in ids]
+    tasks = [
+        asyncio.create_task(_idle_client(url, c, r)) for c, r in zip(ids, readies, strict=True)
+    ]
+    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 120)
+    await asyncio.sleep(1.0)
+    cpu, started = _cpu_of(pid), time.monotonic()
+    await asyncio.sleep(seconds)
+    cpu, elapsed = _cpu_of(pid) - cpu, time.monotonic() - started
+    failed = [t for t in tasks if t.done()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if failed:
+        raise AssertionError(f"{len(failed)} streams ended during the idle window")
+    return {"server_cpu_s": cpu, "server_cpu_percent_of_one_core": 100 * cpu / elapsed}
+
+
+def run_idle(*, campaigns: int, seconds: float, repeats: int) -> dict[str, Any]:
+    """Server CPU with one idle SSE client on each of ``campaigns`` campaigns."""
+    runs: list[dict[str, Any]] = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="sq-bench-stream-idle-") as tmp:
+            home = Path(tmp)
+            ids = prepare(home, 1, campaigns)
+            with _server(home) as (url, pid):
+                runs.append(asyncio.run(_measure_idle(url, ids, seconds, pid)))
+    return {
+        "campaigns": campaigns,
+        "idle_seconds": seconds,
+        "repeats": repeats,
+        "server_cpu_s": summarize([r["server_cpu_s"] for r in runs]).as_dict(),
+        "server_cpu_percent_of_one_core": summarize(
+            [r["server_cpu_percent_of_one_core"] for r in runs]
+        ).as_dict(),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.stream")
-    parser.add_argument("side", choices=["serve", "write"])
+    parser.add_argument("side", choices=["serve", "write", "idle"])
     parser.add_argument("home")
     parser.add_argument("rest", nargs="*")
     args = parser.parse_args()
     if args.side == "serve":
         serve(Path(args.home))
+    elif args.side == "idle":  # here "home" is the number of campaigns
+        (seconds,) = args.rest or ["20"]
+        result = run_idle(campaigns=int(args.home), seconds=float(seconds), repeats=1)
+        print(json.dumps(result, indent=2))
     else:
         campaign_id, changes, seconds = args.rest
         write(Path(args.home), campaign_id, int(changes), float(seconds))

@@ -170,6 +170,13 @@ def test_stream() -> None:
     _targets(result)
 
 
+def test_stream_idle() -> None:
+    result = stream.run_idle(campaigns=3, seconds=0.5, repeats=1)
+    assert result["campaigns"] == 3
+    for key in ("server_cpu_s", "server_cpu_percent_of_one_core"):
+        _summary(result[key])
+
+
 def test_the_runner_writes_both_result_files(tmp_path: Path) -> None:
     code = bench_main.main(
         [

@@ -3,9 +3,12 @@ guards exactly the routes that take a form."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 from sendqueue.web.middleware.csrf import form_routes
+from sendqueue.web.middleware.headers import CSP, DOCS_CSP
 from sendqueue.web.routers import ROUTERS
 from tests.web.conftest import Web
 
@@ -61,3 +64,26 @@ def test_only_the_three_forms_take_the_csrf_token_as_a_field() -> None:
         ("POST", "/logout"),
         ("POST", "/api/campaigns"),
     }
+
+
+_TOKEN = "docs-check-7Qe2-Lm9x-Rt4v"
+
+
+def test_production_serves_the_schema_and_no_viewer_that_loads_from_another_host(
+    make_web: Callable[..., Web],
+) -> None:
+    web = make_web(environment="production", mailer="smtp://127.0.0.1:2525", api_token=_TOKEN)
+    auth = {"Authorization": f"Bearer {_TOKEN}", "Accept": "text/html"}
+    assert web.client.get("/openapi.json", headers=auth).json()["info"]["title"] == "sendqueue"
+    for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        response = web.client.get(path, headers=auth)
+        assert response.status_code == 404, path
+        assert not re.search(r"(?:https?:)?//", response.text), response.text
+        assert response.headers["content-security-policy"] == CSP  # not the viewers' policy
+
+
+def test_development_keeps_the_viewers_under_their_own_policy(web: Web) -> None:
+    docs = web.client.get("/docs")
+    assert docs.status_code == 200
+    assert docs.headers["content-security-policy"] == DOCS_CSP
+    assert web.client.get("/openapi.json").headers["content-security-policy"] == CSP

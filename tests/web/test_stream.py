@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -304,6 +304,33 @@ def test_fifty_clients_share_one_reader(tmp_path: Path) -> None:
         wait_until(lambda: st.broker.readers() == {} and st.broker.clients == 0, 10)
 
 
+def test_fifty_campaigns_watched_cost_one_read_per_poll(tmp_path: Path) -> None:
+    campaigns = 50
+    with stage(tmp_path, StreamConfig(poll_interval=0.1, heartbeat=5.0)) as st:
+        ids = [st.campaign(1) for _ in range(campaigns)]
+        clients = [SseClient(st.url(cid)) for cid in ids]
+        for client in clients:
+            client.frame()
+        assert st.broker.readers() == dict.fromkeys(ids, 1)
+        reads_before, started = st.store.reads, time.monotonic()
+        time.sleep(2.0)
+        # One change on each of three campaigns reaches their clients, and only theirs.
+        _cancel(st.writer, ids[0], range(1))
+        _cancel(st.writer, ids[7], range(1))
+        _cancel(st.writer, ids[49], range(1))
+        for n in (0, 7, 49):
+            (event,) = clients[n].events(1, timeout=5)
+            assert event.data["campaign_id"] == ids[n]
+        reads = st.store.reads - reads_before
+        elapsed = time.monotonic() - started
+        print(f"\n{campaigns} campaigns watched, {elapsed:.2f} s: {reads} changes_after calls")
+        # One reader for every campaign: about elapsed / 0.1 reads, not fifty times that.
+        assert reads <= elapsed / 0.1 + 5
+        for client in clients:
+            client.close()
+        wait_until(lambda: st.broker.readers() == {} and st.broker.clients == 0, 10)
+
+
 def test_heartbeats_keep_an_idle_stream_open(tmp_path: Path) -> None:
     with stage(tmp_path, StreamConfig(poll_interval=0.1, heartbeat=0.2)) as st:
         cid = st.campaign(1)
@@ -341,6 +368,7 @@ class _Log:
 
     def __init__(self) -> None:
         self.entries: list[ChangeLogEntry] = []
+        self.calls: list[tuple[int, str | None]] = []
 
     def add(self, campaign_id: str, n: int) -> None:
         for _ in range(n):
@@ -354,7 +382,10 @@ class _Log:
     def changes_after(
         self, after_id: int, *, campaign_id: str | None = None, limit: int = 1000
     ) -> list[ChangeLogEntry]:
-        found = [e for e in self.entries if e.id > after_id and e.campaign_id == campaign_id]
+        self.calls.append((after_id, campaign_id))
+        found = [
+            e for e in self.entries if e.id > after_id and campaign_id in (None, e.campaign_id)
+        ]
         return found[:limit]
 
     def last_change_id(self) -> int:
@@ -445,3 +476,98 @@ def test_serve_stops_on_sigterm_with_a_stream_open(tmp_path: Path) -> None:
 def _read_to_the_end(client: SseClient) -> None:
     while True:
         client.frame()
+
+
+def _gen(frames: AsyncIterator[str]) -> AsyncGenerator[str, None]:
+    assert isinstance(frames, AsyncGenerator)
+    return frames
+
+
+async def _drain(frames: AsyncIterator[str], count: int) -> list[int]:
+    """The ids of the next ``count`` change events a subscriber's frames carry."""
+    ids: list[int] = []
+    while len(ids) < count:
+        text = await asyncio.wait_for(anext(frames), 5)
+        ids += [int(line[4:]) for line in text.splitlines() if line.startswith("id: ")]
+    return ids
+
+
+def test_a_resumed_client_reads_its_backlog_then_joins_the_fan_out_without_gap() -> None:
+    log = _Log()
+    broker = ChangeBroker(log, StreamConfig(poll_interval=0.01, batch=4))  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        log.add("c1", 3)
+        log.add("c2", 50)  # another campaign's history, which no reader should go through
+        watcher = await broker.subscribe("c1", None)
+        watching = _gen(broker.frames(watcher))
+        await anext(watching)
+        log.add("c1", 10)  # the reader moves on past these
+        ahead = await _drain(watching, 10)
+        assert ahead == list(range(54, 64))
+        log.calls.clear()
+        # A client that saw only the first c1 change resumes while changes keep coming.
+        resumed = await broker.subscribe("c1", 1)
+        assert resumed.backlog_after == 1
+        frames = _gen(broker.frames(resumed))
+        assert (await anext(frames)).startswith("retry:")
+        log.add("c1", 5)
+        log.add("c2", 7)
+        log.add("c1", 5)
+        got = await _drain(frames, 2 + 10 + 10)
+        c1 = [e.id for e in log.entries if e.campaign_id == "c1"]
+        assert got == c1[1:]  # every c1 change after id 1, each once, in order
+        assert await _drain(watching, 10) == c1[13:]
+        # The backlog is read per campaign, the live feed by one reader over the whole log.
+        assert {cid for _, cid in log.calls} == {"c1", None}
+        assert min(after for after, cid in log.calls if cid is None) >= 63
+        await frames.aclose()
+        await watching.aclose()
+        assert broker.readers() == {}
+        await broker.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_new_reader_starts_at_the_head_of_the_log() -> None:
+    log = _Log()
+    broker = ChangeBroker(log, StreamConfig(poll_interval=0.01))  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        log.add("c1", 2)
+        log.add("c2", 1000)
+        sub = await broker.subscribe("c1", 0)  # resumes from the very start
+        frames = _gen(broker.frames(sub))
+        await anext(frames)
+        assert await _drain(frames, 2) == [1, 2]
+        # The one reader read from the head (1002), not through c2's thousand entries.
+        assert any(cid is None for _, cid in log.calls)
+        assert all(after >= 1002 for after, cid in log.calls if cid is None)
+        await frames.aclose()
+        await broker.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_reader_polls_less_once_the_log_is_quiet_and_still_delivers() -> None:
+    log = _Log()
+    config = StreamConfig(poll_interval=0.01, idle_poll_interval=0.1, idle_after=0.2)
+    broker = ChangeBroker(log, config)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        sub = await broker.subscribe("c1", None)
+        frames = _gen(broker.frames(sub))
+        await anext(frames)
+        await asyncio.sleep(0.4)  # quiet for longer than idle_after
+        log.calls.clear()
+        await asyncio.sleep(1.0)
+        quiet_reads = len(log.calls)
+        assert quiet_reads <= 1.0 / 0.1 + 2  # not 1.0 / 0.01
+        log.add("c1", 1)
+        started = time.monotonic()
+        assert await _drain(frames, 1) == [1]
+        assert time.monotonic() - started < 0.1 + 0.1
+        await frames.aclose()
+        await broker.close()
+
+    asyncio.run(scenario())

@@ -94,11 +94,16 @@ def create_app(
                     log.error("the worker did not stop within %.0f s", _WORKER_STOP_TIMEOUT)
             await anyio.to_thread.run_sync(provisioning.join, _PROVISION_STOP_TIMEOUT)
 
+    # FastAPI's viewers load their scripts from a CDN with no integrity check: not in
+    # production, where only the schema (/openapi.json) is served.
+    viewers = settings.environment != "production"
     app = FastAPI(
         title="sendqueue",
         version=__version__,
         summary="Scheduled email campaigns: one durable task and one schedule per email.",
         lifespan=lifespan,
+        docs_url="/docs" if viewers else None,
+        redoc_url="/redoc" if viewers else None,
     )
     app.state.container = container
     app.state.broker = broker

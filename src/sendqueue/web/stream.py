@@ -2,20 +2,23 @@
 
 How it holds the promises of docs/api.md:
 
-- **One reader per campaign.** :class:`ChangeBroker` runs one asyncio task per campaign that
-  has subscribers. It polls ``store.changes_after(position, campaign_id=...)`` every
-  ``poll_interval`` (at once again after a full batch) and fans every entry out to each
-  subscriber's bounded queue. It stops when the last subscriber leaves. The store is reached
-  through a worker thread, so the event loop never blocks on it. Because it reads the change
-  log, it sees what workers in other processes write, on SQLite and on PostgreSQL alike.
+- **One reader per process.** :class:`ChangeBroker` runs one asyncio task, while any client is
+  connected, that reads the whole change log (``store.changes_after(position)``, every
+  campaign at once) and fans each entry out by campaign id to the bounded queues of that
+  campaign's subscribers; a campaign nobody watches gets nothing. It reads every
+  ``poll_interval`` while changes flow (at once again after a full batch), every
+  ``idle_poll_interval`` after ``idle_after`` seconds without one, and stops with the last
+  client. The store is reached through a worker thread, so the event loop never blocks on it.
+  Because it reads the change log, it sees what workers in other processes write, on SQLite
+  and on PostgreSQL alike.
 - **No gap, no duplicate.** A subscriber joins the reader's fan-out *first*, then, if it asked
-  to resume from an id older than the reader's position, reads that backlog from the store
-  itself, and finally takes the live feed. Everything newer than its position reaches it
-  through one path or the other (the reader delivers every entry above the position it had
-  when the subscriber joined; the backlog read runs until the log is exhausted, past that
-  position), and anything it has already sent (id at or below its last id) is skipped. The
-  store makes change-log ids visible in id order (see ``PostgresTaskStore._log``), so a position
-  never skips an entry that commits later.
+  to resume from an id older than the reader's position, reads that backlog (its campaign's
+  entries only) from the store itself, and finally takes the live feed. Everything newer
+  than its position reaches it through one path or the other (the reader delivers every entry
+  above the position it had when the subscriber joined; the backlog read runs until the log
+  is exhausted, past that position), and anything it has already sent (id at or below its
+  last id) is skipped. The store makes change-log ids visible in id order (see
+  ``PostgresTaskStore._log``), so a position never skips an entry that commits later.
 - **Bounded memory.** A subscriber whose queue is full (a client that does not read) is
   disconnected; it resumes with ``Last-Event-ID`` from the store, losing nothing. The number
   of clients per process is capped (:class:`TooManyClients`).
@@ -63,7 +66,12 @@ class StreamConfig:
     """Tuning of the live stream (the defaults suit production; tests shorten the times)."""
 
     poll_interval: float = 0.2
-    """Seconds between two reads of the change log by a campaign's reader."""
+    """Seconds between two reads of the change log while changes flow."""
+    idle_poll_interval: float = 0.5
+    """Seconds between two reads once the log has been quiet for ``idle_after`` seconds (the
+    first change after a quiet spell waits up to this long; never below ``poll_interval``)."""
+    idle_after: float = 5.0
+    """Seconds without a change after which the reader polls at ``idle_poll_interval``."""
     heartbeat: float = 15.0
     """Seconds of silence after which a ``ping`` event is sent."""
     batch: int = 500
@@ -110,14 +118,22 @@ class Subscription:
 
 @dataclass(eq=False)
 class _Reader:
-    campaign_id: str
     position: int
-    subscribers: set[Subscription] = field(default_factory=set)
+    """The id of the last change-log entry read (of any campaign)."""
+    watched: dict[str, set[Subscription]] = field(default_factory=dict)
+    """Campaign id -> its subscribers; only campaigns with one are here."""
     task: asyncio.Task[None] | None = None
+
+    def drop(self, sub: Subscription) -> None:
+        subs = self.watched.get(sub.campaign_id)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self.watched[sub.campaign_id]
 
 
 class ChangeBroker:
-    """Fans each campaign's change log out to its connected clients; see the module docstring.
+    """Fans the change log out to the connected clients by campaign; see the module docstring.
 
     All methods run on the event loop thread; store calls go to worker threads.
     """
@@ -125,7 +141,7 @@ class ChangeBroker:
     def __init__(self, store: TaskStore, config: StreamConfig | None = None) -> None:
         self._store = store
         self.config = config or StreamConfig()
-        self._readers: dict[str, _Reader] = {}
+        self._reader: _Reader | None = None
         self._clients = 0
         self._closing = False
 
@@ -136,8 +152,10 @@ class ChangeBroker:
         return self._clients
 
     def readers(self) -> dict[str, int]:
-        """Campaigns with a running reader -> number of subscribers."""
-        return {cid: len(r.subscribers) for cid, r in self._readers.items()}
+        """Campaigns the reader fans out to -> number of subscribers."""
+        if self._reader is None:
+            return {}
+        return {cid: len(subs) for cid, subs in self._reader.watched.items()}
 
     # -- subscribing ---------------------------------------------------------------------------
     async def subscribe(self, campaign_id: str, after: int | None) -> Subscription:
@@ -151,61 +169,57 @@ class ChangeBroker:
             raise TooManyClients(f"already serving {self._clients} streams")
         self._clients += 1  # held across the await below, so the cap cannot be overrun
         try:
-            start = after
-            if start is None:
-                start = await anyio.to_thread.run_sync(self._store.last_change_id)
+            head = await anyio.to_thread.run_sync(self._store.last_change_id)
         except BaseException:
             self._clients -= 1
             raise
+        start = head if after is None else after
         sub = Subscription(campaign_id, start, asyncio.Queue(maxsize=self.config.queue_size))
         # No await from here on: joining is atomic with respect to the reader's fan-out, so
         # the reader delivers every entry above its current position to this subscriber.
-        reader = self._readers.get(campaign_id)
+        reader = self._reader
         if reader is None:
-            reader = _Reader(campaign_id, start)
-            reader.subscribers.add(sub)
-            self._readers[campaign_id] = reader
+            # A new reader starts at the log's head, never further back: an old resume point
+            # is this client's backlog, not a re-read of every campaign's history.
+            reader = self._reader = _Reader(head)
             reader.task = asyncio.get_running_loop().create_task(
-                self._run(reader), name=f"sendqueue-stream-{campaign_id}"
+                self._run(reader), name="sendqueue-stream-reader"
             )
-        else:
-            reader.subscribers.add(sub)
-            if start < reader.position:
-                sub.backlog_after = start
+        reader.watched.setdefault(campaign_id, set()).add(sub)
+        if start < reader.position:
+            sub.backlog_after = start
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
-        """Leave the fan-out (idempotent); the campaign's reader stops with its last
-        subscriber."""
+        """Leave the fan-out (idempotent); the reader stops with the last subscriber."""
         if sub.released:
             return
         sub.released = True
         sub.closed = True
         self._clients -= 1
-        reader = self._readers.get(sub.campaign_id)
-        if reader is not None and sub in reader.subscribers:
-            reader.subscribers.discard(sub)
-            if not reader.subscribers:
-                del self._readers[sub.campaign_id]
+        reader = self._reader
+        if reader is not None:
+            reader.drop(sub)
+            if not reader.watched:
+                self._reader = None
                 if reader.task is not None:
                     reader.task.cancel()
 
     async def close(self) -> None:
-        """End every stream and stop the readers (server shutdown). Idempotent."""
+        """End every stream and stop the reader (server shutdown). Idempotent."""
         self._closing = True
-        readers = list(self._readers.values())
-        self._readers.clear()
-        for reader in readers:
-            for sub in reader.subscribers:
+        reader, self._reader = self._reader, None
+        if reader is None:
+            return
+        for subs in reader.watched.values():
+            for sub in subs:
                 self._close(sub, "shutdown")
-            reader.subscribers.clear()
-            if reader.task is not None:
-                reader.task.cancel()
-        for reader in readers:
-            if reader.task is not None:
-                with anyio.CancelScope(shield=True):
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await reader.task
+        reader.watched.clear()
+        if reader.task is not None:
+            reader.task.cancel()
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reader.task
 
     def _close(self, sub: Subscription, reason: str) -> None:
         sub.closed, sub.reason = True, reason
@@ -216,33 +230,44 @@ class ChangeBroker:
     # -- the reader ----------------------------------------------------------------------------
     async def _run(self, reader: _Reader) -> None:
         config = self.config
+        loop = asyncio.get_running_loop()
         failures = 0
-        while reader.subscribers:
+        last_change = loop.time()
+        while reader.watched:
             try:
-                entries = await anyio.to_thread.run_sync(
-                    self._read, reader.campaign_id, reader.position
-                )
+                entries = await anyio.to_thread.run_sync(self._read_all, reader.position)
             except Exception as exc:  # the store failing must not end the streams
                 failures += 1
                 if failures == 1 or failures % 50 == 0:
                     log.warning(
-                        "stream of %s: reading the change log failed (%d in a row): %s",
-                        reader.campaign_id,
-                        failures,
-                        exc,
+                        "stream: reading the change log failed (%d in a row): %s", failures, exc
                     )
                 await asyncio.sleep(min(config.poll_interval * 2**failures, config.error_backoff))
                 continue
             failures = 0
             if entries:
+                last_change = loop.time()
                 reader.position = entries[-1].id
-                for sub in list(reader.subscribers):
-                    self._offer(reader, sub, entries)
+                self._fan_out(reader, entries)
             if len(entries) < config.batch:
-                await asyncio.sleep(config.poll_interval)
+                quiet = loop.time() - last_change >= config.idle_after
+                idle = max(config.idle_poll_interval, config.poll_interval)
+                await asyncio.sleep(idle if quiet else config.poll_interval)
+
+    def _read_all(self, position: int) -> list[ChangeLogEntry]:
+        return self._store.changes_after(position, limit=self.config.batch)
 
     def _read(self, campaign_id: str, position: int) -> list[ChangeLogEntry]:
         return self._store.changes_after(position, campaign_id=campaign_id, limit=self.config.batch)
+
+    def _fan_out(self, reader: _Reader, entries: list[ChangeLogEntry]) -> None:
+        by_campaign: dict[str, list[ChangeLogEntry]] = {}
+        for entry in entries:
+            if entry.campaign_id in reader.watched:
+                by_campaign.setdefault(entry.campaign_id, []).append(entry)
+        for campaign_id, mine in by_campaign.items():
+            for sub in list(reader.watched.get(campaign_id, ())):
+                self._offer(reader, sub, mine)
 
     def _offer(self, reader: _Reader, sub: Subscription, entries: list[ChangeLogEntry]) -> None:
         for entry in entries:
@@ -253,13 +278,13 @@ class ChangeBroker:
                 # reconnects with Last-Event-ID and reads what it missed from the store.
                 log.warning(
                     "stream of %s: a client fell %d events behind; disconnecting it",
-                    reader.campaign_id,
+                    sub.campaign_id,
                     sub.queue.qsize(),
                 )
-                reader.subscribers.discard(sub)
+                reader.drop(sub)
                 sub.closed, sub.reason = True, "overflow"
-                if not reader.subscribers and self._readers.get(reader.campaign_id) is reader:
-                    del self._readers[reader.campaign_id]
+                if not reader.watched and self._reader is reader:
+                    self._reader = None  # the loop ends: nobody is left to read for
                 return
 
     # -- one client's frames -------------------------------------------------------------------

@@ -55,4 +55,8 @@ def install_security(
         BodyLimitMiddleware, max_bytes=max_body_bytes, public_max_bytes=public_max_body_bytes
     )
     app.add_middleware(AuthMiddleware, token=token, signer=signer, throttle=throttle)
-    app.add_middleware(SecurityHeadersMiddleware)
+    viewers = {app.docs_url, app.redoc_url}
+    if app.docs_url is not None:
+        viewers.add(app.swagger_ui_oauth2_redirect_url)
+    docs_paths = frozenset(path for path in viewers if path is not None)
+    app.add_middleware(SecurityHeadersMiddleware, docs_paths=docs_paths)

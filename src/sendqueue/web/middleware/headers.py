@@ -12,26 +12,27 @@ CSP = (
     "connect-src 'self'; frame-ancestors 'none'"
 )
 # FastAPI's /docs and /redoc pages load their viewer from a CDN with an inline bootstrap
-# script; they show no user data, so only they get a policy that allows it.
+# script; they show no user data, so only they get a policy that allows it, and only where
+# the app serves them (not in production: see create_app).
 DOCS_CSP = (
     "default-src 'self'; img-src 'self' data: https:; style-src 'self' 'unsafe-inline' https:; "
     "script-src 'self' 'unsafe-inline' https:; connect-src 'self'; worker-src 'self' blob:; "
     "frame-ancestors 'none'"
 )
-_DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
 class SecurityHeadersMiddleware:
     """Adds the security headers to every response that does not set them itself."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, docs_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
+        self.docs_paths = docs_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        csp = DOCS_CSP if scope["path"] in _DOCS_PATHS else CSP
+        csp = DOCS_CSP if scope["path"] in self.docs_paths else CSP
         extra = [
             (b"x-content-type-options", b"nosniff"),
             (b"referrer-policy", b"same-origin"),
