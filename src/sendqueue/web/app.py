@@ -110,6 +110,7 @@ def create_app(
         token=token,
         max_body_bytes=settings.max_upload_bytes + BODY_OVERHEAD_BYTES,
         routers=ROUTERS,
+        store=container.store,
     )
     # Outermost, so that every read of the body is timed, whichever layer makes it.
     app.add_middleware(BodyTimeoutMiddleware, timeout=settings.http_body_timeout)

@@ -21,25 +21,34 @@ from collections.abc import Iterable
 
 from fastapi import APIRouter, FastAPI
 
+from sendqueue.ports import TaskStore
 from sendqueue.web.middleware.auth import AuthMiddleware
 from sendqueue.web.middleware.csrf import CsrfMiddleware, form_routes
 from sendqueue.web.middleware.headers import SecurityHeadersMiddleware
 from sendqueue.web.middleware.requests import BodyLimitMiddleware, NulByteMiddleware
-from sendqueue.web.session import SessionSigner
+from sendqueue.web.session import SessionGenerations, SessionSigner
 
 __all__ = ["install_security"]
 
 
 def install_security(
-    app: FastAPI, *, token: str | None, max_body_bytes: int, routers: Iterable[APIRouter]
+    app: FastAPI,
+    *,
+    token: str | None,
+    max_body_bytes: int,
+    routers: Iterable[APIRouter],
+    store: TaskStore | None = None,
 ) -> None:
     """Add the five middlewares, in the order above. The CSRF check learns from ``routers``
-    (the app's) which routes take a form's field."""
+    (the app's) which routes take a form's field. With a token and ``store``, sessions carry
+    the store's session generation, so logout ends them everywhere."""
     signer = SessionSigner(token) if token is not None else None
+    generations = SessionGenerations(store) if token is not None and store is not None else None
     app.state.auth = (token, signer)
+    app.state.session_generations = generations
     # add_middleware puts each new one outside the previous ones: innermost first.
     app.add_middleware(NulByteMiddleware)
     app.add_middleware(CsrfMiddleware, form_routes=form_routes(routers))
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
-    app.add_middleware(AuthMiddleware, token=token, signer=signer)
+    app.add_middleware(AuthMiddleware, token=token, signer=signer, generations=generations)
     app.add_middleware(SecurityHeadersMiddleware)
