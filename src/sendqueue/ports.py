@@ -4,7 +4,8 @@ Each port is a :class:`typing.Protocol`. Its docstring is the contract every ada
 the contract tests in ``tests/contract`` check, against the in-memory fakes in
 :mod:`sendqueue.testing` and against every real adapter.
 
-- :class:`TaskStore` is the source of truth: campaigns, recipients, tasks, the change log, leases.
+- :class:`TaskStore` is the source of truth: campaigns, recipients, tasks, the change log, leases,
+  counters.
 - :class:`Scheduler` is the execution layer: one one-time schedule per task, shaped like
   EventBridge Scheduler, with retries and a dead-letter queue.
 - :class:`Dispatcher` runs a scheduler's due schedules against a target in this process (the
@@ -75,6 +76,10 @@ class TaskStore(Protocol):
     - Paging is by cursor (position or id), never by offset.
     - Change-log ids are strictly increasing; ``changes_after(n)`` returns entries with id > n
       in id order.
+    - Counters are named integers shared by every process on the store: ``counter(name)`` is 0
+      until ``increment_counter(name)`` first runs; an increment is atomic (two processes that
+      increment at once both count) and returns the new value, read back in the same write.
+      Counters only go up. The web app keeps its session generation in one (logout bumps it).
     - An unreachable or failing backend raises
       :class:`~sendqueue.domain.errors.StoreUnavailable`; unknown ids raise
       :class:`~sendqueue.domain.errors.NotFound` where a method says so.
@@ -221,6 +226,15 @@ class TaskStore(Protocol):
         ...
 
     def release_lease(self, name: str, owner: str) -> None: ...
+
+    # counters (e.g. the web's session generation, bumped by logout)
+    def counter(self, name: str) -> int:
+        """The counter's value, read consistently; 0 for one never incremented."""
+        ...
+
+    def increment_counter(self, name: str) -> int:
+        """Add one to the counter atomically (creating it at 1); returns the new value."""
+        ...
 
     def close(self) -> None: ...
 

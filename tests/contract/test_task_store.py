@@ -811,6 +811,48 @@ def test_leases_acquire_renew_contend_expire_release(store: TaskStore) -> None:
         store.acquire_lease("x", "a", ttl_seconds=0, at=T0)
 
 
+# --- counters ---------------------------------------------------------------------------------
+
+
+def test_counters_start_at_zero_count_up_and_are_shared_by_handles(backend: Backend) -> None:
+    one, other = backend.handle(), backend.handle()
+    assert one.counter("session-generation") == 0
+    assert one.increment_counter("session-generation") == 1
+    assert other.counter("session-generation") == 1  # another handle (process) sees it at once
+    assert other.increment_counter("session-generation") == 2
+    assert one.counter("session-generation") == 2
+    assert one.counter("other") == 0  # names are independent
+    for bad in ("", "x" * 201):
+        with pytest.raises(InvalidField) as caught:
+            one.counter(bad)
+        assert caught.value.field == "name"
+        with pytest.raises(InvalidField):
+            one.increment_counter(bad)
+
+
+def test_concurrent_increments_all_count(backend: Backend) -> None:
+    handles = [backend.handle() for _ in range(4)]
+    barrier = threading.Barrier(len(handles))
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def bump(store: TaskStore) -> None:
+        barrier.wait()
+        for _ in range(5):
+            value = store.increment_counter("c")
+            with lock:
+                seen.append(value)
+
+    threads = [threading.Thread(target=bump, args=(h,)) for h in handles]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Every increment returned its own new value: none lost, none repeated.
+    assert sorted(seen) == list(range(1, 21))
+    assert handles[0].counter("c") == 20
+
+
 # --- time -------------------------------------------------------------------------------------
 
 
@@ -893,6 +935,8 @@ def test_unreachable_backend_raises_store_unavailable(backend: Backend) -> None:
         lambda: store.last_change_id(),
         lambda: store.acquire_lease("l", "a", ttl_seconds=1, at=T0),
         lambda: store.release_lease("l", "a"),
+        lambda: store.counter("c"),
+        lambda: store.increment_counter("c"),
     ]
     for call in calls:
         with pytest.raises(StoreUnavailable):

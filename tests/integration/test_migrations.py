@@ -108,6 +108,28 @@ def test_upgrading_twice_is_a_no_op(url: str, engine: sa.Engine) -> None:
         assert store.get_campaign("c1").id == "c1"
 
 
+def test_a_0001_database_upgrades_to_counters_and_keeps_its_data(
+    url: str, engine: sa.Engine
+) -> None:
+    migrate.upgrade(url, "0001")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("INSERT INTO leases (name, owner, expires_at) VALUES ('l', 'a', :at)"),
+            {"at": T0},
+        )
+    assert "counters" not in table_names(engine)
+
+    with open_store(url) as store:  # the store upgrades on open, as after a release
+        assert migrate.current(url) == migrate.head() == "0002"
+        assert schema_diffs(engine) == []
+        assert store.counter("session-generation") == 0
+        assert store.increment_counter("session-generation") == 1
+        assert not store.acquire_lease("l", "b", ttl_seconds=1, at=T0 - timedelta(seconds=5))
+    migrate.downgrade(url, "0001")
+    assert "counters" not in table_names(engine)
+    assert "leases" in table_names(engine)
+
+
 def test_downgrade_to_base_drops_everything(url: str, engine: sa.Engine) -> None:
     migrate.upgrade(url)
     with open_store(url, upgrade=False) as store:

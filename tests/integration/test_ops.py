@@ -1,4 +1,4 @@
-"""sendqueue.ops.migrate_to checks its target itself."""
+"""sendqueue.ops.migrate_to checks its target itself, and carries the counters over."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from sendqueue.adapters.sql import open_store
 from sendqueue.domain.errors import InvalidField
 from sendqueue.ops.migrate_to import migrate_to
 from sendqueue.services.scheduling import ScheduleWriter
@@ -17,3 +18,18 @@ def test_migrate_to_refuses_a_target_that_is_not_a_sql_store(tmp_path: Path) -> 
     writer = ScheduleWriter(FakeScheduler(clock), lambda _cid: "UTC")
     with pytest.raises(InvalidField, match="PostgreSQL"):
         migrate_to(f"sqlite:///{tmp_path / 'store.db'}", InMemoryTaskStore(), writer, clock)
+
+
+@pytest.mark.postgres
+def test_migrate_to_keeps_the_session_generation(tmp_path: Path, postgres_url: str) -> None:
+    # A logout on the old store must not be undone by the move: the old cookies stay refused.
+    source_url = f"sqlite:///{tmp_path / 'store.db'}"
+    with open_store(source_url) as source:
+        source.increment_counter("session-generation")
+        source.increment_counter("session-generation")
+    clock = FakeClock()
+    writer = ScheduleWriter(FakeScheduler(clock), lambda _cid: "UTC")
+    with open_store(postgres_url) as target:
+        target.increment_counter("session-generation")  # a lower value there loses
+        migrate_to(source_url, target, writer, clock)
+        assert target.counter("session-generation") == 2

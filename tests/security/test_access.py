@@ -110,11 +110,11 @@ def _forged_cookies() -> dict[str, str]:
     other = SessionSigner("another-token-0123456789").issue()
     expired = SessionSigner(TOKEN, ttl=-10).issue()
     good = SessionSigner(TOKEN).issue()
-    version, expires, nonce, signature = good.split(".")
+    version, expires, *rest = good.split(".")
     return {
         "signed with another token": other,
         "expired": expired,
-        "expiry pushed back": f"{version}.{int(expires) + 10**7}.{nonce}.{signature}",
+        "expiry pushed back": ".".join([version, str(int(expires) + 10**7), *rest]),
         "signature cut": good[:-4],
         "the token itself": TOKEN,
         "empty": "",

@@ -144,6 +144,7 @@ def test_no_secret_in_logs_responses_metrics_or_reprs(
         assert ok.status_code == 303
         flow.session = client.cookies[SESSION_COOKIE]
         assert flow.session
+        csrf = client.cookies["sq_csrf"]  # login rotates it: the session's own token
 
         # create with the cookie, provision, send: one accepted, one 451 then accepted, one 550
         body = {

@@ -584,7 +584,12 @@ def test_dead_letters_list_and_redrive(web: Web) -> None:
     )  # fmt: skip
     assert "boom" in letter["error"]
     response = web.client.post(f"/api/dead-letters/{letter['id']}/redrive")
-    assert response.json() == {"redriven": [letter["id"]], "schedules": ["sq-test-1"]}
+    assert response.json() == {
+        "redriven": [letter["id"]],
+        "schedules": ["sq-test-1"],
+        "skipped": [],
+        "failed_again": [],
+    }
     assert web.client.get("/api/dead-letters").json() == {"dead_letters": []}
     assert web.container.scheduler.get("sq-test-1") is not None
     web.container.scheduler.delete("sq-test-1")  # or it fails again with the next ones
@@ -593,10 +598,17 @@ def test_dead_letters_list_and_redrive(web: Web) -> None:
     _dead_letter(web, "sq-test-3")
     ids = [d["id"] for d in web.client.get("/api/dead-letters").json()["dead_letters"]]
     response = web.client.post("/api/dead-letters/redrive")
-    assert response.json() == {"redriven": ids, "schedules": ["sq-test-2", "sq-test-3"]}
+    assert response.json() == {
+        "redriven": ids,
+        "schedules": ["sq-test-2", "sq-test-3"],
+        "skipped": [],
+        "failed_again": [],
+    }
     assert web.client.post("/api/dead-letters/redrive").json() == {
         "redriven": [],
         "schedules": [],
+        "skipped": [],
+        "failed_again": [],
     }
 
 

@@ -261,8 +261,8 @@ def test_session_values_expire_and_cannot_be_forged() -> None:
     assert signer.verify(value)
     assert SessionSigner(TOKEN, clock=lambda: now[0]).verify(value)  # another process
     assert not SessionSigner(TOKEN + "-rotated", clock=lambda: now[0]).verify(value)
-    version, expires, nonce, signature = value.split(".")
-    assert not signer.verify(f"{version}.{int(expires) + 10**6}.{nonce}.{signature}")
+    version, expires, *rest = value.split(".")
+    assert not signer.verify(".".join([version, str(int(expires) + 10**6), *rest]))
     assert not signer.verify(value[:-2] + ("AA" if value[-2:] != "AA" else "BB"))
     assert not signer.verify("")
     assert not signer.verify("v1.1.2")

@@ -36,6 +36,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql
 
 from sendqueue.adapters.sql import SqlTaskStore, schema
 from sendqueue.adapters.sql.schema import WRITE, create_store_engine
@@ -126,6 +127,7 @@ def _copy(
             target.execute(sa.insert(table), rows)
             name = counters[table.name]
             setattr(report, name, getattr(report, name) + len(rows))
+    _copy_counters(source, target)
     # Ids were copied as they were; the sequence must continue after them.
     target.execute(
         sa.text(
@@ -134,6 +136,21 @@ def _copy(
             "(SELECT max(id) FROM change_log) IS NOT NULL)"
         )
     )
+
+
+def _copy_counters(source: sa.Connection, target: sa.Connection) -> None:
+    """Counters too (the session generation), the higher value winning: a logout on the old
+    store must not be undone by the move. A source from before migration 0002 has none."""
+    if not sa.inspect(source).has_table(schema.counters.name):
+        return
+    for name, value in source.execute(sa.select(schema.counters)).all():
+        insert = postgresql.insert(schema.counters).values(name=name, value=value)
+        target.execute(
+            insert.on_conflict_do_update(
+                index_elements=[schema.counters.c.name],
+                set_={"value": sa.func.greatest(schema.counters.c.value, insert.excluded.value)},
+            )
+        )
 
 
 def _retire(conn: sa.Connection, clock: Clock, reason: str) -> list[str]:

@@ -94,6 +94,7 @@ class InMemoryTaskStore:
         self._task_positions: dict[str, list[int]] = {}
         self._log: list[ChangeLogEntry] = []
         self._leases: dict[str, tuple[str, datetime]] = {}
+        self._counters: dict[str, int] = {}
 
     def set_available(self, available: bool) -> None:
         """Make every call fail with StoreUnavailable (``False``) or work again (``True``)."""
@@ -489,3 +490,21 @@ class InMemoryTaskStore:
         held = self._leases.get(name)
         if held is not None and held[0] == owner:
             del self._leases[name]
+
+    # counters --------------------------------------------------------------------------------
+
+    @_guarded
+    def counter(self, name: str) -> int:
+        _check_counter_name(name)
+        return self._counters.get(name, 0)
+
+    @_guarded
+    def increment_counter(self, name: str) -> int:
+        _check_counter_name(name)
+        value = self._counters[name] = self._counters.get(name, 0) + 1
+        return value
+
+
+def _check_counter_name(name: str) -> None:
+    if not name or len(name) > 200:
+        raise InvalidField("name", name, "must be 1 to 200 characters")

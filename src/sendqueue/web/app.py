@@ -125,6 +125,7 @@ def create_app(
         routers=ROUTERS,
         public_max_body_bytes=settings.http_public_max_body_bytes,
         throttle=throttle,
+        store=container.store,
     )
     # Outermost, so that every read of the body is timed, whichever layer makes it.
     app.add_middleware(

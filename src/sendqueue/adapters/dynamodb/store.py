@@ -351,5 +351,31 @@ class DynamoDbTaskStore(TaskItems):
                 if error_code(exc) != "ConditionalCheckFailedException":
                     raise
 
+    # -- counters ----------------------------------------------------------------------------
+    def counter(self, name: str) -> int:
+        _check_counter_name(name)
+        with self._errors("read a counter"):
+            found = self._get("counter", name)
+        return int(found["n"]["N"]) if found else 0
+
+    def increment_counter(self, name: str) -> int:
+        """One ``UpdateItem`` with ``ADD n 1`` (atomic; creates the item at 1)."""
+        _check_counter_name(name)
+        with self._errors("increment a counter"):
+            updated = self._db.update_item(
+                TableName=self._table,
+                Key={"pk": str_attr("counter"), "sk": str_attr(name)},
+                UpdateExpression="ADD #n :one",
+                ExpressionAttributeNames={"#n": "n"},
+                ExpressionAttributeValues={":one": {"N": "1"}},
+                ReturnValues="UPDATED_NEW",
+            )
+        return int(updated["Attributes"]["n"]["N"])
+
     def close(self) -> None:
         self._db.close()
+
+
+def _check_counter_name(name: str) -> None:
+    if not name or len(name) > 200:
+        raise InvalidField("name", name, "must be 1 to 200 characters")

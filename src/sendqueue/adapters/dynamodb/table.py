@@ -17,6 +17,7 @@ key attributes are the contract with the template and must stay stable:
 ``log``             first id     change-log entries ``first..first+n-1`` (``n``; ``d`` JSON;
                                  ``cs`` the set of their campaigns); ids are zero-padded to 20
 ``lease``           name         a lease: ``owner``, ``exp``
+``counter``         name         a counter (``TaskStore.counter``): ``n`` its value (N)
 ==================  ===========  ==============================================================
 
 Global secondary indexes (projection ALL), all on task items:

@@ -490,3 +490,28 @@ class SqlTaskStore(ABC):
                     tables.leases.c.name == name, tables.leases.c.owner == owner
                 )
             )
+
+    # counters --------------------------------------------------------------------------------
+
+    def counter(self, name: str) -> int:
+        _check_counter_name(name)
+        query = sa.select(tables.counters.c.value).where(tables.counters.c.name == name)
+        with self._read("read counter") as conn:
+            value = conn.execute(query).scalar()
+        return int(value or 0)
+
+    def increment_counter(self, name: str) -> int:
+        """One upsert: INSERT 1, or on conflict value + 1, RETURNING the new value."""
+        _check_counter_name(name)
+        statement = self._insert(tables.counters).values(name=name, value=1)
+        statement = statement.on_conflict_do_update(
+            index_elements=[tables.counters.c.name],
+            set_={"value": tables.counters.c.value + 1},
+        ).returning(tables.counters.c.value)
+        with self._write("increment counter") as conn:
+            return int(conn.execute(statement).scalar_one())
+
+
+def _check_counter_name(name: str) -> None:
+    if not name or len(name) > 200:
+        raise InvalidField("name", name, "must be 1 to 200 characters")

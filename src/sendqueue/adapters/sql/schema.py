@@ -29,6 +29,7 @@ __all__ = [
     "UtcDateTime",
     "campaigns",
     "change_log",
+    "counters",
     "create_store_engine",
     "leases",
     "metadata",
@@ -211,6 +212,14 @@ leases = sa.Table(
     sa.Column("name", sa.String(200), primary_key=True),
     sa.Column("owner", sa.String(200), nullable=False),
     sa.Column("expires_at", UtcDateTime, nullable=False),
+)
+
+#: Named counters (TaskStore.counter): one row each, e.g. the web's session generation.
+counters = sa.Table(
+    "counters",
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("value", sa.BigInteger, nullable=False),
 )
 
 

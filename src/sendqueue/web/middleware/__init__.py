@@ -22,12 +22,13 @@ from collections.abc import Iterable
 
 from fastapi import APIRouter, FastAPI
 
+from sendqueue.ports import TaskStore
 from sendqueue.web.middleware.auth import AuthMiddleware
 from sendqueue.web.middleware.csrf import CsrfMiddleware, form_routes
 from sendqueue.web.middleware.headers import SecurityHeadersMiddleware
 from sendqueue.web.middleware.requests import BodyLimitMiddleware, NulByteMiddleware
 from sendqueue.web.middleware.throttle import AuthThrottle
-from sendqueue.web.session import SessionSigner
+from sendqueue.web.session import SessionGenerations, SessionSigner
 
 __all__ = ["install_security"]
 
@@ -40,21 +41,27 @@ def install_security(
     routers: Iterable[APIRouter],
     public_max_body_bytes: int | None = None,
     throttle: AuthThrottle | None = None,
+    store: TaskStore | None = None,
 ) -> None:
     """Add the five middlewares, in the order above. The CSRF check learns from ``routers``
     (the app's) which routes take a form's field. ``public_max_body_bytes`` bounds the body
     of a request to a public route (``/login``); ``throttle`` counts wrong tokens (it is
-    also ``app.state.throttle``, for the login route)."""
+    also ``app.state.throttle``, for the login route). With a token and ``store``, sessions
+    carry the store's session generation, so logout ends them everywhere."""
     signer = SessionSigner(token) if token is not None else None
+    generations = SessionGenerations(store) if token is not None and store is not None else None
     app.state.auth = (token, signer)
     app.state.throttle = throttle
+    app.state.session_generations = generations
     # add_middleware puts each new one outside the previous ones: innermost first.
     app.add_middleware(NulByteMiddleware)
     app.add_middleware(CsrfMiddleware, form_routes=form_routes(routers))
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=max_body_bytes, public_max_bytes=public_max_body_bytes
     )
-    app.add_middleware(AuthMiddleware, token=token, signer=signer, throttle=throttle)
+    app.add_middleware(
+        AuthMiddleware, token=token, signer=signer, throttle=throttle, generations=generations
+    )
     viewers = {app.docs_url, app.redoc_url}
     if app.docs_url is not None:
         viewers.add(app.swagger_ui_oauth2_redirect_url)

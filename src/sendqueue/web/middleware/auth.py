@@ -4,11 +4,15 @@ and ``/healthz`` needs ``Authorization: Bearer <token>`` or a valid ``sq_session
 Without them an API route answers 401 (``WWW-Authenticate: Bearer``) and a page redirects to
 ``/login?next=...``. :class:`AuthMiddleware` records how the request was authenticated in
 ``scope["state"]["auth"]``: ``bearer``, ``cookie``, ``open`` (no token configured) or
-``public``.
+``public``; for a cookie, the session's CSRF token goes into ``scope["state"]["session_csrf"]``.
 
 With a :class:`~sendqueue.web.middleware.throttle.AuthThrottle`, wrong bearer tokens are counted
 per client, and a locked-out client's bearer requests and ``POST /login`` get 429 before any
 token is compared or any body read.
+
+A session cookie counts only under the store's current session generation (logout bumps it;
+:class:`~sendqueue.web.session.SessionGenerations`). When the store cannot tell, the request
+gets 503: a session that may have been ended is not let in.
 """
 
 from __future__ import annotations
@@ -18,10 +22,16 @@ from urllib.parse import quote
 from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sendqueue.web.errors import error_response
+from sendqueue.domain.errors import StoreUnavailable
+from sendqueue.web.errors import RETRY_AFTER_SECONDS, error_response
 from sendqueue.web.middleware.scope import cookies, headers, send_response, state
 from sendqueue.web.middleware.throttle import AuthThrottle
-from sendqueue.web.session import SESSION_COOKIE, SessionSigner, token_matches
+from sendqueue.web.session import (
+    SESSION_COOKIE,
+    SessionGenerations,
+    SessionSigner,
+    token_matches,
+)
 
 __all__ = ["AuthMiddleware", "client_address", "is_api_path", "is_public_path"]
 
@@ -56,11 +66,13 @@ class AuthMiddleware:
         token: str | None,
         signer: SessionSigner | None,
         throttle: AuthThrottle | None = None,
+        generations: SessionGenerations | None = None,
     ) -> None:
         self.app = app
         self.token = token
         self.signer = signer
         self.throttle = throttle
+        self.generations = generations
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -81,7 +93,16 @@ class AuthMiddleware:
         if is_public_path(path):
             request_state["auth"] = "public"
         else:
-            method = self._authenticate(request_headers)
+            try:
+                method = await self._authenticate(request_headers, request_state)
+            except StoreUnavailable:
+                response = error_response(
+                    503,
+                    "cannot check the session: the store is unavailable",
+                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+                )
+                await send_response(scope, receive, send, response)
+                return
             if method is None:
                 if self.throttle is not None and "authorization" in request_headers:
                     where = f"{scope['method']} {path}"
@@ -101,7 +122,9 @@ class AuthMiddleware:
             return True
         return "authorization" in request_headers and not is_public_path(path)
 
-    def _authenticate(self, request_headers: dict[str, str]) -> str | None:
+    async def _authenticate(
+        self, request_headers: dict[str, str], request_state: dict[str, object]
+    ) -> str | None:
         assert self.token is not None
         assert self.signer is not None
         authorization = request_headers.get("authorization")
@@ -111,9 +134,13 @@ class AuthMiddleware:
             if scheme.lower() == "bearer" and token_matches(value.strip(), self.token):
                 return "bearer"
             return None
-        if self.signer.verify(cookies(request_headers).get(SESSION_COOKIE)):
-            return "cookie"
-        return None
+        session = self.signer.session(cookies(request_headers).get(SESSION_COOKIE))
+        if session is None:
+            return None
+        if self.generations is not None and not await self.generations.accepts(session.generation):
+            return None  # ended by a logout
+        request_state["session_csrf"] = self.signer.csrf_token(session)
+        return "cookie"
 
     @staticmethod
     def _deny(scope: Scope, request_headers: dict[str, str]) -> Response:

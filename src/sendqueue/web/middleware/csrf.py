@@ -1,5 +1,9 @@
-"""CSRF: the double-submit cookie. Every unsafe request (POST, PUT, PATCH, DELETE) not
-authenticated by a bearer header must carry the ``sq_csrf`` cookie's value, else 403.
+"""CSRF. Every unsafe request (POST, PUT, PATCH, DELETE) not authenticated by a bearer header
+must carry the request's CSRF token, else 403. With a session cookie that token is bound to the
+session (:meth:`~sendqueue.web.session.SessionSigner.csrf_token`, put into the scope by the
+auth middleware) and the ``sq_csrf`` cookie only carries it to the scripts: a cookie planted by
+someone else is overwritten and never accepted. Without a session it is the ``sq_csrf``
+cookie's value (double submit).
 
 - :class:`CsrfMiddleware` checks the ``X-CSRF-Token`` header (the scripts' fetches) before any
   route runs. Without a token configured, requests that carry neither ``Origin`` nor
@@ -99,6 +103,15 @@ def form_routes(routers: Iterable[APIRouter]) -> frozenset[tuple[str, str]]:
     return frozenset(found)
 
 
+def _sets_csrf_cookie(message: Message) -> bool:
+    """Whether the route's response sets (or clears) ``sq_csrf`` itself (login, logout)."""
+    prefix = f"{CSRF_COOKIE}=".encode()
+    return any(
+        name.lower() == b"set-cookie" and value.startswith(prefix)
+        for name, value in message.get("headers", [])
+    )
+
+
 def _is_form(content_type: str) -> bool:
     return content_type.split(";")[0].strip().lower() in _FORM_TYPES
 
@@ -126,10 +139,18 @@ class CsrfMiddleware:
         if not csrf_shaped(cookie):
             cookie = None
         scope_state = state(scope)
-        scope_state["csrf_token"] = token = cookie or new_csrf_token()
+        bound: str | None = scope_state.get("session_csrf")
+        # The token the request must present: the session's, else the cookie's.
+        expected = bound if bound is not None else cookie
+        scope_state["csrf_token"] = token = expected or new_csrf_token()
+        set_cookie = cookie != token
 
         async def send_with_cookie(message: Message) -> None:
-            if message["type"] == "http.response.start" and cookie is None:
+            if (
+                message["type"] == "http.response.start"
+                and set_cookie
+                and not _sets_csrf_cookie(message)
+            ):
                 value = f"{CSRF_COOKIE}={token}; Path=/; SameSite=Strict"
                 if self.secure(scope):
                     value += "; Secure"
@@ -143,8 +164,8 @@ class CsrfMiddleware:
             presented = request_headers.get(CSRF_HEADER)
             if presented is None and self._takes_form(scope, request_headers):
                 scope_state[_FORM_PENDING] = True
-                scope_state[_EXPECTED] = cookie
-            elif cookie is None or not token_matches(presented, cookie):
+                scope_state[_EXPECTED] = expected
+            elif expected is None or not token_matches(presented, expected):
                 response = error_response(403, _REFUSED)
                 await send_response(scope, receive, send_with_cookie, response)
                 return

@@ -1,6 +1,11 @@
 """Logging in and out: ``GET /login`` (the form), ``POST /login`` (checks the token, sets the
 session cookie) and ``POST /logout``. Both forms post their CSRF token as a field, checked by
 a :class:`~sendqueue.web.middleware.csrf.FormCsrf` dependency before the route runs.
+
+Login issues the session under the store's current session generation and sets ``sq_csrf`` to
+the new session's own CSRF token (the one planted before login no longer counts). Logout bumps
+the generation, which ends every session issued before it, in every process
+(:mod:`sendqueue.web.session`).
 """
 
 from __future__ import annotations
@@ -8,6 +13,7 @@ from __future__ import annotations
 import logging
 from urllib.parse import urlencode
 
+import anyio.to_thread
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
@@ -15,7 +21,15 @@ from sendqueue.web.middleware.auth import client_address
 from sendqueue.web.middleware.csrf import FormCsrf
 from sendqueue.web.middleware.throttle import AuthThrottle
 from sendqueue.web.rendering import render
-from sendqueue.web.session import SESSION_COOKIE, auth_config, safe_next, token_matches
+from sendqueue.web.session import (
+    CSRF_COOKIE,
+    SESSION_COOKIE,
+    auth_config,
+    safe_next,
+    session_generations,
+    set_csrf_cookie,
+    token_matches,
+)
 
 __all__ = ["render_login", "router"]
 
@@ -75,28 +89,38 @@ async def login(request: Request) -> Response:
         return render_login(Request(scope), error="wrong token", status_code=401)
     if throttle is not None:
         throttle.succeeded(client)
+    generations = session_generations(request)
+    # Read now, not from the cache: a cookie of a stale generation would be refused at once.
+    generation = 0 if generations is None else await anyio.to_thread.run_sync(generations.refresh)
+    value = signer.issue(generation)
+    session = signer.session(value)
+    assert session is not None  # just issued
+    secure = request.url.scheme == "https"
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(
         SESSION_COOKIE,
-        signer.issue(),
+        value,
         max_age=int(signer.ttl),
         path="/",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=secure,
     )
+    set_csrf_cookie(response, signer.csrf_token(session), secure=secure)
     return response
 
 
 @router.post("/logout", dependencies=[_FORM_CSRF])
 async def logout(request: Request) -> Response:
-    """Ends the session (the cookie is cleared) and goes to the login page."""
+    """Ends every session issued so far (the store's session generation goes up; 503 when the
+    store cannot record it), clears the cookies and goes to the login page."""
+    generations = session_generations(request)
+    if generations is not None:
+        await anyio.to_thread.run_sync(generations.bump)
+    secure = request.url.scheme == "https"
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(
-        SESSION_COOKIE,
-        path="/",
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
+        SESSION_COOKIE, path="/", httponly=True, samesite="strict", secure=secure
     )
+    response.delete_cookie(CSRF_COOKIE, path="/", samesite="strict", secure=secure)
     return response
