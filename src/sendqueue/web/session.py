@@ -88,7 +88,9 @@ class SessionSigner:
 
     def verify(self, value: str | None) -> bool:
         """True for an unexpired value this signer (or one with the same token) issued."""
-        if not value or len(value) > 256:
+        # Only ASCII is ever issued: anything else (str.isdigit() also takes "²") is refused
+        # here rather than failing the ASCII signing below.
+        if not value or len(value) > 256 or not value.isascii():
             return False
         parts = value.split(".")
         if len(parts) != 4 or parts[0] != "v1" or not parts[1].isdigit():

@@ -43,8 +43,9 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = headers(scope).get("content-length")
-        if length is not None and length.strip().isdigit() and int(length) > self.max_bytes:
+        length = (headers(scope).get("content-length") or "").strip()
+        # isascii: str.isdigit() is also true for "²", which int() refuses.
+        if length.isascii() and length.isdigit() and int(length) > self.max_bytes:
             await send_response(scope, receive, send, self._too_large())
             return
         received = 0
