@@ -7,6 +7,7 @@ plain values and never read the environment themselves.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
@@ -40,6 +41,21 @@ _EVENTBRIDGE_FIELDS = (
     "dead_letter_queue_url",
     "dead_letter_queue_arn",
 )
+
+
+_HOST_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
+
+
+def _is_host_name(name: str) -> bool:
+    """A DNS name (labels of letters, digits, "-", "_") or an IP address (IPv6 with or
+    without brackets)."""
+    try:
+        ipaddress.ip_address(name[1:-1] if name.startswith("[") and name.endswith("]") else name)
+        return True
+    except ValueError:
+        pass
+    labels = name.lower().removesuffix(".").split(".")
+    return len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
 
 
 def _sqlite_url(url: str) -> bool:
@@ -152,6 +168,11 @@ class Settings(BaseSettings):
         16 * 1024, ge=1024, le=1024 * 1024, description="web server: request line and headers"
     )
     api_token: SecretStr | None = Field(None, description="required for the web UI and API")
+    allowed_hosts: str = Field(
+        "",
+        description="web server: comma-separated host names (or IP addresses) answered besides "
+        "127.0.0.1, localhost and [::1]; any other Host header gets 400 (DNS rebinding)",
+    )
 
     @field_validator("default_timezone")
     @classmethod
@@ -179,6 +200,23 @@ class Settings(BaseSettings):
                 f"got scheme {scheme!r}"
             )
         return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, value: str) -> str:
+        for name in (part.strip() for part in value.split(",")):
+            if name and not _is_host_name(name):
+                raise ValueError(
+                    f"SENDQUEUE_ALLOWED_HOSTS: {name[:100]!r} is not a host name or IP address "
+                    "(no scheme, port, path or wildcard; any port is accepted)"
+                )
+        return value
+
+    @property
+    def allowed_host_names(self) -> tuple[str, ...]:
+        """``allowed_hosts`` as lower-case names, IPv6 addresses without brackets."""
+        names = (part.strip().lower() for part in self.allowed_hosts.split(","))
+        return tuple(name.strip("[]") for name in names if name)
 
     @field_validator("schedule_group")
     @classmethod

@@ -3,12 +3,16 @@
 :func:`install_security` adds, outermost first:
 
 1. :class:`~sendqueue.web.middleware.headers.SecurityHeadersMiddleware`: security headers on
-   every response;
-2. :class:`~sendqueue.web.middleware.auth.AuthMiddleware`: the API token (bearer or session
+   every response (a 500 included);
+2. :class:`~sendqueue.web.middleware.hosts.TrustedHostMiddleware`: 400 for a ``Host`` not
+   loopback nor in ``SENDQUEUE_ALLOWED_HOSTS`` (DNS rebinding);
+3. :class:`~sendqueue.web.middleware.auth.AuthMiddleware`: the API token (bearer or session
    cookie);
-3. :class:`~sendqueue.web.middleware.requests.BodyLimitMiddleware`: 413 above the body limit;
-4. :class:`~sendqueue.web.middleware.csrf.CsrfMiddleware`: the double-submit CSRF check;
-5. :class:`~sendqueue.web.middleware.requests.NulByteMiddleware`: no NUL byte in path or query.
+4. :class:`~sendqueue.web.middleware.requests.BodyLimitMiddleware`: 413 above the body limit;
+5. :class:`~sendqueue.web.middleware.csrf.CsrfMiddleware`: the double-submit CSRF check;
+6. :class:`~sendqueue.web.middleware.hosts.OriginMiddleware`: 403 for a state change from
+   another origin (inside the CSRF check, whose cookie its 403 then sets too);
+7. :class:`~sendqueue.web.middleware.requests.NulByteMiddleware`: no NUL byte in path or query.
 
 The app factory adds :class:`~sendqueue.web.middleware.limits.BodyTimeoutMiddleware` outside
 them all; :mod:`sendqueue.web.middleware.limits` also has the uvicorn protocol with the header
@@ -24,6 +28,7 @@ from fastapi import APIRouter, FastAPI
 from sendqueue.web.middleware.auth import AuthMiddleware
 from sendqueue.web.middleware.csrf import CsrfMiddleware, form_routes
 from sendqueue.web.middleware.headers import SecurityHeadersMiddleware
+from sendqueue.web.middleware.hosts import OriginMiddleware, TrustedHostMiddleware
 from sendqueue.web.middleware.requests import BodyLimitMiddleware, NulByteMiddleware
 from sendqueue.web.session import SessionSigner
 
@@ -31,15 +36,22 @@ __all__ = ["install_security"]
 
 
 def install_security(
-    app: FastAPI, *, token: str | None, max_body_bytes: int, routers: Iterable[APIRouter]
+    app: FastAPI,
+    *,
+    token: str | None,
+    max_body_bytes: int,
+    routers: Iterable[APIRouter],
+    allowed_hosts: Iterable[str] = (),
 ) -> None:
-    """Add the five middlewares, in the order above. The CSRF check learns from ``routers``
-    (the app's) which routes take a form's field."""
+    """Add the middlewares, in the order above. The CSRF check learns from ``routers`` (the
+    app's) which routes take a form's field; ``allowed_hosts`` are answered besides loopback."""
     signer = SessionSigner(token) if token is not None else None
     app.state.auth = (token, signer)
     # add_middleware puts each new one outside the previous ones: innermost first.
     app.add_middleware(NulByteMiddleware)
+    app.add_middleware(OriginMiddleware, token_configured=token is not None)
     app.add_middleware(CsrfMiddleware, form_routes=form_routes(routers))
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     app.add_middleware(AuthMiddleware, token=token, signer=signer)
+    app.add_middleware(TrustedHostMiddleware, allowed=tuple(allowed_hosts))
     app.add_middleware(SecurityHeadersMiddleware)
