@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.support.smtp"]
 
 REQUIRE_SERVICES = os.environ.get("SENDQUEUE_REQUIRE_SERVICES") == "1"
+# Starlette's TestClient sends "Host: testserver", the raw-socket tests "Host: test"; the app
+# answers only the hosts it is told to (tests/security/test_rebinding.py checks the refusal
+# of any other).
+os.environ.setdefault("SENDQUEUE_ALLOWED_HOSTS", "testserver,test")
 POSTGRES_ADMIN_URL = os.environ.get(
     "SENDQUEUE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"
 )

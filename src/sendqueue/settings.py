@@ -12,12 +12,13 @@ import math
 import re
 from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .adapters.dynamodb.url import DynamoDbUrl, parse_dynamodb_url
+from .adapters.mail.url import SmtpUrl, parse_mailer_url
 from .domain.errors import InvalidField
 from .domain.policy import load_timezone
 
@@ -31,7 +32,6 @@ __all__ = [
 ]
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", ""}
-_AWS_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
 _SCHEDULE_GROUP = re.compile(r"[0-9a-zA-Z_.\-]{1,64}")
 _LAMBDA_ARN = re.compile(
     r"arn:aws[a-zA-Z-]*:lambda:[a-z]{2}(-[a-z]+)+-\d+:\d{12}:function:[a-zA-Z0-9_\-]{1,64}"
@@ -49,6 +49,39 @@ _EVENTBRIDGE_FIELDS = (
     "dead_letter_queue_url",
     "dead_letter_queue_arn",
 )
+
+
+_HOST_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
+
+
+def _is_host_name(name: str) -> bool:
+    """A DNS name (labels of letters, digits, "-", "_") or an IP address (IPv6 with or
+    without brackets)."""
+    try:
+        ipaddress.ip_address(name[1:-1] if name.startswith("[") and name.endswith("]") else name)
+        return True
+    except ValueError:
+        pass
+    labels = name.lower().removesuffix(".").split(".")
+    return len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+
+
+def _check_postgres_url(url: str, variable: str) -> None:
+    """Raise ValueError naming ``variable`` (never the URL: it may hold a password) unless
+    SQLAlchemy, which opens the store, can take ``url`` apart, with a valid host and port."""
+    from sqlalchemy import make_url  # here: only a PostgreSQL URL needs it
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises for a port that is not a number in 0..65535
+        make_url(url)
+    except (ValueError, ArgumentError) as exc:
+        reason = str(exc).split(":", 1)[0] if isinstance(exc, ArgumentError) else str(exc)
+        raise ValueError(
+            f"{variable}: not a valid PostgreSQL URL ({reason}); expected "
+            "postgresql+psycopg://user:password@host:5432/db"
+        ) from None
 
 
 def _sqlite_url(url: str) -> bool:
@@ -192,6 +225,11 @@ class Settings(BaseSettings):
         "or *",
     )
     api_token: SecretStr | None = Field(None, description="required for the web UI and API")
+    allowed_hosts: str = Field(
+        "",
+        description="web server: comma-separated host names (or IP addresses) answered besides "
+        "127.0.0.1, localhost and [::1]; any other Host header gets 400 (DNS rebinding)",
+    )
 
     @field_validator("default_timezone")
     @classmethod
@@ -218,6 +256,8 @@ class Settings(BaseSettings):
                 f"expected sqlite:///FILE or postgresql+psycopg://user@host:5432/db{also}, "
                 f"got scheme {scheme!r}"
             )
+        if scheme.startswith("postgresql"):
+            _check_postgres_url(value, f"SENDQUEUE_{(info.field_name or '').upper()}")
         return value
 
     @field_validator("forwarded_allow_ips")
@@ -228,6 +268,23 @@ class Settings(BaseSettings):
         except ValueError as exc:
             raise ValueError(f"SENDQUEUE_FORWARDED_ALLOW_IPS: {exc}") from None
         return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, value: str) -> str:
+        for name in (part.strip() for part in value.split(",")):
+            if name and not _is_host_name(name):
+                raise ValueError(
+                    f"SENDQUEUE_ALLOWED_HOSTS: {name[:100]!r} is not a host name or IP address "
+                    "(no scheme, port, path or wildcard; any port is accepted)"
+                )
+        return value
+
+    @property
+    def allowed_host_names(self) -> tuple[str, ...]:
+        """``allowed_hosts`` as lower-case names, IPv6 addresses without brackets."""
+        names = (part.strip().lower() for part in self.allowed_hosts.split(","))
+        return tuple(name.strip("[]") for name in names if name)
 
     @field_validator("schedule_group")
     @classmethod
@@ -275,44 +332,12 @@ class Settings(BaseSettings):
     @field_validator("mailer")
     @classmethod
     def _known_mailer(cls, value: str) -> str:
-        if value.startswith("maildir:"):
-            if not value[len("maildir:") :]:
-                raise ValueError("maildir: needs a directory, e.g. maildir:./outbox")
-            return value
-        if value.startswith("ses:"):
-            # the same rules as SesMailer.from_url, checked here without importing boto3
-            region, _, options = value[len("ses:") :].partition("?")
-            if region and not _AWS_REGION.fullmatch(region):
-                raise ValueError(f"expected ses:REGION, e.g. ses:eu-west-1, got {region!r}")
-            unknown = sorted(set(parse_qs(options, keep_blank_values=True)) - {"configuration_set"})
-            if unknown:
-                raise ValueError(f"unknown ses: parameter {unknown[0]!r}; use configuration_set")
-            return value
-        parts = urlsplit(value)
-        if parts.scheme != "smtp" or not parts.hostname:
-            raise ValueError(
-                "expected maildir:DIR, smtp://user:pass@host:port?security=... or ses:REGION"
-            )
-        query = parse_qs(parts.query)
-        unknown = sorted(set(query) - {"security", "timeout"})
-        if unknown:
-            raise ValueError(f"unknown smtp:// parameter {unknown[0]!r}; use security, timeout")
-        security = query.get("security", ["starttls"])[0]
-        if security not in {"starttls", "tls", "none"}:
-            raise ValueError(f"security must be starttls, tls or none, got {security!r}")
-        # checked here, not at the first send: a mailer that cannot be built would send every
-        # invocation to the dead-letter queue
-        timeout = query.get("timeout", ["30"])[0]
+        # The mailer's own parser: a URL accepted here builds a mailer, so no send can
+        # dead-letter for a malformed one.
         try:
-            seconds = float(timeout)
-        except ValueError:
-            raise ValueError(f"timeout must be a number of seconds, got {timeout!r}") from None
-        if not 0 < seconds < float("inf"):
-            raise ValueError(f"timeout must be greater than 0, got {timeout!r}")
-        try:
-            parts.port  # noqa: B018 - raises for a port out of range
-        except ValueError as exc:
-            raise ValueError(f"the port is not valid: {exc}") from None
+            parse_mailer_url(value)
+        except InvalidField as exc:
+            raise ValueError(f"SENDQUEUE_MAILER: {exc.reason}") from None
         return value
 
     @field_validator("alarm_webhook")
@@ -358,14 +383,17 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:
         """Refuse settings that would leak credentials or lose mail."""
-        parts = urlsplit(self.mailer) if self.mailer.startswith("smtp") else None
-        if parts is not None and parts.password:
-            security = parse_qs(parts.query).get("security", ["starttls"])[0]
-            if security == "none" and (parts.hostname or "") not in _LOOPBACK:
-                raise ValueError(
-                    "SENDQUEUE_MAILER: refusing to send a password unencrypted to "
-                    f"{parts.hostname}; use security=starttls or security=tls"
-                )
+        smtp = parse_mailer_url(self.mailer)
+        if (
+            isinstance(smtp, SmtpUrl)
+            and smtp.password
+            and smtp.security == "none"
+            and smtp.host not in _LOOPBACK
+        ):
+            raise ValueError(
+                "SENDQUEUE_MAILER: refusing to send a password unencrypted to "
+                f"{smtp.host}; use security=starttls or security=tls"
+            )
         if self.api_token is not None and len(self.api_token.get_secret_value()) < 16:
             raise ValueError("SENDQUEUE_API_TOKEN: must be at least 16 characters long")
         if self.api_token is not None:

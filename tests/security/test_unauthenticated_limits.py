@@ -180,7 +180,7 @@ def test_a_50_mb_body_to_login_is_refused_before_it_is_read(
 
 def test_a_chunked_body_to_login_is_cut_at_the_public_limit(tmp_path: Path) -> None:
     head = (
-        f"POST /login HTTP/1.1\r\nHost: t\r\nContent-Type: {FORM}\r\n"
+        f"POST /login HTTP/1.1\r\nHost: test\r\nContent-Type: {FORM}\r\n"
         f"Cookie: sq_csrf={CSRF}\r\nTransfer-Encoding: chunked\r\n\r\n"
     ).encode()
     chunk = b"token=" + b"a" * 8000
@@ -222,7 +222,7 @@ def test_connections_beyond_the_per_client_cap_get_a_503(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="sendqueue.web.middleware.peers")
-    request = b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    request = b"GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
     # loopback is not a trusted proxy here, so it is capped like any client
     with live(
         tmp_path,
@@ -262,7 +262,7 @@ def test_a_trusted_proxy_is_not_capped(tmp_path: Path) -> None:
             _hold(server.port, held)
         time.sleep(0.2)
         with server.connect() as conn:
-            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
             assert parse(read_until_closed(conn)).status == 200
 
 

@@ -167,7 +167,20 @@ def serve_cmd(
                 "--no-worker); EventBridge Scheduler invokes the send Lambda function"
             )
         start_worker = not (no_worker or in_lambda)
-        web = create_app(c, start_worker=start_worker, reconcile_interval=reconcile_interval)
+        # The address it binds is answered as a Host; 0.0.0.0 and :: are no name to answer.
+        wildcard = host.strip("[]") in {"0.0.0.0", "::", ""}
+        bound = () if wildcard else (host,)
+        if wildcard and not c.settings.allowed_host_names:
+            err.print(
+                f"warning: listening on {host}, but only requests for 127.0.0.1, localhost "
+                "and [::1] are answered (400 for any other Host): set SENDQUEUE_ALLOWED_HOSTS "
+                "to the names clients use, e.g. SENDQUEUE_ALLOWED_HOSTS=mail.example.com",
+                markup=False,
+                soft_wrap=True,
+            )
+        web = create_app(
+            c, start_worker=start_worker, reconcile_interval=reconcile_interval, extra_hosts=bound
+        )
         if in_lambda:
             worker = "the send Lambda function"
         else:

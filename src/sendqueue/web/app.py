@@ -20,7 +20,7 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
@@ -60,11 +60,14 @@ def create_app(
     start_worker: bool = False,
     stream: StreamConfig | None = None,
     reconcile_interval: float | None = None,
+    extra_hosts: Iterable[str] = (),
 ) -> FastAPI:
     """The sendqueue web app over ``container`` (which the caller keeps and closes).
 
     ``start_worker`` runs :func:`sendqueue.runtime.run_worker` in a background thread for the
     app's lifetime. ``stream`` tunes the live stream (tests shorten its intervals).
+    ``extra_hosts`` are answered besides loopback and ``SENDQUEUE_ALLOWED_HOSTS`` (``serve``
+    adds the address it binds).
     """
     settings = container.settings
     token = settings.api_token.get_secret_value() if settings.api_token is not None else None
@@ -126,6 +129,7 @@ def create_app(
         public_max_body_bytes=settings.http_public_max_body_bytes,
         throttle=throttle,
         store=container.store,
+        allowed_hosts=(*settings.allowed_host_names, *extra_hosts),
     )
     # Outermost, so that every read of the body is timed, whichever layer makes it.
     app.add_middleware(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sendqueue.adapters.mail.maildir import MaildirMailer
 from sendqueue.adapters.mail.smtp import SmtpMailer
-from sendqueue.domain.errors import InvalidField
+from sendqueue.adapters.mail.url import MaildirUrl, SmtpUrl, parse_mailer_url
 from sendqueue.ports import Mailer
 
 __all__ = ["mailer_from_url"]
@@ -18,19 +18,15 @@ def mailer_from_url(url: str) -> Mailer:
       :meth:`SmtpMailer.from_url`;
     - ``ses:REGION?configuration_set=NAME``: :meth:`SesMailer.from_url` (the ``aws`` extra).
 
-    Anything else raises ``InvalidField("mailer", ...)``.
+    Anything else raises ``InvalidField("mailer", ...)``
+    (:func:`~sendqueue.adapters.mail.url.parse_mailer_url`, which the settings use too).
     """
-    if url.startswith("maildir:"):
-        directory = url[len("maildir:") :]
-        if not directory:
-            raise InvalidField("mailer", url, "maildir: needs a directory, e.g. maildir:./outbox")
-        return MaildirMailer(directory)
-    if url.startswith("smtp://"):
+    parsed = parse_mailer_url(url)  # the settings validated with it: this cannot fail them
+    if isinstance(parsed, MaildirUrl):
+        return MaildirMailer(parsed.directory)
+    if isinstance(parsed, SmtpUrl):
         return SmtpMailer.from_url(url)
-    if url.startswith("ses:"):
-        # Imported here: boto3 is the optional 'aws' extra.
-        from sendqueue.adapters.mail.ses import SesMailer
+    # Imported here: boto3 is the optional 'aws' extra.
+    from sendqueue.adapters.mail.ses import SesMailer
 
-        return SesMailer.from_url(url)
-    shown = url.split("@", 1)[-1] if "@" in url else url  # never echo a password
-    raise InvalidField("mailer", shown, "expected maildir:DIR or smtp://user:pass@host:port")
+    return SesMailer.from_url(url)

@@ -12,13 +12,12 @@ because sending the same message again will get the same answer.
 from __future__ import annotations
 
 import logging
-import re
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sendqueue.adapters.mail.mime import build_message
+from sendqueue.adapters.mail.url import SesUrl, parse_mailer_url
 from sendqueue.domain.errors import InvalidField, PermanentMailError, TransientMailError
 from sendqueue.ports import OutgoingMessage
 
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
     from mypy_boto3_sesv2 import SESV2Client
 
 __all__ = ["PERMANENT_CODES", "SesMailer"]
-
-_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +60,11 @@ class SesMailer:
         ``ses:REGION?configuration_set=NAME``; credentials come from boto3's usual chain."""
         import boto3  # the aws extra; imported only when SES is configured
 
-        rest = url[len("ses:") :]
-        region, _, query = rest.partition("?")
-        options = dict(parse_qsl(query))
-        unknown = set(options) - {"configuration_set"}
-        if unknown:
-            raise InvalidField("mailer", url, f"unknown SES option(s) {sorted(unknown)}")
-        if region and not _REGION.fullmatch(region):
+        parsed = parse_mailer_url(url)
+        if not isinstance(parsed, SesUrl):
             raise InvalidField("mailer", url, "expected ses:REGION, e.g. ses:eu-west-1")
-        client = boto3.client("sesv2", region_name=region or None)
-        return cls(client, configuration_set=options.get("configuration_set"))
+        client = boto3.client("sesv2", region_name=parsed.region)
+        return cls(client, configuration_set=parsed.configuration_set)
 
     def send(self, message: OutgoingMessage) -> str:
         try:

@@ -25,10 +25,16 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Literal, get_args
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from typing import get_args
 
 from sendqueue.adapters.mail.mime import build_message, envelope_of, needs_smtputf8
+from sendqueue.adapters.mail.url import (
+    DEFAULT_PORTS,
+    Security,
+    SmtpUrl,
+    parse_mailer_url,
+    redact_mailer_url,
+)
 from sendqueue.domain.errors import (
     InvalidField,
     MailError,
@@ -38,13 +44,6 @@ from sendqueue.domain.errors import (
 from sendqueue.ports import OutgoingMessage
 
 __all__ = ["DEFAULT_PORTS", "Security", "SmtpMailer"]
-
-Security = Literal["starttls", "tls", "none"]
-
-#: The port used when a URL names none: submission (587), submissions (465), SMTP (25).
-DEFAULT_PORTS: dict[str, int] = {"starttls": 587, "tls": 465, "none": 25}
-
-_URL_PARAMS = frozenset({"security", "timeout"})
 
 
 @dataclass(eq=False)
@@ -63,16 +62,6 @@ class _DeadConnection(Exception):
         super().__init__(str(cause))
         self.cause = cause
         self.safe_to_retry = safe_to_retry
-
-
-def _redact(url: str) -> str:
-    """``url`` with its password replaced, for error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")
-    user = (parts.username or "") + ":***"
-    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[2]}"))
 
 
 def _text(reply: bytes | str) -> str:
@@ -140,40 +129,18 @@ class SmtpMailer:
         Raises InvalidField("mailer", ...) for anything else; the message never shows the
         password.
         """
-        shown = _redact(url)
-        parts = urlsplit(url)
-        if parts.scheme != "smtp" or not parts.hostname:
-            raise InvalidField("mailer", shown, "expected smtp://user:pass@host:port?security=...")
-        if parts.path not in {"", "/"} or parts.fragment:
-            raise InvalidField("mailer", shown, "an smtp:// URL has no path or fragment")
-        try:
-            query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-            port = parts.port
-        except ValueError as exc:
-            raise InvalidField("mailer", shown, f"malformed URL: {exc}") from exc
-        unknown = sorted(set(query) - _URL_PARAMS)
-        if unknown:
-            raise InvalidField("mailer", shown, f"unknown parameter(s) {', '.join(unknown)}")
-        if any(len(values) > 1 for values in query.values()):
-            raise InvalidField("mailer", shown, "a parameter is given twice")
-        security = query.get("security", ["starttls"])[0]
-        if security not in get_args(Security):
-            raise InvalidField("mailer", shown, "security must be starttls, tls or none")
-        try:
-            timeout = float(query.get("timeout", ["30"])[0])
-        except ValueError as exc:
-            raise InvalidField("mailer", shown, "timeout must be a number of seconds") from exc
-        if not 0 < timeout < float("inf"):
-            raise InvalidField("mailer", shown, "timeout must be greater than 0")
-        username = unquote(parts.username) if parts.username is not None else None
-        password = unquote(parts.password) if parts.password is not None else None
+        parsed = parse_mailer_url(url)
+        if not isinstance(parsed, SmtpUrl):
+            raise InvalidField(
+                "mailer", redact_mailer_url(url), "expected smtp://user:pass@host:port"
+            )
         return cls(
-            parts.hostname,
-            port if port is not None else DEFAULT_PORTS[security],
-            security=security,  # type: ignore[arg-type]  # checked against Security above
-            username=username or None,
-            password=password if username else None,
-            timeout=timeout,
+            parsed.host,
+            parsed.port,
+            security=parsed.security,
+            username=parsed.username,
+            password=parsed.password,
+            timeout=parsed.timeout,
             ssl_context=ssl_context,
         )
 

@@ -58,8 +58,9 @@ class BodyLimitMiddleware:
             return
         public = self.public_max_bytes is not None and is_public_path(scope["path"])
         limit = self.public_max_bytes if public and self.public_max_bytes else self.max_bytes
-        length = headers(scope).get("content-length")
-        if length is not None and length.strip().isdigit() and int(length) > limit:
+        length = (headers(scope).get("content-length") or "").strip()
+        # isascii: str.isdigit() is also true for "²", which int() refuses.
+        if length.isascii() and length.isdigit() and int(length) > limit:
             await send_response(scope, receive, send, self._too_large(limit, public))
             return
         received = 0

@@ -24,7 +24,8 @@ def _resume_point(last_event_id: str | None, after: int | None) -> int | None:
     # got to in Last-Event-ID: the header wins.
     if last_event_id is not None and last_event_id.strip():
         text = last_event_id.strip()
-        if not text.isdigit() or int(text) > MAX_CURSOR:
+        # isascii: str.isdigit() is also true for "²", which int() refuses.
+        if not (text.isascii() and text.isdigit()) or int(text) > MAX_CURSOR:
             raise InvalidField("Last-Event-ID", last_event_id, "expected a change id")
         return int(text)
     return after
