@@ -18,7 +18,7 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sendqueue.bootstrap import Container, import_limits
-from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.services.campaigns import Draft
 from sendqueue.services.importing import Templates
@@ -228,9 +228,13 @@ def _checked_json(raw: bytes) -> Any:
     while pending:
         path, row, value = pending.pop()
         if isinstance(value, _NotFinite):
-            raise InvalidField(
+            problem = InvalidField(
                 path or "body", value.text, "not a finite number (NaN, Infinity), refused", row=row
             )
+            if row is None:
+                raise problem
+            # A row's problem is reported as the importer reports one: listed with its row.
+            raise InvalidInput(f"row {row} is invalid", [problem])
         if isinstance(value, str):
             if row is None and len(value) > _MAX_FORM_FIELD // 4:
                 size = len(value.encode("utf-8", "surrogatepass"))
