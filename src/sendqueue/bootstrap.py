@@ -392,5 +392,6 @@ def import_limits(settings: Settings) -> ImportLimits:
             max_html_output_chars=settings.max_rendered_html_chars,
             row_seconds=settings.template_row_seconds,
             max_range=settings.template_max_range,
+            max_tags=settings.template_max_tags,
         ),
     )

@@ -148,6 +148,9 @@ class Settings(BaseSettings):
     template_max_range: int = Field(
         10_000, ge=1, le=10_000_000, description="most numbers one range() in a template gives"
     )
+    template_max_tags: int = Field(
+        2_000, ge=10, le=1_000_000, description="most {{ }} and {% %} tags in one template"
+    )
     http_header_timeout: float = Field(
         10.0,
         gt=0,

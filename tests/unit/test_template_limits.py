@@ -79,6 +79,17 @@ def test_subject_and_body_share_one_cap_and_html_has_its_own() -> None:
     assert "larger than 200 bytes" in html.value.reason
 
 
+def test_the_number_of_tags_is_capped_per_template() -> None:
+    limits = TemplateLimits(max_tags=4)
+    compile_templates(Templates(subject="{{ a }}{% if b %}{{ c }}{% endif %}"), limits)
+
+    with pytest.raises(InvalidField) as caught:
+        compile_templates(Templates(subject="s", html="{{ a }}" * 5), limits)
+
+    assert caught.value.field == "html"
+    assert "more than 4 {{ }} or {% %} tags" in caught.value.reason
+
+
 def test_range_is_capped() -> None:
     field, row, reason = row_problem(Templates("s", "{{ range(10001)|length }}"))
 
