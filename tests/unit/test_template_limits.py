@@ -184,3 +184,23 @@ def test_ordinary_templates_still_render_and_a_compiled_one_renders_outside_a_ro
     assert compiled.subject is not None
     time.sleep(0.15)  # past a row's budget: none applies outside a row
     assert compiled.subject.render(name="Ada") == "Hi AdaAda"
+
+
+def test_a_pause_of_the_process_does_not_fail_an_ordinary_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The clock jumps past every row's budget (a long garbage collection, a busy machine):
+    ordinary rows take far fewer steps than a runaway and still render."""
+    real = time.monotonic
+    offset = [0.0]
+
+    def jumpy() -> float:
+        offset[0] += 1.0
+        return real() + offset[0]
+
+    monkeypatch.setattr(templates_module.time, "monotonic", jumpy)
+    source = "Dear {{ name }},{% for i in range(20) %} {{ i }}{% endfor %}"
+
+    result = parse_recipient_rows(ROWS, templates=Templates("Hi {{ name }}", source))
+
+    assert result.recipients[0].text.startswith("Dear Ada, 0 1")

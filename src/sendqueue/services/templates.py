@@ -39,8 +39,10 @@ __all__ = [
 ]
 
 _VALUE_SHOWN_CHARS = 200
-# Loops look at the clock once per this many items: cheap, and still well inside the budget.
+# Loops count their items in batches of this many: cheap, and still well inside the budget.
 _ITEMS_PER_CHECK = 256
+# Steps a row takes before its time budget applies (see _Budget).
+_MIN_STEPS = 10_000
 
 
 @dataclass(frozen=True)
@@ -76,20 +78,28 @@ class TemplateLimitError(SecurityError):
 
 
 class _Budget:
-    """The deadline of the row being rendered; none outside a row."""
+    """The deadline of the row being rendered; none outside a row.
+
+    A row fails only once it is past the deadline *and* has taken ``_MIN_STEPS`` steps (loop
+    items, calls, output chunks): an ordinary row takes a few dozen, so a pause of the whole
+    process (a garbage collection, a busy machine) cannot fail it; a runaway takes millions.
+    """
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.deadline = math.inf
+        self.steps = 0
 
     def start(self) -> None:
         self.deadline = time.monotonic() + self.seconds
+        self.steps = 0
 
     def stop(self) -> None:
         self.deadline = math.inf
 
-    def check(self) -> None:
-        if time.monotonic() > self.deadline:
+    def tick(self, steps: int = 1) -> None:
+        self.steps += steps
+        if self.steps >= _MIN_STEPS and time.monotonic() > self.deadline:
             raise TemplateLimitError(
                 f"took longer than {self.seconds:g} s for one row; simplify the template"
             )
@@ -132,11 +142,11 @@ class _BoundedSandbox(SandboxedEnvironment):
         return numbers
 
     def bounded(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        check = self.budget.check
-        check()
-        for count, item in enumerate(iterable):
+        tick = self.budget.tick
+        tick()
+        for count, item in enumerate(iterable, 1):
             if not count % _ITEMS_PER_CHECK:
-                check()
+                tick(_ITEMS_PER_CHECK)
             yield item
 
     def capped(self, value: Any) -> Any:
@@ -162,7 +172,7 @@ class _BoundedSandbox(SandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        __self.budget.check()
+        __self.budget.tick()
         return super().call(__context, __obj, *args, **kwargs)
 
     def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
@@ -223,7 +233,7 @@ class CompiledTemplates:
             if size > cap:
                 raise TemplateLimitError(f"output longer than {cap} characters")
             chunks.append(chunk)
-            self._budget.check()
+            self._budget.tick()
         return "".join(chunks)
 
 
