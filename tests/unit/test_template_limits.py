@@ -198,7 +198,7 @@ def test_a_pause_of_the_process_does_not_fail_an_ordinary_row(
         offset[0] += 1.0
         return real() + offset[0]
 
-    monkeypatch.setattr(templates_module.time, "monotonic", jumpy)
+    monkeypatch.setattr(time, "monotonic", jumpy)
     source = "Dear {{ name }},{% for i in range(20) %} {{ i }}{% endfor %}"
 
     result = parse_recipient_rows(ROWS, templates=Templates("Hi {{ name }}", source))
