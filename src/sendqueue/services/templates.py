@@ -81,7 +81,7 @@ class _Budget:
     """The deadline of the row being rendered; none outside a row.
 
     A row fails only once it is past the deadline *and* has taken ``_MIN_STEPS`` steps (loop
-    items, calls, output chunks): an ordinary row takes a few dozen, so a pause of the whole
+    items, calls): an ordinary row takes a few dozen, so a pause of the whole
     process (a garbage collection, a busy machine) cannot fail it; a runaway takes millions.
     """
 
@@ -118,9 +118,10 @@ class _BoundedSandbox(SandboxedEnvironment):
     """The sandbox with a time budget, a smaller ``range`` and capped value sizes.
 
     Every ``{% for %}`` iterates through :meth:`bounded` and every ``~`` goes through
-    :meth:`capped` (rewritten in :meth:`_parse`); calls, macros included, check the clock in
-    :meth:`call`. The deadline is checked in these hooks rather than by a thread or a signal,
-    since rendering runs in worker threads of the web server, where signals cannot reach.
+    :meth:`capped` (rewritten in :meth:`_parse`); calls, macros included, count in
+    :meth:`call`; output grows only through loops and calls, so chunks need no count. Hooks,
+    not a thread or a signal: rendering runs in the web server's worker threads, where a
+    signal cannot reach and a watchdog thread cannot stop Python code.
     """
 
     intercepted_binops = frozenset({"*", "**", "+"})
@@ -131,6 +132,8 @@ class _BoundedSandbox(SandboxedEnvironment):
         self.max_chars = max_chars
         self.max_range = max_range
         self.globals["range"] = self.bounded_range
+        self.filters["sendqueue:bounded"] = self.bounded
+        self.filters["sendqueue:capped"] = self.capped
 
     def _too_big(self, what: str) -> TemplateLimitError:
         return TemplateLimitError(f"{what} would be longer than {self.max_chars} characters")
@@ -189,15 +192,17 @@ class _Bounds(NodeTransformer):
         node.iter = _hook("bounded", node.iter)
         return node
 
-    def visit_Concat(self, node: nodes.Concat) -> nodes.Call:
+    def visit_Concat(self, node: nodes.Concat) -> nodes.Filter:
         self.generic_visit(node)
         return _hook("capped", node)
 
 
-def _hook(method: str, value: nodes.Expr) -> nodes.Call:
-    call = nodes.Call(nodes.EnvironmentAttribute(method), [value], [], None, None)
-    call.set_lineno(value.lineno)
-    return call
+def _hook(method: str, value: nodes.Expr) -> nodes.Filter:
+    # A filter is called directly, without the sandbox's call checks; its name holds a ":",
+    # which no template can write.
+    hook = nodes.Filter(value, f"sendqueue:{method}", [], [], None, None)
+    hook.set_lineno(value.lineno)
+    return hook
 
 
 @dataclass(frozen=True)
@@ -233,7 +238,6 @@ class CompiledTemplates:
             if size > cap:
                 raise TemplateLimitError(f"output longer than {cap} characters")
             chunks.append(chunk)
-            self._budget.tick()
         return "".join(chunks)
 
 
