@@ -33,9 +33,11 @@ from sendqueue.ports import (
 )
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
+from sendqueue.services.importing import ImportLimits
 from sendqueue.services.provisioning import Provisioner
 from sendqueue.services.reconciler import Reconciler
 from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.templates import TemplateLimits
 from sendqueue.services.worker import SendWorker
 from sendqueue.settings import Settings
 
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Container",
     "bootstrap",
+    "import_limits",
     "sql_store_of",
     "upgrade_scheduler_schema",
     "upgrade_store_schema",
@@ -375,3 +378,20 @@ def sql_store_of(container: Container) -> SqlTaskStore:
     store = container.store
     assert isinstance(store, SqlTaskStore)
     return store
+
+
+def import_limits(settings: Settings) -> ImportLimits:
+    """The bounds of an import (a CSV or JSON rows and their templates) from the settings."""
+    return ImportLimits(
+        max_bytes=settings.max_upload_bytes,
+        max_rows=settings.max_recipients,
+        templates=TemplateLimits(
+            max_source_bytes=settings.max_template_bytes,
+            max_html_source_bytes=settings.max_html_template_bytes,
+            max_output_chars=settings.max_rendered_chars,
+            max_html_output_chars=settings.max_rendered_html_chars,
+            row_seconds=settings.template_row_seconds,
+            max_range=settings.template_max_range,
+            max_tags=settings.template_max_tags,
+        ),
+    )

@@ -172,6 +172,27 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(4, ge=1, le=64, description="sends in flight per process")
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="largest CSV accepted")
     max_recipients: int = Field(1_000_000, ge=1, description="most rows one campaign may have")
+    max_template_bytes: int = Field(
+        64 * 1024, ge=1024, le=16 * 1024 * 1024, description="subject+body templates, bytes"
+    )
+    max_html_template_bytes: int = Field(
+        1024 * 1024, ge=1024, le=64 * 1024 * 1024, description="html template, bytes"
+    )
+    max_rendered_chars: int = Field(
+        100_000, ge=1000, le=10_000_000, description="rendered subject or text body, characters"
+    )
+    max_rendered_html_chars: int = Field(
+        1_000_000, ge=1000, le=100_000_000, description="rendered html body, characters"
+    )
+    template_row_seconds: float = Field(
+        0.1, gt=0, le=60, description="time to render one recipient's templates"
+    )
+    template_max_range: int = Field(
+        10_000, ge=1, le=10_000_000, description="most numbers one range() in a template gives"
+    )
+    template_max_tags: int = Field(
+        2_000, ge=10, le=1_000_000, description="most {{ }} and {% %} tags in one template"
+    )
     http_header_timeout: float = Field(
         10.0,
         gt=0,

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from sendqueue.bootstrap import Container
+from sendqueue.bootstrap import Container, import_limits
 from sendqueue.cli.common import (
     JitterOpt,
     JsonOpt,
@@ -29,7 +29,7 @@ from sendqueue.cli.render import plan_rows, print_plan, print_provision, provisi
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import check_cursor
-from sendqueue.services.importing import ImportLimits, Templates
+from sendqueue.services.importing import Templates
 from sendqueue.services.views import campaign_dict, task_list_dict
 
 __all__ = ["campaign_app"]
@@ -89,9 +89,7 @@ def campaign_create(
             seed=seed,
             default_timezone=c.settings.default_timezone,
         )
-        limits = ImportLimits(
-            max_bytes=c.settings.max_upload_bytes, max_rows=c.settings.max_recipients
-        )
+        limits = import_limits(c.settings)
         created = c.campaigns.create(
             name=name,
             recipients=recipients,

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -15,11 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sendqueue.bootstrap import Container
-from sendqueue.domain.errors import InvalidField
+from sendqueue.bootstrap import Container, import_limits
+from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.services.campaigns import Draft
-from sendqueue.services.importing import ImportLimits, Templates
+from sendqueue.services.importing import Templates
 from sendqueue.settings import Settings
 from sendqueue.web.errors import HttpProblem
 from sendqueue.web.middleware.csrf import FormCsrf
@@ -199,9 +201,63 @@ def _from_form(form: FormData, settings: Settings) -> NewCampaign:
     )
 
 
-def _from_json(raw: bytes, settings: Settings) -> NewCampaign:
+class _NotFinite:
+    """Stands in for ``NaN``, ``Infinity`` or a number that overflows to infinity, so that the
+    check below can name the field that held it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _finite(text: str) -> float | _NotFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NotFinite(text)
+
+
+def _checked_json(raw: bytes) -> Any:
+    """The body as JSON, every number finite and every field outside the recipients at most
+    ``_MAX_FORM_FIELD`` bytes, as in a form (the importer bounds the recipients' cells)."""
     try:
-        body = CampaignBody.model_validate_json(raw)
+        # Decoded here, as strict UTF-8 (json.loads of bytes would accept a BOM or UTF-16).
+        data = json.loads(raw.decode("utf-8"), parse_constant=_NotFinite, parse_float=_finite)
+    except RecursionError as exc:
+        raise InvalidField("body", None, "JSON nested too deeply") from exc
+    except ValueError as exc:  # JSONDecodeError, bad UTF-8, an integer of over 4300 digits
+        raise InvalidField("body", None, f"not valid JSON: {exc}") from exc
+    pending: list[tuple[str, int | None, Any]] = [("", None, data)]
+    while pending:
+        path, row, value = pending.pop()
+        if isinstance(value, _NotFinite):
+            problem = InvalidField(
+                path or "body", value.text, "not a finite number (NaN, Infinity), refused", row=row
+            )
+            if row is None:
+                raise problem
+            # A row's problem is reported as the importer reports one: listed with its row.
+            raise InvalidInput(f"row {row} is invalid", [problem])
+        if isinstance(value, str):
+            if row is None and len(value) > _MAX_FORM_FIELD // 4:
+                size = len(value.encode("utf-8", "surrogatepass"))
+                if size > _MAX_FORM_FIELD:
+                    raise InvalidField(
+                        path or "body", f"{size} bytes", f"longer than {_MAX_FORM_FIELD} bytes"
+                    )
+        elif isinstance(value, dict):
+            # Named by its own key, as the form names its fields (``subject``, ``per_day``).
+            pending += [(key, row, item) for key, item in value.items()]
+        elif isinstance(value, list):
+            if path == "recipients" and row is None:
+                # Named as the importer names a row's problems: the key and the CSV row number.
+                pending += [("row", index + 2, item) for index, item in enumerate(value)]
+            else:
+                pending += [(path, row, item) for item in value]
+    return data
+
+
+def _from_json(raw: bytes, settings: Settings) -> NewCampaign:
+    data = _checked_json(raw)
+    try:
+        body = CampaignBody.model_validate(data)
     except ValidationError as exc:
         # Shaped like FastAPI's own body errors, so the one handler names the field.
         raise RequestValidationError(
@@ -240,10 +296,7 @@ async def new_campaign(request: Request, settings: Settings) -> AsyncIterator[Ne
 
 
 def validate(container: Container, new: NewCampaign) -> Draft:
-    limits = ImportLimits(
-        max_bytes=container.settings.max_upload_bytes,
-        max_rows=container.settings.max_recipients,
-    )
+    limits = import_limits(container.settings)
     draft: Draft = container.campaigns.validate(
         name=new.name,
         recipients=new.csv,
