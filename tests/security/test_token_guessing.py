@@ -165,8 +165,10 @@ def test_a_guessable_token_is_refused_naming_the_variable(token: str) -> None:
 @pytest.mark.parametrize(
     "token",
     [
-        secrets.token_urlsafe(32),
-        secrets.token_hex(16),  # 32 hex digits: about 14 distinct characters
+        # fixed draws of secrets.token_urlsafe(32) and token_hex(16) (about 14 distinct
+        # characters), so every xdist worker collects the same ids
+        "d_LSgbAbEg1p_x6mMcIV1CH9qc-O913dCVkrzB9wqCk",
+        "0fe4f8a38c76a25355cce657488c9243",
         "a-token-of-twenty-chars",
         "the-real-token-0123456789",
     ],
