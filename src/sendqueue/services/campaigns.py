@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import BinaryIO
@@ -31,13 +31,8 @@ from sendqueue.domain.planner import plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.config import ServiceConfig
-from sendqueue.services.importing import (
-    ImportLimits,
-    ImportResult,
-    Templates,
-    parse_recipient_rows,
-    parse_recipients,
-)
+from sendqueue.services.import_stream import CheckedImport, check_csv, check_rows
+from sendqueue.services.importing import ImportLimits, Templates
 from sendqueue.services.scheduling import ScheduleWriter
 
 __all__ = ["CampaignService", "CreatedCampaign", "Draft", "iter_tasks"]
@@ -64,7 +59,7 @@ def iter_tasks(
 @dataclass(frozen=True)
 class CreatedCampaign:
     campaign: Campaign
-    imported: ImportResult
+    imported: CheckedImport
 
 
 @dataclass(frozen=True)
@@ -75,7 +70,9 @@ class Draft:
     name: str
     from_addr: str
     reply_to: str | None
-    imported: ImportResult
+    imported: CheckedImport
+    """Counts and first addresses; the recipients are read again from the source on
+    demand, so a stream source must stay open until the draft is created."""
 
 
 class CampaignService:
@@ -127,15 +124,15 @@ class CampaignService:
         sender = normalize_sender(from_addr or self._config.default_from, "from")
         reply = normalize_sender(reply_to, "reply_to") if reply_to else None
         if rows is not None:
-            imported = parse_recipient_rows(
+            imported = check_rows(
                 rows, templates=templates or Templates(), limits=limits or ImportLimits()
             )
         else:
             assert recipients is not None
-            imported = parse_recipients(
+            imported = check_csv(
                 recipients, templates=templates or Templates(), limits=limits or ImportLimits()
             )
-        if not imported.recipients:
+        if not imported.count:
             raise InvalidField("recipients", imported.rows, "the file has no recipient rows")
         return Draft(clean_name, sender, reply, imported)
 
@@ -190,7 +187,8 @@ class CampaignService:
         """Store a validated :class:`Draft` with its policy."""
         return self.create_from_recipients(
             name=draft.name,
-            recipients=draft.imported.recipients,
+            recipients=draft.imported.recipients(),
+            count=draft.imported.count,
             policy=policy,
             from_addr=draft.from_addr,
             reply_to=draft.reply_to,
@@ -201,13 +199,15 @@ class CampaignService:
         self,
         *,
         name: str,
-        recipients: list[Recipient],
+        recipients: Iterable[Recipient],
+        count: int,
         policy: SendingPolicy,
         from_addr: str,
         reply_to: str | None,
-        imported: ImportResult,
+        imported: CheckedImport,
     ) -> CreatedCampaign:
-        self.check_plannable(policy, len(recipients))
+        """Store ``count`` recipients, streamed into the store in chunks (all or nothing)."""
+        self.check_plannable(policy, count)
         now = self._clock.now()
         campaign = Campaign(
             id=new_campaign_id(),
@@ -215,13 +215,14 @@ class CampaignService:
             policy=policy,
             from_addr=from_addr,
             reply_to=reply_to,
-            recipient_count=len(recipients),
+            recipient_count=count,
             created_at=now,
             updated_at=now,
         )
         self._store.create_campaign(campaign, recipients)
-        log.info("created campaign %s (%s) with %d recipients", campaign.id, name, len(recipients))
-        return CreatedCampaign(self._store.get_campaign(campaign.id), imported)
+        stored = self._store.get_campaign(campaign.id)
+        log.info("created campaign %s (%s) with %d recipients", campaign.id, name, count)
+        return CreatedCampaign(stored, imported)
 
     def check_plannable(self, policy: SendingPolicy, count: int) -> None:
         """Refuse a policy under which ``count`` sends cannot be planned from now, before

@@ -83,12 +83,11 @@ async def preview_new_campaign(request: Request, c: ContainerDep) -> Plan:
 
         def preview() -> Plan:
             draft = validate(c, new)
-            recipients = draft.imported.recipients
-            sends = plan(new.policy, len(recipients), now=c.clock.now())
+            sends = plan(new.policy, draft.imported.count, now=c.clock.now())
             return plan_view(
                 new.policy,
                 sends,
-                emails=[r.email for r in recipients[: len(sends)]],
+                emails=draft.imported.first_emails,
                 duplicates=draft.imported.duplicates,
             )
 
