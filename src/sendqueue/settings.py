@@ -130,6 +130,12 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(4, ge=1, le=64, description="sends in flight per process")
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="largest CSV accepted")
     max_recipients: int = Field(1_000_000, ge=1, description="most rows one campaign may have")
+    max_json_body_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        le=1024 * 1024 * 1024,
+        description="largest JSON body of a campaign create or preview; bigger lists go as a CSV",
+    )
     http_header_timeout: float = Field(
         10.0,
         gt=0,

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import BinaryIO
 
 from sendqueue.domain.addresses import normalize_sender
@@ -27,7 +29,7 @@ from sendqueue.domain.models import (
     new_token,
     schedule_group,
 )
-from sendqueue.domain.planner import plan
+from sendqueue.domain.planner import DaySummary, per_day_summary, plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.config import ServiceConfig
@@ -35,12 +37,28 @@ from sendqueue.services.import_stream import CheckedImport, check_csv, check_row
 from sendqueue.services.importing import ImportLimits, Templates
 from sendqueue.services.scheduling import ScheduleWriter
 
-__all__ = ["CampaignService", "CreatedCampaign", "Draft", "iter_tasks"]
+__all__ = [
+    "PREVIEW_CACHE_SIZE",
+    "PREVIEW_SENDS",
+    "CampaignService",
+    "CreatedCampaign",
+    "Draft",
+    "PlanSummary",
+    "iter_tasks",
+]
 
 log = logging.getLogger(__name__)
 
 MAX_NAME_CHARS = 200
 _PAGE = 1000
+#: Sends a plan summary lists one by one; campaign plans it keeps (least recently used go).
+PREVIEW_SENDS = 1000
+PREVIEW_CACHE_SIZE = 16
+
+
+def _next_minute(now: datetime) -> datetime:
+    floor = now.replace(second=0, microsecond=0)
+    return floor if floor == now else floor + timedelta(minutes=1)
 
 
 def iter_tasks(
@@ -60,6 +78,19 @@ def iter_tasks(
 class CreatedCampaign:
     campaign: Campaign
     imported: CheckedImport
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """What a preview of a stored campaign shows: the count, the first sends with their
+    addresses, and the sends per local day."""
+
+    count: int
+    first: tuple[datetime, ...]
+    """The first :data:`PREVIEW_SENDS` send instants."""
+    emails: tuple[str, ...]
+    """The addresses of those sends, in the same order."""
+    days: tuple[DaySummary, ...]
 
 
 @dataclass(frozen=True)
@@ -89,6 +120,8 @@ class CampaignService:
         self._writer = writer
         self._clock = clock
         self._config = config
+        self._previews: OrderedDict[tuple[object, ...], PlanSummary] = OrderedDict()
+        self._previews_lock = threading.Lock()
 
     # -- create and read ----------------------------------------------------------------
     def validate(
@@ -271,7 +304,54 @@ class CampaignService:
         if campaign.state is CampaignState.DRAFT:
             self.check_plannable(campaign.policy, campaign.recipient_count)
         self._move(campaign_id, {CampaignState.DRAFT}, CampaignState.PROVISIONING, "provisioning")
+        self._forget_previews(campaign_id)
         return self._store.get_campaign(campaign_id)
+
+    def preview_summary(self, campaign_id: str) -> PlanSummary:
+        """The plan of a stored campaign from now, as a summary: cached per campaign.
+
+        Planning a million sends takes seconds, and a page asks again and again. The key holds
+        everything the plan depends on: the campaign (its state and ``updated_at`` change on
+        every write), its policy and recipient count, and "now" rounded up to the minute; the
+        plan starts at that minute, so each send is at most a minute later than planned from
+        the exact instant. Provisioning drops the campaign's entries.
+        """
+        campaign = self._store.get_campaign(campaign_id)
+        start = _next_minute(self._clock.now())
+        key = (
+            campaign.id,
+            campaign.state,
+            campaign.updated_at,
+            campaign.policy,
+            campaign.recipient_count,
+            start,
+        )
+        with self._previews_lock:
+            cached = self._previews.get(key)
+            if cached is not None:
+                self._previews.move_to_end(key)
+                return cached
+        sends = plan(campaign.policy, campaign.recipient_count, now=start)
+        shown = sends[:PREVIEW_SENDS]
+        emails = [
+            r.email for r in self._store.list_recipients(campaign_id, limit=max(1, len(shown)))
+        ]
+        summary = PlanSummary(
+            count=len(sends),
+            first=tuple(shown),
+            emails=tuple(emails[: len(shown)]),
+            days=tuple(per_day_summary(sends, campaign.policy.timezone)),
+        )
+        with self._previews_lock:
+            self._previews[key] = summary
+            while len(self._previews) > PREVIEW_CACHE_SIZE:
+                self._previews.popitem(last=False)
+        return summary
+
+    def _forget_previews(self, campaign_id: str) -> None:
+        with self._previews_lock:
+            for key in [k for k in self._previews if k[0] == campaign_id]:
+                del self._previews[key]
 
     def preview(self, campaign_id: str) -> list[tuple[Recipient, datetime]]:
         """The plan for the campaign's recipients from now: (recipient, send instant) pairs."""

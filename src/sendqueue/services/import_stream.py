@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -70,6 +71,7 @@ def check_csv(
     """
     limits = limits or ImportLimits()
     compiled = compile_templates(templates or Templates())
+    original = source
     source, start = _rereadable(source, limits.max_bytes)
 
     def importer() -> RowImporter:
@@ -95,7 +97,12 @@ def check_csv(
         if seen != count:
             raise InvalidField("file", seen, "changed while it was imported; import it again")
 
-    return CheckedImport(count, first.rows, first.duplicates, first.duplicate_rows, emails, again)
+    checked = CheckedImport(
+        count, first.rows, first.duplicates, first.duplicate_rows, emails, again
+    )
+    if source is not original and not isinstance(source, bytes | str | os.PathLike):
+        weakref.finalize(checked, source.close)  # the temporary copy lives as long as this
+    return checked
 
 
 def check_rows(
