@@ -175,6 +175,18 @@ def run(sizes: tuple[int, int] = (50_000, 200_000)) -> dict[str, Any]:
                 "seconds_at_1m": round(b["seconds"] * 1_000_000 / large, 1),
                 "pass": at_million <= TARGET_MB_PER_MILLION,
             }
+    out["sizes"] = list(sizes)
+    out["targets"] = [
+        {
+            "name": f"import peak RSS per 1M rows ({mode}, scaled from {sizes[0]:,} and "
+            f"{sizes[1]:,} rows)",
+            "value": figures["peak_mb_at_1m"],
+            "limit": TARGET_MB_PER_MILLION,
+            "unit": "MB",
+            "passed": figures["pass"],
+        }
+        for mode, figures in out["modes"].items()
+    ]
     return out
 
 
