@@ -23,7 +23,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench import dispatch, planner, provisioning, reconciler, stream, throughput
+from bench import dispatch, imports, planner, provisioning, reconciler, stream, throughput
 from bench.common import (
     ROOT,
     machine_facts,
@@ -33,7 +33,15 @@ from bench.common import (
 )
 from bench.report import render_markdown, summary_rows
 
-BENCHMARKS = ("planner", "provisioning", "dispatch", "throughput", "reconciler", "stream")
+BENCHMARKS = (
+    "planner",
+    "provisioning",
+    "dispatch",
+    "throughput",
+    "reconciler",
+    "stream",
+    "imports",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "bench", help="where results go")
     g = p.add_argument_group("sizes")
     g.add_argument("--planner-sends", type=int, default=1_000_000)
+    g.add_argument("--import-rows", type=int, nargs=2, default=[20_000, 80_000],
+                   help="two CSV sizes; the import's peak RSS is scaled to 1M rows")  # fmt: skip
     g.add_argument("--recipients", type=int, default=100_000)
     g.add_argument("--recipients-small", type=int, default=10_000)
     g.add_argument("--provision-repeats", type=int, default=None, help="default: --repeats")
@@ -190,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                 repeats=repeats,
             ),
         )
+    if "imports" in chosen:
+        attempt("imports", lambda: imports.run((args.import_rows[0], args.import_rows[1])))
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     results["seconds"] = time.monotonic() - started
     results["arguments"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

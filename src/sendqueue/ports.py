@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import builtins
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
@@ -70,7 +70,12 @@ class TaskStore(Protocol):
     - Only transitions in :data:`sendqueue.domain.lifecycle.TASK_TRANSITIONS` are attempted;
       the store raises :class:`~sendqueue.domain.errors.IllegalTransition` for any other.
     - ``create_campaign`` stores the campaign and all its recipients in one transaction, or
-      nothing.
+      nothing. ``recipients`` may be any iterable, consumed once and in chunks, so a million
+      recipients need not be in memory at once; ``recipient_count`` is stored as the number
+      consumed. The campaign is visible only once every recipient is stored: SQL stores insert
+      in one transaction, DynamoDB writes the campaign item last (its commit point) and deletes
+      what it wrote when a recipient is refused. Two recipients with one position raise
+      InvalidField (``position``), an existing id Conflict.
     - ``insert_tasks`` is idempotent: a task whose id exists is left untouched and not counted.
       Each inserted task gets a change-log entry ``None -> Pending``.
     - Paging is by cursor (position or id), never by offset.
@@ -86,7 +91,7 @@ class TaskStore(Protocol):
     """
 
     # campaigns
-    def create_campaign(self, campaign: Campaign, recipients: Sequence[Recipient]) -> None: ...
+    def create_campaign(self, campaign: Campaign, recipients: Iterable[Recipient]) -> None: ...
 
     def get_campaign(self, campaign_id: str) -> Campaign:
         """The campaign, or NotFound."""

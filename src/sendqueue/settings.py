@@ -193,6 +193,12 @@ class Settings(BaseSettings):
     template_max_tags: int = Field(
         2_000, ge=10, le=1_000_000, description="most {{ }} and {% %} tags in one template"
     )
+    max_json_body_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        le=1024 * 1024 * 1024,
+        description="largest JSON body of a campaign create or preview; bigger lists go as a CSV",
+    )
     http_header_timeout: float = Field(
         10.0,
         gt=0,

@@ -256,6 +256,44 @@ def test_create_campaign_is_all_or_nothing(store: TaskStore) -> None:
     assert len(store.list_recipients("c1", limit=5000)) == 1200
 
 
+def test_create_campaign_consumes_a_one_pass_iterator(store: TaskStore) -> None:
+    # A generator can be read only once: the store must not need len() or a second pass.
+    store.create_campaign(campaign(recipient_count=0), (r for r in recipients(1200)))
+
+    assert store.get_campaign("c1").recipient_count == 1200
+    assert [r.position for r in store.list_recipients("c1", limit=5000)] == list(range(1200))
+
+
+def test_create_campaign_from_a_failing_iterator_stores_nothing(store: TaskStore) -> None:
+    class Broken(Exception):
+        pass
+
+    def rows() -> Iterator[Recipient]:
+        yield from recipients(1100)
+        raise Broken("the import failed after whole chunks went in")
+
+    with pytest.raises(Broken):
+        store.create_campaign(campaign(), rows())
+
+    with pytest.raises(NotFound):
+        store.get_campaign("c1")
+    assert store.list_campaigns() == []
+    assert store.last_change_id() == 0
+    store.create_campaign(campaign(), iter(recipients(3)))
+    assert store.get_campaign("c1").recipient_count == 3
+
+
+def test_create_campaign_refuses_a_repeated_position_from_an_iterator(store: TaskStore) -> None:
+    rows = recipients(1200)
+    rows[1100] = replace(rows[1100], position=7)
+
+    with pytest.raises(InvalidField) as info:
+        store.create_campaign(campaign(), iter(rows))
+
+    assert info.value.field == "position"
+    assert store.list_campaigns() == []
+
+
 def test_unknown_campaign_raises_not_found(store: TaskStore) -> None:
     calls: list[Callable[[], object]] = [
         lambda: store.get_campaign("nope"),

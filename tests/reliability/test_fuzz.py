@@ -129,7 +129,7 @@ def whole_or_nothing(store: Store, create: Any) -> None:
         assert store.counts() == before
         return
     campaigns, recipients, tasks, changes = store.counts()
-    n = len(created.imported.recipients)
+    n = created.imported.count
     assert n >= 1
     assert (campaigns, recipients, tasks) == (before[0] + 1, before[1] + n, before[2])
     assert changes == before[3]

@@ -715,3 +715,20 @@ def test_cursors_beyond_64_bits_are_a_422_not_a_500(web: Web) -> None:
     assert tasks.status_code == 422 and tasks.json()["error"]["field"] == "after"
     events = web.client.get("/api/campaigns/cany/events", headers={"Last-Event-ID": huge})
     assert events.status_code == 422 and events.json()["error"]["field"] == "Last-Event-ID"
+
+
+def test_a_json_body_over_its_limit_is_refused_before_parsing(make_web: Any) -> None:
+    web: Web = make_web(max_json_body_bytes=4096)
+    body = {
+        "name": "big",
+        "recipients": [{"email": f"user{i}@example.com"} for i in range(500)],
+        "templates": {"subject": "Hi", "body": "Hello"},
+    }
+    for path in ("/api/campaigns", "/api/campaigns/preview"):
+        error = _error(web.client.post(path, json=body), 413)
+        assert error["field"] == "body"
+        assert "SENDQUEUE_MAX_JSON_BODY_BYTES" in error["message"]
+        assert "CSV" in error["message"]
+    _nothing_written(web)
+    # Under the limit the same route still works.
+    web.create(count=3)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import BinaryIO
 
 from sendqueue.domain.addresses import normalize_sender
@@ -27,25 +29,36 @@ from sendqueue.domain.models import (
     new_token,
     schedule_group,
 )
-from sendqueue.domain.planner import plan
+from sendqueue.domain.planner import DaySummary, per_day_summary, plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.config import ServiceConfig
-from sendqueue.services.importing import (
-    ImportLimits,
-    ImportResult,
-    Templates,
-    parse_recipient_rows,
-    parse_recipients,
-)
+from sendqueue.services.import_stream import CheckedImport, check_csv, check_rows
+from sendqueue.services.importing import ImportLimits, Templates
 from sendqueue.services.scheduling import ScheduleWriter
 
-__all__ = ["CampaignService", "CreatedCampaign", "Draft", "iter_tasks"]
+__all__ = [
+    "PREVIEW_CACHE_SIZE",
+    "PREVIEW_SENDS",
+    "CampaignService",
+    "CreatedCampaign",
+    "Draft",
+    "PlanSummary",
+    "iter_tasks",
+]
 
 log = logging.getLogger(__name__)
 
 MAX_NAME_CHARS = 200
 _PAGE = 1000
+#: Sends a plan summary lists one by one; campaign plans it keeps (least recently used go).
+PREVIEW_SENDS = 1000
+PREVIEW_CACHE_SIZE = 16
+
+
+def _next_minute(now: datetime) -> datetime:
+    floor = now.replace(second=0, microsecond=0)
+    return floor if floor == now else floor + timedelta(minutes=1)
 
 
 def iter_tasks(
@@ -64,7 +77,20 @@ def iter_tasks(
 @dataclass(frozen=True)
 class CreatedCampaign:
     campaign: Campaign
-    imported: ImportResult
+    imported: CheckedImport
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """What a preview of a stored campaign shows: the count, the first sends with their
+    addresses, and the sends per local day."""
+
+    count: int
+    first: tuple[datetime, ...]
+    """The first :data:`PREVIEW_SENDS` send instants."""
+    emails: tuple[str, ...]
+    """The addresses of those sends, in the same order."""
+    days: tuple[DaySummary, ...]
 
 
 @dataclass(frozen=True)
@@ -75,7 +101,9 @@ class Draft:
     name: str
     from_addr: str
     reply_to: str | None
-    imported: ImportResult
+    imported: CheckedImport
+    """Counts and first addresses; the recipients are read again from the source on
+    demand, so a stream source must stay open until the draft is created."""
 
 
 class CampaignService:
@@ -92,6 +120,8 @@ class CampaignService:
         self._writer = writer
         self._clock = clock
         self._config = config
+        self._previews: OrderedDict[tuple[object, ...], PlanSummary] = OrderedDict()
+        self._previews_lock = threading.Lock()
 
     # -- create and read ----------------------------------------------------------------
     def validate(
@@ -127,15 +157,15 @@ class CampaignService:
         sender = normalize_sender(from_addr or self._config.default_from, "from")
         reply = normalize_sender(reply_to, "reply_to") if reply_to else None
         if rows is not None:
-            imported = parse_recipient_rows(
+            imported = check_rows(
                 rows, templates=templates or Templates(), limits=limits or ImportLimits()
             )
         else:
             assert recipients is not None
-            imported = parse_recipients(
+            imported = check_csv(
                 recipients, templates=templates or Templates(), limits=limits or ImportLimits()
             )
-        if not imported.recipients:
+        if not imported.count:
             raise InvalidField("recipients", imported.rows, "the file has no recipient rows")
         return Draft(clean_name, sender, reply, imported)
 
@@ -190,7 +220,8 @@ class CampaignService:
         """Store a validated :class:`Draft` with its policy."""
         return self.create_from_recipients(
             name=draft.name,
-            recipients=draft.imported.recipients,
+            recipients=draft.imported.recipients(),
+            count=draft.imported.count,
             policy=policy,
             from_addr=draft.from_addr,
             reply_to=draft.reply_to,
@@ -201,13 +232,15 @@ class CampaignService:
         self,
         *,
         name: str,
-        recipients: list[Recipient],
+        recipients: Iterable[Recipient],
+        count: int,
         policy: SendingPolicy,
         from_addr: str,
         reply_to: str | None,
-        imported: ImportResult,
+        imported: CheckedImport,
     ) -> CreatedCampaign:
-        self.check_plannable(policy, len(recipients))
+        """Store ``count`` recipients, streamed into the store in chunks (all or nothing)."""
+        self.check_plannable(policy, count)
         now = self._clock.now()
         campaign = Campaign(
             id=new_campaign_id(),
@@ -215,13 +248,14 @@ class CampaignService:
             policy=policy,
             from_addr=from_addr,
             reply_to=reply_to,
-            recipient_count=len(recipients),
+            recipient_count=count,
             created_at=now,
             updated_at=now,
         )
         self._store.create_campaign(campaign, recipients)
-        log.info("created campaign %s (%s) with %d recipients", campaign.id, name, len(recipients))
-        return CreatedCampaign(self._store.get_campaign(campaign.id), imported)
+        stored = self._store.get_campaign(campaign.id)
+        log.info("created campaign %s (%s) with %d recipients", campaign.id, name, count)
+        return CreatedCampaign(stored, imported)
 
     def check_plannable(self, policy: SendingPolicy, count: int) -> None:
         """Refuse a policy under which ``count`` sends cannot be planned from now, before
@@ -270,7 +304,54 @@ class CampaignService:
         if campaign.state is CampaignState.DRAFT:
             self.check_plannable(campaign.policy, campaign.recipient_count)
         self._move(campaign_id, {CampaignState.DRAFT}, CampaignState.PROVISIONING, "provisioning")
+        self._forget_previews(campaign_id)
         return self._store.get_campaign(campaign_id)
+
+    def preview_summary(self, campaign_id: str) -> PlanSummary:
+        """The plan of a stored campaign from now, as a summary: cached per campaign.
+
+        Planning a million sends takes seconds, and a page asks again and again. The key holds
+        everything the plan depends on: the campaign (its state and ``updated_at`` change on
+        every write), its policy and recipient count, and "now" rounded up to the minute; the
+        plan starts at that minute, so each send is at most a minute later than planned from
+        the exact instant. Provisioning drops the campaign's entries.
+        """
+        campaign = self._store.get_campaign(campaign_id)
+        start = _next_minute(self._clock.now())
+        key = (
+            campaign.id,
+            campaign.state,
+            campaign.updated_at,
+            campaign.policy,
+            campaign.recipient_count,
+            start,
+        )
+        with self._previews_lock:
+            cached = self._previews.get(key)
+            if cached is not None:
+                self._previews.move_to_end(key)
+                return cached
+        sends = plan(campaign.policy, campaign.recipient_count, now=start)
+        shown = sends[:PREVIEW_SENDS]
+        emails = [
+            r.email for r in self._store.list_recipients(campaign_id, limit=max(1, len(shown)))
+        ]
+        summary = PlanSummary(
+            count=len(sends),
+            first=tuple(shown),
+            emails=tuple(emails[: len(shown)]),
+            days=tuple(per_day_summary(sends, campaign.policy.timezone)),
+        )
+        with self._previews_lock:
+            self._previews[key] = summary
+            while len(self._previews) > PREVIEW_CACHE_SIZE:
+                self._previews.popitem(last=False)
+        return summary
+
+    def _forget_previews(self, campaign_id: str) -> None:
+        with self._previews_lock:
+            for key in [k for k in self._previews if k[0] == campaign_id]:
+                del self._previews[key]
 
     def preview(self, campaign_id: str) -> list[tuple[Recipient, datetime]]:
         """The plan for the campaign's recipients from now: (recipient, send instant) pairs."""

@@ -11,7 +11,7 @@ import builtins
 import json
 import threading
 from bisect import bisect_right, insort
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -145,7 +145,7 @@ class InMemoryTaskStore:
     # campaigns -------------------------------------------------------------------------------
 
     @_guarded
-    def create_campaign(self, campaign: Campaign, recipients: Sequence[Recipient]) -> None:
+    def create_campaign(self, campaign: Campaign, recipients: Iterable[Recipient]) -> None:
         """Store the campaign and its recipients, or nothing (see the SQL store for errors)."""
         if campaign.id in self._campaigns:
             raise Conflict(f"campaign {campaign.id!r} already exists")

@@ -15,10 +15,10 @@ from typing import Any
 from sendqueue.domain.errors import NoSendingDay
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign
-from sendqueue.domain.planner import per_day_summary, plan
+from sendqueue.domain.planner import DaySummary, per_day_summary, plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.ports import Clock, TaskStore
-from sendqueue.services.campaigns import iter_tasks
+from sendqueue.services.campaigns import PlanSummary, iter_tasks
 from sendqueue.services.views import CampaignView, iso
 from sendqueue.web.schemas import CampaignDetail, Plan, PlanDay, PlanSend
 
@@ -30,6 +30,7 @@ __all__ = [
     "campaign_view",
     "next_send_at",
     "plan_view",
+    "summary_view",
 ]
 
 #: A plan lists at most this many sends; ``days`` always covers all of them.
@@ -66,9 +67,27 @@ def plan_view(
 ) -> Plan:
     """A plan as the preview routes return it (docs/api.md); a send has an ``email`` only
     where ``emails`` names one."""
+    days = per_day_summary(sends, policy.timezone)
+    return _plan(policy, len(sends), sends[:PLAN_SENDS_SHOWN], emails, days, duplicates)
+
+
+def summary_view(policy: SendingPolicy, summary: PlanSummary) -> Plan:
+    """A stored campaign's cached :class:`PlanSummary` as the preview route returns it."""
+    shown = summary.first[:PLAN_SENDS_SHOWN]
+    return _plan(policy, summary.count, shown, summary.emails, summary.days, 0)
+
+
+def _plan(
+    policy: SendingPolicy,
+    count: int,
+    shown: Sequence[datetime],
+    emails: Sequence[str] | None,
+    days: Sequence[DaySummary],
+    duplicates: int,
+) -> Plan:
     zone = policy.zone
     rows: list[PlanSend] = []
-    for index, when in enumerate(sends[:PLAN_SENDS_SHOWN]):
+    for index, when in enumerate(shown):
         email = emails[index] if emails is not None and index < len(emails) else None
         rows.append(
             PlanSend(
@@ -81,7 +100,7 @@ def plan_view(
     return Plan(
         policy_text=policy.describe(),
         timezone=policy.timezone,
-        count=len(sends),
+        count=count,
         duplicates=duplicates,
         sends=rows,
         days=[
@@ -91,7 +110,7 @@ def plan_view(
                 first=day.first.isoformat(),
                 last=day.last.isoformat(),
             )
-            for day in per_day_summary(sends, policy.timezone)
+            for day in days
         ],
     )
 

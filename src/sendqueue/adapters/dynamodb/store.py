@@ -42,10 +42,11 @@ from __future__ import annotations
 import builtins
 import json
 import secrets
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta
+from itertools import islice
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -96,41 +97,41 @@ class DynamoDbTaskStore(TaskItems):
     """:class:`~sendqueue.ports.TaskStore` on DynamoDB; see the module docstring."""
 
     # -- campaigns ---------------------------------------------------------------------------
-    def create_campaign(self, campaign: Campaign, recipients: Sequence[Recipient]) -> None:
-        """Store the campaign and its recipients; see the module docstring for atomicity."""
+    def create_campaign(self, campaign: Campaign, recipients: Iterable[Recipient]) -> None:
+        """Store the campaign and its recipients; see the module docstring for atomicity.
+
+        ``recipients`` is consumed once, a window of batches at a time. A refused recipient
+        (a repeated position, an item too large) deletes the recipients already written under
+        this attempt's key before the error is raised.
+        """
         checkpoint = (
             None if campaign.checkpoint is None else json_copy("checkpoint", campaign.checkpoint)
         )
-        seen: set[int] = set()
-        for r in recipients:
-            if r.position in seen:
-                raise InvalidField("position", r.position, "each recipient needs its own position")
-            seen.add(r.position)
-        stored = replace(
-            campaign,
-            recipient_count=len(recipients),
-            checkpoint=checkpoint,
-            created_at=utc(campaign.created_at),
-            updated_at=utc(campaign.updated_at),
-        )
         key = secrets.token_hex(8)
-        rows = [{"PutRequest": {"Item": recipient_item(campaign.id, key, r)}} for r in recipients]
-        for row in rows:
-            if item_size(row["PutRequest"]["Item"]) > ITEM_BYTES:
-                position = int(row["PutRequest"]["Item"]["sk"]["S"])
-                raise InvalidField(
-                    "recipient", position, "larger than a DynamoDB item can be (400 KB)"
-                )
+        # Positions written so far: to refuse a repeat, and to delete them if the import fails.
+        written: set[int] = set()
         with self._errors("create a campaign"):
             if self._get("campaign", campaign.id, "pk") is not None:
                 raise Conflict(f"campaign {campaign.id!r} already exists")
-            batches = [rows[start : start + 25] for start in range(0, len(rows), 25)]
-            if len(batches) > 1:
+            try:
                 with ThreadPoolExecutor(WRITERS) as pool:
-                    for _ in pool.map(self._batch_write, batches):
-                        pass
-            elif batches:
-                self._batch_write(batches[0])
+                    for window in _windows(recipients, 25 * WRITERS * 4):
+                        batch = [
+                            self._recipient_request(campaign.id, key, r, written) for r in window
+                        ]
+                        batches = [batch[i : i + 25] for i in range(0, len(batch), 25)]
+                        for _ in pool.map(self._batch_write, batches):
+                            pass
+            except InvalidField:
+                self._delete_recipients(campaign.id, key, written)
+                raise
+            stored = replace(
+                campaign,
+                recipient_count=len(written),
+                checkpoint=checkpoint,
+                created_at=utc(campaign.created_at),
+                updated_at=utc(campaign.updated_at),
+            )
             try:
                 self._db.put_item(
                     TableName=self._table,
@@ -141,6 +142,30 @@ class DynamoDbTaskStore(TaskItems):
                 if error_code(exc) == "ConditionalCheckFailedException":
                     raise Conflict(f"campaign {campaign.id!r} already exists") from exc
                 raise
+
+    @staticmethod
+    def _recipient_request(
+        campaign_id: str, key: str, r: Recipient, written: set[int]
+    ) -> dict[str, Any]:
+        if r.position in written:
+            raise InvalidField("position", r.position, "each recipient needs its own position")
+        item = recipient_item(campaign_id, key, r)
+        if item_size(item) > ITEM_BYTES:
+            raise InvalidField(
+                "recipient", r.position, "larger than a DynamoDB item can be (400 KB)"
+            )
+        written.add(r.position)
+        return {"PutRequest": {"Item": item}}
+
+    def _delete_recipients(self, campaign_id: str, key: str, positions: Collection[int]) -> None:
+        """Delete what a refused create wrote (unread without its campaign item anyway)."""
+        pk = str_attr(f"R#{campaign_id}#{key}")  # as codec.recipient_item keys them
+        deletes = [
+            {"DeleteRequest": {"Key": {"pk": pk, "sk": str_attr(position_key(p))}}}
+            for p in sorted(positions)
+        ]
+        for start in range(0, len(deletes), 25):
+            self._batch_write(deletes[start : start + 25])
 
     def get_campaign(self, campaign_id: str) -> Campaign:
         with self._errors("read a campaign"):
@@ -379,3 +404,10 @@ class DynamoDbTaskStore(TaskItems):
 def _check_counter_name(name: str) -> None:
     if not name or len(name) > 200:
         raise InvalidField("name", name, "must be 1 to 200 characters")
+
+
+def _windows(items: Iterable[Recipient], size: int) -> Iterator[list[Recipient]]:
+    """``items`` (possibly a one-pass iterator) in lists of at most ``size``."""
+    it = iter(items)
+    while window := list(islice(it, size)):
+        yield window

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import builtins
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
@@ -140,34 +140,45 @@ class SqlTaskStore(ABC):
 
     # campaigns -------------------------------------------------------------------------------
 
-    def create_campaign(self, campaign: Campaign, recipients: Sequence[Recipient]) -> None:
+    def create_campaign(self, campaign: Campaign, recipients: Iterable[Recipient]) -> None:
         """Store the campaign and its recipients in one transaction, or nothing.
 
-        ``recipient_count`` is stored as ``len(recipients)``. An existing id raises Conflict;
-        two recipients with one position raise InvalidField (``position``).
+        ``recipients`` is consumed once, a chunk at a time, inside the transaction, and
+        ``recipient_count`` is stored as the number consumed. An existing id raises Conflict;
+        two recipients with one position raise InvalidField (``position``), found by the
+        primary key rather than by a set of every position held here.
         """
         rows.json_ready("checkpoint", campaign.checkpoint)
-        campaign_row = rows.campaign_row(campaign, len(recipients))
-        recipient_rows = rows.recipient_rows(campaign.id, recipients)
+        campaign_row = rows.campaign_row(campaign, 0)
+        count = 0
         with self._write("create campaign") as conn:
             try:
                 conn.execute(sa.insert(tables.campaigns), campaign_row)
             except sa_exc.IntegrityError as exc:
                 raise Conflict(f"campaign {campaign.id!r} already exists") from exc
-            try:
-                for chunk in rows.chunks(recipient_rows):
-                    conn.execute(sa.insert(tables.recipients), list(chunk))
-            except sa_exc.IntegrityError as exc:
-                seen: set[int] = set()
-                for r in recipients:
-                    if r.position in seen:
-                        raise InvalidField(
-                            "position", r.position, "each recipient needs its own position"
-                        ) from exc
-                    seen.add(r.position)
-                raise InvalidField(
-                    "recipients", campaign.id, f"rejected by the database: {exc.orig}"
-                ) from exc
+            for chunk in rows.batches(recipients):
+                positions = [r.position for r in chunk]
+                if len(set(positions)) < len(positions):
+                    raise InvalidField(
+                        "position", _repeated(positions), "each recipient needs its own position"
+                    )
+                try:
+                    conn.execute(
+                        sa.insert(tables.recipients), rows.recipient_rows(campaign.id, chunk)
+                    )
+                except sa_exc.IntegrityError as exc:
+                    # The only key a recipient can clash on is (campaign, position).
+                    raise InvalidField(
+                        "position",
+                        f"one of {min(positions)}..{max(positions)}",
+                        f"each recipient needs its own position ({exc.orig})",
+                    ) from exc
+                count += len(chunk)
+            conn.execute(
+                sa.update(tables.campaigns)
+                .where(tables.campaigns.c.id == campaign.id)
+                .values(recipient_count=count)
+            )
 
     @abstractmethod
     def campaign_state(self, campaign_id: str) -> CampaignState:
@@ -515,3 +526,13 @@ class SqlTaskStore(ABC):
 def _check_counter_name(name: str) -> None:
     if not name or len(name) > 200:
         raise InvalidField("name", name, "must be 1 to 200 characters")
+
+
+def _repeated(positions: list[int]) -> int:
+    """The first position of ``positions`` that repeats an earlier one."""
+    seen: set[int] = set()
+    for position in positions:
+        if position in seen:
+            return position
+        seen.add(position)
+    raise ValueError("no position repeats")

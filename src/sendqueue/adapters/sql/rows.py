@@ -9,8 +9,9 @@ parameter mappings of SQLAlchemy Core inserts. Times are aware UTC datetimes on 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
+from itertools import islice
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -24,6 +25,7 @@ __all__ = [
     "CHUNK_SIZE",
     "STATES",
     "TASK_COLUMNS",
+    "batches",
     "campaign_from_row",
     "campaign_row",
     "check_new_tasks",
@@ -56,6 +58,13 @@ def chunks(items: Sequence[_T], size: int = CHUNK_SIZE) -> Iterator[Sequence[_T]
     """``items`` in slices of ``size``."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def batches(items: Iterable[_T], size: int = CHUNK_SIZE) -> Iterator[list[_T]]:
+    """``items``, which may be a one-pass iterator, in lists of at most ``size``."""
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch
 
 
 def json_ready(field: str, value: object) -> None:

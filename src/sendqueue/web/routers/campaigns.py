@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from sendqueue.domain.planner import plan
 from sendqueue.web.bodies import CAMPAIGN_FORM_CSRF, CREATE_BODY, new_campaign, validate
 from sendqueue.web.deps import ContainerDep, ProvisioningDep, TimelinesDep
-from sendqueue.web.queries import campaign_view, plan_view
+from sendqueue.web.queries import campaign_view, plan_view, summary_view
 from sendqueue.web.schemas import (
     READ_ERRORS,
     WRITE_ERRORS,
@@ -83,12 +83,11 @@ async def preview_new_campaign(request: Request, c: ContainerDep) -> Plan:
 
         def preview() -> Plan:
             draft = validate(c, new)
-            recipients = draft.imported.recipients
-            sends = plan(new.policy, len(recipients), now=c.clock.now())
+            sends = plan(new.policy, draft.imported.count, now=c.clock.now())
             return plan_view(
                 new.policy,
                 sends,
-                emails=[r.email for r in recipients[: len(sends)]],
+                emails=draft.imported.first_emails,
                 duplicates=draft.imported.duplicates,
             )
 
@@ -114,9 +113,7 @@ def get_campaign(
 def preview_campaign(campaign_id: str, c: ContainerDep) -> Plan:
     """The plan of a stored campaign's recipients if it were provisioned now."""
     campaign = c.store.get_campaign(campaign_id)
-    pairs = c.campaigns.preview(campaign_id)
-    sends = [when for _, when in pairs]
-    return plan_view(campaign.policy, sends, emails=[r.email for r, _ in pairs[: len(sends)]])
+    return summary_view(campaign.policy, c.campaigns.preview_summary(campaign_id))
 
 
 @router.post(
