@@ -17,8 +17,13 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-$(DEV_STAMP): pyproject.toml requirements/ci.lock | $(BIN)/python
+# axe-core for the accessibility tests: from npm, pinned by its package-lock.json (npm ci),
+# installed here and never at test time.
+AXE_DIR := tests/e2e/axe
+
+$(DEV_STAMP): pyproject.toml requirements/ci.lock $(AXE_DIR)/package-lock.json | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(if $(filter true,$(CI)),-c requirements/ci.lock) -e '.[dev]'
+	npm ci --prefix $(AXE_DIR) --no-audit --no-fund --silent
 	touch $@ $(RUN_STAMP)
 
 ## run: the embedded default (SQLite, embedded scheduler, Maildir outbox) with a demo campaign
@@ -58,4 +63,4 @@ aws-package: $(RUN_STAMP)
 	$(BIN)/python deploy/aws/package.py $(AWS_PACKAGE_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis $(AXE_DIR)/node_modules

@@ -251,6 +251,27 @@ class Settings(BaseSettings):
         description="proxies trusted for X-Forwarded-Proto/-For: IPs or CIDRs, comma-separated, "
         "or *",
     )
+    stream_lag_threshold: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="web: seconds the live stream's change-log reader may fail, hang or lag "
+        "behind the store before pages are told it is delayed (and poll)",
+    )
+    ui_refetch_interval: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="web: seconds between a campaign page's background refetches while emails "
+        "are Pending or Running and the live stream is healthy",
+    )
+    ui_poll_interval: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="web: seconds between a page's refetches while emails are Pending or "
+        "Running and the live stream is down or delayed",
+    )
     api_token: SecretStr | None = Field(None, description="required for the web UI and API")
     allowed_hosts: str = Field(
         "",

@@ -65,12 +65,16 @@ def create_app(
     """The sendqueue web app over ``container`` (which the caller keeps and closes).
 
     ``start_worker`` runs :func:`sendqueue.runtime.run_worker` in a background thread for the
-    app's lifetime. ``stream`` tunes the live stream (tests shorten its intervals).
+    app's lifetime. ``stream`` tunes the live stream (tests shorten its intervals); without it,
+    the defaults and ``SENDQUEUE_STREAM_LAG_THRESHOLD``.
     ``extra_hosts`` are answered besides loopback and ``SENDQUEUE_ALLOWED_HOSTS`` (``serve``
     adds the address it binds).
     """
     settings = container.settings
     token = settings.api_token.get_secret_value() if settings.api_token is not None else None
+    if stream is None:
+        threshold = settings.stream_lag_threshold
+        stream = StreamConfig(lag_threshold=threshold, status_interval=min(1.0, threshold / 2))
     broker = ChangeBroker(container.store, stream)
     provisioning = BackgroundProvisioning(container)
 

@@ -27,6 +27,10 @@ How it holds the promises of docs/api.md:
   the stream is stale. The first frame sets
   the client's last event id to the position it starts from, so even a client that saw no
   event resumes from there.
+- **Progress, not only liveness.** A ping says the connection is open, not that changes still
+  arrive. The first frame also carries a ``status`` event, and another one goes to every
+  client whenever the reader turns ``delayed`` (failing, stalled, or behind the store for
+  longer than ``lag_threshold``) or ``live`` again (:mod:`sendqueue.web.stream_status`).
 """
 
 from __future__ import annotations
@@ -47,12 +51,14 @@ from starlette.types import Message, Receive, Scope, Send
 from sendqueue.domain.models import ChangeLogEntry
 from sendqueue.ports import TaskStore
 from sendqueue.services.views import change_dict
+from sendqueue.web.stream_status import LIVE, ReaderHealth, StreamStatus
 
 __all__ = [
     "PING",
     "ChangeBroker",
     "EventStreamResponse",
     "StreamConfig",
+    "StreamStatus",
     "Subscription",
     "TooManyClients",
     "format_event",
@@ -84,6 +90,12 @@ class StreamConfig:
     """The reconnection delay suggested to browsers (the SSE ``retry`` field)."""
     error_backoff: float = 5.0
     """Longest pause between reads while the store is failing."""
+    lag_threshold: float = 5.0
+    """Seconds the reader may go without a finished read, or leave a change of the store
+    undelivered, before clients are told ``delayed`` (``SENDQUEUE_STREAM_LAG_THRESHOLD``)."""
+    status_interval: float = 1.0
+    """Seconds between two comparisons of the reader's position with the store's newest change
+    id, and between two checks that a read is not hanging."""
 
 
 #: The heartbeat: an event (no ``id``) rather than a comment line, because EventSource hands
@@ -108,21 +120,33 @@ class Subscription:
     campaign_id: str
     last_id: int
     """The id of the last entry sent (or the position the client starts after)."""
-    queue: asyncio.Queue[ChangeLogEntry | None]
+    queue: asyncio.Queue[ChangeLogEntry | StreamStatus | None]
     backlog_after: int | None = None
     """Set when the client resumes from further back than the reader: read this first."""
     closed: bool = False
     reason: str = ""
     released: bool = False
+    status: tuple[str, str] | None = None
+    """The key of the last status sent (see StreamStatus.key)."""
 
 
 @dataclass(eq=False)
 class _Reader:
     position: int
     """The id of the last change-log entry read (of any campaign)."""
+    health: ReaderHealth
     watched: dict[str, set[Subscription]] = field(default_factory=dict)
     """Campaign id -> its subscribers; only campaigns with one are here."""
     task: asyncio.Task[None] | None = None
+    watch: asyncio.Task[None] | None = None
+    """Judges the reader's health while a read may hang (see ChangeBroker._watch)."""
+    status: StreamStatus = LIVE
+    """What the clients were last told."""
+
+    def stop(self) -> None:
+        for task in (self.task, self.watch):
+            if task is not None:
+                task.cancel()
 
     def drop(self, sub: Subscription) -> None:
         subs = self.watched.get(sub.campaign_id)
@@ -157,6 +181,10 @@ class ChangeBroker:
             return {}
         return {cid: len(subs) for cid, subs in self._reader.watched.items()}
 
+    def status(self) -> StreamStatus:
+        """What the clients were last told of the reader (``live`` without a reader)."""
+        return LIVE if self._reader is None else self._reader.status
+
     # -- subscribing ---------------------------------------------------------------------------
     async def subscribe(self, campaign_id: str, after: int | None) -> Subscription:
         """Join the campaign's fan-out, starting after change id ``after``.
@@ -181,10 +209,11 @@ class ChangeBroker:
         if reader is None:
             # A new reader starts at the log's head, never further back: an old resume point
             # is this client's backlog, not a re-read of every campaign's history.
-            reader = self._reader = _Reader(head)
-            reader.task = asyncio.get_running_loop().create_task(
-                self._run(reader), name="sendqueue-stream-reader"
-            )
+            loop = asyncio.get_running_loop()
+            health = ReaderHealth(self.config.lag_threshold, loop.time())
+            reader = self._reader = _Reader(head, health)
+            reader.task = loop.create_task(self._run(reader), name="sendqueue-stream-reader")
+            reader.watch = loop.create_task(self._watch(reader), name="sendqueue-stream-watch")
         reader.watched.setdefault(campaign_id, set()).add(sub)
         if start < reader.position:
             sub.backlog_after = start
@@ -202,8 +231,7 @@ class ChangeBroker:
             reader.drop(sub)
             if not reader.watched:
                 self._reader = None
-                if reader.task is not None:
-                    reader.task.cancel()
+                reader.stop()
 
     async def close(self) -> None:
         """End every stream and stop the reader (server shutdown). Idempotent."""
@@ -215,11 +243,12 @@ class ChangeBroker:
             for sub in subs:
                 self._close(sub, "shutdown")
         reader.watched.clear()
-        if reader.task is not None:
-            reader.task.cancel()
-            with anyio.CancelScope(shield=True):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await reader.task
+        reader.stop()
+        for task in (reader.task, reader.watch):
+            if task is not None:
+                with anyio.CancelScope(shield=True):
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
 
     def _close(self, sub: Subscription, reason: str) -> None:
         sub.closed, sub.reason = True, reason
@@ -233,6 +262,7 @@ class ChangeBroker:
         loop = asyncio.get_running_loop()
         failures = 0
         last_change = loop.time()
+        last_head_check = -float("inf")
         while reader.watched:
             try:
                 entries = await anyio.to_thread.run_sync(self._read_all, reader.position)
@@ -242,6 +272,8 @@ class ChangeBroker:
                     log.warning(
                         "stream: reading the change log failed (%d in a row): %s", failures, exc
                     )
+                reader.health.read_failed()
+                self._publish(reader)
                 await asyncio.sleep(min(config.poll_interval * 2**failures, config.error_backoff))
                 continue
             failures = 0
@@ -249,10 +281,42 @@ class ChangeBroker:
                 last_change = loop.time()
                 reader.position = entries[-1].id
                 self._fan_out(reader, entries)
+            reader.health.read_ok(loop.time(), reader.position)
+            if loop.time() - last_head_check >= config.status_interval:
+                # Is the store ahead of what the reader has read? (One cheap query a second.)
+                last_head_check = loop.time()
+                try:
+                    head = await anyio.to_thread.run_sync(self._store.last_change_id)
+                except Exception as exc:  # the next read says whether the store is failing
+                    log.debug("stream: reading the newest change id failed: %s", exc)
+                else:
+                    reader.health.head_seen(loop.time(), head, reader.position)
+            self._publish(reader)
             if len(entries) < config.batch:
                 quiet = loop.time() - last_change >= config.idle_after
                 idle = max(config.idle_poll_interval, config.poll_interval)
                 await asyncio.sleep(idle if quiet else config.poll_interval)
+
+    async def _watch(self, reader: _Reader) -> None:
+        """Judge the reader's health every ``status_interval`` even while a read hangs (the
+        reader itself only judges it between reads)."""
+        while reader.watched:
+            await asyncio.sleep(self.config.status_interval)
+            self._publish(reader)
+
+    def _publish(self, reader: _Reader) -> None:
+        """Tell every client when the reader's status changes (live <-> delayed, or why)."""
+        status = reader.health.status(asyncio.get_running_loop().time())
+        if status.key == reader.status.key:
+            return
+        if status.state == "delayed":
+            log.warning("stream: clients told the live stream is delayed: %s", status.reason)
+        else:
+            log.info("stream: the live stream is live again")
+        reader.status = status
+        for subs in list(reader.watched.values()):
+            for sub in list(subs):
+                self._offer(reader, sub, [status])
 
     def _read_all(self, position: int) -> list[ChangeLogEntry]:
         return self._store.changes_after(position, limit=self.config.batch)
@@ -269,7 +333,12 @@ class ChangeBroker:
             for sub in list(reader.watched.get(campaign_id, ())):
                 self._offer(reader, sub, mine)
 
-    def _offer(self, reader: _Reader, sub: Subscription, entries: list[ChangeLogEntry]) -> None:
+    def _offer(
+        self,
+        reader: _Reader,
+        sub: Subscription,
+        entries: list[ChangeLogEntry] | list[StreamStatus],
+    ) -> None:
         for entry in entries:
             try:
                 sub.queue.put_nowait(entry)
@@ -292,7 +361,9 @@ class ChangeBroker:
         """The SSE text for one subscriber, until it is closed. Unsubscribes at the end."""
         config = self.config
         try:
-            yield f"retry: {config.retry_ms}\nid: {sub.last_id}\n\n"
+            status = self.status()
+            sub.status = status.key
+            yield f"retry: {config.retry_ms}\nid: {sub.last_id}\n\n{status.frame()}"
             if sub.backlog_after is not None:
                 position = sub.backlog_after
                 while not sub.closed:
@@ -318,7 +389,7 @@ class ChangeBroker:
                     continue
                 if first is None or sub.closed:
                     return
-                batch = [first]
+                batch: list[ChangeLogEntry | StreamStatus] = [first]
                 while len(batch) < config.batch and not sub.queue.empty():
                     entry = sub.queue.get_nowait()
                     if entry is None:
@@ -331,10 +402,16 @@ class ChangeBroker:
             self.unsubscribe(sub)
 
     @staticmethod
-    def _render(sub: Subscription, entries: list[ChangeLogEntry]) -> str:
+    def _render(
+        sub: Subscription, entries: list[ChangeLogEntry] | list[ChangeLogEntry | StreamStatus]
+    ) -> str:
         parts: list[str] = []
         for entry in entries:
-            if entry.id > sub.last_id:
+            if isinstance(entry, StreamStatus):
+                if entry.key != sub.status:
+                    parts.append(entry.frame())
+                    sub.status = entry.key
+            elif entry.id > sub.last_id:
                 parts.append(format_event(entry))
                 sub.last_id = entry.id
         return "".join(parts)

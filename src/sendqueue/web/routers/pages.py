@@ -91,7 +91,12 @@ def campaigns_page(request: Request, c: ContainerDep) -> Response:
     try:
         rows = [_summary(c.store, campaign) for campaign in c.store.list_campaigns()]
         return render(
-            request, "campaigns.html", title="Campaigns", rows=rows, states=list(TaskState)
+            request,
+            "campaigns.html",
+            title="Campaigns",
+            rows=rows,
+            states=list(TaskState),
+            poll_ms=round(c.settings.ui_poll_interval * 1000),
         )
     except _PAGE_ERRORS as exc:
         return error_page(request, exc)
@@ -181,6 +186,8 @@ def campaign_page(
             actions={name: campaign.state in allowed for name, allowed in _ACTIONS.items()},
             states=list(TaskState),
             page_size=PAGE_SIZE,
+            refetch_ms=round(c.settings.ui_refetch_interval * 1000),
+            poll_ms=round(c.settings.ui_poll_interval * 1000),
             **summary,
         )
     except _PAGE_ERRORS as exc:

@@ -1,12 +1,15 @@
 /* The campaign page: live rows, counts, chart and actions.
  *
  * Live by default: an EventSource on /api/campaigns/{id}/events patches rows as changes arrive
- * and schedules a (throttled) refetch of the counts and the visible page. When the stream
- * errors, or is silent for longer than the heartbeat allows, the page falls back to polling
- * every 5 s - only while the campaign has Pending or Running emails - and keeps trying to
- * reopen the stream with backoff; once it is back, polling stops. The indicator
- * (#connection[data-connection]) says which: connecting, live, polling or idle (the stream is
- * down and nothing is in flight, so there is nothing to poll).
+ * and schedules a (throttled) refetch of the counts and the visible page. While the campaign
+ * has Pending or Running emails the page also refetches in the background: every 30 s while
+ * the stream is live (SENDQUEUE_UI_REFETCH_INTERVAL; a change the stream missed shows within
+ * that), every 5 s (SENDQUEUE_UI_POLL_INTERVAL) while it is delayed or down. The server says
+ * "delayed" in a `status` event when its change-log reader fails or falls behind the store;
+ * a ping only proves the connection, never that changes still arrive. When the stream errors,
+ * or is silent for longer than the heartbeat allows, the page keeps trying to reopen it with
+ * backoff. The indicator (#connection[data-connection]) says which: connecting, live,
+ * delayed, polling (the stream is down) or idle (down, and nothing in flight to poll).
  */
 (function () {
   "use strict";
@@ -18,7 +21,6 @@
   }
 
   const STALE_MS = 20000; // the server pings every 15 s (docs/api.md)
-  const POLL_MS = 5000;
   const BACKOFF_MIN_MS = 1000;
   const BACKOFF_MAX_MS = 10000;
   const REFRESH_GAP_MS = 1000; // at most one refetch a second while events pour in
@@ -42,6 +44,9 @@
   const tbody = document.getElementById("tasks");
   const indicator = document.getElementById("connection");
   const pageSize = Number(root.dataset.pageSize) || 50;
+  // the background refetch while live, and the polling while the stream is delayed or down
+  const REFETCH_MS = Number(root.dataset.refetchMs) || 30000;
+  const POLL_MS = Number(root.dataset.pollMs) || 5000;
 
   const params = new URLSearchParams(location.search);
   const view = {
@@ -292,7 +297,7 @@
       sq.showError(tableError, "Could not update: " + exc.message);
     } finally {
       refreshing = false;
-      fallback();
+      fallback(); // the counts may have changed what is in flight
       if (refreshAgain) {
         refreshAgain = false;
         refreshSoon();
@@ -321,10 +326,14 @@
   let backoff = BACKOFF_MIN_MS;
   let reconnectTimer = null;
   let pollTimer = null;
+  let pollEvery = null; // the period pollTimer was set for
+  let serverDelayed = false; // the last status event said "delayed"
+  const every = Math.round(POLL_MS / 100) / 10 + " s";
   const LABELS = {
     connecting: "Connecting…",
     live: "Live",
-    polling: "Polling every 5 s (live updates interrupted)",
+    delayed: "Delayed: live updates are behind; refreshing every " + every,
+    polling: "Polling every " + every + " (live updates interrupted)",
     idle: "Not live; nothing in flight to poll",
   };
 
@@ -332,6 +341,32 @@
     if (indicator.dataset.connection !== mode) {
       indicator.dataset.connection = mode;
       sq.setText(document.getElementById("connection-text"), LABELS[mode]);
+    }
+    schedulePoll();
+  }
+
+  /** How often to refetch now: never with nothing in flight (nor before the stream opened). */
+  function pollPeriod() {
+    const mode = indicator.dataset.connection;
+    if (!active() || mode === "connecting" || mode === "idle") {
+      return null;
+    }
+    return mode === "live" ? REFETCH_MS : POLL_MS;
+  }
+
+  /** Keep one refetch timer at the period the mode asks for (a running one keeps its beat). */
+  function schedulePoll() {
+    const period = pollPeriod();
+    if (pollTimer !== null && period === pollEvery) {
+      return;
+    }
+    stopPolling();
+    pollEvery = period;
+    if (period !== null) {
+      pollTimer = setTimeout(() => {
+        pollTimer = null;
+        refresh();
+      }, period);
     }
   }
 
@@ -353,13 +388,20 @@
       }
       heard();
       backoff = BACKOFF_MIN_MS;
-      stopPolling();
-      setMode("live");
+      // the stream's first frame says whether the server is delayed; until then, as it was
+      setMode(serverDelayed ? "delayed" : "live");
       refreshSoon(); // catch up with whatever changed while we were away
     });
     es.addEventListener("ping", () => {
+      // the connection is open; that says nothing of the changes, so the mode stays
       if (source === es) {
         heard();
+      }
+    });
+    es.addEventListener("status", (event) => {
+      if (source === es) {
+        heard();
+        onStatus(event);
       }
     });
     es.addEventListener("change", (event) => {
@@ -388,29 +430,44 @@
     }
   }
 
-  /** Without a live stream, poll while emails are in flight; otherwise sit idle. */
+  /** Without an open stream, poll while emails are in flight, else sit idle; with one, keep
+   * the mode the stream set, at the period it asks for. */
   function fallback() {
-    if (source && indicator.dataset.connection === "live") {
+    const mode = indicator.dataset.connection;
+    if (source && (mode === "live" || mode === "delayed" || mode === "connecting")) {
+      schedulePoll();
       return;
     }
-    if (source && indicator.dataset.connection === "connecting") {
-      return;
-    }
-    if (active()) {
-      setMode("polling");
-      if (pollTimer === null) {
-        pollTimer = setInterval(refresh, POLL_MS);
-      }
-    } else {
-      stopPolling();
-      setMode("idle");
-    }
+    setMode(active() ? "polling" : "idle");
   }
 
   function stopPolling() {
     if (pollTimer !== null) {
-      clearInterval(pollTimer);
+      clearTimeout(pollTimer);
       pollTimer = null;
+    }
+    pollEvery = null;
+  }
+
+  /** The server's word on its change-log reader: "delayed" (poll) or "live" again. */
+  function onStatus(event) {
+    let data;
+    try {
+      data = JSON.parse(event.data);
+    } catch (exc) {
+      return;
+    }
+    serverDelayed = data.state === "delayed";
+    const mode = indicator.dataset.connection;
+    if (serverDelayed) {
+      indicator.setAttribute("title", data.reason || "");
+      setMode("delayed");
+    } else {
+      indicator.removeAttribute("title");
+      setMode("live");
+      if (mode === "delayed") {
+        refreshSoon(); // what the delay held back
+      }
     }
   }
 

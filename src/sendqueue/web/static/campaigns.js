@@ -1,4 +1,5 @@
-/* The campaigns list: refetch every 5 s while a campaign is in flight, update rows in place. */
+/* The campaigns list: refetch every 5 s (SENDQUEUE_UI_POLL_INTERVAL) while a campaign is in
+ * flight, update rows in place. */
 (function () {
   "use strict";
 
@@ -7,7 +8,7 @@
   if (!table || !sq) {
     return;
   }
-  const POLL_MS = 5000;
+  const POLL_MS = Number(table.dataset.pollMs) || 5000;
   const IN_FLIGHT = ["provisioning", "active"];
   const status = document.getElementById("list-status");
 
