@@ -384,14 +384,12 @@ def test_worker_serves_its_metrics_on_the_metrics_port(tmp_path: Path) -> None:
     """In a split deployment (web and worker in two processes) the sends, alarms and repairs
     happen in the worker: its own /metrics counts them."""
     env = _worker_env(tmp_path)
-    settings = Settings(
-        _env_file=None,
-        **{
-            k.removeprefix("SENDQUEUE_").lower(): v
-            for k, v in env.items()
-            if k.startswith("SENDQUEUE_")
-        },
-    )
+    values: dict[str, Any] = {
+        k.removeprefix("SENDQUEUE_").lower(): v
+        for k, v in env.items()
+        if k.startswith("SENDQUEUE_")
+    }
+    settings = Settings(_env_file=None, **values)
     setup = bootstrap(settings)
     cid = setup.campaigns.create(
         name="metrics",
