@@ -15,7 +15,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sendqueue.adapters.alarm import LoggingAlarm
+from sendqueue.adapters.alarm import LoggingAlarm, post_json
+from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.mail.factory import mailer_from_url
@@ -143,7 +144,33 @@ class Container:
 
     @cached_property
     def alarm(self) -> Alarm:
-        return self._alarm or LoggingAlarm(self.settings.alarm_webhook, events=self.events)
+        if self._alarm is not None:
+            return self._alarm
+        s = self.settings
+        mail = None
+        if s.alarm_email is not None:
+            # The campaigns' mailer; the store's lease keeps one email per interval across
+            # every process on the store.
+            mail = MailAlarm(
+                self.mailer,
+                self.store,
+                self.clock,
+                to_addr=s.alarm_email,
+                from_addr=s.alarm_sender,
+                interval=s.alarm_email_interval,
+                max_items=s.alarm_email_items,
+            )
+        return LoggingAlarm(s.alarm_webhook, events=self.events, mail=mail)
+
+    def post_to_alarm_webhook(self, document: Mapping[str, object], timeout: float = 10.0) -> bool:
+        """POST ``document`` to SENDQUEUE_ALARM_WEBHOOK at once (the AWS alarm function relays
+        the SNS topic this way); False when none is set. Raises OSError or ValueError when the
+        POST fails, so the caller can retry."""
+        url = self.settings.alarm_webhook
+        if url is None:
+            return False
+        post_json(url, document, timeout)
+        return True
 
     @cached_property
     def metrics(self) -> PrometheusMetrics:
@@ -293,6 +320,7 @@ class Container:
             self.clock,
             config,
             events=self.events,
+            alarm=self.alarm,
         )
 
     @cached_property

@@ -1,6 +1,7 @@
-"""The AWS Lambda entry points: ``send_handler``, ``provision_handler``, ``reconcile_handler``.
+"""The AWS Lambda entry points: ``send_handler``, ``provision_handler``, ``reconcile_handler``
+and ``alarm_handler``.
 
-All three go through the same composition root: the first invocation in a Lambda execution
+All four go through the same composition root: the first invocation in a Lambda execution
 environment builds one :class:`~sendqueue.bootstrap.Container` from the environment
 (``SENDQUEUE_*``, see the README) and every later invocation in that warm environment reuses
 it, with its boto3 clients and connections. The settings are
@@ -30,6 +31,10 @@ Events:
   stops 90 s before this function's timeout with the checkpoint saved and invokes the provision
   function (``SENDQUEUE_PROVISION_FUNCTION_ARN``) asynchronously to continue; without that
   setting the rest is handed to a control schedule (the send function continues it).
+- **alarm** (subscribed to the template's SNS alarm topic when ``AlarmWebhook`` is set): every
+  SNS record (a CloudWatch alarm's state change: dead letters, failing functions, auto-pauses)
+  is POSTed to ``SENDQUEUE_ALARM_WEBHOOK`` as ``{"event": "aws_alarm", ...}`` (see
+  :func:`alarm_document`). A POST that fails raises, so Lambda retries the SNS delivery.
 
 Each handler returns a small JSON-friendly summary.
 """
@@ -49,6 +54,8 @@ from sendqueue.settings import LambdaSettings
 
 __all__ = [
     "LambdaContext",
+    "alarm_document",
+    "alarm_handler",
     "container",
     "provision_handler",
     "reconcile_handler",
@@ -236,3 +243,66 @@ def reconcile_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[
         continuation=_continue_in(target) if target else None,
     )
     return report.as_dict()
+
+
+# -- alarm ---------------------------------------------------------------------------------
+def alarm_document(sns: Mapping[str, Any]) -> dict[str, Any]:
+    """The webhook's JSON for one SNS notification (the ``Sns`` part of a Lambda record).
+
+    A CloudWatch alarm's message is JSON; its name, state, reason and description are lifted
+    into ``alarm``. Any other message is passed on as text, with ``alarm`` null.
+    """
+    message = sns.get("Message")
+    text = message if isinstance(message, str) else json.dumps(message)
+    alarm: dict[str, Any] | None = None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, Mapping) and "AlarmName" in parsed:
+        alarm = {
+            "name": parsed.get("AlarmName"),
+            "state": parsed.get("NewStateValue"),
+            "previous_state": parsed.get("OldStateValue"),
+            "reason": parsed.get("NewStateReason"),
+            "description": parsed.get("AlarmDescription"),
+            "changed_at": parsed.get("StateChangeTime"),
+        }
+    return {
+        "event": "aws_alarm",
+        "id": sns.get("MessageId"),
+        "topic": sns.get("TopicArn"),
+        "subject": sns.get("Subject"),
+        "at": sns.get("Timestamp"),
+        "alarm": alarm,
+        "message": text,
+    }
+
+
+def alarm_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """Relay the SNS alarm topic's notifications to SENDQUEUE_ALARM_WEBHOOK (see the module
+    docstring). A function rather than an SNS HTTPS subscription: such a subscription stays
+    pending until the endpoint visits its confirmation URL, which a chat or paging webhook
+    does not do, and it would POST SNS's envelope instead of sendqueue's alarm document."""
+    data = _event(event)
+    records = data.get("Records")
+    if not isinstance(records, list):
+        raise InvalidField("Records", records, "expected the SNS event's list of records")
+    c = container()
+    posted = 0
+    for record in records:
+        sns = record.get("Sns") if isinstance(record, Mapping) else None
+        if not isinstance(sns, Mapping):
+            log.error("alarm: a record without an SNS notification, ignored: %s", record)
+            continue
+        document = alarm_document(sns)
+        # Raises when the POST fails: Lambda retries the whole event (a duplicate POST is
+        # better than an alarm nobody hears).
+        if not c.post_to_alarm_webhook(document):
+            log.error(
+                "alarm: SENDQUEUE_ALARM_WEBHOOK is not set; notification %s dropped", document["id"]
+            )
+            continue
+        posted += 1
+        log.info("alarm: notification %s posted to the webhook", document["id"])
+    return {"status": "handled", "posted": posted}

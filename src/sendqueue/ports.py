@@ -11,7 +11,8 @@ the contract tests in ``tests/contract`` check, against the in-memory fakes in
 - :class:`Dispatcher` runs a scheduler's due schedules against a target in this process (the
   embedded and procrastinate layers have one; on AWS, Lambda is the dispatcher).
 - :class:`Mailer` hands one message to a mail provider.
-- :class:`Alarm` is raised when an invocation lands in the dead-letter queue.
+- :class:`Alarm` is raised when an invocation lands in the dead-letter queue or the send worker
+  pauses a campaign after too many failures in a row.
 - :class:`Events` hears what happened (sends, dead letters, alarms, repairs), for the metrics.
 - :class:`Clock` tells the time, so tests can run on a fake one.
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
+from .domain.alarms import AlarmItem, AutoPause
 from .domain.lifecycle import CampaignState, TaskState
 from .domain.models import Campaign, ChangeLogEntry, DeadLetter, Recipient, Task, TaskChanges
 
@@ -384,9 +386,17 @@ class Mailer(Protocol):
 
 
 class Alarm(Protocol):
-    """Raised when an invocation lands in the dead-letter queue (log, metric, webhook)."""
+    """Tells a person that something needs them (log, metric, webhook, email).
+
+    Raised when an invocation lands in the dead-letter queue (``raise_alarm``) and when the send
+    worker pauses a campaign after too many permanent failures in a row (``auto_paused``).
+    Both return at once and never raise: whatever reaches a person (a webhook, an email) goes
+    out in the background, and its failures are logged, never handed to the caller.
+    """
 
     def raise_alarm(self, letter: DeadLetter) -> None: ...
+
+    def auto_paused(self, pause: AutoPause) -> None: ...
 
 
 @runtime_checkable
@@ -394,6 +404,8 @@ class FlushableAlarm(Protocol):
     """An alarm that sends in the background and can wait for what it queued (at exit)."""
 
     def raise_alarm(self, letter: DeadLetter) -> None: ...
+
+    def auto_paused(self, pause: AutoPause) -> None: ...
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued went out; False if ``timeout`` ran out first."""
@@ -419,8 +431,8 @@ class Events(Protocol):
         """The execution layer gave up on an invocation."""
         ...
 
-    def alarm_raised(self, letter: DeadLetter) -> None:
-        """The alarm went off for ``letter``."""
+    def alarm_raised(self, item: AlarmItem) -> None:
+        """The alarm went off for ``item`` (a dead letter or an auto-paused campaign)."""
         ...
 
     def repaired(self, kind: str, n: int) -> None:
@@ -437,7 +449,7 @@ class NoEvents:
     def dead_lettered(self, letter: DeadLetter) -> None:
         pass
 
-    def alarm_raised(self, letter: DeadLetter) -> None:
+    def alarm_raised(self, item: AlarmItem) -> None:
         pass
 
     def repaired(self, kind: str, n: int) -> None:

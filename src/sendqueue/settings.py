@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .adapters.dynamodb.url import DynamoDbUrl, parse_dynamodb_url
 from .adapters.mail.url import SmtpUrl, parse_mailer_url
+from .domain.addresses import normalize_sender
 from .domain.errors import InvalidField
 from .domain.policy import load_timezone
 
@@ -142,7 +143,23 @@ class Settings(BaseSettings):
     )
     default_timezone: str = Field("Europe/Berlin", description="policy timezone when none given")
     default_from: str = Field("sendqueue@example.com", description="From address when none given")
-    alarm_webhook: str | None = Field(None, description="URL POSTed when a send is dead-lettered")
+    alarm_webhook: str | None = Field(
+        None, description="URL POSTed for each alarm (a dead letter, an auto-paused campaign)"
+    )
+    alarm_email: str | None = Field(
+        None,
+        description="operator address the alarms are emailed to, through SENDQUEUE_MAILER (a "
+        "digest, at most one per SENDQUEUE_ALARM_EMAIL_INTERVAL)",
+    )
+    alarm_from: str | None = Field(
+        None, description="From of the alarm emails [default: SENDQUEUE_DEFAULT_FROM]"
+    )
+    alarm_email_interval: float = Field(
+        600.0, ge=1, le=86400, description="seconds between two alarm emails, across processes"
+    )
+    alarm_email_items: int = Field(
+        20, ge=1, le=1000, description="alarms one email lists in full (the rest are counted)"
+    )
     reconcile_interval: float = Field(1800.0, gt=0, description="seconds between reconciler passes")
     reconcile_lease: float = Field(
         120.0, ge=1, description="seconds a dead reconciler pass blocks the next one"
@@ -394,6 +411,24 @@ class Settings(BaseSettings):
         if value and urlsplit(value).scheme not in {"http", "https"}:
             raise ValueError("the alarm webhook must be an http:// or https:// URL")
         return value or None
+
+    @field_validator("alarm_email", "alarm_from")
+    @classmethod
+    def _mailbox(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # The campaigns' own address rules: what passes here, the mailers accept as To/From.
+        if not value or not value.strip():
+            return None
+        name = f"SENDQUEUE_{(info.field_name or '').upper()}"
+        try:
+            return normalize_sender(value, name)
+        except InvalidField as exc:
+            raise ValueError(f"{name}: {exc.reason}") from None
+
+    @property
+    def alarm_sender(self) -> str:
+        """The From of the alarm emails: SENDQUEUE_ALARM_FROM, else SENDQUEUE_DEFAULT_FROM (the
+        campaigns' default sender, which a relay or SES already accepts)."""
+        return self.alarm_from or self.default_from
 
     @model_validator(mode="after")
     def _execution_needs_postgres(self) -> Settings:

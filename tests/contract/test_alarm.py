@@ -28,8 +28,9 @@ import pytest
 
 from sendqueue.adapters.alarm import LoggingAlarm
 from sendqueue.adapters.metrics import PrometheusMetrics
+from sendqueue.domain.alarms import AutoPause, auto_pause_reason
 from sendqueue.domain.models import DeadLetter
-from sendqueue.ports import Alarm
+from sendqueue.ports import Alarm, FlushableAlarm
 from sendqueue.testing.alarm import RecordingAlarm
 
 LETTER = DeadLetter(
@@ -279,3 +280,39 @@ def test_a_webhook_that_is_down_is_logged_and_never_raised(
     assert len(failures) == 2
     assert all("token" not in failure for failure in failures)  # the URL's secret path
     assert counts()[0] == alarms + 2
+
+
+# --- auto-pauses --------------------------------------------------------------------------------
+
+PAUSE = AutoPause(
+    "c1",
+    "Winter sale",
+    auto_pause_reason(5, "permanent: 550 rejected"),
+    datetime(2026, 12, 1, 8, 5, tzinfo=UTC),
+)
+
+
+def test_an_auto_pause_never_raises_and_is_counted(harness: Harness) -> None:
+    alarms, letters = counts()
+    assert harness.alarm.auto_paused(PAUSE) is None  # type: ignore[func-returns-value]
+    if isinstance(harness.alarm, FlushableAlarm):
+        assert harness.alarm.flush(30)
+    if isinstance(harness.alarm, RecordingAlarm):
+        assert harness.alarm.pauses == [PAUSE]
+    else:
+        assert counts() == (alarms + 1, letters)  # an alarm, not a dead letter
+
+
+def test_the_webhook_receives_an_auto_pause_as_json(webhook_harness: Harness) -> None:
+    assert webhook_harness.posted is not None
+    webhook_harness.alarm.auto_paused(PAUSE)
+    assert webhook_harness.posted() == [
+        {
+            "event": "auto_pause",
+            "campaign_id": "c1",
+            "campaign_name": "Winter sale",
+            "reason": "auto-paused after 5 failed sends in a row; last error: permanent: 550 "
+            "rejected",
+            "paused_at": "2026-12-01T08:05:00+00:00",
+        }
+    ]

@@ -18,9 +18,13 @@ import pytest
 from typer.testing import CliRunner
 
 import sendqueue
-from sendqueue.bootstrap import Container
+from sendqueue.adapters.scheduler_rules import local_now
+from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.cli import app
 from sendqueue.domain.models import DeadLetter
+from sendqueue.services.demo import demo_csv, demo_policy
+from sendqueue.services.importing import Templates
+from sendqueue.settings import Settings
 from sendqueue.testing import FakeClock, FakeScheduler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -377,6 +381,34 @@ def test_version_prints_without_a_command(cli: CliRunner) -> None:
 
 
 def test_worker_serves_its_metrics_on_the_metrics_port(tmp_path: Path) -> None:
+    """In a split deployment (web and worker in two processes) the sends, alarms and repairs
+    happen in the worker: its own /metrics counts them."""
+    env = _worker_env(tmp_path)
+    values: dict[str, Any] = {
+        k.removeprefix("SENDQUEUE_").lower(): v
+        for k, v in env.items()
+        if k.startswith("SENDQUEUE_")
+    }
+    settings = Settings(_env_file=None, **values)
+    setup = bootstrap(settings)
+    cid = setup.campaigns.create(
+        name="metrics",
+        recipients=demo_csv(2),
+        policy=demo_policy(setup.clock.now(), "UTC", 2, 1),
+        templates=Templates(subject="s", body="b"),
+    ).campaign.id
+    setup.provisioner.provision(cid)
+    # A schedule whose invocation fails every time: a dead letter, so an alarm, in the worker.
+    setup.scheduler.create(
+        "bad-1",
+        "metricstest",
+        local_now(setup.clock.now(), "UTC"),
+        "UTC",
+        {"kind": "provision", "campaign_id": "missing"},
+        "tok-bad-1",
+        0,
+    )
+    setup.close()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -391,6 +423,12 @@ def test_worker_serves_its_metrics_on_the_metrics_port(tmp_path: Path) -> None:
     )
     try:
         body = ""
+        wanted = (
+            'sendqueue_sends_total{outcome="sent"} 2.0',
+            "sendqueue_dead_letters_total 1.0",
+            "sendqueue_alarms_total 1.0",
+            "sendqueue_dead_letter_depth 1.0",
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
             try:
@@ -400,9 +438,13 @@ def test_worker_serves_its_metrics_on_the_metrics_port(tmp_path: Path) -> None:
                 continue
             assert response.status_code == 200
             body = response.text
-            break
+            if all(line in body for line in wanted):
+                break
+            time.sleep(0.2)
         assert "# TYPE sendqueue_sends_total counter" in body, proc.poll()
-        assert "sendqueue_dead_letter_depth 0.0" in body
+        assert "# TYPE sendqueue_reconciler_repairs_total counter" in body
+        for line in wanted:
+            assert line in body.splitlines(), (line, body)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)

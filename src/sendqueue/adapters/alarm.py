@@ -1,12 +1,21 @@
-"""The alarm raised when an invocation lands in the dead-letter queue.
+"""The alarm raised when an invocation lands in the dead-letter queue or a campaign is
+auto-paused.
 
-:class:`LoggingAlarm` logs an ERROR line, tells its :class:`~sendqueue.ports.Events` (the
-metrics count the letter and the alarm) and, when a webhook URL is configured, POSTs a JSON
-description of it::
+:class:`LoggingAlarm` logs an ERROR line for a dead letter (the send worker logs its own for an
+auto-pause), tells its :class:`~sendqueue.ports.Events` (the metrics count the letter and the
+alarm) and, on up to two channels a person reads:
+
+- a webhook (``SENDQUEUE_ALARM_WEBHOOK``), POSTed a JSON description of each alarm::
 
     {"event": "dead_letter", "id": "...", "schedule": "sq-c1-0", "group": "c1",
      "payload": {"task_id": "c1-0"}, "error": "...", "attempts": 3,
      "failed_at": "2026-12-01T08:00:00+00:00"}
+    {"event": "auto_pause", "campaign_id": "c1", "campaign_name": "...",
+     "reason": "auto-paused after 5 failed sends in a row; ...",
+     "paused_at": "2026-12-01T08:00:00+00:00"}
+
+- an email (``SENDQUEUE_ALARM_EMAIL``), a digest at most once per interval: see
+  :class:`~sendqueue.adapters.alarm_mail.MailAlarm`.
 
 The POST runs on one background daemon thread fed by a bounded queue: the dispatcher that
 raises the alarm is never blocked by a slow webhook and never sees its errors (they are logged).
@@ -22,11 +31,20 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 
+from sendqueue.adapters.alarm_mail import MailAlarm
+from sendqueue.domain.alarms import AutoPause
 from sendqueue.domain.models import DeadLetter
 from sendqueue.ports import Events, NoEvents
 
-__all__ = ["LoggingAlarm", "dead_letter_document"]
+__all__ = [
+    "LoggingAlarm",
+    "auto_pause_document",
+    "dead_letter_document",
+    "post_json",
+    "webhook_host",
+]
 
 log = logging.getLogger("sendqueue.alarm")
 
@@ -45,8 +63,40 @@ def dead_letter_document(letter: DeadLetter) -> dict[str, object]:
     }
 
 
+def auto_pause_document(pause: AutoPause) -> dict[str, object]:
+    """The JSON document the webhook receives for an auto-paused campaign."""
+    return {
+        "event": "auto_pause",
+        "campaign_id": pause.campaign_id,
+        "campaign_name": pause.campaign_name,
+        "reason": pause.reason,
+        "paused_at": pause.paused_at.isoformat(),
+    }
+
+
+def post_json(url: str, document: Mapping[str, object], timeout: float) -> None:
+    """POST ``document`` as JSON to ``url``; raises OSError (URLError) or ValueError on failure.
+
+    urllib rather than an HTTP client library: one POST with a timeout needs nothing more, and
+    the Lambda bundle stays small.
+    """
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(document).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "User-Agent": "sendqueue-alarm"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        response.read()
+
+
+def webhook_host(url: str) -> str:
+    """Only the host of a webhook URL, for log lines (its path often carries a secret)."""
+    return urllib.parse.urlsplit(url).netloc.rsplit("@", 1)[-1]
+
+
 class LoggingAlarm:
-    """Logs, counts and (optionally) POSTs every dead letter. Thread-safe."""
+    """Logs, counts and (optionally) POSTs and emails every alarm. Thread-safe."""
 
     def __init__(
         self,
@@ -55,11 +105,13 @@ class LoggingAlarm:
         *,
         queue_size: int = 1000,
         events: Events | None = None,
+        mail: MailAlarm | None = None,
     ) -> None:
         self.webhook_url = webhook_url or None
         self.events: Events = events if events is not None else NoEvents()
+        self.mail = mail
         self.timeout = timeout
-        self._queue: queue.Queue[DeadLetter] = queue.Queue(maxsize=queue_size)
+        self._queue: queue.Queue[tuple[str, dict[str, object]]] = queue.Queue(maxsize=queue_size)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -76,19 +128,33 @@ class LoggingAlarm:
         )
         self.events.alarm_raised(letter)
         self.events.dead_lettered(letter)
+        if self.mail is not None:
+            self.mail.add(letter)
+        self._enqueue(f"dead letter {letter.id}", dead_letter_document(letter))
+
+    def auto_paused(self, pause: AutoPause) -> None:
+        # The send worker logged the pause at ERROR already.
+        self.events.alarm_raised(pause)
+        if self.mail is not None:
+            self.mail.add(pause)
+        self._enqueue(f"auto-pause of {pause.campaign_id}", auto_pause_document(pause))
+
+    def _enqueue(self, what: str, document: dict[str, object]) -> None:
         if self.webhook_url is None:
             return
         try:
-            self._queue.put_nowait(letter)
+            self._queue.put_nowait((what, document))
         except queue.Full:
-            log.error("alarm webhook queue full; not posting dead letter %s", letter.id)
+            log.error("alarm webhook queue full; not posting %s", what)
             return
         self._ensure_thread()
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every queued webhook POST was attempted. False if time ran out.
+        """Wait until every queued webhook POST was attempted and every held-back alarm email
+        went out (at once, see :meth:`MailAlarm.flush`). False if time ran out or the email
+        failed.
 
-        Call it before the process exits: the posting thread is a daemon and dies with it.
+        Call it before the process exits: the posting threads are daemons and die with it.
         """
         done = threading.Event()
 
@@ -97,7 +163,9 @@ class LoggingAlarm:
             done.set()
 
         threading.Thread(target=waiter, name="sendqueue-alarm-flush", daemon=True).start()
-        return done.wait(timeout)
+        posted = done.wait(timeout)
+        mailed = self.mail.flush(timeout) if self.mail is not None else True
+        return posted and mailed
 
     def _ensure_thread(self) -> None:
         with self._lock:
@@ -109,30 +177,21 @@ class LoggingAlarm:
 
     def _post_forever(self) -> None:
         while True:
-            letter = self._queue.get()
+            what, document = self._queue.get()
             try:
-                self._post(letter)
+                self._post(what, document)
             except Exception:
                 # Nothing may escape this thread: a dead poster would drop every later alarm.
-                log.exception("alarm webhook failed for dead letter %s", letter.id)
+                log.exception("alarm webhook failed for %s", what)
             finally:
                 self._queue.task_done()
 
-    def _post(self, letter: DeadLetter) -> None:
+    def _post(self, what: str, document: dict[str, object]) -> None:
         url = self.webhook_url
         if url is None:
             return
-        body = json.dumps(dead_letter_document(letter)).encode()
-        request = urllib.request.Request(
-            url,
-            data=body,
-            method="POST",
-            headers={"Content-Type": "application/json", "User-Agent": "sendqueue-alarm"},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                response.read()
+            post_json(url, document, self.timeout)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             # Webhook URLs often carry a secret in their path: name only the host.
-            host = urllib.parse.urlsplit(url).netloc.rsplit("@", 1)[-1]
-            log.error("alarm webhook to %s failed for dead letter %s: %s", host, letter.id, exc)
+            log.error("alarm webhook to %s failed for %s: %s", webhook_host(url), what, exc)

@@ -27,11 +27,12 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from sendqueue.domain.addresses import message_id_for
+from sendqueue.domain.alarms import AutoPause, auto_pause_reason
 from sendqueue.domain.errors import PermanentMailError, SchedulerError, TransientMailError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
 from sendqueue.domain.planner import next_window_instant
-from sendqueue.ports import Clock, Events, Mailer, NoEvents, OutgoingMessage, TaskStore
+from sendqueue.ports import Alarm, Clock, Events, Mailer, NoEvents, OutgoingMessage, TaskStore
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
@@ -93,6 +94,7 @@ class SendWorker:
         *,
         on_event: Callable[[str, Task], None] | None = None,
         events: Events | None = None,
+        alarm: Alarm | None = None,
     ) -> None:
         self._store = store
         self._mailer = mailer
@@ -102,6 +104,7 @@ class SendWorker:
         self._config = config
         self._on_event = on_event
         self._events: Events = events if events is not None else NoEvents()
+        self._alarm = alarm
         self._lock = threading.Lock()
         self._failures_in_a_row: dict[str, int] = {}
         self._campaigns_seen: dict[str, tuple[float, Campaign]] = {}
@@ -301,12 +304,16 @@ class SendWorker:
         return True
 
     def _auto_pause(self, campaign: Campaign, count: int, error: str) -> None:
-        reason = f"auto-paused after {count} failed sends in a row; last error: {error[:300]}"
+        reason = auto_pause_reason(count, error)
         try:
             self._campaigns.pause(campaign.id, reason=reason)
             log.error("campaign %s %s", campaign.id, reason)
         except Exception as exc:  # already paused or cancelled by someone else
             log.info("campaign %s not auto-paused: %s", campaign.id, exc)
+        else:
+            if self._alarm is not None:  # the alarm never raises (its port's contract)
+                pause = AutoPause(campaign.id, campaign.name, reason, self._clock.now())
+                self._alarm.auto_paused(pause)
         with self._lock:
             self._failures_in_a_row.pop(campaign.id, None)
 

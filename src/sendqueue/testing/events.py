@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+from sendqueue.domain.alarms import AlarmItem
 from sendqueue.domain.models import DeadLetter
 from sendqueue.ports import SendOutcome
 
@@ -18,7 +19,7 @@ class RecordingEvents:
         self._lock = threading.Lock()
         self._sends: list[tuple[SendOutcome, float | None]] = []
         self._dead_letters: list[DeadLetter] = []
-        self._alarms: list[DeadLetter] = []
+        self._alarms: list[AlarmItem] = []
         self._repairs: Counter[str] = Counter()
 
     def send_finished(self, outcome: SendOutcome, lateness: float | None = None) -> None:
@@ -29,9 +30,9 @@ class RecordingEvents:
         with self._lock:
             self._dead_letters.append(letter)
 
-    def alarm_raised(self, letter: DeadLetter) -> None:
+    def alarm_raised(self, item: AlarmItem) -> None:
         with self._lock:
-            self._alarms.append(letter)
+            self._alarms.append(item)
 
     def repaired(self, kind: str, n: int) -> None:
         with self._lock:
@@ -54,7 +55,7 @@ class RecordingEvents:
             return list(self._dead_letters)
 
     @property
-    def alarms(self) -> list[DeadLetter]:
+    def alarms(self) -> list[AlarmItem]:
         with self._lock:
             return list(self._alarms)
 

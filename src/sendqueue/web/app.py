@@ -31,6 +31,7 @@ from fastapi.staticfiles import StaticFiles
 from sendqueue import __version__
 from sendqueue.bootstrap import Container
 from sendqueue.runtime import run_worker
+from sendqueue.services.attention import AttentionCache, read_attention
 from sendqueue.settings import trusted_networks
 from sendqueue.web.bodies import BODY_OVERHEAD_BYTES
 from sendqueue.web.deps import BackgroundProvisioning
@@ -116,6 +117,9 @@ def create_app(
     app.state.broker = broker
     app.state.provisioning = provisioning
     app.state.timelines = TimelineCache(container.store, container.clock)
+    app.state.attention = AttentionCache(
+        lambda: read_attention(container.store, container.scheduler)
+    )
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

@@ -2,7 +2,9 @@
 
 Everything a user typed reaches a page as text: Jinja2 escapes every value, and the scripts in
 ``static/`` only ever use ``textContent``. Every page gets the request's CSRF token (for its
-forms and ``<meta name="csrf-token">``) and is never cached.
+forms and ``<meta name="csrf-token">``) and is never cached. Every page an authenticated user
+sees also gets the "needs attention" banner (dead letters, campaigns paused by failures) from
+the app's :class:`~sendqueue.services.attention.AttentionCache`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from sendqueue.domain.errors import InvalidField, NotFound
+from sendqueue.services.attention import Attention, AttentionCache
 from sendqueue.web.errors import RETRY_AFTER_SECONDS
 from sendqueue.web.session import page_csrf_token, set_csrf_cookie
 
@@ -65,11 +68,13 @@ def render(
 ) -> HTMLResponse:
     """``template`` rendered with ``context`` plus the CSRF token, the path and the login."""
     token, fresh = page_csrf_token(request)
+    auth = getattr(request.state, "auth", None)
     html = _env.get_template(template).render(
         csrf_token=token,
         static_url=static_url,
         path=request.url.path,
-        logged_in=getattr(request.state, "auth", None) == "cookie",
+        logged_in=auth == "cookie",
+        attention=_attention(request, auth),
         **context,
     )
     response = HTMLResponse(html, status_code=status_code, headers=dict(headers or {}))
@@ -78,6 +83,18 @@ def render(
     if fresh:
         set_csrf_cookie(response, token, secure=request.url.scheme == "https")
     return response
+
+
+#: How a request was let in (AuthMiddleware) when the banner may show: never to a visitor who
+#: has not given the token (the login page is "public").
+_BANNER_AUTH = frozenset({"cookie", "bearer", "open"})
+
+
+def _attention(request: Request, auth: object) -> Attention | None:
+    if auth not in _BANNER_AUTH:
+        return None
+    cache: AttentionCache = request.app.state.attention
+    return cache.get()
 
 
 def error_page(request: Request, exc: Exception) -> HTMLResponse:

@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
+from sendqueue.domain.alarms import AlarmItem
 from sendqueue.domain.errors import InfrastructureError
 from sendqueue.domain.models import DeadLetter
 from sendqueue.ports import SendOutcome
@@ -94,7 +95,11 @@ class PrometheusMetrics:
             ["kind"],
             registry=self.registry,
         )
-        self._alarms = Counter("sendqueue_alarms_total", "Alarms raised.", registry=self.registry)
+        self._alarms = Counter(
+            "sendqueue_alarms_total",
+            "Alarms raised (dead letters and auto-paused campaigns).",
+            registry=self.registry,
+        )
 
     # -- Events ----------------------------------------------------------------------------
     def send_finished(self, outcome: SendOutcome, lateness: float | None = None) -> None:
@@ -105,7 +110,7 @@ class PrometheusMetrics:
     def dead_lettered(self, letter: DeadLetter) -> None:
         self._dead_letters.inc()
 
-    def alarm_raised(self, letter: DeadLetter) -> None:
+    def alarm_raised(self, item: AlarmItem) -> None:
         self._alarms.inc()
 
     def repaired(self, kind: str, n: int) -> None:
