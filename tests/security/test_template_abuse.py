@@ -47,6 +47,8 @@ CASES = {
     "{% endfor %}{{ l|length }}",
     "list-of-copies": "{% set l = [] %}{% for i in range(10000) %}"
     "{% set _ = l.append((x * 40000)|upper) %}{% endfor %}{{ l|length }}",
+    "dict-of-copies": "{% set d = {} %}{% for i in range(10000) %}"
+    "{% set _ = d.update({i: (x * 40000)[1:]}) %}{% endfor %}{{ d|length }}",
     "macro-buffer": "{% macro m() %}{% for i in range(10000) %}{{ x * 40000 }}{% endfor %}"
     "{% endmacro %}{{ m()|length }}",
     "set-block-buffer": "{% set acc %}{% for i in range(10000) %}"

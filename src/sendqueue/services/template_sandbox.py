@@ -6,8 +6,8 @@ Output is capped per part, but a value is built before it is output: ``'x'|cente
 So every operation that can make a text (or a list) much larger than its inputs checks the
 size it *would* make against the part's cap first, and raises :class:`TemplateLimitError`
 before allocating: ``*``, ``**``, ``+``, ``%``, ``~``, ``str.format``/``format_map``, the
-widening ``str`` methods, the widening filters, ``lipsum()``, list growth, the text of every
-``{{ }}`` and of every macro, ``{% set %}`` and ``{% filter %}`` block.
+widening ``str`` methods, the widening filters, ``lipsum()``, list, dict and set growth, the
+text of every ``{{ }}`` and of every macro, ``{% set %}`` and ``{% filter %}`` block.
 """
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ class BoundedSandbox(SandboxedEnvironment):
         name = getattr(value, "__name__", "")
         if isinstance(owner, str) and name in ("format", "format_map"):
             return self._bounded_format(owner, name == "format_map")
-        kind = next((t for t in (str, bytes, list) if isinstance(owner, t)), None)
+        kind = next((t for t in (str, bytes, list, dict, set) if isinstance(owner, t)), None)
         check = _METHOD_CHECKS.get((kind, name))
         if check is not None:
             method = value
@@ -432,14 +432,14 @@ def _check_translate(env: BoundedSandbox, s: Any, table: Any) -> None:
     env._check(len(s) * longest, "a translated value (translate)")
 
 
-def _check_list_growth(env: BoundedSandbox, items: list[Any], *args: Any) -> None:
-    # Items count as one each toward the cap on the list's length; the texts they add count
-    # toward the row's text, so a loop cannot keep copies of a big text.
-    added = args[-1] if args else ()
-    more = list(added) if isinstance(added, list | tuple | dict | set | range) else [added]
-    if len(items) + len(more) > env.max_chars:
-        raise env._too_big("a list")
-    env._check(sum(len(x) for x in more if isinstance(x, str | bytes)), "a list's items")
+def _check_growth(env: BoundedSandbox, container: Any, *args: Any, **kwargs: Any) -> None:
+    # A list, dict or set holds at most the cap's number of items; the text it is given counts
+    # toward the row's text, so a loop cannot keep copies of a big text in it.
+    added = args[-1] if args else kwargs
+    more = len(added) if isinstance(added, list | tuple | dict | set | range) else 1
+    if len(container) + more > env.max_chars:
+        raise env._too_big(f"a {type(container).__name__}")
+    env._check(env._text(args) + env._text(kwargs), f"a {type(container).__name__}'s items")
 
 
 _METHOD_CHECKS: dict[tuple[type | None, str], Callable[..., None]] = {
@@ -448,7 +448,9 @@ _METHOD_CHECKS: dict[tuple[type | None, str], Callable[..., None]] = {
     **{(t, "replace"): _check_str_replace for t in (str, bytes)},
     **{(t, "join"): _check_str_join for t in (str, bytes)},
     (str, "translate"): _check_translate,
-    **{(list, m): _check_list_growth for m in ("append", "extend", "insert")},
+    **{(list, m): _check_growth for m in ("append", "extend", "insert")},
+    **{(dict, m): _check_growth for m in ("update", "setdefault")},
+    **{(set, m): _check_growth for m in ("add", "update")},
 }
 
 
