@@ -20,7 +20,8 @@ megabyte cells out of the repository), ``{templates}`` in CLI arguments for
 ``tests/corpus/templates``; in ``api.jsonl``, ``{draft}``, ``{active}``, ``{paused}``,
 ``{cancelled}``, ``{completed}`` are campaign ids in those states, ``{pending_task}`` a
 Pending task of ``{active}`` and ``{finished_task}`` a Finished task of ``{completed}``, and
-``{"repeat": [text, n]}`` anywhere in a body is ``text * n``.
+``{"repeat": [text, n]}`` anywhere in a body is ``text * n``; an API case's ``reason`` is text
+the named row's problem must contain.
 """
 
 from __future__ import annotations
@@ -444,7 +445,10 @@ def test_api_case(api: ApiDeployment, case: dict[str, Any]) -> None:
         if "row" in case:
             problems = error.get("errors", [])
             assert any(
-                p.get("row") == case["row"] and p.get("field") == case["field"] for p in problems
+                p.get("row") == case["row"]
+                and p.get("field") == case["field"]
+                and case.get("reason", "") in p.get("reason", "")
+                for p in problems
             ), problems
         else:
             assert error.get("field") == case["field"], error

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sendqueue.domain.errors import InvalidField, InvalidInput
-from sendqueue.services import templates as templates_module
+from sendqueue.services import template_sandbox
 from sendqueue.services.importing import (
     ImportLimits,
     TemplateLimits,
@@ -160,13 +160,13 @@ def test_templates_are_compiled_once_per_import_not_per_row(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     compiled: list[str] = []
-    original = templates_module._BoundedSandbox.from_string
+    original = template_sandbox.BoundedSandbox.from_string
 
     def counting(self: Any, source: str, *args: Any, **kwargs: Any) -> Any:
         compiled.append(source)
         return original(self, source, *args, **kwargs)
 
-    monkeypatch.setattr(templates_module._BoundedSandbox, "from_string", counting)
+    monkeypatch.setattr(template_sandbox.BoundedSandbox, "from_string", counting)
     data = "email,x\n" + "".join(f"u{i}@example.com,{i}\n" for i in range(200))
 
     result = parse_recipients(data.encode(), templates=Templates("Hi {{ x }}", "B", "<p>H</p>"))
@@ -204,3 +204,39 @@ def test_a_pause_of_the_process_does_not_fail_an_ordinary_row(
     result = parse_recipient_rows(ROWS, templates=Templates("Hi {{ name }}", source))
 
     assert result.recipients[0].text.startswith("Dear Ada, 0 1")
+
+
+ORDINARY = [
+    "{{ '%05d|%-6s|%.2f|%(a)s' % (7, x, 3.14159, {'a': 1}) if false else '%05d %%' % 7 }}",
+    "{{ '%s and %s' % (name, x) }} {{ '%(n)s' % {'n': name} }} {{ '%*d' % (4, 2) }}",
+    "{{ '{:>10}|{:^7}|{:.3f}|{n}'.format(name, x, 2.5, n=1) }}",
+    "{{ '{0:{1}}'.format(name, 8) }} {{ '{a}-{b}'.format_map({'a': 1, 'b': 2}) }}",
+    "{{ name|center(11) }}|{{ name.ljust(6) }}|{{ name.rjust(6) }}|{{ '42'.zfill(5) }}",
+    "{{ 'a\tb'.expandtabs(4) }} {{ name.replace('a', 'xy') }} {{ ', '.join([name, x]) }}",
+    "{{ 'line one\nline two'|indent(2, true) }} {{ (name ~ ' ')|wordwrap(3) }}",
+    "{{ [name, x]|join(', ') }} {{ range(5)|map('string')|join }} {{ [1, 2, 3]|batch(2)|list }}",
+    "{{ {'a': [1, {'b': name}]}|tojson }} {{ {'a': [1, 2]}|tojson(2) }} {{ [1, 'x']|pprint }}",
+    "{{ '%s'|format(name) }} {{ name|truncate(3, true, '') }} {{ lipsum(2)|wordcount > 3 }}",
+    "{% set l = [] %}{% for i in range(3) %}{% set _ = l.append(i) %}{% endfor %}{{ l }}",
+    "{% macro m(n) %}<{{ n }}>{% endmacro %}{% set b %}{{ m(1) }}{{ m(2) }}{% endset %}{{ b }}",
+    "{{ name.translate({65: 'a'}) }} {{ ('<b>{}</b>'|safe).format(x) }} {{ name|upper|e }}",
+]
+
+
+@pytest.mark.parametrize("part", ["body", "html"])
+@pytest.mark.parametrize("source", ORDINARY, ids=[f"ordinary{i}" for i in range(len(ORDINARY))])
+def test_ordinary_widths_formats_and_filters_render_as_jinja_renders_them(
+    part: str, source: str
+) -> None:
+    from jinja2 import StrictUndefined
+    from jinja2.sandbox import SandboxedEnvironment
+
+    plain = SandboxedEnvironment(
+        undefined=StrictUndefined, autoescape=part == "html", keep_trailing_newline=True
+    )
+    expected = plain.from_string(source).render(ROWS[0])
+    (recipient,) = parse_recipient_rows(
+        ROWS, templates=Templates(**{"subject": "s", part: source})
+    ).recipients
+
+    assert (recipient.text if part == "body" else recipient.html) == expected

@@ -1,26 +1,24 @@
 """A recipients import in two passes, so that a million rows are never in memory at once.
-
 The first pass reads, renders and checks every row by the rules of
 :mod:`sendqueue.services.importing`, keeping only the counts, the duplicate check's hashes and
-the first addresses; a rejected import raises then, before anything is stored. The second pass
-reads the source again and yields the same recipients one at a time, for a store that writes
-them in chunks (:meth:`sendqueue.ports.TaskStore.create_campaign`). A stream source is rewound
-for it, or copied to a temporary file first when it cannot seek.
+the first addresses, and writes the recipients to a compressed spill file; a rejected import
+raises then, before anything is stored. The second pass reads the spill file back and yields
+the same recipients one at a time, for a store that writes them in chunks
+(:meth:`sendqueue.ports.TaskStore.create_campaign`). The source is read once.
 """
 
 from __future__ import annotations
 
+import marshal
 import os
-import shutil
 import tempfile
 import weakref
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.models import Recipient
-from sendqueue.services.csv_source import LimitedReader
 from sendqueue.services.importing import (
     ImportLimits,
     RowImporter,
@@ -34,6 +32,8 @@ __all__ = ["FIRST_EMAILS_KEPT", "CheckedImport", "check_csv", "check_rows"]
 
 #: How many addresses a checked import keeps for a preview of its first sends.
 FIRST_EMAILS_KEPT = 1000
+#: Recipients per compressed chunk of the spill file.
+_SPILL_ROWS = 1000
 
 Source = bytes | str | os.PathLike[str] | BinaryIO
 
@@ -65,44 +65,71 @@ def check_csv(
     max_errors: int = 50,
 ) -> CheckedImport:
     """Check a recipients CSV whole (raising as :func:`parse_recipients` does) without keeping
-    its recipients; :meth:`CheckedImport.recipients` reads them again.
-
-    A stream is read from where it stands and must stay open while the recipients are used.
+    its recipients in memory; :meth:`CheckedImport.recipients` reads them back from the
+    spill file the check wrote. A stream is read once, from where it stands.
     """
     limits = limits or ImportLimits()
     compiled = compile_templates(templates or Templates(), limits.templates)
-    original = source
-    source, start = _rereadable(source, limits.max_bytes)
-
-    def importer() -> RowImporter:
-        return RowImporter(compiled, limits, max(0, max_errors))
-
-    def read() -> Iterator[Recipient]:
-        if not isinstance(source, bytes | str | os.PathLike):
-            source.seek(start)
-        return stream_recipients(source, importer())
-
-    first = importer()
+    if isinstance(source, bytearray | memoryview):
+        source = bytes(source)
+    first = RowImporter(compiled, limits, max(0, max_errors))
     emails: list[str] = []
-    for recipient in stream_recipients(source, first):
-        if len(emails) < FIRST_EMAILS_KEPT:
-            emails.append(recipient.email)
-    count = first.count
-
-    def again() -> Iterator[Recipient]:
-        seen = 0
-        for recipient in read():
-            seen += 1
-            yield recipient
-        if seen != count:
-            raise InvalidField("file", seen, "changed while it was imported; import it again")
-
+    spill = _Spill()
+    try:
+        for recipient in stream_recipients(source, first):
+            if len(emails) < FIRST_EMAILS_KEPT:
+                emails.append(recipient.email)
+            spill.add(recipient)
+        spill.finish()
+    except BaseException:
+        spill.close()
+        raise
     checked = CheckedImport(
-        count, first.rows, first.duplicates, first.duplicate_rows, emails, again
+        first.count, first.rows, first.duplicates, first.duplicate_rows, emails, spill.read
     )
-    if source is not original and not isinstance(source, bytes | str | os.PathLike):
-        weakref.finalize(checked, source.close)  # the temporary copy lives as long as this
+    weakref.finalize(checked, spill.close)  # the spill file lives as long as this
     return checked
+
+
+class _Spill:
+    """The checked recipients in a temporary file, in zlib-compressed chunks of marshalled
+    tuples, so the second pass costs a decompression rather than a parse and a render (half
+    of a create's time). marshal: the fastest serialisation of tuples of texts, and safe here,
+    since this process writes and reads the file; level 1 keeps a million rows near 40 MB."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        self._chunk: list[tuple[object, ...]] = []
+        self._chunks: list[tuple[int, int]] = []  # offset and size of each chunk
+        self._size = 0
+
+    def add(self, r: Recipient) -> None:
+        variables = dict(r.variables)
+        self._chunk.append((r.position, r.email, r.name, r.subject, r.text, r.html, variables))
+        if len(self._chunk) >= _SPILL_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._chunk:
+            data = zlib.compress(marshal.dumps(self._chunk), 1)
+            self._file.write(data)
+            self._chunks.append((self._size, len(data)))
+            self._size += len(data)
+            self._chunk = []
+
+    def finish(self) -> None:
+        self._flush()
+        self._file.flush()
+
+    def read(self) -> Iterator[Recipient]:
+        """The recipients in file order; reads by offset, so two readers do not interfere."""
+        fd = self._file.fileno()
+        for offset, size in self._chunks:
+            for fields in marshal.loads(zlib.decompress(os.pread(fd, size, offset))):
+                yield Recipient(*fields)
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def check_rows(
@@ -129,19 +156,3 @@ def check_rows(
         [r.email for r in recipients[:FIRST_EMAILS_KEPT]],
         lambda: iter(recipients),
     )
-
-
-def _rereadable(source: Source, limit: int) -> tuple[Source, int]:
-    """``source`` and where to start reading it, copied to a temporary file if it is a stream
-    that cannot seek (at most ``limit`` bytes; one more is refused as too large)."""
-    if isinstance(source, bytes | bytearray | memoryview | str | os.PathLike):
-        return bytes(source) if not isinstance(source, str | os.PathLike) else source, 0
-    try:
-        if source.seekable():
-            return source, source.tell()
-    except (AttributeError, OSError, ValueError):
-        pass
-    copy = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the import needs it
-    shutil.copyfileobj(LimitedReader(source, limit), copy)
-    copy.seek(0)
-    return copy, 0

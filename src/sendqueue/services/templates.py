@@ -9,7 +9,8 @@ The contract :mod:`sendqueue.services.importing` relies on:
   per import, never per row.
 * :meth:`CompiledTemplates.render` renders one part for one row. It raises
   :class:`TemplateLimitError` (a :class:`jinja2.exceptions.SecurityError`) when the output
-  passes the part's cap, when a ``*``, ``**`` or ``+`` would build a value past it, when
+  passes the part's cap, when an operator, a format, a filter or a method would build a value
+  past it (:mod:`sendqueue.services.template_sandbox` checks the size first), when
   ``range()`` asks for more numbers than allowed, or when the row's time budget (started by
   :meth:`CompiledTemplates.start_row`) is spent. Anything else a template raises propagates.
 """
@@ -17,18 +18,14 @@ The contract :mod:`sendqueue.services.importing` relies on:
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from jinja2 import StrictUndefined, Template, TemplateError, TemplateSyntaxError, nodes
-from jinja2.exceptions import SecurityError
-from jinja2.runtime import Context
+from jinja2 import Template, TemplateError, TemplateSyntaxError
 from jinja2.sandbox import SandboxedEnvironment
-from jinja2.visitor import NodeTransformer
 
 from sendqueue.domain.errors import InvalidField
+from sendqueue.services.template_sandbox import BoundedSandbox, Budget, TemplateLimitError
 
 __all__ = [
     "CompiledTemplates",
@@ -39,10 +36,6 @@ __all__ = [
 ]
 
 _VALUE_SHOWN_CHARS = 200
-# Loops count their items in batches of this many: cheap, and still well inside the budget.
-_ITEMS_PER_CHECK = 256
-# Steps a row takes before its time budget applies (see _Budget).
-_MIN_STEPS = 10_000
 
 
 @dataclass(frozen=True)
@@ -73,138 +66,6 @@ class Templates:
     html: str | None = None
 
 
-class TemplateLimitError(SecurityError):
-    """A template went past a :class:`TemplateLimits` bound while rendering."""
-
-
-class _Budget:
-    """The deadline of the row being rendered; none outside a row.
-
-    A row fails only once it is past the deadline *and* has taken ``_MIN_STEPS`` steps (loop
-    items, calls): an ordinary row takes a few dozen, so a pause of the whole
-    process (a garbage collection, a busy machine) cannot fail it; a runaway takes millions.
-    """
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.deadline = math.inf
-        self.steps = 0
-
-    def start(self) -> None:
-        self.deadline = time.monotonic() + self.seconds
-        self.steps = 0
-
-    def stop(self) -> None:
-        self.deadline = math.inf
-
-    def tick(self, steps: int = 1) -> None:
-        self.steps += steps
-        if self.steps >= _MIN_STEPS and time.monotonic() > self.deadline:
-            raise TemplateLimitError(
-                f"took longer than {self.seconds:g} s for one row; simplify the template"
-            )
-
-
-def _size(value: object) -> int:
-    """Characters a value stands for: a text's length, a sequence's texts and items."""
-    if isinstance(value, str | bytes):
-        return len(value)
-    if isinstance(value, list | tuple):
-        return sum(len(item) if isinstance(item, str | bytes) else 1 for item in value)
-    return 0
-
-
-class _BoundedSandbox(SandboxedEnvironment):
-    """The sandbox with a time budget, a smaller ``range`` and capped value sizes.
-
-    Every ``{% for %}`` iterates through :meth:`bounded` and every ``~`` goes through
-    :meth:`capped` (rewritten in :meth:`_parse`); calls, macros included, count in
-    :meth:`call`; output grows only through loops and calls, so chunks need no count. Hooks,
-    not a thread or a signal: rendering runs in the web server's worker threads, where a
-    signal cannot reach and a watchdog thread cannot stop Python code.
-    """
-
-    intercepted_binops = frozenset({"*", "**", "+"})
-
-    def __init__(self, budget: _Budget, max_chars: int, max_range: int, **options: Any) -> None:
-        super().__init__(undefined=StrictUndefined, **options)
-        self.budget = budget
-        self.max_chars = max_chars
-        self.max_range = max_range
-        self.globals["range"] = self.bounded_range
-        self.filters["sendqueue:bounded"] = self.bounded
-        self.filters["sendqueue:capped"] = self.capped
-
-    def _too_big(self, what: str) -> TemplateLimitError:
-        return TemplateLimitError(f"{what} would be longer than {self.max_chars} characters")
-
-    def bounded_range(self, *args: int) -> range:
-        numbers = range(*args)
-        if len(numbers) > self.max_range:
-            raise TemplateLimitError(f"range() of more than {self.max_range} numbers")
-        return numbers
-
-    def bounded(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        tick = self.budget.tick
-        tick()
-        for count, item in enumerate(iterable, 1):
-            if not count % _ITEMS_PER_CHECK:
-                tick(_ITEMS_PER_CHECK)
-            yield item
-
-    def capped(self, value: Any) -> Any:
-        if _size(value) > self.max_chars:
-            raise self._too_big("a joined value (~)")
-        return value
-
-    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
-            for seq, times in ((left, right), (right, left)):
-                if isinstance(times, int) and times > 0 and _size(seq) * times > self.max_chars:
-                    raise self._too_big("a repeated value (*)")
-        elif operator == "**":
-            if (
-                isinstance(left, int)
-                and isinstance(right, int)
-                and right > 0
-                and left.bit_length() * right > 4 * self.max_chars  # bits: 3.3 per digit
-            ):
-                raise self._too_big("a power (**)")
-        elif _size(left) + _size(right) > self.max_chars:
-            raise self._too_big("a sum (+)")
-        return super().call_binop(context, operator, left, right)
-
-    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        __self.budget.tick()
-        return super().call(__context, __obj, *args, **kwargs)
-
-    def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
-        tree = super()._parse(source, name, filename)
-        return _Bounds().visit(tree)  # type: ignore[no-any-return]
-
-
-class _Bounds(NodeTransformer):
-    """Routes every loop's iterable through ``bounded`` and every ``~`` through ``capped``."""
-
-    def visit_For(self, node: nodes.For) -> nodes.For:
-        self.generic_visit(node)
-        assert isinstance(node.iter, nodes.Expr)  # the parser makes it one
-        node.iter = _hook("bounded", node.iter)
-        return node
-
-    def visit_Concat(self, node: nodes.Concat) -> nodes.Filter:
-        self.generic_visit(node)
-        return _hook("capped", node)
-
-
-def _hook(method: str, value: nodes.Expr) -> nodes.Filter:
-    # A filter is called directly, without the sandbox's call checks; its name holds a ":",
-    # which no template can write.
-    hook = nodes.Filter(value, f"sendqueue:{method}", [], [], None, None)
-    hook.set_lineno(value.lineno)
-    return hook
-
-
 @dataclass(frozen=True)
 class CompiledTemplates:
     """:class:`Templates` parsed once, ready to render for every row."""
@@ -214,7 +75,7 @@ class CompiledTemplates:
     html: Template | None = None
     sources: Templates = field(default_factory=Templates)
     limits: TemplateLimits = field(default_factory=TemplateLimits)
-    _budget: _Budget = field(default_factory=lambda: _Budget(math.inf), repr=False)
+    _budget: Budget = field(default_factory=lambda: Budget(math.inf), repr=False)
     # Jinja's render() merges the template's globals into a fresh dict on every call; doing it
     # once here and rendering with a shared context makes a row three times cheaper.
     _globals: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
@@ -230,6 +91,7 @@ class CompiledTemplates:
         """Render ``part`` (subject, body or html, which must have a template) for one row."""
         template: Template = getattr(self, part)
         cap = self.limits.max_html_output_chars if part == "html" else self.limits.max_output_chars
+        self._budget.produced = 0
         shared = template.new_context({**self._globals[part], **variables}, shared=True)
         chunks: list[str] = []
         size = 0
@@ -249,15 +111,15 @@ def compile_templates(
     Raises :class:`InvalidField` naming ``subject``, ``body`` or ``html``.
     """
     _check_sizes(templates, limits)
-    budget = _Budget(limits.row_seconds)
+    budget = Budget(limits.row_seconds)
     text_cap, html_cap = limits.max_output_chars, limits.max_html_output_chars
     # The subject drops a trailing newline (a template read from a file usually ends in one and
     # a header cannot hold it); bodies keep theirs, since it is part of the text.
-    subject_env = _BoundedSandbox(budget, text_cap, limits.max_range, autoescape=False)
-    text_env = _BoundedSandbox(
+    subject_env = BoundedSandbox(budget, text_cap, limits.max_range, autoescape=False)
+    text_env = BoundedSandbox(
         budget, text_cap, limits.max_range, autoescape=False, keep_trailing_newline=True
     )
-    html_env = _BoundedSandbox(
+    html_env = BoundedSandbox(
         budget, html_cap, limits.max_range, autoescape=True, keep_trailing_newline=True
     )
 
