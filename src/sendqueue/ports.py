@@ -31,7 +31,15 @@ from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
 from .domain.lifecycle import CampaignState, TaskState
-from .domain.models import Campaign, ChangeLogEntry, DeadLetter, Recipient, Task, TaskChanges
+from .domain.models import (
+    Campaign,
+    ChangeLogEntry,
+    DeadLetter,
+    Move,
+    Recipient,
+    Task,
+    TaskChanges,
+)
 
 __all__ = [
     "Alarm",
@@ -163,11 +171,15 @@ class TaskStore(Protocol):
         """Move every task of the campaign in ``expected`` to ``new`` (each logged)."""
         ...
 
-    def reschedule(self, updates: Sequence[tuple[str, datetime, str]], *, at: datetime) -> int:
-        """Set (send_at, token) of Pending tasks given as (task_id, send_at, token).
+    def reschedule(self, moves: Sequence[Move], *, at: datetime, reason: str) -> int:
+        """Move Pending tasks to other slots: each :class:`Move` applies only while its task is
+        Pending and still holds ``move.token`` (a compare-and-set), and sets ``send_at``, the
+        new token, ``moves + 1`` and ``moved_reason = reason``.
 
-        Tasks no longer Pending are left alone. Returns how many were updated. Not logged: the
-        state does not change.
+        Each moved task gets a change-log entry ``Pending -> Pending`` with the note
+        ``"moved: <reason>"`` in the same write (not a lifecycle transition: the state stays).
+        Tasks no longer Pending, or re-tokened meanwhile, are left alone. Returns how many
+        moved.
         """
         ...
 
@@ -199,6 +211,16 @@ class TaskStore(Protocol):
 
     def stale_running(self, *, claimed_before: datetime, limit: int = 1000) -> list[Task]:
         """Running tasks claimed before ``claimed_before``, oldest claim first."""
+        ...
+
+    def booked(
+        self, campaign_id: str, *, since: datetime, until: datetime | None = None
+    ) -> list[tuple[TaskState, datetime]]:
+        """What the campaign has sent or will send in ``[since, until)`` (no end: ``None``):
+        ``(Finished, sent_at)``, ``(Running, claimed_at)`` and ``(Pending, send_at)``, in no
+        particular order. The planner counts them against ``per_day`` and keeps moved sends
+        away from them. Empty for an unknown campaign.
+        """
         ...
 
     def campaign_state(self, campaign_id: str) -> CampaignState:

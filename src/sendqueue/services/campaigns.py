@@ -22,6 +22,7 @@ from sendqueue.domain.errors import IllegalTransition, InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState, check_campaign_transition
 from sendqueue.domain.models import (
     Campaign,
+    Move,
     Recipient,
     Task,
     expected_schedule_name,
@@ -467,14 +468,18 @@ class CampaignService:
         if not pending:
             return 0
         sends = plan(campaign.policy, len(pending), now=self._clock.now())
-        updated = [
-            replace(task, send_at=when, token=new_token())
+        moves = [
+            Move(task.id, task.token, when, new_token())
             for task, when in zip(pending, sends, strict=True)
+        ]
+        updated = [
+            replace(task, send_at=m.send_at, token=m.new_token)
+            for task, m in zip(pending, moves, strict=True)
         ]
         for start in range(0, len(updated), _PAGE):
             chunk = updated[start : start + _PAGE]
             self._store.reschedule(
-                [(t.id, t.send_at, t.token) for t in chunk], at=self._clock.now()
+                moves[start : start + _PAGE], at=self._clock.now(), reason="resumed"
             )
             report = self._writer.ensure_many(chunk)
             if report.failed:
