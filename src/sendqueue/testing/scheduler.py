@@ -15,8 +15,8 @@ from sendqueue.adapters import scheduler_rules as rules
 from sendqueue.domain.errors import Conflict, NotFound
 from sendqueue.domain.models import DeadLetter, new_token
 from sendqueue.ports import Alarm, Clock, Schedule, Target
-from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.alarm import RecordingAlarm
+from sendqueue.testing.clock import FakeClock
 
 __all__ = ["FakeScheduler"]
 
