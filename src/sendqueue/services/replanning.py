@@ -23,7 +23,7 @@ from datetime import date, datetime, timedelta
 
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Move, Task, new_token
-from sendqueue.domain.slots import free_slots
+from sendqueue.domain.slots import free_slots, in_policy
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
@@ -90,23 +90,29 @@ class Replanner:
     def _replan(
         self, campaign: Campaign, pending: Sequence[Task], reason: str, schedule_all: bool
     ) -> int:
-        if not pending:
-            return 0
         now = self._clock.now()
-        zone = campaign.policy.zone
-        # Pending tasks are what is re-planned; only what went out, or is going out, is fixed.
+        policy = campaign.policy
+        zone = policy.zone
+        # Pending tasks are what is re-planned; what went out, or is going out, is fixed. In a
+        # catch-up so are the ones due right now and not late (their schedules fire now):
+        # moving them would make a second re-plan a moment later move everything again. A
+        # resume (``schedule_all``: a pause deleted every schedule) re-plans all from now.
+        lateness = timedelta(seconds=self._config.max_lateness)
+        on_time = not schedule_all and in_policy(policy, now)
+        due_now = {
+            t.id for t in pending if on_time and t.send_at <= now and now - t.send_at <= lateness
+        }
         fixed = [
             when
             for state, when in self._store.booked(campaign.id, since=now - _DAY_BACK)
             if state is not TaskState.PENDING
-        ]
+        ] + [t.send_at for t in pending if t.id in due_now]
         per_day: Counter[date] = Counter(when.astimezone(zone).date() for when in fixed)
-        slots = free_slots(
-            campaign.policy, len(pending), now=now, booked_per_day=per_day, booked=fixed
-        )
+        movable = [t for t in pending if t.id not in due_now]
+        slots = free_slots(policy, len(movable), now=now, booked_per_day=per_day, booked=fixed)
         moves: list[Move] = []
-        scheduled: list[Task] = []
-        for task, slot in zip(pending, slots, strict=True):
+        scheduled: list[Task] = [t for t in pending if t.id in due_now] if schedule_all else []
+        for task, slot in zip(movable, slots, strict=True):
             if task.send_at != slot:
                 move = Move(task.id, task.token, slot, new_token())
                 moves.append(move)
