@@ -33,7 +33,15 @@ from typing import Literal, Protocol, runtime_checkable
 
 from .domain.alarms import AlarmItem, AutoPause
 from .domain.lifecycle import CampaignState, TaskState
-from .domain.models import Campaign, ChangeLogEntry, DeadLetter, Recipient, Task, TaskChanges
+from .domain.models import (
+    Campaign,
+    ChangeLogEntry,
+    DeadLetter,
+    Move,
+    Recipient,
+    Task,
+    TaskChanges,
+)
 
 __all__ = [
     "Alarm",
@@ -165,11 +173,15 @@ class TaskStore(Protocol):
         """Move every task of the campaign in ``expected`` to ``new`` (each logged)."""
         ...
 
-    def reschedule(self, updates: Sequence[tuple[str, datetime, str]], *, at: datetime) -> int:
-        """Set (send_at, token) of Pending tasks given as (task_id, send_at, token).
+    def reschedule(self, moves: Sequence[Move], *, at: datetime, reason: str) -> int:
+        """Move Pending tasks to other slots: each :class:`Move` applies only while its task is
+        Pending and still holds ``move.token`` (a compare-and-set), and sets ``send_at``, the
+        new token, ``moves + 1`` and ``moved_reason = reason``.
 
-        Tasks no longer Pending are left alone. Returns how many were updated. Not logged: the
-        state does not change.
+        Each moved task gets a change-log entry ``Pending -> Pending`` with the note
+        ``"moved: <reason>"`` in the same write (not a lifecycle transition: the state stays).
+        Tasks no longer Pending, or re-tokened meanwhile, are left alone. Returns how many
+        moved.
         """
         ...
 
@@ -203,6 +215,16 @@ class TaskStore(Protocol):
         """Running tasks claimed before ``claimed_before``, oldest claim first."""
         ...
 
+    def booked(
+        self, campaign_id: str, *, since: datetime, until: datetime | None = None
+    ) -> list[tuple[TaskState, datetime]]:
+        """What the campaign has sent or will send in ``[since, until)`` (no end: ``None``):
+        ``(Finished, sent_at)``, ``(Running, claimed_at)`` and ``(Pending, send_at)``, in no
+        particular order. The planner counts them against ``per_day`` and keeps moved sends
+        away from them. Empty for an unknown campaign.
+        """
+        ...
+
     def campaign_state(self, campaign_id: str) -> CampaignState:
         """Only the campaign's current state (cheaper than get_campaign); NotFound if unknown.
 
@@ -216,6 +238,13 @@ class TaskStore(Protocol):
 
     def count_tasks(self, campaign_id: str) -> dict[TaskState, int]:
         """Number of tasks per state; every state is present, zero included."""
+        ...
+
+    def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]:
+        """``(moved, late)``: how many of the campaign's tasks were moved at least once, and
+        how many Finished ones went out more than ``late_after`` seconds after their send
+        time. (0, 0) for an unknown campaign.
+        """
         ...
 
     # change log
@@ -412,9 +441,10 @@ class FlushableAlarm(Protocol):
         ...
 
 
-#: How a send invocation ended: accepted, retried later, failed for good, or not attempted
-#: (the task was not Pending, the schedule stale or early, the campaign not sending).
-SendOutcome = Literal["sent", "transient", "permanent", "skipped"]
+#: How a send invocation ended: accepted, retried later, failed for good, not attempted
+#: (the task was not Pending, the schedule stale or early, the campaign not sending), or moved
+#: (too late, or outside the policy: re-planned with the campaign's other Pending tasks).
+SendOutcome = Literal["sent", "transient", "permanent", "skipped", "moved"]
 
 
 class Events(Protocol):

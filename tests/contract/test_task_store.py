@@ -26,7 +26,7 @@ from sendqueue.domain.errors import (
     StoreUnavailable,
 )
 from sendqueue.domain.lifecycle import TASK_TRANSITIONS, CampaignState, TaskState
-from sendqueue.domain.models import Campaign, ChangeLogEntry, Recipient, Task, task_id
+from sendqueue.domain.models import Campaign, ChangeLogEntry, Move, Recipient, Task, task_id
 from sendqueue.domain.policy import SendingPolicy, Window
 from sendqueue.ports import TaskStore
 from sendqueue.testing.store import InMemoryTaskStore
@@ -428,7 +428,9 @@ def test_insert_tasks_is_idempotent_and_logs_each_insert_once(store: TaskStore) 
     assert store.insert_tasks(again + more, at=later) == 0
 
     # Existing tasks were left untouched.
-    assert store.get_task(first[0].id) == replace(first[0], created_at=T0, updated_at=T0)
+    assert store.get_task(first[0].id) == replace(
+        first[0], created_at=T0, updated_at=T0, planned_at=first[0].send_at
+    )
     entries = all_changes(store)
     assert [(e.task_id, e.from_state, e.to_state) for e in entries] == [
         (t.id, None, "Pending") for t in first + more
@@ -531,7 +533,9 @@ def test_illegal_transitions_raise_and_change_nothing(store: TaskStore) -> None:
             with pytest.raises(IllegalTransition):
                 store.transition_all("c1", source, target, at=T0)
 
-    assert store.get_task(task.id) == replace(task, created_at=T0, updated_at=T0)
+    assert store.get_task(task.id) == replace(
+        task, created_at=T0, updated_at=T0, planned_at=task.send_at
+    )
     assert store.last_change_id() == before
 
 
@@ -626,32 +630,120 @@ def test_transition_all_moves_every_matching_task_and_logs_each(store: TaskStore
     assert store.last_change_id() == entries[-1].id
 
 
-def test_reschedule_touches_only_pending_tasks_and_logs_nothing(store: TaskStore) -> None:
-    tasks = with_tasks(store, count=4)
+def test_reschedule_moves_pending_tasks_holding_the_token_and_logs_each(
+    store: TaskStore,
+) -> None:
+    tasks = with_tasks(store, count=5)
     drive(store, tasks[1].id, S.RUNNING)
     drive(store, tasks[2].id, S.FAILED)
     before = store.last_change_id()
     new_time = T0 + timedelta(days=1)
     at = T0 + timedelta(hours=1)
+    moves = [
+        Move(t.id, t.token, new_time + timedelta(minutes=i), f"new{i}") for i, t in enumerate(tasks)
+    ]
+    moves[4] = moves[4]._replace(token="not-the-current-token")
 
     updated = store.reschedule(
-        [(t.id, new_time + timedelta(minutes=i), f"new{i}") for i, t in enumerate(tasks)]
-        + [("no-such-task", new_time, "x")],
-        at=at,
+        [*moves, Move("no-such-task", "x", new_time, "y")], at=at, reason="worker down"
     )
 
     assert updated == 2
     got = [store.get_task(t.id) for t in tasks]
-    assert [(g.send_at, g.token) for g in got if g] == [
-        (new_time, "new0"),
-        (tasks[1].send_at, tasks[1].token),
-        (tasks[2].send_at, tasks[2].token),
-        (new_time + timedelta(minutes=3), "new3"),
+    assert [(g.send_at, g.token, g.moves, g.moved_reason) for g in got if g] == [
+        (new_time, "new0", 1, "worker down"),
+        (tasks[1].send_at, tasks[1].token, 0, None),
+        (tasks[2].send_at, tasks[2].token, 0, None),
+        (new_time + timedelta(minutes=3), "new3", 1, "worker down"),
+        (tasks[4].send_at, tasks[4].token, 0, None),
     ]
     assert got[0] is not None
     assert got[0].updated_at == at
-    assert store.last_change_id() == before
-    assert store.reschedule([], at=at) == 0
+    # the first planned instant stays
+    assert got[0].planned_at == tasks[0].send_at
+    assert [
+        (e.task_id, e.from_state, e.to_state, e.note, e.at) for e in store.changes_after(before)
+    ] == [
+        (tasks[0].id, "Pending", "Pending", "moved: worker down", at),
+        (tasks[3].id, "Pending", "Pending", "moved: worker down", at),
+    ]
+    # a second move counts again; the old token no longer matches
+    assert store.reschedule([moves[0]], at=at, reason="again") == 0
+    again = Move(tasks[0].id, "new0", new_time, "newer")
+    assert store.reschedule([again], at=at, reason="again") == 1
+    moved = store.get_task(tasks[0].id)
+    assert moved is not None
+    assert (moved.moves, moved.moved_reason, moved.token) == (2, "again", "newer")
+    assert store.reschedule([], at=at, reason="nothing") == 0
+
+
+def test_new_tasks_are_planned_at_their_send_time_and_never_moved(store: TaskStore) -> None:
+    tasks = with_tasks(store, count=2)
+    for task in tasks:
+        got = store.get_task(task.id)
+        assert got is not None
+        assert got.planned_at == task.send_at
+        assert (got.moves, got.moved_reason) == (0, None)
+        [listed] = [t for t in store.list_tasks("c1") if t.id == task.id]
+        assert listed.planned_at == task.send_at
+
+
+def test_transition_can_count_a_move(store: TaskStore) -> None:
+    [task] = with_tasks(store, count=1)
+    drive(store, task.id, S.RUNNING)
+    later = T0 + timedelta(days=1)
+    back = store.transition(
+        task.id, S.RUNNING, S.PENDING, at=T0,
+        changes={"send_at": later, "token": "t2", "moves": 1, "moved_reason": "transient: 421"},
+    )  # fmt: skip
+    assert back is not None
+    got = store.get_task(task.id)
+    assert got is not None
+    assert (got.send_at, got.moves, got.moved_reason) == (later, 1, "transient: 421")
+    assert got.planned_at == task.send_at
+
+
+def test_booked_lists_sent_claimed_and_planned_instants(store: TaskStore) -> None:
+    tasks = with_tasks(store, count=6)
+    with_tasks(store, "c2", count=2)  # another campaign's sends are not booked
+    sent_at = T0 + timedelta(minutes=30)
+    drive(store, tasks[0].id, S.RUNNING, at=T0 + timedelta(minutes=20))
+    store.transition(tasks[0].id, S.RUNNING, S.FINISHED, at=sent_at, changes={"sent_at": sent_at})
+    drive(store, tasks[1].id, S.RUNNING, at=T0 + timedelta(minutes=40))
+    drive(store, tasks[2].id, S.FAILED)
+    store.transition(tasks[3].id, S.PENDING, S.CANCELLED, at=T0)
+    # tasks 4 and 5 stay Pending, at T0+4min and T0+5min
+
+    got = store.booked("c1", since=T0)
+    assert sorted(got) == sorted(
+        [
+            (S.FINISHED, sent_at),
+            (S.RUNNING, T0 + timedelta(minutes=40)),
+            (S.PENDING, tasks[4].send_at),
+            (S.PENDING, tasks[5].send_at),
+        ]
+    )
+    assert all(is_utc(when) for _, when in got)
+    # [since, until): the Pending ones at 4 and 5 minutes only
+    window = store.booked("c1", since=T0 + timedelta(minutes=4), until=T0 + timedelta(minutes=30))
+    assert sorted(window) == [(S.PENDING, tasks[4].send_at), (S.PENDING, tasks[5].send_at)]
+    assert store.booked("c1", since=T0 + timedelta(hours=1)) == []
+    assert store.booked("no-such-campaign", since=T0) == []
+
+
+def test_count_moves_counts_moved_and_late_tasks(store: TaskStore) -> None:
+    tasks = with_tasks(store, count=5)
+    with_tasks(store, "c2", count=1)
+    assert store.count_moves("c1", late_after=60) == (0, 0)
+    store.reschedule([Move(tasks[0].id, tasks[0].token, T0, "n0")], at=T0, reason="r")
+    for task, late_by in ((tasks[1], 61), (tasks[2], 30), (tasks[3], 60)):
+        drive(store, task.id, S.RUNNING)
+        sent = task.send_at + timedelta(seconds=late_by)
+        store.transition(task.id, S.RUNNING, S.FINISHED, at=sent, changes={"sent_at": sent})
+    assert store.count_moves("c1", late_after=60) == (1, 1)
+    assert store.count_moves("c1", late_after=10) == (1, 3)
+    assert store.count_moves("c2", late_after=60) == (0, 0)
+    assert store.count_moves("no-such-campaign", late_after=60) == (0, 0)
 
 
 # --- queries ----------------------------------------------------------------------------------
@@ -964,7 +1056,9 @@ def test_unreachable_backend_raises_store_unavailable(backend: Backend) -> None:
         lambda: store.get_task("t"),
         lambda: store.transition("t", S.PENDING, S.RUNNING, at=T0),
         lambda: store.transition_all("c1", S.PENDING, S.CANCELLED, at=T0),
-        lambda: store.reschedule([("t", T0, "x")], at=T0),
+        lambda: store.reschedule([Move("t", "x", T0, "y")], at=T0, reason="r"),
+        lambda: store.booked("c1", since=T0),
+        lambda: store.count_moves("c1", late_after=60),
         lambda: store.list_tasks("c1"),
         lambda: store.due_tasks(S.PENDING, before=T0),
         lambda: store.stale_running(claimed_before=T0),

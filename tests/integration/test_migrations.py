@@ -120,7 +120,7 @@ def test_a_0001_database_upgrades_to_counters_and_keeps_its_data(
     assert "counters" not in table_names(engine)
 
     with open_store(url) as store:  # the store upgrades on open, as after a release
-        assert migrate.current(url) == migrate.head() == "0002"
+        assert migrate.current(url) == migrate.head() == "0003"
         assert schema_diffs(engine) == []
         assert store.counter("session-generation") == 0
         assert store.increment_counter("session-generation") == 1
@@ -128,6 +128,40 @@ def test_a_0001_database_upgrades_to_counters_and_keeps_its_data(
     migrate.downgrade(url, "0001")
     assert "counters" not in table_names(engine)
     assert "leases" in table_names(engine)
+
+
+def test_a_0002_database_upgrades_to_task_moves_and_keeps_its_tasks(
+    url: str, engine: sa.Engine
+) -> None:
+    migrate.upgrade(url, "0002")
+    send_at = T0 + timedelta(hours=1)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO campaigns (id, name, policy, from_addr, state, recipient_count,"
+                " created_at, updated_at) VALUES ('c1', 'C', :policy, 'a@example.com', 'active',"
+                " 1, :at, :at)"
+            ),
+            {"policy": json.dumps(SendingPolicy().to_dict()), "at": T0},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO tasks (id, campaign_id, position, email, name, subject, text,"
+                " send_at, state, token, attempts, created_at, updated_at) VALUES ('c1-0', 'c1',"
+                " 0, 'r@example.com', '', 's', 't', :send_at, 'Pending', 'tok', 0, :at, :at)"
+            ),
+            {"send_at": send_at, "at": T0},
+        )
+
+    with open_store(url) as store:
+        assert migrate.current(url) == "0003"
+        assert schema_diffs(engine) == []
+        task = store.get_task("c1-0")
+        assert task is not None
+        assert (task.planned_at, task.moves, task.moved_reason) == (send_at, 0, None)
+    migrate.downgrade(url, "0002")
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("tasks")}
+    assert not columns & {"planned_at", "moves", "moved_reason"}
 
 
 def test_downgrade_to_base_drops_everything(url: str, engine: sa.Engine) -> None:

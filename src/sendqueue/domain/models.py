@@ -9,7 +9,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from .errors import InvalidField
 from .lifecycle import CampaignState, TaskState
@@ -21,6 +21,7 @@ __all__ = [
     "Campaign",
     "ChangeLogEntry",
     "DeadLetter",
+    "Move",
     "Recipient",
     "Task",
     "TaskChanges",
@@ -153,6 +154,12 @@ class Task:
     error: str | None = None
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     updated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    planned_at: datetime | None = None
+    """The first send instant planned for the task; stores set it to ``send_at`` at insert."""
+    moves: int = 0
+    """How many times the task was moved to another slot (outage, retry, resume)."""
+    moved_reason: str | None = None
+    """Why it was last moved, e.g. "worker down 16:48-17:48" or "transient: 421 ..."."""
 
 
 class TaskChanges(TypedDict, total=False):
@@ -165,6 +172,18 @@ class TaskChanges(TypedDict, total=False):
     sent_at: datetime | None
     message_id: str | None
     error: str | None
+    moves: int
+    moved_reason: str | None
+
+
+class Move(NamedTuple):
+    """A Pending task moved to another slot (``TaskStore.reschedule``): applied only while the
+    task is Pending and still holds ``token``; it then gets ``send_at`` and ``new_token``."""
+
+    task_id: str
+    token: str
+    send_at: datetime
+    new_token: str
 
 
 _TASK_CHANGE_FIELDS = frozenset(TaskChanges.__annotations__)

@@ -32,6 +32,7 @@ from sendqueue.domain.lifecycle import (
 from sendqueue.domain.models import (
     Campaign,
     ChangeLogEntry,
+    Move,
     Recipient,
     Task,
     TaskChanges,
@@ -258,6 +259,7 @@ class InMemoryTaskStore:
             replace(
                 t,
                 send_at=utc(t.send_at),
+                planned_at=utc(t.planned_at or t.send_at),
                 claimed_at=_utc_or_none(t.claimed_at),
                 sent_at=_utc_or_none(t.sent_at),
                 created_at=at,
@@ -351,16 +353,51 @@ class InMemoryTaskStore:
         return moved
 
     @_guarded
-    def reschedule(self, updates: Sequence[tuple[str, datetime, str]], *, at: datetime) -> int:
+    def reschedule(self, moves: Sequence[Move], *, at: datetime, reason: str) -> int:
         at = utc(at)
-        prepared = [(task_id, utc(send_at), token) for task_id, send_at, token in updates]
+        prepared = [m._replace(send_at=utc(m.send_at)) for m in moves]
         updated = 0
-        for task_id, send_at, token in prepared:
-            task = self._tasks.get(task_id)
-            if task is not None and task.state is TaskState.PENDING:
-                self._tasks[task_id] = replace(task, send_at=send_at, token=token, updated_at=at)
+        pending = TaskState.PENDING
+        for move in prepared:
+            task = self._tasks.get(move.task_id)
+            if task is not None and task.state is pending and task.token == move.token:
+                self._tasks[task.id] = replace(
+                    task,
+                    send_at=move.send_at,
+                    token=move.new_token,
+                    moves=task.moves + 1,
+                    moved_reason=reason,
+                    updated_at=at,
+                )
+                self._append(
+                    task.campaign_id, task.id, pending.value, pending.value, at, f"moved: {reason}"
+                )
                 updated += 1
         return updated
+
+    @_guarded
+    def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]:
+        moved = late = 0
+        limit = timedelta(seconds=late_after)
+        for position in self._task_positions.get(campaign_id, ()):
+            task = self._tasks[self._task_at[campaign_id][position]]
+            moved += task.moves > 0
+            late += task.sent_at is not None and task.sent_at - task.send_at > limit
+        return moved, late
+
+    @_guarded
+    def booked(
+        self, campaign_id: str, *, since: datetime, until: datetime | None = None
+    ) -> list[tuple[TaskState, datetime]]:
+        since = utc(since)
+        end = None if until is None else utc(until)
+        out: list[tuple[TaskState, datetime]] = []
+        for position in self._task_positions.get(campaign_id, ()):
+            task = self._tasks[self._task_at[campaign_id][position]]
+            when = _booked_at(task)
+            if when is not None and when >= since and (end is None or when < end):
+                out.append((task.state, when))
+        return out
 
     @_guarded
     def list_tasks(
@@ -503,6 +540,17 @@ class InMemoryTaskStore:
         _check_counter_name(name)
         value = self._counters[name] = self._counters.get(name, 0) + 1
         return value
+
+
+def _booked_at(task: Task) -> datetime | None:
+    """The instant a task holds in its campaign's calendar (TaskStore.booked), if any."""
+    if task.state is TaskState.FINISHED:
+        return task.sent_at
+    if task.state is TaskState.RUNNING:
+        return task.claimed_at
+    if task.state is TaskState.PENDING:
+        return task.send_at
+    return None
 
 
 def _check_counter_name(name: str) -> None:

@@ -123,6 +123,9 @@ def task_doc(task: Task) -> dict[str, Any]:
         "error": task.error,
         "created_at": time_key(task.created_at),
         "updated_at": time_key(task.updated_at),
+        "planned_at": time_key(task.planned_at or task.send_at),
+        "moves": task.moves,
+        "moved_reason": task.moved_reason,
     }
 
 
@@ -165,6 +168,10 @@ def task_from_item(item: Mapping[str, Any]) -> tuple[Task, int]:
         error=doc["error"],
         created_at=parse_time(doc["created_at"]),
         updated_at=parse_time(doc["updated_at"]),
+        # Items written before these fields existed: planned as sent, never moved.
+        planned_at=parse_time(doc.get("planned_at") or doc["send_at"]),
+        moves=doc.get("moves", 0),
+        moved_reason=doc.get("moved_reason"),
     )
     return task, int(item["v"]["N"])
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sendqueue.adapters.dynamodb.client import Retry, TableClient
+from sendqueue.adapters.dynamodb.client import TableClient
 from sendqueue.adapters.dynamodb.codec import (
     PendingEntry,
     entry_size,
@@ -20,7 +20,6 @@ from sendqueue.adapters.dynamodb.codec import (
     time_key,
 )
 from sendqueue.adapters.dynamodb.table import (
-    ATTEMPTS,
     ITEM_BYTES,
     LOG_MAX,
     TXN_BYTES,
@@ -29,13 +28,13 @@ from sendqueue.adapters.dynamodb.table import (
 from sendqueue.domain.errors import (
     IllegalTransition,
     InvalidField,
-    StoreUnavailable,
 )
 from sendqueue.domain.lifecycle import (
     TaskState,
     check_task_transition,
 )
 from sendqueue.domain.models import (
+    Move,
     Task,
     TaskChanges,
     check_cursor,
@@ -45,6 +44,9 @@ from sendqueue.domain.models import (
 )
 
 __all__ = ["TaskItems"]
+
+#: What a transaction builder hands ``_with_log``: the writes and their log entries.
+_Built = tuple[list[dict[str, Any]], list[PendingEntry]]
 
 
 class TaskItems(TableClient):
@@ -261,40 +263,98 @@ class TaskItems(TableClient):
 
         return (count if self._with_log(build) else 0), consumed
 
-    def reschedule(self, updates: Sequence[tuple[str, datetime, str]], *, at: datetime) -> int:
-        """Each Pending task's new (send_at, token): one conditional PutItem per task (state
-        Pending and the version read), re-read and retried when another write came first."""
+    def reschedule(self, moves: Sequence[Move], *, at: datetime, reason: str) -> int:
+        """Each move a conditional Put (the task's state and version as read, Pending with the
+        move's token), up to 99 tasks per transaction with their log item; a chunk that lost a
+        race is read again and retried."""
         at = utc(at)
-        prepared = [(tid, utc(send_at), token) for tid, send_at, token in updates]
+        note = f"moved: {reason}"
+        pending = TaskState.PENDING.value
+        by_key = {f"T#{m.task_id}": m._replace(send_at=utc(m.send_at)) for m in moves}
+        keys = sorted(by_key)
         updated = 0
         with self._errors("reschedule tasks"):
-            current: dict[str, dict[str, Any] | None] = {
-                item["pk"]["S"]: item
-                for item in self._batch_get([(f"T#{tid}", "#") for tid, _, _ in prepared])
-            }
-            for tid, send_at, token in prepared:
-                key = f"T#{tid}"
-                for attempt in range(ATTEMPTS):
-                    item = current.get(key)
-                    if item is None:
-                        break
-                    task, version = task_from_item(item)
-                    if task.state is not TaskState.PENDING:
-                        break
-                    new = replace(task, send_at=send_at, token=token, updated_at=at)
-                    put = self._task_put(new, TaskState.PENDING, version)
-                    try:
-                        self._transact([put])
-                    except Retry:
-                        self._backoff(attempt)
-                        current[key] = self._get(key, "#")
-                        continue
-                    current[key] = put["Put"]["Item"]
-                    updated += 1
-                    break
-                else:
-                    raise StoreUnavailable(f"DynamoDB: rescheduling {tid!r} kept losing races")
+            while keys:
+                chunk = keys[:LOG_MAX]
+                count = 0
+
+                def build(
+                    chunk: list[str] = chunk,
+                ) -> tuple[list[dict[str, Any]], list[PendingEntry]] | None:
+                    nonlocal count
+                    writes: list[dict[str, Any]] = []
+                    entries: list[PendingEntry] = []
+                    for item in self._batch_get([(k, "#") for k in chunk]):
+                        task, version = task_from_item(item)
+                        move = by_key[str(item["pk"]["S"])]
+                        if task.state is not TaskState.PENDING or task.token != move.token:
+                            continue
+                        moved = replace(
+                            task,
+                            send_at=move.send_at,
+                            token=move.new_token,
+                            moves=task.moves + 1,
+                            moved_reason=reason,
+                            updated_at=at,
+                        )
+                        writes.append(self._task_put(moved, TaskState.PENDING, version))
+                        entries.append((task.campaign_id, task.id, pending, pending, at, note))
+                    count = len(writes)
+                    return (writes, entries) if writes else None
+
+                if self._with_log(build):
+                    updated += count
+                keys = keys[len(chunk) :]
         return updated
+
+    def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]:
+        """Reads the campaign's tasks (every state's part of the ``by_state`` index): DynamoDB
+        counts items, not a condition on two attributes."""
+        limit = timedelta(seconds=late_after)
+        moved = late = 0
+        with self._errors("count moved tasks"):
+            for state in TaskState:
+                for item in self._query(
+                    IndexName="by_state",
+                    KeyConditionExpression="gs = :gs",
+                    ExpressionAttributeValues={":gs": str_attr(f"{campaign_id}#{state.value}")},
+                ):
+                    task = task_from_item(item)[0]
+                    moved += task.moves > 0
+                    late += task.sent_at is not None and task.sent_at - task.send_at > limit
+        return moved, late
+
+    def booked(
+        self, campaign_id: str, *, since: datetime, until: datetime | None = None
+    ) -> list[tuple[TaskState, datetime]]:
+        since = utc(since)
+        end = None if until is None else utc(until)
+        out: list[tuple[TaskState, datetime]] = []
+        high = "~" if end is None else time_key(end)
+        with self._errors("list booked sends"):
+            for state in (TaskState.FINISHED, TaskState.RUNNING, TaskState.PENDING):
+                condition = "gs = :gs"
+                values = {":gs": str_attr(f"{campaign_id}#{state.value}")}
+                if state is TaskState.PENDING:
+                    # gt is "<send_at>#<id>": the index narrows Pending tasks to the span.
+                    condition += " AND gt BETWEEN :low AND :high"
+                    values.update({":low": str_attr(time_key(since)), ":high": str_attr(high)})
+                for item in self._query(
+                    IndexName="by_state",
+                    KeyConditionExpression=condition,
+                    ExpressionAttributeValues=values,
+                ):
+                    task = task_from_item(item)[0]
+                    when = (
+                        task.sent_at
+                        if state is TaskState.FINISHED
+                        else task.claimed_at
+                        if state is TaskState.RUNNING
+                        else task.send_at
+                    )
+                    if when is not None and when >= since and (end is None or when < end):
+                        out.append((state, when))
+        return out
 
     def list_tasks(
         self,

@@ -49,6 +49,7 @@ from sendqueue.domain.lifecycle import (
 from sendqueue.domain.models import (
     Campaign,
     ChangeLogEntry,
+    Move,
     Recipient,
     Task,
     TaskChanges,
@@ -327,31 +328,107 @@ class SqlTaskStore(ABC):
     ) -> int:
         """:meth:`transition_all` inside its transaction, the campaign known to exist."""
 
-    def reschedule(self, updates: Sequence[tuple[str, datetime, str]], *, at: datetime) -> int:
-        if not updates:
+    def reschedule(self, moves: Sequence[Move], *, at: datetime, reason: str) -> int:
+        """Each move a compare-and-set on (Pending, token); the moved rows, found again by their
+        new tokens (fresh random ones), get their ``Pending -> Pending`` entries in position
+        order, in the same transaction."""
+        if not moves:
             return 0
         statement = (
             sa.update(tables.tasks)
             .where(
                 tables.tasks.c.id == sa.bindparam("b_id"),
                 tables.tasks.c.state == TaskState.PENDING.value,
+                tables.tasks.c.token == sa.bindparam("b_token"),
             )
             .values(
                 send_at=sa.bindparam("b_send_at", type_=UtcDateTime()),
-                token=sa.bindparam("b_token"),
+                token=sa.bindparam("b_new_token"),
+                moves=tables.tasks.c.moves + 1,
+                moved_reason=sa.bindparam("b_reason", type_=sa.Text()),
                 updated_at=sa.bindparam("b_at", type_=UtcDateTime()),
             )
         )
         params = [
-            {"b_id": task_id, "b_send_at": send_at, "b_token": token, "b_at": at}
+            {
+                "b_id": m.task_id,
+                "b_token": m.token,
+                "b_send_at": m.send_at,
+                "b_new_token": m.new_token,
+                "b_reason": reason,
+                "b_at": at,
+            }
             # In id order, so two concurrent reschedules take their row locks in one order.
-            for task_id, send_at, token in sorted(updates, key=lambda u: u[0])
+            for m in sorted(moves, key=lambda m: m.task_id)
         ]
+        note = f"moved: {reason}"
         updated = 0
         with self._write("reschedule tasks") as conn:
             for chunk in rows.chunks(params):
-                updated += conn.execute(statement, list(chunk)).rowcount
+                if not conn.execute(statement, list(chunk)).rowcount:
+                    continue
+                found = conn.execute(
+                    sa.select(tables.tasks.c.campaign_id, tables.tasks.c.id)
+                    .where(
+                        tables.tasks.c.id.in_([p["b_id"] for p in chunk]),
+                        tables.tasks.c.token.in_([p["b_new_token"] for p in chunk]),
+                    )
+                    .order_by(tables.tasks.c.campaign_id, tables.tasks.c.position)
+                ).all()
+                pending = TaskState.PENDING.value
+                self._log(conn, [rows.log_row(c, t, pending, pending, at, note) for c, t in found])
+                updated += len(found)
         return updated
+
+    def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]:
+        t = tables.tasks.c
+        if self.dialect == "sqlite":
+            # times are text on SQLite: julianday() reads them (days, as a float)
+            late_by = (sa.func.julianday(t.sent_at) - sa.func.julianday(t.send_at)) * 86_400.0
+            is_late: sa.ColumnElement[bool] = late_by > late_after
+        else:
+            is_late = t.sent_at - t.send_at > timedelta(seconds=late_after)
+        query = sa.select(
+            sa.func.count().filter(t.moves > 0),
+            sa.func.count().filter(sa.and_(t.state == TaskState.FINISHED.value, is_late)),
+        ).where(t.campaign_id == campaign_id)
+        with self._read("count moved tasks") as conn:
+            moved, late = conn.execute(query).one()
+        return int(moved), int(late)
+
+    def booked(
+        self, campaign_id: str, *, since: datetime, until: datetime | None = None
+    ) -> list[tuple[TaskState, datetime]]:
+        t = tables.tasks.c
+
+        def within(column: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+            low = column >= sa.bindparam("since", since, type_=UtcDateTime())
+            if until is None:
+                return low
+            return sa.and_(low, column < sa.bindparam("until", until, type_=UtcDateTime()))
+
+        query = sa.select(t.state, t.send_at, t.claimed_at, t.sent_at).where(
+            t.campaign_id == campaign_id,
+            sa.or_(
+                sa.and_(t.state == TaskState.FINISHED.value, within(t.sent_at)),
+                sa.and_(t.state == TaskState.RUNNING.value, within(t.claimed_at)),
+                sa.and_(t.state == TaskState.PENDING.value, within(t.send_at)),
+            ),
+        )
+        with self._read("list booked sends") as conn:
+            found = conn.execute(query).all()
+        out: list[tuple[TaskState, datetime]] = []
+        for state, send_at, claimed_at, sent_at in found:
+            kind = rows.STATES[state]
+            when = (
+                sent_at
+                if kind is TaskState.FINISHED
+                else claimed_at
+                if kind is TaskState.RUNNING
+                else send_at
+            )
+            out.append((kind, when))
+        return out
 
     def list_tasks(
         self,

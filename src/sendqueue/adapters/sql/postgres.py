@@ -64,7 +64,7 @@ _INSERT_TASKS = (
     "%b::varchar[], %b::varchar[], %b::integer[], %b::text[], %b::text[], %b::text[],"
     " %b::text[], %b::text[], %b::timestamptz[], %b::varchar[], %b::varchar[], %b::integer[],"
     " %b::timestamptz[], %b::timestamptz[], %b::text[], %b::text[], %b::timestamptz[],"
-    " %b::timestamptz[])"
+    " %b::timestamptz[], %b::timestamptz[], %b::integer[], %b::text[])"
     f" WITH ORDINALITY AS u({TASK_COLUMNS}, sq_ordinal) ORDER BY sq_ordinal"
     " ON CONFLICT DO NOTHING RETURNING id),"
     f" locked AS (SELECT pg_advisory_xact_lock({CHANGE_LOG_LOCK_KEY}) AS held"
@@ -155,6 +155,9 @@ def _task_params(t: Task, pending: str, at: datetime) -> dict[str, Any]:
         "error": t.error,
         "created_at": at,
         "updated_at": at,
+        "planned_at": t.planned_at or t.send_at,
+        "moves": t.moves,
+        "moved_reason": t.moved_reason,
     }
 
 
@@ -297,6 +300,7 @@ class PostgresTaskStore(SqlTaskStore):
                 t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
                 _time(t.send_at), pending, t.token, t.attempts, _time(t.claimed_at),
                 _time(t.sent_at), t.message_id, t.error, stamp, stamp,
+                _time(t.planned_at or t.send_at), t.moves, t.moved_reason,
             )
             for t in sorted(tasks, key=lambda t: t.id)
         ]  # fmt: skip

@@ -45,7 +45,8 @@ CHUNK_SIZE = 500
 #: The ``tasks`` columns in table order, for the statements the drivers run directly.
 TASK_COLUMNS = (
     "id, campaign_id, position, email, name, subject, text, html, send_at, state, token, "
-    "attempts, claimed_at, sent_at, message_id, error, created_at, updated_at"
+    "attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at, "
+    "moves, moved_reason"
 )
 
 #: TaskState by value, cheaper than ``TaskState(value)`` per row.
@@ -103,12 +104,14 @@ def task_from_row(row: Sequence[Any]) -> Task:
     """A task from a row of the ``tasks`` columns in table order (``select(tasks)``)."""
     (
         id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
-        attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
+        attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at,
+        moves, moved_reason,
     ) = row  # fmt: skip
     # Positional: tasks are read by the hundred thousand; see docs/performance.md.
     return Task(
         id_, campaign_id, position, email, name, subject, text, html, send_at, token,
         STATES[state], attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
+        planned_at, moves, moved_reason,
     )  # fmt: skip
 
 

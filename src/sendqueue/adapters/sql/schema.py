@@ -170,6 +170,10 @@ tasks = sa.Table(
     sa.Column("error", sa.Text, nullable=True),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
+    # The first planned send instant, how often the task was moved and why (migration 0003).
+    sa.Column("planned_at", UtcDateTime, nullable=True),
+    sa.Column("moves", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("moved_reason", sa.Text, nullable=True),
     # list_tasks / count_tasks: one campaign's tasks in a state, in position order.
     sa.Index("ix_tasks_campaign_id_state_position", "campaign_id", "state", "position"),
     # list_tasks without a state filter, and one task per recipient.

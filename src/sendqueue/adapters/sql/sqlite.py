@@ -47,7 +47,7 @@ _LOG_CREATED = (
 )
 
 _INSERT_TASK = (
-    f"INSERT INTO tasks ({TASK_COLUMNS}) VALUES ({', '.join('?' * 18)}) ON CONFLICT DO NOTHING"
+    f"INSERT INTO tasks ({TASK_COLUMNS}) VALUES ({', '.join('?' * 21)}) ON CONFLICT DO NOTHING"
 )
 
 #: Values per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
@@ -63,7 +63,8 @@ def _task(row: Sequence[Any]) -> Task:
     """:func:`~sendqueue.adapters.sql.rows.task_from_row` of a driver row (times still text)."""
     (
         id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
-        attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
+        attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at,
+        moves, moved_reason,
     ) = row  # fmt: skip
     return Task(
         id_, campaign_id, position, email, name, subject, text, html,
@@ -71,6 +72,7 @@ def _task(row: Sequence[Any]) -> Task:
         _time(claimed_at), _time(sent_at), message_id, error,
         datetime.fromisoformat(created_at).replace(tzinfo=UTC),
         datetime.fromisoformat(updated_at).replace(tzinfo=UTC),
+        _time(planned_at), moves, moved_reason,
     )  # fmt: skip
 
 
@@ -80,6 +82,7 @@ def _task_row(t: Task, pending: str, stamp: str | None) -> tuple[object, ...]:
         t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
         sqlite_text(t.send_at), pending, t.token, t.attempts, sqlite_text(t.claimed_at),
         sqlite_text(t.sent_at), t.message_id, t.error, stamp, stamp,
+        sqlite_text(t.planned_at or t.send_at), t.moves, t.moved_reason,
     )  # fmt: skip
 
 
