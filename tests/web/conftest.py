@@ -62,6 +62,7 @@ class FlakyStore:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.down = False
+        self.error_text = "injected: the database is unreachable"
         self.reads = 0
         self._lock = threading.Lock()
 
@@ -77,7 +78,7 @@ class FlakyStore:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if self.down:
-                raise StoreUnavailable("injected: the database is unreachable")
+                raise StoreUnavailable(self.error_text)
             return attr(*args, **kwargs)
 
         return call

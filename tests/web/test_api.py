@@ -631,9 +631,12 @@ def test_503_with_retry_after_when_the_store_is_unreachable(make_web: Any) -> No
         error = _error(response, 503)
         assert response.headers["retry-after"] == "5"
         assert "StoreUnavailable" in error["message"]
+    web.store.error_text = "connection to db.internal:5432 as user admin refused"
     health = web.client.get("/healthz")
     assert health.status_code == 503
     assert health.json()["status"] == "unavailable"
+    # public: no driver text (hosts, users) in the body
+    assert "db.internal" not in health.text and "StoreUnavailable" not in health.text
     assert health.headers["retry-after"] == "5"
     web.store.down = False
     assert web.client.get("/healthz").json() == {"status": "ok"}

@@ -30,7 +30,9 @@ def healthz(c: ContainerDep) -> Health | JSONResponse:
     try:
         c.store.last_change_id()
     except InfrastructureError as exc:
-        body = {"status": "unavailable", **error_body(503, f"{type(exc).__name__}: {exc}")}
+        # Public: the driver's text (host, port, user) goes to the log, never to the caller.
+        log.warning("healthz: the task store does not answer: %s: %s", type(exc).__name__, exc)
+        body = {"status": "unavailable", **error_body(503, "the task store does not answer")}
         return JSONResponse(
             body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
         )
