@@ -1,4 +1,5 @@
-"""Templates that ask for a huge value through a width, a count or a repeat (issue 17).
+"""Templates that ask for a huge value through a width, a count, a repeat, a join or a number
+(issue 17).
 
 Output is capped per part, but each of these would build its value before it reached the cap:
 ``'x'|center(10**9)`` allocated a gigabyte and took seconds before it was refused. Each case
@@ -56,6 +57,18 @@ CASES = {
     + "{% endfor %}{% endset %}{{ acc|length }}",
     "tojson-indent": "{{ [[[[1]]]]|tojson(indent=10**8) }}",
     "lipsum": "{{ lipsum(10**6)|length }}",
+    # Integer arithmetic (red-team pass 2): each squaring doubles the number; one row took
+    # 165 s and 99 MB. A division costs the product of its operands' lengths.
+    "int-squaring": "{% set a = 7**100000 %}"
+    + "".join(f"{{% set {n} = {p}*{p} %}}" for p, n in zip("abcdefghi", "bcdefghij", strict=True))
+    + "{% if j > 1 %}x{% endif %}",
+    "int-floordiv": "{% set a = 7**100000 %}{% set b = a*a %}{% set c = b*b %}"
+    "{% if (c*c)//(b+1) > 1 %}x{% endif %}",
+    "int-to-bytes": "{{ (1).to_bytes(10**9, 'big')|length }}",
+    # ~ joined every part before measuring, and lists written in the template were free.
+    "concat-chain": "{% set s = x * 50000 %}{% if (" + "~".join(["s"] * 200) + ") %}y{% endif %}",
+    "concat-list": "{% set s = x * 49995 %}{% set l = [" + ", ".join(["s ~ 'a'"] * 200) + "] %}"
+    "{{ l|length }}",
 }
 PARTS = ("subject", "body", "html")
 
@@ -111,5 +124,5 @@ def test_a_huge_value_is_refused_naming_its_part_before_it_is_built(part: str, s
     field, row, reason = result["problem"]
     assert (field, row) == (part, 2)
     assert reason.startswith("template failed: ")
-    assert "characters" in reason and "MemoryError" not in reason, reason
+    assert ("characters" in reason or "bits" in reason) and "MemoryError" not in reason, reason
     assert result["grown_mb"] < 8, result

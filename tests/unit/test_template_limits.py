@@ -125,7 +125,6 @@ def test_a_row_has_a_time_budget(source: str) -> None:
     [
         ("{{ 'x'*200000000 }}", "(*)"),
         ("{{ ([x*1000]*100000)|join }}", "(*)"),
-        ("{{ 2**100000000 }}", "(**)"),
         ("{% set s = x %}" + "{% set s = s + s %}" * 40 + "{{ s|length }}", "(+)"),
         ("{% set s = x %}" + "{% set s = s ~ s %}" * 40 + "{{ s|length }}", "(~)"),
         ("{% for i in range(10000) %}{{ x * 90 }}{% endfor %}", "output longer"),
@@ -144,6 +143,68 @@ def test_values_and_output_past_the_cap_are_refused_without_building_them(
     assert (field, row) == ("body", 2)
     assert what in reason and "100000 characters" in reason
     assert peak < 20 * 1024 * 1024, peak
+
+
+@pytest.mark.parametrize(
+    ("source", "what"),
+    [
+        ("{{ 2**100000000 }}", "(**)"),
+        ("{% set a = 7**5000 %}{% set b = a*a %}{% set c = b*b %}{{ c*c > 1 }}", "(*)"),
+        ("{% set a = 7**5000 %}{{ (a*a*a) // 7 > 1 }}", "(*)"),
+        ("{% set a = 2**16383 %}{{ a + a > 1 }}", "(+)"),
+        ("{% set a = 2**16383 %}{{ -a - a > 1 }}", "(-)"),
+        ("{{ 1|round(10**6, 'floor') }}", "round()"),
+        ("{{ 1|round(-10**6) }}", "round()"),
+        ("{{ ('f' * 5000)|int(base=16) > 1 }}", "a filter"),
+        ("{{ (1).from_bytes((x * 3000).encode(), 'big') > 1 }}", "from_bytes"),
+    ],
+)
+def test_integers_longer_than_the_bound_are_refused_before_they_are_computed(
+    source: str, what: str
+) -> None:
+    tracemalloc.start()
+    try:
+        field, row, reason = row_problem(Templates("s", source))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert (field, row) == ("body", 2)
+    assert what in reason and "longer than 16384 bits" in reason, reason
+    assert peak < 20 * 1024 * 1024, peak
+
+
+@pytest.mark.parametrize(
+    "literal", ["1" + "0" * 5000, "0x" + "f" * 5000], ids=["decimal", "hexadecimal"]
+)
+def test_a_huge_number_written_in_the_template_is_refused_naming_its_part(literal: str) -> None:
+    with pytest.raises(InvalidField) as caught:
+        compile_templates(Templates("s", html=f"{{{{ {literal} // 3 }}}}"))
+
+    assert caught.value.field == "html"
+    assert "16384 bits" in caught.value.reason or "4300 digits" in caught.value.reason
+
+
+NINE = range(9)  # nine values of 50,000 characters: each under the cap, together past 4 caps
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "".join(f"{{% set l{i} = [s ~ '{i}'] %}}" for i in NINE),
+        "".join(f"{{% set l{i} = [s[{i}:]] %}}" for i in NINE),
+        "".join(f"{{% set d{i} = {{{i}: s[{i}:]}} %}}" for i in NINE),
+        "".join(f"{{% set t{i} = (s[{i}:], 1) %}}" for i in NINE),
+        "".join(f"{{% set l{i} = (x * 8000)|list %}}" for i in NINE),
+        "".join(f"{{% set v{i} = s ~ '{i}' %}}" for i in NINE),
+    ],
+    ids=["concat-items", "list-literal", "dict-literal", "tuple-literal", "list-filter", "concat"],
+)
+def test_joined_values_and_containers_count_toward_the_rows_text(source: str) -> None:
+    field, row, reason = row_problem(Templates("s", "{% set s = x * 25000 %}" + source + "ok"))
+
+    assert (field, row) == ("body", 2)
+    assert "made more than 400000 characters of text in all" in reason
 
 
 def test_html_output_has_its_larger_cap_and_limits_are_settable() -> None:
@@ -220,6 +281,13 @@ ORDINARY = [
     "{% set l = [] %}{% for i in range(3) %}{% set _ = l.append(i) %}{% endfor %}{{ l }}",
     "{% macro m(n) %}<{{ n }}>{% endmacro %}{% set b %}{{ m(1) }}{{ m(2) }}{% endset %}{{ b }}",
     "{{ name.translate({65: 'a'}) }} {{ ('<b>{}</b>'|safe).format(x) }} {{ name|upper|e }}",
+    "{{ 2**10 }} {{ 7 // 2 }} {{ -7 % 3 }} {{ 10 - 3 }} {{ 7 / 2 }} {{ 2**-1 }} {{ 1**(10**9) }}",
+    "{{ 3.14159|round(2) }} {{ 1234|round(-2) }} {{ '10'|int + 1 }} {{ 'ff'|int(base=16) }}",
+    "{{ [1, 2, 3]|sum * 10**20 }} {{ (1).to_bytes(2, 'big') }} {{ 2.5 * 4 }} {{ -(2**64) }}",
+    "{{ x ~ 1 ~ [1, 'a'] ~ none }} {{ ('<b>'|safe) ~ '<i>' ~ x }} {{ '<i>' ~ x }}",
+    "{% autoescape false %}{{ '<a>' ~ ('<b>'|safe) }}{% endautoescape %}{{ (1, 2) }}",
+    "{% set a, b = 1, 2 %}{{ a ~ b }}{% for k, v in {'a': [1], 'b': (2,)}|dictsort %}{{ k }}"
+    "{{ v }}{% endfor %}{{ [3, 1, 2]|sort|list }}{{ range(3)|batch(2)|list }}{{ x|list }}",
 ]
 
 

@@ -7,7 +7,9 @@ So every operation that can make a text (or a list) much larger than its inputs 
 size it *would* make against the part's cap first, and raises :class:`TemplateLimitError`
 before allocating: ``*``, ``**``, ``+``, ``%``, ``~``, ``str.format``/``format_map``, the
 widening ``str`` methods, the widening filters, ``lipsum()``, list, dict and set growth, the
-text of every ``{{ }}`` and of every macro, ``{% set %}`` and ``{% filter %}`` block.
+text of every ``{{ }}`` and of every macro, ``{% set %}`` and ``{% filter %}`` block. Lists,
+tuples and dicts a template writes or a filter returns count toward the row's text, and
+integer arithmetic is bounded to ``_MAX_INT_BITS`` before it is computed.
 """
 
 from __future__ import annotations
@@ -22,11 +24,18 @@ from string import Formatter
 from typing import Any
 
 from jinja2 import StrictUndefined, nodes, pass_eval_context
-from jinja2.exceptions import SecurityError
-from jinja2.runtime import Context
+from jinja2.exceptions import TemplateSyntaxError
+from jinja2.runtime import Context, markup_join, str_join
 from jinja2.sandbox import SandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
 from jinja2.utils import Namespace, _PassArg, generate_lorem_ipsum
 from jinja2.visitor import NodeTransformer
+from markupsafe import escape
+
+from sendqueue.services.template_limits import MAX_INT_BITS as _MAX_INT_BITS
+from sendqueue.services.template_limits import TemplateLimitError
+from sendqueue.services.template_limits import too_long_number as _too_long_number
+from sendqueue.services.template_methods import METHOD_CHECKS as _METHOD_CHECKS
+from sendqueue.services.template_methods import check_str_replace
 
 __all__ = ["BoundedSandbox", "Budget", "TemplateLimitError"]
 
@@ -41,10 +50,6 @@ _PRODUCED_CAPS = 4
 _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d*))?[hlL]?(.)", re.S)
 _DIGITS = re.compile(r"\d+")
 _END = object()
-
-
-class TemplateLimitError(SecurityError):
-    """A template went past a :class:`~sendqueue.services.templates.TemplateLimits` bound."""
 
 
 class Budget:
@@ -121,14 +126,16 @@ def _text_size(value: object, limit: int) -> tuple[int, int]:
 class BoundedSandbox(SandboxedEnvironment):
     """The sandbox with a time budget, a smaller ``range`` and capped value sizes.
 
-    Every ``{% for %}`` iterates through :meth:`bounded` and every ``~`` goes through
-    :meth:`capped` (rewritten in :meth:`_parse`); calls, macros included, count in
+    Every ``{% for %}`` iterates through :meth:`bounded`, every ``~`` is joined by
+    :meth:`concat` and every list, tuple and dict literal is charged by :meth:`charged`
+    (rewritten in :meth:`_parse`); calls, macros included, count in
     :meth:`call`; output grows only through loops and calls, so chunks need no count. Hooks,
     not a thread or a signal: rendering runs in the web server's worker threads, where a
     signal cannot reach and a watchdog thread cannot stop Python code.
     """
 
-    intercepted_binops = frozenset({"*", "**", "+", "%"})
+    # Every arithmetic operator: Jinja folds the others at compile time, unchecked.
+    intercepted_binops = frozenset({"*", "**", "+", "-", "/", "//", "%"})
 
     def __init__(self, budget: Budget, max_chars: int, max_range: int, **options: Any) -> None:
         super().__init__(undefined=StrictUndefined, finalize=self._finalize, **options)
@@ -140,7 +147,8 @@ class BoundedSandbox(SandboxedEnvironment):
         self.globals["range"] = self.bounded_range
         self.globals["lipsum"] = self._lipsum
         self.filters["sendqueue:bounded"] = self.bounded
-        self.filters["sendqueue:capped"] = self.capped
+        self.filters["sendqueue:concat"] = self.concat_parts
+        self.filters["sendqueue:charged"] = self.charged
         checks: dict[str, Callable[..., None]] = {
             "center": self._check_center,
             "indent": self._check_indent,
@@ -151,12 +159,14 @@ class BoundedSandbox(SandboxedEnvironment):
             "replace": self._check_replace,
             "tojson": self._check_tojson,
             "pprint": self._check_tojson,
+            "round": self._check_round,
         }
         for name in ("string", "e", "escape", "forceescape", "safe", "xmlattr", "urlize"):
             checks[name] = self._check_text_filter
         for name, filter_ in list(self.filters.items()):
             if not name.startswith("sendqueue:"):
-                self.filters[name] = _guarded(filter_, checks.get(name, self._check_text_input))
+                check = checks.get(name, self._check_text_input)
+                self.filters[name] = _guarded(filter_, check, self._check_result)
         join = self.filters["join"]
 
         @pass_eval_context
@@ -203,9 +213,38 @@ class BoundedSandbox(SandboxedEnvironment):
                 tick(_ITEMS_PER_CHECK)
             yield item
 
-    def capped(self, value: Any) -> Any:
-        self._fits(self._text(value), "a joined value (~)")
+    @pass_eval_context
+    def concat_parts(self, eval_ctx: Any, parts: tuple[Any, ...]) -> str:
+        """``a ~ b ~ c``: measured before any text is made, joined as Jinja joins it (escaping
+        plain parts when autoescaping and a part is markup), and charged to the row."""
+        what = "a joined value (~)"
+        size = 0
+        for part in parts:
+            size += len(part) if isinstance(part, str) else self._text(part)
+            self._fits(size, what)
+        if eval_ctx.autoescape and any(hasattr(part, "__html__") for part in parts):
+            # Escaping makes a plain part up to five times longer (``"`` is ``&#34;``).
+            escaped, size = [], 0
+            for part in parts:
+                escaped.append(escape(part))
+                size += len(escaped[-1])
+                self._fits(size, what)
+            self._check(size, what)
+            return markup_join(escaped)
+        self._check(size, what)
+        return (markup_join if eval_ctx.autoescape else str_join)(parts)
+
+    def charged(self, value: Any) -> Any:
+        """A list, tuple or dict the template wrote counts as the text it holds."""
+        self._check(self._text(value), f"a {type(value).__name__} of the template")
         return value
+
+    def _check_result(self, value: Any) -> None:
+        """What a filter returned: a container counts as its text; a number is bounded."""
+        if isinstance(value, list | tuple | dict | set):
+            self._check(self._text(value), f"a {type(value).__name__} made by a filter")
+        elif isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
+            raise _too_long_number("a filter")
 
     def _finalize(self, value: Any) -> Any:
         # Runs for every {{ }} of every row: a text (a row's cell, mostly) is measured inline.
@@ -226,24 +265,35 @@ class BoundedSandbox(SandboxedEnvironment):
         return generate_lorem_ipsum(n, html, min, max)
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
+        if isinstance(left, int) and isinstance(right, int):
+            self._check_numbers(operator, left, right)
+        elif operator == "*":
             for seq, times in ((left, right), (right, left)):
-                if isinstance(times, int) and times > 0 and _size(seq) * times > self.max_chars:
-                    raise self._too_big("a repeated value (*)")
-        elif operator == "**":
-            if (
-                isinstance(left, int)
-                and isinstance(right, int)
-                and right > 0
-                and left.bit_length() * right > 4 * self.max_chars  # bits: 3.3 per digit
-            ):
-                raise self._too_big("a power (**)")
+                if isinstance(times, int) and times > 0 and _size(seq):
+                    self._check(_size(seq) * times, "a repeated value (*)")
         elif operator == "%":
             if isinstance(left, str | bytes):
                 self._check_percent(left, right)
-        elif _size(left) + _size(right) > self.max_chars:
-            raise self._too_big("a sum (+)")
+        elif operator == "+" and (_size(left) or _size(right)):
+            self._check(_size(left) + _size(right), "a sum (+)")
         return super().call_binop(context, operator, left, right)
+
+    def _check_numbers(self, operator: str, left: int, right: int) -> None:
+        """An integer result longer than ``_MAX_INT_BITS`` is refused before it is computed,
+        as is any arithmetic on a longer operand (a division's cost grows with both)."""
+        bits = max(left.bit_length(), right.bit_length()) + (operator in ("+", "-"))
+        if operator == "*":
+            bits = left.bit_length() + right.bit_length()
+        elif operator == "**" and right > 0 and abs(left) > 1:
+            # |left| ** right has right * log2|left| bits; a huge right is refused unconverted.
+            bits = right + 1 if right > _MAX_INT_BITS else int(right * math.log2(abs(left))) + 1
+        if bits > _MAX_INT_BITS:
+            raise _too_long_number(f"({operator})")
+        # Big operands cost time in proportion to the product of their lengths: counted as
+        # steps (about a microsecond each), so a loop of them meets the row's time budget.
+        cost = left.bit_length() * right.bit_length() >> 18
+        if cost:
+            self.budget.tick(cost)
 
     def _check_percent(self, fmt: str | bytes, values: Any, what: str = "a % format") -> None:
         """Widths and precisions (``*`` ones taken from ``values``) and the values' text."""
@@ -270,7 +320,10 @@ class BoundedSandbox(SandboxedEnvironment):
         name = getattr(value, "__name__", "")
         if isinstance(owner, str) and name in ("format", "format_map"):
             return self._bounded_format(owner, name == "format_map")
-        kind = next((t for t in (str, bytes, list, dict, set) if isinstance(owner, t)), None)
+        kinds: tuple[type, ...] = (str, bytes, list, dict, set)
+        kind: type | None = next((t for t in kinds if isinstance(owner, t)), None)
+        if owner is int or isinstance(owner, int):  # int.from_bytes is bound to the class
+            kind = int
         check = _METHOD_CHECKS.get((kind, name))
         if check is not None:
             method = value
@@ -351,7 +404,12 @@ class BoundedSandbox(SandboxedEnvironment):
         self._fits(count, "a batch or slice count")
 
     def _check_replace(self, eval_ctx: Any, s: Any, old: Any, new: Any, count: Any = None) -> None:
-        _check_str_replace(self, str(s), str(old), str(new), -1 if count is None else count)
+        check_str_replace(self, str(s), str(old), str(new), -1 if count is None else count)
+
+    def _check_round(self, value: Any, precision: Any = 0, method: str = "common") -> None:
+        # Rounding computes 10 ** precision (or 10 ** -precision) as an integer first.
+        if isinstance(precision, int) and abs(precision) * 4 > _MAX_INT_BITS:
+            raise _too_long_number("round()")
 
     def _check_tojson(self, value: Any, indent: Any = None) -> None:
         size, depth = _text_size(value, self.max_chars)
@@ -359,14 +417,19 @@ class BoundedSandbox(SandboxedEnvironment):
         self._check(size * (1 + step * depth), "a serialised value (tojson, pprint)")
 
 
-def _guarded(filter_: Callable[..., Any], check: Callable[..., None]) -> Callable[..., Any]:
-    """``filter_`` run after ``check`` had its arguments (Jinja's context argument dropped)."""
+def _guarded(
+    filter_: Callable[..., Any], check: Callable[..., None], check_result: Callable[[Any], None]
+) -> Callable[..., Any]:
+    """``filter_`` run after ``check`` had its arguments (Jinja's context argument dropped);
+    its result then goes through ``check_result``."""
     skip = 1 if _PassArg.from_obj(filter_) is not None else 0
 
     @wraps(filter_)  # keeps jinja_pass_arg
     def guarded(*args: Any, **kwargs: Any) -> Any:
         check(*args[skip:], **kwargs)
-        return filter_(*args, **kwargs)
+        result = filter_(*args, **kwargs)
+        check_result(result)
+        return result
 
     return guarded
 
@@ -404,58 +467,9 @@ class _BoundedEscapeFormatter(_FieldsBounded, SandboxedEscapeFormatter):
         self.env = env
 
 
-# Checks of the methods that make a text (or list) larger than their arguments.
-
-
-def _check_width(env: BoundedSandbox, s: Any, width: int = 0, *args: Any) -> None:
-    env._check(max(len(s), width), "a padded value (center, ljust, rjust, zfill)")
-
-
-def _check_expandtabs(env: BoundedSandbox, s: Any, tabsize: int = 8) -> None:
-    env._check(len(s) + s.count("\t" if isinstance(s, str) else b"\t") * tabsize, "expandtabs()")
-
-
-def _check_str_replace(env: BoundedSandbox, s: Any, old: Any, new: Any, count: int = -1) -> None:
-    found = len(s) + 1 if not old else s.count(old)
-    found = found if count is None or count < 0 else min(found, count)
-    env._check(len(s) + found * max(0, len(new) - len(old)), "a replaced value (replace)")
-
-
-def _check_str_join(env: BoundedSandbox, s: Any, iterable: Any) -> None:
-    items = iterable if isinstance(iterable, list | tuple | str | bytes) else ()
-    env._check(env._text(items) + len(items) * len(s), "a joined value (join)")
-
-
-def _check_translate(env: BoundedSandbox, s: Any, table: Any) -> None:
-    values = table.values() if isinstance(table, dict) else table
-    longest = max((len(v) for v in values if isinstance(v, str)), default=1)
-    env._check(len(s) * longest, "a translated value (translate)")
-
-
-def _check_growth(env: BoundedSandbox, container: Any, *args: Any, **kwargs: Any) -> None:
-    # A list, dict or set holds at most the cap's number of items; the text it is given counts
-    # toward the row's text, so a loop cannot keep copies of a big text in it.
-    added = args[-1] if args else kwargs
-    more = len(added) if isinstance(added, list | tuple | dict | set | range) else 1
-    if len(container) + more > env.max_chars:
-        raise env._too_big(f"a {type(container).__name__}")
-    env._check(env._text(args) + env._text(kwargs), f"a {type(container).__name__}'s items")
-
-
-_METHOD_CHECKS: dict[tuple[type | None, str], Callable[..., None]] = {
-    **{(t, m): _check_width for t in (str, bytes) for m in ("center", "ljust", "rjust", "zfill")},
-    **{(t, "expandtabs"): _check_expandtabs for t in (str, bytes)},
-    **{(t, "replace"): _check_str_replace for t in (str, bytes)},
-    **{(t, "join"): _check_str_join for t in (str, bytes)},
-    (str, "translate"): _check_translate,
-    **{(list, m): _check_growth for m in ("append", "extend", "insert")},
-    **{(dict, m): _check_growth for m in ("update", "setdefault")},
-    **{(set, m): _check_growth for m in ("add", "update")},
-}
-
-
 class _Bounds(NodeTransformer):
-    """Routes every loop's iterable through ``bounded`` and every ``~`` through ``capped``."""
+    """Routes every loop's iterable through ``bounded``, every ``~`` through ``concat`` and
+    every list, tuple and dict literal through ``charged``."""
 
     def visit_For(self, node: nodes.For) -> nodes.For:
         self.generic_visit(node)
@@ -465,7 +479,26 @@ class _Bounds(NodeTransformer):
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Filter:
         self.generic_visit(node)
-        return _hook("capped", node)
+        parts = nodes.Tuple(node.nodes, "load")  # not visited: the parts are not charged twice
+        parts.set_lineno(node.lineno)
+        return _hook("concat", parts)
+
+    def visit_Const(self, node: nodes.Const) -> nodes.Const:
+        if isinstance(node.value, int) and node.value.bit_length() > _MAX_INT_BITS:
+            raise TemplateSyntaxError(f"a number longer than {_MAX_INT_BITS} bits", node.lineno)
+        return node
+
+    def visit_List(self, node: nodes.List) -> nodes.Filter:
+        self.generic_visit(node)
+        return _hook("charged", node)
+
+    def visit_Dict(self, node: nodes.Dict) -> nodes.Filter:
+        self.generic_visit(node)
+        return _hook("charged", node)
+
+    def visit_Tuple(self, node: nodes.Tuple) -> nodes.Expr:
+        self.generic_visit(node)
+        return node if node.ctx != "load" else _hook("charged", node)
 
 
 def _hook(method: str, value: nodes.Expr) -> nodes.Filter:

@@ -132,7 +132,8 @@ def compile_templates(
             raise InvalidField(
                 name, _clip(source), f"template syntax error on line {exc.lineno}: {exc.message}"
             ) from exc
-        except TemplateError as exc:
+        # ValueError: a decimal literal past Python's 4300-digit limit on int(), from the lexer.
+        except (TemplateError, ValueError) as exc:
             raise InvalidField(name, _clip(source), f"template error: {exc}") from exc
         # Python's own limits on the code Jinja generates: too many nested blocks (SyntaxError),
         # too many indentation levels (IndentationError), the parser's recursion.
