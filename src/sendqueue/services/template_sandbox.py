@@ -46,6 +46,9 @@ _MIN_STEPS = 10_000
 # Text the {{ }} of one part may produce, macros and blocks included, in output caps: a
 # macro's text counts when it is made and again where it is output.
 _PRODUCED_CAPS = 4
+#: What one item of a list a text method or a slice returns counts as (about the size of a
+#: short str object, in bytes), on top of its text.
+_PIECE_COST = 48
 # A %-conversion: optional (key), flags, width, .precision, length modifier, type.
 _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d*))?[hlL]?(.)", re.S)
 _DIGITS = re.compile(r"\d+")
@@ -149,6 +152,7 @@ class BoundedSandbox(SandboxedEnvironment):
         self.filters["sendqueue:bounded"] = self.bounded
         self.filters["sendqueue:concat"] = self.concat_parts
         self.filters["sendqueue:charged"] = self.charged
+        self.filters["sendqueue:sliced"] = self.sliced
         checks: dict[str, Callable[..., None]] = {
             "center": self._check_center,
             "indent": self._check_indent,
@@ -336,7 +340,34 @@ class BoundedSandbox(SandboxedEnvironment):
                 return method(*args, **kwargs)
 
             return checked
+        if kind in (str, bytes) and name not in ("format", "format_map"):
+            # Any other text method (upper, strip, split, ...) makes at most a copy of its
+            # text, or a list of its pieces: what it returns counts toward the row's text, so
+            # copies kept in variables (1,990 ``s.upper()`` held 195 MB) are bounded too.
+            method = value
+
+            @wraps(method)
+            def charged(*args: Any, **kwargs: Any) -> Any:
+                result = method(*args, **kwargs)
+                self._charge_copy(result, f"{kind.__name__}.{name}()")
+                return result
+
+            return charged
         return super().wrap_str_format(value)
+
+    def _charge_copy(self, value: Any, what: str) -> None:
+        if isinstance(value, str | bytes):
+            self._check(len(value), what)
+        elif isinstance(value, list | tuple):
+            # A piece is an object of its own: ~50 bytes however short (300 splits of a
+            # 66,000-character text into 33,000 words held 684 MB); it counts as that many.
+            self._check(self._text(value) + _PIECE_COST * len(value), what)
+
+    def sliced(self, value: Any) -> Any:
+        """``s[1:]`` copies (Jinja compiles a slice inline, past ``getitem``): the copy counts
+        toward the row's text (1,990 kept slices of a 100,000-character text held 168 MB)."""
+        self._charge_copy(value, "a slice")
+        return value
 
     def _bounded_format(self, fmt: str, is_format_map: bool) -> Callable[..., str]:
         formatter: SandboxedFormatter
@@ -468,8 +499,8 @@ class _BoundedEscapeFormatter(_FieldsBounded, SandboxedEscapeFormatter):
 
 
 class _Bounds(NodeTransformer):
-    """Routes every loop's iterable through ``bounded``, every ``~`` through ``concat`` and
-    every list, tuple and dict literal through ``charged``."""
+    """Routes every loop's iterable through ``bounded``, every ``~`` through ``concat``, every
+    slice through ``sliced`` and every list, tuple and dict literal through ``charged``."""
 
     def visit_For(self, node: nodes.For) -> nodes.For:
         self.generic_visit(node)
@@ -482,6 +513,10 @@ class _Bounds(NodeTransformer):
         parts = nodes.Tuple(node.nodes, "load")  # not visited: the parts are not charged twice
         parts.set_lineno(node.lineno)
         return _hook("concat", parts)
+
+    def visit_Getitem(self, node: nodes.Getitem) -> nodes.Expr:
+        self.generic_visit(node)
+        return _hook("sliced", node) if isinstance(node.arg, nodes.Slice) else node
 
     def visit_Const(self, node: nodes.Const) -> nodes.Const:
         if isinstance(node.value, int) and node.value.bit_length() > _MAX_INT_BITS:
