@@ -119,6 +119,7 @@ class Container:
             stale_after=settings.stale_after,
             reconcile_lease_seconds=settings.reconcile_lease,
             stale_policy=settings.stale_policy,
+            max_lateness=settings.max_lateness,
             provision_concurrency=settings.provision_concurrency,
             default_timezone=settings.default_timezone,
             default_from=settings.default_from,

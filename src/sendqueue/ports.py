@@ -422,9 +422,10 @@ class FlushableAlarm(Protocol):
         ...
 
 
-#: How a send invocation ended: accepted, retried later, failed for good, or not attempted
-#: (the task was not Pending, the schedule stale or early, the campaign not sending).
-SendOutcome = Literal["sent", "transient", "permanent", "skipped"]
+#: How a send invocation ended: accepted, retried later, failed for good, not attempted
+#: (the task was not Pending, the schedule stale or early, the campaign not sending), or moved
+#: (too late, or outside the policy: re-planned with the campaign's other Pending tasks).
+SendOutcome = Literal["sent", "transient", "permanent", "skipped", "moved"]
 
 
 class Events(Protocol):

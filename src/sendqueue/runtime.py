@@ -22,13 +22,22 @@ def run_worker(
     reconcile_at_start: bool = True,
     on_reconcile: Callable[[ReconcileReport], None] | None = None,
 ) -> None:
-    """Dispatch due schedules and reconcile periodically until ``stop`` is set.
+    """Re-plan overdue emails, then dispatch due schedules and reconcile periodically until
+    ``stop`` is set.
 
     The dispatcher runs in this thread; the reconciler in a daemon thread that sleeps on
     ``stop`` so shutdown is immediate. In-flight sends finish before this returns.
     """
     interval = reconcile_interval or app.settings.reconcile_interval
     dispatcher = app.dispatcher
+    # Before the first overdue schedule fires: emails missed while no worker ran are moved to
+    # the next free slots, not sent late in a burst (README, "Guarantees").
+    try:
+        moved = app.campaigns.catch_up_overdue()
+        if moved:
+            log.warning("%d overdue emails re-planned at start", moved)
+    except Exception:  # the worker still starts; it re-plans each overdue task it meets
+        log.exception("the catch-up re-plan at start failed")
     if dispatcher.runs_reconciler:
         if reconcile_interval is not None:
             log.warning("the execution layer schedules the reconciler itself: interval ignored")

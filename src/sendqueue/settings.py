@@ -153,6 +153,12 @@ class Settings(BaseSettings):
     stale_policy: Literal["retry", "fail"] = Field(
         "retry", description="what to do with stale Running"
     )
+    max_lateness: float = Field(
+        300.0,
+        ge=0,
+        description="seconds past its send time after which an email is not sent but moved, "
+        "with the campaign's other Pending ones, to the next free slots",
+    )
     max_attempts: int = Field(3, ge=1, le=20, description="send attempts per email in all")
     retry_backoff: float = Field(60.0, ge=0, description="seconds before a transient retry")
     auto_pause_after: int = Field(5, ge=0, description="pause after N permanent failures in a row")

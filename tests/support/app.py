@@ -16,10 +16,19 @@ from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
 
-__all__ = ["claim_and_finish_from_threads", "csv_bytes", "fake_app", "open_policy"]
+__all__ = [
+    "LENIENT_LATENESS",
+    "claim_and_finish_from_threads",
+    "csv_bytes",
+    "fake_app",
+    "open_policy",
+]
 
 #: A Tuesday, 08:00 UTC = 09:00 in Berlin.
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+
+#: fake_app's default SENDQUEUE_MAX_LATENESS (seconds): 30 days.
+LENIENT_LATENESS = 30 * 86_400.0
 
 
 def fake_app(
@@ -30,9 +39,17 @@ def fake_app(
     mailer: RecordingMailer | None = None,
     **settings: Any,
 ) -> Container:
-    """A container on in-memory fakes; ``settings`` override Settings fields."""
+    """A container on in-memory fakes; ``settings`` override Settings fields.
+
+    ``max_lateness`` defaults to 30 days, not 300 s: most tests jump the clock past many send
+    times at once and check another rule; the tests of the catch-up re-plan set it.
+    """
     clock = clock or FakeClock(T0)
-    values: dict[str, Any] = {"retry_backoff": 60.0, "_env_file": None}
+    values: dict[str, Any] = {
+        "retry_backoff": 60.0,
+        "max_lateness": LENIENT_LATENESS,
+        "_env_file": None,
+    }
     values.update(settings)
     return bootstrap(
         Settings(**values),

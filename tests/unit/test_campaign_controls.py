@@ -98,9 +98,11 @@ def test_pause_deletes_schedules_and_resume_replans_from_now() -> None:
     tasks = app.store.list_tasks(cid)
     assert all(t.state is TaskState.PENDING and t.send_at >= clock.now() for t in tasks)
     assert _schedule_names(app, cid) == {expected_schedule_name(t) for t in tasks}
-    clock.advance(hours=1)
-    app.scheduler.fire_due(app.invoke)
+    app.scheduler.run_until(clock, app.invoke, clock.now() + timedelta(hours=1))
     assert app.store.count_tasks(cid)[TaskState.FINISHED] == 6
+    moved = app.store.list_tasks(cid)
+    assert {(t.moves, t.moved_reason) for t in moved} == {(1, "resumed after a pause")}
+    assert all(t.planned_at is not None and t.planned_at < t.send_at for t in moved)
 
 
 def test_stale_schedule_after_resume_is_skipped_by_token() -> None:
@@ -110,9 +112,11 @@ def test_stale_schedule_after_resume_is_skipped_by_token() -> None:
     cid = _active(app, 1)
     (before,) = app.store.list_tasks(cid)
     app.campaigns.pause(cid)
+    clock.advance(hours=2)
     app.campaigns.resume(cid)
     (after,) = app.store.list_tasks(cid)
     assert after.token != before.token
+    assert after.send_at >= clock.now() > before.send_at
     app.worker.send({"kind": "send", "task_id": before.id, "token": before.token})
     assert mailer.sent == []
 

@@ -107,7 +107,12 @@ def test_stale_running_is_recovered_under_the_policy(policy: str) -> None:
         assert report.stale_retried == 1
         assert recovered.state is TaskState.PENDING
         assert app.scheduler.get(expected_schedule_name(recovered)) is not None
-        _fake(app).fire_due(app.invoke)
+        # a free slot of the grid from now on (every 8.64 s under open_policy), half a
+        # spacing away from the second task's claim at now: the second slot
+        assert clock.now() + timedelta(seconds=4.32) <= recovered.send_at
+        assert recovered.send_at < clock.now() + timedelta(seconds=18)
+        assert (recovered.moves, recovered.moved_reason) == (1, "stale: no outcome within 900 s")
+        _fake(app).run_until(clock, app.invoke, clock.now() + timedelta(seconds=18))
         assert app.store.get_task(first.id).state is TaskState.FINISHED  # type: ignore[union-attr]
     else:
         assert report.stale_failed == 1

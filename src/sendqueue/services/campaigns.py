@@ -22,7 +22,6 @@ from sendqueue.domain.errors import IllegalTransition, InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState, check_campaign_transition
 from sendqueue.domain.models import (
     Campaign,
-    Move,
     Recipient,
     Task,
     expected_schedule_name,
@@ -36,6 +35,7 @@ from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.import_stream import CheckedImport, check_csv, check_rows
 from sendqueue.services.importing import ImportLimits, Templates
+from sendqueue.services.replanning import Replanner, outage_reason
 from sendqueue.services.scheduling import ScheduleWriter
 
 __all__ = [
@@ -123,6 +123,7 @@ class CampaignService:
         self._config = config
         self._previews: OrderedDict[tuple[object, ...], PlanSummary] = OrderedDict()
         self._previews_lock = threading.Lock()
+        self.replanner = Replanner(store, writer, clock, config)
 
     # -- create and read ----------------------------------------------------------------
     def validate(
@@ -421,7 +422,7 @@ class CampaignService:
     def resume(self, campaign_id: str) -> Campaign:
         """Re-plan the remaining Pending tasks from now, schedule them, and go active."""
         campaign = self._move(campaign_id, {CampaignState.PAUSED}, CampaignState.ACTIVE)
-        self.replan_pending(campaign)
+        self.replan_pending(campaign, reason="resumed after a pause", schedule_all=True)
         return campaign
 
     def retry_failed(self, campaign_id: str) -> int:
@@ -439,9 +440,16 @@ class CampaignService:
                 "only active, paused or completed campaigns can retry failed emails",
             )
         now = self._clock.now()
-        moved = 0
-        for task in list(iter_tasks(self._store, campaign_id, TaskState.FAILED)):
-            if self._store.transition(
+        failed = list(iter_tasks(self._store, campaign_id, TaskState.FAILED))
+        # Each takes a free slot of the grid; the emails still planned keep theirs.
+        slots = (
+            self.replanner.retry_slots(campaign, len(failed), not_before=now, exclude=())
+            if failed
+            else []
+        )
+        back: list[Task] = []
+        for task, slot in zip(failed, slots, strict=True):
+            done = self._store.transition(
                 task.id,
                 TaskState.FAILED,
                 TaskState.PENDING,
@@ -449,46 +457,53 @@ class CampaignService:
                 changes={
                     "attempts": 0,
                     "token": new_token(),
+                    "send_at": slot,
                     "claimed_at": None,
                     "error": None,
+                    "moves": task.moves + 1,
+                    "moved_reason": "retry-failed",
                 },
                 note="retry-failed",
-            ):
-                moved += 1
+            )
+            if done is not None:
+                back.append(done)
         if campaign.state is CampaignState.COMPLETED:
             campaign = self._move(campaign_id, {CampaignState.COMPLETED}, CampaignState.ACTIVE)
-        if campaign.state is CampaignState.ACTIVE and moved:
-            self.replan_pending(campaign)
-        return moved
-
-    def replan_pending(self, campaign: Campaign) -> int:
-        """Give every Pending task a send time planned from now (position order) and a fresh
-        schedule. Returns how many tasks were scheduled."""
-        pending = list(iter_tasks(self._store, campaign.id, TaskState.PENDING))
-        if not pending:
-            return 0
-        sends = plan(campaign.policy, len(pending), now=self._clock.now())
-        moves = [
-            Move(task.id, task.token, when, new_token())
-            for task, when in zip(pending, sends, strict=True)
-        ]
-        updated = [
-            replace(task, send_at=m.send_at, token=m.new_token)
-            for task, m in zip(pending, moves, strict=True)
-        ]
-        for start in range(0, len(updated), _PAGE):
-            chunk = updated[start : start + _PAGE]
-            self._store.reschedule(
-                moves[start : start + _PAGE], at=self._clock.now(), reason="resumed"
-            )
-            report = self._writer.ensure_many(chunk)
+        if campaign.state is CampaignState.ACTIVE and back:
+            report = self._writer.ensure_many(back)
             if report.failed:
                 log.warning(
-                    "%d schedules could not be created for %s; the reconciler will retry",
+                    "%d retry schedules could not be created for %s; the reconciler will retry",
                     len(report.failed),
-                    campaign.id,
+                    campaign_id,
                 )
-        return len(updated)
+        return len(back)
+
+    def replan_pending(self, campaign: Campaign, *, reason: str, schedule_all: bool) -> int:
+        """Move the campaign's Pending tasks onto the first free slots from now (position
+        order; see :mod:`sendqueue.services.replanning`). Returns how many moved (0 when
+        another process is re-planning the campaign right now)."""
+        pending = list(iter_tasks(self._store, campaign.id, TaskState.PENDING))
+        moved = self.replanner.replan_pending(
+            campaign, pending, reason=reason, schedule_all=schedule_all
+        )
+        return moved or 0
+
+    def catch_up(self, campaign_id: str, *, since: datetime) -> int:
+        """Re-plan an active campaign that missed its sends since ``since`` (an overdue one
+        met by the worker, or found by :meth:`catch_up_overdue`). Returns how many moved."""
+        campaign = self._store.get_campaign(campaign_id)
+        if campaign.state is not CampaignState.ACTIVE:
+            return 0
+        reason = outage_reason(campaign, since, self._clock.now())
+        return self.replan_pending(campaign, reason=reason, schedule_all=False)
+
+    def catch_up_overdue(self) -> int:
+        """Re-plan every active campaign with a Pending email more than ``max_lateness`` past
+        its send time (the worker at start, the reconciler each pass). Returns how many
+        moved."""
+        overdue = self.replanner.overdue_campaigns(self._clock.now())
+        return sum(self.catch_up(cid, since=since) for cid, since in overdue.items())
 
     def cancel_task(self, task_id: str) -> Task:
         """Cancel one Pending task and delete its schedule."""

@@ -17,6 +17,8 @@ class ServiceConfig:
     auto_pause_after: int = 5
     stale_after: float = 900.0
     stale_policy: Literal["retry", "fail"] = "retry"
+    #: seconds past send_at after which a send is re-planned instead of sent (catch-up)
+    max_lateness: float = 300.0
     provision_concurrency: int = 10
     provision_chunk: int = 500
     provision_margin: float = 90.0

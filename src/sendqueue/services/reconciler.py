@@ -11,7 +11,9 @@ One pass (guarded by a lease in the store, so only one runs at a time across pro
    back to Pending with a new schedule (at-least-once: the email may go out twice if the lost
    worker had already handed it to the provider); policy ``fail`` marks them Failed with
    "outcome unknown" (at-most-once: an email may be lost, never duplicated);
-5. marks active campaigns with no Pending or Running task completed, and reopens a completed
+5. re-plans active campaigns with a Pending email more than ``max_lateness`` overdue (the
+   catch-up of :mod:`sendqueue.services.replanning`), before step 3 recreates any schedule;
+6. marks active campaigns with no Pending or Running task completed, and reopens a completed
    campaign that still has one (a store with eventually consistent queries completed it early).
 """
 
@@ -32,7 +34,6 @@ from sendqueue.domain.models import (
     new_token,
     schedule_group,
 )
-from sendqueue.domain.planner import next_window_instant
 from sendqueue.ports import Clock, Events, NoEvents, Scheduler, TaskStore
 from sendqueue.services.campaigns import CampaignService, iter_tasks
 from sendqueue.services.config import ServiceConfig
@@ -56,6 +57,7 @@ class ReconcileReport:
     orphan_schedules_deleted: int = 0
     stale_retried: int = 0
     stale_failed: int = 0
+    overdue_moved: int = 0
     provisioning_resumed: int = 0
     cancels_finished: int = 0
     campaigns_completed: int = 0
@@ -69,6 +71,7 @@ class ReconcileReport:
             + self.orphan_schedules_deleted
             + self.stale_retried
             + self.stale_failed
+            + self.overdue_moved
             + self.provisioning_resumed
             + self.cancels_finished
             + self.campaigns_completed
@@ -125,6 +128,7 @@ class Reconciler:
             return report
         try:
             self._stale_running(report)
+            report.overdue_moved += self._campaigns.catch_up_overdue()
             for campaign in self._store.list_campaigns():
                 self._renew()
                 report.campaigns_checked += 1
@@ -137,7 +141,8 @@ class Reconciler:
             self._store.release_lease(LEASE, self._owner)
         for kind in (
             "missing_schedules_created", "orphan_schedules_deleted", "stale_retried",
-            "stale_failed", "provisioning_resumed", "cancels_finished", "campaigns_completed",
+            "stale_failed", "overdue_moved", "provisioning_resumed", "cancels_finished",
+            "campaigns_completed",
             "campaigns_reopened",
         ):  # fmt: skip
             value = getattr(report, kind)
@@ -277,12 +282,19 @@ class Reconciler:
                 report.stale_failed += 1
             return
         campaign = self._store.get_campaign(task.campaign_id)
+        # A free slot of the grid from now on, as a transient retry takes (the lost claim not
+        # counted: under policy retry the email counts as not sent).
+        [retry_at] = self._campaigns.replanner.retry_slots(
+            campaign, 1, not_before=now, exclude=[task.claimed_at] if task.claimed_at else []
+        )
         back = self._store.transition(
             task.id, TaskState.RUNNING, TaskState.PENDING, at=now,
             changes={
-                "send_at": next_window_instant(campaign.policy, now),
+                "send_at": retry_at,
                 "token": new_token(),
                 "error": unknown,
+                "moves": task.moves + 1,
+                "moved_reason": f"stale: no outcome within {self._config.stale_after:g} s",
             },
             note="stale: retry",
         )  # fmt: skip

@@ -30,7 +30,7 @@ from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.errors import PermanentMailError, SchedulerError, TransientMailError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
-from sendqueue.domain.planner import next_window_instant
+from sendqueue.domain.slots import in_policy
 from sendqueue.ports import Clock, Events, Mailer, NoEvents, OutgoingMessage, TaskStore
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
@@ -204,6 +204,9 @@ class SendWorker:
             log.info("task %s: campaign %s is %s, skipped", task_id, campaign.id, campaign.state)
             return False
         now = self._clock.now()
+        if self._overdue(campaign, task, now):
+            self._catch_up(campaign, task, now)
+            return True
         claimed = self._store.transition(
             task.id,
             TaskState.PENDING,
@@ -242,6 +245,26 @@ class SendWorker:
         if final and not others:
             self._complete_if_done(campaign.id)
         return True
+
+    def _overdue(self, campaign: Campaign, task: Task, now: datetime) -> bool:
+        """Too late to send: more than ``max_lateness`` past send_at, or outside the policy
+        (the layer's firing precision and :data:`EARLY_TOLERANCE` allowed)."""
+        if (now - task.send_at).total_seconds() > self._config.max_lateness:
+            return True
+        late = timedelta(seconds=self._config.firing_precision)
+        return not in_policy(campaign.policy, now, late=late, early=EARLY_TOLERANCE)
+
+    def _catch_up(self, campaign: Campaign, task: Task, now: datetime) -> None:
+        """Not sent: the campaign's Pending emails are re-planned from now instead (a
+        provisioning campaign is left to the reconciler, once the provisioner is done)."""
+        moved = 0
+        if campaign.state is CampaignState.ACTIVE:
+            moved = self._campaigns.catch_up(campaign.id, since=task.send_at)
+        log.warning(
+            "task %s due %s is overdue at %s: not sent; %d emails of campaign %s moved",
+            task.id, task.send_at.isoformat(), now.isoformat(), moved, campaign.id,
+        )  # fmt: skip
+        self._events.send_finished("moved")
 
     def _deliver(self, campaign: Campaign, task: Task) -> bool:
         """Send and record the outcome; True when the task ended final (Finished, Failed) and
@@ -316,9 +339,13 @@ class SendWorker:
                 campaign, task, f"gave up after {task.attempts} attempts; last: {error}"
             )
         delay = self._config.retry_backoff * 2 ** (task.attempts - 1)
-        # never resend outside the campaign's windows: after 17:00 the retry waits for 09:00
-        retry_at = next_window_instant(
-            campaign.policy, self._clock.now() + timedelta(seconds=delay)
+        # The retry takes a free slot of the grid after the back-off: inside a window, within
+        # the day's cap, away from the campaign's other sends (its own failed claim not counted).
+        [retry_at] = self._campaigns.replanner.retry_slots(
+            campaign,
+            1,
+            not_before=self._clock.now() + timedelta(seconds=delay),
+            exclude=[task.claimed_at] if task.claimed_at else [],
         )
         back = self._store.transition(
             task.id,
@@ -329,6 +356,8 @@ class SendWorker:
                 "send_at": retry_at,
                 "token": new_token(),
                 "error": f"transient: {error}"[:2000],
+                "moves": task.moves + 1,
+                "moved_reason": f"transient: {error}"[:300],
             },
             note=f"retry {task.attempts + 1} of {self._config.max_attempts} in {delay:.0f}s",
         )

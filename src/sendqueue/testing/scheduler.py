@@ -16,6 +16,7 @@ from sendqueue.domain.errors import Conflict, NotFound
 from sendqueue.domain.models import DeadLetter, new_token
 from sendqueue.ports import Alarm, Clock, Schedule, Target
 from sendqueue.testing.alarm import RecordingAlarm
+from sendqueue.testing.clock import FakeClock
 
 __all__ = ["FakeScheduler"]
 
@@ -172,6 +173,23 @@ class FakeScheduler:
                 for entry in due:
                     entry.in_flight = False
         return fired
+
+    def next_due(self) -> datetime | None:
+        """The earliest due time of a schedule not in flight, or None when there is none."""
+        with self._lock:
+            due = [e.schedule.due_at for e in self._entries.values() if not e.in_flight]
+        return min(due, default=None)
+
+    def run_until(self, clock: FakeClock, target: Target, until: datetime) -> int:
+        """Move ``clock`` from schedule to schedule, firing each at its due time, as a worker
+        that never stops would, up to ``until`` (where the clock is left). Returns how many
+        invocations ran."""
+        fired = 0
+        while (due := self.next_due()) is not None and due <= until:
+            clock.set(max(due, clock.now()))
+            fired += self.fire_due(target)
+        clock.set(max(until, clock.now()))
+        return fired + self.fire_due(target)
 
     def lose(self, name: str) -> bool:
         """Drop a schedule silently, as drift between the systems would. True if it existed."""

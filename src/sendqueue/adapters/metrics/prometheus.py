@@ -69,7 +69,7 @@ class PrometheusMetrics:
         self.registry = CollectorRegistry()
         self._sends = Counter(
             "sendqueue_sends_total",
-            "Send attempts by outcome (sent, transient, permanent, skipped).",
+            "Send attempts by outcome (sent, transient, permanent, skipped, moved).",
             ["outcome"],
             registry=self.registry,
         )

@@ -1,0 +1,190 @@
+"""Moving emails to free slots: the catch-up re-plan after an outage, and the slots of retries.
+
+A send never leaves the campaign's policy (README, "Guarantees"). When an email is overdue
+(more than ``max_lateness`` past its send time, or its window closed), the campaign's remaining
+Pending emails are re-planned from now with :func:`~sendqueue.domain.slots.free_slots`: what
+was already sent (Finished) or is being sent (Running) on each local day counts against
+``per_day``, and no two sends come closer than half the planned spacing. A retry (transient,
+stale, retry-failed) takes the first free slot with every other booked email of the campaign,
+Pending ones included, kept as it is.
+
+A re-plan runs under a per-campaign lease in the store, so two processes that trigger it at
+once do not interleave (the loser returns at once); each move is a compare-and-set on the task's
+state and token, and it is idempotent: run again, it moves nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import date, datetime, timedelta
+
+from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.models import Campaign, Move, Task, new_token
+from sendqueue.domain.slots import free_slots, in_policy
+from sendqueue.ports import Clock, TaskStore
+from sendqueue.services.config import ServiceConfig
+from sendqueue.services.scheduling import ScheduleWriter
+
+__all__ = ["Replanner", "outage_reason"]
+
+log = logging.getLogger(__name__)
+
+#: A local day starts at most this long before any instant in it (a 25-hour DST day, and a
+#: margin): what was booked since then is all a re-plan from now has to look at.
+_DAY_BACK = timedelta(hours=26)
+#: Tasks per reschedule call and schedule batch.
+_CHUNK = 1000
+#: The first span of booked sends a retry slot is looked for in; each next one is 8x longer.
+_FIRST_SPAN = timedelta(days=2)
+
+
+def outage_reason(campaign: Campaign, since: datetime, now: datetime) -> str:
+    """``"worker down 16:48-17:48"`` (with an en dash) in the campaign's local time; dates are
+    named when the two instants fall on different local days."""
+    zone = campaign.policy.zone
+    a, b = since.astimezone(zone), now.astimezone(zone)
+    if a.date() == b.date():
+        return f"worker down {a:%H:%M}\u2013{b:%H:%M}"
+    return f"worker down {a:%Y-%m-%d %H:%M}\u2013{b:%Y-%m-%d %H:%M}"
+
+
+class Replanner:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        writer: ScheduleWriter,
+        clock: Clock,
+        config: ServiceConfig,
+    ) -> None:
+        self._store = store
+        self._writer = writer
+        self._clock = clock
+        self._config = config
+
+    def replan_pending(
+        self, campaign: Campaign, pending: Sequence[Task], *, reason: str, schedule_all: bool
+    ) -> int | None:
+        """Move ``pending`` (the campaign's Pending tasks, in position order) onto the first
+        free slots from now; returns how many moved, or None when another process holds the
+        campaign's re-plan lease.
+
+        Moved tasks get a new schedule (the old one is replaced: same name, new token); with
+        ``schedule_all`` the unmoved ones get theirs too (resume: a pause deleted them).
+        """
+        owner = new_token()
+        lease = f"replan:{campaign.id}"
+        ttl = self._config.reconcile_lease_seconds
+        if not self._store.acquire_lease(lease, owner, ttl_seconds=ttl, at=self._clock.now()):
+            log.info("campaign %s is being re-planned elsewhere", campaign.id)
+            return None
+        try:
+            return self._replan(campaign, pending, reason, schedule_all)
+        finally:
+            self._store.release_lease(lease, owner)
+
+    def _replan(
+        self, campaign: Campaign, pending: Sequence[Task], reason: str, schedule_all: bool
+    ) -> int:
+        now = self._clock.now()
+        policy = campaign.policy
+        zone = policy.zone
+        # Pending tasks are what is re-planned; what went out, or is going out, is fixed. In a
+        # catch-up so are the ones due right now and not late (their schedules fire now):
+        # moving them would make a second re-plan a moment later move everything again. A
+        # resume (``schedule_all``: a pause deleted every schedule) re-plans all from now.
+        lateness = timedelta(seconds=self._config.max_lateness)
+        on_time = not schedule_all and in_policy(policy, now)
+        due_now = {
+            t.id for t in pending if on_time and t.send_at <= now and now - t.send_at <= lateness
+        }
+        fixed = [
+            when
+            for state, when in self._store.booked(campaign.id, since=now - _DAY_BACK)
+            if state is not TaskState.PENDING
+        ] + [t.send_at for t in pending if t.id in due_now]
+        per_day: Counter[date] = Counter(when.astimezone(zone).date() for when in fixed)
+        movable = [t for t in pending if t.id not in due_now]
+        slots = free_slots(policy, len(movable), now=now, booked_per_day=per_day, booked=fixed)
+        moves: list[Move] = []
+        scheduled: list[Task] = [t for t in pending if t.id in due_now] if schedule_all else []
+        for task, slot in zip(movable, slots, strict=True):
+            if task.send_at != slot:
+                move = Move(task.id, task.token, slot, new_token())
+                moves.append(move)
+                scheduled.append(replace(task, send_at=slot, token=move.new_token))
+            elif schedule_all:
+                scheduled.append(task)
+        moved = 0
+        for start in range(0, len(moves), _CHUNK):
+            moved += self._store.reschedule(
+                moves[start : start + _CHUNK], at=self._clock.now(), reason=reason
+            )
+        self._schedule(campaign, scheduled)
+        if moved:
+            log.warning("campaign %s: %d emails moved (%s)", campaign.id, moved, reason)
+        return moved
+
+    def _schedule(self, campaign: Campaign, tasks: Sequence[Task]) -> None:
+        # A task claimed between the read and its move kept its token: the schedule made here
+        # for it then carries a token it does not hold, and the worker skips it as stale.
+        for start in range(0, len(tasks), _CHUNK):
+            report = self._writer.ensure_many(tasks[start : start + _CHUNK])
+            if report.failed:
+                log.warning(
+                    "%d schedules could not be created for %s; the reconciler will retry",
+                    len(report.failed),
+                    campaign.id,
+                )
+
+    def retry_slots(
+        self, campaign: Campaign, count: int, *, not_before: datetime, exclude: Iterable[datetime]
+    ) -> list[datetime]:
+        """The first ``count`` free slots at or after ``not_before``, every email the campaign
+        has booked (sent, being sent, or Pending) kept where it is; ``exclude`` names booked
+        instants that are the retried tasks' own (their failed claims), which do not count.
+
+        Booked sends are read for a growing span (two days, then 8x longer, then all), so a
+        retry in a large campaign does not read all of it when a slot is near.
+        """
+        zone = campaign.policy.zone
+        since = not_before - _DAY_BACK
+        span: timedelta | None = _FIRST_SPAN
+        while True:
+            until = None if span is None else not_before + span
+            found = self._store.booked(campaign.id, since=since, until=until)
+            instants = [when for _, when in found]
+            for own in exclude:
+                if own in instants:
+                    instants.remove(own)
+            per_day: Counter[date] = Counter(when.astimezone(zone).date() for when in instants)
+            slots = free_slots(
+                campaign.policy, count, now=not_before, booked_per_day=per_day, booked=instants
+            )
+            # A slot past the span read might collide with a booking not read: read further.
+            if until is None or slots[-1] < until - _DAY_BACK:
+                return slots
+            span = span * 8 if span is not None and span < timedelta(days=400) else None
+
+    def overdue_campaigns(self, now: datetime) -> dict[str, datetime]:
+        """Active campaigns with a Pending task more than ``max_lateness`` past its send
+        time: campaign id -> the earliest such send time."""
+        before = now - timedelta(seconds=self._config.max_lateness)
+        found: dict[str, datetime] = {}
+        states: dict[str, CampaignState] = {}
+        cursor: tuple[datetime, str] | None = None
+        while True:
+            page = self._store.due_tasks(TaskState.PENDING, before=before, after=cursor)
+            for task in page:
+                cid = task.campaign_id
+                if cid not in states:
+                    states[cid] = self._store.campaign_state(cid)
+                if states[cid] is CampaignState.ACTIVE and cid not in found:
+                    found[cid] = task.send_at
+            if len(page) < 1000:
+                return found
+            cursor = (page[-1].send_at, page[-1].id)
