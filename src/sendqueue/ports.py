@@ -238,6 +238,13 @@ class TaskStore(Protocol):
         """Number of tasks per state; every state is present, zero included."""
         ...
 
+    def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]:
+        """``(moved, late)``: how many of the campaign's tasks were moved at least once, and
+        how many Finished ones went out more than ``late_after`` seconds after their send
+        time. (0, 0) for an unknown campaign.
+        """
+        ...
+
     # change log
     def changes_after(
         self, after_id: int, *, campaign_id: str | None = None, limit: int = 1000

@@ -731,6 +731,21 @@ def test_booked_lists_sent_claimed_and_planned_instants(store: TaskStore) -> Non
     assert store.booked("no-such-campaign", since=T0) == []
 
 
+def test_count_moves_counts_moved_and_late_tasks(store: TaskStore) -> None:
+    tasks = with_tasks(store, count=5)
+    with_tasks(store, "c2", count=1)
+    assert store.count_moves("c1", late_after=60) == (0, 0)
+    store.reschedule([Move(tasks[0].id, tasks[0].token, T0, "n0")], at=T0, reason="r")
+    for task, late_by in ((tasks[1], 61), (tasks[2], 30), (tasks[3], 60)):
+        drive(store, task.id, S.RUNNING)
+        sent = task.send_at + timedelta(seconds=late_by)
+        store.transition(task.id, S.RUNNING, S.FINISHED, at=sent, changes={"sent_at": sent})
+    assert store.count_moves("c1", late_after=60) == (1, 1)
+    assert store.count_moves("c1", late_after=10) == (1, 3)
+    assert store.count_moves("c2", late_after=60) == (0, 0)
+    assert store.count_moves("no-such-campaign", late_after=60) == (0, 0)
+
+
 # --- queries ----------------------------------------------------------------------------------
 
 
@@ -1043,6 +1058,7 @@ def test_unreachable_backend_raises_store_unavailable(backend: Backend) -> None:
         lambda: store.transition_all("c1", S.PENDING, S.CANCELLED, at=T0),
         lambda: store.reschedule([Move("t", "x", T0, "y")], at=T0, reason="r"),
         lambda: store.booked("c1", since=T0),
+        lambda: store.count_moves("c1", late_after=60),
         lambda: store.list_tasks("c1"),
         lambda: store.due_tasks(S.PENDING, before=T0),
         lambda: store.stale_running(claimed_before=T0),

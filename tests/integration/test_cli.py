@@ -179,11 +179,21 @@ def test_campaign_lifecycle_through_the_cli(cli: CliRunner, tmp_path: Path) -> N
     code, out, _ = run(cli, "campaign", "tasks", cid, "--json")
     tasks = json.loads(out)
     assert [set(t) for t in tasks] == [
-        {"id", "email", "state", "send_at", "sent_at", "attempts", "message_id", "error"}
-    ] * 2
-    assert tasks[0]["send_at"] == "2030-01-07T08:00:00Z"
+        {
+            "id", "email", "state", "send_at", "sent_at", "attempts", "message_id", "error",
+            "planned_at", "moves", "moved_reason", "paused", "late",
+        }
+    ] * 2  # fmt: skip
+    assert tasks[0]["send_at"] == tasks[0]["planned_at"] == "2030-01-07T08:00:00Z"
+    assert (tasks[0]["moves"], tasks[0]["moved_reason"], tasks[0]["paused"]) == (0, None, False)
 
     assert run(cli, "campaign", "pause", cid)[0] == 0
+    # paused: no send time, in the JSON and in the table
+    code, out, _ = run(cli, "campaign", "tasks", cid, "--json")
+    paused = json.loads(out)
+    assert [(t["send_at"], t["paused"]) for t in paused] == [(None, True)] * 2
+    code, out, _ = run(cli, "campaign", "tasks", cid)
+    assert code == 0 and out.count("paused") == 2 and "2030-01-07" not in out
     code, out, _ = run(cli, "campaign", "resume", cid, "--json")
     assert code == 0 and json.loads(out)["state"] == "active"
     code, out, _ = run(cli, "task", "cancel", tasks[0]["id"], "--json")

@@ -4,7 +4,7 @@ a request is refused."""
 from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -150,7 +150,8 @@ def test_create_from_json_renders_templates_with_row_variables(web: Web) -> None
     ]
     assert set(tasks[0]) == {
         "id", "position", "email", "name", "subject", "state", "send_at", "sent_at",
-        "attempts", "message_id", "error",
+        "attempts", "message_id", "error", "planned_at", "moves", "moved_reason", "paused",
+        "late",
     }  # fmt: skip
 
 
@@ -732,3 +733,39 @@ def test_a_json_body_over_its_limit_is_refused_before_parsing(make_web: Any) -> 
     _nothing_written(web)
     # Under the limit the same route still works.
     web.create(count=3)
+
+
+def test_moves_late_sends_and_paused_emails_show_in_the_api_and_the_page(web: Web) -> None:
+    policy = {"timezone": "UTC", "per_day": 100, "weekdays": "mon-sun", "windows": ["00:00-24:00"]}
+    cid = web.create(4, policy=policy)["id"]  # one every 14.4 minutes
+    assert web.container.provisioner.provision(cid).status == "done"
+    planned = {t["id"]: t["send_at"] for t in web.client.get(f"/api/campaigns/{cid}/tasks")
+               .json()["tasks"]}  # fmt: skip
+    first = min(datetime.fromisoformat(s) for s in planned.values())
+    # the worker was down for 400 s (SENDQUEUE_MAX_LATENESS is 300): all four move
+    web.clock.set(first + timedelta(seconds=400))
+    web.fire_due()
+    tasks = web.client.get(f"/api/campaigns/{cid}/tasks").json()["tasks"]
+    assert all(t["moves"] == 1 and t["moved_reason"].startswith("worker down") for t in tasks)
+    assert [t["planned_at"] for t in tasks] == [planned[t["id"]] for t in tasks]
+    assert all(t["send_at"] > t["planned_at"] for t in tasks)
+    # the first goes out 90 s after its new send time (late), the others wait
+    moved_to = datetime.fromisoformat(tasks[0]["send_at"])
+    web.clock.set(moved_to + timedelta(seconds=90))
+    web.fire_due()
+    detail = web.client.get(f"/api/campaigns/{cid}").json()
+    assert (detail["moved"], detail["late"]) == (4, 1)
+    tasks = web.client.get(f"/api/campaigns/{cid}/tasks").json()["tasks"]
+    assert tasks[0]["state"] == "Finished" and tasks[0]["late"] is True
+    assert not any(t["late"] for t in tasks[1:])
+
+    assert web.client.post(f"/api/campaigns/{cid}/pause").status_code == 200
+    tasks = web.client.get(f"/api/campaigns/{cid}/tasks").json()["tasks"]
+    assert [(t["state"], t["paused"], t["send_at"] is None) for t in tasks] == [
+        ("Finished", False, False)
+    ] + [("Pending", True, True)] * 3
+    page = web.client.get(f"/campaigns/{cid}").text
+    assert page.count(">paused</td>") == 3
+    assert "(late)</td>" in page
+    assert '<dd id="campaign-moved"' in page and ">4</dd>" in page
+    assert "1 move: worker down" in page

@@ -50,9 +50,12 @@ def test_the_views_are_in_the_schema_with_their_json_names(web: Web) -> None:
     schemas = web.client.get("/openapi.json").json()["components"]["schemas"]
     assert set(schemas["TaskView"]["properties"]) == {
         "id", "position", "email", "name", "subject", "state", "send_at", "sent_at",
-        "attempts", "message_id", "error",
+        "attempts", "message_id", "error", "planned_at", "moves", "moved_reason", "paused",
+        "late",
     }  # fmt: skip
-    assert {"from", "counts", "next_send_at"} <= set(schemas["CampaignDetail"]["properties"])
+    assert {"from", "counts", "next_send_at", "moved", "late"} <= set(
+        schemas["CampaignDetail"]["properties"]
+    )
     assert set(schemas["DeadLetterView"]["properties"]) == {
         "id", "schedule", "group", "payload", "error", "attempts", "failed_at",
     }  # fmt: skip

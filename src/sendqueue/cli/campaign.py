@@ -27,7 +27,7 @@ from sendqueue.cli.common import (
 )
 from sendqueue.cli.render import plan_rows, print_plan, print_provision, provision_with_progress
 from sendqueue.domain.errors import InvalidField
-from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import check_cursor
 from sendqueue.services.importing import Templates
 from sendqueue.services.views import campaign_dict, task_list_dict
@@ -100,7 +100,7 @@ def campaign_create(
             limits=limits,
         )
         campaign = created.campaign
-        data = campaign_dict(campaign, c.store.count_tasks(campaign.id))
+        data = campaign_dict(c.store, campaign)
         data["import"] = {"rows": created.imported.rows, "duplicates": created.imported.duplicates}
         if as_json:
             print_json(data)
@@ -129,7 +129,7 @@ def _read_text(path: Path, field: str) -> str:
 def campaign_list(as_json: JsonOpt = False) -> None:
     """All campaigns with their state and counts."""
     with container() as c:
-        rows = [campaign_dict(x, c.store.count_tasks(x.id)) for x in c.store.list_campaigns()]
+        rows = [campaign_dict(c.store, x) for x in c.store.list_campaigns()]
     if as_json:
         print_json(rows)
         return
@@ -154,7 +154,7 @@ def campaign_list(as_json: JsonOpt = False) -> None:
 def campaign_show(campaign_id: str, as_json: JsonOpt = False) -> None:
     """One campaign: policy, state and counts per task state."""
     with container() as c:
-        data = campaign_dict(c.store.get_campaign(campaign_id), c.store.count_tasks(campaign_id))
+        data = campaign_dict(c.store, c.store.get_campaign(campaign_id))
     if as_json:
         print_json(data)
         return
@@ -234,9 +234,7 @@ def _control(name: str, call: Callable[[Container, str], Any]) -> Callable[..., 
     def command(campaign_id: str, as_json: JsonOpt = False) -> None:
         with container() as c:
             result = call(c, campaign_id)
-            data = campaign_dict(
-                c.store.get_campaign(campaign_id), c.store.count_tasks(campaign_id)
-            )
+            data = campaign_dict(c.store, c.store.get_campaign(campaign_id))
         if isinstance(result, int):
             data["affected"] = result
         if as_json:
@@ -280,14 +278,15 @@ def campaign_tasks(
         raise InvalidField("limit", limit, "must be 0 (all) or more")
     rows: list[dict[str, Any]] = []
     with container() as c:
-        c.store.get_campaign(campaign_id)
+        # a paused campaign's Pending emails have no send time until it resumes
+        paused = c.store.get_campaign(campaign_id).state is CampaignState.PAUSED
         cursor = after
         while True:
             page = min(1000, limit - len(rows)) if limit else 1000
             batch = c.store.list_tasks(
                 campaign_id, state=wanted, search=search, after=cursor, limit=page
             )
-            rows.extend(task_list_dict(t) for t in batch)
+            rows.extend(task_list_dict(t, campaign_paused=paused) for t in batch)
             if len(batch) < page or (limit and len(rows) >= limit):
                 break
             cursor = batch[-1].position
@@ -295,16 +294,17 @@ def campaign_tasks(
         print_json(rows)
         return
     table = Table(title=f"{len(rows)} email(s)")
-    for col in ("id", "email", "state", "send_at", "sent_at", "attempts", "error"):
+    for col in ("id", "email", "state", "send_at", "sent_at", "attempts", "moves", "error"):
         table.add_column(col)
     for r in rows:
         table.add_row(
             r["id"],
             r["email"],
             r["state"],
-            r["send_at"] or "",
-            r["sent_at"] or "",
+            "paused" if r["paused"] else r["send_at"] or "",
+            (r["sent_at"] or "") + (" (late)" if r["late"] else ""),
             str(r["attempts"]),
+            f"{r['moves']}: {r['moved_reason']}" if r["moves"] else "",
             (r["error"] or "")[:60],
         )
     out.print(table)

@@ -27,7 +27,7 @@ from .policy import SendingPolicy
 
 __all__ = ["free_slots", "in_policy", "nominal_spacing"]
 
-#: The first batch of grid slots examined; each further batch is twice as large.
+#: Grid slots examined beyond the first batch's estimate; each further batch is twice as large.
 _FIRST_BATCH = 64
 
 
@@ -88,7 +88,9 @@ def free_slots(
     out: list[datetime] = []
     used: dict[date, int] = {}
     seen = 0
-    batch = max(_FIRST_BATCH, 2 * count)
+    # Enough for the usual case in one pass (a slot is refused for a full day or for a booked
+    # instant nearby); a plan of a million sends is a lot of memory, so not twice that.
+    batch = count + 2 * len(taken) + per_day + _FIRST_BATCH
     while True:
         # A plan is a prefix of any longer plan from the same start, so each batch only
         # examines the slots the previous one did not.

@@ -15,8 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter, Task
+from sendqueue.ports import TaskStore
 
 __all__ = [
+    "LATE_SECONDS",
     "TASK_LIST_KEYS",
     "CampaignView",
     "ChangeView",
@@ -24,12 +26,17 @@ __all__ = [
     "IsoTime",
     "TaskView",
     "campaign_dict",
+    "campaign_moves",
     "change_dict",
     "dead_letter_dict",
+    "is_late",
     "iso",
     "task_dict",
     "task_list_dict",
 ]
+
+#: An email sent more than this many seconds after its send time counts as late.
+LATE_SECONDS = 60
 
 #: A time as :func:`iso` writes it: ISO-8601 in UTC with a ``Z``.
 IsoTime = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
@@ -69,14 +76,21 @@ class CampaignView(_View):
     policy: dict[str, Any] = Field(description="timezone, per_day, weekdays, windows, ...")
     policy_text: str
     counts: dict[str, int] = Field(description="tasks per state, every state named")
+    moved: int = Field(description="emails moved at least once (outage, retry, resume)")
+    late: int = Field(description=f"emails sent more than {LATE_SECONDS} s after send_at")
     checkpoint: dict[str, Any] | None
     created_at: IsoTime
     updated_at: IsoTime
 
     @classmethod
-    def fields_of(cls, campaign: Campaign, counts: Mapping[TaskState, int]) -> dict[str, Any]:
-        """The field values of ``campaign`` (for subclasses that add their own)."""
+    def fields_of(
+        cls, campaign: Campaign, counts: Mapping[TaskState, int], moves: tuple[int, int]
+    ) -> dict[str, Any]:
+        """The field values of ``campaign`` (for subclasses that add their own); ``moves`` is
+        ``TaskStore.count_moves`` (moved, late)."""
         return {
+            "moved": moves[0],
+            "late": moves[1],
             "id": campaign.id,
             "name": campaign.name,
             "state": campaign.state.value,
@@ -93,8 +107,20 @@ class CampaignView(_View):
         }
 
     @classmethod
-    def of(cls, campaign: Campaign, counts: Mapping[TaskState, int]) -> CampaignView:
-        return cls(**cls.fields_of(campaign, counts))
+    def of(
+        cls, campaign: Campaign, counts: Mapping[TaskState, int], moves: tuple[int, int]
+    ) -> CampaignView:
+        return cls(**cls.fields_of(campaign, counts, moves))
+
+    @classmethod
+    def read(cls, store: TaskStore, campaign: Campaign) -> CampaignView:
+        """The view of ``campaign`` with its counts read from ``store``."""
+        return cls.of(campaign, store.count_tasks(campaign.id), campaign_moves(store, campaign))
+
+
+def campaign_moves(store: TaskStore, campaign: Campaign) -> tuple[int, int]:
+    """``(moved, late)`` of the campaign: :data:`LATE_SECONDS` is late."""
+    return store.count_moves(campaign.id, late_after=LATE_SECONDS)
 
 
 class TaskView(_View):
@@ -106,14 +132,23 @@ class TaskView(_View):
     name: str
     subject: str
     state: str
-    send_at: IsoTime
+    send_at: IsoTime | None = Field(
+        description="when it goes out; null while its campaign is paused (paused is true)"
+    )
     sent_at: IsoTime | None
     attempts: int
     message_id: str | None
     error: str | None
+    planned_at: IsoTime | None = Field(description="the first send time planned for it")
+    moves: int = Field(description="how many times it was moved to another slot")
+    moved_reason: str | None = Field(description='why it last moved, e.g. "transient: 421 ..."')
+    paused: bool = Field(description="Pending in a paused campaign: no send time until resume")
+    late: bool = Field(description=f"sent more than {LATE_SECONDS} s after its send time")
 
     @classmethod
-    def of(cls, task: Task) -> TaskView:
+    def of(cls, task: Task, *, campaign_paused: bool = False) -> TaskView:
+        """The view of ``task``; with ``campaign_paused`` a Pending one shows as paused."""
+        paused = campaign_paused and task.state is TaskState.PENDING
         return cls(
             id=task.id,
             position=task.position,
@@ -121,12 +156,24 @@ class TaskView(_View):
             name=task.name,
             subject=task.subject,
             state=task.state.value,
-            send_at=iso(task.send_at),
+            send_at=None if paused else iso(task.send_at),
             sent_at=iso(task.sent_at),
             attempts=task.attempts,
             message_id=task.message_id,
             error=task.error,
+            planned_at=iso(task.planned_at),
+            moves=task.moves,
+            moved_reason=task.moved_reason,
+            paused=paused,
+            late=is_late(task),
         )
+
+
+def is_late(task: Task) -> bool:
+    """Sent more than :data:`LATE_SECONDS` after its send time."""
+    return task.sent_at is not None and (
+        (task.sent_at - task.send_at).total_seconds() > LATE_SECONDS
+    )
 
 
 class ChangeView(_View):
@@ -177,14 +224,14 @@ class DeadLetterView(_View):
         )
 
 
-def campaign_dict(campaign: Campaign, counts: Mapping[TaskState, int]) -> dict[str, Any]:
-    """A campaign with its task counts per state."""
-    return CampaignView.of(campaign, counts).as_json()
+def campaign_dict(store: TaskStore, campaign: Campaign) -> dict[str, Any]:
+    """A campaign with its task counts per state, moved and late, read from ``store``."""
+    return CampaignView.read(store, campaign).as_json()
 
 
-def task_dict(task: Task) -> dict[str, Any]:
+def task_dict(task: Task, *, campaign_paused: bool = False) -> dict[str, Any]:
     """A task as the API and ``task cancel --json`` show it."""
-    return TaskView.of(task).as_json()
+    return TaskView.of(task, campaign_paused=campaign_paused).as_json()
 
 
 def change_dict(entry: ChangeLogEntry) -> dict[str, Any]:
@@ -198,10 +245,13 @@ def dead_letter_dict(letter: DeadLetter) -> dict[str, Any]:
 
 
 #: The keys ``campaign tasks --json`` lists, in order: a task without position, name and subject.
-TASK_LIST_KEYS = ("id", "email", "state", "send_at", "sent_at", "attempts", "message_id", "error")
+TASK_LIST_KEYS = (
+    "id", "email", "state", "send_at", "sent_at", "attempts", "message_id", "error",
+    "planned_at", "moves", "moved_reason", "paused", "late",
+)  # fmt: skip
 
 
-def task_list_dict(task: Task) -> dict[str, Any]:
+def task_list_dict(task: Task, *, campaign_paused: bool = False) -> dict[str, Any]:
     """A task as ``campaign tasks --json`` lists it: :func:`task_dict` cut to TASK_LIST_KEYS."""
-    full = task_dict(task)
+    full = task_dict(task, campaign_paused=campaign_paused)
     return {key: full[key] for key in TASK_LIST_KEYS}

@@ -376,6 +376,16 @@ class InMemoryTaskStore:
         return updated
 
     @_guarded
+    def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]:
+        moved = late = 0
+        limit = timedelta(seconds=late_after)
+        for position in self._task_positions.get(campaign_id, ()):
+            task = self._tasks[self._task_at[campaign_id][position]]
+            moved += task.moves > 0
+            late += task.sent_at is not None and task.sent_at - task.send_at > limit
+        return moved, late
+
+    @_guarded
     def booked(
         self, campaign_id: str, *, since: datetime, until: datetime | None = None
     ) -> list[tuple[TaskState, datetime]]:

@@ -19,7 +19,7 @@ from sendqueue.domain.planner import DaySummary, per_day_summary, plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.campaigns import PlanSummary, iter_tasks
-from sendqueue.services.views import CampaignView, iso
+from sendqueue.services.views import CampaignView, campaign_moves, iso
 from sendqueue.web.schemas import CampaignDetail, Plan, PlanDay, PlanSend
 
 __all__ = [
@@ -54,7 +54,9 @@ def next_send_at(store: TaskStore, campaign: Campaign) -> datetime | None:
 
 def campaign_view(store: TaskStore, campaign: Campaign) -> CampaignDetail:
     """``campaign show --json`` plus ``next_send_at``."""
-    fields = CampaignView.fields_of(campaign, store.count_tasks(campaign.id))
+    fields = CampaignView.fields_of(
+        campaign, store.count_tasks(campaign.id), campaign_moves(store, campaign)
+    )
     return CampaignDetail(**fields, next_send_at=iso(next_send_at(store, campaign)))
 
 

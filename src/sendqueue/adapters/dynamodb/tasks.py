@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sendqueue.adapters.dynamodb.client import TableClient
@@ -306,6 +306,23 @@ class TaskItems(TableClient):
                     updated += count
                 keys = keys[len(chunk) :]
         return updated
+
+    def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]:
+        """Reads the campaign's tasks (every state's part of the ``by_state`` index): DynamoDB
+        counts items, not a condition on two attributes."""
+        limit = timedelta(seconds=late_after)
+        moved = late = 0
+        with self._errors("count moved tasks"):
+            for state in TaskState:
+                for item in self._query(
+                    IndexName="by_state",
+                    KeyConditionExpression="gs = :gs",
+                    ExpressionAttributeValues={":gs": str_attr(f"{campaign_id}#{state.value}")},
+                ):
+                    task = task_from_item(item)[0]
+                    moved += task.moves > 0
+                    late += task.sent_at is not None and task.sent_at - task.send_at > limit
+        return moved, late
 
     def booked(
         self, campaign_id: str, *, since: datetime, until: datetime | None = None

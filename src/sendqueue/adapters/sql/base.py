@@ -380,6 +380,22 @@ class SqlTaskStore(ABC):
                 updated += len(found)
         return updated
 
+    def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]:
+        t = tables.tasks.c
+        if self.dialect == "sqlite":
+            # times are text on SQLite: julianday() reads them (days, as a float)
+            late_by = (sa.func.julianday(t.sent_at) - sa.func.julianday(t.send_at)) * 86_400.0
+            is_late: sa.ColumnElement[bool] = late_by > late_after
+        else:
+            is_late = t.sent_at - t.send_at > timedelta(seconds=late_after)
+        query = sa.select(
+            sa.func.count().filter(t.moves > 0),
+            sa.func.count().filter(sa.and_(t.state == TaskState.FINISHED.value, is_late)),
+        ).where(t.campaign_id == campaign_id)
+        with self._read("count moved tasks") as conn:
+            moved, late = conn.execute(query).one()
+        return int(moved), int(late)
+
     def booked(
         self, campaign_id: str, *, since: datetime, until: datetime | None = None
     ) -> list[tuple[TaskState, datetime]]:

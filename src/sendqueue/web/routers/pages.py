@@ -24,7 +24,7 @@ from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.policy import WEEKDAY_NAMES
 from sendqueue.ports import TaskStore
-from sendqueue.services.views import DeadLetterView, TaskView, iso
+from sendqueue.services.views import DeadLetterView, TaskView, campaign_moves, iso
 from sendqueue.web.charts import day_chart, progress_segments
 from sendqueue.web.deps import ContainerDep, TimelinesDep
 from sendqueue.web.queries import next_send_at
@@ -119,12 +119,21 @@ def _timezones() -> list[str]:
     return sorted(z for z in zoneinfo.available_timezones() if "/" in z or z == "UTC")
 
 
-def _task_row(task: Task, zone: ZoneInfo) -> dict[str, Any]:
-    """The task's view, its times in the campaign's zone."""
-    row = TaskView.of(task).model_dump(exclude={"message_id"})
+def moved_text(moves: int, reason: str | None) -> str:
+    """``"1 move: worker down 16:50-17:48"``; campaign.js writes the same."""
+    if not moves:
+        return ""
+    return f"{moves} move{'' if moves == 1 else 's'}: {reason or ''}".rstrip(": ")
+
+
+def _task_row(task: Task, zone: ZoneInfo, *, campaign_paused: bool) -> dict[str, Any]:
+    """The task's view, its times in the campaign's zone ("paused": no send time)."""
+    view = TaskView.of(task, campaign_paused=campaign_paused)
+    row = view.model_dump(exclude={"message_id"})
     row.update(
-        send_at=local_time(task.send_at, zone),
-        sent_at=local_time(task.sent_at, zone),
+        send_at="paused" if view.paused else local_time(task.send_at, zone),
+        sent_at=local_time(task.sent_at, zone) + (" (late)" if view.late else ""),
+        moved=moved_text(task.moves, task.moved_reason),
         error=task.error or "",
     )
     return row
@@ -166,13 +175,17 @@ def campaign_page(
         page = page[:PAGE_SIZE]
         zone = campaign.policy.zone
         summary = _summary(store, campaign)
+        moved, late = campaign_moves(store, campaign)
+        paused = campaign.state is CampaignState.PAUSED
         timeline = timelines.get(campaign)
         return render(
             request,
             "campaign.html",
             title=campaign.name,
             last_change=last_change,
-            tasks=[_task_row(t, zone) for t in page],
+            tasks=[_task_row(t, zone, campaign_paused=paused) for t in page],
+            moved=moved,
+            late=late,
             next_cursor=page[-1].position if more and page else None,
             cursor=cursor,
             filter_state=wanted.value if wanted else "",

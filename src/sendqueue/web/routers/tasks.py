@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from sendqueue.domain.errors import NotFound
-from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import MAX_CURSOR
 from sendqueue.services.views import TaskView
 from sendqueue.web.deps import ContainerDep
@@ -38,6 +38,8 @@ def list_tasks(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> TaskPage:
     """A page of the campaign's emails in position order."""
+    # a paused campaign's Pending emails have no send time until it resumes (NotFound first)
+    paused = c.store.get_campaign(campaign_id).state is CampaignState.PAUSED
     page = c.store.list_tasks(
         campaign_id,
         state=_task_state(state),
@@ -48,7 +50,7 @@ def list_tasks(
     more = len(page) > limit
     page = page[:limit]
     return TaskPage(
-        tasks=[TaskView.of(t) for t in page],
+        tasks=[TaskView.of(t, campaign_paused=paused) for t in page],
         next=page[-1].position if more else None,
     )
 

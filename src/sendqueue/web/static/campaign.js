@@ -65,11 +65,23 @@
       email: task.email,
       name: task.name || "",
       subject: task.subject || "",
-      send_at: sq.formatTime(task.send_at, timeZone),
-      sent_at: sq.formatTime(task.sent_at, timeZone),
+      // a paused campaign's Pending emails have no send time until it resumes
+      send_at: task.paused ? "paused" : sq.formatTime(task.send_at, timeZone),
+      // sent more than a minute after its send time: marked late
+      sent_at: sq.formatTime(task.sent_at, timeZone) + (task.late ? " (late)" : ""),
       attempts: String(task.attempts),
+      moved: movedText(task.moves, task.moved_reason),
       error: task.error || "",
     };
+  }
+
+  // as pages.py's moved_text: "1 move: worker down 16:50-17:48"
+  function movedText(moves, reason) {
+    if (!moves) {
+      return "";
+    }
+    const text = moves + (moves === 1 ? " move" : " moves") + (reason ? ": " + reason : "");
+    return text;
   }
 
   function cancelButton(taskId, email) {
@@ -107,7 +119,7 @@
       error: "error-text",
     };
     for (const field of ["position", "email", "name", "subject", "state", "send_at", "sent_at",
-      "attempts", "error", "actions"]) {
+      "attempts", "moved", "error", "actions"]) {
       tr.append(sq.el("td", { class: classes[field] || null, "data-field": field }));
     }
     return tr;
@@ -226,6 +238,11 @@
       }
       const sum = Object.values(counts).reduce((n, v) => n + v, 0);
       sq.updateProgress(document.getElementById("campaign-progress"), counts, Math.max(c.recipients || 0, sum));
+    }
+    for (const key of ["moved", "late"]) {
+      if (key in c) {
+        sq.setText(document.getElementById("campaign-" + key), c[key]);
+      }
     }
     if ("next_send_at" in c) {
       const next = document.getElementById("next-send");
