@@ -187,6 +187,7 @@ class Figures:
 
     sent_before: int
     moved: int
+    max_moves: int
     moved_from_a: int
     sent_after: int
     next_days: int
@@ -200,6 +201,7 @@ class Figures:
         gap = "n/a" if self.min_gap_s is None else f"{self.min_gap_s:.3f}"
         return (
             f"OUTAGE-FIGURES {layer}: sent_before={self.sent_before} moved={self.moved} "
+            f"max_moves={self.max_moves} "
             f"moved_from_window_a={self.moved_from_a} sent_after={self.sent_after} "
             f"pending_next_days={self.next_days} min_gap_s={gap} "
             f"max_sends_within_half_spacing={self.max_in_half_spacing} "
@@ -350,6 +352,7 @@ def check_outage(
     return Figures(
         sent_before=len(sent_before),
         moved=sum(1 for t in tasks.values() if t.moves >= 1),
+        max_moves=max(t.moves for t in tasks.values()),
         moved_from_a=moved_from_a,
         sent_after=sent_after,
         next_days=sum(1 for i in pending if day.local_day(tasks[i].send_at) > today),
