@@ -210,6 +210,12 @@ def test_provision_fire_send_every_task_finished_with_exactly_one_message(aws: A
     aws.app.scheduler.redrive(letter.id)
     assert _fire_until_done(aws, player, minutes=1)[0].fired == [doomed]
     assert aws.app.scheduler.dead_letters() == []
+    # minutes past its send time (SENDQUEUE_MAX_LATENESS: 300 s), it is not sent late but
+    # moved to the next free slot, and goes out there
+    moved = aws.app.store.get_task(tasks[7].id)
+    assert moved is not None and moved.state is TaskState.PENDING
+    assert moved.moves == 1 and (moved.moved_reason or "").startswith("worker down")
+    assert [n for r in _fire_until_done(aws, player, minutes=2) for n in r.fired] == [doomed]
 
     final = aws.app.store.list_tasks(cid, limit=100)
     assert Counter(t.state for t in final) == {TaskState.FINISHED: count}

@@ -42,7 +42,8 @@ def _env(tmp_path: Path, sink: SmtpSink, policy: str) -> dict[str, str]:
         SENDQUEUE_RECONCILE_LEASE="2",
         SENDQUEUE_SCHEDULER_LEASE="3",
         SENDQUEUE_RETRY_BACKOFF="0.5",
-        PYTHONPATH=str(ROOT),
+        # the code under test first (a worktree), then the tests package
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
     )
     return env
 

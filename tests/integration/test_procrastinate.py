@@ -98,7 +98,8 @@ def _env(url: str, mailer: str, **extra: str) -> dict[str, str]:
         SENDQUEUE_DATABASE_URL=url,
         SENDQUEUE_EXECUTION="procrastinate",
         SENDQUEUE_MAILER=mailer,
-        PYTHONPATH=str(ROOT),
+        # the code under test first (a worktree), then the tests package
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         COLUMNS="200",
     )
     env.update(extra)
@@ -370,7 +371,8 @@ def _sqlite_env(tmp: Path, mailer: str) -> dict[str, str]:
         SENDQUEUE_DATABASE_URL=f"sqlite:///{tmp / 'store.db'}",
         SENDQUEUE_SCHEDULER_URL=f"sqlite:///{tmp / 'scheduler.db'}",
         SENDQUEUE_MAILER=mailer,
-        PYTHONPATH=str(ROOT),
+        # the code under test first (a worktree), then the tests package
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         COLUMNS="200",
     )
     return env
