@@ -49,7 +49,7 @@ def test_emails_due_together_within_max_lateness_are_not_sent_in_a_burst() -> No
     six fire at once: tests/integration/test_outage.py, ``[default]``.)"""
     clock = FakeClock(T0 - timedelta(seconds=35))
     scheduler = FakeScheduler(clock, seed=1)
-    app = fake_app(clock=clock, scheduler=scheduler, max_lateness=20)
+    app = fake_app(clock=clock, scheduler=scheduler, max_lateness=20, space_late_sends=True)
     day = two_windows(clock.now())
     cid = app.campaigns.create(
         name="late", recipients=demo_csv(26), policy=day.policy,
