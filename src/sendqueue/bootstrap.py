@@ -121,6 +121,7 @@ class Container:
             reconcile_lease_seconds=settings.reconcile_lease,
             stale_policy=settings.stale_policy,
             max_lateness=settings.max_lateness,
+            space_late_sends=settings.space_late_sends,
             provision_concurrency=settings.provision_concurrency,
             default_timezone=settings.default_timezone,
             default_from=settings.default_from,

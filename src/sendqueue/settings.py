@@ -176,6 +176,12 @@ class Settings(BaseSettings):
         description="seconds past its send time after which an email is not sent but moved, "
         "with the campaign's other Pending ones, to the next free slots",
     )
+    space_late_sends: bool = Field(
+        True,
+        description="an email sent late (within max_lateness) that would come within half the "
+        "planned spacing of another send of its campaign is moved to a free slot instead; "
+        "false sends such a backlog as fast as the worker can (the throughput benchmark)",
+    )
     max_attempts: int = Field(3, ge=1, le=20, description="send attempts per email in all")
     retry_backoff: float = Field(60.0, ge=0, description="seconds before a transient retry")
     auto_pause_after: int = Field(5, ge=0, description="pause after N permanent failures in a row")

@@ -335,6 +335,7 @@ def down_smtp(
             # the test fires sends up to ten minutes late, to make their retries fall after
             # the window; late sends being moved instead is tested in tests/unit/test_catch_up
             max_lateness=3600,
+            space_late_sends=False,
         ),
         clock=clock,
         mailer=mailer,

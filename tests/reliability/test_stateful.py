@@ -15,6 +15,8 @@ Invariants, checked after every step:
   than ``per_day`` sends, whatever outages (the clock jumping while nothing fires), transient
   failures, dead workers, pauses and resumes came before (SENDQUEUE_MAX_LATENESS 300 s: the
   overdue ones are moved, not sent late);
+- nothing is bunched: no two sends of a campaign come closer than half its planned spacing,
+  unless both went out on time by their first plan (jitter may plan neighbours close);
 - replaying the change log gives exactly the stored counts.
 
 At the end: a final reconcile and drain, firing each schedule at its time, leave no task lost
@@ -24,6 +26,7 @@ under ``retry``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import shutil
 import tempfile
 from collections import Counter
@@ -42,9 +45,10 @@ from sendqueue.domain.errors import DomainError, StoreUnavailable, Throttled, Tr
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Task, expected_schedule_name, schedule_group
 from sendqueue.domain.policy import SendingPolicy, Window
-from sendqueue.domain.slots import in_policy
+from sendqueue.domain.slots import in_policy, nominal_spacing
 from sendqueue.ports import OutgoingMessage
 from sendqueue.services.scheduling import ScheduleWriter, send_payload
+from sendqueue.services.worker import FIRING_SLACK
 from sendqueue.settings import Settings
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
@@ -360,6 +364,27 @@ class SendqueueMachine(RuleBasedStateMachine):
             per_day[cid, message.date.astimezone(policy.zone).date()] += 1
         for (cid, day), n in per_day.items():
             assert n <= policies[cid].per_day, f"{cid} sent {n} on {day}"
+
+    @invariant()
+    def no_burst_but_planned_neighbours(self) -> None:
+        tasks = {t.id: t for t in self._all_tasks()}
+        firsts: dict[str, datetime] = {}
+        for message in self.mailer.sent:  # a resend (at-least-once) is the same email
+            firsts.setdefault(message.headers["X-Sendqueue-Task"], message.date)
+        by_campaign: dict[str, list[tuple[datetime, str]]] = {}
+        for tid, at in firsts.items():
+            by_campaign.setdefault(tid.rsplit("-", 1)[0], []).append((at, tid))
+
+        def on_time(tid: str, at: datetime) -> bool:
+            planned = tasks[tid].planned_at or tasks[tid].send_at
+            return at - planned <= FIRING_SLACK
+
+        for cid, sends in by_campaign.items():
+            gap = nominal_spacing(self.store.inner.get_campaign(cid).policy) / 2
+            for (a, ta), (b, tb) in itertools.pairwise(sorted(sends)):
+                assert b - a >= gap or (on_time(ta, a) and on_time(tb, b)), (
+                    f"{ta} at {a} and {tb} at {b}: closer than {gap} and not both on time"
+                )
 
     @invariant()
     def change_log_replays_to_the_stored_counts(self) -> None:

@@ -41,13 +41,15 @@ def fake_app(
 ) -> Container:
     """A container on in-memory fakes; ``settings`` override Settings fields.
 
-    ``max_lateness`` defaults to 30 days, not 300 s: most tests jump the clock past many send
-    times at once and check another rule; the tests of the catch-up re-plan set it.
+    ``max_lateness`` defaults to 30 days, not 300 s, and ``space_late_sends`` to False: most
+    tests jump the clock past many send times at once and check another rule; the tests of the
+    catch-up re-plan and of late sends set them.
     """
     clock = clock or FakeClock(T0)
     values: dict[str, Any] = {
         "retry_backoff": 60.0,
         "max_lateness": LENIENT_LATENESS,
+        "space_late_sends": False,
         "_env_file": None,
     }
     values.update(settings)

@@ -161,3 +161,61 @@ def test_in_policy_allows_the_layers_precision_and_clock_skew() -> None:
     skip = SendingPolicy(timezone="Europe/Berlin", skip_dates=frozenset({date(2026, 12, 24)}))
     assert not in_policy(skip, berlin("2026-12-24T10:00"))
     assert in_policy(skip, berlin("2026-12-23T10:00"))
+
+
+def _window_bounds(policy: SendingPolicy, day: date) -> list[tuple[datetime, datetime]]:
+    """The UTC ``[open, close)`` of each window on local ``day``; a window a DST change moves
+    (a bound in a gap or a fold) is left out: not this property's subject."""
+    zone = policy.zone
+    midnight = datetime(day.year, day.month, day.day)
+    out = []
+    for w in policy.windows:
+        walls = [midnight + timedelta(minutes=m) for m in (w.start_minute, w.end_minute)]
+        opens, closes = (wall.replace(tzinfo=zone).astimezone(UTC) for wall in walls)
+        exact = all(
+            at.astimezone(zone).replace(tzinfo=None) == wall
+            and at == wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+            for at, wall in ((opens, walls[0]), (closes, walls[1]))
+            if wall.day == day.day  # 24:00 is the next midnight
+        )
+        if exact and closes - opens == walls[1] - walls[0]:
+            out.append((opens, closes))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    policy=policies(),
+    day=st.dates(min_value=date(2026, 1, 5), max_value=date(2026, 12, 20)),
+    fraction=st.floats(0, 1, exclude_max=True),
+    microseconds=st.integers(0, 999_999),
+    late=st.sampled_from([0, 1, 60]),
+    early=st.sampled_from([0, 1]),
+    outside=st.floats(0.001, 3600),
+)
+def test_in_policy_of_any_instant_inside_or_outside_a_window(
+    policy: SendingPolicy,
+    day: date,
+    fraction: float,
+    microseconds: int,
+    late: int,
+    early: int,
+    outside: float,
+) -> None:
+    """Any instant inside a window (whatever its microseconds) is in the policy; one outside
+    every window by more than ``late`` (after) or ``early`` (before) is not."""
+    sending = day.weekday() in policy.weekdays and day not in policy.skip_dates
+    tolerance = {"late": timedelta(seconds=late), "early": timedelta(seconds=early)}
+    for opens, closes in _window_bounds(policy, day):
+        span = (closes - opens).total_seconds()
+        inside = opens + timedelta(seconds=int(span * fraction), microseconds=microseconds)
+        if inside >= closes:
+            inside = closes - timedelta(microseconds=1)
+        assert in_policy(policy, inside, **tolerance) is sending, inside
+        after = closes + timedelta(seconds=late + outside)
+        before = opens - timedelta(seconds=early + outside)
+        for at in (after, before):
+            if not any(o <= at + timedelta(seconds=early) and at - timedelta(seconds=late) < c
+                       for d in (day - timedelta(days=1), day, day + timedelta(days=1))
+                       for o, c in _window_bounds(policy, d)):  # fmt: skip
+                assert not in_policy(policy, at, **tolerance), at

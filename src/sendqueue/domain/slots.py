@@ -51,8 +51,13 @@ def in_policy(
     """
     if not isinstance(at, datetime) or at.utcoffset() is None:
         raise InvalidField("at", at, "expected an aware date and time")
+    # next_window_instant rounds up to the next whole millisecond: floor the instant first, or
+    # one inside a window with a sub-millisecond part would look outside it. Window bounds are
+    # whole minutes, so flooring never moves an instant from outside a window to inside one.
+    since = at - late
+    since -= timedelta(microseconds=since.microsecond % 1000)
     try:
-        return next_window_instant(policy, at - late) <= at + early
+        return next_window_instant(policy, since) <= at + early
     except NoSendingDay:  # no window at all from here on
         return False
 

@@ -479,24 +479,49 @@ class CampaignService:
                 )
         return len(back)
 
-    def replan_pending(self, campaign: Campaign, *, reason: str, schedule_all: bool) -> int:
+    def replan_pending(
+        self,
+        campaign: Campaign,
+        *,
+        reason: str,
+        schedule_all: bool,
+        firing: str | None = None,
+        wait: float = 0.0,
+    ) -> int:
         """Move the campaign's Pending tasks onto the first free slots from now (position
         order; see :mod:`sendqueue.services.replanning`). Returns how many moved (0 when
         another process is re-planning the campaign right now)."""
-        pending = list(iter_tasks(self._store, campaign.id, TaskState.PENDING))
         moved = self.replanner.replan_pending(
-            campaign, pending, reason=reason, schedule_all=schedule_all
+            campaign,
+            lambda: list(iter_tasks(self._store, campaign.id, TaskState.PENDING)),
+            reason=reason,
+            schedule_all=schedule_all,
+            firing=firing,
+            wait=wait,
         )
         return moved or 0
 
-    def catch_up(self, campaign_id: str, *, since: datetime) -> int:
+    def catch_up(
+        self,
+        campaign_id: str,
+        *,
+        since: datetime,
+        reason: str | None = None,
+        firing: str | None = None,
+        wait: float = 0.0,
+    ) -> int:
         """Re-plan an active campaign that missed its sends since ``since`` (an overdue one
-        met by the worker, or found by :meth:`catch_up_overdue`). Returns how many moved."""
+        met by the worker, or found by :meth:`catch_up_overdue`), or whose late send would
+        come too close to another (``reason`` given, ``firing`` the task given back). Returns
+        how many moved."""
         campaign = self._store.get_campaign(campaign_id)
         if campaign.state is not CampaignState.ACTIVE:
             return 0
-        reason = outage_reason(campaign, since, self._clock.now())
-        return self.replan_pending(campaign, reason=reason, schedule_all=False)
+        if reason is None:
+            reason = outage_reason(campaign, since, self._clock.now())
+        return self.replan_pending(
+            campaign, reason=reason, schedule_all=False, firing=firing, wait=wait
+        )
 
     def catch_up_overdue(self) -> int:
         """Re-plan every active campaign with a Pending email more than ``max_lateness`` past

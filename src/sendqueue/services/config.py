@@ -19,6 +19,8 @@ class ServiceConfig:
     stale_policy: Literal["retry", "fail"] = "retry"
     #: seconds past send_at after which a send is re-planned instead of sent (catch-up)
     max_lateness: float = 300.0
+    #: a late send within half the spacing of another send of its campaign is moved, not sent
+    space_late_sends: bool = True
     provision_concurrency: int = 10
     provision_chunk: int = 500
     provision_margin: float = 90.0

@@ -8,22 +8,28 @@ was already sent (Finished) or is being sent (Running) on each local day counts 
 stale, retry-failed) takes the first free slot with every other booked email of the campaign,
 Pending ones included, kept as it is.
 
+In a catch-up the Pending emails due right now and not late are not all kept: they would all
+fire at once, a burst. At most one is kept (the earliest), and only when nothing was sent or is
+being sent within half the spacing of now; the others take free slots like the rest.
+
 A re-plan runs under a per-campaign lease in the store, so two processes that trigger it at
-once do not interleave (the loser returns at once); each move is a compare-and-set on the task's
-state and token, and it is idempotent: run again, it moves nothing.
+once do not interleave (the loser returns at once, or waits a bounded time when it asks to);
+each move is a compare-and-set on the task's state and token, and it is idempotent: run again,
+it moves nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import date, datetime, timedelta
 
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Move, Task, new_token
-from sendqueue.domain.slots import free_slots, in_policy
+from sendqueue.domain.slots import free_slots, in_policy, nominal_spacing
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
@@ -39,6 +45,8 @@ _DAY_BACK = timedelta(hours=26)
 _CHUNK = 1000
 #: The first span of booked sends a retry slot is looked for in; each next one is 8x longer.
 _FIRST_SPAN = timedelta(days=2)
+#: Between two tries at a re-plan lease held elsewhere, when the caller waits for it.
+_LEASE_POLL = 0.05
 
 
 def outage_reason(campaign: Campaign, since: datetime, now: datetime) -> str:
@@ -67,51 +75,89 @@ class Replanner:
         self._config = config
 
     def replan_pending(
-        self, campaign: Campaign, pending: Sequence[Task], *, reason: str, schedule_all: bool
+        self,
+        campaign: Campaign,
+        pending: Callable[[], Sequence[Task]],
+        *,
+        reason: str,
+        schedule_all: bool,
+        firing: str | None = None,
+        wait: float = 0.0,
     ) -> int | None:
-        """Move ``pending`` (the campaign's Pending tasks, in position order) onto the first
-        free slots from now; returns how many moved, or None when another process holds the
-        campaign's re-plan lease.
+        """Move the campaign's Pending tasks (``pending()`` reads them, in position order, once
+        the lease is held) onto the first free slots from now; returns how many moved, or None
+        when another process holds the campaign's re-plan lease (for longer than ``wait``
+        seconds).
 
         Moved tasks get a new schedule (the old one is replaced: same name, new token); with
         ``schedule_all`` the unmoved ones get theirs too (resume: a pause deleted them).
+        ``firing`` names a task whose schedule has just fired (the worker gave it back): it is
+        never the one kept to fire now, and the one kept gets its schedule made again, as it
+        may be a task given back the same way.
         """
         owner = new_token()
         lease = f"replan:{campaign.id}"
         ttl = self._config.reconcile_lease_seconds
-        if not self._store.acquire_lease(lease, owner, ttl_seconds=ttl, at=self._clock.now()):
-            log.info("campaign %s is being re-planned elsewhere", campaign.id)
-            return None
+        deadline = time.monotonic() + wait
+        while not self._store.acquire_lease(lease, owner, ttl_seconds=ttl, at=self._clock.now()):
+            if time.monotonic() >= deadline:
+                log.info("campaign %s is being re-planned elsewhere", campaign.id)
+                return None
+            time.sleep(_LEASE_POLL)
         try:
-            return self._replan(campaign, pending, reason, schedule_all)
+            return self._replan(campaign, pending(), reason, schedule_all, firing)
         finally:
             self._store.release_lease(lease, owner)
 
+    def _keep_one(
+        self, campaign: Campaign, pending: Sequence[Task], fixed: Sequence[datetime], now: datetime,
+        firing: str | None,
+    ) -> Task | None:  # fmt: skip
+        """The one Pending task a catch-up leaves to fire now, if any: the earliest due now and
+        not late (its schedule fires now; moving it would make a re-plan a moment later move
+        everything again), when now is inside the policy and no send went out, or is going
+        out, within half the spacing of now. The others due now would fire with it: moved."""
+        if not in_policy(campaign.policy, now):
+            return None
+        gap = nominal_spacing(campaign.policy) / 2
+        if any(abs(when - now) < gap for when in fixed):
+            return None
+        lateness = timedelta(seconds=self._config.max_lateness)
+        due = [
+            t
+            for t in pending
+            if t.send_at <= now and now - t.send_at <= lateness and t.id != firing
+        ]
+        return min(due, key=lambda t: (t.send_at, t.position)) if due else None
+
     def _replan(
-        self, campaign: Campaign, pending: Sequence[Task], reason: str, schedule_all: bool
+        self,
+        campaign: Campaign,
+        pending: Sequence[Task],
+        reason: str,
+        schedule_all: bool,
+        firing: str | None,
     ) -> int:
         now = self._clock.now()
         policy = campaign.policy
         zone = policy.zone
-        # Pending tasks are what is re-planned; what went out, or is going out, is fixed. In a
-        # catch-up so are the ones due right now and not late (their schedules fire now):
-        # moving them would make a second re-plan a moment later move everything again. A
+        # Pending tasks are what is re-planned; what went out, or is going out, is fixed. A
         # resume (``schedule_all``: a pause deleted every schedule) re-plans all from now.
-        lateness = timedelta(seconds=self._config.max_lateness)
-        on_time = not schedule_all and in_policy(policy, now)
-        due_now = {
-            t.id for t in pending if on_time and t.send_at <= now and now - t.send_at <= lateness
-        }
         fixed = [
             when
             for state, when in self._store.booked(campaign.id, since=now - _DAY_BACK)
             if state is not TaskState.PENDING
-        ] + [t.send_at for t in pending if t.id in due_now]
+        ]
+        keep = None if schedule_all else self._keep_one(campaign, pending, fixed, now, firing)
+        if keep is not None:
+            # it goes out now: the moved sends keep half the spacing away from now. (Not from a
+            # moment later: a re-plan run again soon after must find the same slots.)
+            fixed.append(now)
         per_day: Counter[date] = Counter(when.astimezone(zone).date() for when in fixed)
-        movable = [t for t in pending if t.id not in due_now]
+        movable = [t for t in pending if keep is None or t.id != keep.id]
         slots = free_slots(policy, len(movable), now=now, booked_per_day=per_day, booked=fixed)
         moves: list[Move] = []
-        scheduled: list[Task] = [t for t in pending if t.id in due_now] if schedule_all else []
+        scheduled: list[Task] = [keep] if keep is not None and firing is not None else []
         for task, slot in zip(movable, slots, strict=True):
             if task.send_at != slot:
                 move = Move(task.id, task.token, slot, new_token())

@@ -12,6 +12,11 @@ Rules (design.md):
 - Mail accepted -> Finished with sent_at and message id. Permanent error -> Failed with the
   error. Transient error -> Pending with a new schedule after back-off while attempts remain,
   then Failed.
+- A late send (past its firing slack, the layer's precision allowed) is checked after its
+  claim for other sends of the campaign within half the planned spacing of now (sent, being
+  sent, or Pending and due then). If there is one it is not sent: the task is given back and the
+  campaign re-planned (outcome "moved"), so emails due together never go out in a burst. An
+  on-time send skips this check: no extra store read on the hot path.
 - Every invocation ends in one outcome told to the Events port: sent, transient, permanent, or
   skipped (any of the skips above, a lost claim, a campaign not sending).
 - The worker raises only when infrastructure fails (the store is unreachable), so the execution
@@ -31,13 +36,19 @@ from sendqueue.domain.alarms import AutoPause, auto_pause_reason
 from sendqueue.domain.errors import PermanentMailError, SchedulerError, TransientMailError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
-from sendqueue.domain.slots import in_policy
+from sendqueue.domain.slots import in_policy, nominal_spacing
 from sendqueue.ports import Alarm, Clock, Events, Mailer, NoEvents, OutgoingMessage, TaskStore
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
 
-__all__ = ["CAMPAIGN_CACHE_SECONDS", "EARLY_TOLERANCE", "SENDING_STATES", "SendWorker"]
+__all__ = [
+    "CAMPAIGN_CACHE_SECONDS",
+    "EARLY_TOLERANCE",
+    "FIRING_SLACK",
+    "SENDING_STATES",
+    "SendWorker",
+]
 
 #: How early an invocation may arrive (clock skew between hosts) and still send.
 EARLY_TOLERANCE = timedelta(seconds=1)
@@ -67,6 +78,14 @@ def _into_slot(send_at: datetime, precision: float) -> timedelta:
 #: How long the worker reuses a campaign it read (sender, policy) while the campaign is
 #: sending; the state that decides a send is read fresh after every claim.
 CAMPAIGN_CACHE_SECONDS = 1.0
+
+#: How long after its send time (beyond the layer's firing precision) a healthy worker may take
+#: to fire and claim a send; a send later than that is late, and checked for neighbours.
+FIRING_SLACK = timedelta(seconds=2)
+
+#: How long a late send waits for a re-plan of its campaign running elsewhere (the re-plan that
+#: moves it must run after its give-back, or it could be left with a schedule already fired).
+REPLAN_WAIT = 10.0
 
 #: Campaign states in which due tasks are sent. Provisioning counts: the first sends of a large
 #: campaign may be due before its last schedules are created.
@@ -234,6 +253,10 @@ class SendWorker:
                     note="campaign cancelled",
                 )  # fmt: skip
             return False
+        # (a provisioning campaign, not re-planned until provisioned, sends as it was planned)
+        spaced = self._config.space_late_sends and campaign.state is CampaignState.ACTIVE
+        if spaced and self._late(task, now) and self._too_close(campaign, claimed, now):
+            return True
         self._emit("claimed", claimed)
         with self._lock:
             self._sending[campaign.id] = self._sending.get(campaign.id, 0) + 1
@@ -256,6 +279,47 @@ class SendWorker:
             return True
         late = timedelta(seconds=self._config.firing_precision)
         return not in_policy(campaign.policy, now, late=late, early=EARLY_TOLERANCE)
+
+    def _late(self, task: Task, now: datetime) -> bool:
+        """Later than a healthy worker fires: past the firing slack and the layer's precision."""
+        return now - task.send_at > FIRING_SLACK + timedelta(seconds=self._config.firing_precision)
+
+    def _too_close(self, campaign: Campaign, claimed: Task, now: datetime) -> bool:
+        """For a late send, just claimed: whether another send of the campaign lies within half
+        the planned spacing of now. If so the task is given back (Pending, its attempt not
+        counted) and the campaign re-planned: True, the invocation is over (moved).
+
+        The claim wrote claimed_at first, so of two late sends claimed at once each sees the
+        other (as Running) and neither goes out now; the re-plans, one after the other, place
+        them. A Pending send counts when its send_at lies near now (it fires then)."""
+        gap = nominal_spacing(campaign.policy) / 2
+        near = self._store.booked(campaign.id, since=now - gap, until=now + gap)
+        own = [i for i, (state, _) in enumerate(near) if state is TaskState.RUNNING]
+        if own:  # this task's own claim (the Running one nearest its claimed_at)
+            at = claimed.claimed_at or now
+            del near[min(own, key=lambda i: abs(near[i][1] - at))]
+        if not near:
+            return False
+        closest = min(abs(when - now) for _, when in near).total_seconds()
+        reason = f"late: would come within {closest:.0f}s of another send"
+        self._store.transition(
+            claimed.id,
+            TaskState.RUNNING,
+            TaskState.PENDING,
+            at=now,
+            changes={"attempts": claimed.attempts - 1},
+            note=reason,
+        )
+        moved = self._campaigns.catch_up(
+            campaign.id, since=claimed.send_at, reason=reason, firing=claimed.id, wait=REPLAN_WAIT
+        )
+        log.warning(
+            "task %s due %s is late at %s and %s: not sent; %d emails of campaign %s moved",
+            claimed.id, claimed.send_at.isoformat(), now.isoformat(), reason[6:], moved,
+            campaign.id,
+        )  # fmt: skip
+        self._events.send_finished("moved")
+        return True
 
     def _catch_up(self, campaign: Campaign, task: Task, now: datetime) -> None:
         """Not sent: the campaign's Pending emails are re-planned from now instead (a
