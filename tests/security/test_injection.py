@@ -115,6 +115,7 @@ def api_with_smtp(tmp_path: Path, smtp_sink: SmtpSink) -> Iterator[tuple[TestCli
             scheduler_url=f"sqlite:///{tmp_path / 'scheduler.db'}",
             mailer=smtp_sink.url(),
             default_timezone="UTC",
+            space_late_sends=False,  # the fake clock fires every send at once, late
         ),
         clock=FakeClock(T0),
     )

@@ -50,6 +50,9 @@ def sqlite_settings(home: Path, **overrides: Any) -> Settings:
         "default_timezone": "UTC",
         "retry_backoff": 60.0,
         "auto_pause_after": 0,
+        # fire_due() sends everything due on the fake clock at once, late: a backlog, not the
+        # spacing of late sends, is what these tests need (tests/unit/test_late_sends.py has it)
+        "space_late_sends": False,
     }
     values.update(overrides)
     return Settings(**values)
