@@ -239,6 +239,17 @@ class SendWorker:
         if claimed is None:
             log.info("task %s was claimed by another invocation", task_id)
             return False
+        if token is not None and claimed.token != token:
+            # Moved between the read above and the claim (a move is a compare-and-set on
+            # Pending and the old token; the claim on the state only): this invocation is
+            # stale. Give the task back as it was; its new schedule sends it at its new time.
+            self._store.transition(
+                task.id, TaskState.RUNNING, TaskState.PENDING, at=now,
+                changes={"attempts": task.attempts, "claimed_at": task.claimed_at},
+                note="stale schedule: moved before its claim",
+            )  # fmt: skip
+            log.info("task %s: moved before its claim, stale schedule skipped", task_id)
+            return False
         # A pause or cancel may have landed between the campaign read (perhaps cached) and the
         # claim: this fresh read after the claim is what stops sends, so give the task back.
         state = self._store.campaign_state(task.campaign_id)
