@@ -246,7 +246,7 @@ class SendWorker:
             self._store.transition(
                 task.id, TaskState.RUNNING, TaskState.PENDING, at=now,
                 changes={"attempts": task.attempts, "claimed_at": task.claimed_at},
-                note="stale schedule: moved before its claim",
+                note="moved before its claim: its stale schedule skipped",
             )  # fmt: skip
             log.info("task %s: moved before its claim, stale schedule skipped", task_id)
             return False
