@@ -38,6 +38,7 @@ from sendqueue.ports import Clock, Events, NoEvents, Scheduler, TaskStore
 from sendqueue.services.campaigns import CampaignService, iter_tasks
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.provisioning import Continuation, Provisioner
+from sendqueue.services.replanning import RETRY_LEASE_WAIT
 from sendqueue.services.scheduling import ScheduleWriter
 
 __all__ = ["ReconcileReport", "Reconciler"]
@@ -283,21 +284,25 @@ class Reconciler:
             return
         campaign = self._store.get_campaign(task.campaign_id)
         # A free slot of the grid from now on, as a transient retry takes (the lost claim not
-        # counted: under policy retry the email counts as not sent).
-        [retry_at] = self._campaigns.replanner.retry_slots(
-            campaign, 1, not_before=now, exclude=[task.claimed_at] if task.claimed_at else []
-        )
-        back = self._store.transition(
-            task.id, TaskState.RUNNING, TaskState.PENDING, at=now,
-            changes={
-                "send_at": retry_at,
-                "token": new_token(),
-                "error": unknown,
-                "moves": task.moves + 1,
-                "moved_reason": f"stale: no outcome within {self._config.stale_after:g} s",
-            },
-            note="stale: retry",
-        )  # fmt: skip
+        # counted: under policy retry the email counts as not sent), under the campaign's lease.
+        replanner = self._campaigns.replanner
+        with replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
+            if not held:
+                log.info("task %s: stale retry slot taken without the campaign's lease", task.id)
+            [retry_at] = replanner.retry_slots(
+                campaign, 1, not_before=now, exclude=[task.claimed_at] if task.claimed_at else []
+            )
+            back = self._store.transition(
+                task.id, TaskState.RUNNING, TaskState.PENDING, at=now,
+                changes={
+                    "send_at": retry_at,
+                    "token": new_token(),
+                    "error": unknown,
+                    "moves": task.moves + 1,
+                    "moved_reason": f"stale: no outcome within {self._config.stale_after:g} s",
+                },
+                note="stale: retry",
+            )  # fmt: skip
         if back is None:
             return
         report.stale_retried += 1
