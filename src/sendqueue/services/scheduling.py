@@ -206,6 +206,29 @@ class ScheduleWriter:
             _MAX_RETRIES,
         )
 
+    def missing(self, names: Sequence[str]) -> set[str]:
+        """Which of ``names`` have no schedule now: a ``get`` each, at most ``concurrency`` in
+        flight, throttling backed off as for writes. Any other failure raises
+        SchedulerError."""
+        found: dict[str, bool] = {}
+
+        def one(name: str) -> None:
+            def get() -> None:
+                found[name] = self._scheduler.get(name) is not None
+
+            self._with_backoff(get, WriteReport())
+
+        if self._concurrency == 1 or len(names) <= 1:
+            for name in names:
+                one(name)
+        else:
+            with ThreadPoolExecutor(
+                max_workers=min(self._concurrency, len(names)),
+                thread_name_prefix="schedule-writer",
+            ) as pool:
+                list(pool.map(one, names))
+        return {name for name in names if not found[name]}
+
     def delete_many(self, names: Iterable[str]) -> WriteReport:
         """Delete schedules by name (missing ones are fine), ``concurrency`` calls in flight."""
         report = WriteReport()
