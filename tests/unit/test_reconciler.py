@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from datetime import timedelta
 
 import pytest
 
 from sendqueue.bootstrap import Container
+from sendqueue.domain.errors import SchedulerError, Throttled
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
+from sendqueue.ports import Schedule
+from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler
@@ -253,3 +257,39 @@ def test_a_stale_task_that_moved_on_since_the_read_is_left_alone(
 ) -> None:
     layer = _racing_fake_layer(stale_policy=policy, stale_after=900)
     stale_read_races_the_worker(layer, caplog, meanwhile=meanwhile)
+
+
+class _ThrottledGets(FakeScheduler):
+    """Throttles the first ``get`` of each name; fails for good on names starting ``sq-down``."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.gets: list[str] = []
+        self._guard = threading.Lock()
+
+    def get(self, name: str) -> Schedule | None:
+        with self._guard:
+            first = name not in self.gets
+            self.gets.append(name)
+        if name.startswith("sq-down"):
+            raise SchedulerError("injected: scheduler unavailable")
+        if first:
+            raise Throttled("injected: rate exceeded")
+        return super().get(name)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_the_recheck_reads_schedules_through_throttling(concurrency: int) -> None:
+    clock = FakeClock(T0)
+    scheduler = _ThrottledGets(clock)
+    at = (T0 + timedelta(hours=1)).replace(tzinfo=None)
+    for name in ("sq-a.0", "sq-c.0"):
+        scheduler.create(name, "sq-g", at, "UTC", {"kind": "send", "task_id": name}, "t")
+    sleeps: list[float] = []
+    writer = ScheduleWriter(
+        scheduler, lambda _cid: "UTC", concurrency=concurrency, sleep=sleeps.append
+    )
+    assert writer.missing(["sq-a.0", "sq-b.0", "sq-c.0", "sq-d.0"]) == {"sq-b.0", "sq-d.0"}
+    assert len(sleeps) == 4 and len(scheduler.gets) == 8  # each throttled once, then read
+    with pytest.raises(SchedulerError, match="unavailable"):
+        writer.missing(["sq-a.0", "sq-down.0"])
