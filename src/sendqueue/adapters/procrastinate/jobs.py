@@ -230,6 +230,17 @@ class Jobs:
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("sendqueue.schedule:" + name,)
         )
 
+    @staticmethod
+    def lock_names(conn: psycopg.Connection[Any], names: list[str]) -> None:
+        """:meth:`lock_name` for each of ``names`` in one statement, in sorted order (as
+        promote takes them), so two batches with common names cannot deadlock."""
+        # Raw SQL, as lock_name; unnest yields the sorted array in order, one lock per name.
+        conn.execute(
+            "SELECT count(pg_advisory_xact_lock(hashtextextended('sendqueue.schedule:' || n, 0))) "
+            "FROM unnest(%s::text[]) AS n",
+            (sorted(set(names)),),
+        )
+
     # ----------------------------------------------------------------- reads
     def existing(self, conn: psycopg.Connection[Any], name: str) -> Schedule | None:
         """The schedule named ``name``: a live job, or a parked schedule."""
@@ -250,6 +261,21 @@ class Jobs:
             {"name": name},
         )
         return FireJob.from_row(rows[0]).schedule() if rows else None
+
+    def existing_many(self, conn: psycopg.Connection[Any], names: list[str]) -> dict[str, Schedule]:
+        """:meth:`existing` for many names in one statement: the schedules found, by name."""
+        # Raw SQL, as existing(); the jobs come last so that a live job wins over a parked row.
+        rows = self.rows(
+            conn,
+            f"(SELECT p.name AS name, 0 AS place, {_PARKED_COLUMNS} "
+            "FROM sendqueue_parked_schedules p WHERE p.name = ANY(%(names)s)) "
+            f"UNION ALL (SELECT DISTINCT ON (j.queueing_lock) j.queueing_lock, 1, {JOB_COLUMNS} "
+            "FROM procrastinate_jobs j WHERE j.queueing_lock = ANY(%(names)s) "
+            f"AND j.status IN ('todo', 'doing') AND j.task_name = %(task)s AND {_LIVE} "
+            "ORDER BY j.queueing_lock, j.id DESC) ORDER BY place",
+            {"names": names, "task": FIRE_TASK},
+        )
+        return {row["name"]: FireJob.from_row(row).schedule() for row in rows}
 
     def list_group(self, group: str, after: str | None, limit: int) -> list[Schedule]:
         """One page of the schedules of ``group`` (jobs and parked), by name."""
@@ -285,6 +311,29 @@ class Jobs:
             "VALUES (%s, %s, %s, %s)",
             (schedule.name, schedule.group, schedule.due_at, Jsonb(job_args(schedule))),
         )
+
+    def place_many(
+        self, conn: psycopg.Connection[Any], schedules: list[Schedule], now: datetime
+    ) -> None:
+        """:meth:`place` for many schedules: one batch defer for those due within the horizon
+        of ``now``, one multi-row insert for the parked ones."""
+        until = now + timedelta(seconds=self.horizon)
+        due = [s for s in schedules if s.due_at <= until]
+        parked = [s for s in schedules if s.due_at > until]
+        if due:
+            self.defer(conn, due)
+        if parked:
+            # Raw SQL: the parked rows are this adapter's table. One statement over arrays.
+            conn.execute(
+                "INSERT INTO sendqueue_parked_schedules (name, grp, due_at, args) "
+                "SELECT * FROM unnest(%s::text[], %s::text[], %s::timestamptz[], %s::jsonb[])",
+                (
+                    [s.name for s in parked],
+                    [s.group for s in parked],
+                    [s.due_at for s in parked],
+                    [Jsonb(job_args(s)) for s in parked],
+                ),
+            )
 
     def defer(self, conn: psycopg.Connection[Any], schedules: list[Schedule]) -> None:
         """Defer the jobs of ``schedules`` in the caller's transaction (one statement)."""
