@@ -235,9 +235,10 @@ class Jobs:
         """:meth:`lock_name` for each of ``names`` in one statement, in sorted order (as
         promote takes them), so two batches with common names cannot deadlock."""
         # Raw SQL, as lock_name; unnest yields the sorted array in order, one lock per name.
+        # Arrays go in binary (%b): psycopg's text array dumper quotes each element in Python.
         conn.execute(
             "SELECT count(pg_advisory_xact_lock(hashtextextended('sendqueue.schedule:' || n, 0))) "
-            "FROM unnest(%s::text[]) AS n",
+            "FROM unnest(%b::text[]) AS n",
             (sorted(set(names)),),
         )
 
@@ -268,9 +269,9 @@ class Jobs:
         rows = self.rows(
             conn,
             f"(SELECT p.name AS name, 0 AS place, {_PARKED_COLUMNS} "
-            "FROM sendqueue_parked_schedules p WHERE p.name = ANY(%(names)s)) "
+            "FROM sendqueue_parked_schedules p WHERE p.name = ANY(%(names)b)) "
             f"UNION ALL (SELECT DISTINCT ON (j.queueing_lock) j.queueing_lock, 1, {JOB_COLUMNS} "
-            "FROM procrastinate_jobs j WHERE j.queueing_lock = ANY(%(names)s) "
+            "FROM procrastinate_jobs j WHERE j.queueing_lock = ANY(%(names)b) "
             f"AND j.status IN ('todo', 'doing') AND j.task_name = %(task)s AND {_LIVE} "
             "ORDER BY j.queueing_lock, j.id DESC) ORDER BY place",
             {"names": names, "task": FIRE_TASK},
@@ -326,7 +327,7 @@ class Jobs:
             # Raw SQL: the parked rows are this adapter's table. One statement over arrays.
             conn.execute(
                 "INSERT INTO sendqueue_parked_schedules (name, grp, due_at, args) "
-                "SELECT * FROM unnest(%s::text[], %s::text[], %s::timestamptz[], %s::jsonb[])",
+                "SELECT * FROM unnest(%b::text[], %b::text[], %b::timestamptz[], %b::jsonb[])",
                 (
                     [s.name for s in parked],
                     [s.group for s in parked],
