@@ -129,6 +129,16 @@ def main(argv: list[str] | None = None) -> int:
                     postgres=True,
                 ),
             )
+        if not proc_reason:
+            attempt(
+                "provisioning_procrastinate",
+                lambda: provisioning.run(
+                    recipients=args.recipients,
+                    small=args.recipients_small,
+                    repeats=args.postgres_repeats,
+                    execution="procrastinate",
+                ),
+            )
     if "dispatch" in chosen:
 
         def run_dispatch() -> Any:

@@ -30,17 +30,44 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"{p['ratio']:.2f}x",
             )
         )
-    for key, label in (("provisioning", "2"), ("provisioning_postgresql", "7")):
+    provisioning = (
+        ("provisioning", "2"),
+        ("provisioning_postgresql", "7"),
+        ("provisioning_procrastinate", "7"),
+    )
+    for key, label in provisioning:
         if key in b:
             p = b[key]
+            where = f"{p['store']} store"
+            if p.get("execution") == "procrastinate":
+                where += ", procrastinate execution"
             rows.append(
                 (
-                    f"{label} provisioning {p['recipients']:,} ({p['store']} store): rows/s",
+                    f"{label} provisioning {p['recipients']:,} ({where}): rows/s",
                     _m(p["sendqueue_per_second"]),
                     f"raw executemany: {_m(p['raw_per_second'])}",
                     f"{p['ratio']:.2f}x",
                 )
             )
+            if "one_at_a_time_per_second" in p:
+                small = f"{label} provisioning {p['small']:,} ({where}"
+                raw_small = f"raw executemany: {_m(p['raw_small_per_second'])}"
+                rows.append(
+                    (
+                        f"{small}, create_many): rows/s",
+                        _m(p["small_per_second"]),
+                        raw_small,
+                        f"{p['small_ratio']:.2f}x",
+                    )
+                )
+                rows.append(
+                    (
+                        f"{small}, one create at a time, as before issue 16): rows/s",
+                        _m(p["one_at_a_time_per_second"]),
+                        raw_small,
+                        f"{p['one_at_a_time_ratio']:.2f}x",
+                    )
+                )
             if p["store"] == "SQLite":
                 rows.append(
                     (

@@ -77,6 +77,32 @@ def test_provisioning() -> None:
     _targets(result)
 
 
+@pytest.mark.postgres
+def test_provisioning_on_procrastinate_beside_one_create_at_a_time() -> None:
+    result = provisioning.run(recipients=300, small=100, repeats=1, execution="procrastinate")
+    for key in (
+        "sendqueue_per_second",
+        "raw_per_second",
+        "small_per_second",
+        "one_at_a_time_per_second",
+        "raw_small_per_second",
+    ):
+        _summary(result[key])
+    assert result["ratio"] > 0 and result["one_at_a_time_ratio"] > 0
+    assert (result["store"], result["execution"]) == ("PostgreSQL", "procrastinate")
+    assert [t["unit"] for t in result["targets"]] == ["x"]
+    _targets(result)
+    table = render_markdown(
+        {
+            "machine": _MACHINE,
+            "benchmarks": {"provisioning_procrastinate": result},
+            "errors": {},
+            "targets": result["targets"],
+        }
+    )
+    assert "one create at a time, as before issue 16" in table
+
+
 def test_dispatch_against_apscheduler() -> None:
     result = dispatch.run(schedules=200, spread=1.0, burst=50, repeats=1, concurrency=2)
     assert set(result["variants"]) == set(dispatch.VARIANTS)
