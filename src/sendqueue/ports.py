@@ -362,7 +362,8 @@ CreateArgs = tuple[str, str, datetime, str, Mapping[str, str], str, int]
 
 @runtime_checkable
 class BulkScheduler(Protocol):
-    """A scheduler that also writes many schedules in one call (one transaction: embedded).
+    """A scheduler that also writes many schedules in one call (one transaction: the embedded
+    and procrastinate layers).
 
     ``create_many`` returns one result per item, in order: the Schedule, or the Conflict (a name
     held with another token) that ``create`` would have raised for it; other errors raise for

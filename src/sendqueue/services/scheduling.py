@@ -172,8 +172,9 @@ class ScheduleWriter:
         one: Callable[[Task], None],
     ) -> None:
         """One ``create_many`` call for ``tasks`` (an execution layer that writes many schedules
-        in one transaction: the embedded one); name clashes are repaired one by one, and a
-        failed batch is retried one by one, so each task's failure is reported on its own."""
+        in one transaction: the embedded and procrastinate ones); name clashes are repaired one
+        by one, and a failed batch is retried one by one, so each task's failure is reported on
+        its own."""
         zones: dict[str, tuple[str, ZoneInfo]] = {}
         try:
             results = bulk([self._create_args(task, zones) for task in tasks])

@@ -10,7 +10,8 @@
   (why: docs/performance.md, "procrastinate layer"). ``get`` and ``list`` read both places.
 - A schedule exists while it is parked, or its job is ``todo``, or ``doing`` without an abort
   request. Writers of one name serialise on a transaction-scoped advisory lock on it
-  (:meth:`Jobs.lock_name`); procrastinate's unique index on waiting queueing locks backs it up.
+  (:meth:`Jobs.lock_name`; a batch takes its names' in one statement, :meth:`Jobs.lock_names`);
+  procrastinate's unique index on waiting queueing locks backs it up.
 - The job's priority is minus its due time in seconds (since 2020): procrastinate fetches by
   priority, so overdue jobs come in due order.
 
