@@ -199,3 +199,26 @@ def test_provisioning_killed_mid_run_resumes_with_one_schedule_per_task(
         assert max(_places(postgres_url).values()) == 1
     finally:
         again.close()
+
+
+def test_a_batch_holds_at_most_one_lock_per_name_bucket(postgres_url: str) -> None:
+    """A batch of 500 names takes its names' buckets (at most NAME_LOCK_BUCKETS advisory
+    locks), not a lock per name: PostgreSQL's shared lock table would run out with a dozen
+    batches at once."""
+    from sendqueue.adapters.procrastinate.jobs import NAME_LOCK_BUCKETS, NAME_LOCK_SPACE, Jobs
+
+    names = [f"sq-bucket-{i}" for i in range(500)]
+    with psycopg.connect(conninfo_from_url(postgres_url)) as conn, conn.transaction():
+        Jobs.lock_names(conn, names)
+        held = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+            "AND pid = pg_backend_pid()",
+            (NAME_LOCK_SPACE,),
+        ).fetchone()
+        assert held is not None and 0 < held[0] <= NAME_LOCK_BUCKETS
+        # another transaction cannot take the bucket of any of these names meanwhile
+        with psycopg.connect(conninfo_from_url(postgres_url), autocommit=True) as other:
+            other.execute("SET lock_timeout = '200ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                with other.transaction():
+                    Jobs.lock_name(other, names[123])

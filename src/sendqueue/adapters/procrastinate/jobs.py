@@ -77,6 +77,23 @@ _PARKED_COLUMNS = (
     "false AS abort_requested"
 )
 # A schedule is a todo job, or a doing job nobody asked to abort (deleted while it runs).
+#: Name locks are transaction-scoped advisory locks on one of this many buckets (a hash of
+#: the name), so a batch holds at most this many locks whatever its size: PostgreSQL's shared
+#: lock table holds max_locks_per_transaction x max_connections (6,400 by default), which one
+#: lock per name would exhaust with a dozen batches of 500 at once. Names of one bucket
+#: serialise their (short) transactions; nothing else is shared.
+NAME_LOCK_BUCKETS = 64
+#: The first key of the two-key advisory locks on name buckets ("sq" + 3; the two-key space
+#: is apart from the one-key locks of the store and the migrations).
+NAME_LOCK_SPACE = 0x73710003
+
+
+def _bucket_of(text_sql: str) -> str:
+    """SQL for the lock bucket of the name ``text_sql`` (an expression)."""
+    return f"(hashtextextended({text_sql}, 0) & {NAME_LOCK_BUCKETS - 1})::int"
+
+
+_NAMES_BUCKET = _bucket_of("'sendqueue.schedule:' || n")
 _LIVE = "(j.status = 'todo' OR (j.status = 'doing' AND NOT j.abort_requested))"
 
 
@@ -225,21 +242,23 @@ class Jobs:
 
     @staticmethod
     def lock_name(conn: psycopg.Connection[Any], name: str) -> None:
-        """Serialise create/delete/redrive/promote of one name until the transaction ends."""
+        """Serialise create/delete/redrive/promote of one name until the transaction ends (on
+        the name's bucket: see :data:`NAME_LOCK_BUCKETS`)."""
         # Raw SQL: procrastinate's locks are job columns, not a lock a writer can wait on.
         conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("sendqueue.schedule:" + name,)
+            f"SELECT pg_advisory_xact_lock({NAME_LOCK_SPACE}, {_bucket_of('%s')})",
+            ("sendqueue.schedule:" + name,),
         )
 
     @staticmethod
     def lock_names(conn: psycopg.Connection[Any], names: list[str]) -> None:
-        """:meth:`lock_name` for each of ``names`` in one statement, in sorted order (as
-        promote takes them), so two batches with common names cannot deadlock."""
-        # Raw SQL, as lock_name; unnest yields the sorted array in order, one lock per name.
-        # Arrays go in binary (%b): psycopg's text array dumper quotes each element in Python.
+        """:meth:`lock_name` for each of ``names`` in one statement: their buckets, each once,
+        in ascending order (every taker of several uses this), so no lock cycle can form."""
+        # Raw SQL, as lock_name. Arrays go in binary (%b): psycopg's text array dumper quotes
+        # each element in Python.
         conn.execute(
-            "SELECT count(pg_advisory_xact_lock(hashtextextended('sendqueue.schedule:' || n, 0))) "
-            "FROM unnest(%b::text[]) AS n",
+            f"SELECT count(pg_advisory_xact_lock({NAME_LOCK_SPACE}, b)) FROM (SELECT DISTINCT "
+            f"{_NAMES_BUCKET} AS b FROM unnest(%b::text[]) AS n ORDER BY b) AS s",
             (sorted(set(names)),),
         )
 
@@ -364,8 +383,7 @@ class Jobs:
                     return moved
                 # Name locks first, in one order, as create/delete/redrive take them: the row
                 # then cannot change under us, and no lock cycle can form.
-                for name in sorted(names):
-                    self.lock_name(conn, name)
+                self.lock_names(conn, names)
                 rows = self.rows(
                     conn,
                     "DELETE FROM sendqueue_parked_schedules p WHERE p.name = ANY(%(names)s) "
