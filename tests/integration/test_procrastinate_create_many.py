@@ -219,6 +219,5 @@ def test_a_batch_holds_at_most_one_lock_per_name_bucket(postgres_url: str) -> No
         # another transaction cannot take the bucket of any of these names meanwhile
         with psycopg.connect(conninfo_from_url(postgres_url), autocommit=True) as other:
             other.execute("SET lock_timeout = '200ms'")
-            with pytest.raises(psycopg.errors.LockNotAvailable):
-                with other.transaction():
-                    Jobs.lock_name(other, names[123])
+            with pytest.raises(psycopg.errors.LockNotAvailable), other.transaction():
+                Jobs.lock_name(other, names[123])
