@@ -1161,9 +1161,9 @@ def test_change_log_ids_become_visible_in_order(backend: Backend) -> None:
     """A reader tailing ``changes_after`` under concurrent writers sees every id once, no gaps.
 
     On PostgreSQL ids are drawn at INSERT and may commit out of order; the store must not hand
-    out an id while one below it may still commit, or the tailing reader steps past it. One writer changes
-    the campaign (its row and the tasks' rows are locked in different orders) while the others
-    move tasks: no write may deadlock.
+    out an id while one below it may still commit, or the tailing reader steps past it. One
+    writer changes the campaign (its row and the tasks' rows are locked in different orders)
+    while the others move tasks: no write may deadlock.
     """
     writers, per_writer = 4, 40
     setup = backend.handle()
