@@ -21,6 +21,7 @@ from sendqueue.domain.errors import StoreUnavailable
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, Move, Recipient, Task, task_id
 from sendqueue.domain.policy import SendingPolicy
+from sendqueue.ports import TaskStore
 from tests.conftest import POSTGRES_ADMIN_URL
 from tests.support.app import T0
 
@@ -68,7 +69,7 @@ def _task(cid: str, position: int) -> Task:
 
 
 def _everything(
-    store: PostgresTaskStore, after: int = 0, campaign_id: str | None = None
+    store: TaskStore, after: int = 0, campaign_id: str | None = None
 ) -> list[ChangeLogEntry]:
     out: list[ChangeLogEntry] = []
     while page := store.changes_after(after, campaign_id=campaign_id, limit=500):
