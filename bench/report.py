@@ -178,6 +178,24 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 "-",
             )
         )
+    if "changelog" in b:
+        c = b["changelog"]
+        rows.append(
+            (
+                f"8 change-log writes, {c['writers']} writer threads, PostgreSQL: tx/s",
+                _m(c["after_tx_per_second"]),
+                f"global advisory lock (before issue 16): {_m(c['before_tx_per_second'])}",
+                f"{c['ratio']:.2f}x",
+            )
+        )
+        rows.append(
+            (
+                "8 change log: tailing reader's gaps / repeats",
+                f"{c['reader_gaps']} / {c['reader_repeats']}",
+                "-",
+                "-",
+            )
+        )
     return rows
 
 
