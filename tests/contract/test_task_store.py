@@ -893,7 +893,7 @@ def test_count_tasks_has_every_state(store: TaskStore) -> None:
 
 
 def test_changes_after_filters_and_limits(store: TaskStore) -> None:
-    assert store.last_change_id() == 0
+    assert store.last_change_id() == store.newest_change_id() == 0
     assert store.changes_after(0) == []
     a = with_tasks(store, "ca", count=3)
     b = with_tasks(store, "cb", count=2)
@@ -905,6 +905,7 @@ def test_changes_after_filters_and_limits(store: TaskStore) -> None:
     assert ids == sorted(ids)
     assert len(set(ids)) == 6
     assert store.last_change_id() == ids[-1]
+    assert store.newest_change_id() == ids[-1]  # nothing in flight: nothing held back
 
     assert [e.id for e in store.changes_after(ids[1], limit=2)] == ids[2:4]
     assert [e.id for e in store.changes_after(ids[-1])] == []

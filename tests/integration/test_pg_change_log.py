@@ -90,6 +90,8 @@ def test_an_entry_committed_behind_an_open_transaction_waits_for_it(
         assert store.transition(task_id("c1", 0), S.PENDING, S.RUNNING, at=T0)  # B commits
         assert store.changes_after(cursor) == []
         assert store.last_change_id() == cursor
+        # committed but held back: the live stream's head check sees it is behind
+        assert store.newest_change_id() > cursor
         a.execute(
             "INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at)"
             " VALUES ('c1', %s, 'Pending', 'Cancelled', now())",

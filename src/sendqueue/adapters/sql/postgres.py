@@ -24,6 +24,7 @@ from sendqueue.adapters.sql.errors import mapped_errors
 from sendqueue.adapters.sql.pool import FastPathPool
 from sendqueue.adapters.sql.rows import TASK_COLUMNS, task_from_row
 from sendqueue.adapters.sql.schema import UtcDateTime
+from sendqueue.adapters.sql.sidetables import SideTables
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import (
@@ -414,6 +415,11 @@ class PostgresTaskStore(SqlTaskStore):
         """Only settled entries (:data:`_SETTLED`): an entry of a transaction still in flight,
         or behind one, shows once that transaction ends."""
         return self._changes_after(after_id, campaign_id, limit, _SETTLED)
+
+    def newest_change_id(self) -> int:
+        """The newest committed id, settled or not (past :meth:`last_change_id` while a
+        transaction in flight holds the horizon back)."""
+        return SideTables.last_change_id(self)
 
     def last_change_id(self) -> int:
         """The newest settled id: the highest a reader of :meth:`changes_after` can be handed."""

@@ -73,6 +73,10 @@ class SideTables(ABC):
             value = conn.execute(sa.select(sa.func.max(tables.change_log.c.id))).scalar()
         return int(value or 0)
 
+    def newest_change_id(self) -> int:
+        # SQLite: writers are serialised, so every committed entry is readable.
+        return SideTables.last_change_id(self)
+
     # leases ----------------------------------------------------------------------------------
 
     def acquire_lease(self, name: str, owner: str, *, ttl_seconds: float, at: datetime) -> bool:
