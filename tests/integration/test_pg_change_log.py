@@ -7,6 +7,7 @@ asserts on what the tailing readers saw, never on how fast.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,8 +23,10 @@ from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, Move, Recipient, Task, task_id
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.ports import TaskStore
+from sendqueue.web.stream import ChangeBroker
 from tests.conftest import POSTGRES_ADMIN_URL
 from tests.support.app import T0
+from tests.web.test_stream_status import FAST, Reader, _gen
 
 pytestmark = pytest.mark.postgres
 
@@ -291,3 +294,39 @@ def test_ids_past_the_encodable_range_are_refused_not_wrapped(store: PostgresTas
     with pytest.raises(StoreUnavailable, match="change-log ids are exhausted"):
         store.transition(task_id("c1", 0), S.PENDING, S.RUNNING, at=T0)
     assert store.get_task(task_id("c1", 0)).state is S.PENDING  # type: ignore[union-attr]
+
+
+def test_the_live_stream_is_delayed_not_gapped_while_a_transaction_holds_the_log_back(
+    store: PostgresTaskStore, postgres_url: str
+) -> None:
+    _campaign(store, "c1", 2)
+    broker = ChangeBroker(store, FAST)
+
+    async def scenario() -> None:
+        sub = await broker.subscribe("c1", None)
+        client = Reader(_gen(broker.frames(sub)))
+        await client.until("live")
+        with psycopg.connect(_psycopg_url(postgres_url)) as a:
+            a.execute("SELECT pg_current_xact_id()")
+            moved = await asyncio.to_thread(
+                store.transition, task_id("c1", 0), S.PENDING, S.RUNNING, at=T0
+            )
+            assert moved is not None
+            delayed = await client.until("delayed")
+            assert delayed["cause"] == "behind"
+            assert client.changes == []
+            a.execute(
+                "INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at)"
+                " VALUES ('c1', %s, 'Pending', 'Cancelled', now())",
+                (task_id("c1", 1),),
+            )
+            a.commit()
+        await client.until("live")
+        async with asyncio.timeout(5):
+            while len(client.changes) < 2:
+                await client.for_seconds(0.05)
+        logged = [e.id for e in _everything(store)][-2:]
+        assert client.changes == logged  # A's entry, then B's: none missed, none twice
+        await broker.close()
+
+    asyncio.run(scenario())
