@@ -53,6 +53,8 @@ __all__ = [
     "P99_TARGET_MS",
     "PROCRASTINATE_CREATE_THREADS",
     "VARIANTS",
+    "due_times",
+    "figures",
     "run",
 ]
 
@@ -77,9 +79,10 @@ def due_times(t0: float, schedules: int, spread: float, burst: int) -> list[floa
     return steady + [burst_at] * burst
 
 
-def _figures(
+def figures(
     due: list[float], fired: dict[int, float], schedules: int, burst: int
 ) -> dict[str, Any]:
+    """Lateness of ``fired`` (index -> epoch) against ``due`` (the set of :func:`due_times`)."""
     missing = len(due) - len(fired)
     steady = [(fired[i] - due[i]) * 1000 for i in range(schedules) if i in fired]
     burst_fired = [fired[i] for i in range(schedules, schedules + burst) if i in fired]
@@ -171,7 +174,7 @@ def child_sendqueue(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     dispatcher.join(30)
     scheduler.close()
     return {
-        **_figures(due, recorder.fired, args.schedules, args.burst),
+        **figures(due, recorder.fired, args.schedules, args.burst),
         "create_s": create_s,
         "creates_per_second": total / create_s,
         "cpu_s": cpu,
@@ -247,7 +250,7 @@ def child_procrastinate(args: argparse.Namespace, url: str) -> dict[str, Any]:
     dispatcher.join(60)
     scheduler.close()
     return {
-        **_figures(due, recorder.fired, args.schedules, args.burst),
+        **figures(due, recorder.fired, args.schedules, args.burst),
         "create_s": create_s,
         "creates_per_second": total / create_s,
         "cpu_s": cpu,
@@ -320,7 +323,7 @@ def child_apscheduler(args: argparse.Namespace, home: Path, store: str) -> dict[
     cpu = cpu_seconds() - cpu
     sched.shutdown(wait=False)
     return {
-        **_figures(due, recorder.fired, args.schedules, args.burst),
+        **figures(due, recorder.fired, args.schedules, args.burst),
         "create_s": create_s,
         "creates_per_second": total / create_s,
         "cpu_s": cpu,
@@ -329,14 +332,11 @@ def child_apscheduler(args: argparse.Namespace, home: Path, store: str) -> dict[
 
 def child_full(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     """The whole path: dispatcher -> worker -> task store -> SMTP sink -> Finished."""
+    from bench.sendpath import add_campaign, task_times, wait_sent
     from sendqueue.bootstrap import bootstrap
-    from sendqueue.domain.lifecycle import CampaignState, TaskState
-    from sendqueue.domain.models import Campaign, Task, new_token
-    from sendqueue.domain.policy import SendingPolicy, Window
     from sendqueue.runtime import run_worker
     from sendqueue.settings import Settings
 
-    total = args.schedules + args.burst
     store_url = args.store or f"sqlite:///{home / 'store.db'}"
     app = bootstrap(
         Settings(
@@ -348,53 +348,11 @@ def child_full(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             auto_pause_after=0,
         )
     )
-    now = datetime.now(UTC)
-    campaign = Campaign(
-        id="bench",
-        name="dispatch",
-        policy=SendingPolicy(
-            timezone="UTC",
-            per_day=10_000,
-            weekdays=frozenset(range(7)),
-            windows=(Window(0, 1440),),
-        ),
-        from_addr="bench@example.com",
-        created_at=now,
-        updated_at=now,
-    )
-    app.store.create_campaign(campaign, [])
-    for old, new in (
-        (CampaignState.DRAFT, CampaignState.PROVISIONING),
-        (CampaignState.PROVISIONING, CampaignState.ACTIVE),
-    ):
-        app.store.set_campaign_state("bench", {old}, new, at=now)
     # Calibrate on the first schedules of a far-away copy? Simpler: the create rate of the
     # full path is the provisioning rate; a generous lead covers it.
     t0 = time.time() + args.full_lead
     due = due_times(t0, args.schedules, args.spread, args.burst)
-    tasks = [
-        Task(
-            id=f"bench-{i}",
-            campaign_id="bench",
-            position=i,
-            email=f"r{i}@example.com",
-            name=f"R {i}",
-            subject="Hello",
-            text="A benchmark message.",
-            html=None,
-            send_at=datetime.fromtimestamp(due[i], UTC),
-            token=new_token(),
-        )
-        for i in range(total)
-    ]
-    created = time.perf_counter()
-    for start in range(0, total, 2000):
-        chunk = tasks[start : start + 2000]
-        app.store.insert_tasks(chunk, at=datetime.now(UTC))
-        report = app.writer.ensure_many(chunk)
-        if report.failed:
-            raise AssertionError(f"schedules not created: {report.failed[:3]}")
-    create_s = time.perf_counter() - created
+    create_s = add_campaign(app, "bench", due)
     if time.time() > t0 - 0.2:
         app.close()
         return {"overran": True, "create_s": create_s}
@@ -407,36 +365,19 @@ def child_full(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     )
     cpu = cpu_seconds()
     worker.start()
-    deadline = due[-1] + args.timeout
-    while time.time() < deadline:
-        counts = app.store.count_tasks("bench")
-        if counts[TaskState.PENDING] == 0 and counts[TaskState.RUNNING] == 0:
-            break
-        time.sleep(0.5)
+    wait_sent(app, "bench", time.monotonic() + due[-1] + args.timeout - time.time(), every=0.5)
     cpu = cpu_seconds() - cpu
     stop.set()
     worker.join(60)
-    claimed: dict[int, float] = {}
-    finished: dict[int, float] = {}
-    after = -1
-    while True:
-        page = app.store.list_tasks("bench", after=after, limit=5000)
-        for task in page:
-            if task.claimed_at is not None:
-                claimed[task.position] = task.claimed_at.timestamp()
-            if task.state is TaskState.FINISHED and task.sent_at is not None:
-                finished[task.position] = task.sent_at.timestamp()
-        if len(page) < 5000:
-            break
-        after = page[-1].position
+    claimed, finished = task_times(app, "bench")
     app.close()
-    fire = _figures(due, claimed, args.schedules, args.burst)
-    sent = _figures(due, finished, args.schedules, args.burst)
+    fire = figures(due, claimed, args.schedules, args.burst)
+    sent = figures(due, finished, args.schedules, args.burst)
     return {
         **fire,
         **{f"sent_{k}": v for k, v in sent.items()},
         "create_s": create_s,
-        "creates_per_second": total / create_s,
+        "creates_per_second": len(due) / create_s,
         "cpu_s": cpu,
     }
 

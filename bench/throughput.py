@@ -77,8 +77,8 @@ def child_sendqueue(
     concurrency: int,
     execution: str = "embedded",
 ) -> Any:
+    from bench.sendpath import task_times, wait_sent
     from sendqueue.bootstrap import bootstrap
-    from sendqueue.domain.lifecycle import TaskState
     from sendqueue.runtime import run_worker
     from sendqueue.services.demo import demo_csv
     from sendqueue.services.importing import Templates
@@ -126,31 +126,15 @@ def child_sendqueue(
     cpu = cpu_seconds()
     started = datetime.now(UTC)
     worker.start()
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        counts = app.store.count_tasks(cid)
-        if counts[TaskState.PENDING] == 0 and counts[TaskState.RUNNING] == 0:
-            break
-        time.sleep(0.25)
+    wait_sent(app, cid, time.monotonic() + 600)
     cpu = cpu_seconds() - cpu
     stop.set()
     worker.join(60)
-    last: datetime | None = None
-    finished = 0
-    after = -1
-    while True:
-        page = app.store.list_tasks(cid, after=after, limit=5000)
-        for task in page:
-            if task.state is TaskState.FINISHED and task.sent_at is not None:
-                finished += 1
-                last = task.sent_at if last is None else max(last, task.sent_at)
-        if len(page) < 5000:
-            break
-        after = page[-1].position
+    _, sent = task_times(app, cid)
     app.close()
-    if finished != emails or last is None:
-        raise AssertionError(f"only {finished} of {emails} emails finished")
-    seconds = (last - started).total_seconds()
+    if len(sent) != emails:
+        raise AssertionError(f"only {len(sent)} of {emails} emails finished")
+    seconds = max(sent.values()) - started.timestamp()
     return {"seconds": seconds, "per_second": emails / seconds, "cpu_s": cpu}
 
 
