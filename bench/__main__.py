@@ -26,6 +26,7 @@ from typing import Any
 from bench import (
     changelog,
     dispatch,
+    fleet,
     imports,
     planner,
     provisioning,
@@ -40,6 +41,7 @@ from bench.common import (
     postgres_skip_reason,
     smtp_sink,
 )
+from bench.fleetproc import sigterm_exits
 from bench.report import render_markdown, summary_rows
 
 BENCHMARKS = (
@@ -47,6 +49,7 @@ BENCHMARKS = (
     "provisioning",
     "dispatch",
     "throughput",
+    "fleet",
     "reconciler",
     "stream",
     "imports",
@@ -77,6 +80,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also the whole send path at the dispatch set's pace")  # fmt: skip
     g.add_argument("--emails", type=int, default=5_000)
     g.add_argument("--concurrency", type=int, default=4, help="threads sending / firing")
+    g.add_argument("--fleet-workers", type=int, nargs="+", default=list(fleet.DEFAULT_WORKERS),
+                   help="worker processes per fleet row (1 2 4)")  # fmt: skip
+    g.add_argument("--fleet-emails", type=int, default=2_000, help="fleet throughput backlog")
+    g.add_argument("--fleet-rate", type=float, default=200.0, help="fleet dispatch: due/s")
+    g.add_argument("--fleet-spread", type=float, default=10.0, help="fleet dispatch: seconds")
+    g.add_argument("--fleet-burst", type=int, default=2_000)
+    g.add_argument("--fleet-waiting", type=int, default=20_000,
+                   help="jobs waiting in procrastinate for the second pass (0: none)")  # fmt: skip
     g.add_argument("--reconcile-small", type=int, default=100_000)
     g.add_argument("--reconcile-large", type=int, default=1_000_000)
     g.add_argument("--reconcile-pending", type=int, default=10_000)
@@ -202,6 +213,26 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
         attempt("throughput", run_throughput)
+    if "fleet" in chosen:
+
+        def run_fleet() -> Any:
+            with sigterm_exits(), ExitStack() as stack:
+                port = stack.enter_context(smtp_sink())
+                # one fresh database for every procrastinate row, dropped afterwards
+                url = None if proc_reason else stack.enter_context(postgres_database())
+                return fleet.run(
+                    emails=args.fleet_emails,
+                    rate=args.fleet_rate,
+                    spread=args.fleet_spread,
+                    burst=args.fleet_burst,
+                    waiting=args.fleet_waiting,
+                    concurrency=args.concurrency,
+                    port=port,
+                    postgres_url=url,
+                    workers=tuple(args.fleet_workers),
+                )
+
+        attempt("fleet", run_fleet)
     if "reconciler" in chosen:
         attempt(
             "reconciler",

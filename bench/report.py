@@ -140,6 +140,10 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         rows.append(
             ("4 throughput (procrastinate execution layer)", f"skipped: {reason}", "-", "-")
         )
+    if "fleet" in b:
+        rows += _fleet_rows(b["fleet"])
+    if reason and "fleet" in b:
+        rows.append(("9 fleet (procrastinate execution layer)", f"skipped: {reason}", "-", "-"))
     if "reconciler" in b:
         r = b["reconciler"]
         rows.append(
@@ -197,6 +201,70 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             )
         )
     return rows
+
+
+def _fleet_rows(f: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Benchmark 9: a row per fleet measurement, and where its CPU went."""
+    raw = " / ".join(f"{v:,.0f}" for v in f["raw_per_second"])
+    rows: list[tuple[str, str, str, str]] = []
+    held = f.get("waiting_set")
+    if held:
+        rows.append(
+            (
+                f"9 fleet waiting set: {held['tasks']:,} tasks due 2 h later, jobs waiting",
+                f"{held['jobs_waiting']:,} (created in {held['create_s']:.0f} s)",
+                "-",
+                "-",
+            )
+        )
+    for r in f["rows"]:
+        plural = "es" if r["workers"] > 1 else ""
+        who = f"{r['layer']}, {r['workers']} process{plural}"
+        if r["waiting"]:
+            who += f", {r['waiting']:,} waiting"
+        if r["kind"] == "throughput":
+            ratio = f"{r['vs_raw']:.2f}x raw"
+            if r["layer"] == "procrastinate" and "vs_one_process" in r:
+                ratio += f", {r['vs_one_process']:.2f}x 1 process"
+            rows.append(
+                (
+                    f"9 fleet throughput, {f['emails']:,} due emails: /s ({who})",
+                    f"{r['per_second']:,.0f}",
+                    f"raw smtplib loop (start / end): {raw}",
+                    ratio,
+                )
+            )
+        else:
+            title = f"9 fleet dispatch, {f['rate']:g} due/s over {f['spread_s']:g} s"
+            rows.append(
+                (
+                    f"{title}: claim p50 / p99 / max lateness ms ({who})",
+                    " / ".join(f"{r[k]:,.0f}" for k in ("p50_ms", "p99_ms", "max_ms")),
+                    "-",
+                    "-",
+                )
+            )
+            if "burst_drain_s" in r:
+                rows.append(
+                    (f"9 fleet, {f['burst']:,}-burst drain s ({who})",
+                     f"{r['burst_drain_s']:.2f}", "-", "-")
+                )  # fmt: skip
+        rows.append((f"9 fleet {r['kind']}: CPU use ({who})", _usage(r["usage"]), "-", "-"))
+    return rows
+
+
+def _usage(u: dict[str, Any]) -> str:
+    """Where a fleet row's CPU went: each worker, the database's backends, the whole machine."""
+    workers = " + ".join(f"{v:.0f}%" for v in u["worker_cpu_percent_of_one_core"].values())
+    text = f"workers {workers} of a core"
+    if "postgres_cpu_s" in u:
+        text += f"; PostgreSQL backends {100 * u['postgres_cpu_s'] / u['wall_s']:.0f}%"
+    text += f"; machine {u['machine_busy_percent']:.0f}% of {u['cores']} cores busy"
+    if "connections_max" in u:
+        text += "; connections per worker " + ", ".join(
+            str(v) for v in u["connections_max"].values()
+        )
+    return text
 
 
 def render_markdown(results: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,16 @@ from bench.common import percentile, postgres_database, smtp_sink, summarize
 from bench.report import render_markdown
 
 from bench import __main__ as bench_main
-from bench import changelog, dispatch, planner, provisioning, reconciler, stream, throughput
+from bench import (
+    changelog,
+    dispatch,
+    fleet,
+    planner,
+    provisioning,
+    reconciler,
+    stream,
+    throughput,
+)
 
 # One xdist group with tests/integration/test_procrastinate.py: both open many PostgreSQL
 # connections, and the server allows a hundred in all.
@@ -179,6 +189,78 @@ def test_throughput_procrastinate(postgres_url: str) -> None:
     assert figures["execution"] == "procrastinate"
     assert figures["ratio"] > 0
     assert result["targets"] == []  # none set for procrastinate
+
+
+def _worker_children() -> list[str]:
+    """The command lines of this process's children that are ``sendqueue worker`` processes."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and "sendqueue.cli worker" in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def _fleet(postgres_url: str | None, workers: tuple[int, ...]) -> dict[str, Any]:
+    with smtp_sink() as port:
+        result = fleet.run(
+            emails=20,
+            rate=20.0,
+            spread=1.0,
+            burst=10,
+            waiting=30,
+            concurrency=2,
+            port=port,
+            postgres_url=postgres_url,
+            workers=workers,
+        )
+    assert _worker_children() == []  # every worker process was stopped
+    assert len(result["raw_per_second"]) == 2  # the raw loop before and after
+    for row in result["rows"]:
+        usage = row["usage"]
+        assert len(usage["worker_cpu_s"]) == row["workers"]
+        assert 0 <= usage["machine_busy_percent"] <= 100
+        if row["kind"] == "throughput":
+            assert row["per_second"] > 0 and row["vs_raw"] > 0
+        else:
+            assert row["missing"] == 0 and row["sent_missing"] == 0
+            assert row["p99_ms"] <= row["max_ms"]
+            assert row["burst_drain_s"] >= 0
+    rows = render_markdown({"machine": _MACHINE, "benchmarks": {"fleet": result}})
+    assert "9 fleet throughput, 20 due emails: /s (embedded, 1 process) |" in rows
+    return result
+
+
+def test_fleet_embedded_only() -> None:
+    result = _fleet(None, (1, 2))
+    assert [(r["layer"], r["workers"], r["kind"]) for r in result["rows"]] == [
+        ("embedded", 1, "throughput"),
+        ("embedded", 1, "dispatch"),
+    ]
+    assert result["targets"] == []  # issue 16's targets are the procrastinate layer's
+
+
+@pytest.mark.postgres
+def test_fleet_procrastinate(postgres_url: str) -> None:
+    result = _fleet(postgres_url, (1, 2))
+    procrastinate = [r for r in result["rows"] if r["layer"] == "procrastinate"]
+    assert [(r["workers"], r["waiting"], r["kind"]) for r in procrastinate] == [
+        (n, held, kind) for held in (0, 30) for n in (1, 2) for kind in ("throughput", "dispatch")
+    ]
+    assert result["waiting_set"]["jobs_waiting"] == 30
+    for row in procrastinate:
+        connections = row["usage"]["connections_max"]
+        assert len(connections) == row["workers"]
+        assert all(n >= 1 for n in connections.values())  # each worker seen by its name
+        assert row["usage"]["postgres_cpu_s"] >= 0
+    two = next(r for r in procrastinate if r["kind"] == "throughput" and r["workers"] == 2)
+    assert two["vs_one_process"] > 0
+    assert len(result["targets"]) == 4
+    _targets(result)
 
 
 def test_reconciler() -> None:
