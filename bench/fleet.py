@@ -115,7 +115,8 @@ def _measure(
             launched = time.monotonic()
             fleet.wait_ready(180.0)
             started_s = time.monotonic() - launched
-            t0 = time.time() + len(offsets) / layer.create_rate * 1.5 * factor + 1.0
+            # generous: an overrun costs a whole row more (it is sent, then measured again)
+            t0 = time.time() + (len(offsets) / layer.create_rate * 2.0 + 1.0) * factor
             due = [t0 + o for o in offsets]
             create_s = add_campaign(layer.app, cid, due)
             layer.create_rate = len(due) / create_s
