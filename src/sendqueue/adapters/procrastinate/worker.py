@@ -28,7 +28,6 @@ Instants written here come from the adapter's clock; procrastinate's fetch compa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -36,15 +35,15 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import psycopg
-from procrastinate import App, BaseRetryStrategy, JobContext, PsycopgConnector, RetryDecision
-from procrastinate import jobs as procrastinate_jobs
+from procrastinate import App, PsycopgConnector
 from psycopg.types.json import Jsonb
 
 from sendqueue.adapters import scheduler_rules as rules
+from sendqueue.adapters.procrastinate.firing import FireLoop
 from sendqueue.adapters.procrastinate.jobs import (
     FIRE_TASK,
     JOB_COLUMNS,
@@ -54,7 +53,6 @@ from sendqueue.adapters.procrastinate.jobs import (
     RECOVER_TASK,
     FireJob,
     Jobs,
-    priority,
 )
 from sendqueue.domain.errors import SchedulerError
 from sendqueue.domain.models import DeadLetter
@@ -65,6 +63,9 @@ __all__ = ["Worker", "cron_every"]
 log = logging.getLogger("sendqueue.scheduler.procrastinate")
 
 _WATCH_INTERVAL = 0.1  # how quickly a set ``stop`` event is noticed
+#: Connections of procrastinate's worker for the periodic tasks: its fetch and finish, its
+#: heartbeat, its deferrer (the tasks themselves use the scheduler's pool and the store's).
+_PERIODIC_CONNECTIONS = 3
 
 
 def cron_every(seconds: float) -> str:
@@ -98,39 +99,6 @@ class _Outcome:
     kind: Literal["done", "gone", "retry", "buried"]
     retry_at: datetime | None = None
     letter: DeadLetter | None = None
-
-
-class _RetryLater(Exception):
-    """Raised out of a fire job whose target failed with attempts left."""
-
-    def __init__(self, message: str, at: datetime) -> None:
-        super().__init__(message)
-        self.at = at
-
-
-class _DeadLettered(Exception):
-    """Raised out of a fire job whose target failed for the last time (already recorded)."""
-
-
-class _FireRetry(BaseRetryStrategy):
-    """The retry decisions of ``sendqueue.fire``: the adapter decides, procrastinate writes.
-
-    A failure of the adapter's own bookkeeping (not of the target) is retried soon: firing
-    again is safe (delivery is at-least-once), losing the schedule is not.
-    """
-
-    def __init__(self, bookkeeping_retry: float) -> None:
-        self.bookkeeping_retry = bookkeeping_retry
-
-    def get_retry_decision(
-        self, *, exception: BaseException, job: procrastinate_jobs.Job
-    ) -> RetryDecision | None:
-        if isinstance(exception, _RetryLater):
-            return RetryDecision(retry_at=exception.at, priority=priority(exception.at))
-        if isinstance(exception, _DeadLettered):
-            return None
-        at = datetime.now(UTC) + timedelta(seconds=self.bookkeeping_retry)
-        return RetryDecision(retry_at=at, priority=priority(at))
 
 
 class Worker:
@@ -281,15 +249,19 @@ class Worker:
         except Exception:
             log.exception("raising the alarm for dead letter %s failed", letter.id)
 
-    def _fire_in_worker(self, job: procrastinate_jobs.Job, target: Target) -> None:
-        """The body of the ``sendqueue.fire`` task: procrastinate writes the outcome."""
-        outcome = self._invoke(FireJob.from_procrastinate(job), target)
-        if outcome.kind == "retry":
-            assert outcome.retry_at is not None
-            raise _RetryLater(f"retry at {outcome.retry_at.isoformat()}", outcome.retry_at)
-        if outcome.kind == "buried":
-            self._raise_alarm(outcome.letter)
-            raise _DeadLettered("moved to the dead letters")
+    def _run_fire_job(self, job: FireJob, target: Target) -> bool:
+        """The fire loop's body for one claimed job: a failure is recorded here (retry, or dead
+        letter and alarm); returns True when the job is to be deleted (done, or deleted)."""
+        try:
+            outcome = self._invoke(job, target)
+        except Exception as exc:  # our own bookkeeping failed, not the target: fire again soon
+            log.error("schedule job %d: recording a failure failed: %s", job.id, exc)
+            retry_at = self.clock.now() + timedelta(seconds=self.retry_backoff)
+            outcome = _Outcome("retry", retry_at=retry_at)
+        if outcome.kind in ("done", "gone"):
+            return True
+        self._apply(job, outcome)
+        return False
 
     def fire_due(self, target: Target) -> int:
         """Invoke every schedule due at ``clock.now()``, once, in due order, on this thread
@@ -400,8 +372,8 @@ class Worker:
 
     # ----------------------------------------------------------------- the worker app
     def run(self, target: Target, stop: threading.Event) -> None:
-        """Run a procrastinate worker in this thread until ``stop`` is set (Dispatcher port;
-        see :meth:`ProcrastinateScheduler.run`)."""
+        """Run the fire loop and a procrastinate worker for the periodic tasks in this thread
+        until ``stop`` is set (Dispatcher port; see :meth:`ProcrastinateScheduler.run`)."""
         with self._lock:
             if self._running:
                 raise RuntimeError("this ProcrastinateScheduler is already dispatching")
@@ -419,9 +391,7 @@ class Worker:
                     break
                 if time.monotonic() - started > 60:
                     pause = 0.5  # it ran for a while: not a crash loop
-                log.error(
-                    "dispatcher: procrastinate worker failed (%s); restart in %.1f s", why, pause
-                )
+                log.error("dispatcher: the worker failed (%s); restart in %.1f s", why, pause)
                 stop.wait(pause)
                 pause = min(pause * 2, 30.0)
         finally:
@@ -429,13 +399,14 @@ class Worker:
                 self._running = False
 
     def app(self, target: Target) -> App:
-        """The procrastinate app of a worker: the fire task and the periodic tasks."""
+        """The procrastinate app of a worker: the periodic tasks (the fire jobs run in the
+        fire loop, :mod:`~sendqueue.adapters.procrastinate.firing`)."""
         horizon = self.jobs.horizon
         app = App(
             connector=PsycopgConnector(
                 conninfo=self._conninfo,
                 min_size=1,
-                max_size=self.concurrency + 2,
+                max_size=_PERIODIC_CONNECTIONS,
                 timeout=self._connect_timeout,
                 name="sendqueue-worker",
                 kwargs={"connect_timeout": int(self._connect_timeout)},
@@ -444,11 +415,6 @@ class Worker:
                 "max_delay": max(self.reconcile_interval or 0.0, self.recover_interval, horizon)
             },
         )
-
-        def fire(context: JobContext, /, **_: Any) -> None:
-            self._fire_in_worker(context.job, target)
-
-        app.task(name=FIRE_TASK, pass_context=True, retry=_FireRetry(self.retry_backoff))(fire)
 
         def recover(timestamp: int) -> None:
             try:
@@ -486,17 +452,37 @@ class Worker:
             )
         return app
 
+    def fire_loop(self, target: Target) -> FireLoop:
+        """The loop that claims and fires the due ``sendqueue.fire`` jobs of this process."""
+        return FireLoop(
+            self.jobs,
+            lambda job: self._run_fire_job(job, target),
+            conninfo=self._conninfo,
+            clock=self.clock,
+            concurrency=self.concurrency,
+            poll_interval=self.poll_interval,
+            heartbeat_interval=max(0.5, self.stalled_after / 3),
+            connect_timeout=self._connect_timeout,
+            shutdown_timeout=self.shutdown_timeout,
+        )
+
     async def _serve(self, target: Target, stop: threading.Event) -> None:
+        """The fire loop (on a thread) and procrastinate's worker on the periodic queue; when
+        either ends or ``stop`` is set, both stop gracefully and what failed is raised."""
         app = self.app(target)
+        loop = self.fire_loop(target)
+        loop_stop = threading.Event()
         async with app.open_async():
-            worker = asyncio.create_task(
+            periodic = asyncio.create_task(
                 app.run_worker_async(
-                    name="sendqueue",
-                    concurrency=self.concurrency,
+                    name="sendqueue-periodic",
+                    queues=[PERIODIC_QUEUE],
+                    concurrency=len(app.periodic_registry.periodic_tasks),
                     fetch_job_polling_interval=self.poll_interval,
-                    # Our targets are synchronous and ignore abort requests: no need to poll.
+                    # The periodic tasks are deferred due now by every worker's deferrer: the
+                    # poll finds them; no LISTEN connection needed. They ignore aborts.
+                    listen_notify=False,
                     abort_job_polling_interval=60.0,
-                    listen_notify=True,
                     delete_jobs="successful",
                     install_signal_handlers=False,
                     update_heartbeat_interval=max(0.5, self.stalled_after / 3),
@@ -504,14 +490,17 @@ class Worker:
                     shutdown_graceful_timeout=self.shutdown_timeout,
                 )
             )
-            while not stop.is_set() and not worker.done():
-                await asyncio.wait({worker}, timeout=_WATCH_INTERVAL)
-            if worker.done():
-                # Raises what stopped it; returns when a side task (heartbeat, listener) failed.
-                worker.result()
-                return
-            # Cancelling run_worker_async is procrastinate's graceful stop: nothing new is
-            # fetched, running jobs get shutdown_graceful_timeout to finish.
-            worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await worker
+            firing = asyncio.create_task(asyncio.to_thread(loop.run, loop_stop))
+            try:
+                while not stop.is_set() and not periodic.done() and not firing.done():
+                    await asyncio.wait({periodic, firing}, timeout=_WATCH_INTERVAL)
+            finally:
+                loop_stop.set()
+                # Cancelling run_worker_async is procrastinate's graceful stop: nothing new is
+                # fetched, running jobs get shutdown_graceful_timeout to finish.
+                if not periodic.done():
+                    periodic.cancel()
+                await asyncio.wait({periodic, firing})
+            for task in (firing, periodic):
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
