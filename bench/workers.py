@@ -48,7 +48,7 @@ class ExtraWorkers:
             assert proc.stdin is not None
             with contextlib.suppress(BrokenPipeError):
                 proc.stdin.write("stop\n")
-                proc.stdin.close()
+                proc.stdin.flush()
         for proc, errs in zip(self.procs, self.errs, strict=True):
             out, _ = proc.communicate(timeout=timeout)
             errs.seek(0)

@@ -1,28 +1,31 @@
-"""The Dispatcher side of the procrastinate execution layer: a procrastinate worker app.
+"""The Dispatcher side of the procrastinate execution layer: the fire loop and the periodic tasks.
 
-- ``sendqueue.fire`` runs the target for a schedule's job. A successful job is deleted (the
-  worker runs with ``delete_jobs="successful"``). A failed one is retried ``max_retries`` times
-  (a per-schedule argument) with the shared exponential, jittered backoff
-  (:func:`~sendqueue.adapters.scheduler_rules.retry_delay`) through a procrastinate retry
-  strategy; the last failure is written to ``sendqueue_dead_letters``, the job ends ``failed``
-  in procrastinate, and the alarm is raised. A schedule deleted while its invocation ran
-  (abort requested) is neither retried nor dead-lettered.
-- Stalled jobs: a worker sends a heartbeat every ``stalled_after / 3`` seconds. The periodic
-  task ``sendqueue.recover_stalled`` (de-duplicated across workers like every procrastinate
-  periodic task) finds ``doing`` jobs whose worker has been silent for ``stalled_after`` seconds
-  (or that have run longer than ``invocation_timeout``) and fires them again at once, counting
-  the lost run as a failed attempt; one out of attempts goes to the dead letters. Delivery is
-  at-least-once: the send worker's claim (Pending -> Running) and the reconciler's stale policy
-  keep a second run from sending twice.
-- ``sendqueue.promote`` (every ``horizon / 5`` seconds) defers parked schedules due within the
-  horizon; ``sendqueue.reconcile`` (every ``reconcile_interval`` seconds, rounded to a cron
-  step, once per tick across all workers) invokes the target with ``{"kind": "reconcile"}``.
+- ``sendqueue.fire`` jobs run in the fire loop (:mod:`~sendqueue.adapters.procrastinate.firing`:
+  claimed in batches ahead of their due instant, fired on ``concurrency`` threads, deleted in
+  batches; why: docs/performance.md, issue 16). A successful job is deleted. A failed one is
+  retried ``max_retries`` times (a per-schedule argument) with the shared exponential,
+  jittered backoff (:func:`~sendqueue.adapters.scheduler_rules.retry_delay`) through
+  procrastinate's retry function; the last failure is written to ``sendqueue_dead_letters``,
+  the job ends ``failed`` in procrastinate, and the alarm is raised. A schedule deleted while
+  its invocation ran (abort requested) is neither retried nor dead-lettered.
+- The periodic tasks run on procrastinate's own worker, on the queue ``sendqueue.periodic``
+  only: ``sendqueue.promote`` (every ``horizon / 5`` seconds) defers parked schedules due
+  within the horizon; ``sendqueue.reconcile`` (every ``reconcile_interval`` seconds, rounded to
+  a cron step, once per tick across all workers) invokes the target with
+  ``{"kind": "reconcile"}``; ``sendqueue.recover_stalled`` (de-duplicated across workers like
+  every procrastinate periodic task) finds ``doing`` jobs whose worker has been silent for
+  ``stalled_after`` seconds (or that have run longer than ``invocation_timeout``) and fires
+  them again at once, counting the lost run as a failed attempt; one out of attempts goes to
+  the dead letters. Both the fire loop and procrastinate's worker register a worker row and
+  send a heartbeat every ``stalled_after / 3`` seconds. Delivery is at-least-once: the send
+  worker's claim (Pending -> Running) and the reconciler's stale policy keep a second run from
+  sending twice.
 
-Timing: procrastinate finds due jobs by polling (``poll_interval``, 0.5 s by default instead of
-procrastinate's 5 s); LISTEN/NOTIFY wakes workers at once for jobs deferred due now. A job waits
-at most ``poll_interval`` past its due time before some worker with a free slot fetches it.
-Instants written here come from the adapter's clock; procrastinate's fetch compares
-``scheduled_at`` with the database server's ``now()``: keep the clocks in sync (NTP).
+Timing: the fire loop sleeps until the next due time (read with each claim), wakes on
+LISTEN/NOTIFY for new jobs, and looks again at least every ``poll_interval`` (0.5 s by
+default); it fires each job at its due instant by the adapter's clock. procrastinate's worker
+polls the periodic queue every ``poll_interval``, and its periodic deferrer uses the database
+server's ``now()``: keep the clocks in sync (NTP).
 """
 
 from __future__ import annotations
@@ -105,8 +108,10 @@ class Worker:
     """Runs the schedules' jobs against a target: the worker app, or :meth:`fire_due`.
 
     Built by :class:`~sendqueue.adapters.procrastinate.scheduler.ProcrastinateScheduler`,
-    which documents the options. The worker app opens ``concurrency + 2`` connections plus one
-    LISTEN connection of its own while it runs; everything else goes through ``jobs``.
+    which documents the options. While it runs, the fire loop opens 2 connections of its own
+    (claims, deletes and heartbeats; LISTEN) and procrastinate's worker for the periodic tasks
+    at most 3; everything else (failures, retries, dead letters, promotion, recovery) goes
+    through ``jobs``.
     """
 
     def __init__(
