@@ -200,26 +200,30 @@ class FireLoop:
             # otherwise when a waiting job comes due, on a notification, or at the poll.
             due_soon = next_due is not None and next_due <= now + self.lookahead
             finished = self._take_finished()
-            if room > 0 and (
-                (backlog and room >= self.concurrency)
-                or inserted
-                or due_soon
-                or time.monotonic() >= poll_at
-            ):
-                claimed, next_due = self.jobs.settle_and_claim(
-                    conn, worker_id, finished=finished, until=now + self.lookahead, limit=room
-                )
-                finished = []
-                backlog = len(claimed) == room
-                poll_at = time.monotonic() + self.poll_interval
-                for job in claimed:
-                    heapq.heappush(held, (job.scheduled_at or now, job.id, job))
-            elif finished and (running == 0 or len(finished) >= self.concurrency):
-                self.jobs.settle_and_claim(conn, worker_id, finished=finished, until=now, limit=0)
-                finished = []
-            if finished:  # not settled this round: the next one does
-                with self._lock:
-                    self._finished[:0] = finished
+            try:
+                if room > 0 and (
+                    (backlog and room >= self.concurrency)
+                    or inserted
+                    or due_soon
+                    or time.monotonic() >= poll_at
+                ):
+                    claimed, next_due = self.jobs.settle_and_claim(
+                        conn, worker_id, finished=finished, until=now + self.lookahead, limit=room
+                    )
+                    finished = []
+                    backlog = len(claimed) == room
+                    poll_at = time.monotonic() + self.poll_interval
+                    for job in claimed:
+                        heapq.heappush(held, (job.scheduled_at or now, job.id, job))
+                elif finished and (running == 0 or len(finished) >= self.concurrency):
+                    self.jobs.settle_and_claim(
+                        conn, worker_id, finished=finished, until=now, limit=0
+                    )
+                    finished = []
+            finally:
+                if finished:  # not settled (this round, or it failed): the next one or the stop
+                    with self._lock:
+                        self._finished[:0] = finished
             if time.monotonic() >= heartbeat_at:
                 self.jobs.heartbeat(conn, worker_id)
                 heartbeat_at = time.monotonic() + self.heartbeat_interval
