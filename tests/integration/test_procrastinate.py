@@ -146,11 +146,11 @@ class _Workers:
         return proc
 
     def wait_registered(self, count: int) -> None:
-        """Until ``count`` worker processes are registered (they fetch from then on)."""
+        """Until ``count`` procrastinate workers are registered (they fetch from then on)."""
 
         def registered() -> bool:
             assert all(p.poll() is None for p in self.procs), self.logs()
-            return _registered(self.url) >= count * _ROWS_PER_PROCESS
+            return _registered(self.url) >= count
 
         wait_until(registered, 60, f"{count} registered workers")
 
