@@ -23,7 +23,16 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench import dispatch, imports, planner, provisioning, reconciler, stream, throughput
+from bench import (
+    changelog,
+    dispatch,
+    imports,
+    planner,
+    provisioning,
+    reconciler,
+    stream,
+    throughput,
+)
 from bench.common import (
     ROOT,
     machine_facts,
@@ -41,6 +50,7 @@ BENCHMARKS = (
     "reconciler",
     "stream",
     "imports",
+    "changelog",
 )
 
 
@@ -76,6 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--stream-clients", type=int, default=100)
     g.add_argument("--stream-changes", type=int, default=1_000)
     g.add_argument("--stream-seconds", type=float, default=10.0)
+    g.add_argument("--changelog-writers", type=int, default=8, help="writer threads (8)")
+    g.add_argument("--changelog-per-writer", type=int, default=300,
+                   help="tasks each writer claims and finishes (2 transactions each)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -129,6 +142,16 @@ def main(argv: list[str] | None = None) -> int:
                     small=args.recipients_small,
                     repeats=args.postgres_repeats,
                     postgres=True,
+                ),
+            )
+        if not proc_reason:
+            attempt(
+                "provisioning_procrastinate",
+                lambda: provisioning.run(
+                    recipients=args.recipients,
+                    small=args.recipients_small,
+                    repeats=args.postgres_repeats,
+                    execution="procrastinate",
                 ),
             )
     if "dispatch" in chosen:
@@ -210,6 +233,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     if "imports" in chosen:
         attempt("imports", lambda: imports.run((args.import_rows[0], args.import_rows[1])))
+    if "changelog" in chosen and not pg_reason:
+        attempt(
+            "changelog",
+            lambda: changelog.run(
+                database=postgres_database,
+                writers=args.changelog_writers,
+                per_writer=args.changelog_per_writer,
+                repeats=repeats,
+            ),
+        )
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     results["seconds"] = time.monotonic() - started
     results["arguments"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

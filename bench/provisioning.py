@@ -3,18 +3,25 @@
 sendqueue: ``Provisioner.provision`` of an imported draft campaign, on the embedded default
 (task store and execution layer in two SQLite files): plan, one task per recipient with its
 change-log entry, one schedule per task, checkpoints, the lease. With ``--postgres`` the task
-store is PostgreSQL (the execution layer stays embedded).
+store is PostgreSQL (the execution layer stays embedded). The procrastinate variant puts the
+schedules in PostgreSQL too, as procrastinate jobs (due within the horizon) and parked rows
+(beyond it), written with ``create_many``; it also measures, at the small size, the same
+provisioning with one ``create`` at a time on ``provision_concurrency`` threads (what it did
+before issue 16).
 
 Baseline: the physical limit, ``executemany`` of the equivalent rows (one task row per
 recipient, one schedule row per task, the same tables and indexes) into the same two files,
 one transaction each, with the rows built beforehand (not timed). On PostgreSQL the task rows
-go through psycopg's ``executemany`` instead.
+go through psycopg's ``executemany`` instead; with procrastinate the schedule rows go through
+it as well, into ``procrastinate_jobs`` or ``sendqueue_parked_schedules`` (as the adapter
+splits them at its horizon), in the same transaction as the task rows.
 
 Every measurement runs in a fresh child process, from a copy of one imported campaign: its
 ``ru_maxrss`` is its own peak, which gives the memory growth from the small to the large size.
 The two sides alternate.
 
-Child entry points (used by the parent): ``python -m bench.provisioning sendqueue|raw ...``.
+Child entry points (used by the parent):
+``python -m bench.provisioning sendqueue|raw ... [--execution procrastinate|procrastinate-one]``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from bench.common import child_usage, cpu_seconds, postgres_database, run_child, summarize
 
@@ -44,10 +52,28 @@ RSS_GROWTH_LIMIT_MB = 50.0
 # -- the template campaign ------------------------------------------------------------------------
 
 
-def _settings(store_url: str, scheduler_url: str) -> Any:
+#: The execution layers a child can provision with: procrastinate-one is procrastinate with
+#: one create at a time (its scheduler behind a wrapper that is not a BulkScheduler).
+EXECUTIONS = ("embedded", "procrastinate", "procrastinate-one")
+
+
+def _settings(store_url: str, scheduler_url: str, execution: str = "embedded") -> Any:
     from sendqueue.settings import Settings
 
-    return Settings(_env_file=None, database_url=store_url, scheduler_url=scheduler_url)
+    if execution == "embedded":
+        return Settings(_env_file=None, database_url=store_url, scheduler_url=scheduler_url)
+    return Settings(_env_file=None, database_url=store_url, execution="procrastinate")
+
+
+class _OneAtATime:
+    """Forwards everything to a scheduler but is no BulkScheduler: the schedule writer then
+    calls ``create`` once per schedule, ``provision_concurrency`` calls in flight."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def import_campaign(store_url: str, scheduler_url: str, recipients: int) -> str:
@@ -79,12 +105,16 @@ def _copy_sqlite(src: Path, dst: Path) -> None:
 # -- children -------------------------------------------------------------------------------------
 
 
-def child_sendqueue(store_url: str, scheduler_url: str, campaign_id: str) -> dict[str, Any]:
+def child_sendqueue(
+    store_url: str, scheduler_url: str, campaign_id: str, execution: str = "embedded"
+) -> dict[str, Any]:
     from sendqueue.bootstrap import bootstrap
 
-    app = bootstrap(_settings(store_url, scheduler_url))
+    app = bootstrap(_settings(store_url, scheduler_url, execution))
     app.store.get_campaign(campaign_id)  # schema check and connections, before the clock starts
-    _ = app.scheduler
+    _ = app.scheduler  # procrastinate: its schema installed here, untimed
+    if execution == "procrastinate-one":
+        app.__dict__["scheduler"] = _OneAtATime(app.scheduler)
     cpu = cpu_seconds()
     started = time.perf_counter()
     report = app.provisioner.provision(campaign_id)
@@ -208,6 +238,85 @@ def child_raw(store_url: str, scheduler_file: str, campaign_id: str) -> dict[str
     }
 
 
+_JOB_INSERT = (
+    "INSERT INTO procrastinate_jobs (queue_name, task_name, priority, queueing_lock, args, "
+    "scheduled_at) VALUES (%s, %s, %s, %s, %s, %s)"
+)
+_PARKED_INSERT = (
+    "INSERT INTO sendqueue_parked_schedules (name, grp, due_at, args) VALUES (%s, %s, %s, %s)"
+)
+
+
+def child_raw_procrastinate(store_url: str, campaign_id: str) -> dict[str, Any]:
+    """executemany of the task rows and of the schedules' rows (a job within the horizon, a
+    parked row beyond it, with the adapter's arguments), one transaction, one connection."""
+    import psycopg
+    from psycopg.types.json import Jsonb
+
+    from sendqueue.adapters.procrastinate.jobs import FIRE_TASK, priority
+    from sendqueue.adapters.procrastinate.schema import upgrade_schema
+    from sendqueue.bootstrap import bootstrap
+    from sendqueue.domain.models import schedule_group
+    from sendqueue.domain.planner import plan
+
+    upgrade_schema(store_url)  # procrastinate's schema, not timed
+    app = bootstrap(_settings(store_url, "", "procrastinate"))
+    campaign = app.store.get_campaign(campaign_id)
+    app.close()
+    now = datetime.now(UTC)
+    sends = plan(campaign.policy, campaign.recipient_count, now=now)
+    horizon = now + timedelta(seconds=300)  # the adapter's default
+    zone = ZoneInfo(campaign.policy.timezone)
+    conn: Any = psycopg.connect(store_url.replace("postgresql+psycopg", "postgresql", 1))
+    recipients = conn.execute(
+        "SELECT position, email, name, subject, text, html FROM recipients "
+        "WHERE campaign_id = %s ORDER BY position",
+        (campaign_id,),
+    ).fetchall()
+    conn.commit()
+    tasks = _task_rows(recipients, campaign_id)
+    group = schedule_group(campaign_id)
+    jobs: list[tuple[Any, ...]] = []
+    parked: list[tuple[Any, ...]] = []
+    stamp = now.isoformat()
+    for task in tasks:
+        task_id, position, token = task[0], task[2], task[10]
+        due = sends[position]
+        args = {
+            "name": f"sq-{task_id}-0", "group": group,
+            "at_local": due.astimezone(zone).replace(tzinfo=None).isoformat(),
+            "timezone": campaign.policy.timezone,
+            "payload": {"kind": "send", "task_id": task_id, "token": token},
+            "client_token": token, "max_retries": 2, "created_at": stamp,
+        }  # fmt: skip
+        if due <= horizon:
+            jobs.append((group, FIRE_TASK, priority(due), args["name"], Jsonb(args), due))
+        else:
+            parked.append((args["name"], group, due, Jsonb(args)))
+
+    cpu = cpu_seconds()
+    started = time.perf_counter()
+    with conn.cursor() as cur:
+        cur.executemany(_TASK_INSERT.format(marks=", ".join(["%s"] * 18)), tasks)
+        middle = time.perf_counter()
+        cur.executemany(_JOB_INSERT, jobs)
+        cur.executemany(_PARKED_INSERT, parked)
+    conn.commit()
+    ended = time.perf_counter()
+    cpu = cpu_seconds() - cpu
+    conn.close()
+    return {
+        "seconds": ended - started,
+        "tasks_seconds": middle - started,
+        "schedules_seconds": ended - middle,
+        "tasks": len(tasks),
+        "schedules": len(jobs) + len(parked),
+        "jobs": len(jobs),
+        **child_usage(),
+        "work_cpu_s": cpu,
+    }
+
+
 # -- the parent -----------------------------------------------------------------------------------
 
 
@@ -260,32 +369,62 @@ def _drop_database(name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def run(*, recipients: int, small: int, repeats: int, postgres: bool = False) -> dict[str, Any]:
+def run(
+    *,
+    recipients: int,
+    small: int,
+    repeats: int,
+    postgres: bool = False,
+    execution: str = "embedded",
+) -> dict[str, Any]:
+    """The provisioning benchmark on one store and execution layer (procrastinate: PostgreSQL
+    for both, and the one-create-at-a-time run at the small size, beside its own raw run)."""
+    procrastinate = execution == "procrastinate"
+    postgres = postgres or procrastinate
     sq: list[dict[str, Any]] = []
     raw: list[dict[str, Any]] = []
     small_runs: list[dict[str, Any]] = []
+    one_runs: list[dict[str, Any]] = []
+    raw_small: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sq-bench-prov-") as tmp, ExitStack() as stack:
         templates = _Templates(stack, Path(tmp), postgres)
         templates.template(recipients)
         templates.template(small)
 
-        def run_sendqueue(size: int, into: list[dict[str, Any]]) -> None:
+        def run_sendqueue(size: int, into: list[dict[str, Any]], how: str = execution) -> None:
             url, scheduler, cid = templates.fresh(size)
             into.append(
-                run_child("bench.provisioning", "sendqueue", url, f"sqlite:///{scheduler}", cid)
+                run_child(
+                    "bench.provisioning",
+                    "sendqueue",
+                    url,
+                    f"sqlite:///{scheduler}",
+                    cid,
+                    "--execution",
+                    how,
+                )
             )
 
-        def run_raw(size: int) -> None:
+        def run_raw(size: int, into: list[dict[str, Any]]) -> None:
             url, scheduler, cid = templates.fresh(size)
-            raw.append(run_child("bench.provisioning", "raw", url, scheduler, cid))
+            into.append(
+                run_child(
+                    "bench.provisioning", "raw", url, scheduler, cid, "--execution", execution
+                )
+            )
 
         for n in range(repeats):
             steps: list[Callable[[], None]] = [
                 lambda: run_sendqueue(recipients, sq),
-                lambda: run_raw(recipients),
+                lambda: run_raw(recipients, raw),
                 lambda: run_sendqueue(small, small_runs),
             ]
-            for step in steps if n % 2 == 0 else [steps[1], steps[0], steps[2]]:
+            if procrastinate:
+                steps += [
+                    lambda: run_sendqueue(small, one_runs, "procrastinate-one"),
+                    lambda: run_raw(small, raw_small),
+                ]
+            for step in steps if n % 2 == 0 else [steps[1], steps[0], *steps[2:]]:
                 step()
     sq_rate = summarize([recipients / r["seconds"] for r in sq])
     raw_rate = summarize([recipients / r["seconds"] for r in raw])
@@ -294,9 +433,10 @@ def run(*, recipients: int, small: int, repeats: int, postgres: bool = False) ->
     peak_small = summarize([r["peak_rss_mb"] for r in small_runs])
     growth = peak_large.median - peak_small.median
     store = "PostgreSQL" if postgres else "SQLite"
+    where = f"{store} store" + (", procrastinate execution" if procrastinate else "")
     targets = [
         {
-            "name": f"provisioning at >= 0.3x raw inserts ({store} store)",
+            "name": f"provisioning at >= 0.3x raw inserts ({where})",
             "value": ratio,
             "limit": TARGET,
             "unit": "x",
@@ -313,8 +453,9 @@ def run(*, recipients: int, small: int, repeats: int, postgres: bool = False) ->
                 "passed": growth < RSS_GROWTH_LIMIT_MB,
             }
         )
-    return {
+    result = {
         "store": store,
+        "execution": execution,
         "recipients": recipients,
         "small": small,
         "repeats": repeats,
@@ -333,6 +474,20 @@ def run(*, recipients: int, small: int, repeats: int, postgres: bool = False) ->
         "rss_growth_mb": growth,
         "targets": targets,
     }
+    if procrastinate:
+        # At the small size, side by side: bulk, one create at a time, raw.
+        bulk_small = summarize([small / r["seconds"] for r in small_runs])
+        one_rate = summarize([small / r["seconds"] for r in one_runs])
+        raw_small_rate = summarize([small / r["seconds"] for r in raw_small])
+        result.update(
+            small_per_second=bulk_small.as_dict(),
+            one_at_a_time_per_second=one_rate.as_dict(),
+            raw_small_per_second=raw_small_rate.as_dict(),
+            small_ratio=bulk_small.median / raw_small_rate.median,
+            one_at_a_time_ratio=one_rate.median / raw_small_rate.median,
+            raw_jobs=raw[0]["jobs"],
+        )
+    return result
 
 
 def main() -> None:
@@ -341,11 +496,14 @@ def main() -> None:
     parser.add_argument("store_url")
     parser.add_argument("scheduler")
     parser.add_argument("campaign_id")
+    parser.add_argument("--execution", choices=EXECUTIONS, default="embedded")
     args = parser.parse_args()
     if args.side == "sendqueue":
-        result = child_sendqueue(args.store_url, args.scheduler, args.campaign_id)
-    else:
+        result = child_sendqueue(args.store_url, args.scheduler, args.campaign_id, args.execution)
+    elif args.execution == "embedded":
         result = child_raw(args.store_url, args.scheduler, args.campaign_id)
+    else:
+        result = child_raw_procrastinate(args.store_url, args.campaign_id)
     print(json.dumps(result))
 
 

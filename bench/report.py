@@ -30,17 +30,44 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"{p['ratio']:.2f}x",
             )
         )
-    for key, label in (("provisioning", "2"), ("provisioning_postgresql", "7")):
+    provisioning = (
+        ("provisioning", "2"),
+        ("provisioning_postgresql", "7"),
+        ("provisioning_procrastinate", "7"),
+    )
+    for key, label in provisioning:
         if key in b:
             p = b[key]
+            where = f"{p['store']} store"
+            if p.get("execution") == "procrastinate":
+                where += ", procrastinate execution"
             rows.append(
                 (
-                    f"{label} provisioning {p['recipients']:,} ({p['store']} store): rows/s",
+                    f"{label} provisioning {p['recipients']:,} ({where}): rows/s",
                     _m(p["sendqueue_per_second"]),
                     f"raw executemany: {_m(p['raw_per_second'])}",
                     f"{p['ratio']:.2f}x",
                 )
             )
+            if "one_at_a_time_per_second" in p:
+                small = f"{label} provisioning {p['small']:,} ({where}"
+                raw_small = f"raw executemany: {_m(p['raw_small_per_second'])}"
+                rows.append(
+                    (
+                        f"{small}, create_many): rows/s",
+                        _m(p["small_per_second"]),
+                        raw_small,
+                        f"{p['small_ratio']:.2f}x",
+                    )
+                )
+                rows.append(
+                    (
+                        f"{small}, one create at a time, as before issue 16): rows/s",
+                        _m(p["one_at_a_time_per_second"]),
+                        raw_small,
+                        f"{p['one_at_a_time_ratio']:.2f}x",
+                    )
+                )
             if p["store"] == "SQLite":
                 rows.append(
                     (
@@ -150,6 +177,24 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             (
                 "6 stream: server CPU, % of one core",
                 _m(s["server_cpu_percent_of_one_core"], digits=1),
+                "-",
+                "-",
+            )
+        )
+    if "changelog" in b:
+        c = b["changelog"]
+        rows.append(
+            (
+                f"8 change-log writes, {c['writers']} writer threads, PostgreSQL: tx/s",
+                _m(c["after_tx_per_second"]),
+                f"global advisory lock (before issue 16): {_m(c['before_tx_per_second'])}",
+                f"{c['ratio']:.2f}x",
+            )
+        )
+        rows.append(
+            (
+                "8 change log: tailing reader's gaps / repeats",
+                f"{c['reader_gaps']} / {c['reader_repeats']}",
                 "-",
                 "-",
             )

@@ -253,7 +253,15 @@ class TaskStore(Protocol):
     ) -> list[ChangeLogEntry]: ...
 
     def last_change_id(self) -> int:
-        """The highest change-log id, 0 when the log is empty."""
+        """The highest change-log id ``changes_after`` can return now, 0 when the log is
+        empty. A stream that starts here misses nothing."""
+        ...
+
+    def newest_change_id(self) -> int:
+        """The highest change-log id committed, 0 when the log is empty. Past
+        ``last_change_id`` only while the store holds committed entries back behind a
+        transaction still in flight (PostgreSQL); the live stream compares it with its
+        position to tell clients it is behind."""
         ...
 
     # leases (one reconciler pass at a time, across processes)
@@ -362,7 +370,8 @@ CreateArgs = tuple[str, str, datetime, str, Mapping[str, str], str, int]
 
 @runtime_checkable
 class BulkScheduler(Protocol):
-    """A scheduler that also writes many schedules in one call (one transaction: embedded).
+    """A scheduler that also writes many schedules in one call (one transaction: the embedded
+    and procrastinate layers).
 
     ``create_many`` returns one result per item, in order: the Schedule, or the Conflict (a name
     held with another token) that ``create`` would have raised for it; other errors raise for

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench.common import percentile, smtp_sink, summarize
+from bench.common import percentile, postgres_database, smtp_sink, summarize
 from bench.report import render_markdown
 
 from bench import __main__ as bench_main
-from bench import dispatch, planner, provisioning, reconciler, stream, throughput
+from bench import changelog, dispatch, planner, provisioning, reconciler, stream, throughput
 
 # One xdist group with tests/integration/test_procrastinate.py: both open many PostgreSQL
 # connections, and the server allows a hundred in all.
@@ -75,6 +75,32 @@ def test_provisioning() -> None:
     assert result["ratio"] > 0
     assert [t["unit"] for t in result["targets"]] == ["x", "MB"]
     _targets(result)
+
+
+@pytest.mark.postgres
+def test_provisioning_on_procrastinate_beside_one_create_at_a_time() -> None:
+    result = provisioning.run(recipients=300, small=100, repeats=1, execution="procrastinate")
+    for key in (
+        "sendqueue_per_second",
+        "raw_per_second",
+        "small_per_second",
+        "one_at_a_time_per_second",
+        "raw_small_per_second",
+    ):
+        _summary(result[key])
+    assert result["ratio"] > 0 and result["one_at_a_time_ratio"] > 0
+    assert (result["store"], result["execution"]) == ("PostgreSQL", "procrastinate")
+    assert [t["unit"] for t in result["targets"]] == ["x"]
+    _targets(result)
+    table = render_markdown(
+        {
+            "machine": _MACHINE,
+            "benchmarks": {"provisioning_procrastinate": result},
+            "errors": {},
+            "targets": result["targets"],
+        }
+    )
+    assert "one create at a time, as before issue 16" in table
 
 
 def test_dispatch_against_apscheduler() -> None:
@@ -213,6 +239,24 @@ def test_stream_idle() -> None:
     assert result["campaigns"] == 3
     for key in ("server_cpu_s", "server_cpu_percent_of_one_core"):
         _summary(result[key])
+
+
+@pytest.mark.postgres
+def test_changelog() -> None:
+    result = changelog.run(database=postgres_database, writers=3, per_writer=10, repeats=1)
+    for key in ("before_tx_per_second", "after_tx_per_second"):
+        _summary(result[key])
+    assert result["transactions"] == 60
+    assert (result["reader_gaps"], result["reader_repeats"], result["reader_in_order"]) == (
+        0,
+        0,
+        True,
+    )
+    _targets(result)
+    # the anchor is the store's own statement with the old lock put back
+    assert "pg_advisory_xact_lock" in changelog._locked_statement()
+    rows = render_markdown({"machine": _MACHINE, "benchmarks": {"changelog": result}})
+    assert "| 8 change-log writes, 3 writer threads, PostgreSQL: tx/s |" in rows
 
 
 def test_the_runner_writes_both_result_files(tmp_path: Path) -> None:

@@ -178,9 +178,10 @@ def with_tasks(store: TaskStore, cid: str = "c1", count: int = 10) -> list[Task]
     return tasks
 
 
-def all_changes(store: TaskStore, campaign_id: str | None = None) -> list[ChangeLogEntry]:
+def all_changes(
+    store: TaskStore, campaign_id: str | None = None, *, after: int = 0
+) -> list[ChangeLogEntry]:
     out: list[ChangeLogEntry] = []
-    after = 0
     while page := store.changes_after(after, campaign_id=campaign_id, limit=500):
         out.extend(page)
         after = page[-1].id
@@ -463,14 +464,20 @@ def test_bulk_insert_of_twenty_thousand_tasks(backend: Backend, store: TaskStore
     assert store.insert_tasks(tasks, at=T0) == count
 
     assert store.count_tasks("c1")[S.PENDING] == count
-    assert store.last_change_id() == count
+    created = store.changes_after(0, limit=count + 1)
+    assert [(e.task_id, e.to_state) for e in created] == [(t.id, "Pending") for t in tasks]
+    assert store.last_change_id() == created[-1].id
     assert store.transition_all("c1", S.PENDING, S.CANCELLED, at=T0) == count
     assert store.count_tasks("c1")[S.CANCELLED] == count
-    tail = store.changes_after(count * 2 - 2)
+    # Ids are strictly increasing, not dense (PostgreSQL's encode the writing transaction).
+    cancelled = store.changes_after(created[-1].id, limit=count + 1)
+    assert len(cancelled) == count
+    tail = store.changes_after(cancelled[-3].id)
     assert [(e.task_id, e.to_state) for e in tail] == [
         (task_id("c1", count - 2), "Cancelled"),
         (task_id("c1", count - 1), "Cancelled"),
     ]
+    assert store.last_change_id() == tail[-1].id
 
 
 # --- transitions ------------------------------------------------------------------------------
@@ -886,7 +893,7 @@ def test_count_tasks_has_every_state(store: TaskStore) -> None:
 
 
 def test_changes_after_filters_and_limits(store: TaskStore) -> None:
-    assert store.last_change_id() == 0
+    assert store.last_change_id() == store.newest_change_id() == 0
     assert store.changes_after(0) == []
     a = with_tasks(store, "ca", count=3)
     b = with_tasks(store, "cb", count=2)
@@ -898,6 +905,7 @@ def test_changes_after_filters_and_limits(store: TaskStore) -> None:
     assert ids == sorted(ids)
     assert len(set(ids)) == 6
     assert store.last_change_id() == ids[-1]
+    assert store.newest_change_id() == ids[-1]  # nothing in flight: nothing held back
 
     assert [e.id for e in store.changes_after(ids[1], limit=2)] == ids[2:4]
     assert [e.id for e in store.changes_after(ids[-1])] == []
@@ -1153,10 +1161,10 @@ def test_concurrent_inserts_of_the_same_tasks_insert_each_once(backend: Backend)
 def test_change_log_ids_become_visible_in_order(backend: Backend) -> None:
     """A reader tailing ``changes_after`` under concurrent writers sees every id once, no gaps.
 
-    On PostgreSQL ids are drawn at INSERT and may commit out of order; the store must prevent
-    that, or the tailing reader steps past an id that becomes visible later. One writer changes
-    the campaign (its row and the tasks' rows are locked in different orders) while the others
-    move tasks: no write may deadlock.
+    On PostgreSQL ids are drawn at INSERT and may commit out of order; the store must not hand
+    out an id while one below it may still commit, or the tailing reader steps past it. One
+    writer changes the campaign (its row and the tasks' rows are locked in different orders)
+    while the others move tasks: no write may deadlock.
     """
     writers, per_writer = 4, 40
     setup = backend.handle()
@@ -1217,5 +1225,8 @@ def test_change_log_ids_become_visible_in_order(backend: Backend) -> None:
 
     assert errors == []
     total = writers * per_writer * 2 + per_writer * 3
-    assert setup.last_change_id() == start + total
-    assert seen == list(range(start + 1, start + total + 1))
+    logged = [e.id for e in all_changes(setup, after=start)]
+    assert len(logged) == total
+    # Every entry once, in id order: no gap, no repeat (ids increase; they need not be dense).
+    assert seen == logged
+    assert setup.last_change_id() == logged[-1]

@@ -120,7 +120,7 @@ def test_a_0001_database_upgrades_to_counters_and_keeps_its_data(
     assert "counters" not in table_names(engine)
 
     with open_store(url) as store:  # the store upgrades on open, as after a release
-        assert migrate.current(url) == migrate.head() == "0003"
+        assert migrate.current(url) == migrate.head() == "0004"
         assert schema_diffs(engine) == []
         assert store.counter("session-generation") == 0
         assert store.increment_counter("session-generation") == 1
@@ -154,7 +154,7 @@ def test_a_0002_database_upgrades_to_task_moves_and_keeps_its_tasks(
         )
 
     with open_store(url) as store:
-        assert migrate.current(url) == "0003"
+        assert migrate.current(url) == "0004"
         assert schema_diffs(engine) == []
         task = store.get_task("c1-0")
         assert task is not None

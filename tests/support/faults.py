@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
 from sendqueue.domain.errors import SchedulerError, Throttled
 from sendqueue.ports import Schedule, Scheduler
 
-__all__ = ["CrashAfter", "FlakyScheduler", "StoreCrash"]
+__all__ = ["CrashAfter", "FlakyScheduler", "Meanwhile", "StoreCrash"]
 
 
 class FlakyScheduler:
@@ -91,5 +91,33 @@ class CrashAfter:
             if self.remaining == 0:
                 raise StoreCrash(f"crash at call of {name}")
             return attr(*args, **kwargs)
+
+        return wrapped
+
+
+class Meanwhile:
+    """Wraps any object (a store): once :meth:`arm` ed for a method, the next call of it reads
+    what it reads, then runs ``action`` before its caller gets the answer. That is another
+    process acting between a reader's read and what the reader does with it, played
+    deterministically (a worker sending a task the reconciler just listed as Pending)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._armed: dict[str, Callable[[], object]] = {}
+
+    def arm(self, method: str, action: Callable[[], object]) -> None:
+        self._armed[method] = action
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name not in self._armed:
+            return attr
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            result = attr(*args, **kwargs)
+            action = self._armed.pop(name, None)  # once; and not again from within the action
+            if action is not None:
+                action()
+            return result
 
         return wrapped

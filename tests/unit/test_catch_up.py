@@ -297,3 +297,52 @@ def test_the_days_before_are_not_counted_against_today() -> None:
     assert len(_sent(app)) == 23
     assert all(t.moves == 0 for t in _tasks(app, cid))
     assert timedelta(0) < max(_sent(app)) - local("2026-12-02T16:50") <= timedelta(minutes=2)
+
+
+def test_two_transient_retries_at_once_take_two_different_slots() -> None:
+    """Each retry chooses its slot and writes it under the campaign's lease: without it, both
+    read the same booked sends and take the same free slot (one send over the spacing)."""
+    clock = FakeClock(START)
+    app = _app(clock, retry_backoff=60, max_lateness=600, space_late_sends=False)
+    cid = _campaign(app, 6)  # 16:00 ... 16:25
+    mailer = app.mailer
+    assert isinstance(mailer, RecordingMailer)
+    mailer.fail_next(TransientMailError("421 busy"), TransientMailError("421 busy"))
+    first, second = _tasks(app, cid)[:2]
+    payloads = [
+        app.scheduler.get(expected_schedule_name(t)).payload  # type: ignore[union-attr]
+        for t in (first, second)
+    ]
+    clock.set(local("2026-12-01T16:05"))
+    in_booked = threading.Event()
+    other_in_booked = threading.Event()
+    booked = app.store.booked
+    calls: list[str] = []
+
+    def slow_booked(campaign_id: str, **kwargs: Any) -> Any:
+        # each caller reads, then waits (a bounded time) for the other to have read too: without
+        # the lease both read before either writes its retry
+        found = booked(campaign_id, **kwargs)
+        mine, other = (in_booked, other_in_booked)
+        if threading.current_thread().name == "two":
+            mine, other = other, mine
+        calls.append(threading.current_thread().name)
+        mine.set()
+        other.wait(1.0)
+        return found
+
+    app.store.booked = slow_booked  # type: ignore[method-assign]
+    one = threading.Thread(target=app.invoke, args=(dict(payloads[0]),), name="one")
+    two = threading.Thread(target=app.invoke, args=(dict(payloads[1]),), name="two")
+    one.start()
+    assert in_booked.wait(5.0)
+    two.start()
+    one.join()
+    two.join()
+    retried = {t.id: t.send_at for t in _tasks(app, cid) if t.moved_reason}
+    assert len(retried) == 2 and calls == ["one", "two"]
+    # the first free slots 60 s on, half a spacing from the others: 16:30, then 16:35
+    assert sorted(retried.values()) == [
+        local("2026-12-01T16:30").astimezone(UTC),
+        local("2026-12-01T16:35").astimezone(UTC),
+    ]

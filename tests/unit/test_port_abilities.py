@@ -69,7 +69,9 @@ def test_the_worker_runs_a_reconciler_loop_unless_the_dispatcher_does(
     assert len(calls) == passes
 
 
-def test_only_the_embedded_layer_writes_in_bulk_and_a_wrapper_does_not(tmp_path: Path) -> None:
+def test_the_embedded_and_procrastinate_layers_write_in_bulk_and_a_wrapper_does_not(
+    tmp_path: Path,
+) -> None:
     embedded = EmbeddedScheduler(f"sqlite:///{tmp_path / 's.db'}", clock=FakeClock())
     try:
         as_object: object = embedded  # no narrowing: embedded stays a Scheduler below
@@ -79,6 +81,7 @@ def test_only_the_embedded_layer_writes_in_bulk_and_a_wrapper_does_not(tmp_path:
         assert _bulk_writer(_Forwarding(embedded)) is None
     finally:
         embedded.close()
+    assert issubclass(ProcrastinateScheduler, BulkScheduler)  # contract: test_bulk_scheduler
     assert not issubclass(EventBridgeScheduler, BulkScheduler)
     fake = FakeScheduler(FakeClock())
     assert _bulk_writer(fake) is None

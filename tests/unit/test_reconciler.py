@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Mapping
 from datetime import timedelta
 
 import pytest
 
 from sendqueue.bootstrap import Container
+from sendqueue.domain.errors import SchedulerError, Throttled
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
+from sendqueue.ports import Schedule
+from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.testing.clock import FakeClock
+from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
 from tests.support.app import T0, csv_bytes, fake_app, open_policy
-from tests.support.faults import FlakyScheduler
+from tests.support.faults import FlakyScheduler, Meanwhile
+from tests.support.reconciler_race import Layer, listing_races_a_send, stale_read_races_the_worker
 
 
 def _active(app: Container, count: int, start_hours: float = 24) -> str:
@@ -213,3 +220,76 @@ def test_campaign_completed_too_early_is_reopened_and_its_email_sent() -> None:
     assert app.store.count_tasks(cid)[TaskState.FINISHED] == 3
     assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
     assert app.reconciler.run().repairs == 0
+
+
+def _racing_fake_layer(**settings: object) -> Layer:
+    clock = FakeClock(T0)
+    store = Meanwhile(InMemoryTaskStore())
+    scheduler = FakeScheduler(clock, seed=1)
+    mailer = RecordingMailer()
+    app = fake_app(clock=clock, store=store, scheduler=scheduler, mailer=mailer, **settings)
+
+    def fire() -> list[str]:
+        invoked: list[str] = []
+
+        def target(payload: Mapping[str, str]) -> None:
+            invoked.append(payload["task_id"])
+            app.invoke(payload)
+
+        scheduler.fire_due(target)
+        return invoked
+
+    return Layer(app, store, clock, mailer, fire)
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["race-only", "race-and-a-real-loss"])
+def test_a_schedule_that_went_with_its_sent_task_is_not_recreated(
+    lost: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 16: tasks sent between the pass's listing and its repair are left alone."""
+    listing_races_a_send(_racing_fake_layer(), caplog, lost=lost)
+
+
+@pytest.mark.parametrize("policy", ["retry", "fail"])
+@pytest.mark.parametrize("meanwhile", ["finished", "reclaimed"])
+def test_a_stale_task_that_moved_on_since_the_read_is_left_alone(
+    policy: str, meanwhile: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    layer = _racing_fake_layer(stale_policy=policy, stale_after=900)
+    stale_read_races_the_worker(layer, caplog, meanwhile=meanwhile)
+
+
+class _ThrottledGets(FakeScheduler):
+    """Throttles the first ``get`` of each name; fails for good on names starting ``sq-down``."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.gets: list[str] = []
+        self._guard = threading.Lock()
+
+    def get(self, name: str) -> Schedule | None:
+        with self._guard:
+            first = name not in self.gets
+            self.gets.append(name)
+        if name.startswith("sq-down"):
+            raise SchedulerError("injected: scheduler unavailable")
+        if first:
+            raise Throttled("injected: rate exceeded")
+        return super().get(name)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_the_recheck_reads_schedules_through_throttling(concurrency: int) -> None:
+    clock = FakeClock(T0)
+    scheduler = _ThrottledGets(clock)
+    at = (T0 + timedelta(hours=1)).replace(tzinfo=None)
+    for name in ("sq-a.0", "sq-c.0"):
+        scheduler.create(name, "sq-g", at, "UTC", {"kind": "send", "task_id": name}, "t")
+    sleeps: list[float] = []
+    writer = ScheduleWriter(
+        scheduler, lambda _cid: "UTC", concurrency=concurrency, sleep=sleeps.append
+    )
+    assert writer.missing(["sq-a.0", "sq-b.0", "sq-c.0", "sq-d.0"]) == {"sq-b.0", "sq-d.0"}
+    assert len(sleeps) == 4 and len(scheduler.gets) == 8  # each throttled once, then read
+    with pytest.raises(SchedulerError, match="unavailable"):
+        writer.missing(["sq-a.0", "sq-down.0"])

@@ -391,6 +391,9 @@ class _Log:
     def last_change_id(self) -> int:
         return len(self.entries)
 
+    def newest_change_id(self) -> int:
+        return len(self.entries)
+
 
 def test_a_client_that_does_not_read_is_dropped_not_buffered() -> None:
     log = _Log()

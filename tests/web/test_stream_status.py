@@ -174,6 +174,9 @@ class FaultyLog:
     def last_change_id(self) -> int:
         return len(self.entries)
 
+    def newest_change_id(self) -> int:
+        return len(self.entries)
+
 
 FAST = StreamConfig(
     poll_interval=0.01, heartbeat=0.05, lag_threshold=0.3, status_interval=0.05, error_backoff=0.05

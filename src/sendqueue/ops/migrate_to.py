@@ -128,14 +128,8 @@ def _copy(
             name = counters[table.name]
             setattr(report, name, getattr(report, name) + len(rows))
     _copy_counters(source, target)
-    # Ids were copied as they were; the sequence must continue after them.
-    target.execute(
-        sa.text(
-            "SELECT setval(pg_get_serial_sequence('change_log', 'id'), "
-            "COALESCE((SELECT max(id) FROM change_log), 1), "
-            "(SELECT max(id) FROM change_log) IS NOT NULL)"
-        )
-    )
+    # Ids were copied as they were; new ids must exceed them (migration 0004's rebase).
+    target.execute(sa.text("SELECT sq_change_log_rebase()"))
 
 
 def _copy_counters(source: sa.Connection, target: sa.Connection) -> None:

@@ -35,7 +35,7 @@ from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.import_stream import CheckedImport, check_csv, check_rows
 from sendqueue.services.importing import ImportLimits, Templates
-from sendqueue.services.replanning import Replanner, outage_reason
+from sendqueue.services.replanning import RETRY_LEASE_WAIT, Replanner, outage_reason
 from sendqueue.services.scheduling import ScheduleWriter
 
 __all__ = [
@@ -441,32 +441,36 @@ class CampaignService:
             )
         now = self._clock.now()
         failed = list(iter_tasks(self._store, campaign_id, TaskState.FAILED))
-        # Each takes a free slot of the grid; the emails still planned keep theirs.
-        slots = (
-            self.replanner.retry_slots(campaign, len(failed), not_before=now, exclude=())
-            if failed
-            else []
-        )
+        # Each takes a free slot of the grid; the emails still planned keep theirs. The slots
+        # are chosen and written under the campaign's lease (no other retry takes them too).
         back: list[Task] = []
-        for task, slot in zip(failed, slots, strict=True):
-            done = self._store.transition(
-                task.id,
-                TaskState.FAILED,
-                TaskState.PENDING,
-                at=now,
-                changes={
-                    "attempts": 0,
-                    "token": new_token(),
-                    "send_at": slot,
-                    "claimed_at": None,
-                    "error": None,
-                    "moves": task.moves + 1,
-                    "moved_reason": "retry-failed",
-                },
-                note="retry-failed",
+        with self.replanner.lease(campaign_id, wait=RETRY_LEASE_WAIT) as held:
+            if not held:
+                log.info("campaign %s: retry slots taken without its lease", campaign_id)
+            slots = (
+                self.replanner.retry_slots(campaign, len(failed), not_before=now, exclude=())
+                if failed
+                else []
             )
-            if done is not None:
-                back.append(done)
+            for task, slot in zip(failed, slots, strict=True):
+                done = self._store.transition(
+                    task.id,
+                    TaskState.FAILED,
+                    TaskState.PENDING,
+                    at=now,
+                    changes={
+                        "attempts": 0,
+                        "token": new_token(),
+                        "send_at": slot,
+                        "claimed_at": None,
+                        "error": None,
+                        "moves": task.moves + 1,
+                        "moved_reason": "retry-failed",
+                    },
+                    note="retry-failed",
+                )
+                if done is not None:
+                    back.append(done)
         if campaign.state is CampaignState.COMPLETED:
             campaign = self._move(campaign_id, {CampaignState.COMPLETED}, CampaignState.ACTIVE)
         if campaign.state is CampaignState.ACTIVE and back:

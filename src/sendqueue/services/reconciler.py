@@ -15,6 +15,11 @@ One pass (guarded by a lease in the store, so only one runs at a time across pro
    catch-up of :mod:`sendqueue.services.replanning`), before step 3 recreates any schedule;
 6. marks active campaigns with no Pending or Running task completed, and reopens a completed
    campaign that still has one (a store with eventually consistent queries completed it early).
+
+Workers keep sending during a pass, so what the pass read may be out of date by the time it
+acts. Each repair of steps 3 and 4 checks its candidate again just before (see
+:meth:`Reconciler._recreate` and :meth:`Reconciler._still_stale`); a candidate that resolved
+itself is counted in ``skipped_in_flight`` and logged at INFO, not repaired.
 """
 
 from __future__ import annotations
@@ -38,12 +43,23 @@ from sendqueue.ports import Clock, Events, NoEvents, Scheduler, TaskStore
 from sendqueue.services.campaigns import CampaignService, iter_tasks
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.provisioning import Continuation, Provisioner
+from sendqueue.services.replanning import RETRY_LEASE_WAIT
 from sendqueue.services.scheduling import ScheduleWriter
 
 __all__ = ["ReconcileReport", "Reconciler"]
 
 log = logging.getLogger(__name__)
 LEASE = "reconciler"
+
+#: Missing-schedule candidates checked again, then recreated, at a time (one bulk write).
+_RECHECK_CHUNK = 1000
+
+
+def _same_pending(read: Task, current: Task) -> bool:
+    """``current`` is the Pending task ``read`` was: same schedule name, token and send time."""
+    return current.state is TaskState.PENDING and (
+        current.attempts, current.token, current.send_at
+    ) == (read.attempts, read.token, read.send_at)  # fmt: skip
 
 
 @dataclass
@@ -62,6 +78,10 @@ class ReconcileReport:
     cancels_finished: int = 0
     campaigns_completed: int = 0
     campaigns_reopened: int = 0
+    #: Not repairs: candidates that resolved themselves before the repair, found when checked
+    #: again just before it (a task sent since the listing that showed its schedule missing;
+    #: a stale Running task that finished, or was given back and claimed again, since read).
+    skipped_in_flight: int = 0
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -150,6 +170,11 @@ class Reconciler:
                 self._events.repaired(kind, value)
         if report.repairs:
             log.warning("reconciler repaired %d things: %s", report.repairs, report.as_dict())
+        if report.skipped_in_flight:
+            log.info(
+                "reconciler left %d alone: in flight or changed since it read them, not drift",
+                report.skipped_in_flight,
+            )
         return report
 
     def _renew(self) -> None:
@@ -241,7 +266,33 @@ class Reconciler:
         if expected:
             if campaign.state is CampaignState.PROVISIONING:
                 return  # the provisioner creates those; it holds the checkpoint
-            result = self._writer.ensure_many(list(expected.values()))
+            self._recreate(list(expected.values()), report)
+
+    def _recreate(self, candidates: list[Task], report: ReconcileReport) -> None:
+        """Recreate the schedules of ``candidates`` (Pending tasks the diff found without one)
+        that are still missing, a chunk at a time.
+
+        The diff read the tasks before the schedules, so a task a worker sent in between looks
+        missing: its schedule deleted itself once the invocation returned. Each candidate is
+        read again, its schedule first, then its task, which must still be Pending with the
+        token, attempt and send time the diff read. A schedule lives until its invocation
+        returns, by which time its task has left Pending under that name, so a task still
+        Pending after its schedule was seen gone was not in flight then.
+        """
+        for start in range(0, len(candidates), _RECHECK_CHUNK):
+            chunk = candidates[start : start + _RECHECK_CHUNK]
+            gone = self._writer.missing([expected_schedule_name(t) for t in chunk])
+            still: list[Task] = []
+            for task in chunk:
+                if expected_schedule_name(task) not in gone:
+                    continue
+                current = self._store.get_task(task.id)  # the store reads one task at a time
+                if current is not None and _same_pending(task, current):
+                    still.append(current)
+            report.skipped_in_flight += len(chunk) - len(still)
+            if not still:
+                continue
+            result = self._writer.ensure_many(still)
             report.missing_schedules_created += result.created
             report.errors.extend(f"{tid}: {err}" for tid, err in result.failed[:5])
 
@@ -256,12 +307,32 @@ class Reconciler:
     def _stale_running(self, report: ReconcileReport) -> None:
         now = self._clock.now()
         cutoff = now - timedelta(seconds=self._config.stale_after)
+        seen: set[str] = set()  # one left alone stays out of the next page's work
         while True:
-            stale = self._store.stale_running(claimed_before=cutoff, limit=500)
+            stale = [
+                t
+                for t in self._store.stale_running(claimed_before=cutoff, limit=500)
+                if t.id not in seen
+            ]
             if not stale:
                 return
             for task in stale:
+                seen.add(task.id)
                 self._recover(task, report)
+
+    def _still_stale(self, task: Task) -> bool:
+        """Is ``task`` still Running under the claim read as stale?
+
+        The transitions below are a compare-and-set on the state only. That refuses a task
+        that finished since the read, but not one given back and claimed again (a new attempt,
+        in flight now), and a page of stale tasks is read before any is recovered.
+        """
+        current = self._store.get_task(task.id)
+        return (
+            current is not None
+            and current.state is TaskState.RUNNING
+            and (current.attempts, current.claimed_at) == (task.attempts, task.claimed_at)
+        )
 
     def _recover(self, task: Task, report: ReconcileReport) -> None:
         now = self._clock.now()
@@ -275,30 +346,39 @@ class Reconciler:
                 if self._config.stale_policy == "fail"
                 else (f"{unknown}; {task.attempts} attempts used")
             )
-            if self._store.transition(
+            if self._still_stale(task) and self._store.transition(
                 task.id, TaskState.RUNNING, TaskState.FAILED, at=now,
                 changes={"error": why}, note="stale",
             ):  # fmt: skip
                 report.stale_failed += 1
+            else:
+                report.skipped_in_flight += 1
             return
         campaign = self._store.get_campaign(task.campaign_id)
         # A free slot of the grid from now on, as a transient retry takes (the lost claim not
-        # counted: under policy retry the email counts as not sent).
-        [retry_at] = self._campaigns.replanner.retry_slots(
-            campaign, 1, not_before=now, exclude=[task.claimed_at] if task.claimed_at else []
-        )
-        back = self._store.transition(
-            task.id, TaskState.RUNNING, TaskState.PENDING, at=now,
-            changes={
-                "send_at": retry_at,
-                "token": new_token(),
-                "error": unknown,
-                "moves": task.moves + 1,
-                "moved_reason": f"stale: no outcome within {self._config.stale_after:g} s",
-            },
-            note="stale: retry",
-        )  # fmt: skip
+        # counted: under policy retry the email counts as not sent), under the campaign's lease.
+        replanner = self._campaigns.replanner
+        with replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
+            if not held:
+                log.info("task %s: stale retry slot taken without the campaign's lease", task.id)
+            [retry_at] = replanner.retry_slots(
+                campaign, 1, not_before=now, exclude=[task.claimed_at] if task.claimed_at else []
+            )
+            back: Task | None = None  # unless still under the claim read as stale
+            if self._still_stale(task):
+                back = self._store.transition(
+                    task.id, TaskState.RUNNING, TaskState.PENDING, at=now,
+                    changes={
+                        "send_at": retry_at,
+                        "token": new_token(),
+                        "error": unknown,
+                        "moves": task.moves + 1,
+                        "moved_reason": f"stale: no outcome within {self._config.stale_after:g} s",
+                    },
+                    note="stale: retry",
+                )  # fmt: skip
         if back is None:
+            report.skipped_in_flight += 1  # finished, or claimed again, since it was read
             return
         report.stale_retried += 1
         if campaign.state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:

@@ -15,7 +15,8 @@ being sent within half the spacing of now; the others take free slots like the r
 A re-plan runs under a per-campaign lease in the store, so two processes that trigger it at
 once do not interleave (the loser returns at once, or waits a bounded time when it asks to);
 each move is a compare-and-set on the task's state and token, and it is idempotent: run again,
-it moves nothing.
+it moves nothing. Retries choose their slot and write it under the same lease, so two retries
+(or a retry and a re-plan) at once cannot take one free slot twice.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import date, datetime, timedelta
 
@@ -34,7 +36,7 @@ from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
 
-__all__ = ["Replanner", "outage_reason"]
+__all__ = ["RETRY_LEASE_WAIT", "Replanner", "outage_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,9 @@ _CHUNK = 1000
 _FIRST_SPAN = timedelta(days=2)
 #: Between two tries at a re-plan lease held elsewhere, when the caller waits for it.
 _LEASE_POLL = 0.05
+#: How long a retry waits for the campaign's lease before it takes its slot without it (a
+#: re-plan of a very large campaign can hold it longer; blocking a worker thread is worse).
+RETRY_LEASE_WAIT = 10.0
 
 
 def outage_reason(campaign: Campaign, since: datetime, now: datetime) -> str:
@@ -95,19 +100,29 @@ class Replanner:
         never the one kept to fire now, and the one kept gets its schedule made again, as it
         may be a task given back the same way.
         """
-        owner = new_token()
-        lease = f"replan:{campaign.id}"
-        ttl = self._config.reconcile_lease_seconds
-        deadline = time.monotonic() + wait
-        while not self._store.acquire_lease(lease, owner, ttl_seconds=ttl, at=self._clock.now()):
-            if time.monotonic() >= deadline:
+        with self.lease(campaign.id, wait=wait) as held:
+            if not held:
                 log.info("campaign %s is being re-planned elsewhere", campaign.id)
                 return None
+            return self._replan(campaign, pending(), reason, schedule_all, firing)
+
+    @contextmanager
+    def lease(self, campaign_id: str, *, wait: float) -> Iterator[bool]:
+        """Hold the campaign's re-plan lease for the block (True), or yield False when another
+        process holds it for longer than ``wait`` seconds. Not re-entrant."""
+        owner = new_token()
+        name = f"replan:{campaign_id}"
+        ttl = self._config.reconcile_lease_seconds
+        deadline = time.monotonic() + wait
+        while not self._store.acquire_lease(name, owner, ttl_seconds=ttl, at=self._clock.now()):
+            if time.monotonic() >= deadline:
+                yield False
+                return
             time.sleep(_LEASE_POLL)
         try:
-            return self._replan(campaign, pending(), reason, schedule_all, firing)
+            yield True
         finally:
-            self._store.release_lease(lease, owner)
+            self._store.release_lease(name, owner)
 
     def _keep_one(
         self, campaign: Campaign, pending: Sequence[Task], fixed: Sequence[datetime], now: datetime,

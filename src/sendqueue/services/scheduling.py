@@ -172,8 +172,9 @@ class ScheduleWriter:
         one: Callable[[Task], None],
     ) -> None:
         """One ``create_many`` call for ``tasks`` (an execution layer that writes many schedules
-        in one transaction: the embedded one); name clashes are repaired one by one, and a
-        failed batch is retried one by one, so each task's failure is reported on its own."""
+        in one transaction: the embedded and procrastinate ones); name clashes are repaired one
+        by one, and a failed batch is retried one by one, so each task's failure is reported on
+        its own."""
         zones: dict[str, tuple[str, ZoneInfo]] = {}
         try:
             results = bulk([self._create_args(task, zones) for task in tasks])
@@ -205,6 +206,29 @@ class ScheduleWriter:
             task.token,
             _MAX_RETRIES,
         )
+
+    def missing(self, names: Sequence[str]) -> set[str]:
+        """Which of ``names`` have no schedule now: a ``get`` each, at most ``concurrency`` in
+        flight, throttling backed off as for writes. Any other failure raises
+        SchedulerError."""
+        found: dict[str, bool] = {}
+
+        def one(name: str) -> None:
+            def get() -> None:
+                found[name] = self._scheduler.get(name) is not None
+
+            self._with_backoff(get, WriteReport())
+
+        if self._concurrency == 1 or len(names) <= 1:
+            for name in names:
+                one(name)
+        else:
+            with ThreadPoolExecutor(
+                max_workers=min(self._concurrency, len(names)),
+                thread_name_prefix="schedule-writer",
+            ) as pool:
+                list(pool.map(one, names))
+        return {name for name in names if not found[name]}
 
     def delete_many(self, names: Iterable[str]) -> WriteReport:
         """Delete schedules by name (missing ones are fine), ``concurrency`` calls in flight."""

@@ -40,6 +40,7 @@ from sendqueue.domain.slots import in_policy, nominal_spacing
 from sendqueue.ports import Alarm, Clock, Events, Mailer, NoEvents, OutgoingMessage, TaskStore
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
+from sendqueue.services.replanning import RETRY_LEASE_WAIT
 from sendqueue.services.scheduling import ScheduleWriter
 
 __all__ = [
@@ -422,27 +423,32 @@ class SendWorker:
             )
         delay = self._config.retry_backoff * 2 ** (task.attempts - 1)
         # The retry takes a free slot of the grid after the back-off: inside a window, within
-        # the day's cap, away from the campaign's other sends (its own failed claim not counted).
-        [retry_at] = self._campaigns.replanner.retry_slots(
-            campaign,
-            1,
-            not_before=self._clock.now() + timedelta(seconds=delay),
-            exclude=[task.claimed_at] if task.claimed_at else [],
-        )
-        back = self._store.transition(
-            task.id,
-            TaskState.RUNNING,
-            TaskState.PENDING,
-            at=self._clock.now(),
-            changes={
-                "send_at": retry_at,
-                "token": new_token(),
-                "error": f"transient: {error}"[:2000],
-                "moves": task.moves + 1,
-                "moved_reason": f"transient: {error}"[:300],
-            },
-            note=f"retry {task.attempts + 1} of {self._config.max_attempts} in {delay:.0f}s",
-        )
+        # the day's cap, away from the campaign's other sends (its own failed claim not counted),
+        # chosen and written under the campaign's lease so no other retry takes it too.
+        replanner = self._campaigns.replanner
+        with replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
+            if not held:
+                log.info("task %s: retry slot taken without the campaign's lease", task.id)
+            [retry_at] = replanner.retry_slots(
+                campaign,
+                1,
+                not_before=self._clock.now() + timedelta(seconds=delay),
+                exclude=[task.claimed_at] if task.claimed_at else [],
+            )
+            back = self._store.transition(
+                task.id,
+                TaskState.RUNNING,
+                TaskState.PENDING,
+                at=self._clock.now(),
+                changes={
+                    "send_at": retry_at,
+                    "token": new_token(),
+                    "error": f"transient: {error}"[:2000],
+                    "moves": task.moves + 1,
+                    "moved_reason": f"transient: {error}"[:300],
+                },
+                note=f"retry {task.attempts + 1} of {self._config.max_attempts} in {delay:.0f}s",
+            )
         self._events.send_finished("transient")
         if back is None:
             return False

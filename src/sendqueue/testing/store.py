@@ -507,6 +507,10 @@ class InMemoryTaskStore:
     def last_change_id(self) -> int:
         return len(self._log)
 
+    @_guarded
+    def newest_change_id(self) -> int:
+        return len(self._log)  # every entry is readable once written
+
     # leases ----------------------------------------------------------------------------------
 
     @_guarded

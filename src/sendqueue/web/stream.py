@@ -283,10 +283,11 @@ class ChangeBroker:
                 self._fan_out(reader, entries)
             reader.health.read_ok(loop.time(), reader.position)
             if loop.time() - last_head_check >= config.status_interval:
-                # Is the store ahead of what the reader has read? (One cheap query a second.)
+                # Is the store ahead of what the reader has read (entries held back behind a
+                # transaction in flight count)? One cheap query a second.
                 last_head_check = loop.time()
                 try:
-                    head = await anyio.to_thread.run_sync(self._store.last_change_id)
+                    head = await anyio.to_thread.run_sync(self._store.newest_change_id)
                 except Exception as exc:  # the next read says whether the store is failing
                     log.debug("stream: reading the newest change id failed: %s", exc)
                 else:

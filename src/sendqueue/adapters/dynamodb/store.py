@@ -333,6 +333,9 @@ class DynamoDbTaskStore(TaskItems):
         with self._errors("read the change log"):
             return self._last_id()
 
+    def newest_change_id(self) -> int:
+        return self.last_change_id()  # every entry is readable once written
+
     # -- leases ------------------------------------------------------------------------------
     def acquire_lease(self, name: str, owner: str, *, ttl_seconds: float, at: datetime) -> bool:
         if ttl_seconds <= 0:

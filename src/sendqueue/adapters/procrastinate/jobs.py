@@ -10,7 +10,8 @@
   (why: docs/performance.md, "procrastinate layer"). ``get`` and ``list`` read both places.
 - A schedule exists while it is parked, or its job is ``todo``, or ``doing`` without an abort
   request. Writers of one name serialise on a transaction-scoped advisory lock on it
-  (:meth:`Jobs.lock_name`); procrastinate's unique index on waiting queueing locks backs it up.
+  (:meth:`Jobs.lock_name`; a batch takes its names' in one statement, :meth:`Jobs.lock_names`);
+  procrastinate's unique index on waiting queueing locks backs it up.
 - The job's priority is minus its due time in seconds (since 2020): procrastinate fetches by
   priority, so overdue jobs come in due order.
 
@@ -76,6 +77,23 @@ _PARKED_COLUMNS = (
     "false AS abort_requested"
 )
 # A schedule is a todo job, or a doing job nobody asked to abort (deleted while it runs).
+#: Name locks are transaction-scoped advisory locks on one of this many buckets (a hash of
+#: the name), so a batch holds at most this many locks whatever its size: PostgreSQL's shared
+#: lock table holds max_locks_per_transaction x max_connections (6,400 by default), which one
+#: lock per name would exhaust with a dozen batches of 500 at once. Names of one bucket
+#: serialise their (short) transactions; nothing else is shared.
+NAME_LOCK_BUCKETS = 64
+#: The first key of the two-key advisory locks on name buckets ("sq" + 3; the two-key space
+#: is apart from the one-key locks of the store and the migrations).
+NAME_LOCK_SPACE = 0x73710003
+
+
+def _bucket_of(text_sql: str) -> str:
+    """SQL for the lock bucket of the name ``text_sql`` (an expression)."""
+    return f"(hashtextextended({text_sql}, 0) & {NAME_LOCK_BUCKETS - 1})::int"
+
+
+_NAMES_BUCKET = _bucket_of("'sendqueue.schedule:' || n")
 _LIVE = "(j.status = 'todo' OR (j.status = 'doing' AND NOT j.abort_requested))"
 
 
@@ -224,10 +242,24 @@ class Jobs:
 
     @staticmethod
     def lock_name(conn: psycopg.Connection[Any], name: str) -> None:
-        """Serialise create/delete/redrive/promote of one name until the transaction ends."""
+        """Serialise create/delete/redrive/promote of one name until the transaction ends (on
+        the name's bucket: see :data:`NAME_LOCK_BUCKETS`)."""
         # Raw SQL: procrastinate's locks are job columns, not a lock a writer can wait on.
         conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("sendqueue.schedule:" + name,)
+            f"SELECT pg_advisory_xact_lock({NAME_LOCK_SPACE}, {_bucket_of('%s')})",
+            ("sendqueue.schedule:" + name,),
+        )
+
+    @staticmethod
+    def lock_names(conn: psycopg.Connection[Any], names: list[str]) -> None:
+        """:meth:`lock_name` for each of ``names`` in one statement: their buckets, each once,
+        in ascending order (every taker of several uses this), so no lock cycle can form."""
+        # Raw SQL, as lock_name. Arrays go in binary (%b): psycopg's text array dumper quotes
+        # each element in Python.
+        conn.execute(
+            f"SELECT count(pg_advisory_xact_lock({NAME_LOCK_SPACE}, b)) FROM (SELECT DISTINCT "
+            f"{_NAMES_BUCKET} AS b FROM unnest(%b::text[]) AS n ORDER BY b) AS s",
+            (sorted(set(names)),),
         )
 
     # ----------------------------------------------------------------- reads
@@ -250,6 +282,21 @@ class Jobs:
             {"name": name},
         )
         return FireJob.from_row(rows[0]).schedule() if rows else None
+
+    def existing_many(self, conn: psycopg.Connection[Any], names: list[str]) -> dict[str, Schedule]:
+        """:meth:`existing` for many names in one statement: the schedules found, by name."""
+        # Raw SQL, as existing(); the jobs come last so that a live job wins over a parked row.
+        rows = self.rows(
+            conn,
+            f"(SELECT p.name AS name, 0 AS place, {_PARKED_COLUMNS} "
+            "FROM sendqueue_parked_schedules p WHERE p.name = ANY(%(names)b)) "
+            f"UNION ALL (SELECT DISTINCT ON (j.queueing_lock) j.queueing_lock, 1, {JOB_COLUMNS} "
+            "FROM procrastinate_jobs j WHERE j.queueing_lock = ANY(%(names)b) "
+            f"AND j.status IN ('todo', 'doing') AND j.task_name = %(task)s AND {_LIVE} "
+            "ORDER BY j.queueing_lock, j.id DESC) ORDER BY place",
+            {"names": names, "task": FIRE_TASK},
+        )
+        return {row["name"]: FireJob.from_row(row).schedule() for row in rows}
 
     def list_group(self, group: str, after: str | None, limit: int) -> list[Schedule]:
         """One page of the schedules of ``group`` (jobs and parked), by name."""
@@ -286,6 +333,29 @@ class Jobs:
             (schedule.name, schedule.group, schedule.due_at, Jsonb(job_args(schedule))),
         )
 
+    def place_many(
+        self, conn: psycopg.Connection[Any], schedules: list[Schedule], now: datetime
+    ) -> None:
+        """:meth:`place` for many schedules: one batch defer for those due within the horizon
+        of ``now``, one multi-row insert for the parked ones."""
+        until = now + timedelta(seconds=self.horizon)
+        due = [s for s in schedules if s.due_at <= until]
+        parked = [s for s in schedules if s.due_at > until]
+        if due:
+            self.defer(conn, due)
+        if parked:
+            # Raw SQL: the parked rows are this adapter's table. One statement over arrays.
+            conn.execute(
+                "INSERT INTO sendqueue_parked_schedules (name, grp, due_at, args) "
+                "SELECT * FROM unnest(%b::text[], %b::text[], %b::timestamptz[], %b::jsonb[])",
+                (
+                    [s.name for s in parked],
+                    [s.group for s in parked],
+                    [s.due_at for s in parked],
+                    [Jsonb(job_args(s)) for s in parked],
+                ),
+            )
+
     def defer(self, conn: psycopg.Connection[Any], schedules: list[Schedule]) -> None:
         """Defer the jobs of ``schedules`` in the caller's transaction (one statement)."""
         try:
@@ -313,8 +383,7 @@ class Jobs:
                     return moved
                 # Name locks first, in one order, as create/delete/redrive take them: the row
                 # then cannot change under us, and no lock cycle can form.
-                for name in sorted(names):
-                    self.lock_name(conn, name)
+                self.lock_names(conn, names)
                 rows = self.rows(
                     conn,
                     "DELETE FROM sendqueue_parked_schedules p WHERE p.name = ANY(%(names)s) "

@@ -13,7 +13,8 @@ of machines, share one PostgreSQL database (the task store's).
   letters, stalled jobs, the periodic reconciler).
 
 ``create`` checks for a live schedule of the name under an advisory lock on it, so the same
-name and token are idempotent and another token is a Conflict. ``delete`` cancels a waiting job
+name and token are idempotent and another token is a Conflict; ``create_many`` does the same
+for a batch in one transaction (provisioning's bulk write). ``delete`` cancels a waiting job
 (deleted outright) and asks a running one to abort, which marks it deleted: whatever it then
 returns, it is neither retried nor dead-lettered, and a schedule created anew under the same
 name meanwhile survives it. Dead letters live in ``sendqueue_dead_letters``, which keeps what
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import builtins
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from sendqueue.adapters import scheduler_rules as rules
@@ -37,7 +38,7 @@ from sendqueue.adapters.procrastinate.schema import conninfo_from_url, upgrade_s
 from sendqueue.adapters.procrastinate.worker import Worker
 from sendqueue.domain.errors import Conflict, NotFound
 from sendqueue.domain.models import DeadLetter, new_token, utc
-from sendqueue.ports import Alarm, Clock, Schedule, Target
+from sendqueue.ports import Alarm, Clock, CreateArgs, Schedule, Target
 
 __all__ = ["ProcrastinateScheduler"]
 
@@ -145,6 +146,40 @@ class ProcrastinateScheduler:
                 raise Conflict(f"schedule {name!r} exists with another client token")
             self._jobs.place(conn, schedule, self.clock.now())
         return schedule
+
+    def create_many(self, items: Sequence[CreateArgs]) -> builtins.list[Schedule | Conflict]:
+        """:meth:`create` for many schedules in one transaction (:class:`~sendqueue.ports.
+        BulkScheduler`): one result per item, in order, as ``create`` would have answered it
+        (the new schedule, the existing one for the same token, or the Conflict, returned).
+
+        A repeated name within the batch behaves as two calls. InvalidField and SchedulerError
+        raise, and nothing is written. Four statements per batch: the name locks, one lookup
+        of the existing names, a batch defer, a multi-row insert of the parked ones.
+        """
+        now = self.clock.now()
+        schedules = [rules.build_schedule(*item, created_at=now) for item in items]
+        if not schedules:
+            return []
+        names = [s.name for s in schedules]
+        out: builtins.list[Schedule | Conflict] = []
+        with self._jobs.tx("create schedules") as conn:
+            self._jobs.lock_names(conn, names)
+            found = self._jobs.existing_many(conn, names)
+            fresh: builtins.list[Schedule] = []
+            for schedule in schedules:
+                held = found.get(schedule.name)
+                if held is None:
+                    found[schedule.name] = schedule
+                    fresh.append(schedule)
+                    out.append(schedule)
+                elif held.client_token == schedule.client_token:
+                    out.append(held)
+                else:
+                    out.append(
+                        Conflict(f"schedule {schedule.name!r} exists with another client token")
+                    )
+            self._jobs.place_many(conn, fresh, self.clock.now())
+        return out
 
     def delete(self, name: str) -> None:
         rules.check_name(name)

@@ -5,7 +5,8 @@
 - :mod:`.schema`: the tables, and the engine set-up both dialects rely on;
 - :mod:`.migrate` (with ``migrations/``): the Alembic runner;
 - :mod:`.rows`: rows <-> domain objects; :mod:`.errors`: vendor errors -> sendqueue's;
-- :mod:`.base`: :class:`SqlTaskStore`, what both stores share;
+- :mod:`.base`: :class:`SqlTaskStore`, what both stores share (with :mod:`.sidetables`: the
+  change-log reads, leases and counters);
 - :mod:`.sqlite`: :class:`SqliteTaskStore`; :mod:`.postgres`: :class:`PostgresTaskStore`
   (with :mod:`.pool`, its fast-path connections).
 """
@@ -16,13 +17,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from sendqueue.adapters.sql.base import SqlTaskStore
-from sendqueue.adapters.sql.postgres import CHANGE_LOG_LOCK_KEY, PostgresTaskStore
+from sendqueue.adapters.sql.postgres import PostgresTaskStore
 from sendqueue.adapters.sql.rows import CHUNK_SIZE
 from sendqueue.adapters.sql.schema import normalise_url
 from sendqueue.adapters.sql.sqlite import SqliteTaskStore
 
 __all__ = [
-    "CHANGE_LOG_LOCK_KEY",
     "CHUNK_SIZE",
     "PostgresTaskStore",
     "SqlTaskStore",

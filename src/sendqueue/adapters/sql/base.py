@@ -13,8 +13,9 @@ differ, and the send path's and the provisioner's statements, which run on the d
 - A task state change is ``UPDATE ... WHERE id = :id AND state = :expected RETURNING ...``
   followed by the change-log INSERT in the same transaction. A row that did not match logs
   nothing.
-- On PostgreSQL, change-log ids must become visible in id order; see
-  :meth:`PostgresTaskStore._log <sendqueue.adapters.sql.postgres.PostgresTaskStore._log>`.
+- On PostgreSQL, change-log ids are ordered by writing transaction and readers return only
+  settled entries; see :mod:`~sendqueue.adapters.sql.sidetables` (where the change-log reads,
+  leases and counters live) and migration 0004.
 - Vendor exceptions are wrapped here (:mod:`~sendqueue.adapters.sql.errors`): failures of the
   database become :class:`~sendqueue.domain.errors.StoreUnavailable`.
 
@@ -24,8 +25,7 @@ it after forking: an engine's pooled connections must not cross a fork.
 
 from __future__ import annotations
 
-import builtins
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -39,6 +39,7 @@ from sendqueue.adapters.sql import migrate, rows
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.adapters.sql.errors import mapped_errors
 from sendqueue.adapters.sql.schema import WRITE, UtcDateTime, create_store_engine
+from sendqueue.adapters.sql.sidetables import SideTables
 from sendqueue.domain.errors import Conflict, InvalidField, NotFound
 from sendqueue.domain.lifecycle import (
     CampaignState,
@@ -48,7 +49,6 @@ from sendqueue.domain.lifecycle import (
 )
 from sendqueue.domain.models import (
     Campaign,
-    ChangeLogEntry,
     Move,
     Recipient,
     Task,
@@ -61,7 +61,7 @@ from sendqueue.domain.models import (
 __all__ = ["SqlTaskStore"]
 
 
-class SqlTaskStore(ABC):
+class SqlTaskStore(SideTables):
     """:class:`~sendqueue.ports.TaskStore` over a SQL database; one subclass per dialect.
 
     ``url`` is the subclass's dialect (``sqlite:///...`` or ``postgresql+psycopg://...``;
@@ -72,8 +72,6 @@ class SqlTaskStore(ABC):
 
     #: The SQLAlchemy dialect name this class serves.
     dialect: ClassVar[str]
-    #: The dialect's ``insert()`` (both spell ON CONFLICT the same way, through their own).
-    _insert: ClassVar[Any]
 
     def __init__(
         self,
@@ -533,76 +531,6 @@ class SqlTaskStore(ABC):
         for state, count in found:
             counts[TaskState(state)] = count
         return counts
-
-    # change log ------------------------------------------------------------------------------
-
-    def changes_after(
-        self, after_id: int, *, campaign_id: str | None = None, limit: int = 1000
-    ) -> builtins.list[ChangeLogEntry]:
-        check_limit(limit)
-        check_cursor(after_id, field="after_id")
-        query = sa.select(tables.change_log).where(tables.change_log.c.id > after_id)
-        if campaign_id is not None:
-            query = query.where(tables.change_log.c.campaign_id == campaign_id)
-        query = query.order_by(tables.change_log.c.id).limit(limit)
-        with self._read("read change log") as conn:
-            found = conn.execute(query).all()
-        return [rows.entry_from_row(row) for row in found]
-
-    def last_change_id(self) -> int:
-        with self._read("read change log") as conn:
-            value = conn.execute(sa.select(sa.func.max(tables.change_log.c.id))).scalar()
-        return int(value or 0)
-
-    # leases ----------------------------------------------------------------------------------
-
-    def acquire_lease(self, name: str, owner: str, *, ttl_seconds: float, at: datetime) -> bool:
-        """Take or renew the lease; it is free when missing or ``expires_at <= at``."""
-        if ttl_seconds <= 0:
-            raise InvalidField("ttl_seconds", ttl_seconds, "must be more than zero")
-        statement = self._insert(tables.leases).values(
-            name=name, owner=owner, expires_at=at + timedelta(seconds=ttl_seconds)
-        )
-        statement = statement.on_conflict_do_update(
-            index_elements=[tables.leases.c.name],
-            set_={"owner": statement.excluded.owner, "expires_at": statement.excluded.expires_at},
-            where=sa.or_(tables.leases.c.owner == owner, tables.leases.c.expires_at <= at),
-        ).returning(tables.leases.c.name)
-        with self._write("acquire lease") as conn:
-            return conn.execute(statement).first() is not None
-
-    def release_lease(self, name: str, owner: str) -> None:
-        with self._write("release lease") as conn:
-            conn.execute(
-                sa.delete(tables.leases).where(
-                    tables.leases.c.name == name, tables.leases.c.owner == owner
-                )
-            )
-
-    # counters --------------------------------------------------------------------------------
-
-    def counter(self, name: str) -> int:
-        _check_counter_name(name)
-        query = sa.select(tables.counters.c.value).where(tables.counters.c.name == name)
-        with self._read("read counter") as conn:
-            value = conn.execute(query).scalar()
-        return int(value or 0)
-
-    def increment_counter(self, name: str) -> int:
-        """One upsert: INSERT 1, or on conflict value + 1, RETURNING the new value."""
-        _check_counter_name(name)
-        statement = self._insert(tables.counters).values(name=name, value=1)
-        statement = statement.on_conflict_do_update(
-            index_elements=[tables.counters.c.name],
-            set_={"value": tables.counters.c.value + 1},
-        ).returning(tables.counters.c.value)
-        with self._write("increment counter") as conn:
-            return int(conn.execute(statement).scalar_one())
-
-
-def _check_counter_name(name: str) -> None:
-    if not name or len(name) > 200:
-        raise InvalidField("name", name, "must be 1 to 200 characters")
 
 
 def _repeated(positions: list[int]) -> int:

@@ -24,9 +24,17 @@ from sendqueue.adapters.sql.errors import mapped_errors
 from sendqueue.adapters.sql.pool import FastPathPool
 from sendqueue.adapters.sql.rows import TASK_COLUMNS, task_from_row
 from sendqueue.adapters.sql.schema import UtcDateTime
+from sendqueue.adapters.sql.sidetables import SideTables
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import Recipient, Task, check_cursor, check_limit, utc
+from sendqueue.domain.models import (
+    ChangeLogEntry,
+    Recipient,
+    Task,
+    check_cursor,
+    check_limit,
+    utc,
+)
 
 try:  # the driver is the optional "postgres" extra
     import psycopg.types.json
@@ -35,29 +43,30 @@ except ImportError:  # pragma: no cover - the "postgres" extra not installed
     psycopg = None  # type: ignore[assignment]
     pg_errors = None  # type: ignore[assignment]
 
-__all__ = ["CHANGE_LOG_LOCK_KEY", "PostgresTaskStore"]
-
-#: pg_advisory_xact_lock key taken right before change-log rows are inserted ("sq" + 2).
-CHANGE_LOG_LOCK_KEY = 0x7371_0002
+__all__ = ["PostgresTaskStore"]
 
 #: Rows per statement of an ``unnest`` insert (its parameters are arrays).
 _UNNEST_CHUNK_SIZE = 5000
 
-#: A task state change in one statement: the CAS UPDATE, then the change-log lock (only if a
-#: row matched, after its row lock), then the change-log INSERT (its id drawn under the lock).
+#: Change-log entries a reader may return: ids below the horizon, i.e. of transactions older
+#: than the statement snapshot's xmin, which have all ended. Ids are ordered by (writing
+#: transaction, rank in it), so nothing can commit behind a reader's cursor (migration 0004;
+#: docs/performance.md, "Issue 16: the change log without a global lock").
+_SETTLED = tables.change_log.c.id < sa.func.sq_change_log_horizon()
+
+#: A task state change in one statement: the CAS UPDATE, then the change-log INSERT of the row
+#: it matched (none if none did). The entry's id and xid are the columns' defaults.
 _TRANSITION = (
     "WITH moved AS (UPDATE tasks SET {sets} WHERE id = %s AND state = %s"
     f" RETURNING {TASK_COLUMNS}),"
-    f" locked AS (SELECT campaign_id, id, pg_advisory_xact_lock({CHANGE_LOG_LOCK_KEY})"
-    " FROM moved),"
     " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
-    " SELECT campaign_id, id, %s, %s, %s::timestamptz, %s::text FROM locked)"
+    " SELECT campaign_id, id, %s, %s, %s::timestamptz, %s::text FROM moved)"
     f" SELECT {TASK_COLUMNS} FROM moved"
 )
 
 #: Tasks inserted in bulk with their ``None -> Pending`` entries, in one statement: the rows
-#: (binary arrays, one per column, in id order; ON CONFLICT DO NOTHING), then the change-log
-#: lock once every row is in, then one entry per inserted id in input order.
+#: (binary arrays, one per column, in id order; ON CONFLICT DO NOTHING), then one entry per
+#: inserted id in input order.
 _INSERT_TASKS = (
     f"WITH ins AS (INSERT INTO tasks ({TASK_COLUMNS})"
     f" SELECT {TASK_COLUMNS} FROM unnest("
@@ -67,12 +76,10 @@ _INSERT_TASKS = (
     " %b::timestamptz[], %b::timestamptz[], %b::integer[], %b::text[])"
     f" WITH ORDINALITY AS u({TASK_COLUMNS}, sq_ordinal) ORDER BY sq_ordinal"
     " ON CONFLICT DO NOTHING RETURNING id),"
-    f" locked AS (SELECT pg_advisory_xact_lock({CHANGE_LOG_LOCK_KEY}) AS held"
-    " FROM (SELECT count(*) AS n FROM ins) AS c WHERE c.n > 0),"
     " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
     " SELECT e.campaign_id, e.id, NULL, %s, %b::timestamptz, NULL"
     " FROM unnest(%b::varchar[], %b::varchar[]) WITH ORDINALITY AS e(id, campaign_id, ord)"
-    " JOIN ins ON ins.id = e.id CROSS JOIN locked ORDER BY e.ord RETURNING 1)"
+    " JOIN ins ON ins.id = e.id ORDER BY e.ord RETURNING 1)"
     " SELECT count(*) FROM logged"
 )
 
@@ -80,13 +87,10 @@ _INSERT_TASKS = (
 _CHECKPOINT_LOGGED = (
     "WITH saved AS (UPDATE campaigns SET checkpoint = %s, updated_at = %s WHERE id = %s"
     " RETURNING id),"
-    f" locked AS (SELECT id, pg_advisory_xact_lock({CHANGE_LOG_LOCK_KEY}) FROM saved),"
     " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
-    " SELECT id, NULL, NULL, 'progress', %s::timestamptz, %s::text FROM locked)"
+    " SELECT id, NULL, NULL, 'progress', %s::timestamptz, %s::text FROM saved)"
     " SELECT count(*) FROM saved"
 )
-
-_LOCK_CHANGE_LOG = sa.text("SELECT pg_advisory_xact_lock(:key)")
 
 _T = TypeVar("_T")
 
@@ -193,14 +197,10 @@ class PostgresTaskStore(SqlTaskStore):
             return self._connections.run(run, write=write)
 
     def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
-        """Ids are drawn at INSERT, not at commit: each logging transaction takes the
-        change-log lock right before its INSERT, so ids commit in id order (a reader resuming
-        after id 6 must not miss a 6 that commits after 7). Taken last, after the row locks of
-        the write it records, so no lock cycle can form."""
-        if not entries:
-            return
-        conn.execute(_LOCK_CHANGE_LOG, {"key": CHANGE_LOG_LOCK_KEY})
-        _unnest_insert(conn, tables.change_log, entries)
+        """No lock: the id (``sq_change_log_id()``, migration 0004) orders entries by writing
+        transaction, and readers return only entries of ended transactions (:data:`_SETTLED`)."""
+        if entries:
+            _unnest_insert(conn, tables.change_log, entries)
 
     def _current_campaign_state(self, conn: Connection, campaign_id: str) -> str | None:
         # The row lock makes the logged from-state the one replaced. FOR NO KEY UPDATE, not FOR
@@ -373,27 +373,17 @@ class PostgresTaskStore(SqlTaskStore):
         at: datetime,
         note: str | None,
     ) -> int:
-        # The UPDATE first, so exactly the rows it moved are logged (READ COMMITTED); their ids
-        # wait server-side, then the change-log lock, then the entries (docs/performance.md).
-        conn.execute(
-            sa.text("CREATE TEMPORARY TABLE sq_moved (id text, position integer) ON COMMIT DROP")
-        )
-        conn.execute(
+        # One statement: exactly the rows the UPDATE moved are logged (READ COMMITTED), in
+        # position order.
+        result = conn.execute(
             sa.text(
                 "WITH moved AS ("
                 " UPDATE tasks SET state = :new, updated_at = :at"
                 " WHERE campaign_id = :campaign_id AND state = :expected"
                 " RETURNING id, position)"
-                " INSERT INTO sq_moved (id, position) SELECT id, position FROM moved"
-            ).bindparams(sa.bindparam("at", type_=UtcDateTime())),
-            {"new": new.value, "at": at, "campaign_id": campaign_id, "expected": expected.value},
-        )
-        conn.execute(_LOCK_CHANGE_LOG, {"key": CHANGE_LOG_LOCK_KEY})
-        result = conn.execute(
-            sa.text(
-                "INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+                " INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
                 " SELECT :campaign_id, id, :expected, :new, :at, :note"
-                " FROM sq_moved ORDER BY position"
+                " FROM moved ORDER BY position"
             ).bindparams(
                 sa.bindparam("at", type_=UtcDateTime()), sa.bindparam("note", type_=sa.Text())
             ),
@@ -416,3 +406,29 @@ class PostgresTaskStore(SqlTaskStore):
             ).fetchall(),
         )
         return bool(found)
+
+    # change log ------------------------------------------------------------------------------
+
+    def changes_after(
+        self, after_id: int, *, campaign_id: str | None = None, limit: int = 1000
+    ) -> list[ChangeLogEntry]:
+        """Only settled entries (:data:`_SETTLED`): an entry of a transaction still in flight,
+        or behind one, shows once that transaction ends."""
+        return self._changes_after(after_id, campaign_id, limit, _SETTLED)
+
+    def newest_change_id(self) -> int:
+        """The newest committed id, settled or not (past :meth:`last_change_id` while a
+        transaction in flight holds the horizon back)."""
+        return SideTables.last_change_id(self)
+
+    def last_change_id(self) -> int:
+        """The newest settled id: the highest a reader of :meth:`changes_after` can be handed."""
+        query = (
+            sa.select(tables.change_log.c.id)
+            .where(_SETTLED)
+            .order_by(tables.change_log.c.id.desc())
+            .limit(1)
+        )
+        with self._read("read change log") as conn:
+            value = conn.execute(query).scalar()
+        return int(value or 0)

@@ -1,0 +1,189 @@
+"""The BulkScheduler contract (``create_many``), run against every adapter that writes in bulk.
+
+``create_many`` answers each item as ``create`` would have, in order: the new schedule, the
+existing one (same name and token), or the Conflict (another token), returned in its slot. The
+builders are the Scheduler contract's (:mod:`tests.contract.test_scheduler`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from sendqueue.domain.errors import Conflict, InvalidField
+from sendqueue.ports import BulkScheduler, CreateArgs, Schedule, Scheduler
+from sendqueue.testing.alarm import RecordingAlarm
+from sendqueue.testing.clock import FakeClock
+from tests.contract.test_scheduler import BERLIN, BUILDERS, START, Harness, Recorder, local
+
+#: The adapters whose scheduler is a BulkScheduler (test_port_abilities checks the list).
+BULK = ("embedded", "procrastinate")
+
+
+@pytest.fixture(params=BULK)
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    built = BUILDERS[request.param](FakeClock(START), RecordingAlarm(), tmp_path)
+    yield built
+    built.scheduler.close()
+
+
+@pytest.fixture
+def bulk(harness: Harness) -> BulkScheduler:
+    assert issubclass(type(harness.scheduler), BulkScheduler)
+    return cast(BulkScheduler, harness.scheduler)
+
+
+def item(clock: FakeClock, name: str, token: str = "tok", seconds: float = 60.0) -> CreateArgs:
+    return (name, "g1", local(clock, seconds), BERLIN, {"task_id": name}, token, 2)
+
+
+def kinds(results: Sequence[object]) -> list[str]:
+    return [type(r).__name__ for r in results]
+
+
+def names(scheduler: Scheduler) -> list[str]:
+    return [s.name for s in scheduler.list("g1", limit=5000)]
+
+
+def test_near_and_far_items_are_created_in_order_and_fire_when_due(
+    harness: Harness, bulk: BulkScheduler
+) -> None:
+    clock = harness.clock
+    # due in a minute (deferred at once on procrastinate) and in two days (parked there)
+    items = [item(clock, f"s-{i:02}", f"t{i}", 60.0 if i % 2 else 2 * 86400.0) for i in range(20)]
+    out = bulk.create_many(items)
+    assert kinds(out) == ["Schedule"] * 20
+    assert [s.name for s in out if isinstance(s, Schedule)] == [f"s-{i:02}" for i in range(20)]
+    assert names(harness.scheduler) == [f"s-{i:02}" for i in range(20)]
+    for i, seconds in ((0, 2 * 86400.0), (1, 60.0)):
+        got = harness.scheduler.get(f"s-{i:02}")
+        assert got is not None and got.client_token == f"t{i}"
+        assert got == out[i] and got.due_at == START + timedelta(seconds=seconds)
+    assert harness.fire_due is not None
+    recorder = Recorder()
+    clock.advance(seconds=61)
+    assert harness.fire_due(recorder) == 10
+    assert sorted(recorder.names) == [f"s-{i:02}" for i in range(1, 20, 2)]
+    assert names(harness.scheduler) == [f"s-{i:02}" for i in range(0, 20, 2)]
+
+
+def test_an_existing_name_with_the_same_token_is_returned_not_duplicated(
+    harness: Harness, bulk: BulkScheduler
+) -> None:
+    clock = harness.clock
+    first = harness.scheduler.create(*item(clock, "old", "a"))
+    out = bulk.create_many([item(clock, "new-1"), item(clock, "old", "a"), item(clock, "new-2")])
+    assert kinds(out) == ["Schedule", "Schedule", "Schedule"]
+    assert out[1] == first
+    assert names(harness.scheduler) == ["new-1", "new-2", "old"]
+    recorder = Recorder()
+    clock.advance(seconds=61)
+    assert harness.fire_due is not None and harness.fire_due(recorder) == 3
+    assert sorted(recorder.names) == ["new-1", "new-2", "old"]
+
+
+def test_another_token_is_a_conflict_in_its_slot_and_the_rest_is_created(
+    harness: Harness, bulk: BulkScheduler
+) -> None:
+    clock = harness.clock
+    harness.scheduler.create(*item(clock, "old", "a", seconds=2 * 86400.0))
+    out = bulk.create_many([item(clock, "new-1"), item(clock, "old", "b"), item(clock, "new-2")])
+    assert kinds(out) == ["Schedule", "Conflict", "Schedule"]
+    assert "old" in str(out[1])
+    assert names(harness.scheduler) == ["new-1", "new-2", "old"]
+    kept = harness.scheduler.get("old")
+    assert kept is not None and kept.client_token == "a"  # the conflict changed nothing
+
+
+def test_a_name_twice_in_one_batch_behaves_as_two_creates(
+    harness: Harness, bulk: BulkScheduler
+) -> None:
+    clock = harness.clock
+    out = bulk.create_many(
+        [
+            item(clock, "twice", "a"),
+            item(clock, "far", "f", seconds=2 * 86400.0),
+            item(clock, "twice", "a"),  # the same token: the schedule just made
+            item(clock, "twice", "b"),  # another token: Conflict
+            item(clock, "far", "f", seconds=2 * 86400.0),
+        ]
+    )
+    assert kinds(out) == ["Schedule", "Schedule", "Schedule", "Conflict", "Schedule"]
+    assert out[0] == out[2] and out[1] == out[4]
+    assert names(harness.scheduler) == ["far", "twice"]
+    recorder = Recorder()
+    clock.advance(seconds=61)
+    assert harness.fire_due is not None and harness.fire_due(recorder) == 1
+    assert recorder.names == ["twice"]
+
+
+def test_an_invalid_item_raises_naming_the_field_and_writes_nothing(
+    harness: Harness, bulk: BulkScheduler
+) -> None:
+    clock = harness.clock
+    bad = ("n-1", "g1", local(clock, 60), BERLIN, {"task_id": "n-1"}, "bad token!", 2)
+    with pytest.raises(InvalidField, match="client_token"):
+        bulk.create_many([item(clock, "n-0"), bad])
+    assert names(harness.scheduler) == []
+    assert bulk.create_many([]) == []
+
+
+def test_concurrent_batches_with_overlapping_names_keep_one_schedule_per_name(
+    harness: Harness, bulk: BulkScheduler
+) -> None:
+    clock = harness.clock
+    # Batch k holds names k*50 .. k*50+99 with token t<k>, so each name but the first and last
+    # fifty is in two batches racing each other, one of which has it due in a minute and the
+    # other in two days (deferred and parked on procrastinate): one of them must see the other.
+    results: dict[int, Sequence[Schedule | Exception]] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(3)
+
+    def near(i: int, k: int) -> bool:
+        return (i + k) % 2 == 1
+
+    def batch(k: int) -> Callable[[], None]:
+        def run() -> None:
+            items = [
+                item(clock, f"n-{i:03}", f"t{k}", 60.0 if near(i, k) else 2 * 86400.0)
+                for i in range(k * 50, k * 50 + 100)
+            ]
+            barrier.wait()
+            try:
+                for _ in range(3):  # again: idempotent for its own token
+                    results[k] = bulk.create_many(items)
+            except BaseException as exc:
+                errors.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=batch(k)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert names(harness.scheduler) == [f"n-{i:03}" for i in range(200)]
+    due_soon: set[str] = set()
+    for k, out in results.items():
+        for offset, result in enumerate(out):
+            i = k * 50 + offset
+            stored = harness.scheduler.get(f"n-{i:03}")
+            assert stored is not None
+            if isinstance(result, Conflict):
+                assert stored.client_token != f"t{k}"
+            else:
+                assert isinstance(result, Schedule) and result.client_token == f"t{k}"
+                assert stored.client_token == f"t{k}"
+                if near(i, k):
+                    due_soon.add(f"n-{i:03}")
+    recorder = Recorder()
+    clock.advance(seconds=61)
+    assert harness.fire_due is not None
+    assert harness.fire_due(recorder) == len(due_soon)
+    assert sorted(recorder.names) == sorted(due_soon)
