@@ -88,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--fleet-burst", type=int, default=2_000)
     g.add_argument("--fleet-waiting", type=int, default=20_000,
                    help="jobs waiting in procrastinate for the second pass (0: none)")  # fmt: skip
+    g.add_argument("--workers", type=int, nargs="+", default=[1],
+                   help="procrastinate worker processes, one row per count")  # fmt: skip
     g.add_argument("--reconcile-small", type=int, default=100_000)
     g.add_argument("--reconcile-large", type=int, default=1_000_000)
     g.add_argument("--reconcile-pending", type=int, default=10_000)
@@ -184,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                     smtp_port=port,
                     # a fresh database per run, created and dropped by the child
                     procrastinate=None if proc_reason else "",
+                    procrastinate_workers=tuple(args.workers),
                 )
 
         attempt("dispatch", run_dispatch)
@@ -196,10 +199,14 @@ def main(argv: list[str] | None = None) -> int:
                 if not pg_reason:
                     stores["sendqueue (PostgreSQL store)"] = "postgres"
                 executions = {}
-                if not proc_reason:
+                workers = {}
+                for n in [] if proc_reason else args.workers:
                     label = "sendqueue (procrastinate execution, PostgreSQL)"
+                    if n > 1:
+                        label = label[:-1] + f", {n} worker processes)"
                     stores[label] = "postgres"
                     executions[label] = "procrastinate"
+                    workers[label] = n
                 urls = {}
                 for label, kind in stores.items():
                     urls[label] = stack.enter_context(postgres_database()) if kind else ""
@@ -209,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                     port=port,
                     store_urls=urls,
                     executions=executions,
+                    workers=workers,
                     repeats=args.throughput_repeats,
                 )
 

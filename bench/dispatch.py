@@ -36,16 +36,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench.common import cpu_seconds, percentile, postgres_database, run_child, summarize
+from bench.workers import extra_workers, wait_for_line
 
 __all__ = [
     "ANCHORS",
@@ -181,8 +184,58 @@ def child_sendqueue(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     }
 
 
-def child_procrastinate(args: argparse.Namespace, url: str) -> dict[str, Any]:
-    """The procrastinate layer on the fresh PostgreSQL database ``url``."""
+def child_procrastinate(args: argparse.Namespace, url: str, argv: list[str]) -> dict[str, Any]:
+    """The procrastinate layer on the fresh PostgreSQL database ``url``; ``args.workers - 1``
+    more worker processes (``procrastinate-extra``, given ``argv``) fire beside this one."""
+    with ExitStack() as stack:
+        return _procrastinate(args, url, argv, stack, args.workers - 1)
+
+
+def _fire_jobs_left(url: str) -> bool:
+    import psycopg
+
+    from sendqueue.adapters.procrastinate.schema import conninfo_from_url
+
+    with psycopg.connect(conninfo_from_url(url), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM procrastinate_jobs WHERE task_name = 'sendqueue.fire' "
+            "AND status IN ('todo', 'doing')"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def _procrastinate_horizon(lead: float, args: argparse.Namespace) -> float:
+    # Every schedule must be a job when the run starts: none may wait parked for the promoter,
+    # whose cron tick would add up to a minute to the lateness measured here.
+    return max(300.0, lead + float(args.spread) + 60.0)
+
+
+def child_procrastinate_extra(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """Another worker process of the procrastinate variant: fires from ``go`` to ``stop``
+    (:mod:`bench.workers`) and returns when each schedule it fired did."""
+    from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
+
+    scheduler = ProcrastinateScheduler(
+        url, concurrency=args.concurrency, reconcile_interval=None, upgrade=False
+    )
+    recorder = _Recorder(args.schedules + args.burst)
+    stop = threading.Event()
+    dispatcher = threading.Thread(
+        target=scheduler.run, args=(lambda p: recorder.record(int(p["i"])), stop), daemon=True
+    )
+    print("ready", flush=True)
+    wait_for_line(sys.stdin, "go")
+    dispatcher.start()
+    wait_for_line(sys.stdin, "stop")
+    stop.set()
+    dispatcher.join(60)
+    scheduler.close()
+    return {"fired": recorder.fired}
+
+
+def _procrastinate(
+    args: argparse.Namespace, url: str, argv: list[str], stack: ExitStack, n_extra: int
+) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
     import psycopg
@@ -219,15 +272,16 @@ def child_procrastinate(args: argparse.Namespace, url: str) -> dict[str, Any]:
         create_all(probe, "calibrate", [time.time() + 200.0] * calibrate_n)
         rate = calibrate_n / (time.perf_counter() - started)
     clear()
+    extras = stack.enter_context(
+        extra_workers("bench.dispatch", ["procrastinate-extra", "--store", url, *argv], n_extra)
+    )
     lead = _lead(rate, total) * args.lead_factor
-    # Every schedule must be a job when the run starts: none may wait parked for the promoter,
-    # whose cron tick would add up to a minute to the lateness measured here.
     scheduler = ProcrastinateScheduler(
         url,
         concurrency=args.concurrency,
         pool_size=threads,
         reconcile_interval=None,
-        horizon=max(300.0, lead + args.spread + 60.0),
+        horizon=_procrastinate_horizon(lead, args),
     )
     t0 = time.time() + lead
     due = due_times(t0, args.schedules, args.spread, args.burst)
@@ -243,12 +297,21 @@ def child_procrastinate(args: argparse.Namespace, url: str) -> dict[str, Any]:
         target=scheduler.run, args=(lambda p: recorder.record(int(p["i"])), stop), daemon=True
     )
     cpu = cpu_seconds()
+    extras.go()
     dispatcher.start()
-    recorder.done.wait(max(0.0, due[-1] - time.time()) + args.timeout)
+    if args.workers == 1:
+        recorder.done.wait(max(0.0, due[-1] - time.time()) + args.timeout)
+    else:  # the others record their own fires: wait until no fire job is left
+        deadline = due[-1] + args.timeout
+        while time.time() < deadline and (time.time() < due[-1] or _fire_jobs_left(url)):
+            time.sleep(0.1)
     cpu = cpu_seconds() - cpu
     stop.set()
     dispatcher.join(60)
     scheduler.close()
+    for other in extras.stop():
+        for index, at in other["fired"].items():
+            recorder.fired[int(index)] = min(at, recorder.fired.get(int(index), at))
     return {
         **figures(due, recorder.fired, args.schedules, args.burst),
         "create_s": create_s,
@@ -423,20 +486,24 @@ def run(
     full_stores: tuple[str, ...] = (),
     smtp_port: int | None = None,
     procrastinate: str | None = None,
+    procrastinate_workers: tuple[int, ...] = (1,),
 ) -> dict[str, Any]:
     """``full_stores``: task store URLs for ``sendqueue-full`` runs (needs ``smtp_port``).
     ``procrastinate``: also the ``procrastinate`` variant, on this empty PostgreSQL database,
     or ``""`` for a fresh database per run (created and dropped by the child); None: not run.
+    ``procrastinate_workers``: one procrastinate row per number of worker processes
+    (``procrastinate`` for one, ``procrastinate-2w`` for two...).
     """
     base = _child_args(schedules, spread, burst, concurrency, 1.0)
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         (v, partial(measure, v, [], base)) for v in variants
     ]
-    if procrastinate is not None:
-        runs["procrastinate"] = []
-        store = ["--store", procrastinate] if procrastinate else []
-        steps.append(("procrastinate", lambda: measure("procrastinate", store, base)))
+    for n in () if procrastinate is None else procrastinate_workers:
+        label = "procrastinate" if n == 1 else f"procrastinate-{n}w"
+        runs[label] = []
+        extra = ["--workers", str(n)] + (["--store", procrastinate] if procrastinate else [])
+        steps.append((label, partial(measure, "procrastinate", extra, base)))
     for url in full_stores:
         label = "sendqueue-full-" + ("postgresql" if url.startswith("postgresql") else "sqlite")
         runs[label] = []
@@ -494,7 +561,9 @@ def run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.dispatch")
-    parser.add_argument("variant", choices=[*VARIANTS, "sendqueue-full", "procrastinate"])
+    parser.add_argument(
+        "variant", choices=[*VARIANTS, "sendqueue-full", "procrastinate", "procrastinate-extra"]
+    )
     parser.add_argument("--schedules", type=int, required=True)
     parser.add_argument("--spread", type=float, required=True)
     parser.add_argument("--burst", type=int, required=True)
@@ -504,7 +573,10 @@ def main() -> None:
     parser.add_argument("--smtp-port", type=int)
     parser.add_argument("--store", default="")
     parser.add_argument("--full-lead", type=float, default=0.0)
+    parser.add_argument("--workers", type=int, default=1, help="procrastinate worker processes")
     args = parser.parse_args()
+    # what the extra workers of the procrastinate variant are given (all but the variant)
+    argv = _child_args(args.schedules, args.spread, args.burst, args.concurrency, 1.0)
     with tempfile.TemporaryDirectory(prefix="sq-bench-dispatch-") as tmp:
         home = Path(tmp)
         if args.variant == "sendqueue":
@@ -514,12 +586,14 @@ def main() -> None:
                 total = args.schedules + args.burst
                 args.full_lead = (2.0 + total / 2000) * args.lead_factor
             result = child_full(args, home)
+        elif args.variant == "procrastinate-extra":
+            result = child_procrastinate_extra(args, args.store)
         elif args.variant == "procrastinate":
             if args.store:
-                result = child_procrastinate(args, args.store)
+                result = child_procrastinate(args, args.store, argv)
             else:
                 with postgres_database() as url:
-                    result = child_procrastinate(args, url)
+                    result = child_procrastinate(args, url, argv)
         else:
             result = child_apscheduler(args, home, args.variant.removeprefix("apscheduler-"))
     print(json.dumps(result))

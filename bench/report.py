@@ -83,9 +83,12 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         title = f"3 dispatch, {d['schedules']:,} over {d['spread_s']:g} s"
         for name, fig in v.items():
             anchor = "EventBridge 60,000 ms; procrastinate poll 5,000 ms"
-            if name == "procrastinate":
-                # its own poll is 0.5 s here; issue 7 sets p99 <= 1 s with 3 workers
-                name = "procrastinate execution layer, PostgreSQL, 1 worker"
+            if name.startswith("procrastinate"):
+                # its own poll is 0.5 s here; issue 16 sets p99 <= 1 s with 2 workers
+                n = int(name.removeprefix("procrastinate").strip("-w") or 1)
+                name = "procrastinate execution layer, PostgreSQL, " + (
+                    "1 worker" if n == 1 else f"{n} worker processes"
+                )
                 anchor = "procrastinate default poll 5,000 ms; 0.5 s poll here"
             lateness = " / ".join(_m(fig.get(k)) for k in ("p50_ms", "p99_ms", "max_ms"))
             missing = fig.get("missing", {}).get("max", 0)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import smtplib
+import sys
 import tempfile
 import threading
 import time
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cpu_seconds, run_child, summarize
+from bench.workers import extra_workers, wait_for_line
 from sendqueue.domain.policy import SendingPolicy, Window
 
 __all__ = ["TARGET", "run"]
@@ -69,22 +71,10 @@ def _backlog_policy(start: datetime) -> SendingPolicy:
     )  # fmt: skip
 
 
-def child_sendqueue(
-    store_url: str,
-    home: Path,
-    port: int,
-    emails: int,
-    concurrency: int,
-    execution: str = "embedded",
-) -> Any:
-    from bench.sendpath import task_times, wait_sent
-    from sendqueue.bootstrap import bootstrap
-    from sendqueue.runtime import run_worker
-    from sendqueue.services.demo import demo_csv
-    from sendqueue.services.importing import Templates
+def _settings(store_url: str, home: Path, port: int, concurrency: int, execution: str) -> Any:
     from sendqueue.settings import Settings
 
-    settings = Settings(
+    return Settings(
         _env_file=None,
         database_url=store_url,
         scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
@@ -97,6 +87,26 @@ def child_sendqueue(
         max_lateness=3 * 3600,
         space_late_sends=False,
     )
+
+
+def child_sendqueue(
+    store_url: str,
+    home: Path,
+    port: int,
+    emails: int,
+    concurrency: int,
+    execution: str = "embedded",
+    workers: int = 1,
+) -> Any:
+    """``workers``: worker processes in all (this one and ``workers - 1`` extra ones, started
+    together once each is set up; procrastinate only)."""
+    from bench.sendpath import task_times, wait_sent
+    from sendqueue.bootstrap import bootstrap
+    from sendqueue.runtime import run_worker
+    from sendqueue.services.demo import demo_csv
+    from sendqueue.services.importing import Templates
+
+    settings = _settings(store_url, home, port, concurrency, execution)
     past = _ShiftedClock(timedelta(hours=2))
     planner = bootstrap(settings, clock=past)
     created = planner.campaigns.create(
@@ -123,19 +133,52 @@ def child_sendqueue(
         kwargs=embedded if execution == "embedded" else {},
         daemon=True,
     )
-    cpu = cpu_seconds()
-    started = datetime.now(UTC)
-    worker.start()
-    wait_sent(app, cid, time.monotonic() + 600)
-    cpu = cpu_seconds() - cpu
-    stop.set()
-    worker.join(60)
+    extra_args = [
+        "worker", str(port), "0", str(concurrency), "--store", store_url, "--execution", execution
+    ]  # fmt: skip
+    with extra_workers("bench.throughput", extra_args, workers - 1) as extras:
+        cpu = cpu_seconds()
+        started = datetime.now(UTC)
+        extras.go()
+        worker.start()
+        wait_sent(app, cid, time.monotonic() + 600)
+        cpu = cpu_seconds() - cpu
+        stop.set()
+        worker.join(60)
+        extra_cpu = sum(r["cpu_s"] for r in extras.stop())
     _, sent = task_times(app, cid)
     app.close()
     if len(sent) != emails:
         raise AssertionError(f"only {len(sent)} of {emails} emails finished")
     seconds = max(sent.values()) - started.timestamp()
-    return {"seconds": seconds, "per_second": emails / seconds, "cpu_s": cpu}
+    return {
+        "seconds": seconds,
+        "per_second": emails / seconds,
+        "cpu_s": cpu,
+        "extra_workers_cpu_s": extra_cpu,
+    }
+
+
+def child_worker(store_url: str, home: Path, port: int, concurrency: int, execution: str) -> Any:
+    """An extra worker process (``--workers``): set up, ``ready``, sends from ``go`` to
+    ``stop`` (:mod:`bench.workers`), then its CPU seconds."""
+    from sendqueue.bootstrap import bootstrap
+    from sendqueue.runtime import run_worker
+
+    app = bootstrap(_settings(store_url, home, port, concurrency, execution))
+    _ = app.scheduler, app.mailer, app.store
+    stop = threading.Event()
+    worker = threading.Thread(target=run_worker, args=(app, stop), daemon=True)
+    print("ready", flush=True)
+    wait_for_line(sys.stdin, "go")
+    cpu = cpu_seconds()
+    worker.start()
+    wait_for_line(sys.stdin, "stop")
+    stop.set()
+    worker.join(60)
+    cpu = cpu_seconds() - cpu
+    app.close()
+    return {"cpu_s": cpu}
 
 
 def child_raw(port: int, emails: int, concurrency: int) -> Any:
@@ -185,10 +228,12 @@ def run(
     port: int,
     store_urls: dict[str, str],
     executions: dict[str, str] | None = None,
+    workers: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """``store_urls``: label -> task store URL (``""`` for a fresh SQLite file per run).
-    ``executions``: label -> execution layer (``embedded`` when absent). Only the embedded
-    layer's rows carry the 0.5x target; the procrastinate rows are reported without one."""
+    ``executions``: label -> execution layer (``embedded`` when absent). ``workers``: label ->
+    worker processes (1 when absent). Only the embedded layer's rows carry the 0.5x target;
+    the procrastinate rows are reported without one."""
     layers = {label: (executions or {}).get(label, "embedded") for label in store_urls}
     runs: dict[str, list[dict[str, Any]]] = {"raw": [], **{k: [] for k in store_urls}}
     steps = [("raw", lambda: run_child("bench.throughput", "raw", str(port), str(emails),
@@ -208,6 +253,8 @@ def run(
                     url,
                     "--execution",
                     layers[label],
+                    "--workers",
+                    str((workers or {}).get(label, 1)),
                 ),
             )
         )
@@ -233,6 +280,7 @@ def run(
             "cpu_seconds": summarize([r["cpu_s"] for r in runs[label]]).as_dict(),
             "ratio": ratio,
             "execution": layers[label],
+            "workers": (workers or {}).get(label, 1),
         }
         if layers[label] != "embedded":
             continue
@@ -250,21 +298,27 @@ def run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.throughput")
-    parser.add_argument("side", choices=["sendqueue", "raw"])
+    parser.add_argument("side", choices=["sendqueue", "raw", "worker"])
     parser.add_argument("port", type=int)
     parser.add_argument("emails", type=int)
     parser.add_argument("concurrency", type=int)
     parser.add_argument("--store", default="")
     parser.add_argument("--execution", choices=["embedded", "procrastinate"], default="embedded")
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     if args.side == "raw":
         result = child_raw(args.port, args.emails, args.concurrency)
+    elif args.side == "worker":
+        with tempfile.TemporaryDirectory(prefix="sq-bench-worker-") as tmp:
+            result = child_worker(
+                args.store, Path(tmp), args.port, args.concurrency, args.execution
+            )
     else:
         with tempfile.TemporaryDirectory(prefix="sq-bench-send-") as tmp:
             home = Path(tmp)
             url = args.store or f"sqlite:///{home / 'store.db'}"
             result = child_sendqueue(
-                url, home, args.port, args.emails, args.concurrency, args.execution
+                url, home, args.port, args.emails, args.concurrency, args.execution, args.workers
             )
     print(json.dumps(result))
 

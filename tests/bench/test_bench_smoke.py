@@ -163,6 +163,26 @@ def test_dispatch_procrastinate(postgres_url: str) -> None:
     assert "(procrastinate execution layer, PostgreSQL, 1 worker) |" in rows
 
 
+@pytest.mark.postgres
+def test_dispatch_procrastinate_with_two_worker_processes(postgres_url: str) -> None:
+    result = dispatch.run(
+        schedules=60,
+        spread=1.0,
+        burst=15,
+        repeats=1,
+        concurrency=2,
+        variants=(),
+        procrastinate=postgres_url,
+        procrastinate_workers=(2,),
+    )
+    figures = result["variants"]["procrastinate-2w"]
+    for key in ("p50_ms", "p99_ms", "burst_drain_s"):
+        _summary(figures[key])
+    assert figures["missing"]["max"] == 0  # the other process's fires are counted too
+    rows = render_markdown({"machine": _MACHINE, "benchmarks": {"dispatch": result}})
+    assert "(procrastinate execution layer, PostgreSQL, 2 worker processes) |" in rows
+
+
 def test_throughput() -> None:
     with smtp_sink() as port:
         result = throughput.run(
@@ -261,6 +281,24 @@ def test_fleet_procrastinate(postgres_url: str) -> None:
     assert two["vs_one_process"] > 0
     assert len(result["targets"]) == 4
     _targets(result)
+
+
+@pytest.mark.postgres
+def test_throughput_procrastinate_with_two_worker_processes(postgres_url: str) -> None:
+    label = "sendqueue (procrastinate, 2 worker processes)"
+    with smtp_sink() as port:
+        result = throughput.run(
+            emails=40,
+            concurrency=2,
+            repeats=1,
+            port=port,
+            store_urls={label: postgres_url},
+            executions={label: "procrastinate"},
+            workers={label: 2},
+        )
+    figures = result["variants"][label]
+    _summary(figures["per_second"])
+    assert figures["workers"] == 2
 
 
 def test_reconciler() -> None:

@@ -186,8 +186,12 @@ def _received(*sinks: SmtpSink) -> Counter[str]:
     return Counter(m.rcpt_tos[0] for sink in sinks for m in sink.messages)
 
 
+#: Worker rows a dispatching process registers: its fire loop's and its periodic worker's.
+_ROWS_PER_PROCESS = 2
+
+
 def _registered(url: str) -> int:
-    """How many procrastinate workers are registered (running, or dead and not pruned)."""
+    """How many procrastinate worker rows are registered (running, or dead and not pruned)."""
     return int(_query(url, "SELECT count(*) FROM procrastinate_workers")[0][0])
 
 
@@ -544,7 +548,7 @@ def test_the_dispatcher_fires_reconnects_after_losing_postgres_and_stops(
         scheduler.create(name, "g", at, "UTC", {"task_id": name}, "tok")
 
     try:
-        wait_until(lambda: _registered(postgres_url) == 1, 30, "the worker")
+        wait_until(lambda: _registered(postgres_url) == _ROWS_PER_PROCESS, 30, "the worker")
         due_now("sq-before")
         wait_until(lambda: fired == ["sq-before"], 10, "the first schedule")
         # What a PostgreSQL restart does to every connection of the process.

@@ -449,3 +449,61 @@ class Jobs:
             self._connector.execute_query_all_with_connection(
                 conn, query=sql.queries["unregister_worker"], worker_id=worker_id
             )
+
+    # ----------------------------------------------------------------- the fire loop (issue 16)
+    # The statements of :mod:`~sendqueue.adapters.procrastinate.firing`, each one round trip
+    # on the fire loop's own connection. Raw SQL: procrastinate's fetch takes one job per call
+    # and compares with the database's now(); its finish takes one job and raises for a job
+    # that is no longer ours, which would fail a whole batch.
+    def settle_and_claim(
+        self,
+        conn: psycopg.Connection[Any],
+        worker_id: int,
+        *,
+        finished: list[int],
+        until: datetime,
+        limit: int,
+    ) -> tuple[list[FireJob], datetime | None]:
+        """Delete ``finished`` (succeeded or deleted jobs still ``doing`` for ``worker_id``),
+        claim up to ``limit`` fire jobs due by ``until`` in due order (``FOR UPDATE SKIP
+        LOCKED``: workers never wait for each other), in one statement. Returns the claimed
+        jobs and the due time of the next waiting one after ``until`` (None: none waits)."""
+        rows = self.rows(
+            conn,
+            "WITH finished AS (DELETE FROM procrastinate_jobs WHERE id = ANY(%(finished)s) "
+            "AND status = 'doing' AND worker_id = %(worker)s), "
+            "due AS (SELECT id FROM procrastinate_jobs WHERE status = 'todo' "
+            "AND scheduled_at <= %(until)s AND task_name = %(task)s "
+            "ORDER BY scheduled_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
+            "claimed AS (UPDATE procrastinate_jobs j SET status = 'doing', "
+            "worker_id = %(worker)s FROM due WHERE j.id = due.id RETURNING j.*) "
+            f"SELECT n.next_due, {JOB_COLUMNS} FROM (SELECT min(scheduled_at) AS next_due "
+            "FROM procrastinate_jobs WHERE status = 'todo' AND task_name = %(task)s "
+            "AND scheduled_at > %(until)s) n LEFT JOIN claimed j ON true",
+            {
+                "finished": finished,
+                "worker": worker_id,
+                "until": until,
+                "task": FIRE_TASK,
+                "limit": limit,
+            },
+        )
+        claimed = [FireJob.from_row(row) for row in rows if row["id"] is not None]
+        return claimed, rows[0]["next_due"] if rows else None
+
+    def release(self, conn: psycopg.Connection[Any], worker_id: int, ids: list[int]) -> None:
+        """Give back claimed jobs that did not fire: waiting again, no attempt counted (a job
+        deleted meanwhile, abort requested, is deleted instead)."""
+        conn.execute(
+            "WITH gone AS (DELETE FROM procrastinate_jobs WHERE id = ANY(%(ids)s) "
+            "AND status = 'doing' AND worker_id = %(worker)s AND abort_requested) "
+            "UPDATE procrastinate_jobs SET status = 'todo', worker_id = NULL "
+            "WHERE id = ANY(%(ids)s) AND status = 'doing' AND worker_id = %(worker)s "
+            "AND NOT abort_requested",
+            {"ids": ids, "worker": worker_id},
+        )
+
+    def heartbeat(self, conn: psycopg.Connection[Any], worker_id: int) -> None:
+        self._connector.execute_query_all_with_connection(
+            conn, query=sql.queries["update_heartbeat"], worker_id=worker_id
+        )

@@ -50,8 +50,8 @@ class ProcrastinateScheduler:
     ``upgrade`` (the default) procrastinate's schema and this adapter's tables are installed or
     upgraded on open. ``pool_size`` bounds the connections of the synchronous side (create,
     delete, get, list: at most ``provision_concurrency`` calls run at once); the dispatcher opens
-    ``concurrency + 2`` more plus one LISTEN connection while it runs. ``reconcile_interval``
-    None registers no reconciler task; ``recover_interval`` defaults to ``stalled_after / 2``.
+    5 more while it runs (:class:`~.worker.Worker`). ``reconcile_interval`` None registers no
+    reconciler task; ``recover_interval`` defaults to ``stalled_after / 2``.
     Schedules due more than ``horizon`` seconds from now are parked
     (:mod:`~sendqueue.adapters.procrastinate.jobs`).
     """
@@ -286,11 +286,12 @@ class ProcrastinateScheduler:
         return self._worker.recover_stalled()
 
     def run(self, target: Target, stop: threading.Event) -> None:
-        """Run a procrastinate worker in this thread until ``stop`` is set (Dispatcher port).
+        """Run the fire loop and procrastinate's worker for the periodic tasks in this thread
+        until ``stop`` is set (Dispatcher port).
 
-        The worker's event loop runs here; each invocation of ``target`` runs on a thread of
-        the loop's executor, at most ``concurrency`` at once. When the worker fails (database
-        unreachable), it is started again after a growing pause; its running jobs, if any,
-        are recovered as stalled ones.
+        Each invocation of ``target`` runs on a thread of the fire loop, at most
+        ``concurrency`` at once (:mod:`~sendqueue.adapters.procrastinate.firing`). When either
+        fails (database unreachable), both are started again after a growing pause; running
+        jobs whose outcome could not be written are recovered as stalled ones.
         """
         self._worker.run(target, stop)

@@ -1,34 +1,36 @@
-"""The Dispatcher side of the procrastinate execution layer: a procrastinate worker app.
+"""The Dispatcher side of the procrastinate execution layer: the fire loop and the periodic tasks.
 
-- ``sendqueue.fire`` runs the target for a schedule's job. A successful job is deleted (the
-  worker runs with ``delete_jobs="successful"``). A failed one is retried ``max_retries`` times
-  (a per-schedule argument) with the shared exponential, jittered backoff
-  (:func:`~sendqueue.adapters.scheduler_rules.retry_delay`) through a procrastinate retry
-  strategy; the last failure is written to ``sendqueue_dead_letters``, the job ends ``failed``
-  in procrastinate, and the alarm is raised. A schedule deleted while its invocation ran
-  (abort requested) is neither retried nor dead-lettered.
-- Stalled jobs: a worker sends a heartbeat every ``stalled_after / 3`` seconds. The periodic
-  task ``sendqueue.recover_stalled`` (de-duplicated across workers like every procrastinate
-  periodic task) finds ``doing`` jobs whose worker has been silent for ``stalled_after`` seconds
-  (or that have run longer than ``invocation_timeout``) and fires them again at once, counting
-  the lost run as a failed attempt; one out of attempts goes to the dead letters. Delivery is
-  at-least-once: the send worker's claim (Pending -> Running) and the reconciler's stale policy
-  keep a second run from sending twice.
-- ``sendqueue.promote`` (every ``horizon / 5`` seconds) defers parked schedules due within the
-  horizon; ``sendqueue.reconcile`` (every ``reconcile_interval`` seconds, rounded to a cron
-  step, once per tick across all workers) invokes the target with ``{"kind": "reconcile"}``.
+- ``sendqueue.fire`` jobs run in the fire loop (:mod:`~sendqueue.adapters.procrastinate.firing`:
+  claimed in batches ahead of their due instant, fired on ``concurrency`` threads, deleted in
+  batches; why: docs/performance.md, issue 16). A successful job is deleted. A failed one is
+  retried ``max_retries`` times (a per-schedule argument) with the shared exponential,
+  jittered backoff (:func:`~sendqueue.adapters.scheduler_rules.retry_delay`) through
+  procrastinate's retry function; the last failure is written to ``sendqueue_dead_letters``,
+  the job ends ``failed`` in procrastinate, and the alarm is raised. A schedule deleted while
+  its invocation ran (abort requested) is neither retried nor dead-lettered.
+- The periodic tasks run on procrastinate's own worker, on the queue ``sendqueue.periodic``
+  only: ``sendqueue.promote`` (every ``horizon / 5`` seconds) defers parked schedules due
+  within the horizon; ``sendqueue.reconcile`` (every ``reconcile_interval`` seconds, rounded to
+  a cron step, once per tick across all workers) invokes the target with
+  ``{"kind": "reconcile"}``; ``sendqueue.recover_stalled`` (de-duplicated across workers like
+  every procrastinate periodic task) finds ``doing`` jobs whose worker has been silent for
+  ``stalled_after`` seconds (or that have run longer than ``invocation_timeout``) and fires
+  them again at once, counting the lost run as a failed attempt; one out of attempts goes to
+  the dead letters. Both the fire loop and procrastinate's worker register a worker row and
+  send a heartbeat every ``stalled_after / 3`` seconds. Delivery is at-least-once: the send
+  worker's claim (Pending -> Running) and the reconciler's stale policy keep a second run from
+  sending twice.
 
-Timing: procrastinate finds due jobs by polling (``poll_interval``, 0.5 s by default instead of
-procrastinate's 5 s); LISTEN/NOTIFY wakes workers at once for jobs deferred due now. A job waits
-at most ``poll_interval`` past its due time before some worker with a free slot fetches it.
-Instants written here come from the adapter's clock; procrastinate's fetch compares
-``scheduled_at`` with the database server's ``now()``: keep the clocks in sync (NTP).
+Timing: the fire loop sleeps until the next due time (read with each claim), wakes on
+LISTEN/NOTIFY for new jobs, and looks again at least every ``poll_interval`` (0.5 s by
+default); it fires each job at its due instant by the adapter's clock. procrastinate's worker
+polls the periodic queue every ``poll_interval``, and its periodic deferrer uses the database
+server's ``now()``: keep the clocks in sync (NTP).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -36,15 +38,15 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import psycopg
-from procrastinate import App, BaseRetryStrategy, JobContext, PsycopgConnector, RetryDecision
-from procrastinate import jobs as procrastinate_jobs
+from procrastinate import App, PsycopgConnector
 from psycopg.types.json import Jsonb
 
 from sendqueue.adapters import scheduler_rules as rules
+from sendqueue.adapters.procrastinate.firing import FireLoop
 from sendqueue.adapters.procrastinate.jobs import (
     FIRE_TASK,
     JOB_COLUMNS,
@@ -54,7 +56,6 @@ from sendqueue.adapters.procrastinate.jobs import (
     RECOVER_TASK,
     FireJob,
     Jobs,
-    priority,
 )
 from sendqueue.domain.errors import SchedulerError
 from sendqueue.domain.models import DeadLetter
@@ -65,6 +66,9 @@ __all__ = ["Worker", "cron_every"]
 log = logging.getLogger("sendqueue.scheduler.procrastinate")
 
 _WATCH_INTERVAL = 0.1  # how quickly a set ``stop`` event is noticed
+#: Connections of procrastinate's worker for the periodic tasks: its fetch and finish, its
+#: heartbeat, its deferrer (the tasks themselves use the scheduler's pool and the store's).
+_PERIODIC_CONNECTIONS = 3
 
 
 def cron_every(seconds: float) -> str:
@@ -100,45 +104,14 @@ class _Outcome:
     letter: DeadLetter | None = None
 
 
-class _RetryLater(Exception):
-    """Raised out of a fire job whose target failed with attempts left."""
-
-    def __init__(self, message: str, at: datetime) -> None:
-        super().__init__(message)
-        self.at = at
-
-
-class _DeadLettered(Exception):
-    """Raised out of a fire job whose target failed for the last time (already recorded)."""
-
-
-class _FireRetry(BaseRetryStrategy):
-    """The retry decisions of ``sendqueue.fire``: the adapter decides, procrastinate writes.
-
-    A failure of the adapter's own bookkeeping (not of the target) is retried soon: firing
-    again is safe (delivery is at-least-once), losing the schedule is not.
-    """
-
-    def __init__(self, bookkeeping_retry: float) -> None:
-        self.bookkeeping_retry = bookkeeping_retry
-
-    def get_retry_decision(
-        self, *, exception: BaseException, job: procrastinate_jobs.Job
-    ) -> RetryDecision | None:
-        if isinstance(exception, _RetryLater):
-            return RetryDecision(retry_at=exception.at, priority=priority(exception.at))
-        if isinstance(exception, _DeadLettered):
-            return None
-        at = datetime.now(UTC) + timedelta(seconds=self.bookkeeping_retry)
-        return RetryDecision(retry_at=at, priority=priority(at))
-
-
 class Worker:
     """Runs the schedules' jobs against a target: the worker app, or :meth:`fire_due`.
 
     Built by :class:`~sendqueue.adapters.procrastinate.scheduler.ProcrastinateScheduler`,
-    which documents the options. The worker app opens ``concurrency + 2`` connections plus one
-    LISTEN connection of its own while it runs; everything else goes through ``jobs``.
+    which documents the options. While it runs, the fire loop opens 2 connections of its own
+    (claims, deletes and heartbeats; LISTEN) and procrastinate's worker for the periodic tasks
+    at most 3; everything else (failures, retries, dead letters, promotion, recovery) goes
+    through ``jobs``.
     """
 
     def __init__(
@@ -281,15 +254,19 @@ class Worker:
         except Exception:
             log.exception("raising the alarm for dead letter %s failed", letter.id)
 
-    def _fire_in_worker(self, job: procrastinate_jobs.Job, target: Target) -> None:
-        """The body of the ``sendqueue.fire`` task: procrastinate writes the outcome."""
-        outcome = self._invoke(FireJob.from_procrastinate(job), target)
-        if outcome.kind == "retry":
-            assert outcome.retry_at is not None
-            raise _RetryLater(f"retry at {outcome.retry_at.isoformat()}", outcome.retry_at)
-        if outcome.kind == "buried":
-            self._raise_alarm(outcome.letter)
-            raise _DeadLettered("moved to the dead letters")
+    def _run_fire_job(self, job: FireJob, target: Target) -> bool:
+        """The fire loop's body for one claimed job: a failure is recorded here (retry, or dead
+        letter and alarm); returns True when the job is to be deleted (done, or deleted)."""
+        try:
+            outcome = self._invoke(job, target)
+        except Exception as exc:  # our own bookkeeping failed, not the target: fire again soon
+            log.error("schedule job %d: recording a failure failed: %s", job.id, exc)
+            retry_at = self.clock.now() + timedelta(seconds=self.retry_backoff)
+            outcome = _Outcome("retry", retry_at=retry_at)
+        if outcome.kind in ("done", "gone"):
+            return True
+        self._apply(job, outcome)
+        return False
 
     def fire_due(self, target: Target) -> int:
         """Invoke every schedule due at ``clock.now()``, once, in due order, on this thread
@@ -400,8 +377,8 @@ class Worker:
 
     # ----------------------------------------------------------------- the worker app
     def run(self, target: Target, stop: threading.Event) -> None:
-        """Run a procrastinate worker in this thread until ``stop`` is set (Dispatcher port;
-        see :meth:`ProcrastinateScheduler.run`)."""
+        """Run the fire loop and a procrastinate worker for the periodic tasks in this thread
+        until ``stop`` is set (Dispatcher port; see :meth:`ProcrastinateScheduler.run`)."""
         with self._lock:
             if self._running:
                 raise RuntimeError("this ProcrastinateScheduler is already dispatching")
@@ -419,9 +396,7 @@ class Worker:
                     break
                 if time.monotonic() - started > 60:
                     pause = 0.5  # it ran for a while: not a crash loop
-                log.error(
-                    "dispatcher: procrastinate worker failed (%s); restart in %.1f s", why, pause
-                )
+                log.error("dispatcher: the worker failed (%s); restart in %.1f s", why, pause)
                 stop.wait(pause)
                 pause = min(pause * 2, 30.0)
         finally:
@@ -429,13 +404,14 @@ class Worker:
                 self._running = False
 
     def app(self, target: Target) -> App:
-        """The procrastinate app of a worker: the fire task and the periodic tasks."""
+        """The procrastinate app of a worker: the periodic tasks (the fire jobs run in the
+        fire loop, :mod:`~sendqueue.adapters.procrastinate.firing`)."""
         horizon = self.jobs.horizon
         app = App(
             connector=PsycopgConnector(
                 conninfo=self._conninfo,
                 min_size=1,
-                max_size=self.concurrency + 2,
+                max_size=_PERIODIC_CONNECTIONS,
                 timeout=self._connect_timeout,
                 name="sendqueue-worker",
                 kwargs={"connect_timeout": int(self._connect_timeout)},
@@ -444,11 +420,6 @@ class Worker:
                 "max_delay": max(self.reconcile_interval or 0.0, self.recover_interval, horizon)
             },
         )
-
-        def fire(context: JobContext, /, **_: Any) -> None:
-            self._fire_in_worker(context.job, target)
-
-        app.task(name=FIRE_TASK, pass_context=True, retry=_FireRetry(self.retry_backoff))(fire)
 
         def recover(timestamp: int) -> None:
             try:
@@ -486,17 +457,37 @@ class Worker:
             )
         return app
 
+    def fire_loop(self, target: Target) -> FireLoop:
+        """The loop that claims and fires the due ``sendqueue.fire`` jobs of this process."""
+        return FireLoop(
+            self.jobs,
+            lambda job: self._run_fire_job(job, target),
+            conninfo=self._conninfo,
+            clock=self.clock,
+            concurrency=self.concurrency,
+            poll_interval=self.poll_interval,
+            heartbeat_interval=max(0.5, self.stalled_after / 3),
+            connect_timeout=self._connect_timeout,
+            shutdown_timeout=self.shutdown_timeout,
+        )
+
     async def _serve(self, target: Target, stop: threading.Event) -> None:
+        """The fire loop (on a thread) and procrastinate's worker on the periodic queue; when
+        either ends or ``stop`` is set, both stop gracefully and what failed is raised."""
         app = self.app(target)
+        loop = self.fire_loop(target)
+        loop_stop = threading.Event()
         async with app.open_async():
-            worker = asyncio.create_task(
+            periodic = asyncio.create_task(
                 app.run_worker_async(
-                    name="sendqueue",
-                    concurrency=self.concurrency,
+                    name="sendqueue-periodic",
+                    queues=[PERIODIC_QUEUE],
+                    concurrency=len(app.periodic_registry.periodic_tasks),
                     fetch_job_polling_interval=self.poll_interval,
-                    # Our targets are synchronous and ignore abort requests: no need to poll.
+                    # The periodic tasks are deferred due now by every worker's deferrer: the
+                    # poll finds them; no LISTEN connection needed. They ignore aborts.
+                    listen_notify=False,
                     abort_job_polling_interval=60.0,
-                    listen_notify=True,
                     delete_jobs="successful",
                     install_signal_handlers=False,
                     update_heartbeat_interval=max(0.5, self.stalled_after / 3),
@@ -504,14 +495,17 @@ class Worker:
                     shutdown_graceful_timeout=self.shutdown_timeout,
                 )
             )
-            while not stop.is_set() and not worker.done():
-                await asyncio.wait({worker}, timeout=_WATCH_INTERVAL)
-            if worker.done():
-                # Raises what stopped it; returns when a side task (heartbeat, listener) failed.
-                worker.result()
-                return
-            # Cancelling run_worker_async is procrastinate's graceful stop: nothing new is
-            # fetched, running jobs get shutdown_graceful_timeout to finish.
-            worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await worker
+            firing = asyncio.create_task(asyncio.to_thread(loop.run, loop_stop))
+            try:
+                while not stop.is_set() and not periodic.done() and not firing.done():
+                    await asyncio.wait({periodic, firing}, timeout=_WATCH_INTERVAL)
+            finally:
+                loop_stop.set()
+                # Cancelling run_worker_async is procrastinate's graceful stop: nothing new is
+                # fetched, running jobs get shutdown_graceful_timeout to finish.
+                if not periodic.done():
+                    periodic.cancel()
+                await asyncio.wait({periodic, firing})
+            for task in (firing, periodic):
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
