@@ -280,6 +280,8 @@ class Reconciler:
         Pending after its schedule was seen gone was not in flight then.
         """
         for start in range(0, len(candidates), _RECHECK_CHUNK):
+            if start:
+                self._renew()  # a chunk reads its tasks one at a time: a mass repair is long
             chunk = candidates[start : start + _RECHECK_CHUNK]
             gone = self._writer.missing([expected_schedule_name(t) for t in chunk])
             still: list[Task] = []
