@@ -20,7 +20,12 @@ from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
 from tests.support.app import T0, csv_bytes, fake_app, open_policy
 from tests.support.faults import FlakyScheduler, Meanwhile
-from tests.support.reconciler_race import Layer, listing_races_a_send, stale_read_races_the_worker
+from tests.support.reconciler_race import (
+    Layer,
+    listing_races_a_send,
+    recreate_races_a_re_plan,
+    stale_read_races_the_worker,
+)
 
 
 def _active(app: Container, count: int, start_hours: float = 24) -> str:
@@ -325,3 +330,7 @@ def test_a_long_recreate_keeps_the_pass_lease() -> None:
     report = app.reconciler.run()
     assert taken_over == [False], "another pass took the lease during this one"
     assert report.missing_schedules_created == 2500, report.as_dict()
+
+
+def test_a_schedule_made_after_the_recheck_is_not_replaced_by_the_passs_older_read() -> None:
+    recreate_races_a_re_plan(_racing_fake_layer())

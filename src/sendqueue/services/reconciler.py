@@ -294,7 +294,10 @@ class Reconciler:
             report.skipped_in_flight += len(chunk) - len(still)
             if not still:
                 continue
-            result = self._writer.ensure_many(still)
+            # A schedule made since the re-check (a re-plan: same name, new token) is newer than
+            # what this pass read: kept, not replaced.
+            result = self._writer.ensure_many(still, replace=False)
+            report.skipped_in_flight += len(result.kept)
             report.missing_schedules_created += result.created
             report.errors.extend(f"{tid}: {err}" for tid, err in result.failed[:5])
 
