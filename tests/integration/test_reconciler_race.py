@@ -23,6 +23,7 @@ from tests.support.faults import Meanwhile
 from tests.support.reconciler_race import (
     Layer,
     listing_races_a_send,
+    recreate_races_a_re_plan,
     stale_read_races_the_worker,
 )
 
@@ -96,3 +97,9 @@ def test_a_stale_task_that_moved_on_since_the_read_is_left_alone(
 ) -> None:
     layer = build(stale_policy=policy, stale_after=900)
     stale_read_races_the_worker(layer, caplog, meanwhile=meanwhile)
+
+
+def test_a_schedule_made_after_the_recheck_is_not_replaced_by_the_passs_older_read(
+    build: Build,
+) -> None:
+    recreate_races_a_re_plan(build())

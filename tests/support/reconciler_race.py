@@ -21,13 +21,18 @@ import pytest
 
 from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.domain.models import Task, expected_schedule_name, new_token
+from sendqueue.domain.models import Move, Task, expected_schedule_name, new_token
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from tests.support.app import csv_bytes, open_policy
 from tests.support.faults import Meanwhile
 
-__all__ = ["Layer", "listing_races_a_send", "stale_read_races_the_worker"]
+__all__ = [
+    "Layer",
+    "listing_races_a_send",
+    "recreate_races_a_re_plan",
+    "stale_read_races_the_worker",
+]
 
 LOGGER = "sendqueue.services.reconciler"
 
@@ -156,3 +161,31 @@ def stale_read_races_the_worker(
         )  # fmt: skip
     assert report.skipped_in_flight == 1, report.as_dict()
     assert _warnings(caplog) == []
+
+
+def recreate_races_a_re_plan(layer: Layer) -> None:
+    """Between the pass's re-read of a task whose schedule is missing and its create, the task
+    is re-planned (same name, new token) and given its schedule. The pass's create meets that
+    schedule under another token: it must keep it, not replace it with one carrying the token
+    the task no longer holds (skipped as stale when it fires: the email late by a pass)."""
+    app, clock = layer.app, layer.clock
+    tasks = _campaign(layer, 3)
+    task = tasks[1]
+    app.scheduler.delete(expected_schedule_name(task))  # lost behind the layer's back
+    moved: list[Task] = []
+
+    def re_planned() -> None:
+        later = task.send_at + timedelta(minutes=5)
+        move = Move(task.id, task.token, later, new_token())
+        assert app.store.reschedule([move], at=clock.now(), reason="re-plan")
+        current = app.store.get_task(task.id)
+        assert current is not None
+        app.writer.ensure(current)
+        moved.append(current)
+
+    layer.store.arm("get_task", re_planned)  # the pass's first task read is its re-check
+    report = app.reconciler.run()
+    assert moved, "the re-plan did not run between the re-check and the create"
+    schedule = app.scheduler.get(expected_schedule_name(task))
+    assert schedule is not None and schedule.client_token == moved[0].token
+    assert (report.missing_schedules_created, report.skipped_in_flight) == (0, 1), report.as_dict()

@@ -346,3 +346,63 @@ def test_two_transient_retries_at_once_take_two_different_slots() -> None:
         local("2026-12-01T16:30").astimezone(UTC),
         local("2026-12-01T16:35").astimezone(UTC),
     ]
+
+
+def test_an_overdue_send_met_while_a_retry_holds_the_lease_is_still_re_planned() -> None:
+    """A retry now holds the campaign's lease while it takes its slot. An overdue invocation
+    meeting it must not give up its catch-up as it does against another re-plan (which moves
+    its task too): nothing else would move the task, and its schedule goes with the invocation,
+    so it would wait without one for the reconciler's next pass."""
+    clock = FakeClock(START)
+    app = _app(clock, space_late_sends=False)
+    cid = _campaign(app, 6)  # 16:00 ... 16:25
+    mailer = app.mailer
+    assert isinstance(mailer, RecordingMailer)
+    mailer.fail_next(TransientMailError("421 busy"))
+    overdue, _, on_time = _tasks(app, cid)[:3]
+    payloads = {
+        t.id: dict(app.scheduler.get(expected_schedule_name(t)).payload)  # type: ignore[union-attr]
+        for t in (overdue, on_time)
+    }
+    clock.set(local("2026-12-01T16:10"))  # 16:00's is 600 s late (max 300); 16:10's on time
+    holding = threading.Event()  # the retry holds the campaign's lease
+    contended = threading.Event()  # the overdue invocation met the retry's lease
+    acquire, booked = app.store.acquire_lease, app.store.booked
+
+    def acquire_lease(name: str, owner: str, **kwargs: Any) -> bool:
+        taken = acquire(name, owner, **kwargs)
+        if not taken and threading.current_thread().name == "overdue":
+            contended.set()
+        return taken
+
+    def slow_booked(campaign_id: str, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "retry":
+            holding.set()
+            contended.wait(5.0)  # the retry holds the lease until the overdue one met it
+        return booked(campaign_id, **kwargs)
+
+    app.store.acquire_lease = acquire_lease  # type: ignore[method-assign]
+    app.store.booked = slow_booked  # type: ignore[method-assign]
+
+    def fire(task: Task) -> None:
+        app.invoke(payloads[task.id])
+        # the layer deletes the fired schedule once its invocation returned, unless replaced
+        name = expected_schedule_name(task)
+        current = app.scheduler.get(name)
+        if current is not None and current.client_token == task.token:
+            _fake(app).lose(name)
+
+    retry = threading.Thread(target=fire, args=(on_time,), name="retry")
+    retry.start()
+    assert holding.wait(5.0)
+    late = threading.Thread(target=fire, args=(overdue,), name="overdue")
+    late.start()
+    late.join()
+    retry.join()
+    assert contended.is_set(), "the overdue invocation did not meet the retry's lease"
+    retried = app.store.get_task(on_time.id)
+    assert retried is not None and retried.error == "transient: 421 busy"
+    now = app.store.get_task(overdue.id)
+    assert now is not None and now.state is TaskState.PENDING
+    assert now.moves == 1, "the overdue email was not re-planned"
+    _one_schedule_per_pending_task(app, cid)

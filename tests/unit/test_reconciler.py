@@ -11,7 +11,7 @@ import pytest
 from sendqueue.bootstrap import Container
 from sendqueue.domain.errors import SchedulerError, Throttled
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import expected_schedule_name, schedule_group
+from sendqueue.domain.models import Task, expected_schedule_name, schedule_group
 from sendqueue.ports import Schedule
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.testing.clock import FakeClock
@@ -20,7 +20,12 @@ from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
 from tests.support.app import T0, csv_bytes, fake_app, open_policy
 from tests.support.faults import FlakyScheduler, Meanwhile
-from tests.support.reconciler_race import Layer, listing_races_a_send, stale_read_races_the_worker
+from tests.support.reconciler_race import (
+    Layer,
+    listing_races_a_send,
+    recreate_races_a_re_plan,
+    stale_read_races_the_worker,
+)
 
 
 def _active(app: Container, count: int, start_hours: float = 24) -> str:
@@ -293,3 +298,39 @@ def test_the_recheck_reads_schedules_through_throttling(concurrency: int) -> Non
     assert len(sleeps) == 4 and len(scheduler.gets) == 8  # each throttled once, then read
     with pytest.raises(SchedulerError, match="unavailable"):
         writer.missing(["sq-a.0", "sq-down.0"])
+
+
+def test_a_long_recreate_keeps_the_pass_lease() -> None:
+    """The re-check reads each candidate's task one at a time, so a mass repair (a scheduler
+    file lost) takes long; the pass renews its lease chunk by chunk, as it does campaign by
+    campaign, or a second pass could start beside it."""
+    clock = FakeClock(T0)
+    store = InMemoryTaskStore()
+    ttl = 120.0
+    app = fake_app(clock=clock, store=store, reconcile_lease_seconds=ttl)
+    cid = _active(app, 2500)  # three chunks of candidates
+    names = [expected_schedule_name(t) for t in app.store.list_tasks(cid, limit=5000)]
+    for name in names:
+        _fake(app).lose(name)
+    reads = 0
+    taken_over: list[bool] = []
+
+    def slow_get_task(task_id: str) -> Task | None:
+        nonlocal reads
+        reads += 1
+        clock.advance(seconds=ttl * 0.7 / 1000)  # a chunk's reads take 0.7 of the lease
+        if reads == 2500:  # the last read: 1.75 leases since the pass took its lease
+            taken_over.append(
+                app.store.acquire_lease("reconciler", "another-pass", ttl_seconds=ttl,
+                                        at=clock.now())
+            )  # fmt: skip
+        return InMemoryTaskStore.get_task(store, task_id)
+
+    store.get_task = slow_get_task  # type: ignore[method-assign]
+    report = app.reconciler.run()
+    assert taken_over == [False], "another pass took the lease during this one"
+    assert report.missing_schedules_created == 2500, report.as_dict()
+
+
+def test_a_schedule_made_after_the_recheck_is_not_replaced_by_the_passs_older_read() -> None:
+    recreate_races_a_re_plan(_racing_fake_layer())

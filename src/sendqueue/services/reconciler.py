@@ -280,6 +280,8 @@ class Reconciler:
         Pending after its schedule was seen gone was not in flight then.
         """
         for start in range(0, len(candidates), _RECHECK_CHUNK):
+            if start:
+                self._renew()  # a chunk reads its tasks one at a time: a mass repair is long
             chunk = candidates[start : start + _RECHECK_CHUNK]
             gone = self._writer.missing([expected_schedule_name(t) for t in chunk])
             still: list[Task] = []
@@ -292,7 +294,10 @@ class Reconciler:
             report.skipped_in_flight += len(chunk) - len(still)
             if not still:
                 continue
-            result = self._writer.ensure_many(still)
+            # A schedule made since the re-check (a re-plan: same name, new token) is newer than
+            # what this pass read: kept, not replaced.
+            result = self._writer.ensure_many(still, replace=False)
+            report.skipped_in_flight += len(result.kept)
             report.missing_schedules_created += result.created
             report.errors.extend(f"{tid}: {err}" for tid, err in result.failed[:5])
 

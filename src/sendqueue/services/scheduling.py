@@ -59,6 +59,8 @@ class WriteReport:
     created: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
     throttled: int = 0
+    #: Tasks whose name was held under another token, left alone (``replace=False``).
+    kept: list[str] = field(default_factory=list)
 
 
 class ScheduleWriter:
@@ -109,7 +111,9 @@ class ScheduleWriter:
         """Create the schedule a Pending task must have; raises SchedulerError on failure."""
         self._ensure(task, WriteReport())
 
-    def _ensure(self, task: Task, report: WriteReport) -> None:
+    def _ensure(self, task: Task, report: WriteReport, replace: bool = True) -> bool:
+        """Create the task's schedule; False when its name was held under another token and
+        ``replace`` is off (the schedule then stays as it is)."""
         name = expected_schedule_name(task)
         zone_name = self._timezone_of(task.campaign_id)
         at_local = task.send_at.astimezone(ZoneInfo(zone_name)).replace(tzinfo=None)
@@ -127,16 +131,22 @@ class ScheduleWriter:
         try:
             self._with_backoff(create, report)
         except Conflict:
+            if not replace:
+                report.kept.append(task.id)
+                return False
             log.warning("schedule %s exists with another token; replacing it", name)
             self._with_backoff(lambda: self._scheduler.delete(name), report)
             self._with_backoff(create, report)
+        return True
 
-    def ensure_many(self, tasks: Sequence[Task]) -> WriteReport:
+    def ensure_many(self, tasks: Sequence[Task], *, replace: bool = True) -> WriteReport:
         """Create schedules for ``tasks``, at most ``concurrency`` calls in flight.
 
         Failures are collected in the report (task id, error), not raised, so one bad call does
         not lose the rest of the batch; the caller decides (provisioning stops and keeps its
-        checkpoint, the reconciler retries on its next pass).
+        checkpoint, the reconciler retries on its next pass). With ``replace`` off, a name held
+        under another token is left as it is and reported in ``kept`` (the reconciler: what
+        someone made after it checked is newer than its read).
         """
         report = WriteReport()
         if not tasks:
@@ -144,15 +154,15 @@ class ScheduleWriter:
 
         def one(task: Task) -> None:
             try:
-                self._ensure(task, report)
-                report.created += 1
+                if self._ensure(task, report, replace):
+                    report.created += 1
             except SchedulerError as exc:
                 report.failed.append((task.id, str(exc) or type(exc).__name__))
 
         bulk = _bulk_writer(self._scheduler)
         if bulk is not None and len(tasks) > 1:
             for start in range(0, len(tasks), _BULK_CHUNK):
-                self._ensure_bulk(bulk, tasks[start : start + _BULK_CHUNK], report, one)
+                self._ensure_bulk(bulk, tasks[start : start + _BULK_CHUNK], report, one, replace)
             return report
         if self._concurrency == 1 or len(tasks) == 1:
             for task in tasks:
@@ -170,6 +180,7 @@ class ScheduleWriter:
         tasks: Sequence[Task],
         report: WriteReport,
         one: Callable[[Task], None],
+        replace: bool,
     ) -> None:
         """One ``create_many`` call for ``tasks`` (an execution layer that writes many schedules
         in one transaction: the embedded and procrastinate ones); name clashes are repaired one
@@ -185,7 +196,10 @@ class ScheduleWriter:
             return
         for task, result in zip(tasks, results, strict=True):
             if isinstance(result, Conflict):
-                one(task)  # _ensure replaces the stale schedule of the same name
+                if replace:
+                    one(task)  # _ensure replaces the stale schedule of the same name
+                else:
+                    report.kept.append(task.id)
             else:
                 report.created += 1
 

@@ -338,7 +338,9 @@ class SendWorker:
         provisioning campaign is left to the reconciler, once the provisioner is done)."""
         moved = 0
         if campaign.state is CampaignState.ACTIVE:
-            moved = self._campaigns.catch_up(campaign.id, since=task.send_at)
+            # Waits for the campaign's lease: its holder may be a retry taking one slot, which
+            # would not move this task (and its schedule goes with this invocation).
+            moved = self._campaigns.catch_up(campaign.id, since=task.send_at, wait=REPLAN_WAIT)
         log.warning(
             "task %s due %s is overdue at %s: not sent; %d emails of campaign %s moved",
             task.id, task.send_at.isoformat(), now.isoformat(), moved, campaign.id,
