@@ -276,13 +276,12 @@ def test_a_killed_workers_stalled_work_completes_under_the_stale_policy(
     assert app.provisioner.provision(cid).status == "done"
     with SlowSink(delay=3.0) as slow:
         # The victim sends through the slow sink: when it dies, sends of it are mid-DATA.
-        envs = [
-            _env(postgres_url, slow.url(), **timing),
-            _env(postgres_url, smtp_sink.url(), **timing),
-            _env(postgres_url, smtp_sink.url(), **timing),
-        ]
-        with _fleet(tmp_path, postgres_url, envs) as workers:
+        # It starts alone, so the other two cannot drain the backlog before it is up.
+        with _fleet(tmp_path, postgres_url, [_env(postgres_url, slow.url(), **timing)]) as workers:
             assert slow.in_data.wait(60), "the victim never started a send"
+            for _ in range(2):
+                workers.start(_env(postgres_url, smtp_sink.url(), **timing))
+            workers.wait_registered(3 * _ROWS_PER_PROCESS)
             victim = workers.procs[0]
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(10)
