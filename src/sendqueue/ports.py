@@ -148,6 +148,11 @@ class TaskStore(Protocol):
 
     def get_task(self, task_id: str) -> Task | None: ...
 
+    def get_tasks(self, task_ids: Collection[str]) -> dict[str, Task]:
+        """The tasks of ``task_ids`` that exist, by id (an unknown id is left out), each as
+        current as :meth:`get_task` would read it; a batch of reads, not one per id."""
+        ...
+
     def transition(
         self,
         task_id: str,

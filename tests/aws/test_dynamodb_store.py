@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import pytest
 from botocore.config import Config
@@ -27,6 +27,9 @@ from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import task_id
 from tests.contract.test_task_store import campaign, make_task, recipients
 from tests.support.aws import REGION, client, dynamodb_url, reset
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 NO_RETRIES = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=1)
@@ -309,3 +312,54 @@ def test_a_cancelled_transaction_leaves_none_of_its_items(store: DynamoDbTaskSto
     assert kept["v"] == {"N": "1"}
     assert "Item" not in dynamodb.get_item(TableName="sqt", Key={"pk": {"S": "c"}, **key})
     dynamodb.close()
+
+
+class _HalfUnprocessed:
+    """A DynamoDB client whose BatchGetItem answers only the first half of each request's keys
+    and hands the rest back as UnprocessedKeys (as DynamoDB may, under load), or, ``never``
+    processing, none of them."""
+
+    def __init__(self, inner: Any, *, never: bool = False) -> None:
+        self.inner = inner
+        self.never = never
+        self.requests: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def batch_get_item(self, RequestItems: dict[str, Any]) -> dict[str, Any]:
+        [(table, request)] = RequestItems.items()
+        keys = request["Keys"]
+        self.requests.append(len(keys))
+        cut = 0 if self.never else (len(keys) + 1) // 2
+        answered = (
+            self.inner.batch_get_item(RequestItems={table: {**request, "Keys": keys[:cut]}})
+            if cut
+            else {"Responses": {table: []}}
+        )
+        rest = keys[cut:]
+        return {**answered, "UnprocessedKeys": {table: {**request, "Keys": rest}} if rest else {}}
+
+
+def test_get_tasks_asks_again_for_unprocessed_keys_100_at_a_time(
+    store: DynamoDbTaskStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.create_campaign(campaign("c1"), recipients(230))
+    tasks = [make_task("c1", i) for i in range(230)]
+    assert store.insert_tasks(tasks, at=T0) == 230
+    flaky = _HalfUnprocessed(client("dynamodb", url=dynamodb_url()))
+    reader = DynamoDbTaskStore(cast("DynamoDBClient", flaky), "sqt")
+    monkeypatch.setattr(reader, "_backoff", lambda attempt: None)
+    got = reader.get_tasks([t.id for t in tasks])
+    assert got == {t.id: store.get_task(t.id) for t in tasks}
+    # 100, 100 and 30 keys, each request's unprocessed half asked again until none is left
+    assert flaky.requests == [*[100, 50, 25, 12, 6, 3, 1] * 2, 30, 15, 7, 3, 1]
+
+    never = DynamoDbTaskStore(
+        cast("DynamoDBClient", _HalfUnprocessed(flaky.inner, never=True)), "sqt"
+    )
+    monkeypatch.setattr(never, "_backoff", lambda attempt: None)
+    with pytest.raises(StoreUnavailable, match="unprocessed"):
+        never.get_tasks([tasks[0].id])
+    reader.close()
+    never.close()

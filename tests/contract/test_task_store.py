@@ -710,6 +710,23 @@ def test_transition_can_count_a_move(store: TaskStore) -> None:
     assert got.planned_at == task.send_at
 
 
+def test_get_tasks_reads_many_by_id_as_get_task_does(backend: Backend, store: TaskStore) -> None:
+    """More ids than one DynamoDB BatchGetItem takes (100), unknown and repeated ids among
+    them, and changes made through another handle just before: each found task as current
+    as ``get_task`` reads it, the unknown ones left out."""
+    tasks = with_tasks(store, count=250)
+    other = backend.handle()
+    for task in tasks[::7]:
+        drive(other, task.id, S.RUNNING)
+    wanted = [t.id for t in reversed(tasks)] + [tasks[3].id, "c1-nope", task_id("c2", 0)]
+    got = store.get_tasks(wanted)
+    assert sorted(got) == sorted(t.id for t in tasks)
+    assert got == {t.id: store.get_task(t.id) for t in tasks}
+    assert {tid for tid, t in got.items() if t.state is S.RUNNING} == {t.id for t in tasks[::7]}
+    assert store.get_tasks([]) == {}
+    assert store.get_tasks(["c1-nope"]) == {}
+
+
 def test_booked_lists_sent_claimed_and_planned_instants(store: TaskStore) -> None:
     tasks = with_tasks(store, count=6)
     with_tasks(store, "c2", count=2)  # another campaign's sends are not booked
@@ -1062,6 +1079,7 @@ def test_unreachable_backend_raises_store_unavailable(backend: Backend) -> None:
         lambda: store.list_recipients("c1"),
         lambda: store.insert_tasks([make_task("c1", 0)], at=T0),
         lambda: store.get_task("t"),
+        lambda: store.get_tasks(["t"]),
         lambda: store.transition("t", S.PENDING, S.RUNNING, at=T0),
         lambda: store.transition_all("c1", S.PENDING, S.CANCELLED, at=T0),
         lambda: store.reschedule([Move("t", "x", T0, "y")], at=T0, reason="r"),

@@ -183,7 +183,7 @@ def recreate_races_a_re_plan(layer: Layer) -> None:
         app.writer.ensure(current)
         moved.append(current)
 
-    layer.store.arm("get_task", re_planned)  # the pass's first task read is its re-check
+    layer.store.arm("get_tasks", re_planned)  # the re-check reads the candidates' tasks
     report = app.reconciler.run()
     assert moved, "the re-plan did not run between the re-check and the create"
     schedule = app.scheduler.get(expected_schedule_name(task))

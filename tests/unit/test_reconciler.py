@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import timedelta
 
 import pytest
@@ -301,21 +301,20 @@ def test_the_recheck_reads_schedules_through_throttling(concurrency: int) -> Non
 
 
 def test_a_long_recreate_keeps_the_pass_lease() -> None:
-    """The re-check reads each candidate's task one at a time, so a mass repair (a scheduler
-    file lost) takes long; the pass renews its lease chunk by chunk, as it does campaign by
-    campaign, or a second pass could start beside it."""
+    """The re-check reads each candidate's schedule one at a time, so a mass repair (a
+    scheduler file lost) takes long; the pass renews its lease chunk by chunk, as it does
+    campaign by campaign, or a second pass could start beside it."""
     clock = FakeClock(T0)
-    store = InMemoryTaskStore()
     ttl = 120.0
-    app = fake_app(clock=clock, store=store, reconcile_lease_seconds=ttl)
+    app = fake_app(clock=clock, reconcile_lease_seconds=ttl)
     cid = _active(app, 2500)  # three chunks of candidates
-    names = [expected_schedule_name(t) for t in app.store.list_tasks(cid, limit=5000)]
-    for name in names:
-        _fake(app).lose(name)
+    scheduler = _fake(app)
+    for task in app.store.list_tasks(cid, limit=5000):
+        scheduler.lose(expected_schedule_name(task))
     reads = 0
     taken_over: list[bool] = []
 
-    def slow_get_task(task_id: str) -> Task | None:
+    def slow_get(name: str) -> Schedule | None:
         nonlocal reads
         reads += 1
         clock.advance(seconds=ttl * 0.7 / 1000)  # a chunk's reads take 0.7 of the lease
@@ -324,12 +323,40 @@ def test_a_long_recreate_keeps_the_pass_lease() -> None:
                 app.store.acquire_lease("reconciler", "another-pass", ttl_seconds=ttl,
                                         at=clock.now())
             )  # fmt: skip
-        return InMemoryTaskStore.get_task(store, task_id)
+        return FakeScheduler.get(scheduler, name)
 
-    store.get_task = slow_get_task  # type: ignore[method-assign]
+    scheduler.get = slow_get  # type: ignore[method-assign]
     report = app.reconciler.run()
+    assert reads == 2500, "the re-check did not read each candidate's schedule once"
     assert taken_over == [False], "another pass took the lease during this one"
     assert report.missing_schedules_created == 2500, report.as_dict()
+
+
+def test_the_recheck_reads_a_chunk_of_tasks_in_one_call() -> None:
+    """The re-check reads its candidates' tasks a chunk at a time (``get_tasks``), not one
+    round trip each."""
+    store = InMemoryTaskStore()
+    app = fake_app(store=store)
+    cid = _active(app, 1500)  # two chunks of candidates
+    tasks = app.store.list_tasks(cid, limit=5000)
+    for task in tasks[1:]:  # the first keeps its schedule: not a candidate
+        _fake(app).lose(expected_schedule_name(task))
+    batches: list[int] = []
+    singles: list[str] = []
+
+    def get_tasks(task_ids: Collection[str]) -> dict[str, Task]:
+        batches.append(len(task_ids))
+        return InMemoryTaskStore.get_tasks(store, task_ids)
+
+    def get_task(task_id: str) -> Task | None:
+        singles.append(task_id)
+        return InMemoryTaskStore.get_task(store, task_id)
+
+    store.get_tasks = get_tasks  # type: ignore[method-assign]
+    store.get_task = get_task  # type: ignore[method-assign]
+    report = app.reconciler.run()
+    assert report.missing_schedules_created == 1499, report.as_dict()
+    assert batches == [1000, 499] and singles == []
 
 
 def test_a_schedule_made_after_the_recheck_is_not_replaced_by_the_passs_older_read() -> None:

@@ -281,16 +281,14 @@ class Reconciler:
         """
         for start in range(0, len(candidates), _RECHECK_CHUNK):
             if start:
-                self._renew()  # a chunk reads its tasks one at a time: a mass repair is long
+                self._renew()  # a chunk reads each schedule, then its tasks: a mass repair is long
             chunk = candidates[start : start + _RECHECK_CHUNK]
             gone = self._writer.missing([expected_schedule_name(t) for t in chunk])
-            still: list[Task] = []
-            for task in chunk:
-                if expected_schedule_name(task) not in gone:
-                    continue
-                current = self._store.get_task(task.id)  # the store reads one task at a time
-                if current is not None and _same_pending(task, current):
-                    still.append(current)
+            unsure = [t for t in chunk if expected_schedule_name(t) in gone]
+            current = self._store.get_tasks([t.id for t in unsure]) if unsure else {}
+            still = [
+                current[t.id] for t in unsure if t.id in current and _same_pending(t, current[t.id])
+            ]
             report.skipped_in_flight += len(chunk) - len(still)
             if not still:
                 continue

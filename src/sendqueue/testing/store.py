@@ -283,6 +283,10 @@ class InMemoryTaskStore:
     def get_task(self, task_id: str) -> Task | None:
         return self._tasks.get(task_id)
 
+    @_guarded
+    def get_tasks(self, task_ids: Collection[str]) -> dict[str, Task]:
+        return {i: self._tasks[i] for i in task_ids if i in self._tasks}
+
     def transition(
         self,
         task_id: str,

@@ -269,6 +269,9 @@ class SqlTaskStore(SideTables):
     @abstractmethod
     def get_task(self, task_id: str) -> Task | None: ...
 
+    @abstractmethod
+    def get_tasks(self, task_ids: Collection[str]) -> dict[str, Task]: ...
+
     def transition(
         self,
         task_id: str,

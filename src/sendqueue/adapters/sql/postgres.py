@@ -9,7 +9,7 @@ Why: docs/performance.md, "SQL store: why the code looks this way".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -344,6 +344,15 @@ class PostgresTaskStore(SqlTaskStore):
             return task_from_row(found[0]) if found else None
 
         return self._run("get task", run)
+
+    def get_tasks(self, task_ids: Collection[str]) -> dict[str, Task]:
+        sql = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ANY(%s::varchar[])"
+
+        def run(db: Any) -> dict[str, Task]:
+            found = db.execute(sql, (list(task_ids),)).fetchall()
+            return {task.id: task for task in map(task_from_row, found)}
+
+        return self._run("get tasks", run)
 
     def _transition(
         self,
