@@ -29,7 +29,7 @@ from sendqueue.adapters.procrastinate.jobs import priority
 from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
 from sendqueue.adapters.procrastinate.schema import conninfo_from_url
 from sendqueue.bootstrap import bootstrap
-from sendqueue.domain.errors import Conflict
+from sendqueue.domain.errors import Conflict, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
 from sendqueue.ports import CreateArgs, Schedule
@@ -90,6 +90,36 @@ def test_each_item_is_written_where_and_as_create_writes_it(postgres_url: str) -
     assert isinstance(near, Schedule)
     assert jobs[1][1:6] == ("g", "sendqueue.fire", priority(near.due_at), near.due_at, "todo")
     assert [scheduler.get(s.name) for s in made if isinstance(s, Schedule)] == list(made)
+    scheduler.close()
+
+
+def test_a_clash_procrastinate_finds_for_the_whole_batch_is_a_scheduler_error(
+    postgres_url: str,
+) -> None:
+    """A waiting job of another task holds a name's queueing lock: the lookup of existing
+    schedules does not see it, and procrastinate's batch defer refuses the whole batch without
+    naming the item. That is not a Conflict in a slot; per the port the batch raises
+    SchedulerError (the schedule writer then writes item by item) and writes nothing."""
+    clock = FakeClock(SystemClock().now().replace(microsecond=0))
+    scheduler = ProcrastinateScheduler(postgres_url, clock=clock, reconcile_interval=None)
+    at = (clock.now() + timedelta(seconds=60)).replace(tzinfo=None)
+    items: list[CreateArgs] = [
+        (name, "g", at, "UTC", {"task_id": name}, "tok", 3) for name in ("x-1", "x-2", "x-3")
+    ]
+    _query(
+        postgres_url,
+        "INSERT INTO procrastinate_jobs (queue_name, task_name, queueing_lock, args) "
+        "VALUES ('other', 'other.task', 'x-2', '{}') RETURNING id",
+    )
+    with pytest.raises(SchedulerError, match="x-2") as raised:
+        scheduler.create_many(items)
+    assert not isinstance(raised.value, Conflict)
+    assert _places(postgres_url) == Counter({"x-2": 1}), "the failed batch wrote something"
+    # One by one, as the schedule writer goes on: the clash is create's own Conflict.
+    assert isinstance(scheduler.create(*items[0]), Schedule)
+    with pytest.raises(Conflict, match="x-2"):
+        scheduler.create(*items[1])
+    assert isinstance(scheduler.create(*items[2]), Schedule)
     scheduler.close()
 
 

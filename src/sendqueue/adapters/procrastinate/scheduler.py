@@ -36,7 +36,7 @@ from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.procrastinate.jobs import Jobs
 from sendqueue.adapters.procrastinate.schema import conninfo_from_url, upgrade_schema
 from sendqueue.adapters.procrastinate.worker import Worker
-from sendqueue.domain.errors import Conflict, NotFound
+from sendqueue.domain.errors import Conflict, NotFound, SchedulerError
 from sendqueue.domain.models import DeadLetter, new_token, utc
 from sendqueue.ports import Alarm, Clock, CreateArgs, Schedule, Target
 
@@ -153,8 +153,10 @@ class ProcrastinateScheduler:
         (the new schedule, the existing one for the same token, or the Conflict, returned).
 
         A repeated name within the batch behaves as two calls. InvalidField and SchedulerError
-        raise, and nothing is written. Four statements per batch: the name locks, one lookup
-        of the existing names, a batch defer, a multi-row insert of the parked ones.
+        raise, and nothing is written; a clash that procrastinate finds only for the batch as a
+        whole (its queueing lock) is a SchedulerError, the caller then writes item by item.
+        Four statements per batch: the name locks, one lookup of the existing names, a batch
+        defer, a multi-row insert of the parked ones.
         """
         now = self.clock.now()
         schedules = [rules.build_schedule(*item, created_at=now) for item in items]
@@ -178,7 +180,14 @@ class ProcrastinateScheduler:
                     out.append(
                         Conflict(f"schedule {schedule.name!r} exists with another client token")
                     )
-            self._jobs.place_many(conn, fresh, self.clock.now())
+            try:
+                self._jobs.place_many(conn, fresh, self.clock.now())
+            except Conflict as exc:
+                # procrastinate refused the batch defer (a waiting job holds one of the names'
+                # queueing locks) without saying which item: the batch fails as a whole.
+                raise SchedulerError(
+                    f"procrastinate scheduler: create schedules failed: {exc}"
+                ) from exc
         return out
 
     def delete(self, name: str) -> None:
