@@ -26,13 +26,10 @@ from typing import Any
 
 from bench.common import alternate, summarize
 
-__all__ = ["TARGET", "run"]
+__all__ = ["OLD_LOCK_KEY", "TARGET", "prepare", "run", "use_locked_statement"]
 
 #: "after" must reach this many times the transactions per second of "before".
 TARGET = 3.0
-
-#: The lock key the store took before issue 16 ("sq" + 2).
-_OLD_LOCK_KEY = 0x7371_0002
 
 _CID = "bench"
 
@@ -41,20 +38,23 @@ _CID = "bench"
 _PAGE = 1000
 _POLL_SECONDS = 0.05
 
+#: The global change-log lock's key before issue 16 ("sq" + 2).
+OLD_LOCK_KEY = 0x7371_0002
 
-def _locked_statement() -> str:
-    """The store's transition statement with the pre-issue-16 lock put back: taken (once the
-    compare-and-set matched) right before the change-log INSERT, held through the commit."""
-    from sendqueue.adapters.sql import postgres as pg
-
-    statement = pg._TRANSITION.replace(
-        " logged AS (",
-        f" locked AS (SELECT campaign_id, id, pg_advisory_xact_lock({_OLD_LOCK_KEY})"
-        " FROM moved), logged AS (",
-    ).replace("%s::text FROM moved)", "%s::text FROM locked)")
-    if "FROM locked)" not in statement:
-        raise RuntimeError("the store's transition statement changed shape; update the bench")
-    return statement
+#: The "before" anchor: the store's transition statement with the global change-log lock, as
+#: ``_TRANSITION`` in src/sendqueue/adapters/sql/postgres.py at commit 7166b7d (the parent of
+#: 98bb111, which removed the lock): the CAS UPDATE, then the lock (taken only if a row
+#: matched), then the change-log INSERT. ``{columns}`` is filled in (the same columns then and
+#: now), ``{sets}`` per call.
+_LOCKED_TRANSITION = (
+    "WITH moved AS (UPDATE tasks SET {{sets}} WHERE id = %s AND state = %s"
+    " RETURNING {columns}),"
+    f" locked AS (SELECT campaign_id, id, pg_advisory_xact_lock({OLD_LOCK_KEY})"
+    " FROM moved),"
+    " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
+    " SELECT campaign_id, id, %s, %s, %s::timestamptz, %s::text FROM locked)"
+    " SELECT {columns} FROM moved"
+)
 
 
 def _task(position: int, at: datetime) -> Any:
@@ -74,7 +74,7 @@ def _task(position: int, at: datetime) -> Any:
     )
 
 
-def _prepare(url: str, tasks: int) -> None:
+def prepare(url: str, tasks: int) -> None:
     from sendqueue.adapters.sql import open_store
     from sendqueue.domain.lifecycle import CampaignState as C
     from sendqueue.domain.models import Campaign
@@ -100,12 +100,11 @@ def measure(url: str, *, writers: int, per_writer: int, locked: bool) -> dict[st
     from sendqueue.domain.lifecycle import TaskState as S
     from sendqueue.domain.models import TaskChanges, task_id
 
-    _prepare(url, writers * per_writer)
+    prepare(url, writers * per_writer)
     handles = [PostgresTaskStore(url, upgrade=False, pg_idle_connections=1) for _ in range(writers)]
     if locked:
-        statement = _locked_statement()
         for h in handles:
-            _use_locked_statement(h, statement)
+            use_locked_statement(h)
     reader = PostgresTaskStore(url, upgrade=False, pg_idle_connections=1)
     start_id = reader.last_change_id()
     errors: list[BaseException] = []
@@ -182,10 +181,12 @@ def measure(url: str, *, writers: int, per_writer: int, locked: bool) -> dict[st
         reader.close()
 
 
-def _use_locked_statement(store: Any, statement: str) -> None:
+def use_locked_statement(store: Any) -> None:
     """Point ``store``'s transitions at the pre-issue-16 statement (same parameters)."""
     from sendqueue.adapters.sql import postgres as pg
-    from sendqueue.adapters.sql.rows import task_from_row
+    from sendqueue.adapters.sql.rows import TASK_COLUMNS, task_from_row
+
+    statement = _LOCKED_TRANSITION.format(columns=TASK_COLUMNS)
 
     def transition(
         task_id: str,

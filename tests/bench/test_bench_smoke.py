@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -335,10 +336,51 @@ def test_changelog() -> None:
         True,
     )
     _targets(result)
-    # the anchor is the store's own statement with the old lock put back
-    assert "pg_advisory_xact_lock" in changelog._locked_statement()
     rows = render_markdown({"machine": _MACHINE, "benchmarks": {"changelog": result}})
     assert "| 8 change-log writes, 3 writer threads, PostgreSQL: tx/s |" in rows
+
+
+@pytest.mark.postgres
+def test_changelog_anchor_queues_every_write_on_the_old_global_lock() -> None:
+    """The "before" statement (a literal of the pre-issue-16 store) still works on today's
+    schema, and a transition waits while another transaction holds the old lock."""
+    import threading
+
+    import psycopg
+
+    from sendqueue.adapters.procrastinate.schema import conninfo_from_url
+    from sendqueue.adapters.sql import PostgresTaskStore
+    from sendqueue.domain.lifecycle import TaskState as S
+    from sendqueue.domain.models import task_id
+
+    with postgres_database() as url:
+        changelog.prepare(url, 1)
+        store = PostgresTaskStore(url, upgrade=False, pg_idle_connections=1)
+        changelog.use_locked_statement(store)
+        moved: list[object] = []
+        with psycopg.connect(conninfo_from_url(url)) as holder:
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (changelog.OLD_LOCK_KEY,))
+            claim = threading.Thread(
+                target=lambda: moved.append(
+                    store.transition(
+                        task_id("bench", 0), S.PENDING, S.RUNNING, at=datetime.now(UTC)
+                    )
+                )
+            )
+            claim.start()
+            waiting = 0
+            for _ in range(200):
+                waiting = holder.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                ).fetchone()[0]  # type: ignore[index]
+                if waiting or not claim.is_alive():
+                    break
+                claim.join(0.05)
+            assert waiting == 1 and moved == [], "the transition did not wait for the lock"
+        claim.join(10)  # the holder's transaction ended with its connection
+        store.close()
+    [task] = moved
+    assert task is not None and task.state is S.RUNNING  # type: ignore[attr-defined]
 
 
 def test_the_runner_writes_both_result_files(tmp_path: Path) -> None:
