@@ -57,28 +57,12 @@ _LOCKED_TRANSITION = (
 )
 
 
-def _task(position: int, at: datetime) -> Any:
-    from sendqueue.domain.models import Task, task_id
-
-    return Task(
-        id=task_id(_CID, position),
-        campaign_id=_CID,
-        position=position,
-        email=f"r{position}@example.com",
-        name="",
-        subject="s",
-        text="t",
-        html=None,
-        send_at=at,
-        token=f"t{position}",
-    )
-
-
 def prepare(url: str, tasks: int) -> None:
     from sendqueue.adapters.sql import open_store
     from sendqueue.domain.lifecycle import CampaignState as C
     from sendqueue.domain.models import Campaign
     from sendqueue.domain.policy import SendingPolicy
+    from sendqueue.testing.tasks import bare_task
 
     now = datetime.now(UTC)
     with open_store(url) as store:
@@ -88,7 +72,7 @@ def prepare(url: str, tasks: int) -> None:
             ),
             [],
         )
-        store.insert_tasks([_task(i, now) for i in range(tasks)], at=now)
+        store.insert_tasks([bare_task(_CID, i, now) for i in range(tasks)], at=now)
         store.set_campaign_state(_CID, {C.DRAFT}, C.PROVISIONING, at=now)
         store.set_campaign_state(_CID, {C.PROVISIONING}, C.ACTIVE, at=now)
 

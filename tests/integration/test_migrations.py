@@ -22,8 +22,9 @@ from sendqueue.adapters.sql import migrate, open_store
 from sendqueue.adapters.sql.schema import create_store_engine, metadata
 from sendqueue.domain.errors import InvalidField, StoreUnavailable
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.domain.models import Campaign, Task, task_id
+from sendqueue.domain.models import Campaign, task_id
 from sendqueue.domain.policy import SendingPolicy
+from sendqueue.testing.tasks import bare_task
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 TABLES = set(metadata.tables)
@@ -266,22 +267,7 @@ def test_processes_claiming_the_same_tasks_never_both_win(url: str) -> None:
     with open_store(url) as store:
         store.create_campaign(a_campaign(), [])
         store.insert_tasks(
-            [
-                Task(
-                    id=ids[i],
-                    campaign_id="c1",
-                    position=i,
-                    email=f"r{i}@example.com",
-                    name="",
-                    subject="s",
-                    text="t",
-                    html=None,
-                    send_at=T0 + timedelta(seconds=i),
-                    token=f"t{i}",
-                )
-                for i in range(count)
-            ],
-            at=T0,
+            [bare_task("c1", i, T0 + timedelta(seconds=i)) for i in range(count)], at=T0
         )
         start = store.last_change_id()
 

@@ -23,6 +23,7 @@ from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, Move, Recipient, Task, task_id
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.ports import TaskStore
+from sendqueue.testing.tasks import bare_task
 from sendqueue.web.stream import ChangeBroker
 from tests.conftest import POSTGRES_ADMIN_URL
 from tests.support.app import T0
@@ -57,18 +58,7 @@ def _campaign(store: PostgresTaskStore, cid: str, count: int) -> list[Task]:
 
 
 def _task(cid: str, position: int) -> Task:
-    return Task(
-        id=task_id(cid, position),
-        campaign_id=cid,
-        position=position,
-        email=f"r{position}@example.com",
-        name="",
-        subject="s",
-        text="t",
-        html=None,
-        send_at=T0 + timedelta(minutes=position),
-        token=f"tok{position}",
-    )
+    return bare_task(cid, position, T0 + timedelta(minutes=position))
 
 
 def _everything(
