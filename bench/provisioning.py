@@ -32,7 +32,7 @@ import shutil
 import sqlite3
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -148,20 +148,42 @@ def _task_rows(recipients: list[tuple[Any, ...]], campaign_id: str) -> list[tupl
     return rows
 
 
-def _schedule_rows(tasks: list[tuple[Any, ...]], campaign_id: str) -> list[tuple[Any, ...]]:
-    created = int(time.time() * 1_000_000)
-    rows = []
+def _schedules(tasks: list[tuple[Any, ...]]) -> Iterator[tuple[str, int, str, dict[str, str]]]:
+    """(name, position, client token, payload) of each task row's schedule, as the schedule
+    writer makes them."""
     for task in tasks:
         task_id, position, token = task[0], task[2], task[10]
-        payload = json.dumps({"kind": "send", "task_id": task_id, "token": token}, sort_keys=True)
-        due = 1_767_600_000_000_000 + position * 1_000_000
-        rows.append(
-            (
-                f"sq-{task_id}-0", f"sq-{campaign_id}", "2026-01-05T09:00:00", "Europe/Berlin",
-                payload, token, due, 2, 0, created,
-            )
-        )  # fmt: skip
-    return rows
+        yield (
+            f"sq-{task_id}-0",
+            position,
+            token,
+            {"kind": "send", "task_id": task_id, "token": token},
+        )
+
+
+def _schedule_rows(tasks: list[tuple[Any, ...]], campaign_id: str) -> list[tuple[Any, ...]]:
+    """The embedded scheduler's rows of ``tasks``' schedules."""
+    created = int(time.time() * 1_000_000)
+    due = 1_767_600_000_000_000  # microseconds, one second apart
+    return [
+        (
+            name, f"sq-{campaign_id}", "2026-01-05T09:00:00", "Europe/Berlin",
+            json.dumps(payload, sort_keys=True), token, due + position * 1_000_000, 2, 0, created,
+        )
+        for name, position, token, payload in _schedules(tasks)
+    ]  # fmt: skip
+
+
+def _recipient_rows(conn: Any, campaign_id: str, mark: str) -> list[tuple[Any, ...]]:
+    """The campaign's recipients as :func:`_task_rows` takes them (``mark``: the driver's
+    parameter mark); the read is committed, so the timed transaction starts clean."""
+    rows = conn.execute(
+        "SELECT position, email, name, subject, text, html FROM recipients "
+        f"WHERE campaign_id = {mark} ORDER BY position",
+        (campaign_id,),
+    ).fetchall()
+    conn.commit()
+    return list(rows)
 
 
 _TASK_INSERT = (
@@ -185,24 +207,15 @@ def child_raw(store_url: str, scheduler_file: str, campaign_id: str) -> dict[str
         import psycopg
 
         conn: Any = psycopg.connect(store_url.replace("postgresql+psycopg", "postgresql", 1))
-        recipients = conn.execute(
-            "SELECT position, email, name, subject, text, html FROM recipients "
-            "WHERE campaign_id = %s ORDER BY position",
-            (campaign_id,),
-        ).fetchall()
-        conn.commit()
-        marks = ", ".join(["%s"] * 18)
+        mark = "%s"
     else:
         path = store_url.removeprefix("sqlite:///")
         conn = sqlite3.connect(path, isolation_level=None)
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
-        recipients = conn.execute(
-            "SELECT position, email, name, subject, text, html FROM recipients "
-            "WHERE campaign_id = ? ORDER BY position",
-            (campaign_id,),
-        ).fetchall()
-        marks = ", ".join(["?"] * 18)
+        mark = "?"
+    recipients = _recipient_rows(conn, campaign_id, mark)
+    marks = ", ".join([mark] * 18)
     tasks = _task_rows(recipients, campaign_id)
     schedules = _schedule_rows(tasks, campaign_id)
     sched = sqlite3.connect(scheduler_file, isolation_level=None)
@@ -268,31 +281,23 @@ def child_raw_procrastinate(store_url: str, campaign_id: str) -> dict[str, Any]:
     horizon = now + timedelta(seconds=300)  # the adapter's default
     zone = ZoneInfo(campaign.policy.timezone)
     conn: Any = psycopg.connect(store_url.replace("postgresql+psycopg", "postgresql", 1))
-    recipients = conn.execute(
-        "SELECT position, email, name, subject, text, html FROM recipients "
-        "WHERE campaign_id = %s ORDER BY position",
-        (campaign_id,),
-    ).fetchall()
-    conn.commit()
-    tasks = _task_rows(recipients, campaign_id)
+    tasks = _task_rows(_recipient_rows(conn, campaign_id, "%s"), campaign_id)
     group = schedule_group(campaign_id)
     jobs: list[tuple[Any, ...]] = []
     parked: list[tuple[Any, ...]] = []
     stamp = now.isoformat()
-    for task in tasks:
-        task_id, position, token = task[0], task[2], task[10]
+    for name, position, token, payload in _schedules(tasks):
         due = sends[position]
         args = {
-            "name": f"sq-{task_id}-0", "group": group,
+            "name": name, "group": group,
             "at_local": due.astimezone(zone).replace(tzinfo=None).isoformat(),
-            "timezone": campaign.policy.timezone,
-            "payload": {"kind": "send", "task_id": task_id, "token": token},
+            "timezone": campaign.policy.timezone, "payload": payload,
             "client_token": token, "max_retries": 2, "created_at": stamp,
         }  # fmt: skip
         if due <= horizon:
-            jobs.append((group, FIRE_TASK, priority(due), args["name"], Jsonb(args), due))
+            jobs.append((group, FIRE_TASK, priority(due), name, Jsonb(args), due))
         else:
-            parked.append((args["name"], group, due, Jsonb(args)))
+            parked.append((name, group, due, Jsonb(args)))
 
     cpu = cpu_seconds()
     started = time.perf_counter()
