@@ -4,7 +4,7 @@ handler. The same scenarios as the fakes, the embedded layer and procrastinate."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -19,13 +19,7 @@ from tests.support.app import LENIENT_LATENESS, T0
 from tests.support.aws import SCHEDULE_GROUP, client, dynamodb_url, eventbridge, world
 from tests.support.eventbridge_player import EventBridgePlayer, FakeContext
 from tests.support.faults import Meanwhile
-from tests.support.reconciler_race import (
-    Layer,
-    listing_races_a_send,
-    stale_read_races_the_worker,
-)
-
-Build = Callable[..., Layer]
+from tests.support.reconciler_race import Build, Layer, RaceScenarios
 
 
 @pytest.fixture
@@ -78,17 +72,5 @@ def build() -> Iterator[Build]:
         layer.app.close()
 
 
-@pytest.mark.parametrize("lost", [False, True], ids=["race-only", "race-and-a-real-loss"])
-def test_a_schedule_that_went_with_its_sent_task_is_not_recreated(
-    build: Build, lost: bool, caplog: pytest.LogCaptureFixture
-) -> None:
-    listing_races_a_send(build(), caplog, lost=lost)
-
-
-@pytest.mark.parametrize("policy", ["retry", "fail"])
-@pytest.mark.parametrize("meanwhile", ["finished", "reclaimed"])
-def test_a_stale_task_that_moved_on_since_the_read_is_left_alone(
-    build: Build, policy: str, meanwhile: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    layer = build(stale_policy=policy, stale_after=900)
-    stale_read_races_the_worker(layer, caplog, meanwhile=meanwhile)
+class TestRacesOnAws(RaceScenarios):
+    """The scenarios of tests/support/reconciler_race.py on DynamoDB and EventBridge."""

@@ -1,11 +1,11 @@
 """The reconciler racing a sending worker (issue 16) on real layers: the embedded one (SQLite
 store and scheduler) and procrastinate on PostgreSQL (the store in the same database), each
 dispatched with its own ``fire_due`` on a fake clock. The fakes run the same scenarios in
-``tests/unit/test_reconciler.py``, EventBridge on moto in ``tests/aws/test_lambda.py``."""
+``tests/unit/test_reconciler.py``, EventBridge on moto in ``tests/aws/test_reconciler_race.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +20,7 @@ from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from tests.support.app import LENIENT_LATENESS, T0
 from tests.support.faults import Meanwhile
-from tests.support.reconciler_race import (
-    Layer,
-    listing_races_a_send,
-    recreate_races_a_re_plan,
-    stale_read_races_the_worker,
-)
-
-Build = Callable[..., Layer]
+from tests.support.reconciler_race import Build, Layer, RaceScenarios, fired_through
 
 
 def _layer(clock: FakeClock, database_url: str, opened: list[Layer], **settings: Any) -> Layer:
@@ -42,18 +35,7 @@ def _layer(clock: FakeClock, database_url: str, opened: list[Layer], **settings:
     values.update(settings)
     app = bootstrap(Settings(**values), clock=clock, store=store, mailer=mailer)
     fire_due: Callable[[Target], int] = app.scheduler.fire_due  # type: ignore[attr-defined]
-
-    def fire() -> list[str]:
-        invoked: list[str] = []
-
-        def target(payload: Mapping[str, str]) -> None:
-            invoked.append(payload["task_id"])
-            app.invoke(payload)
-
-        fire_due(target)
-        return invoked
-
-    layer = Layer(app, store, clock, mailer, fire)
+    layer = Layer(app, store, clock, mailer, fired_through(app, fire_due))
     opened.append(layer)
     return layer
 
@@ -83,23 +65,5 @@ def build(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Build]:
         layer.app.close()
 
 
-@pytest.mark.parametrize("lost", [False, True], ids=["race-only", "race-and-a-real-loss"])
-def test_a_schedule_that_went_with_its_sent_task_is_not_recreated(
-    build: Build, lost: bool, caplog: pytest.LogCaptureFixture
-) -> None:
-    listing_races_a_send(build(), caplog, lost=lost)
-
-
-@pytest.mark.parametrize("policy", ["retry", "fail"])
-@pytest.mark.parametrize("meanwhile", ["finished", "reclaimed"])
-def test_a_stale_task_that_moved_on_since_the_read_is_left_alone(
-    build: Build, policy: str, meanwhile: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    layer = build(stale_policy=policy, stale_after=900)
-    stale_read_races_the_worker(layer, caplog, meanwhile=meanwhile)
-
-
-def test_a_schedule_made_after_the_recheck_is_not_replaced_by_the_passs_older_read(
-    build: Build,
-) -> None:
-    recreate_races_a_re_plan(build())
+class TestRacesOnRealLayers(RaceScenarios):
+    """The scenarios of tests/support/reconciler_race.py, on each layer of ``build``."""

@@ -7,13 +7,17 @@ twice and the log warned of repairs that never happened. Here a :class:`Meanwhil
 the layer's dispatcher fire the due schedules right after the reconciler's listing, so the race
 happens every time. The stale-Running path gets the same treatment: the task a pass read as
 stale finishes, or is given back and claimed again, before the pass acts on it.
+
+:class:`RaceScenarios` holds the scenarios as tests; each layer's test module subclasses it
+beside a ``build`` fixture (the fakes, the embedded layer and procrastinate, DynamoDB with
+EventBridge).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -22,13 +26,17 @@ import pytest
 from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Move, Task, expected_schedule_name, new_token
+from sendqueue.ports import Target
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from tests.support.app import csv_bytes, open_policy
 from tests.support.faults import Meanwhile
 
 __all__ = [
+    "Build",
     "Layer",
+    "RaceScenarios",
+    "fired_through",
     "listing_races_a_send",
     "recreate_races_a_re_plan",
     "stale_read_races_the_worker",
@@ -51,6 +59,27 @@ class Layer:
     clock: FakeClock
     mailer: RecordingMailer
     fire: Callable[[], list[str]]
+
+
+#: A test module's ``build`` fixture: makes a :class:`Layer`, its keyword arguments settings.
+Build = Callable[..., Layer]
+
+
+def fired_through(app: Container, fire_due: Callable[[Target], object]) -> Callable[[], list[str]]:
+    """:attr:`Layer.fire` for a layer dispatched by ``fire_due(target)``: each due schedule to
+    ``app``'s send worker, the ids of the tasks invoked returned."""
+
+    def fire() -> list[str]:
+        invoked: list[str] = []
+
+        def target(payload: Mapping[str, str]) -> None:
+            invoked.append(payload["task_id"])
+            app.invoke(payload)
+
+        fire_due(target)
+        return invoked
+
+    return fire
 
 
 def _campaign(layer: Layer, count: int) -> list[Task]:
@@ -189,3 +218,27 @@ def recreate_races_a_re_plan(layer: Layer) -> None:
     schedule = app.scheduler.get(expected_schedule_name(task))
     assert schedule is not None and schedule.client_token == moved[0].token
     assert (report.missing_schedules_created, report.skipped_in_flight) == (0, 1), report.as_dict()
+
+
+class RaceScenarios:
+    """The scenarios as tests, for a test module to subclass (as ``Test...``) beside its own
+    ``build`` fixture (a :data:`Build`), one per layer."""
+
+    @pytest.mark.parametrize("lost", [False, True], ids=["race-only", "race-and-a-real-loss"])
+    def test_a_schedule_that_went_with_its_sent_task_is_not_recreated(
+        self, build: Build, lost: bool, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        listing_races_a_send(build(), caplog, lost=lost)
+
+    @pytest.mark.parametrize("policy", ["retry", "fail"])
+    @pytest.mark.parametrize("meanwhile", ["finished", "reclaimed"])
+    def test_a_stale_task_that_moved_on_since_the_read_is_left_alone(
+        self, build: Build, policy: str, meanwhile: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        layer = build(stale_policy=policy, stale_after=900)
+        stale_read_races_the_worker(layer, caplog, meanwhile=meanwhile)
+
+    def test_a_schedule_made_after_the_recheck_is_not_replaced_by_the_passs_older_read(
+        self, build: Build
+    ) -> None:
+        recreate_races_a_re_plan(build())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from datetime import timedelta
 
 import pytest
@@ -20,12 +20,7 @@ from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
 from tests.support.app import T0, csv_bytes, fake_app, open_policy
 from tests.support.faults import FlakyScheduler, Meanwhile
-from tests.support.reconciler_race import (
-    Layer,
-    listing_races_a_send,
-    recreate_races_a_re_plan,
-    stale_read_races_the_worker,
-)
+from tests.support.reconciler_race import Build, Layer, RaceScenarios, fired_through
 
 
 def _active(app: Container, count: int, start_hours: float = 24) -> str:
@@ -233,35 +228,16 @@ def _racing_fake_layer(**settings: object) -> Layer:
     scheduler = FakeScheduler(clock, seed=1)
     mailer = RecordingMailer()
     app = fake_app(clock=clock, store=store, scheduler=scheduler, mailer=mailer, **settings)
-
-    def fire() -> list[str]:
-        invoked: list[str] = []
-
-        def target(payload: Mapping[str, str]) -> None:
-            invoked.append(payload["task_id"])
-            app.invoke(payload)
-
-        scheduler.fire_due(target)
-        return invoked
-
-    return Layer(app, store, clock, mailer, fire)
+    return Layer(app, store, clock, mailer, fired_through(app, scheduler.fire_due))
 
 
-@pytest.mark.parametrize("lost", [False, True], ids=["race-only", "race-and-a-real-loss"])
-def test_a_schedule_that_went_with_its_sent_task_is_not_recreated(
-    lost: bool, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Issue 16: tasks sent between the pass's listing and its repair are left alone."""
-    listing_races_a_send(_racing_fake_layer(), caplog, lost=lost)
+@pytest.fixture
+def build() -> Build:
+    return _racing_fake_layer
 
 
-@pytest.mark.parametrize("policy", ["retry", "fail"])
-@pytest.mark.parametrize("meanwhile", ["finished", "reclaimed"])
-def test_a_stale_task_that_moved_on_since_the_read_is_left_alone(
-    policy: str, meanwhile: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    layer = _racing_fake_layer(stale_policy=policy, stale_after=900)
-    stale_read_races_the_worker(layer, caplog, meanwhile=meanwhile)
+class TestRacesOnTheFakes(RaceScenarios):
+    """Issue 16: what the pass read changes before it acts (tests/support/reconciler_race.py)."""
 
 
 class _ThrottledGets(FakeScheduler):
@@ -357,7 +333,3 @@ def test_the_recheck_reads_a_chunk_of_tasks_in_one_call() -> None:
     report = app.reconciler.run()
     assert report.missing_schedules_created == 1499, report.as_dict()
     assert batches == [1000, 499] and singles == []
-
-
-def test_a_schedule_made_after_the_recheck_is_not_replaced_by_the_passs_older_read() -> None:
-    recreate_races_a_re_plan(_racing_fake_layer())
