@@ -346,7 +346,7 @@ class PostgresTaskStore(SqlTaskStore):
         return self._run("get task", run)
 
     def get_tasks(self, task_ids: Collection[str]) -> dict[str, Task]:
-        sql = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ANY(%s::varchar[])"
+        sql = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ANY(%b::varchar[])"
 
         def run(db: Any) -> dict[str, Task]:
             found = db.execute(sql, (list(task_ids),)).fetchall()
