@@ -90,12 +90,15 @@ async def _queries(url: str, driver: str) -> AsyncIterator[Any]:
 
 
 def install(url: str) -> None:
-    """pgqueuer's tables, types, triggers and functions, into the database at ``url``."""
+    """pgqueuer's tables, types, triggers and functions, into the database at ``url`` (once:
+    the throughput bench's repeats share a database)."""
     from pgqueuer import Queries
 
     async def go() -> None:
         async with await _connect(url) as conn:
-            await Queries.from_psycopg_connection(conn).install()
+            queries = Queries.from_psycopg_connection(conn)
+            if not await queries.schema_is_installed():
+                await queries.install()
 
     asyncio.run(go())
 

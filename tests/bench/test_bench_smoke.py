@@ -219,7 +219,7 @@ def test_throughput_pgqueuer_prototype(postgres_url: str) -> None:
         result = throughput.run(
             emails=30,
             concurrency=2,
-            repeats=1,
+            repeats=2,  # the repeats share the database: pgqueuer's schema goes in once
             port=port,
             store_urls={label: postgres_url},
             executions={label: "pgqueuer"},
