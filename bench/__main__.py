@@ -28,6 +28,7 @@ from bench import (
     dispatch,
     fleet,
     imports,
+    pgqueuer_proto,
     planner,
     provisioning,
     reconciler,
@@ -49,6 +50,7 @@ BENCHMARKS = (
     "provisioning",
     "dispatch",
     "throughput",
+    "queues",
     "fleet",
     "reconciler",
     "stream",
@@ -88,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--fleet-burst", type=int, default=2_000)
     g.add_argument("--fleet-waiting", type=int, default=20_000,
                    help="jobs waiting in procrastinate for the second pass (0: none)")  # fmt: skip
+    g.add_argument("--noop-jobs", type=int, default=5_000,
+                   help="queues: no-op jobs per run (fire loop against pgqueuer)")  # fmt: skip
     g.add_argument("--workers", type=int, nargs="+", default=[1],
                    help="procrastinate worker processes, one row per count")  # fmt: skip
     g.add_argument("--reconcile-small", type=int, default=100_000)
@@ -113,6 +117,16 @@ def _procrastinate_status(pg_reason: str | None) -> str | None:
     return None
 
 
+def _pgqueuer_status(pg_reason: str | None) -> str | None:
+    """None when the pgqueuer prototype's rows can run here; else why not."""
+    if pg_reason:
+        return pg_reason
+    for module in ("pgqueuer", "asyncpg"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed (pip install -e '.[bench]')"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     chosen = set(args.only or BENCHMARKS)
@@ -122,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     results["postgres"] = {"skipped": pg_reason} if pg_reason else {"url": "127.0.0.1:5432"}
     proc_reason = _procrastinate_status(pg_reason)
     results["procrastinate"] = {"skipped": proc_reason} if proc_reason else {"ran": True}
+    pgq_reason = _pgqueuer_status(pg_reason)
+    results["pgqueuer"] = {"skipped": pgq_reason} if pgq_reason else {"ran": True}
     started = time.monotonic()
     out: dict[str, Any] = results["benchmarks"]
 
@@ -207,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
                     stores[label] = "postgres"
                     executions[label] = "procrastinate"
                     workers[label] = n
+                if not pgq_reason:  # issue 16's measured alternative, beside the layers
+                    label = "pgqueuer prototype, PostgreSQL store"
+                    stores[label] = "postgres"
+                    executions[label] = "pgqueuer"
                 urls = {}
                 for label, kind in stores.items():
                     urls[label] = stack.enter_context(postgres_database()) if kind else ""
@@ -221,6 +241,16 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
         attempt("throughput", run_throughput)
+    if "queues" in chosen and not (pgq_reason or proc_reason):
+        attempt(
+            "queues",
+            lambda: pgqueuer_proto.run_noop(
+                jobs=args.noop_jobs,
+                concurrency=args.concurrency,
+                repeats=args.throughput_repeats,
+                database=postgres_database,
+            ),
+        )
     if "fleet" in chosen:
 
         def run_fleet() -> Any:

@@ -5,16 +5,20 @@ procrastinate child of :mod:`bench.throughput` (one worker process, a due backlo
 SMTP sink on PORT) with timers wrapped around the calls a job goes through: procrastinate's
 ``fetch_job`` / ``finish_job`` (when its worker runs the fire jobs), the fire loop's
 ``settle_and_claim`` and ``heartbeat`` (when it does), the store's ``transition`` (the task's
-claim and finish), the mailer's ``send`` and the whole target. Prints one JSON line: the run's
-figures and, per call, count, mean, p50, p99 and total seconds. Works on any checkout of the
-layer (what is absent is not timed), so the code before and after a change can be compared by
-putting its ``src`` first on ``PYTHONPATH``. The figures in docs/performance.md (issue 16) come
+claim and finish) and reads (``get_task``, ``campaign_state``), the mailer's ``send`` and the
+whole target. ``--execution pgqueuer`` runs the same child on the pgqueuer prototype
+(:mod:`bench.pgqueuer_proto`, its asyncpg statements timed too), ``--execution embedded`` on
+the embedded layer. Prints one JSON line: the run's figures and, per call, count, mean, p50,
+p99 and total seconds. Works on any checkout of the layer (what is absent is not timed), so
+the code before and after a change can be compared by putting its ``src`` first on
+``PYTHONPATH``. The figures in docs/performance.md (issue 16) come
 from this and from py-spy and pg_stat_statements.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import tempfile
@@ -79,8 +83,18 @@ def _instrument() -> None:
     _timed(Jobs, "settle_and_claim", "fire loop settle_and_claim")
     _timed(Jobs, "heartbeat", "fire loop heartbeat")
     _timed(SqlTaskStore, "transition", "store transition (task claim / finish)")
+    with contextlib.suppress(ImportError):  # the reads of a send, on the PostgreSQL store
+        from sendqueue.adapters.sql.postgres import PostgresTaskStore
+
+        _timed(PostgresTaskStore, "get_task", "store get_task (the read before the claim)")
+        _timed(PostgresTaskStore, "campaign_state", "store campaign_state (after the claim)")
     _timed(SmtpMailer, "send", "mailer send (MIME + SMTP)")
     _timed(Container, "invoke", "target (the whole send)")
+    with contextlib.suppress(ImportError):  # the pgqueuer prototype's statements
+        from pgqueuer.adapters.drivers.asyncpg import AsyncpgDriver
+
+        _timed(AsyncpgDriver, "fetch", "pgqueuer fetch (dequeue, probes)")
+        _timed(AsyncpgDriver, "execute", "pgqueuer execute (completions, heartbeats)")
 
 
 def main() -> None:
@@ -89,13 +103,19 @@ def main() -> None:
     parser.add_argument("emails", type=int)
     parser.add_argument("concurrency", type=int)
     parser.add_argument("--store", required=True, help="an empty PostgreSQL database")
+    parser.add_argument(
+        "--execution",
+        choices=["procrastinate", "pgqueuer", "embedded"],
+        default="procrastinate",
+        help="pgqueuer: the prototype of bench.pgqueuer_proto; embedded: the embedded layer",
+    )
     args = parser.parse_args()
     _instrument()
     from bench.throughput import child_sendqueue
 
     with tempfile.TemporaryDirectory(prefix="sq-bench-profile-") as tmp:
         result = child_sendqueue(
-            args.store, Path(tmp), args.port, args.emails, args.concurrency, "procrastinate"
+            args.store, Path(tmp), args.port, args.emails, args.concurrency, args.execution
         )
     calls: dict[str, dict[str, float]] = {}
     for kind, spans in _spans.items():

@@ -143,6 +143,11 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         rows.append(
             ("4 throughput (procrastinate execution layer)", f"skipped: {reason}", "-", "-")
         )
+    if "queues" in b:
+        rows += _queue_rows(b["queues"])
+    pgq_reason = results.get("pgqueuer", {}).get("skipped")
+    if pgq_reason and ("throughput" in b or "queues" in b):
+        rows.append(("4 pgqueuer prototype (issue 16)", f"skipped: {pgq_reason}", "-", "-"))
     if "fleet" in b:
         rows += _fleet_rows(b["fleet"])
     if reason and "fleet" in b:
@@ -201,6 +206,32 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"{c['reader_gaps']} / {c['reader_repeats']}",
                 "-",
                 "-",
+            )
+        )
+    return rows
+
+
+_QUEUE_NAMES = {
+    "fire-loop": "procrastinate layer's fire loop",
+    "pgqueuer": "pgqueuer, asyncpg, job on a thread",
+    "pgqueuer-async": "pgqueuer, asyncpg, async job",
+    "pgqueuer-psycopg": "pgqueuer, psycopg driver, job on a thread",
+}
+
+
+def _queue_rows(q: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The queues alone (issue 16): no-op jobs/s and client CPU per job, against the fire
+    loop."""
+    fire = q["queues"]["fire-loop"]["per_second"]
+    rows = []
+    for name, fig in q["queues"].items():
+        rows.append(
+            (
+                f"4q queue alone, {q['jobs']:,} no-op jobs, {q['concurrency']} threads: "
+                f"jobs/s; client CPU ms/job ({_QUEUE_NAMES.get(name, name)})",
+                f"{_m(fig['per_second'])}; {_m(fig['cpu_ms_per_job'], digits=2)}",
+                f"fire loop: {_m(fire)}",
+                f"{fig['per_second']['median'] / fire['median']:.2f}x",
             )
         )
     return rows

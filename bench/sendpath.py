@@ -10,7 +10,7 @@ every store and execution layer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 from sendqueue.bootstrap import Container
@@ -18,7 +18,7 @@ from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
 from sendqueue.domain.policy import MAX_PER_DAY, SendingPolicy, Window
 
-__all__ = ["add_campaign", "task_times", "wait_sent"]
+__all__ = ["add_campaign", "task_times", "tasks_of", "wait_sent"]
 
 _CHUNK = 2000
 
@@ -96,19 +96,24 @@ def wait_sent(
     return False
 
 
+def tasks_of(app: Container, cid: str) -> Iterator[Task]:
+    """Every task of ``cid``, in position order, read a page at a time."""
+    after = -1
+    while True:
+        page = app.store.list_tasks(cid, after=after, limit=5000)
+        yield from page
+        if len(page) < 5000:
+            return
+        after = page[-1].position
+
+
 def task_times(app: Container, cid: str) -> tuple[dict[int, float], dict[int, float]]:
     """(position -> claimed_at, position -> sent_at of the Finished ones), epoch seconds."""
     claimed: dict[int, float] = {}
     sent: dict[int, float] = {}
-    after = -1
-    while True:
-        page = app.store.list_tasks(cid, after=after, limit=5000)
-        for task in page:
-            if task.claimed_at is not None:
-                claimed[task.position] = task.claimed_at.timestamp()
-            if task.state is TaskState.FINISHED and task.sent_at is not None:
-                sent[task.position] = task.sent_at.timestamp()
-        if len(page) < 5000:
-            break
-        after = page[-1].position
+    for task in tasks_of(app, cid):
+        if task.claimed_at is not None:
+            claimed[task.position] = task.claimed_at.timestamp()
+        if task.state is TaskState.FINISHED and task.sent_at is not None:
+            sent[task.position] = task.sent_at.timestamp()
     return claimed, sent

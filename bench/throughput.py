@@ -6,6 +6,12 @@ worker`` runs it: the embedded dispatcher fires each schedule, the worker claims
 (Pending -> Running), hands the message to SMTP, and records Finished. Throughput is
 ``emails`` over the time from the dispatcher's start to the last task's ``sent_at``.
 
+With ``--execution pgqueuer`` the same send path behind the pgqueuer prototype
+(:mod:`bench.pgqueuer_proto`, issue 16's measured alternative): the tasks provisioned as above
+(their schedules written to an embedded scheduler that nothing runs), a pgqueuer job due now
+for each enqueued in bulk on the store's PostgreSQL database, and one pgqueuer worker
+(``concurrency`` threads) calling the same target.
+
 With ``--execution procrastinate`` the same on the procrastinate execution layer, as
 ``SENDQUEUE_EXECUTION=procrastinate`` bootstraps it: the task store and procrastinate's jobs on
 one PostgreSQL database, one worker process (procrastinate's worker, ``concurrency`` slots,
@@ -72,13 +78,14 @@ def _backlog_policy(start: datetime) -> SendingPolicy:
 
 
 def _settings(store_url: str, home: Path, port: int, concurrency: int, execution: str) -> Any:
+    """``execution`` pgqueuer: the embedded layer's container (its dispatcher never runs)."""
     from sendqueue.settings import Settings
 
     return Settings(
         _env_file=None,
         database_url=store_url,
         scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
-        execution=execution,
+        execution="embedded" if execution == "pgqueuer" else execution,
         mailer=f"smtp://127.0.0.1:{port}?security=none",
         worker_concurrency=concurrency,
         auto_pause_after=0,
@@ -86,6 +93,34 @@ def _settings(store_url: str, home: Path, port: int, concurrency: int, execution
         # fast as the worker can (what is measured), not spaced out over the campaign's grid
         max_lateness=3 * 3600,
         space_late_sends=False,
+    )
+
+
+def _dispatching(
+    app: Any,
+    stop: threading.Event,
+    execution: str,
+    store_url: str,
+    concurrency: int,
+    *,
+    first: bool,
+) -> threading.Thread:
+    """The thread of a worker process's loop: ``run_worker`` (the embedded dispatcher, as
+    ``sendqueue worker`` runs it, or procrastinate's), or the pgqueuer prototype's worker.
+    ``first``: the measured process (the embedded layer's reconciler kept out of its run)."""
+    from bench.pgqueuer_proto import PgqueuerWorker
+    from sendqueue.runtime import run_worker
+
+    if execution == "pgqueuer":
+        worker = PgqueuerWorker(store_url, concurrency=concurrency)
+        return threading.Thread(target=worker.run, args=(app.invoke, stop), daemon=True)
+    # procrastinate schedules the reconciler itself (a periodic task) and ignores these
+    embedded = {"reconcile_at_start": False, "reconcile_interval": 3600}
+    return threading.Thread(
+        target=run_worker,
+        args=(app, stop),
+        kwargs=embedded if first and execution == "embedded" else {},
+        daemon=True,
     )
 
 
@@ -100,9 +135,9 @@ def child_sendqueue(
 ) -> Any:
     """``workers``: worker processes in all (this one and ``workers - 1`` extra ones, started
     together once each is set up; procrastinate only)."""
+    from bench.pgqueuer_proto import enqueue_campaign
     from bench.sendpath import task_times, wait_sent
     from sendqueue.bootstrap import bootstrap
-    from sendqueue.runtime import run_worker
     from sendqueue.services.demo import demo_csv
     from sendqueue.services.importing import Templates
 
@@ -124,15 +159,10 @@ def child_sendqueue(
     app = bootstrap(settings)
     app.store.get_campaign(cid)
     _ = app.scheduler, app.mailer
+    if execution == "pgqueuer" and enqueue_campaign(app, store_url, cid) != emails:
+        raise AssertionError("not every task was enqueued in pgqueuer")
     stop = threading.Event()
-    # procrastinate schedules the reconciler itself (a periodic task) and ignores these
-    embedded = {"reconcile_at_start": False, "reconcile_interval": 3600}
-    worker = threading.Thread(
-        target=run_worker,
-        args=(app, stop),
-        kwargs=embedded if execution == "embedded" else {},
-        daemon=True,
-    )
+    worker = _dispatching(app, stop, execution, store_url, concurrency, first=True)
     extra_args = [
         "worker", str(port), "0", str(concurrency), "--store", store_url, "--execution", execution
     ]  # fmt: skip
@@ -163,12 +193,11 @@ def child_worker(store_url: str, home: Path, port: int, concurrency: int, execut
     """An extra worker process (``--workers``): set up, ``ready``, sends from ``go`` to
     ``stop`` (:mod:`bench.workers`), then its CPU seconds."""
     from sendqueue.bootstrap import bootstrap
-    from sendqueue.runtime import run_worker
 
     app = bootstrap(_settings(store_url, home, port, concurrency, execution))
     _ = app.scheduler, app.mailer, app.store
     stop = threading.Event()
-    worker = threading.Thread(target=run_worker, args=(app, stop), daemon=True)
+    worker = _dispatching(app, stop, execution, store_url, concurrency, first=False)
     print("ready", flush=True)
     wait_for_line(sys.stdin, "go")
     cpu = cpu_seconds()
@@ -233,7 +262,7 @@ def run(
     """``store_urls``: label -> task store URL (``""`` for a fresh SQLite file per run).
     ``executions``: label -> execution layer (``embedded`` when absent). ``workers``: label ->
     worker processes (1 when absent). Only the embedded layer's rows carry the 0.5x target;
-    the procrastinate rows are reported without one."""
+    the procrastinate and pgqueuer rows are reported without one."""
     layers = {label: (executions or {}).get(label, "embedded") for label in store_urls}
     runs: dict[str, list[dict[str, Any]]] = {"raw": [], **{k: [] for k in store_urls}}
     steps = [("raw", lambda: run_child("bench.throughput", "raw", str(port), str(emails),
@@ -303,7 +332,9 @@ def main() -> None:
     parser.add_argument("emails", type=int)
     parser.add_argument("concurrency", type=int)
     parser.add_argument("--store", default="")
-    parser.add_argument("--execution", choices=["embedded", "procrastinate"], default="embedded")
+    parser.add_argument(
+        "--execution", choices=["embedded", "procrastinate", "pgqueuer"], default="embedded"
+    )
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     if args.side == "raw":

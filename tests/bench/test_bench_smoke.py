@@ -21,6 +21,7 @@ from bench import (
     changelog,
     dispatch,
     fleet,
+    pgqueuer_proto,
     planner,
     provisioning,
     reconciler,
@@ -210,6 +211,36 @@ def test_throughput_procrastinate(postgres_url: str) -> None:
     assert figures["execution"] == "procrastinate"
     assert figures["ratio"] > 0
     assert result["targets"] == []  # none set for procrastinate
+
+
+@pytest.mark.postgres
+def test_throughput_pgqueuer_prototype(postgres_url: str) -> None:
+    label = "pgqueuer prototype"
+    with smtp_sink() as port:
+        result = throughput.run(
+            emails=30,
+            concurrency=2,
+            repeats=2,  # the repeats share the database: pgqueuer's schema goes in once
+            port=port,
+            store_urls={label: postgres_url},
+            executions={label: "pgqueuer"},
+        )
+    figures = result["variants"][label]
+    _summary(figures["per_second"])  # the child raises unless all 30 were sent
+    assert (figures["execution"], figures["workers"]) == ("pgqueuer", 1)
+    assert result["targets"] == []  # a measurement, not a layer: no target
+
+
+@pytest.mark.postgres
+def test_queues_alone_with_a_noop_job() -> None:
+    result = pgqueuer_proto.run_noop(jobs=40, concurrency=2, repeats=1, database=postgres_database)
+    assert set(result["queues"]) == set(pgqueuer_proto.QUEUES)
+    for figures in result["queues"].values():
+        _summary(figures["per_second"])
+        _summary(figures["cpu_ms_per_job"])
+    rows = render_markdown({"machine": _MACHINE, "benchmarks": {"queues": result}})
+    assert "4q queue alone, 40 no-op jobs, 2 threads" in rows
+    assert "(pgqueuer, asyncpg, job on a thread) |" in rows
 
 
 def _worker_children() -> list[str]:
