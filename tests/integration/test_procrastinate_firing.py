@@ -4,7 +4,11 @@
 - a job claimed ahead of its due instant and deleted meanwhile does not fire;
 - a stop gives claimed jobs that did not start back (waiting again, no attempt counted) and
   removes the worker row;
-- a failing invocation is retried with backoff from the fire loop too.
+- a failing invocation is retried with backoff from the fire loop too;
+- a fire thread that ends a job starts the next due held one itself, without a dispatcher
+  round;
+- the jobs a loop holds beyond the running ones stay within what its threads start within
+  ``claim_ahead``.
 """
 
 from __future__ import annotations
@@ -40,28 +44,27 @@ def _local(seconds: float) -> datetime:
 
 @contextmanager
 def _running(
-    scheduler: ProcrastinateScheduler, target: Target, *, lookahead: float | None = None
+    scheduler: ProcrastinateScheduler, target: Target, **loop: Any
 ) -> Iterator[threading.Event]:
-    """The scheduler's dispatcher, or (``lookahead``) a bare fire loop claiming that far ahead,
-    running on a thread until the block ends."""
+    """The scheduler's dispatcher, or (``loop``: options of FireLoop, ``concurrency`` 2 unless
+    given) a bare fire loop, running on a thread until the block ends."""
     stop = threading.Event()
-    if lookahead is None:
+    if not loop:
         thread = threading.Thread(target=scheduler.run, args=(target, stop), daemon=True)
     else:
         worker = scheduler._worker
-        loop = FireLoop(
+        fire_loop = FireLoop(
             worker.jobs,
             lambda job: worker._run_fire_job(job, target),
             conninfo=conninfo_from_url(scheduler.url),
             clock=scheduler.clock,
-            concurrency=2,
             poll_interval=0.2,
             heartbeat_interval=1.0,
             connect_timeout=5.0,
             shutdown_timeout=5.0,
-            lookahead=lookahead,
+            **{"concurrency": 2, **loop},
         )
-        thread = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+        thread = threading.Thread(target=fire_loop.run, args=(stop,), daemon=True)
     thread.start()
     try:
         yield stop
@@ -158,4 +161,74 @@ def test_a_failing_invocation_is_retried_with_backoff_by_the_fire_loop(postgres_
         )  # fmt: skip
     assert calls[1] - calls[0] >= 0.25  # backoff 0.5 s, jittered
     assert scheduler.dead_letters() == []
+    scheduler.close()
+
+
+def test_a_fire_thread_that_ends_a_job_starts_the_next_due_held_one_itself(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One thread, every claim after the first held up: the job held ahead by the first claim
+    still fires when the first job ends (before, the dispatcher handed it over after its next
+    round, so it waited for the held-up claim)."""
+    scheduler = ProcrastinateScheduler(postgres_url, reconcile_interval=None)
+    jobs = scheduler._worker.jobs
+    claim = jobs.settle_and_claim
+    rounds: list[int] = []
+    gate = threading.Event()
+
+    def held_up(*args: Any, **kwargs: Any) -> Any:
+        rounds.append(kwargs["limit"])
+        if len(rounds) > 1:
+            gate.wait(20)
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "settle_and_claim", held_up)
+    for i in range(4):
+        scheduler.create(f"sq-{i}", "g", _local(-1 + i * 0.01), "UTC", {"task_id": str(i)}, "t")
+    fired: list[str] = []
+
+    def target(payload: Mapping[str, str]) -> None:
+        time.sleep(0.1)  # the dispatcher is asleep (or in its next round) when it ends
+        fired.append(payload["task_id"])
+
+    try:
+        with _running(scheduler, target, concurrency=1):
+            wait_until(lambda: len(rounds) > 1, 10, "a second claim, held up")
+            assert rounds[0] == 2  # the idle thread and one job ahead
+            wait_until(lambda: fired == ["0", "1"], 10, "the held job fired without a round")
+            gate.set()
+            wait_until(lambda: len(fired) == 4, 10, "the rest fired after the round")
+    finally:
+        gate.set()
+    assert fired == ["0", "1", "2", "3"]
+    scheduler.close()
+
+
+def test_the_jobs_held_ahead_stay_within_what_the_threads_start_in_claim_ahead(
+    postgres_url: str,
+) -> None:
+    """2 threads, jobs of 0.25 s, claim_ahead 0.1 s: the threads start 0.8 jobs in 0.1 s, so a
+    loop holds at most one claimed job beyond the two running ones (before: two, whatever the
+    job time). Jobs whose target returned but are not deleted yet are not counted."""
+    scheduler = ProcrastinateScheduler(postgres_url, reconcile_interval=None)
+    for i in range(16):
+        scheduler.create(f"sq-{i}", "g", _local(-1), "UTC", {"task_id": str(i)}, "t")
+    ended: set[str] = set()
+
+    def slow(payload: Mapping[str, str]) -> None:
+        time.sleep(0.25)
+        ended.add(payload["task_id"])
+
+    in_hand: list[int] = []
+    with _running(scheduler, slow, claim_ahead=0.1):
+        wait_until(lambda: len(ended) >= 3, 10, "a few jobs timed")
+        while len(ended) < 12:
+            doing = _query(
+                postgres_url,
+                "SELECT args->'payload'->>'task_id' FROM procrastinate_jobs WHERE status = 'doing'",
+            )
+            in_hand.append(len({row[0] for row in doing} - ended))
+            time.sleep(0.01)
+        wait_until(lambda: len(ended) == 16, 10, "every job fired")
+    assert max(in_hand) == 3, in_hand  # 2 running + 1 ahead
     scheduler.close()

@@ -7,13 +7,19 @@ the GIL with the sending threads), and it finishes each job with a transaction o
 
 - **One dispatcher thread** on a connection of its own. One statement per round
   (:meth:`~.jobs.Jobs.settle_and_claim`) deletes the jobs that succeeded since the last round,
-  claims up to ``2 x concurrency`` jobs minus those in hand, due within ``lookahead``, in due
-  order, under ``FOR UPDATE SKIP LOCKED`` (workers never wait for each other; the cost follows
-  the index of waiting jobs by due time, not their number), and reads the due time of the next
-  waiting job. A claimed job waits in the process for its exact due instant.
-- **``concurrency`` fire threads** run the target. A failure is decided and recorded there
-  (retry with backoff, dead letter and alarm), as before; a success is only noted, and the
-  dispatcher deletes it in its next round.
+  claims jobs due within ``lookahead``, in due order, under ``FOR UPDATE SKIP LOCKED``
+  (workers never wait for each other; the cost follows the index of waiting jobs by due time,
+  not their number), and reads the due time of the next waiting job. A claimed job waits in
+  the process (the held jobs) for its exact due instant.
+- **Claim-ahead depth**: a round claims enough for the idle fire threads plus the jobs the
+  threads will start within ``claim_ahead`` seconds (from the mean time a job has taken here),
+  at least 1 and at most ``2 x concurrency`` jobs ahead, and a backlog is claimed again once
+  half of those are started. So a fire thread rarely waits for a round, yet no process holds
+  more than it can start soon: a job held here is a job another worker cannot take.
+- **``concurrency`` fire threads** run the target. When one ends a job it takes the next due
+  held job itself, without waiting for the dispatcher to wake and hand it over. A failure is
+  decided and recorded there (retry with backoff, dead letter and alarm), as before; a
+  success is only noted, and the dispatcher deletes it in its next round.
 - **A listener thread** (LISTEN on procrastinate's ``procrastinate_any_queue_v1`` channel)
   wakes the dispatcher when a job is deferred, and notes abort requests: a job deleted after
   it was claimed ahead, before its due instant, does not fire.
@@ -38,6 +44,7 @@ import contextlib
 import heapq
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -81,12 +88,13 @@ class FireLoop:
         connect_timeout: float,
         shutdown_timeout: float,
         lookahead: float = 0.05,
+        claim_ahead: float = 0.1,
     ) -> None:
         self.jobs = jobs
         self.run_job = run_job
         self.clock = clock
         self.concurrency = concurrency
-        self.capacity = 2 * concurrency
+        self.claim_ahead = claim_ahead
         self.poll_interval = poll_interval
         self.heartbeat_interval = heartbeat_interval
         self.shutdown_timeout = shutdown_timeout
@@ -96,6 +104,9 @@ class FireLoop:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._running = 0
+        self._held: list[tuple[datetime, int, FireJob]] = []  # claimed, not started: by due
+        self._job_seconds: float | None = None  # moving mean of a job's time on a fire thread
+        self._stop = threading.Event()
         self._finished: list[int] = []
         self._inserted = False  # a job was deferred since the last claim
         self._aborted: set[int] = set()
@@ -124,18 +135,51 @@ class FireLoop:
                 self._listen_error = exc
                 self._wake.set()
 
-    def _fire(self, job: FireJob) -> None:
-        delete = False
-        try:
-            delete = self.run_job(job)
-        except Exception:  # run_job records failures; this is a bug: the job is recovered
-            log.exception("schedule job %d: the invocation failed unexpectedly", job.id)
-        finally:
-            with self._lock:
-                self._running -= 1
-                if delete:
-                    self._finished.append(job.id)
-            self._wake.set()
+    def _fire(self, first: FireJob) -> None:
+        """Run ``first``, then each next due held job, until none is due (or the loop stops)."""
+        job: FireJob | None = first
+        while job is not None:
+            delete = False
+            started = time.monotonic()
+            try:
+                delete = self.run_job(job)
+            except Exception:  # run_job records failures; this is a bug: the job is recovered
+                log.exception("schedule job %d: the invocation failed unexpectedly", job.id)
+            finally:
+                took = time.monotonic() - started
+                with self._lock:
+                    mean = self._job_seconds
+                    self._job_seconds = took if mean is None else mean + (took - mean) / 8
+                    if delete:
+                        self._finished.append(job.id)
+                    job = None if self._stop.is_set() else self._take_due()
+                    if job is None:
+                        self._running -= 1
+                self._wake.set()
+
+    def _take_due(self) -> FireJob | None:
+        """The first held job due now, popped (the caller holds the lock and a free thread);
+        a job deleted after it was claimed is dropped on the way."""
+        now = self.clock.now()
+        while self._held and self._held[0][0] <= now:
+            _, _, job = heapq.heappop(self._held)
+            if job.id in self._aborted:  # deleted after it was claimed: not fired
+                self._aborted.discard(job.id)
+                self._finished.append(job.id)
+                continue
+            return job
+        return None
+
+    def _ahead(self) -> int:
+        """How many claimed jobs to hold beyond the running ones: what the fire threads start
+        within ``claim_ahead`` seconds at the mean job time, between 1 and 2 x concurrency
+        (``concurrency`` until a job has been timed)."""
+        with self._lock:
+            mean = self._job_seconds
+        if mean is None:
+            return self.concurrency
+        starts = self.concurrency * self.claim_ahead / max(mean, 1e-6)
+        return max(1, min(2 * self.concurrency, math.ceil(starts)))
 
     def _take_finished(self) -> list[int]:
         with self._lock:
@@ -146,6 +190,7 @@ class FireLoop:
     def run(self, stop: threading.Event) -> None:
         """Fire due jobs until ``stop`` is set; raises (after cleaning up what it can) when
         the database fails."""
+        self._stop = stop
         conn = self._connect()
         listen_done = threading.Event()
         listener_conn: psycopg.Connection[Any] | None = None
@@ -153,7 +198,6 @@ class FireLoop:
         self._pool = pool = ThreadPoolExecutor(
             self.concurrency, thread_name_prefix="sendqueue-fire"
         )
-        held: list[tuple[datetime, int, FireJob]] = []  # claimed, not started: a heap by due
         worker_id: int | None = None
         try:
             listener_conn = self._connect()
@@ -166,10 +210,10 @@ class FireLoop:
             )
             listener.start()
             worker_id = self.jobs.register_worker()
-            self._loop(stop, conn, worker_id, held)
+            self._loop(stop, conn, worker_id)
         finally:
             listen_done.set()
-            self._shut_down(conn, worker_id, pool, held)
+            self._shut_down(conn, worker_id, pool)
             if listener is not None:
                 listener.join(_LISTEN_SLICE * 4)
             for c in (conn, listener_conn):
@@ -177,13 +221,7 @@ class FireLoop:
                     with contextlib.suppress(psycopg.Error):
                         c.close()
 
-    def _loop(
-        self,
-        stop: threading.Event,
-        conn: psycopg.Connection[Any],
-        worker_id: int,
-        held: list[tuple[datetime, int, FireJob]],
-    ) -> None:
+    def _loop(self, stop: threading.Event, conn: psycopg.Connection[Any], worker_id: int) -> None:
         next_due: datetime | None = None  # of the first waiting job not in hand
         backlog = True  # the last claim was full: more may be due
         poll_at = 0.0
@@ -192,17 +230,21 @@ class FireLoop:
             self._wake.clear()
             if self._listen_error is not None:
                 raise self._listen_error
+            ahead = self._ahead()
             with self._lock:
                 running, inserted, self._inserted = self._running, self._inserted, False
+                held = len(self._held)
             now = self.clock.now()
-            room = self.capacity - running - len(held)
-            # Claim a backlog when half the capacity is free (batches, not a claim per send);
-            # otherwise when a waiting job comes due, on a notification, or at the poll.
+            # Room for the idle threads and the claim-ahead depth. A backlog is claimed again
+            # once half the depth is started (batches, not a claim per send, and a round ends
+            # before the threads run out); otherwise when a waiting job comes due, on a
+            # notification, or at the poll.
+            room = self.concurrency - running + ahead - held
             due_soon = next_due is not None and next_due <= now + self.lookahead
             finished = self._take_finished()
             try:
                 if room > 0 and (
-                    (backlog and room >= self.concurrency)
+                    (backlog and held <= ahead // 2)
                     or inserted
                     or due_soon
                     or time.monotonic() >= poll_at
@@ -213,8 +255,9 @@ class FireLoop:
                     finished = []
                     backlog = len(claimed) == room
                     poll_at = time.monotonic() + self.poll_interval
-                    for job in claimed:
-                        heapq.heappush(held, (job.scheduled_at or now, job.id, job))
+                    with self._lock:
+                        for job in claimed:
+                            heapq.heappush(self._held, (job.scheduled_at or now, job.id, job))
                 elif finished and (running == 0 or len(finished) >= self.concurrency):
                     self.jobs.settle_and_claim(
                         conn, worker_id, finished=finished, until=now, limit=0
@@ -227,32 +270,29 @@ class FireLoop:
             if time.monotonic() >= heartbeat_at:
                 self.jobs.heartbeat(conn, worker_id)
                 heartbeat_at = time.monotonic() + self.heartbeat_interval
-            self._start_due(held)
-            self._sleep(held, next_due, backlog, poll_at, heartbeat_at)
+            self._start_due()
+            self._sleep(next_due, backlog, ahead, poll_at, heartbeat_at)
 
-    def _start_due(self, held: list[tuple[datetime, int, FireJob]]) -> None:
-        now = self.clock.now()
-        while held and held[0][0] <= now:
+    def _start_due(self) -> None:
+        """Hand due held jobs to idle fire threads (busy ones take the next themselves)."""
+        while True:
             with self._lock:
                 if self._running >= self.concurrency:
                     break
-                _, _, job = heapq.heappop(held)
-                if job.id in self._aborted:  # deleted after it was claimed: not fired
-                    self._aborted.discard(job.id)
-                    self._finished.append(job.id)
-                    continue
+                job = self._take_due()
+                if job is None:
+                    break
                 self._running += 1
             assert self._pool is not None
             self._pool.submit(self._fire, job)
         with self._lock:  # abort requests matter only for jobs in hand
-            in_hand = {job.id for _, _, job in held}
-            self._aborted &= in_hand
+            self._aborted &= {job.id for _, _, job in self._held}
 
     def _sleep(
         self,
-        held: list[tuple[datetime, int, FireJob]],
         next_due: datetime | None,
         backlog: bool,
+        ahead: int,
         poll_at: float,
         heartbeat_at: float,
     ) -> None:
@@ -260,13 +300,14 @@ class FireLoop:
         wait = min(poll_at, heartbeat_at) - mono
         now = self.clock.now()
         with self._lock:
-            running, finished = self._running, bool(self._finished)
-        if held and running < self.concurrency:
-            wait = min(wait, (held[0][0] - now).total_seconds())
-        room = self.capacity - running - len(held)
+            running, finished, held = self._running, bool(self._finished), len(self._held)
+            first = self._held[0][0] if self._held else None
+        if first is not None and running < self.concurrency:
+            wait = min(wait, (first - now).total_seconds())
+        room = self.concurrency - running + ahead - held
         if room > 0 and next_due is not None:
             wait = min(wait, (next_due - self.lookahead - now).total_seconds())
-        if room >= self.concurrency and backlog:
+        if room > 0 and backlog and held <= ahead // 2:
             wait = 0.0
         if finished and running == 0:
             wait = 0.0
@@ -275,15 +316,12 @@ class FireLoop:
 
     # ----------------------------------------------------------------- stop
     def _shut_down(
-        self,
-        conn: psycopg.Connection[Any],
-        worker_id: int | None,
-        pool: ThreadPoolExecutor,
-        held: list[tuple[datetime, int, FireJob]],
+        self, conn: psycopg.Connection[Any], worker_id: int | None, pool: ThreadPoolExecutor
     ) -> None:
         """Give back the jobs in hand, let the running ones finish, settle, unregister."""
-        unstarted = [job.id for _, _, job in held]
-        held.clear()
+        with self._lock:  # the fire threads take no held job once stop is set
+            unstarted = [job.id for _, _, job in self._held]
+            self._held.clear()
         if worker_id is not None and unstarted:
             with contextlib.suppress(psycopg.Error):
                 self.jobs.release(conn, worker_id, unstarted)
