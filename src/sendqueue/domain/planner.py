@@ -50,7 +50,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from functools import cached_property
+from functools import cached_property, lru_cache
 from zoneinfo import ZoneInfo
 
 from .errors import InvalidField, NoSendingDay
@@ -335,7 +335,7 @@ class _Days:
             base = day_ms - off_ms
             if prev_end is None or base + self.first_relative >= prev_end:
                 return base, self.ordinary
-        intervals = _exact_intervals(self.zone, day_ms, self.windows)
+        intervals = list(_exact_intervals(self.zone, day_ms, self.windows))
         if prev_end is not None:
             intervals = [(max(s, prev_end), e) for s, e in intervals if e > prev_end]
         grid = _grid(intervals, self.per_day)
@@ -407,10 +407,15 @@ def _pieces(zone: ZoneInfo, lo: int, hi: int) -> list[tuple[int, int, int]]:
     return pieces
 
 
+@lru_cache(maxsize=1024)
 def _exact_intervals(
     zone: ZoneInfo, day_ms: int, windows: tuple[Window, ...]
-) -> list[tuple[int, int]]:
-    """The instants (ms) whose wall time on this day lies inside a window, as intervals."""
+) -> tuple[tuple[int, int], ...]:
+    """The instants (ms) whose wall time on this day lies inside a window, as intervals.
+
+    Cached: the worker checks every send against its policy (:func:`next_window_instant`), and
+    the zone's offsets, sampled over the day, cost about a fifth of a send's CPU when
+    worked out each time (docs/performance.md, issue 16)."""
     lo = day_ms + windows[0].start_minute * _MS_MINUTE - _MARGIN_MS
     hi = day_ms + windows[-1].end_minute * _MS_MINUTE + _MARGIN_MS
     found: list[tuple[int, int]] = []
@@ -423,7 +428,7 @@ def _exact_intervals(
             s, e = max(a + offset, wall_lo), min(b + offset, wall_hi)
             if s < e:
                 found.append((s - offset, e - offset))
-    return _merge(found)
+    return tuple(_merge(found))
 
 
 def _no_sending_day_reason(policy: SendingPolicy, first_ordinal: int) -> str:
