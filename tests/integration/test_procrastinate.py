@@ -275,13 +275,10 @@ def test_a_killed_workers_stalled_work_completes_under_the_stale_policy(
     cid = _campaign(app, count, 0.001)
     assert app.provisioner.provision(cid).status == "done"
     with SlowSink(delay=3.0) as slow:
-        # The victim sends through the slow sink: when it dies, sends of it are mid-DATA.
-        # It starts alone, so the other two cannot drain the backlog before it is up.
+        # The victim sends through the slow sink alone and dies mid-DATA of its first send
+        # (a send lasts 3 s, the kill follows at once); the other two start after it died.
         with _fleet(tmp_path, postgres_url, [_env(postgres_url, slow.url(), **timing)]) as workers:
             assert slow.in_data.wait(60), "the victim never started a send"
-            for _ in range(2):
-                workers.start(_env(postgres_url, smtp_sink.url(), **timing))
-            workers.wait_registered(3 * _ROWS_PER_PROCESS)
             victim = workers.procs[0]
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(10)
@@ -289,6 +286,8 @@ def test_a_killed_workers_stalled_work_completes_under_the_stale_policy(
                 t.id for t in app.store.list_tasks(cid, state=TaskState.RUNNING, limit=1000)
             }
             assert in_flight, "the victim had nothing in flight"
+            for _ in range(2):
+                workers.start(_env(postgres_url, smtp_sink.url(), **timing))
             wait_until(lambda: all_final(app, cid), 120, "every task final")
             # The victim's jobs were 'doing' forever; the periodic recovery fires them again.
             wait_until(lambda: _live_fire_jobs(postgres_url) == 0, 180, "stalled jobs recovered")
