@@ -7,7 +7,9 @@ pgqueuer deployment would run it: pgqueuer's ``QueueManager`` on one asyncpg con
 batches by its log buffer), each job's payload (a task id and token, JSON) handed to the same
 target every layer calls (``Container.invoke``: the store's claim, MIME, the SMTP mailer, the
 store's finish) on ``concurrency`` threads. It claims ``concurrency`` jobs a batch and holds at
-most ``2 x concurrency``, as the procrastinate fire loop does. asyncpg, not psycopg: pgqueuer's
+most ``2 x concurrency``, as the procrastinate fire loop did when it was measured (it now
+holds ``concurrency`` running plus what its threads start within 0.1 s, up to
+``2 x concurrency``). asyncpg, not psycopg: pgqueuer's
 psycopg driver runs its LISTEN watcher on the same connection under the connection's lock
 (``notifies(timeout=1.0)``), so its statements wait up to 1 s each (docs/performance.md).
 

@@ -35,7 +35,9 @@ from sendqueue.domain.models import expected_schedule_name, schedule_group
 from sendqueue.ports import CreateArgs, Schedule
 from sendqueue.services.demo import demo_csv, demo_policy
 from sendqueue.services.importing import Templates
+from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.settings import Settings
+from sendqueue.testing import bare_task
 from sendqueue.testing.clock import FakeClock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,6 +122,29 @@ def test_a_clash_procrastinate_finds_for_the_whole_batch_is_a_scheduler_error(
     with pytest.raises(Conflict, match="x-2"):
         scheduler.create(*items[1])
     assert isinstance(scheduler.create(*items[2]), Schedule)
+    scheduler.close()
+
+
+def test_a_name_held_by_a_foreign_job_fails_alone_in_the_schedule_writer(
+    postgres_url: str,
+) -> None:
+    """The batch-level clash above, through the schedule writer: the batch is written one by
+    one, the held name cannot be replaced (delete sees only fire jobs), so that task is
+    reported failed and the others are created; nothing is raised."""
+    scheduler = ProcrastinateScheduler(postgres_url, reconcile_interval=None)
+    at = SystemClock().now() + timedelta(seconds=60)
+    tasks = [bare_task("c1", i, at) for i in range(3)]
+    _query(
+        postgres_url,
+        "INSERT INTO procrastinate_jobs (queue_name, task_name, queueing_lock, args) "
+        "VALUES ('other', 'other.task', %s, '{}') RETURNING id",
+        expected_schedule_name(tasks[1]),
+    )
+    writer = ScheduleWriter(scheduler, lambda _cid: "UTC", sleep=lambda _s: None)
+    report = writer.ensure_many(tasks)
+    assert report.created == 2
+    assert [task_id for task_id, _ in report.failed] == [tasks[1].id]
+    assert "stays held" in report.failed[0][1]
     scheduler.close()
 
 

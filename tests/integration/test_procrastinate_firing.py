@@ -204,6 +204,26 @@ def test_a_fire_thread_that_ends_a_job_starts_the_next_due_held_one_itself(
     scheduler.close()
 
 
+def test_a_base_exception_in_one_job_does_not_stall_the_jobs_after_it(postgres_url: str) -> None:
+    """A SystemExit out of a job ends that thread's turn: the next held job is not taken by
+    it (it would be lost, and the thread counted as running for good), the others fire."""
+    scheduler = ProcrastinateScheduler(postgres_url, reconcile_interval=None)
+    for i in range(4):
+        scheduler.create(f"sq-{i}", "g", _local(-1 + i * 0.01), "UTC", {"task_id": str(i)}, "t")
+    fired: list[str] = []
+
+    def target(payload: Mapping[str, str]) -> None:
+        time.sleep(0.05)
+        if payload["task_id"] == "0":
+            raise SystemExit("a library called sys.exit")
+        fired.append(payload["task_id"])
+
+    with _running(scheduler, target, concurrency=1):
+        wait_until(lambda: len(fired) == 3, 10, "the jobs after the SystemExit fired")
+    assert fired == ["1", "2", "3"]
+    scheduler.close()
+
+
 def test_the_jobs_held_ahead_stay_within_what_the_threads_start_in_claim_ahead(
     postgres_url: str,
 ) -> None:

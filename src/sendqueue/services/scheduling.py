@@ -136,7 +136,10 @@ class ScheduleWriter:
                 return False
             log.warning("schedule %s exists with another token; replacing it", name)
             self._with_backoff(lambda: self._scheduler.delete(name), report)
-            self._with_backoff(create, report)
+            try:
+                self._with_backoff(create, report)
+            except Conflict as exc:  # held by what delete cannot remove: this task fails alone
+                raise SchedulerError(f"schedule {name} stays held after its delete: {exc}") from exc
         return True
 
     def ensure_many(self, tasks: Sequence[Task], *, replace: bool = True) -> WriteReport:

@@ -140,11 +140,14 @@ class FireLoop:
         job: FireJob | None = first
         while job is not None:
             delete = False
+            ended = False  # normally: a BaseException (SystemExit...) ends this thread's turn
             started = time.monotonic()
             try:
                 delete = self.run_job(job)
+                ended = True
             except Exception:  # run_job records failures; this is a bug: the job is recovered
                 log.exception("schedule job %d: the invocation failed unexpectedly", job.id)
+                ended = True
             finally:
                 took = time.monotonic() - started
                 with self._lock:
@@ -152,7 +155,7 @@ class FireLoop:
                     self._job_seconds = took if mean is None else mean + (took - mean) / 8
                     if delete:
                         self._finished.append(job.id)
-                    job = None if self._stop.is_set() else self._take_due()
+                    job = self._take_due() if ended and not self._stop.is_set() else None
                     if job is None:
                         self._running -= 1
                 self._wake.set()

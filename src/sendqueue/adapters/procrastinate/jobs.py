@@ -361,8 +361,10 @@ class Jobs:
         try:
             self._manager.batch_defer_jobs([_job(s) for s in schedules], connection=conn)
         except procrastinate_errors.AlreadyEnqueued as exc:
-            names = ", ".join(repr(s.name) for s in schedules)
-            raise Conflict(f"schedule {names} is waiting already") from exc
+            # a batch names up to a chunk of schedules: the first few are enough for a log line
+            names = ", ".join(repr(s.name) for s in schedules[:3])
+            more = f" (and {len(schedules) - 3} more in the batch)" if len(schedules) > 3 else ""
+            raise Conflict(f"schedule {names}{more} is waiting already") from exc
 
     def promote(self, now: datetime, *, batch: int = 500) -> int:
         """Defer the parked schedules due within the horizon of ``now``; returns how many."""
