@@ -64,20 +64,21 @@ _TRANSITION = (
     f" SELECT {TASK_COLUMNS} FROM moved"
 )
 
-#: Tasks inserted in bulk with their ``None -> Pending`` entries, in one statement: the rows
-#: (binary arrays, one per column, in id order; ON CONFLICT DO NOTHING), then one entry per
-#: inserted id in input order.
+#: Tasks inserted in bulk with their ``None -> Pending`` entries (``None -> Cancelled`` noted
+#: with the reason), in one statement: the rows (binary arrays, one per column, in id order;
+#: ON CONFLICT DO NOTHING), then one entry per inserted id in input order.
 _INSERT_TASKS = (
     f"WITH ins AS (INSERT INTO tasks ({TASK_COLUMNS})"
     f" SELECT {TASK_COLUMNS} FROM unnest("
     "%b::varchar[], %b::varchar[], %b::integer[], %b::text[], %b::text[], %b::text[],"
     " %b::text[], %b::text[], %b::timestamptz[], %b::varchar[], %b::varchar[], %b::integer[],"
     " %b::timestamptz[], %b::timestamptz[], %b::text[], %b::text[], %b::timestamptz[],"
-    " %b::timestamptz[], %b::timestamptz[], %b::integer[], %b::text[])"
+    " %b::timestamptz[], %b::timestamptz[], %b::integer[], %b::text[], %b::text[])"
     f" WITH ORDINALITY AS u({TASK_COLUMNS}, sq_ordinal) ORDER BY sq_ordinal"
-    " ON CONFLICT DO NOTHING RETURNING id),"
+    " ON CONFLICT DO NOTHING RETURNING id, state, reason),"
     " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
-    " SELECT e.campaign_id, e.id, NULL, %s, %b::timestamptz, NULL"
+    " SELECT e.campaign_id, e.id, NULL, ins.state, %b::timestamptz,"
+    " CASE WHEN ins.state = %s THEN ins.reason END"
     " FROM unnest(%b::varchar[], %b::varchar[]) WITH ORDINALITY AS e(id, campaign_id, ord)"
     " JOIN ins ON ins.id = e.id ORDER BY e.ord RETURNING 1)"
     " SELECT count(*) FROM logged"
@@ -138,7 +139,7 @@ def _unnest_insert(
     return out
 
 
-def _task_params(t: Task, pending: str, at: datetime) -> dict[str, Any]:
+def _task_params(t: Task, at: datetime) -> dict[str, Any]:
     """The ``tasks`` row of a new task, for :func:`_unnest_insert`."""
     return {
         "id": t.id,
@@ -150,7 +151,7 @@ def _task_params(t: Task, pending: str, at: datetime) -> dict[str, Any]:
         "text": t.text,
         "html": t.html,
         "send_at": t.send_at,
-        "state": pending,
+        "state": t.state.value,
         "token": t.token,
         "attempts": t.attempts,
         "claimed_at": t.claimed_at,
@@ -162,6 +163,7 @@ def _task_params(t: Task, pending: str, at: datetime) -> dict[str, Any]:
         "planned_at": t.planned_at or t.send_at,
         "moves": t.moves,
         "moved_reason": t.moved_reason,
+        "reason": t.reason,
     }
 
 
@@ -278,10 +280,9 @@ class PostgresTaskStore(SqlTaskStore):
     def _insert_tasks(self, tasks: Sequence[Task], at: datetime) -> int:
         if len(tasks) <= _UNNEST_CHUNK_SIZE:
             return self._insert_chunk(tasks, at)
-        pending = TaskState.PENDING.value
         # In one global order (by id), so two provisioners inserting the same tasks cannot
         # deadlock on each other's uncommitted rows.
-        new_rows = sorted((_task_params(t, pending, at) for t in tasks), key=lambda r: r["id"])
+        new_rows = sorted((_task_params(t, at) for t in tasks), key=lambda r: r["id"])
         with self._write("insert tasks") as conn:
             for campaign_id in sorted({t.campaign_id for t in tasks}):
                 self._require_campaign(conn, campaign_id)
@@ -293,14 +294,13 @@ class PostgresTaskStore(SqlTaskStore):
     def _insert_chunk(self, tasks: Sequence[Task], at: datetime) -> int:
         """:meth:`insert_tasks` of one provisioning chunk: one statement (:data:`_INSERT_TASKS`)."""
         stamp = _time(at)
-        pending = TaskState.PENDING.value
         # In id order, as in _insert_tasks.
         params = [
             (
                 t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
-                _time(t.send_at), pending, t.token, t.attempts, _time(t.claimed_at),
+                _time(t.send_at), t.state.value, t.token, t.attempts, _time(t.claimed_at),
                 _time(t.sent_at), t.message_id, t.error, stamp, stamp,
-                _time(t.planned_at or t.send_at), t.moves, t.moved_reason,
+                _time(t.planned_at or t.send_at), t.moves, t.moved_reason, t.reason,
             )
             for t in sorted(tasks, key=lambda t: t.id)
         ]  # fmt: skip
@@ -315,7 +315,7 @@ class PostgresTaskStore(SqlTaskStore):
                 seen.add(t.id)
                 log_ids.append(t.id)
                 log_campaigns.append(t.campaign_id)
-        args = (*columns, pending, stamp, log_ids, log_campaigns)
+        args = (*columns, stamp, TaskState.CANCELLED.value, log_ids, log_campaigns)
 
         def run(db: Any) -> int:
             try:
