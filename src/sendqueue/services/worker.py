@@ -17,8 +17,11 @@ Rules (design.md):
   sent, or Pending and due then). If there is one it is not sent: the task is given back and the
   campaign re-planned (outcome "moved"), so emails due together never go out in a burst. An
   on-time send skips this check: no extra store read on the hot path.
+- An address put on the suppression list since provisioning is caught just before the claim:
+  the task goes Pending -> Cancelled (a conditional write) with the reason "suppressed:
+  <reason>" and is never sent. That costs every send one primary-key read of the list.
 - Every invocation ends in one outcome told to the Events port: sent, transient, permanent, or
-  skipped (any of the skips above, a lost claim, a campaign not sending).
+  skipped (any of the skips above, a lost claim, a campaign not sending, a suppressed address).
 - The worker raises only when infrastructure fails (the store is unreachable), so the execution
   layer's retry and dead-letter path covers that.
 """
@@ -30,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.alarms import AutoPause, auto_pause_reason
@@ -37,7 +41,17 @@ from sendqueue.domain.errors import PermanentMailError, SchedulerError, Transien
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
 from sendqueue.domain.slots import in_policy, nominal_spacing
-from sendqueue.ports import Alarm, Clock, Events, Mailer, NoEvents, OutgoingMessage, TaskStore
+from sendqueue.domain.suppression import key_of_normalized, suppressed_reason
+from sendqueue.ports import (
+    Alarm,
+    Clock,
+    Events,
+    Mailer,
+    NoEvents,
+    OutgoingMessage,
+    SuppressionList,
+    TaskStore,
+)
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.replanning import RETRY_LEASE_WAIT
@@ -115,8 +129,13 @@ class SendWorker:
         on_event: Callable[[str, Task], None] | None = None,
         events: Events | None = None,
         alarm: Alarm | None = None,
+        suppressions: SuppressionList | None = None,
     ) -> None:
         self._store = store
+        # Every task store keeps the suppression list too (ports.SuppressionList).
+        self._suppressions = (
+            suppressions if suppressions is not None else cast(SuppressionList, store)
+        )
         self._mailer = mailer
         self._writer = writer
         self._campaigns = campaigns
@@ -227,6 +246,8 @@ class SendWorker:
             log.info("task %s: campaign %s is %s, skipped", task_id, campaign.id, campaign.state)
             return False
         now = self._clock.now()
+        if self._suppressed(task, now):
+            return False
         if self._overdue(campaign, task, now):
             self._catch_up(campaign, task, now)
             return True
@@ -282,6 +303,26 @@ class SendWorker:
         # outcome) runs the check.
         if final and not others:
             self._complete_if_done(campaign.id)
+        return True
+
+    def _suppressed(self, task: Task, now: datetime) -> bool:
+        """Whether the task's address is on the suppression list; if so the task is cancelled
+        (unless someone changed it first) and the campaign checked for completion."""
+        key = key_of_normalized(task.email)
+        entry = self._suppressions.suppressed([key]).get(key)
+        if entry is None:
+            return False
+        reason = suppressed_reason(entry.reason)
+        cancelled = self._store.transition(
+            task.id, TaskState.PENDING, TaskState.CANCELLED, at=now,
+            changes={"reason": reason}, note=reason,
+        )  # fmt: skip
+        log.info("task %s: address suppressed (%s), not sent", task.id, entry.reason.value)
+        if cancelled is not None:
+            with self._lock:
+                others = self._sending.get(task.campaign_id, 0)
+            if not others:
+                self._complete_if_done(task.campaign_id)
         return True
 
     def _overdue(self, campaign: Campaign, task: Task, now: datetime) -> bool:
