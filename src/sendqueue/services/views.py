@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter, Task
+from sendqueue.domain.suppression import Suppression
 from sendqueue.ports import SuppressionList, TaskStore
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "ChangeView",
     "DeadLetterView",
     "IsoTime",
+    "SuppressionView",
     "TaskView",
     "campaign_dict",
     "campaign_moves",
@@ -248,6 +250,21 @@ class DeadLetterView(_View):
             error=letter.error,
             attempts=letter.attempts,
             failed_at=iso(letter.failed_at),
+        )
+
+
+class SuppressionView(_View):
+    """An address on the suppression list (``suppression list --json``)."""
+
+    email: str = Field(description="the address as compared: lower-cased")
+    reason: str = Field(description="unsubscribed, bounced, complained, replied or manual")
+    task_id: str | None = Field(description="the task it came from, if any")
+    at: IsoTime
+
+    @classmethod
+    def of(cls, entry: Suppression) -> SuppressionView:
+        return cls(
+            email=entry.email, reason=entry.reason.value, task_id=entry.task_id, at=iso(entry.at)
         )
 
 
