@@ -8,9 +8,8 @@ a reason (a suppressed recipient's), and the count of a campaign's suppressed ta
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Protocol, cast
 
 import pytest
@@ -20,10 +19,10 @@ from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.suppression import Suppression, SuppressionReason
 from sendqueue.ports import SuppressionList, TaskStore
 from tests.contract.test_task_store import (
-    BACKENDS,
     T0,
     Backend,
     all_changes,
+    backend,
     campaign,
     is_utc,
     make_task,
@@ -33,19 +32,11 @@ from tests.contract.test_task_store import (
 R = SuppressionReason
 S = TaskState
 
+__all__ = ["backend"]  # the fixture: every store of the TaskStore contract
+
 
 class Store(TaskStore, SuppressionList, Protocol):
     """Every task store is a suppression list too."""
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    made = request.param(request, tmp_path)
-    try:
-        yield made
-    finally:
-        for store in made.opened:
-            store.close()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ compared form, :func:`suppression_key`: the address as email-validator normalise
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -21,6 +22,7 @@ __all__ = [
     "SUPPRESSED_PREFIX",
     "Suppression",
     "SuppressionReason",
+    "first_entries",
     "key_of_normalized",
     "suppressed_reason",
     "suppression_key",
@@ -71,6 +73,15 @@ class Suppression:
         if not isinstance(self.reason, SuppressionReason):
             object.__setattr__(self, "reason", SuppressionReason.parse(self.reason))
         object.__setattr__(self, "at", utc(self.at))
+
+
+def first_entries(entries: Iterable[Suppression]) -> dict[str, Suppression]:
+    """The first entry of each address, by address: of two entries for one address in one
+    call to ``SuppressionList.suppress``, the first is the one kept."""
+    first: dict[str, Suppression] = {}
+    for entry in entries:
+        first.setdefault(entry.email, entry)
+    return first
 
 
 def suppression_key(value: object, *, field: str = "email") -> str:

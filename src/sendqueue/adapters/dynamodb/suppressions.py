@@ -22,7 +22,12 @@ from sendqueue.adapters.dynamodb.codec import parse_time, str_attr, time_key
 from sendqueue.adapters.dynamodb.table import WRITERS
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import check_limit
-from sendqueue.domain.suppression import SUPPRESSED_PREFIX, Suppression, SuppressionReason
+from sendqueue.domain.suppression import (
+    SUPPRESSED_PREFIX,
+    Suppression,
+    SuppressionReason,
+    first_entries,
+)
 
 __all__ = ["SuppressionItems"]
 
@@ -55,9 +60,7 @@ class SuppressionItems(TableClient):
     """:class:`~sendqueue.ports.SuppressionList` in the store's table."""
 
     def suppress(self, entries: Sequence[Suppression]) -> int:
-        first: dict[str, Suppression] = {}
-        for entry in entries:
-            first.setdefault(entry.email, entry)
+        first = first_entries(entries)
         if not first:
             return 0
         with self._errors("suppress addresses"):

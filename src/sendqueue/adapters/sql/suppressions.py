@@ -20,7 +20,12 @@ from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import check_limit
-from sendqueue.domain.suppression import SUPPRESSED_PREFIX, Suppression, SuppressionReason
+from sendqueue.domain.suppression import (
+    SUPPRESSED_PREFIX,
+    Suppression,
+    SuppressionReason,
+    first_entries,
+)
 
 __all__ = ["SuppressionTables"]
 
@@ -47,9 +52,7 @@ class SuppressionTables(ABC):
 
     def suppress(self, entries: Sequence[Suppression]) -> int:
         """Insert-or-keep, in address order (two writers lock the keys in one order)."""
-        first: dict[str, Suppression] = {}
-        for entry in entries:
-            first.setdefault(entry.email, entry)
+        first = first_entries(entries)
         if not first:
             return 0
         values = [
