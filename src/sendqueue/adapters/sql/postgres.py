@@ -336,6 +336,22 @@ class PostgresTaskStore(SqlTaskStore):
 
         return self._run("insert tasks", run, write=True)
 
+    def _suppression_rows(
+        self, emails: Sequence[str]
+    ) -> list[tuple[str, str, str | None, datetime]]:
+        sql = "SELECT email, reason, task_id, at FROM suppressions WHERE email = ANY(%s::varchar[])"
+
+        def run(db: Any) -> list[tuple[str, str, str | None, datetime]]:
+            out: list[tuple[str, str, str | None, datetime]] = []
+            for part in rows.chunks(emails, _UNNEST_CHUNK_SIZE):
+                out += [
+                    (email, reason, task, at.astimezone(UTC))
+                    for email, reason, task, at in db.execute(sql, (list(part),))
+                ]
+            return out
+
+        return self._run("look up suppressed addresses", run)
+
     def get_task(self, task_id: str) -> Task | None:
         sql = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = %s"
 

@@ -431,6 +431,23 @@ class SqliteTaskStore(SqlTaskStore):
         raw = conn.exec_driver_sql(sql + " ORDER BY position LIMIT ?", (*params, limit))
         return [_task(row) for row in raw]
 
+    def _suppression_rows(
+        self, emails: Sequence[str]
+    ) -> list[tuple[str, str, str | None, datetime]]:
+        out: list[tuple[str, str, str | None, datetime]] = []
+        with self._fast_read("look up suppressed addresses") as db:
+            for part in rows.chunks(emails, _IN_LIMIT):
+                marks = ", ".join("?" * len(part))
+                found = db.execute(
+                    f"SELECT email, reason, task_id, at FROM suppressions WHERE email IN ({marks})",
+                    tuple(part),
+                ).fetchall()
+                out += [
+                    (email, reason, task, datetime.fromisoformat(at).replace(tzinfo=UTC))
+                    for email, reason, task, at in found
+                ]
+        return out
+
     def has_unfinished_tasks(self, campaign_id: str) -> bool:
         with self._fast_read("check unfinished tasks") as db:
             found = db.execute(
