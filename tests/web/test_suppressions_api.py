@@ -40,6 +40,12 @@ def test_add_list_page_and_remove(web: Web) -> None:
     assert removed.status_code == 200 and removed.json() == {"removed": "u0@example.com"}
     assert _error(web.client.delete("/api/suppressions/u0@example.com"), 404)
     assert web.client.get("/api/suppressions").json()["total"] == 4
+    # a local part may hold a slash, escaped or not
+    _add(web, "a/b@example.com")
+    gone = web.client.delete("/api/suppressions/a%2Fb@example.com")
+    assert gone.status_code == 200 and gone.json() == {"removed": "a/b@example.com"}
+    _add(web, "a/b@example.com")
+    assert web.client.delete("/api/suppressions/a/b@example.com").status_code == 200
 
 
 def test_bad_input_is_a_422_naming_the_field(web: Web) -> None:

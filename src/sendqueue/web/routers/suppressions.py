@@ -95,9 +95,10 @@ def add_suppression(body: NewSuppression, c: ContainerDep, response: Response) -
     return SuppressionAdded(**dict(SuppressionView.of(added.entry)), new=added.new)
 
 
-@router.delete("/{email}", responses=error_responses(*WRITE_ERRORS, 404))
+@router.delete("/{email:path}", responses=error_responses(*WRITE_ERRORS, 404))
 def remove_suppression(email: str, c: ContainerDep) -> SuppressionRemoved:
-    """Take an address off the list (emails already cancelled for it stay cancelled)."""
+    """Take an address off the list (emails already cancelled for it stay cancelled). A path
+    parameter that may hold ``/``: a local part may (``a/b@example.com``)."""
     return SuppressionRemoved(removed=c.suppression.remove(email))
 
 
