@@ -172,11 +172,18 @@ class SuppressionService:
         return self._list.count_suppressions()
 
     def all(self, *, page: int = MAX_PAGE) -> Iterator[Suppression]:
-        """Every entry in address order, read a page at a time (for an export)."""
-        after: str | None = None
-        while entries := self._list.list_suppressions(after=after, limit=page):
+        """Every entry in address order, read a page at a time (for an export). The first
+        page is read before this returns, so an unreachable store raises here, not midway
+        through the iteration (an HTTP export answers 503 instead of a cut-off body)."""
+        first = self._list.list_suppressions(limit=page)
+        return self._rest(first, page)
+
+    def _rest(self, entries: list[Suppression], page: int) -> Iterator[Suppression]:
+        while entries:
             yield from entries
-            after = entries[-1].email
+            if len(entries) < page:
+                return
+            entries = self._list.list_suppressions(after=entries[-1].email, limit=page)
 
     def import_csv(self, text: str) -> Imported:
         """Add every row of a CSV file (:func:`parse_csv`): all rows or, with a bad one, none."""
