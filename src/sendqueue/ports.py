@@ -309,6 +309,9 @@ class SuppressionList(Protocol):
       in address order. ``limit`` below zero raises InvalidField.
     - ``count_suppressed_tasks`` counts the campaign's tasks cancelled because of the list (their
       ``reason`` starts with "suppressed"); 0 for an unknown campaign.
+    - ``task_and_suppression`` reads a task as ``TaskStore.get_task`` does, and the entry of its
+      address (``key_of_normalized(task.email)``): PostgreSQL in one statement, the others with
+      two local or cheap reads.
     - An unreachable backend raises :class:`~sendqueue.domain.errors.StoreUnavailable`.
     """
 
@@ -334,6 +337,11 @@ class SuppressionList(Protocol):
 
     def count_suppressed_tasks(self, campaign_id: str) -> int:
         """The campaign's tasks whose ``reason`` starts with "suppressed"."""
+        ...
+
+    def task_and_suppression(self, task_id: str) -> tuple[Task | None, Suppression | None]:
+        """The task (None if unknown) and the list's entry for its address (None if it is
+        not listed): the send worker's first read, in one round trip where the store can."""
         ...
 
 

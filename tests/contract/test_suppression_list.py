@@ -180,3 +180,20 @@ def test_unreachable_backend_raises_store_unavailable(backend: Backend) -> None:
     for call in calls:
         with pytest.raises(StoreUnavailable):
             call()
+
+
+def test_task_and_suppression_reads_a_task_with_its_address_entry(store: Store) -> None:
+    store.create_campaign(campaign(), recipients(3))
+    tasks = [
+        make_task("c1", 0, email="Ada.Lovelace@Example.com"),
+        make_task("c1", 1, email="grace@example.com"),
+        make_task("c1", 2, email="Ünïcode.Ĳ@example.com"),  # Python's lower, not only ASCII
+    ]
+    store.insert_tasks(tasks, at=T0)
+    ada = entry("ada.lovelace@example.com", R.BOUNCED, task="c0-1")
+    uni = entry("ünïcode.ĳ@example.com", R.COMPLAINED)
+    store.suppress([ada, uni])
+    assert store.task_and_suppression("c1-0") == (store.get_task("c1-0"), ada)
+    assert store.task_and_suppression("c1-1") == (store.get_task("c1-1"), None)
+    assert store.task_and_suppression("c1-2") == (store.get_task("c1-2"), uni)
+    assert store.task_and_suppression("c1-9") == (None, None)

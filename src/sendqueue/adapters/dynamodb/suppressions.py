@@ -21,12 +21,13 @@ from sendqueue.adapters.dynamodb.client import TableClient, error_code
 from sendqueue.adapters.dynamodb.codec import parse_time, str_attr, time_key
 from sendqueue.adapters.dynamodb.table import WRITERS
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.domain.models import check_limit
+from sendqueue.domain.models import Task, check_limit
 from sendqueue.domain.suppression import (
     SUPPRESSED_PREFIX,
     Suppression,
     SuppressionReason,
     first_entries,
+    key_of_normalized,
 )
 
 __all__ = ["SuppressionItems"]
@@ -127,6 +128,18 @@ class SuppressionItems(TableClient):
                 ExpressionAttributeValues={":pk": str_attr(_PK)},
                 ConsistentRead=True,
             )
+
+    def get_task(self, task_id: str) -> Task | None:
+        """The task store's read (:class:`~sendqueue.adapters.dynamodb.tasks.TaskItems`)."""
+        raise NotImplementedError
+
+    def task_and_suppression(self, task_id: str) -> tuple[Task | None, Suppression | None]:
+        """Two consistent reads: the task item, then its address's item."""
+        task = self.get_task(task_id)
+        if task is None:
+            return None, None
+        key = key_of_normalized(task.email)
+        return task, self.suppressed([key]).get(key)
 
     def count_suppressed_tasks(self, campaign_id: str) -> int:
         """The campaign's Cancelled part of the ``by_state`` index, filtered on ``rs``."""

@@ -35,6 +35,7 @@ from sendqueue.domain.models import (
     check_limit,
     utc,
 )
+from sendqueue.domain.suppression import Suppression, SuppressionReason, key_of_normalized
 
 try:  # the driver is the optional "postgres" extra
     import psycopg.types.json
@@ -83,6 +84,17 @@ _INSERT_TASKS = (
     " JOIN ins ON ins.id = e.id ORDER BY e.ord RETURNING 1)"
     " SELECT count(*) FROM logged"
 )
+
+#: The send worker's first read in one statement: the task, and the suppression entry of its
+#: address. The join lower-cases ASCII letters only (``translate``, whatever the database's
+#: locale); an address with other letters is looked up again with Python's ``lower``.
+_TASK_AND_SUPPRESSION = (
+    "SELECT {columns}, s.email, s.reason, s.task_id, s.at FROM tasks t"
+    " LEFT JOIN suppressions s ON s.email = translate(t.email,"
+    " 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz')"
+    " WHERE t.id = %s"
+).format(columns=", ".join(f"t.{c.strip()}" for c in TASK_COLUMNS.split(",")))
+_TASK_WIDTH = len(TASK_COLUMNS.split(","))
 
 #: A campaign's checkpoint with its progress entry, in one statement (as :data:`_TRANSITION`).
 _CHECKPOINT_LOGGED = (
@@ -335,6 +347,24 @@ class PostgresTaskStore(SqlTaskStore):
             return int(row[0])
 
         return self._run("insert tasks", run, write=True)
+
+    def task_and_suppression(self, task_id: str) -> tuple[Task | None, Suppression | None]:
+        def run(db: Any) -> tuple[Task | None, Suppression | None]:
+            found = db.execute(_TASK_AND_SUPPRESSION, (task_id,)).fetchall()
+            if not found:
+                return None, None
+            row = found[0]
+            task = task_from_row(row[:_TASK_WIDTH])
+            email, reason, task_ref, at = row[_TASK_WIDTH:]
+            if email is not None:
+                return task, Suppression(email, SuppressionReason(reason), task_ref, at)
+            return task, None
+
+        task, entry = self._run("get task", run)
+        if task is not None and entry is None and not task.email.isascii():
+            key = key_of_normalized(task.email)
+            entry = self.suppressed([key]).get(key)
+        return task, entry
 
     def _suppression_rows(
         self, emails: Sequence[str]

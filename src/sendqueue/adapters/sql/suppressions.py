@@ -20,12 +20,13 @@ from sqlalchemy.engine import Connection
 from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.domain.models import check_limit
+from sendqueue.domain.models import Task, check_limit
 from sendqueue.domain.suppression import (
     SUPPRESSED_PREFIX,
     Suppression,
     SuppressionReason,
     first_entries,
+    key_of_normalized,
 )
 
 __all__ = ["SuppressionTables"]
@@ -83,6 +84,19 @@ class SuppressionTables(ABC):
         if not wanted:
             return {}
         return {row[0]: _entry(row) for row in self._suppression_rows(wanted)}
+
+    @abstractmethod
+    def get_task(self, task_id: str) -> Task | None:
+        """The task store's read (see SqlTaskStore)."""
+
+    def task_and_suppression(self, task_id: str) -> tuple[Task | None, Suppression | None]:
+        """Two reads on the driver's fast path (SQLite: local); PostgreSQL overrides it with
+        one statement."""
+        task = self.get_task(task_id)
+        if task is None:
+            return None, None
+        key = key_of_normalized(task.email)
+        return task, self.suppressed([key]).get(key)
 
     @abstractmethod
     def _suppression_rows(
