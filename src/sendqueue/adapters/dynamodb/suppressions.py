@@ -11,7 +11,7 @@ Lookups are BatchGetItem, 100 keys a request, unprocessed keys retried
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,6 +59,9 @@ def _entry(item: Mapping[str, Any]) -> Suppression:
 
 class SuppressionItems(TableClient):
     """:class:`~sendqueue.ports.SuppressionList` in the store's table."""
+
+    #: The task store's read (:class:`~sendqueue.adapters.dynamodb.tasks.TaskItems`).
+    get_task: Callable[[str], Task | None]
 
     def suppress(self, entries: Sequence[Suppression]) -> int:
         first = first_entries(entries)
@@ -128,10 +131,6 @@ class SuppressionItems(TableClient):
                 ExpressionAttributeValues={":pk": str_attr(_PK)},
                 ConsistentRead=True,
             )
-
-    def get_task(self, task_id: str) -> Task | None:
-        """The task store's read (:class:`~sendqueue.adapters.dynamodb.tasks.TaskItems`)."""
-        raise NotImplementedError
 
     def task_and_suppression(self, task_id: str) -> tuple[Task | None, Suppression | None]:
         """Two consistent reads: the task item, then its address's item."""
