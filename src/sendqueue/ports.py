@@ -44,7 +44,7 @@ from .domain.models import (
     Task,
     TaskChanges,
 )
-from .domain.suppression import Suppression
+from .domain.suppression import Suppression, key_of_normalized
 
 __all__ = [
     "Alarm",
@@ -57,6 +57,7 @@ __all__ = [
     "Mailer",
     "NoEvents",
     "OutgoingMessage",
+    "ReadsTaskThenSuppression",
     "Schedule",
     "Scheduler",
     "SendOutcome",
@@ -343,6 +344,27 @@ class SuppressionList(Protocol):
         """The task (None if unknown) and the list's entry for its address (None if it is
         not listed): the send worker's first read, in one round trip where the store can."""
         ...
+
+
+class _TaskAndListReads(Protocol):
+    def get_task(self, task_id: str) -> Task | None: ...
+
+    def suppressed(self, emails: Iterable[str]) -> dict[str, Suppression]: ...
+
+
+class ReadsTaskThenSuppression:
+    """``SuppressionList.task_and_suppression`` as two reads, ``get_task`` and then
+    ``suppressed`` of the task's address: for stores where the second read is local or cheap
+    (memory, SQLite, DynamoDB). PostgreSQL answers both in one statement instead."""
+
+    def task_and_suppression(
+        self: _TaskAndListReads, task_id: str
+    ) -> tuple[Task | None, Suppression | None]:
+        task = self.get_task(task_id)
+        if task is None:
+            return None, None
+        key = key_of_normalized(task.email)
+        return task, self.suppressed([key]).get(key)
 
 
 @dataclass(frozen=True)

@@ -5,24 +5,24 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_right, insort
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Task, check_limit
-from sendqueue.domain.suppression import SUPPRESSED_PREFIX, Suppression, key_of_normalized
+from sendqueue.domain.suppression import SUPPRESSED_PREFIX, Suppression
+from sendqueue.ports import ReadsTaskThenSuppression
 from sendqueue.testing.guard import guarded
 
 __all__ = ["InMemorySuppressions"]
 
 
-class InMemorySuppressions:
+class InMemorySuppressions(ReadsTaskThenSuppression):
     """:class:`~sendqueue.ports.SuppressionList` in memory: a dict and its sorted keys."""
 
     _lock: threading.RLock
     _available: bool
     _tasks: dict[str, Task]
     _task_at: dict[str, dict[int, str]]
-    get_task: Callable[[str], Task | None]
 
     def __init__(self) -> None:
         self._suppressions: dict[str, Suppression] = {}
@@ -58,14 +58,6 @@ class InMemorySuppressions:
     @guarded
     def count_suppressions(self) -> int:
         return len(self._suppressions)
-
-    def task_and_suppression(self, task_id: str) -> tuple[Task | None, Suppression | None]:
-        # Through get_task, so that a test patching the store's task read sees this one too.
-        task = self.get_task(task_id)
-        if task is None:
-            return None, None
-        key = key_of_normalized(task.email)
-        return task, self.suppressed([key]).get(key)
 
     @guarded
     def count_suppressed_tasks(self, campaign_id: str) -> int:

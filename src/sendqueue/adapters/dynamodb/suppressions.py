@@ -11,7 +11,7 @@ Lookups are BatchGetItem, 100 keys a request, unprocessed keys retried
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,14 +21,14 @@ from sendqueue.adapters.dynamodb.client import TableClient, error_code
 from sendqueue.adapters.dynamodb.codec import parse_time, str_attr, time_key
 from sendqueue.adapters.dynamodb.table import WRITERS
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.domain.models import Task, check_limit
+from sendqueue.domain.models import check_limit
 from sendqueue.domain.suppression import (
     SUPPRESSED_PREFIX,
     Suppression,
     SuppressionReason,
     first_entries,
-    key_of_normalized,
 )
+from sendqueue.ports import ReadsTaskThenSuppression
 
 __all__ = ["SuppressionItems"]
 
@@ -57,11 +57,8 @@ def _entry(item: Mapping[str, Any]) -> Suppression:
     )
 
 
-class SuppressionItems(TableClient):
+class SuppressionItems(ReadsTaskThenSuppression, TableClient):
     """:class:`~sendqueue.ports.SuppressionList` in the store's table."""
-
-    #: The task store's read (:class:`~sendqueue.adapters.dynamodb.tasks.TaskItems`).
-    get_task: Callable[[str], Task | None]
 
     def suppress(self, entries: Sequence[Suppression]) -> int:
         first = first_entries(entries)
@@ -131,14 +128,6 @@ class SuppressionItems(TableClient):
                 ExpressionAttributeValues={":pk": str_attr(_PK)},
                 ConsistentRead=True,
             )
-
-    def task_and_suppression(self, task_id: str) -> tuple[Task | None, Suppression | None]:
-        """Two consistent reads: the task item, then its address's item."""
-        task = self.get_task(task_id)
-        if task is None:
-            return None, None
-        key = key_of_normalized(task.email)
-        return task, self.suppressed([key]).get(key)
 
     def count_suppressed_tasks(self, campaign_id: str) -> int:
         """The campaign's Cancelled part of the ``by_state`` index, filtered on ``rs``."""

@@ -20,14 +20,14 @@ from sqlalchemy.engine import Connection
 from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.domain.models import Task, check_limit
+from sendqueue.domain.models import check_limit
 from sendqueue.domain.suppression import (
     SUPPRESSED_PREFIX,
     Suppression,
     SuppressionReason,
     first_entries,
-    key_of_normalized,
 )
+from sendqueue.ports import ReadsTaskThenSuppression
 
 __all__ = ["SuppressionTables"]
 
@@ -39,7 +39,7 @@ def _entry(row: Sequence[Any]) -> Suppression:
     return Suppression(email, SuppressionReason(reason), task_id, at)
 
 
-class SuppressionTables(ABC):
+class SuppressionTables(ReadsTaskThenSuppression, ABC):
     """:class:`~sendqueue.ports.SuppressionList` over the store's transactions."""
 
     _insert: ClassVar[Any]
@@ -84,19 +84,6 @@ class SuppressionTables(ABC):
         if not wanted:
             return {}
         return {row[0]: _entry(row) for row in self._suppression_rows(wanted)}
-
-    @abstractmethod
-    def get_task(self, task_id: str) -> Task | None:
-        """The task store's read (see SqlTaskStore)."""
-
-    def task_and_suppression(self, task_id: str) -> tuple[Task | None, Suppression | None]:
-        """Two reads on the driver's fast path (SQLite: local); PostgreSQL overrides it with
-        one statement."""
-        task = self.get_task(task_id)
-        if task is None:
-            return None, None
-        key = key_of_normalized(task.email)
-        return task, self.suppressed([key]).get(key)
 
     @abstractmethod
     def _suppression_rows(
