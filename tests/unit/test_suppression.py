@@ -171,6 +171,18 @@ def test_export_then_import_round_trips() -> None:
     assert list(other.suppression.all()) == list(app.suppression.all())
 
 
+def test_what_the_csv_module_cannot_read_is_an_invalid_field_with_its_row() -> None:
+    # A lone CR is a line break (schemathesis found it a 500 before newline=""):
+    with pytest.raises(InvalidField) as info:
+        parse_csv("\rN", now=T0)
+    assert (info.value.field, info.value.reason) == ("file", "no email column in the header row")
+    # a cell past the csv module's field limit (128 KiB) in the second record
+    with pytest.raises(InvalidField) as info:
+        parse_csv("email\n" + "a" * 200_000 + "\n", now=T0)
+    assert (info.value.field, info.value.row) == ("file", 2)
+    assert info.value.reason.startswith("malformed CSV (field larger than field limit")
+
+
 def test_an_import_with_a_bad_time_names_the_row() -> None:
     with pytest.raises(InvalidInput) as info:
         parse_csv("email,at\na@example.com,yesterday\n", now=T0)

@@ -68,8 +68,8 @@ def parse_csv(text: str, *, now: datetime) -> list[Suppression]:
     Every bad row is reported with its row number (the header is row 1) in one InvalidInput,
     and nothing is returned then: an import is all or nothing.
     """
-    rows = csv.reader(io.StringIO(text.lstrip("\ufeff")))
-    header = next((row for row in rows if any(cell.strip() for cell in row)), None)
+    rows = _records(csv.reader(io.StringIO(text.lstrip("\ufeff"), newline="")))
+    header = next((row for _, row in rows if any(cell.strip() for cell in row)), None)
     if header is None:
         raise InvalidField("file", "", "empty; expected a header row with an 'email' column")
     columns = {name.strip().lower(): i for i, name in reversed(list(enumerate(header)))}
@@ -78,7 +78,7 @@ def parse_csv(text: str, *, now: datetime) -> list[Suppression]:
     entries: list[Suppression] = []
     problems: list[InvalidField] = []
     total_problems = 0
-    for number, row in enumerate(rows, start=2):
+    for number, row in rows:
         if not any(cell.strip() for cell in row):
             continue
 
@@ -98,6 +98,27 @@ def parse_csv(text: str, *, now: datetime) -> list[Suppression]:
     if total_problems:
         raise InvalidInput("the suppression file has bad rows", problems, total=total_problems)
     return entries
+
+
+def _records(reader: Iterator[list[str]]) -> Iterator[tuple[int, list[str]]]:
+    """The reader's records with their 1-based numbers (the import's row numbers); one the
+    csv module cannot read is an InvalidField naming its row."""
+    record = 0
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise InvalidField(
+                "file",
+                None,
+                f"malformed CSV ({exc}); a quote inside a cell must be doubled and a quoted "
+                "cell closed",
+                row=record + 1,
+            ) from exc
+        record += 1
+        yield record, row
 
 
 def _parse_at(value: str) -> datetime:
