@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from sendqueue.adapters.alarm import LoggingAlarm, post_json
 from sendqueue.adapters.alarm_mail import MailAlarm
@@ -30,6 +30,7 @@ from sendqueue.ports import (
     FlushableAlarm,
     Mailer,
     Scheduler,
+    SuppressionList,
     TaskStore,
 )
 from sendqueue.services.campaigns import CampaignService
@@ -38,6 +39,7 @@ from sendqueue.services.importing import ImportLimits
 from sendqueue.services.provisioning import Provisioner
 from sendqueue.services.reconciler import Reconciler
 from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.suppression import SuppressionService
 from sendqueue.services.templates import TemplateLimits
 from sendqueue.services.worker import SendWorker
 from sendqueue.settings import Settings
@@ -302,12 +304,28 @@ class Container:
         )
 
     @cached_property
+    def suppressions(self) -> SuppressionList:
+        """The suppression list: the task store's own (every store keeps one)."""
+        return cast(SuppressionList, self.store)
+
+    @cached_property
+    def suppression(self) -> SuppressionService:
+        return SuppressionService(self.suppressions, self.clock)
+
+    @cached_property
     def campaigns(self) -> CampaignService:
         return CampaignService(self.store, self.writer, self.clock, self.config)
 
     @cached_property
     def provisioner(self) -> Provisioner:
-        return Provisioner(self.store, self.scheduler, self.writer, self.clock, self.config)
+        return Provisioner(
+            self.store,
+            self.scheduler,
+            self.writer,
+            self.clock,
+            self.config,
+            suppressions=self.suppressions,
+        )
 
     @cached_property
     def worker(self) -> SendWorker:
@@ -323,6 +341,7 @@ class Container:
             config,
             events=self.events,
             alarm=self.alarm,
+            suppressions=self.suppressions,
         )
 
     @cached_property

@@ -227,6 +227,7 @@ def _summary(report: ProvisionReport) -> dict[str, Any]:
         "tasksCreated": report.tasks_created,
         "schedulesCreated": report.schedules_created,
         "throttled": report.throttled,
+        "suppressed": report.suppressed,
         "errors": report.errors[:20],
         "seconds": round(report.seconds, 3),
     }

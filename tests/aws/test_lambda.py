@@ -227,6 +227,29 @@ def test_provision_fire_send_every_task_finished_with_exactly_one_message(aws: A
     assert aws.app.store.get_campaign(cid).state is CampaignState.COMPLETED
 
 
+def test_a_suppressed_address_is_never_sent_on_dynamodb_and_lambda(aws: Aws) -> None:
+    aws.app.suppression.add("USER2@example.com", "bounced")  # before provisioning
+    cid = aws.create_campaign(12)
+    summary = lambda_handlers.provision_handler(
+        {"campaignId": cid}, FakeContext(PROVISION_ARN, 900_000)
+    )
+    assert (summary["status"], summary["schedulesCreated"], summary["suppressed"]) == (
+        "done", 11, 1,
+    )  # fmt: skip
+    aws.app.suppression.add("user9@example.com", "unsubscribed")  # after provisioning
+    _fire_until_done(aws, aws.player(), minutes=3)
+
+    assert _messages_by_task() == Counter({f"{cid}-{i}": 1 for i in range(12) if i not in (2, 9)})
+    tasks = {t.email: t for t in aws.app.store.list_tasks(cid, limit=100)}
+    assert (tasks["user2@example.com"].state, tasks["user2@example.com"].reason) == (
+        TaskState.CANCELLED, "suppressed: bounced",
+    )  # fmt: skip
+    assert (tasks["user9@example.com"].state, tasks["user9@example.com"].reason) == (
+        TaskState.CANCELLED, "suppressed: unsubscribed",
+    )  # fmt: skip
+    assert aws.app.suppressions.count_suppressed_tasks(cid) == 2
+
+
 def test_provisioning_with_100_s_left_checkpoints_and_continues_in_a_new_invocation(
     aws: Aws,
 ) -> None:

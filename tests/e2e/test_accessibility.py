@@ -163,6 +163,17 @@ def test_every_page_has_no_serious_violation(
     expect(page.locator("#dead-letters tbody tr")).to_have_count(2)
     _audit(page, "dead letters", found)
 
+    page.goto(f"{app.url}/suppressions")
+    _audit(page, "suppressions (none)", found)
+    page.fill("#supp-email", "Bounced@Example.com")
+    page.select_option("#supp-reason", "bounced")
+    page.click("#supp-add button[type=submit]")
+    expect(page.locator("#suppressions tbody tr")).to_have_count(1)
+    page.fill("#supp-email", "not-an-address")
+    page.click("#supp-add button[type=submit]")
+    expect(page.locator("#supp-error")).to_be_visible()
+    _audit(page, "suppressions", found)
+
     response = page.goto(f"{app.url}/campaigns/cnotacampaign")
     assert response is not None and response.status == 404
     _audit(page, "error page", found)

@@ -329,3 +329,49 @@ def test_assets_never_turn_data_into_markup() -> None:
         text = template.read_text()
         assert not re.search(r"\sstyle=|<script(?![^>]*\ssrc=)|\son[a-z]+=", text), template.name
         assert not re.search(r"\|\s*safe|autoescape\s+false|Markup\(", text), template.name
+
+
+def test_suppression_page_adds_and_removes_and_a_campaign_counts_them(
+    page: Page, shared_sendqueue: Sendqueue
+) -> None:
+    app = shared_sendqueue
+    address = f"supp-{time.monotonic_ns()}@example.com"
+    page.goto(f"{app.url}/suppressions")
+    before = int(page.locator("#supp-total").inner_text())
+    page.fill("#supp-email", address.upper())
+    page.select_option("#supp-reason", "unsubscribed")
+    page.keyboard.press("Enter")
+    row = page.locator(f'#suppressions tr[data-email="{address}"]')
+    expect(row).to_contain_text("unsubscribed")
+    expect(page.locator("#supp-status")).to_contain_text(f"{address} suppressed")
+    expect(page.locator("#supp-total")).to_have_text(str(before + 1))
+    page.fill("#supp-email", IMG)  # refused, and shown as text
+    page.click("#supp-add button[type=submit]")
+    expect(page.locator("#supp-error")).to_contain_text("Not suppressed")
+    expect(page.locator("#supp-email")).to_have_attribute("aria-invalid", "true")
+    _assert_no_injection(page)
+
+    # a campaign with that recipient: its email is created cancelled, and the page counts it
+    created = api(
+        page, "POST", f"{app.url}/api/campaigns",
+        data={
+            "name": "Suppressed",
+            "recipients": [{"email": address}, {"email": "kept@example.com"}],
+            "templates": {"subject": "Hi", "body": "Hello"},
+            "policy": {"timezone": "UTC", "start": "2099-01-05T09:00:00Z"},
+        },
+    )  # fmt: skip
+    cid = str(created["id"])
+    provision(page, app.url, cid)
+    page.goto(f"{app.url}/campaigns/{cid}")
+    expect(page.locator("#campaign-suppressed")).to_have_text("1")
+    expect(page.locator('#tasks tr[data-state="Cancelled"]')).to_contain_text(
+        "suppressed: unsubscribed"
+    )
+
+    page.goto(f"{app.url}/suppressions")
+    row.locator("[data-remove]").click()
+    expect(row).to_have_count(0)
+    expect(page.locator("#supp-status")).to_contain_text(f"{address} removed")
+    listed = api(page, "GET", f"{app.url}/api/suppressions?limit=1000")["suppressions"]
+    assert address not in [e["email"] for e in listed]

@@ -121,7 +121,7 @@ def test_a_0001_database_upgrades_to_counters_and_keeps_its_data(
     assert "counters" not in table_names(engine)
 
     with open_store(url) as store:  # the store upgrades on open, as after a release
-        assert migrate.current(url) == migrate.head() == "0004"
+        assert migrate.current(url) == migrate.head() == "0005"
         assert schema_diffs(engine) == []
         assert store.counter("session-generation") == 0
         assert store.increment_counter("session-generation") == 1
@@ -155,11 +155,16 @@ def test_a_0002_database_upgrades_to_task_moves_and_keeps_its_tasks(
         )
 
     with open_store(url) as store:
-        assert migrate.current(url) == "0004"
+        assert migrate.current(url) == "0005"
         assert schema_diffs(engine) == []
         task = store.get_task("c1-0")
         assert task is not None
         assert (task.planned_at, task.moves, task.moved_reason) == (send_at, 0, None)
+        assert task.reason is None  # 0005: nobody said why
+        assert store.count_suppressions() == 0
+    migrate.downgrade(url, "0004")
+    assert "suppressions" not in table_names(engine)
+    assert "reason" not in {c["name"] for c in sa.inspect(engine).get_columns("tasks")}
     migrate.downgrade(url, "0002")
     columns = {c["name"] for c in sa.inspect(engine).get_columns("tasks")}
     assert not columns & {"planned_at", "moves", "moved_reason"}

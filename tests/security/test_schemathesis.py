@@ -70,10 +70,10 @@ def container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     c.close()
 
 
-def _targets(c: Container) -> tuple[dict[str, list[str]], list[str]]:
+def _targets(c: Container) -> tuple[dict[str, list[str]], list[str], list[str]]:
     """Real ids to aim path parameters at: campaigns (draft, active, paused, completed) with
-    their tasks, and dead letters. Made afresh for each operation, so that one operation's
-    cancels do not leave the next nothing but 409s."""
+    their tasks, dead letters and suppressed addresses. Made afresh for each operation, so that
+    one operation's cancels and removals do not leave the next nothing but 409s and 404s."""
 
     def new(count: int, days: int = 30) -> str:
         return c.campaigns.create(
@@ -101,19 +101,25 @@ def _targets(c: Container) -> tuple[dict[str, list[str]], list[str]]:
     scheduler.fire_due(fail)
     letters = [d.id for d in scheduler.dead_letters() if d.schedule_name in names]
     tasks = {cid: [t.id for t in c.store.list_tasks(cid)] for cid in (draft, active, paused)}
-    return tasks, letters
+    emails = [f"probe-{secrets.token_hex(4)}@example.com" for _ in range(3)]
+    for email in emails:
+        c.suppression.add(email)
+    return tasks, letters, emails
 
 
 def _exercise(
     operation: Any,
     tasks: dict[str, list[str]],
     letters: list[str],
+    emails: list[str],
     seen: Counter[int],
 ) -> None:
     """Run the examples of one operation; raises what schemathesis or hypothesis found."""
     # The event stream never ends by design (tests/web/test_stream.py covers it): here only
     # its refusals (unknown ids, bad parameters) are checked.
     stream = operation.path.endswith("/events")
+    importing = operation.path.endswith("/suppressions/import")
+    adding = operation.method.upper() == "POST" and operation.path == "/api/suppressions"
 
     @given(case=operation.as_strategy(), aim=st.data())
     @settings(
@@ -127,6 +133,14 @@ def _exercise(
                 params["task_id"] = aim.draw(st.sampled_from(tasks[params["campaign_id"]]))
         if "letter_id" in params and letters and aim.draw(st.booleans()):
             params["letter_id"] = aim.draw(st.sampled_from(letters))
+        if "email" in params and aim.draw(st.booleans()):
+            params["email"] = aim.draw(st.sampled_from(emails))
+        if adding and aim.draw(st.booleans()):
+            # likewise a drawn address is hardly ever valid: aim some at a real one
+            case.body = {"email": f"new-{aim.draw(st.integers(0, 10**6))}@example.com"}
+        if importing and aim.draw(st.booleans()):
+            # a drawn file is hardly ever a CSV with an email column: aim some at one
+            case.body = {"file": f"email\n{aim.draw(st.sampled_from(emails))}\n".encode()}
         response = case.call_and_validate(headers=BEARER, checks=CHECKS)
         seen[response.status_code] += 1
 
@@ -142,9 +156,9 @@ def test_no_500_and_every_response_matches_the_schema(container: Container) -> N
     seen: dict[str, Counter[int]] = defaultdict(Counter)
     failures: list[str] = []
     for operation in operations:
-        tasks, letters = _targets(container)
+        tasks, letters, emails = _targets(container)
         try:
-            _exercise(operation, tasks, letters, seen[operation.label])
+            _exercise(operation, tasks, letters, emails, seen[operation.label])
         except (Exception, BaseExceptionGroup) as exc:  # schemathesis raises a group
             failures.append(f"{operation.label}: {exc}"[:3000])
     assert not failures, "\n\n".join(failures)

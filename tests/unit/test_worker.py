@@ -244,6 +244,9 @@ def test_paused_campaign_is_not_sent_and_store_outage_raises() -> None:
         def get_task(self, _task_id: str) -> Task:
             raise StoreUnavailable("database is down")
 
+        def task_and_suppression(self, _task_id: str) -> Task:
+            raise StoreUnavailable("database is down")
+
     broken = fake_app(clock=clock, store=DownStore())  # type: ignore[arg-type]
     with pytest.raises(StoreUnavailable):
         broken.worker.send(send_payload(task))

@@ -63,6 +63,10 @@ def test_openapi_documents_the_routes(web: Web) -> None:
         "/api/campaigns/{campaign_id}/tasks",
         "/api/campaigns/{campaign_id}/events",
         "/api/dead-letters/{letter_id}/redrive",
+        "/api/suppressions",
+        "/api/suppressions/{email}",
+        "/api/suppressions/import",
+        "/api/suppressions/export",
     ):
         assert path in schema["paths"]
     content = schema["paths"]["/api/campaigns"]["post"]["requestBody"]["content"]
@@ -150,8 +154,8 @@ def test_create_from_json_renders_templates_with_row_variables(web: Web) -> None
     ]
     assert set(tasks[0]) == {
         "id", "position", "email", "name", "subject", "state", "send_at", "sent_at",
-        "attempts", "message_id", "error", "planned_at", "moves", "moved_reason", "paused",
-        "late",
+        "attempts", "message_id", "error", "planned_at", "moves", "moved_reason", "reason",
+        "paused", "late",
     }  # fmt: skip
 
 

@@ -168,6 +168,8 @@ def campaign_show(campaign_id: str, as_json: JsonOpt = False) -> None:
     )
     out.print(f"recipients: {data['recipients']}")
     out.print("  ".join(f"{k}: {v}" for k, v in data["counts"].items()))
+    if data["suppressed"]:
+        out.print(f"suppressed: {data['suppressed']} (cancelled: on the suppression list)")
 
 
 @campaign_app.command("preview")
@@ -218,6 +220,7 @@ def campaign_provision(
             "tasks_created": report.tasks_created,
             "schedules_created": report.schedules_created,
             "throttled": report.throttled,
+            "suppressed": report.suppressed,
             "errors": report.errors,
             "seconds": round(report.seconds, 3),
         }
@@ -294,7 +297,8 @@ def campaign_tasks(
         print_json(rows)
         return
     table = Table(title=f"{len(rows)} email(s)")
-    for col in ("id", "email", "state", "send_at", "sent_at", "attempts", "moves", "error"):
+    columns = ("id", "email", "state", "send_at", "sent_at", "attempts", "moves", "error/reason")
+    for col in columns:
         table.add_column(col)
     for r in rows:
         table.add_row(
@@ -305,6 +309,6 @@ def campaign_tasks(
             (r["sent_at"] or "") + (" (late)" if r["late"] else ""),
             str(r["attempts"]),
             f"{r['moves']}: {r['moved_reason']}" if r["moves"] else "",
-            (r["error"] or "")[:60],
+            (r["error"] or r["reason"] or "")[:60],
         )
     out.print(table)

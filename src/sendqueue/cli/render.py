@@ -103,6 +103,7 @@ def print_provision(report: ProvisionReport) -> None:
         f"{report.campaign_id}: {messages[report.status]} - {report.tasks_created} tasks and "
         f"{report.schedules_created} schedules created of {report.total} in {report.seconds:.1f}s"
         + (f", {report.throttled} throttled call(s) retried" if report.throttled else "")
+        + (f", {report.suppressed} suppressed (created Cancelled)" if report.suppressed else "")
     )
     for e in report.errors[:10]:
         err.print(f"  {e}", markup=False)

@@ -6,12 +6,12 @@ Plain frozen dataclasses, no I/O. All instants are aware datetimes in UTC.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypedDict
 
-from .errors import InvalidField
+from .errors import IllegalTransition, InvalidField
 from .lifecycle import CampaignState, TaskState
 from .policy import SendingPolicy
 
@@ -27,6 +27,7 @@ __all__ = [
     "TaskChanges",
     "check_cursor",
     "check_limit",
+    "check_new_tasks",
     "checked_changes",
     "expected_schedule_name",
     "new_campaign_id",
@@ -160,6 +161,8 @@ class Task:
     """How many times the task was moved to another slot (outage, retry, resume)."""
     moved_reason: str | None = None
     """Why it was last moved, e.g. "worker down 16:48-17:48" or "transient: 421 ..."."""
+    reason: str | None = None
+    """Why it was cancelled, e.g. "suppressed: bounced" (None when nobody said)."""
 
 
 class TaskChanges(TypedDict, total=False):
@@ -174,6 +177,7 @@ class TaskChanges(TypedDict, total=False):
     error: str | None
     moves: int
     moved_reason: str | None
+    reason: str | None
 
 
 class Move(NamedTuple):
@@ -204,6 +208,25 @@ def checked_changes(changes: TaskChanges | None) -> dict[str, Any]:
         if values[key] is not None:
             values[key] = utc(values[key])
     return values
+
+
+#: The states a task may be inserted in: Pending, or Cancelled for a recipient on the
+#: suppression list (with its ``reason``; the change log then says ``None -> Cancelled``).
+_NEW_TASK_STATES = frozenset({TaskState.PENDING, TaskState.CANCELLED})
+
+
+def check_new_tasks(tasks: Iterable[Task]) -> None:
+    """IllegalTransition unless every task is Pending, or Cancelled with a reason."""
+    for task in tasks:
+        if task.state not in _NEW_TASK_STATES or (
+            task.state is TaskState.CANCELLED and not task.reason
+        ):
+            raise IllegalTransition(
+                "task",
+                "(new)",
+                task.state.value,
+                "tasks are created Pending, or Cancelled with a reason",
+            )
 
 
 @dataclass(frozen=True)

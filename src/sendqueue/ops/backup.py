@@ -54,7 +54,7 @@ SCHEDULER_FILE = "scheduler.db"
 MANIFEST = "backup.json"
 
 # Tables counted in the manifest, per file (a table that does not exist is left out).
-_STORE_TABLES = ("campaigns", "recipients", "tasks", "change_log")
+_STORE_TABLES = ("campaigns", "recipients", "tasks", "change_log", "suppressions")
 _SCHEDULER_TABLES = ("schedules", "dead_letters")
 
 

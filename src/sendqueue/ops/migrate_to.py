@@ -1,7 +1,8 @@
 """Moving an embedded deployment onto PostgreSQL: ``sendqueue db migrate-to URL``.
 
 :func:`migrate_to` copies a SQLite task store (campaigns, recipients, tasks and the change log,
-ids included, so a live UI resumes its stream where it was) into an empty PostgreSQL task
+ids included, so a live UI resumes its stream where it was, and the suppression list) into an
+empty PostgreSQL task
 store, and creates the schedules of the Pending tasks of active campaigns in the target's
 execution layer, with the tasks' stored names and tokens. Overdue ones fire as soon as a target
 worker runs.
@@ -64,6 +65,7 @@ class MigrationReport:
     recipients: int = 0
     tasks: int = 0
     changes: int = 0
+    suppressions: int = 0
     pending: int = 0
     schedules_created: int = 0
     schedule_errors: list[str] = field(default_factory=list)
@@ -128,8 +130,19 @@ def _copy(
             name = counters[table.name]
             setattr(report, name, getattr(report, name) + len(rows))
     _copy_counters(source, target)
+    report.suppressions = _copy_suppressions(source, target, batch)
     # Ids were copied as they were; new ids must exceed them (migration 0004's rebase).
     target.execute(sa.text("SELECT sq_change_log_rebase()"))
+
+
+def _copy_suppressions(source: sa.Connection, target: sa.Connection, batch: int) -> int:
+    """The suppression list, insert-or-keep: an address the target lists already keeps its
+    entry. Returns how many were new there."""
+    added = 0
+    for rows in _rows(source, schema.suppressions, batch):
+        insert = postgresql.insert(schema.suppressions).values(rows).on_conflict_do_nothing()
+        added += len(target.execute(insert.returning(schema.suppressions.c.email)).all())
+    return added
 
 
 def _copy_counters(source: sa.Connection, target: sa.Connection) -> None:

@@ -5,6 +5,12 @@ run again: tasks have deterministic ids and are inserted idempotently, schedules
 with the task's stored client token (idempotent in the execution layer), and the send times are
 re-planned from the instant recorded in the first checkpoint, so a resumed run plans exactly
 what the first run planned.
+
+Each chunk's addresses are looked up on the suppression list (one batch lookup per chunk): a
+suppressed recipient's task is inserted Cancelled, with the reason "suppressed: <reason>", in
+the same write as the rest of the chunk, and gets no schedule. It keeps its planned slot (the
+plan is by position, so a resumed run plans the same), which then goes unused. A task inserted
+by an earlier run is left as it is; an address suppressed since is caught by the send worker.
 """
 
 from __future__ import annotations
@@ -12,22 +18,32 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import cast
 from zoneinfo import ZoneInfo
 
 from sendqueue.domain.errors import Conflict, IllegalTransition, InvalidField, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import CONTROL_GROUP, Campaign, Task, new_token, task_id
 from sendqueue.domain.planner import plan
-from sendqueue.ports import Clock, Scheduler, TaskStore
+from sendqueue.domain.suppression import Suppression, key_of_normalized, suppressed_reason
+from sendqueue.ports import Clock, Scheduler, SuppressionList, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
 
 __all__ = ["Continuation", "ProvisionProgress", "ProvisionReport", "Provisioner"]
 
 log = logging.getLogger(__name__)
+
+
+def _cancel_if_listed(task: Task, listed: Mapping[str, Suppression]) -> Task:
+    """``task`` to insert Cancelled with its reason when its address is on the list."""
+    entry = listed.get(key_of_normalized(task.email))
+    if entry is None:
+        return task
+    return replace(task, state=TaskState.CANCELLED, reason=suppressed_reason(entry.reason))
 
 
 @dataclass(frozen=True)
@@ -50,6 +66,8 @@ class ProvisionReport:
     tasks_created: int = 0
     schedules_created: int = 0
     throttled: int = 0
+    suppressed: int = 0
+    """The campaign's tasks cancelled because their address is suppressed (when done)."""
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -76,8 +94,13 @@ class Provisioner:
         config: ServiceConfig,
         *,
         continuation: Continuation | None = None,
+        suppressions: SuppressionList | None = None,
     ) -> None:
         self._store = store
+        # Every task store keeps the suppression list too (ports.SuppressionList).
+        self._suppressions = (
+            suppressions if suppressions is not None else cast(SuppressionList, store)
+        )
         self._scheduler = scheduler
         self._writer = writer
         self._clock = clock
@@ -167,9 +190,11 @@ class Provisioner:
                 "plan_start": checkpoint["plan_start"],
                 "finished_at": self._clock.now().isoformat(),
             }
-            self._store.save_checkpoint(
-                campaign_id, done, at=self._clock.now(), note=f"provisioned {report.total} emails"
-            )
+            report.suppressed = self._suppressions.count_suppressed_tasks(campaign_id)
+            note = f"provisioned {report.total} emails"
+            if report.suppressed:
+                note += f", {report.suppressed} suppressed"
+            self._store.save_checkpoint(campaign_id, done, at=self._clock.now(), note=note)
             self._store.set_campaign_state(
                 campaign_id,
                 {CampaignState.PROVISIONING},
@@ -230,6 +255,7 @@ class Provisioner:
             now = self._clock.now()
             # new_token()'s format, drawn in one call instead of one system call per task.
             tokens = secrets.token_hex(16 * len(recipients))
+            listed = self._suppressions.suppressed({key_of_normalized(r.email) for r in recipients})
             tasks = [
                 Task(
                     id=task_id(campaign.id, r.position),
@@ -247,6 +273,8 @@ class Provisioner:
                 )
                 for i, r in enumerate(recipients)
             ]
+            if listed:
+                tasks = [_cancel_if_listed(t, listed) for t in tasks]
             inserted = self._store.insert_tasks(tasks, at=now)
             report.tasks_created += inserted
             last = recipients[-1].position
@@ -258,7 +286,8 @@ class Provisioner:
                         campaign.id, state=TaskState.PENDING, after=after, limit=chunk
                     )
                     tasks = [t for t in stored if t.position <= last]
-                with_schedules = self._schedule_chunk(campaign.id, tasks, report)
+                pending = [t for t in tasks if t.state is TaskState.PENDING]
+                with_schedules = self._schedule_chunk(campaign.id, pending, report)
             after = last
             done = after + 1
             checkpoint.update(after=after)

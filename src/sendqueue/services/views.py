@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, overload
+from typing import Annotated, Any, cast, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter, Task
-from sendqueue.ports import TaskStore
+from sendqueue.domain.suppression import Suppression
+from sendqueue.ports import SuppressionList, TaskStore
 
 __all__ = [
     "LATE_SECONDS",
@@ -24,9 +25,11 @@ __all__ = [
     "ChangeView",
     "DeadLetterView",
     "IsoTime",
+    "SuppressionView",
     "TaskView",
     "campaign_dict",
     "campaign_moves",
+    "campaign_suppressed",
     "change_dict",
     "dead_letter_dict",
     "is_late",
@@ -78,19 +81,28 @@ class CampaignView(_View):
     counts: dict[str, int] = Field(description="tasks per state, every state named")
     moved: int = Field(description="emails moved at least once (outage, retry, resume)")
     late: int = Field(description=f"emails sent more than {LATE_SECONDS} s after send_at")
+    suppressed: int = Field(
+        description="emails cancelled because their address is on the suppression list"
+    )
     checkpoint: dict[str, Any] | None
     created_at: IsoTime
     updated_at: IsoTime
 
     @classmethod
     def fields_of(
-        cls, campaign: Campaign, counts: Mapping[TaskState, int], moves: tuple[int, int]
+        cls,
+        campaign: Campaign,
+        counts: Mapping[TaskState, int],
+        moves: tuple[int, int],
+        suppressed: int,
     ) -> dict[str, Any]:
         """The field values of ``campaign`` (for subclasses that add their own); ``moves`` is
-        ``TaskStore.count_moves`` (moved, late)."""
+        ``TaskStore.count_moves`` (moved, late), ``suppressed`` the count of
+        :func:`campaign_suppressed`."""
         return {
             "moved": moves[0],
             "late": moves[1],
+            "suppressed": suppressed,
             "id": campaign.id,
             "name": campaign.name,
             "state": campaign.state.value,
@@ -108,14 +120,29 @@ class CampaignView(_View):
 
     @classmethod
     def of(
-        cls, campaign: Campaign, counts: Mapping[TaskState, int], moves: tuple[int, int]
+        cls,
+        campaign: Campaign,
+        counts: Mapping[TaskState, int],
+        moves: tuple[int, int],
+        suppressed: int,
     ) -> CampaignView:
-        return cls(**cls.fields_of(campaign, counts, moves))
+        return cls(**cls.fields_of(campaign, counts, moves, suppressed))
 
     @classmethod
     def read(cls, store: TaskStore, campaign: Campaign) -> CampaignView:
         """The view of ``campaign`` with its counts read from ``store``."""
-        return cls.of(campaign, store.count_tasks(campaign.id), campaign_moves(store, campaign))
+        return cls.of(
+            campaign,
+            store.count_tasks(campaign.id),
+            campaign_moves(store, campaign),
+            campaign_suppressed(store, campaign),
+        )
+
+
+def campaign_suppressed(store: TaskStore, campaign: Campaign) -> int:
+    """The campaign's emails cancelled because their address is suppressed (every task store
+    keeps the suppression list, :class:`~sendqueue.ports.SuppressionList`)."""
+    return cast(SuppressionList, store).count_suppressed_tasks(campaign.id)
 
 
 def campaign_moves(store: TaskStore, campaign: Campaign) -> tuple[int, int]:
@@ -142,6 +169,7 @@ class TaskView(_View):
     planned_at: IsoTime | None = Field(description="the first send time planned for it")
     moves: int = Field(description="how many times it was moved to another slot")
     moved_reason: str | None = Field(description='why it last moved, e.g. "transient: 421 ..."')
+    reason: str | None = Field(description='why it was cancelled, e.g. "suppressed: bounced"')
     paused: bool = Field(description="Pending in a paused campaign: no send time until resume")
     late: bool = Field(description=f"sent more than {LATE_SECONDS} s after its send time")
 
@@ -164,6 +192,7 @@ class TaskView(_View):
             planned_at=iso(task.planned_at),
             moves=task.moves,
             moved_reason=task.moved_reason,
+            reason=task.reason,
             paused=paused,
             late=is_late(task),
         )
@@ -224,6 +253,21 @@ class DeadLetterView(_View):
         )
 
 
+class SuppressionView(_View):
+    """An address on the suppression list (``suppression list --json``)."""
+
+    email: str = Field(description="the address as compared: lower-cased")
+    reason: str = Field(description="unsubscribed, bounced, complained, replied or manual")
+    task_id: str | None = Field(description="the task it came from, if any")
+    at: IsoTime
+
+    @classmethod
+    def of(cls, entry: Suppression) -> SuppressionView:
+        return cls(
+            email=entry.email, reason=entry.reason.value, task_id=entry.task_id, at=iso(entry.at)
+        )
+
+
 def campaign_dict(store: TaskStore, campaign: Campaign) -> dict[str, Any]:
     """A campaign with its task counts per state, moved and late, read from ``store``."""
     return CampaignView.read(store, campaign).as_json()
@@ -247,7 +291,7 @@ def dead_letter_dict(letter: DeadLetter) -> dict[str, Any]:
 #: The keys ``campaign tasks --json`` lists, in order: a task without position, name and subject.
 TASK_LIST_KEYS = (
     "id", "email", "state", "send_at", "sent_at", "attempts", "message_id", "error",
-    "planned_at", "moves", "moved_reason", "paused", "late",
+    "planned_at", "moves", "moved_reason", "reason", "paused", "late",
 )  # fmt: skip
 
 

@@ -17,8 +17,12 @@ Rules (design.md):
   sent, or Pending and due then). If there is one it is not sent: the task is given back and the
   campaign re-planned (outcome "moved"), so emails due together never go out in a burst. An
   on-time send skips this check: no extra store read on the hot path.
+- An address put on the suppression list since provisioning is caught before the claim: the
+  task goes Pending -> Cancelled (a conditional write) with the reason "suppressed: <reason>"
+  and is never sent. The entry is read with the task (``task_and_suppression``: one statement
+  on PostgreSQL, a second local read on SQLite), so a send costs no extra round trip there.
 - Every invocation ends in one outcome told to the Events port: sent, transient, permanent, or
-  skipped (any of the skips above, a lost claim, a campaign not sending).
+  skipped (any of the skips above, a lost claim, a campaign not sending, a suppressed address).
 - The worker raises only when infrastructure fails (the store is unreachable), so the execution
   layer's retry and dead-letter path covers that.
 """
@@ -30,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.alarms import AutoPause, auto_pause_reason
@@ -37,7 +42,17 @@ from sendqueue.domain.errors import PermanentMailError, SchedulerError, Transien
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
 from sendqueue.domain.slots import in_policy, nominal_spacing
-from sendqueue.ports import Alarm, Clock, Events, Mailer, NoEvents, OutgoingMessage, TaskStore
+from sendqueue.domain.suppression import Suppression, suppressed_reason
+from sendqueue.ports import (
+    Alarm,
+    Clock,
+    Events,
+    Mailer,
+    NoEvents,
+    OutgoingMessage,
+    SuppressionList,
+    TaskStore,
+)
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.replanning import RETRY_LEASE_WAIT
@@ -115,8 +130,13 @@ class SendWorker:
         on_event: Callable[[str, Task], None] | None = None,
         events: Events | None = None,
         alarm: Alarm | None = None,
+        suppressions: SuppressionList | None = None,
     ) -> None:
         self._store = store
+        # Every task store keeps the suppression list too (ports.SuppressionList).
+        self._suppressions = (
+            suppressions if suppressions is not None else cast(SuppressionList, store)
+        )
         self._mailer = mailer
         self._writer = writer
         self._campaigns = campaigns
@@ -199,7 +219,8 @@ class SendWorker:
     def _send(self, payload: Mapping[str, str]) -> bool:
         """Handle one invocation; False when it was skipped (nothing sent or recorded)."""
         task_id = payload.get("task_id", "")
-        task = self._store.get_task(task_id)
+        # The task and its address's suppression entry, in one read where the store can.
+        task, listed = self._suppressions.task_and_suppression(task_id)
         if task is None:
             log.warning("schedule for unknown task %r: skipped", task_id)
             return False
@@ -227,6 +248,9 @@ class SendWorker:
             log.info("task %s: campaign %s is %s, skipped", task_id, campaign.id, campaign.state)
             return False
         now = self._clock.now()
+        if listed is not None:
+            self._cancel_suppressed(task, listed, now)
+            return False
         if self._overdue(campaign, task, now):
             self._catch_up(campaign, task, now)
             return True
@@ -283,6 +307,21 @@ class SendWorker:
         if final and not others:
             self._complete_if_done(campaign.id)
         return True
+
+    def _cancel_suppressed(self, task: Task, entry: Suppression, now: datetime) -> None:
+        """Cancel a Pending task whose address is on the suppression list (unless someone
+        changed it first), and check the campaign for completion."""
+        reason = suppressed_reason(entry.reason)
+        cancelled = self._store.transition(
+            task.id, TaskState.PENDING, TaskState.CANCELLED, at=now,
+            changes={"reason": reason}, note=reason,
+        )  # fmt: skip
+        log.info("task %s: address suppressed (%s), not sent", task.id, entry.reason.value)
+        if cancelled is not None:
+            with self._lock:
+                others = self._sending.get(task.campaign_id, 0)
+            if not others:
+                self._complete_if_done(task.campaign_id)
 
     def _overdue(self, campaign: Campaign, task: Task, now: datetime) -> bool:
         """Too late to send: more than ``max_lateness`` past send_at, or outside the policy

@@ -11,17 +11,15 @@ import builtins
 import json
 import threading
 from bisect import bisect_right, insort
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from sendqueue.domain.errors import (
     Conflict,
-    IllegalTransition,
     InvalidField,
     NotFound,
-    StoreUnavailable,
 )
 from sendqueue.domain.lifecycle import (
     CampaignState,
@@ -38,14 +36,14 @@ from sendqueue.domain.models import (
     TaskChanges,
     check_cursor,
     check_limit,
+    check_new_tasks,
     checked_changes,
     utc,
 )
+from sendqueue.testing.guard import guarded as _guarded
+from sendqueue.testing.suppressions import InMemorySuppressions
 
 __all__ = ["InMemoryTaskStore"]
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _json_copy(field: str, value: Any) -> Any:
@@ -60,23 +58,9 @@ def _utc_or_none(value: datetime | None) -> datetime | None:
     return None if value is None else utc(value)
 
 
-def _guarded(method: _F) -> _F:
-    """Run ``method`` under the store's lock, failing while the store is made unavailable."""
-
-    def wrapper(self: InMemoryTaskStore, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            if not self._available:
-                raise StoreUnavailable("in-memory task store made unavailable by the test")
-            return method(self, *args, **kwargs)
-
-    wrapper.__name__ = method.__name__
-    wrapper.__qualname__ = method.__qualname__
-    wrapper.__doc__ = method.__doc__
-    return wrapper  # type: ignore[return-value]
-
-
-class InMemoryTaskStore:
-    """:class:`~sendqueue.ports.TaskStore` in memory; thread-safe, one lock.
+class InMemoryTaskStore(InMemorySuppressions):
+    """:class:`~sendqueue.ports.TaskStore` and :class:`~sendqueue.ports.SuppressionList` in
+    memory; thread-safe, one lock.
 
     :meth:`set_available` simulates an outage: while unavailable, every method raises
     :class:`~sendqueue.domain.errors.StoreUnavailable`, as a real store does when its database
@@ -84,6 +68,7 @@ class InMemoryTaskStore:
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self._lock = threading.RLock()
         self._available = True
         self._campaigns: dict[str, Campaign] = {}
@@ -247,11 +232,7 @@ class InMemoryTaskStore:
     @_guarded
     def insert_tasks(self, tasks: Sequence[Task], *, at: datetime) -> int:
         at = utc(at)
-        for task in tasks:
-            if task.state is not TaskState.PENDING:
-                raise IllegalTransition(
-                    "task", "(new)", task.state.value, "tasks are created Pending"
-                )
+        check_new_tasks(tasks)
         for campaign_id in sorted({t.campaign_id for t in tasks}):
             self._require_campaign(campaign_id)
         # Normalise everything first, so a bad value leaves nothing half inserted.
@@ -275,7 +256,8 @@ class InMemoryTaskStore:
             self._tasks[task.id] = task
             at_position[task.position] = task.id
             insort(self._task_positions[task.campaign_id], task.position)
-            self._append(task.campaign_id, task.id, None, TaskState.PENDING.value, at, None)
+            note = task.reason if task.state is TaskState.CANCELLED else None
+            self._append(task.campaign_id, task.id, None, task.state.value, at, note)
             inserted += 1
         return inserted
 

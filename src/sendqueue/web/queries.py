@@ -19,7 +19,7 @@ from sendqueue.domain.planner import DaySummary, per_day_summary, plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.campaigns import PlanSummary, iter_tasks
-from sendqueue.services.views import CampaignView, campaign_moves, iso
+from sendqueue.services.views import CampaignView, campaign_moves, campaign_suppressed, iso
 from sendqueue.web.schemas import CampaignDetail, Plan, PlanDay, PlanSend
 
 __all__ = [
@@ -55,7 +55,10 @@ def next_send_at(store: TaskStore, campaign: Campaign) -> datetime | None:
 def campaign_view(store: TaskStore, campaign: Campaign) -> CampaignDetail:
     """``campaign show --json`` plus ``next_send_at``."""
     fields = CampaignView.fields_of(
-        campaign, store.count_tasks(campaign.id), campaign_moves(store, campaign)
+        campaign,
+        store.count_tasks(campaign.id),
+        campaign_moves(store, campaign),
+        campaign_suppressed(store, campaign),
     )
     return CampaignDetail(**fields, next_send_at=iso(next_send_at(store, campaign)))
 

@@ -11,7 +11,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from sendqueue.services.views import CampaignView, DeadLetterView, IsoTime, TaskView
+from sendqueue.services.views import (
+    CampaignView,
+    DeadLetterView,
+    IsoTime,
+    SuppressionView,
+    TaskView,
+)
 
 __all__ = [
     "READ_ERRORS",
@@ -30,6 +36,10 @@ __all__ = [
     "PlanSend",
     "Redriven",
     "RetriedCampaign",
+    "SuppressionAdded",
+    "SuppressionImported",
+    "SuppressionPage",
+    "SuppressionRemoved",
     "TaskPage",
     "TimelineDay",
     "error_responses",
@@ -118,6 +128,28 @@ class Redriven(BaseModel):
     )
 
 
+class SuppressionPage(BaseModel):
+    suppressions: list[SuppressionView]
+    total: int = Field(description="how many addresses are on the list")
+    next: str | None = Field(description="the cursor of the next page (`after`), or null")
+
+
+class SuppressionAdded(SuppressionView):
+    """The entry on the list now: the first one, when the address was listed already."""
+
+    new: bool = Field(description="false when the address was listed already (kept as it was)")
+
+
+class SuppressionRemoved(BaseModel):
+    removed: str = Field(description="the address taken off the list, as compared")
+
+
+class SuppressionImported(BaseModel):
+    rows: int = Field(description="rows of the file")
+    added: int = Field(description="addresses new on the list")
+    kept: int = Field(description="rows whose address was listed already (or repeated)")
+
+
 class ErrorInfo(BaseModel):
     """The inside of every error response (docs/api.md, "Errors")."""
 
@@ -148,10 +180,10 @@ class Health(BaseModel):
 _ERROR_TEXT = {
     401: "no or wrong token (`WWW-Authenticate: Bearer`)",
     403: "CSRF token missing or wrong (session cookie requests)",
-    404: "unknown campaign, task or dead letter",
+    404: "unknown campaign, task, dead letter or suppressed address",
     409: "illegal transition or conflict",
     413: "body or CSV larger than SENDQUEUE_MAX_UPLOAD_BYTES",
-    415: "neither multipart/form-data nor application/json",
+    415: "not the body's documented media type",
     422: "invalid input, naming the field or the rows",
     503: "the store or the execution layer is unreachable (`Retry-After`)",
 }

@@ -126,6 +126,7 @@ def task_doc(task: Task) -> dict[str, Any]:
         "planned_at": time_key(task.planned_at or task.send_at),
         "moves": task.moves,
         "moved_reason": task.moved_reason,
+        "reason": task.reason,
     }
 
 
@@ -144,6 +145,9 @@ def task_item(task: Task, version: int) -> dict[str, Any]:
     }
     if task.claimed_at is not None:
         item["ca"] = str_attr(time_key(task.claimed_at))
+    if task.reason is not None:
+        # Filtered on when counting a campaign's suppressed tasks.
+        item["rs"] = str_attr(task.reason)
     return item
 
 
@@ -172,6 +176,7 @@ def task_from_item(item: Mapping[str, Any]) -> tuple[Task, int]:
         planned_at=parse_time(doc.get("planned_at") or doc["send_at"]),
         moves=doc.get("moves", 0),
         moved_reason=doc.get("moved_reason"),
+        reason=doc.get("reason"),
     )
     return task, int(item["v"]["N"])
 

@@ -66,6 +66,7 @@ from sendqueue.adapters.dynamodb.codec import (
     str_attr,
     time_key,
 )
+from sendqueue.adapters.dynamodb.suppressions import SuppressionItems
 from sendqueue.adapters.dynamodb.table import (
     ITEM_BYTES,
     LOG_MAX,
@@ -93,8 +94,9 @@ from sendqueue.domain.models import (
 __all__ = ["DynamoDbTaskStore"]
 
 
-class DynamoDbTaskStore(TaskItems):
-    """:class:`~sendqueue.ports.TaskStore` on DynamoDB; see the module docstring."""
+class DynamoDbTaskStore(TaskItems, SuppressionItems):
+    """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`,
+    :mod:`~sendqueue.adapters.dynamodb.suppressions`) on DynamoDB; see the module docstring."""
 
     # -- campaigns ---------------------------------------------------------------------------
     def create_campaign(self, campaign: Campaign, recipients: Iterable[Recipient]) -> None:

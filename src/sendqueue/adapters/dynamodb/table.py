@@ -12,12 +12,15 @@ key attributes are the contract with the template and must stay stable:
                                  the campaign as JSON
 ``R#<id>#<rk>``     position     a recipient (position zero-padded to 10 digits)
 ``T#<task id>``     ``#``        a task: ``v`` its version, ``st`` its state, ``d`` the task as
-                                 JSON, ``ca`` its claim time, and the index keys below
+                                 JSON, ``ca`` its claim time, ``rs`` its reason (when it has
+                                 one), and the index keys below
 ``P#<campaign>``    position     the marker that makes a campaign's position taken once
 ``log``             first id     change-log entries ``first..first+n-1`` (``n``; ``d`` JSON;
                                  ``cs`` the set of their campaigns); ids are zero-padded to 20
 ``lease``           name         a lease: ``owner``, ``exp``
 ``counter``         name         a counter (``TaskStore.counter``): ``n`` its value (N)
+``suppression``     address      a suppressed address (``SuppressionList``): ``rs`` its reason,
+                                 ``task``, ``at``
 ==================  ===========  ==============================================================
 
 Global secondary indexes (projection ALL), all on task items:

@@ -26,7 +26,6 @@ from sendqueue.adapters.dynamodb.table import (
     TXN_ITEMS,
 )
 from sendqueue.domain.errors import (
-    IllegalTransition,
     InvalidField,
 )
 from sendqueue.domain.lifecycle import (
@@ -39,6 +38,7 @@ from sendqueue.domain.models import (
     TaskChanges,
     check_cursor,
     check_limit,
+    check_new_tasks,
     checked_changes,
     utc,
 )
@@ -54,18 +54,15 @@ class TaskItems(TableClient):
 
     # -- tasks -------------------------------------------------------------------------------
     def insert_tasks(self, tasks: Sequence[Task], *, at: datetime) -> int:
-        """Insert the tasks that do not exist yet, each with its ``None -> Pending`` entry.
+        """Insert the tasks that do not exist yet, each with its ``None -> Pending`` entry
+        (``None -> Cancelled`` noted with its reason, for a suppressed recipient's).
 
         Written in transactions of up to 49 tasks (the task and its position marker, conditional
         on both being new, plus one log item), not all in one: a crash in between leaves a
         prefix inserted, which is what an idempotent retry expects.
         """
         at = utc(at)
-        for task in tasks:
-            if task.state is not TaskState.PENDING:
-                raise IllegalTransition(
-                    "task", "(new)", task.state.value, "tasks are created Pending"
-                )
+        check_new_tasks(tasks)
         prepared = [
             replace(
                 t,
@@ -129,9 +126,8 @@ class TaskItems(TableClient):
                     writes.append(
                         {"Put": {"TableName": self._table, "Item": put, "ConditionExpression": new}}
                     )
-                entries.append(
-                    (t.campaign_id, t.id, None, TaskState.PENDING.value, t.created_at, None)
-                )
+                note = t.reason if t.state is TaskState.CANCELLED else None
+                entries.append((t.campaign_id, t.id, None, t.state.value, t.created_at, note))
             count = len(entries)
             return (writes, entries) if entries else None
 

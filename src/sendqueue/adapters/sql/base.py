@@ -40,6 +40,7 @@ from sendqueue.adapters.sql import schema as tables
 from sendqueue.adapters.sql.errors import mapped_errors
 from sendqueue.adapters.sql.schema import WRITE, UtcDateTime, create_store_engine
 from sendqueue.adapters.sql.sidetables import SideTables
+from sendqueue.adapters.sql.suppressions import SuppressionTables
 from sendqueue.domain.errors import Conflict, InvalidField, NotFound
 from sendqueue.domain.lifecycle import (
     CampaignState,
@@ -55,14 +56,16 @@ from sendqueue.domain.models import (
     TaskChanges,
     check_cursor,
     check_limit,
+    check_new_tasks,
     checked_changes,
 )
 
 __all__ = ["SqlTaskStore"]
 
 
-class SqlTaskStore(SideTables):
-    """:class:`~sendqueue.ports.TaskStore` over a SQL database; one subclass per dialect.
+class SqlTaskStore(SideTables, SuppressionTables):
+    """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`) over
+    a SQL database; one subclass per dialect.
 
     ``url`` is the subclass's dialect (``sqlite:///...`` or ``postgresql+psycopg://...``;
     ValueError for another). With ``upgrade`` (the default) the schema is migrated to the newest
@@ -251,15 +254,16 @@ class SqlTaskStore(SideTables):
     # tasks -----------------------------------------------------------------------------------
 
     def insert_tasks(self, tasks: Sequence[Task], *, at: datetime) -> int:
-        """Insert the tasks whose id (and campaign position) is free; log each ``None -> Pending``.
+        """Insert the tasks whose id (and campaign position) is free; log each ``None -> Pending``
+        (``None -> Cancelled`` with its reason as the note, for a suppressed recipient's).
 
-        Every task must be Pending (tasks are born Pending; IllegalTransition otherwise) and
+        Every task must be Pending, or Cancelled with a reason (IllegalTransition otherwise) and
         belong to an existing campaign (NotFound otherwise). ``created_at`` and ``updated_at``
         are set to ``at``.
         """
         if not tasks:
             return 0
-        rows.check_new_tasks(tasks)
+        check_new_tasks(tasks)
         return self._insert_tasks(tasks, at)
 
     @abstractmethod

@@ -35,6 +35,7 @@ from sendqueue.domain.models import (
     check_limit,
     utc,
 )
+from sendqueue.domain.suppression import Suppression, SuppressionReason, key_of_normalized
 
 try:  # the driver is the optional "postgres" extra
     import psycopg.types.json
@@ -64,24 +65,36 @@ _TRANSITION = (
     f" SELECT {TASK_COLUMNS} FROM moved"
 )
 
-#: Tasks inserted in bulk with their ``None -> Pending`` entries, in one statement: the rows
-#: (binary arrays, one per column, in id order; ON CONFLICT DO NOTHING), then one entry per
-#: inserted id in input order.
+#: Tasks inserted in bulk with their ``None -> Pending`` entries (``None -> Cancelled`` noted
+#: with the reason), in one statement: the rows (binary arrays, one per column, in id order;
+#: ON CONFLICT DO NOTHING), then one entry per inserted id in input order.
 _INSERT_TASKS = (
     f"WITH ins AS (INSERT INTO tasks ({TASK_COLUMNS})"
     f" SELECT {TASK_COLUMNS} FROM unnest("
     "%b::varchar[], %b::varchar[], %b::integer[], %b::text[], %b::text[], %b::text[],"
     " %b::text[], %b::text[], %b::timestamptz[], %b::varchar[], %b::varchar[], %b::integer[],"
     " %b::timestamptz[], %b::timestamptz[], %b::text[], %b::text[], %b::timestamptz[],"
-    " %b::timestamptz[], %b::timestamptz[], %b::integer[], %b::text[])"
+    " %b::timestamptz[], %b::timestamptz[], %b::integer[], %b::text[], %b::text[])"
     f" WITH ORDINALITY AS u({TASK_COLUMNS}, sq_ordinal) ORDER BY sq_ordinal"
-    " ON CONFLICT DO NOTHING RETURNING id),"
+    " ON CONFLICT DO NOTHING RETURNING id, state, reason),"
     " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
-    " SELECT e.campaign_id, e.id, NULL, %s, %b::timestamptz, NULL"
+    " SELECT e.campaign_id, e.id, NULL, ins.state, %b::timestamptz,"
+    " CASE WHEN ins.state = %s THEN ins.reason END"
     " FROM unnest(%b::varchar[], %b::varchar[]) WITH ORDINALITY AS e(id, campaign_id, ord)"
     " JOIN ins ON ins.id = e.id ORDER BY e.ord RETURNING 1)"
     " SELECT count(*) FROM logged"
 )
+
+#: The send worker's first read in one statement: the task, and the suppression entry of its
+#: address. The join lower-cases ASCII letters only (``translate``, whatever the database's
+#: locale); an address with other letters is looked up again with Python's ``lower``.
+_TASK_AND_SUPPRESSION = (
+    "SELECT {columns}, s.email, s.reason, s.task_id, s.at FROM tasks t"
+    " LEFT JOIN suppressions s ON s.email = translate(t.email,"
+    " 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz')"
+    " WHERE t.id = %s"
+).format(columns=", ".join(f"t.{c.strip()}" for c in TASK_COLUMNS.split(",")))
+_TASK_WIDTH = len(TASK_COLUMNS.split(","))
 
 #: A campaign's checkpoint with its progress entry, in one statement (as :data:`_TRANSITION`).
 _CHECKPOINT_LOGGED = (
@@ -138,7 +151,7 @@ def _unnest_insert(
     return out
 
 
-def _task_params(t: Task, pending: str, at: datetime) -> dict[str, Any]:
+def _task_params(t: Task, at: datetime) -> dict[str, Any]:
     """The ``tasks`` row of a new task, for :func:`_unnest_insert`."""
     return {
         "id": t.id,
@@ -150,7 +163,7 @@ def _task_params(t: Task, pending: str, at: datetime) -> dict[str, Any]:
         "text": t.text,
         "html": t.html,
         "send_at": t.send_at,
-        "state": pending,
+        "state": t.state.value,
         "token": t.token,
         "attempts": t.attempts,
         "claimed_at": t.claimed_at,
@@ -162,6 +175,7 @@ def _task_params(t: Task, pending: str, at: datetime) -> dict[str, Any]:
         "planned_at": t.planned_at or t.send_at,
         "moves": t.moves,
         "moved_reason": t.moved_reason,
+        "reason": t.reason,
     }
 
 
@@ -278,10 +292,9 @@ class PostgresTaskStore(SqlTaskStore):
     def _insert_tasks(self, tasks: Sequence[Task], at: datetime) -> int:
         if len(tasks) <= _UNNEST_CHUNK_SIZE:
             return self._insert_chunk(tasks, at)
-        pending = TaskState.PENDING.value
         # In one global order (by id), so two provisioners inserting the same tasks cannot
         # deadlock on each other's uncommitted rows.
-        new_rows = sorted((_task_params(t, pending, at) for t in tasks), key=lambda r: r["id"])
+        new_rows = sorted((_task_params(t, at) for t in tasks), key=lambda r: r["id"])
         with self._write("insert tasks") as conn:
             for campaign_id in sorted({t.campaign_id for t in tasks}):
                 self._require_campaign(conn, campaign_id)
@@ -293,14 +306,13 @@ class PostgresTaskStore(SqlTaskStore):
     def _insert_chunk(self, tasks: Sequence[Task], at: datetime) -> int:
         """:meth:`insert_tasks` of one provisioning chunk: one statement (:data:`_INSERT_TASKS`)."""
         stamp = _time(at)
-        pending = TaskState.PENDING.value
         # In id order, as in _insert_tasks.
         params = [
             (
                 t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
-                _time(t.send_at), pending, t.token, t.attempts, _time(t.claimed_at),
+                _time(t.send_at), t.state.value, t.token, t.attempts, _time(t.claimed_at),
                 _time(t.sent_at), t.message_id, t.error, stamp, stamp,
-                _time(t.planned_at or t.send_at), t.moves, t.moved_reason,
+                _time(t.planned_at or t.send_at), t.moves, t.moved_reason, t.reason,
             )
             for t in sorted(tasks, key=lambda t: t.id)
         ]  # fmt: skip
@@ -315,7 +327,7 @@ class PostgresTaskStore(SqlTaskStore):
                 seen.add(t.id)
                 log_ids.append(t.id)
                 log_campaigns.append(t.campaign_id)
-        args = (*columns, pending, stamp, log_ids, log_campaigns)
+        args = (*columns, stamp, TaskState.CANCELLED.value, log_ids, log_campaigns)
 
         def run(db: Any) -> int:
             try:
@@ -335,6 +347,40 @@ class PostgresTaskStore(SqlTaskStore):
             return int(row[0])
 
         return self._run("insert tasks", run, write=True)
+
+    def task_and_suppression(self, task_id: str) -> tuple[Task | None, Suppression | None]:
+        def run(db: Any) -> tuple[Task | None, Suppression | None]:
+            found = db.execute(_TASK_AND_SUPPRESSION, (task_id,)).fetchall()
+            if not found:
+                return None, None
+            row = found[0]
+            task = task_from_row(row[:_TASK_WIDTH])
+            email, reason, task_ref, at = row[_TASK_WIDTH:]
+            if email is not None:
+                return task, Suppression(email, SuppressionReason(reason), task_ref, at)
+            return task, None
+
+        task, entry = self._run("get task", run)
+        if task is not None and entry is None and not task.email.isascii():
+            key = key_of_normalized(task.email)
+            entry = self.suppressed([key]).get(key)
+        return task, entry
+
+    def _suppression_rows(
+        self, emails: Sequence[str]
+    ) -> list[tuple[str, str, str | None, datetime]]:
+        sql = "SELECT email, reason, task_id, at FROM suppressions WHERE email = ANY(%s::varchar[])"
+
+        def run(db: Any) -> list[tuple[str, str, str | None, datetime]]:
+            out: list[tuple[str, str, str | None, datetime]] = []
+            for part in rows.chunks(emails, _UNNEST_CHUNK_SIZE):
+                out += [
+                    (email, reason, task, at.astimezone(UTC))
+                    for email, reason, task, at in db.execute(sql, (list(part),))
+                ]
+            return out
+
+        return self._run("look up suppressed addresses", run)
 
     def get_task(self, task_id: str) -> Task | None:
         sql = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = %s"

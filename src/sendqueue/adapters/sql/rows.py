@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from sendqueue.domain.errors import IllegalTransition, InvalidField
+from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, Recipient, Task
 from sendqueue.domain.policy import SendingPolicy
@@ -28,7 +28,6 @@ __all__ = [
     "batches",
     "campaign_from_row",
     "campaign_row",
-    "check_new_tasks",
     "chunks",
     "created_entries",
     "entry_from_row",
@@ -46,7 +45,7 @@ CHUNK_SIZE = 500
 TASK_COLUMNS = (
     "id, campaign_id, position, email, name, subject, text, html, send_at, state, token, "
     "attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at, "
-    "moves, moved_reason"
+    "moves, moved_reason, reason"
 )
 
 #: TaskState by value, cheaper than ``TaskState(value)`` per row.
@@ -76,13 +75,6 @@ def json_ready(field: str, value: object) -> None:
         raise InvalidField(field, value, f"must be JSON-serialisable: {exc}") from exc
 
 
-def check_new_tasks(tasks: Sequence[Task]) -> None:
-    """IllegalTransition unless every task is Pending (tasks are born Pending)."""
-    for task in tasks:
-        if task.state is not TaskState.PENDING:
-            raise IllegalTransition("task", "(new)", task.state.value, "tasks are created Pending")
-
-
 def campaign_from_row(row: sa.Row[Any]) -> Campaign:
     m = row._mapping
     return Campaign(
@@ -105,13 +97,13 @@ def task_from_row(row: Sequence[Any]) -> Task:
     (
         id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
         attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at,
-        moves, moved_reason,
+        moves, moved_reason, reason,
     ) = row  # fmt: skip
     # Positional: tasks are read by the hundred thousand; see docs/performance.md.
     return Task(
         id_, campaign_id, position, email, name, subject, text, html, send_at, token,
         STATES[state], attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
-        planned_at, moves, moved_reason,
+        planned_at, moves, moved_reason, reason,
     )  # fmt: skip
 
 
@@ -184,12 +176,14 @@ def log_row(
 def created_entries(
     tasks: Sequence[Task], inserted: Collection[str], at: datetime
 ) -> list[Mapping[str, Any]]:
-    """The ``None -> Pending`` rows of the tasks whose id is in ``inserted``, in input order,
-    one per id (a later duplicate of an id in the input was not inserted)."""
+    """The ``None -> Pending`` (or ``None -> Cancelled``, noted with its reason) rows of the
+    tasks whose id is in ``inserted``, in input order, one per id (a later duplicate of an id in
+    the input was not inserted)."""
     left = set(inserted)
     entries: list[Mapping[str, Any]] = []
     for t in tasks:
         if t.id in left:
             left.discard(t.id)
-            entries.append(log_row(t.campaign_id, t.id, None, TaskState.PENDING.value, at, None))
+            note = t.reason if t.state is TaskState.CANCELLED else None
+            entries.append(log_row(t.campaign_id, t.id, None, t.state.value, at, note))
     return entries

@@ -36,6 +36,7 @@ __all__ = [
     "normalise_url",
     "recipients",
     "sqlite_text",
+    "suppressions",
     "tasks",
 ]
 
@@ -174,6 +175,8 @@ tasks = sa.Table(
     sa.Column("planned_at", UtcDateTime, nullable=True),
     sa.Column("moves", sa.Integer, nullable=False, server_default=sa.text("0")),
     sa.Column("moved_reason", sa.Text, nullable=True),
+    # Why it was cancelled, e.g. "suppressed: bounced" (migration 0005).
+    sa.Column("reason", sa.Text, nullable=True),
     # list_tasks / count_tasks: one campaign's tasks in a state, in position order.
     sa.Index("ix_tasks_campaign_id_state_position", "campaign_id", "state", "position"),
     # list_tasks without a state filter, and one task per recipient.
@@ -224,6 +227,18 @@ counters = sa.Table(
     metadata,
     sa.Column("name", sa.String(200), primary_key=True),
     sa.Column("value", sa.BigInteger, nullable=False),
+)
+
+
+#: The suppression list (migration 0005): one row per address in its compared form
+#: (lower-cased), paged in address order by the primary key.
+suppressions = sa.Table(
+    "suppressions",
+    metadata,
+    sa.Column("email", sa.String(320), primary_key=True),
+    sa.Column("reason", sa.String(16), nullable=False),
+    sa.Column("task_id", sa.String(200), nullable=True),
+    sa.Column("at", UtcDateTime, nullable=False),
 )
 
 

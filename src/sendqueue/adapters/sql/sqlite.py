@@ -38,16 +38,17 @@ _LOG_INSERT = (
     " VALUES (?, ?, ?, ?, ?, ?)"
 )
 
-#: The ``None -> Pending`` entries of tasks just inserted, one per id of a JSON array, in its
-#: order: SQLite builds them from the rows (no Python object per entry).
+#: The ``None -> <state>`` entries of tasks just inserted (a Cancelled one noted with its
+#: reason), one per id of a JSON array, in its order: SQLite builds them from the rows (no
+#: Python object per entry).
 _LOG_CREATED = (
     "INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
-    " SELECT t.campaign_id, t.id, NULL, ?, ?, NULL"
+    " SELECT t.campaign_id, t.id, NULL, t.state, ?, CASE WHEN t.state = ? THEN t.reason END"
     " FROM json_each(?) AS j JOIN tasks AS t ON t.id = j.value ORDER BY j.key"
 )
 
 _INSERT_TASK = (
-    f"INSERT INTO tasks ({TASK_COLUMNS}) VALUES ({', '.join('?' * 21)}) ON CONFLICT DO NOTHING"
+    f"INSERT INTO tasks ({TASK_COLUMNS}) VALUES ({', '.join('?' * 22)}) ON CONFLICT DO NOTHING"
 )
 
 #: Values per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
@@ -64,7 +65,7 @@ def _task(row: Sequence[Any]) -> Task:
     (
         id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
         attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at,
-        moves, moved_reason,
+        moves, moved_reason, reason,
     ) = row  # fmt: skip
     return Task(
         id_, campaign_id, position, email, name, subject, text, html,
@@ -72,17 +73,17 @@ def _task(row: Sequence[Any]) -> Task:
         _time(claimed_at), _time(sent_at), message_id, error,
         datetime.fromisoformat(created_at).replace(tzinfo=UTC),
         datetime.fromisoformat(updated_at).replace(tzinfo=UTC),
-        _time(planned_at), moves, moved_reason,
+        _time(planned_at), moves, moved_reason, reason,
     )  # fmt: skip
 
 
-def _task_row(t: Task, pending: str, stamp: str | None) -> tuple[object, ...]:
+def _task_row(t: Task, stamp: str | None) -> tuple[object, ...]:
     """The driver's parameters of :data:`_INSERT_TASK` for a new task."""
     return (
         t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
-        sqlite_text(t.send_at), pending, t.token, t.attempts, sqlite_text(t.claimed_at),
+        sqlite_text(t.send_at), t.state.value, t.token, t.attempts, sqlite_text(t.claimed_at),
         sqlite_text(t.sent_at), t.message_id, t.error, stamp, stamp,
-        sqlite_text(t.planned_at or t.send_at), t.moves, t.moved_reason,
+        sqlite_text(t.planned_at or t.send_at), t.moves, t.moved_reason, t.reason,
     )  # fmt: skip
 
 
@@ -94,13 +95,10 @@ def _insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list
     first of two tasks with one id or position wins, as with ON CONFLICT DO NOTHING.
     """
     stamp = sqlite_text(at)
-    pending = TaskState.PENDING.value
     # The common case, a fresh chunk: insert everything at once and count the rows taken; if
     # some were skipped (a resumed run, a duplicate), undo and redo with the lookups below.
     conn.exec_driver_sql("SAVEPOINT sq_bulk_tasks")
-    taken = conn.exec_driver_sql(
-        _INSERT_TASK, [_task_row(t, pending, stamp) for t in tasks]
-    ).rowcount
+    taken = conn.exec_driver_sql(_INSERT_TASK, [_task_row(t, stamp) for t in tasks]).rowcount
     if taken == len(tasks):
         conn.exec_driver_sql("RELEASE SAVEPOINT sq_bulk_tasks")
         return [t.id for t in tasks]
@@ -138,7 +136,7 @@ def _insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list
         taken_ids.add(t.id)
         taken_positions.add(where)
         inserted.append(t.id)
-        params.append(_task_row(t, pending, stamp))
+        params.append(_task_row(t, stamp))
     if params:
         conn.exec_driver_sql(_INSERT_TASK, params)
     return inserted
@@ -335,7 +333,7 @@ class SqliteTaskStore(SqlTaskStore):
                 # Every task inserted (a fresh provisioning chunk): the entries, in input
                 # order, straight from the rows.
                 conn.exec_driver_sql(
-                    _LOG_CREATED, (TaskState.PENDING.value, sqlite_text(at), json.dumps(ids))
+                    _LOG_CREATED, (sqlite_text(at), TaskState.CANCELLED.value, json.dumps(ids))
                 )
                 return len(ids)
             entries = rows.created_entries(tasks, ids, at)
@@ -441,6 +439,23 @@ class SqliteTaskStore(SqlTaskStore):
             params += (state.value,)
         raw = conn.exec_driver_sql(sql + " ORDER BY position LIMIT ?", (*params, limit))
         return [_task(row) for row in raw]
+
+    def _suppression_rows(
+        self, emails: Sequence[str]
+    ) -> list[tuple[str, str, str | None, datetime]]:
+        out: list[tuple[str, str, str | None, datetime]] = []
+        with self._fast_read("look up suppressed addresses") as db:
+            for part in rows.chunks(emails, _IN_LIMIT):
+                marks = ", ".join("?" * len(part))
+                found = db.execute(
+                    f"SELECT email, reason, task_id, at FROM suppressions WHERE email IN ({marks})",
+                    tuple(part),
+                ).fetchall()
+                out += [
+                    (email, reason, task, datetime.fromisoformat(at).replace(tzinfo=UTC))
+                    for email, reason, task, at in found
+                ]
+        return out
 
     def has_unfinished_tasks(self, campaign_id: str) -> bool:
         with self._fast_read("check unfinished tasks") as db:

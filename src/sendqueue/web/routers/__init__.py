@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from sendqueue.web.routers import auth, campaigns, dead_letters, events, health, pages, tasks
+from sendqueue.web.routers import (
+    auth,
+    campaigns,
+    dead_letters,
+    events,
+    health,
+    pages,
+    suppressions,
+    tasks,
+)
 
 __all__ = ["ROUTERS"]
 
@@ -15,6 +24,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     tasks.router,
     events.router,
     dead_letters.router,
+    suppressions.router,
     pages.router,
     auth.router,
 )

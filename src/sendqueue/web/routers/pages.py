@@ -1,5 +1,5 @@
-"""HTML pages of the web UI: ``/``, ``/campaigns/new``, ``/campaigns/{id}``, ``/dead-letters``
-(the login page is :mod:`sendqueue.web.routers.auth`'s).
+"""HTML pages of the web UI: ``/``, ``/campaigns/new``, ``/campaigns/{id}``, ``/dead-letters``,
+``/suppressions`` (the login page is :mod:`sendqueue.web.routers.auth`'s).
 
 Routes are thin: they read the store and the scheduler through the Container (and timelines
 through the cache the API shares) and render a template (:mod:`sendqueue.web.rendering`). The
@@ -23,8 +23,16 @@ from sendqueue.domain.errors import InfrastructureError, InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.policy import WEEKDAY_NAMES
+from sendqueue.domain.suppression import SuppressionReason
 from sendqueue.ports import TaskStore
-from sendqueue.services.views import DeadLetterView, TaskView, campaign_moves, iso
+from sendqueue.services.views import (
+    DeadLetterView,
+    SuppressionView,
+    TaskView,
+    campaign_moves,
+    campaign_suppressed,
+    iso,
+)
 from sendqueue.web.charts import day_chart, progress_segments
 from sendqueue.web.deps import ContainerDep, TimelinesDep
 from sendqueue.web.queries import next_send_at
@@ -139,7 +147,7 @@ def _task_row(task: Task, zone: ZoneInfo, *, campaign_paused: bool) -> dict[str,
         send_at="paused" if view.paused else local_time(task.send_at, zone),
         sent_at=local_time(task.sent_at, zone) + (" (late)" if view.late else ""),
         moved=moved_text(task.moves, task.moved_reason),
-        error=task.error or "",
+        error=task.error or task.reason or "",
     )
     return row
 
@@ -181,6 +189,7 @@ def campaign_page(
         zone = campaign.policy.zone
         summary = _summary(store, campaign)
         moved, late = campaign_moves(store, campaign)
+        suppressed = campaign_suppressed(store, campaign)
         paused = campaign.state is CampaignState.PAUSED
         timeline = timelines.get(campaign)
         return render(
@@ -191,6 +200,7 @@ def campaign_page(
             tasks=[_task_row(t, zone, campaign_paused=paused) for t in page],
             moved=moved,
             late=late,
+            suppressed=suppressed,
             next_cursor=page[-1].position if more and page else None,
             cursor=cursor,
             filter_state=wanted.value if wanted else "",
@@ -227,6 +237,28 @@ def dead_letters_page(request: Request, c: ContainerDep) -> Response:
             "dead_letters.html",
             title="Dead letters",
             letters=[_letter_row(DeadLetterView.of(d)) for d in letters],
+        )
+    except _PAGE_ERRORS as exc:
+        return error_page(request, exc)
+
+
+@router.get("/suppressions", response_class=HTMLResponse, name="page_suppressions")
+def suppressions_page(request: Request, c: ContainerDep, after: str | None = None) -> Response:
+    """The suppression list, a page at a time, with an add form and a remove button each."""
+    try:
+        cursor = (after or "").strip()[:320] or None
+        page = c.suppression.page(after=cursor, limit=PAGE_SIZE + 1)
+        more = len(page) > PAGE_SIZE
+        page = page[:PAGE_SIZE]
+        return render(
+            request,
+            "suppressions.html",
+            title="Suppression list",
+            entries=[SuppressionView.of(e) for e in page],
+            total=c.suppression.count(),
+            cursor=cursor,
+            next_cursor=page[-1].email if more and page else None,
+            reasons=[r.value for r in SuppressionReason],
         )
     except _PAGE_ERRORS as exc:
         return error_page(request, exc)

@@ -76,7 +76,8 @@
       sent_at: sq.formatTime(task.sent_at, timeZone) + (task.late ? " (late)" : ""),
       attempts: String(task.attempts),
       moved: movedText(task.moves, task.moved_reason),
-      error: task.error || "",
+      // why it failed, or why it was cancelled ("suppressed: bounced")
+      error: task.error || task.reason || "",
     };
   }
 
@@ -244,7 +245,7 @@
       const sum = Object.values(counts).reduce((n, v) => n + v, 0);
       sq.updateProgress(document.getElementById("campaign-progress"), counts, Math.max(c.recipients || 0, sum));
     }
-    for (const key of ["moved", "late"]) {
+    for (const key of ["moved", "late", "suppressed"]) {
       if (key in c) {
         sq.setText(document.getElementById("campaign-" + key), c[key]);
       }

@@ -1,0 +1,215 @@
+"""The suppression list as the CLI, the API and the pages act on it: add, remove, page, import
+and export (CSV). Addresses are checked and keyed here (:func:`suppression_key`); the store
+compares keys exactly (:class:`~sendqueue.ports.SuppressionList`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from sendqueue.domain.errors import InvalidField, InvalidInput, NotFound
+from sendqueue.domain.models import utc
+from sendqueue.domain.suppression import Suppression, SuppressionReason, suppression_key
+from sendqueue.ports import Clock, SuppressionList
+
+__all__ = [
+    "CSV_COLUMNS",
+    "MAX_PAGE",
+    "Added",
+    "Imported",
+    "SuppressionService",
+    "parse_csv",
+    "to_csv",
+]
+
+#: The columns of an export, in order; an import reads ``email`` (required), ``reason``
+#: (default manual), ``task_id`` and ``at`` (default now) and ignores any other column.
+CSV_COLUMNS = ("email", "reason", "task_id", "at")
+
+#: The largest page :meth:`SuppressionService.page` hands out.
+MAX_PAGE = 1000
+
+#: Bad rows an import reports one by one (all are counted).
+_MAX_REPORTED = 100
+
+#: Entries per write of an import (the store chunks further as it needs).
+_IMPORT_CHUNK = 1000
+
+
+@dataclass(frozen=True)
+class Added:
+    """What adding one address did: the entry on the list now (the earlier one when it was
+    listed already, which is kept) and whether it is new."""
+
+    entry: Suppression
+    new: bool
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What an import did: ``rows`` read, ``added`` new addresses, ``kept`` listed already (or
+    repeated in the file)."""
+
+    rows: int
+    added: int
+
+    @property
+    def kept(self) -> int:
+        return self.rows - self.added
+
+
+def parse_csv(text: str, *, now: datetime) -> list[Suppression]:
+    """The entries of a CSV file (its header names the columns, see :data:`CSV_COLUMNS`).
+
+    Every bad row is reported with its row number (the header is row 1) in one InvalidInput,
+    and nothing is returned then: an import is all or nothing.
+    """
+    rows = _records(csv.reader(io.StringIO(text.lstrip("\ufeff"), newline="")))
+    header = next((row for _, row in rows if any(cell.strip() for cell in row)), None)
+    if header is None:
+        raise InvalidField("file", "", "empty; expected a header row with an 'email' column")
+    columns = {name.strip().lower(): i for i, name in reversed(list(enumerate(header)))}
+    if "email" not in columns:
+        raise InvalidField("file", ",".join(header), "no email column in the header row")
+    entries: list[Suppression] = []
+    problems: list[InvalidField] = []
+    total_problems = 0
+    for number, row in rows:
+        if not any(cell.strip() for cell in row):
+            continue
+
+        def cell(name: str, row: list[str] = row) -> str:
+            at = columns.get(name)
+            return row[at].strip() if at is not None and at < len(row) else ""
+
+        try:
+            email = suppression_key(cell("email"))
+            reason = SuppressionReason.parse(cell("reason") or "manual")
+            when = _parse_at(cell("at")) if cell("at") else now
+            entries.append(Suppression(email, reason, cell("task_id") or None, when))
+        except InvalidField as exc:
+            total_problems += 1
+            if len(problems) < _MAX_REPORTED:
+                problems.append(InvalidField(exc.field, exc.value, exc.reason, row=number))
+    if total_problems:
+        raise InvalidInput("the suppression file has bad rows", problems, total=total_problems)
+    return entries
+
+
+def _records(reader: Iterator[list[str]]) -> Iterator[tuple[int, list[str]]]:
+    """The reader's records with their 1-based numbers (the import's row numbers); one the
+    csv module cannot read is an InvalidField naming its row."""
+    record = 0
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise InvalidField(
+                "file",
+                None,
+                f"malformed CSV ({exc}); a quote inside a cell must be doubled and a quoted "
+                "cell closed",
+                row=record + 1,
+            ) from exc
+        record += 1
+        yield record, row
+
+
+def _parse_at(value: str) -> datetime:
+    try:
+        return utc(datetime.fromisoformat(value.replace("Z", "+00:00")))
+    except ValueError as exc:
+        raise InvalidField(
+            "at", value, "an ISO-8601 time with its offset, e.g. 2026-12-01T09:00:00Z"
+        ) from exc
+
+
+def to_csv(entries: Iterator[Suppression]) -> Iterator[str]:
+    """The entries as CSV text, the header line first, one line per entry."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+
+    def line(values: tuple[str, ...]) -> str:
+        buffer.seek(0)
+        buffer.truncate()
+        writer.writerow(values)
+        return buffer.getvalue()
+
+    yield line(CSV_COLUMNS)
+    for e in entries:
+        at = e.at.isoformat().replace("+00:00", "Z")
+        yield line((e.email, e.reason.value, e.task_id or "", at))
+
+
+class SuppressionService:
+    """The suppression list's use cases over the port."""
+
+    def __init__(self, suppressions: SuppressionList, clock: Clock) -> None:
+        self._list = suppressions
+        self._clock = clock
+
+    def add(
+        self,
+        email: str,
+        reason: SuppressionReason | str = SuppressionReason.MANUAL,
+        *,
+        task_id: str | None = None,
+    ) -> Added:
+        """Put ``email`` on the list (an address listed already keeps its first entry)."""
+        key = suppression_key(email)
+        entry = Suppression(key, SuppressionReason.parse(reason), task_id, self._clock.now())
+        new = self._list.suppress([entry]) == 1
+        if new:
+            return Added(entry, True)
+        stored = self._list.suppressed([key]).get(key)
+        # Removed again between the two calls: what we wrote is gone too; report ours.
+        return Added(stored or entry, False)
+
+    def remove(self, email: str) -> str:
+        """Take ``email`` off the list; NotFound when it is not on it. Returns its key."""
+        key = suppression_key(email)
+        if not self._list.unsuppress(key):
+            raise NotFound("suppressed address", key)
+        return key
+
+    def get(self, email: str) -> Suppression | None:
+        """The entry of ``email``, or None when it is not listed."""
+        key = suppression_key(email)
+        return self._list.suppressed([key]).get(key)
+
+    def page(self, *, after: str | None = None, limit: int = 100) -> list[Suppression]:
+        """A page of the list in address order, after the address ``after``."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidField("limit", limit, f"must be between 1 and {MAX_PAGE}")
+        return self._list.list_suppressions(after=after, limit=limit)
+
+    def count(self) -> int:
+        return self._list.count_suppressions()
+
+    def all(self, *, page: int = MAX_PAGE) -> Iterator[Suppression]:
+        """Every entry in address order, read a page at a time (for an export). The first
+        page is read before this returns, so an unreachable store raises here, not midway
+        through the iteration (an HTTP export answers 503 instead of a cut-off body)."""
+        first = self._list.list_suppressions(limit=page)
+        return self._rest(first, page)
+
+    def _rest(self, entries: list[Suppression], page: int) -> Iterator[Suppression]:
+        while entries:
+            yield from entries
+            if len(entries) < page:
+                return
+            entries = self._list.list_suppressions(after=entries[-1].email, limit=page)
+
+    def import_csv(self, text: str) -> Imported:
+        """Add every row of a CSV file (:func:`parse_csv`): all rows or, with a bad one, none."""
+        entries = parse_csv(text, now=self._clock.now())
+        added = 0
+        for start in range(0, len(entries), _IMPORT_CHUNK):
+            added += self._list.suppress(entries[start : start + _IMPORT_CHUNK])
+        return Imported(rows=len(entries), added=added)
