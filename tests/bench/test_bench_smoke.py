@@ -19,6 +19,7 @@ from bench.report import render_markdown
 from bench import __main__ as bench_main
 from bench import (
     changelog,
+    changelog_pgbench,
     dispatch,
     fleet,
     pgqueuer_proto,
@@ -369,6 +370,16 @@ def test_changelog() -> None:
     _targets(result)
     rows = render_markdown({"machine": _MACHINE, "benchmarks": {"changelog": result}})
     assert "| 8 change-log writes, 3 writer threads, PostgreSQL: tx/s |" in rows
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("locked", [True, False])
+def test_changelog_pgbench_writers_run_the_flip_with_and_without_the_old_lock(
+    locked: bool,
+) -> None:
+    """pgbench runs the script (a failed statement aborts its clients: SystemExit here)."""
+    rate = changelog_pgbench.run_once(locked=locked, clients=2, seconds=1, tasks=50)
+    assert rate > 0
 
 
 @pytest.mark.postgres
