@@ -2,7 +2,9 @@
 
 One global list, compared case-insensitively (issue 14). An entry's address is kept in its
 compared form, :func:`suppression_key`: the address as email-validator normalises it
-(:mod:`sendqueue.domain.addresses` checks it first), then lower-cased whole. Pure, no I/O.
+(:mod:`sendqueue.domain.addresses` checks it first), then case-folded whole (``casefold``, not
+``lower``, which spells a Greek final sigma two ways and keeps "ß" apart from "SS"). Pure, no
+I/O.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ SUPPRESSED_PREFIX = "suppressed"
 
 #: Longest address kept (RFC 5321's path limit less its brackets, as email-validator allows).
 _MAX_ADDRESS = 254
+
+#: Longest task id an entry refers to (the stores' column, as for a task's own id).
+MAX_TASK_ID = 200
 
 
 class SuppressionReason(enum.StrEnum):
@@ -72,6 +77,8 @@ class Suppression:
     def __post_init__(self) -> None:
         if not isinstance(self.reason, SuppressionReason):
             object.__setattr__(self, "reason", SuppressionReason.parse(self.reason))
+        if self.task_id is not None and not 0 < len(self.task_id) <= MAX_TASK_ID:
+            raise InvalidField("task_id", self.task_id, f"1 to {MAX_TASK_ID} characters")
         object.__setattr__(self, "at", utc(self.at))
 
 
@@ -85,7 +92,7 @@ def first_entries(entries: Iterable[Suppression]) -> dict[str, Suppression]:
 
 
 def suppression_key(value: object, *, field: str = "email") -> str:
-    """The compared form of an address: validated, normalised, lower-cased whole.
+    """The compared form of an address: validated, normalised, case-folded whole.
 
     Takes a bare address (``a@example.com``, surrounding blanks ignored); a display name, a
     second address, a line break or anything email-validator refuses raises InvalidField
@@ -103,15 +110,15 @@ def suppression_key(value: object, *, field: str = "email") -> str:
         valid = validate_email(text, check_deliverability=False)
     except EmailNotValidError as exc:
         raise InvalidField(field, value, str(exc)) from exc
-    return valid.normalized.lower()
+    return valid.normalized.casefold()
 
 
 def key_of_normalized(email: str) -> str:
     """The compared form of an address already normalised by email-validator (every stored
-    recipient's is, by the import): lower-casing it is all that is left to do, without the
+    recipient's is, by the import): case-folding it is all that is left to do, without the
     ~50 us of validating it again. A property test holds this equal to
     :func:`suppression_key` of such an address."""
-    return email.lower()
+    return email.casefold()
 
 
 def suppressed_reason(reason: SuppressionReason) -> str:

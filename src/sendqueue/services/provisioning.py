@@ -202,6 +202,16 @@ class Provisioner:
                 at=self._clock.now(),
                 reason="provisioned",
             )
+            if report.suppressed and not self._store.has_unfinished_tasks(campaign_id):
+                # Every email was suppressed: nothing will fire to complete it (the reconciler
+                # would, up to an interval later).
+                self._store.set_campaign_state(
+                    campaign_id,
+                    {CampaignState.ACTIVE},
+                    CampaignState.COMPLETED,
+                    at=self._clock.now(),
+                    reason="every email reached a final state",
+                )
             return report
         finally:
             report.seconds = time.monotonic() - started

@@ -87,7 +87,7 @@ _INSERT_TASKS = (
 
 #: The send worker's first read in one statement: the task, and the suppression entry of its
 #: address. The join lower-cases ASCII letters only (``translate``, whatever the database's
-#: locale); an address with other letters is looked up again with Python's ``lower``.
+#: locale); an address with other letters is looked up again with Python's ``casefold``.
 _TASK_AND_SUPPRESSION = (
     "SELECT {columns}, s.email, s.reason, s.task_id, s.at FROM tasks t"
     " LEFT JOIN suppressions s ON s.email = translate(t.email,"
