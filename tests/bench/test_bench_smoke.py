@@ -215,6 +215,25 @@ def test_throughput_procrastinate(postgres_url: str) -> None:
 
 
 @pytest.mark.postgres
+def test_throughput_procrastinate_repeats_start_with_no_schedule_parked(postgres_url: str) -> None:
+    # 450 emails: the plan, made two hours back, parks those due past its 300 s horizon (about
+    # 65). Left parked, a second repeat on the same database waited for the next promote tick.
+    label = "sendqueue (procrastinate)"
+    with smtp_sink() as port:
+        result = throughput.run(
+            emails=450,
+            concurrency=2,
+            repeats=2,  # on one database, back to back: within one promote tick
+            port=port,
+            store_urls={label: postgres_url},
+            executions={label: "procrastinate"},
+        )
+    figures = result["variants"][label]
+    assert len(figures["per_second"]["values"]) == 2
+    assert figures["parked_at_start"] == 0
+
+
+@pytest.mark.postgres
 def test_throughput_pgqueuer_prototype(postgres_url: str) -> None:
     label = "pgqueuer prototype"
     with smtp_sink() as port:
