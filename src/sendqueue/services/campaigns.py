@@ -556,12 +556,17 @@ class CampaignService:
 
     def complete_if_done(self, campaign_id: str) -> bool:
         """Mark an active campaign completed when no Pending or Running task is left."""
-        if self._store.has_unfinished_tasks(campaign_id):
-            return False
-        return self._store.set_campaign_state(
-            campaign_id,
-            {CampaignState.ACTIVE},
-            CampaignState.COMPLETED,
-            at=self._clock.now(),
-            reason="every email reached a final state",
-        )
+        return complete_if_done(self._store, campaign_id, at=self._clock.now())
+
+
+def complete_if_done(store: TaskStore, campaign_id: str, *, at: datetime) -> bool:
+    """Mark an active campaign completed when no Pending or Running task is left."""
+    if store.has_unfinished_tasks(campaign_id):
+        return False
+    return store.set_campaign_state(
+        campaign_id,
+        {CampaignState.ACTIVE},
+        CampaignState.COMPLETED,
+        at=at,
+        reason="every email reached a final state",
+    )

@@ -30,6 +30,7 @@ from sendqueue.domain.models import CONTROL_GROUP, Campaign, Task, new_token, ta
 from sendqueue.domain.planner import plan
 from sendqueue.domain.suppression import Suppression, key_of_normalized, suppressed_reason
 from sendqueue.ports import Clock, Scheduler, SuppressionList, TaskStore
+from sendqueue.services.campaigns import complete_if_done
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
 
@@ -202,16 +203,10 @@ class Provisioner:
                 at=self._clock.now(),
                 reason="provisioned",
             )
-            if report.suppressed and not self._store.has_unfinished_tasks(campaign_id):
-                # Every email was suppressed: nothing will fire to complete it (the reconciler
-                # would, up to an interval later).
-                self._store.set_campaign_state(
-                    campaign_id,
-                    {CampaignState.ACTIVE},
-                    CampaignState.COMPLETED,
-                    at=self._clock.now(),
-                    reason="every email reached a final state",
-                )
+            if report.suppressed:
+                # Every email may have been suppressed: then nothing fires to complete it (the
+                # reconciler would, up to an interval later).
+                complete_if_done(self._store, campaign_id, at=self._clock.now())
             return report
         finally:
             report.seconds = time.monotonic() - started
