@@ -303,7 +303,7 @@ class SuppressionList(Protocol):
     Contract:
 
     - Addresses are handed in and out in their compared form
-      (:func:`sendqueue.domain.suppression.suppression_key`: validated, lower-cased); the store
+      (:func:`sendqueue.domain.suppression.suppression_key`: validated, case-folded); the store
       compares them exactly. The services make the keys.
     - ``suppress`` is insert-or-keep: an address already on the list keeps its first entry
       (reason, task, time), and of two entries for one address in one call the first is kept.

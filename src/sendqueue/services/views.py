@@ -256,7 +256,7 @@ class DeadLetterView(_View):
 class SuppressionView(_View):
     """An address on the suppression list (``suppression list --json``)."""
 
-    email: str = Field(description="the address as compared: lower-cased")
+    email: str = Field(description="the address as compared: case-folded")
     reason: str = Field(description="unsubscribed, bounced, complained, replied or manual")
     task_id: str | None = Field(description="the task it came from, if any")
     at: IsoTime

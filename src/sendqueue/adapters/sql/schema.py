@@ -231,7 +231,7 @@ counters = sa.Table(
 
 
 #: The suppression list (migration 0005): one row per address in its compared form
-#: (lower-cased), paged in address order by the primary key.
+#: (case-folded), paged in address order by the primary key.
 suppressions = sa.Table(
     "suppressions",
     metadata,
