@@ -12,6 +12,9 @@ the contract tests in ``tests/contract`` check, against the in-memory fakes in
   embedded and procrastinate layers have one; on AWS, Lambda is the dispatcher).
 - :class:`SuppressionList` is the global list of addresses never to send to (every task store
   keeps it too).
+- :class:`FeedbackStore` keeps what feedback needs: task outcomes, the tasks of an address,
+  transient bounces, and each feedback mailbox's position (every task store keeps it too).
+- :class:`FeedbackSource` yields the messages of a feedback mailbox once each.
 - :class:`Mailer` hands one message to a mail provider.
 - :class:`Alarm` is raised when an invocation lands in the dead-letter queue or the send worker
   pauses a campaign after too many failures in a row.
@@ -34,7 +37,7 @@ from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
 from .domain.alarms import AlarmItem, AutoPause
-from .domain.lifecycle import CampaignState, TaskState
+from .domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from .domain.models import (
     Campaign,
     ChangeLogEntry,
@@ -53,6 +56,9 @@ __all__ = [
     "CreateArgs",
     "Dispatcher",
     "Events",
+    "FeedbackMessage",
+    "FeedbackSource",
+    "FeedbackStore",
     "FlushableAlarm",
     "Mailer",
     "NoEvents",
@@ -351,6 +357,100 @@ class SuppressionList(Protocol):
         ...
 
 
+class FeedbackStore(Protocol):
+    """What the feedback loop keeps (issue 14). Every task store implements it, in the same
+    database.
+
+    Contract:
+
+    - ``set_outcome`` records an outcome on a Finished task, with its detail and time, and logs
+      it in the same transaction as a change-log entry whose ``from_state`` and ``to_state`` are
+      both "Finished" and whose note is :func:`sendqueue.domain.feedback.outcome_note`. It
+      returns the updated task, or None (nothing written, nothing logged) when the task is
+      unknown, not Finished, or already has that outcome. ``accepted`` never replaces another
+      outcome (the worker writes it with the Finished transition, through ``TaskChanges``).
+    - ``tasks_for`` returns the tasks whose address's compared form
+      (:func:`sendqueue.domain.suppression.key_of_normalized` of ``Task.email``) is ``email``
+      and whose state is one of ``states``, across every campaign, newest ``send_at`` first, at
+      most ``limit``: an indexed read, never a scan of all tasks.
+    - ``record_soft_bounce`` keeps one transient bounce of an address under ``key`` (the
+      message it came from): the same key twice is kept once. It returns how many of the
+      address's kept bounces are at or after ``since``.
+    - ``feedback_cursor`` is the position saved for a mailbox: its UIDVALIDITY and the highest
+      UID processed, or None. ``save_feedback_cursor`` only moves forward within one
+      UIDVALIDITY (a lower UID is ignored); another UIDVALIDITY replaces the position.
+    - ``count_outcomes`` counts a campaign's tasks per outcome (outcomes with no task left out;
+      {} for an unknown campaign).
+    - An unreachable backend raises :class:`~sendqueue.domain.errors.StoreUnavailable`.
+    """
+
+    def set_outcome(
+        self, task_id: str, outcome: TaskOutcome, *, detail: str | None, at: datetime
+    ) -> Task | None:
+        """Record ``outcome`` on a Finished task; None when nothing changed."""
+        ...
+
+    def tasks_for(
+        self, email: str, *, states: Collection[TaskState], limit: int = 1000
+    ) -> list[Task]:
+        """The address's tasks in ``states``, newest ``send_at`` first."""
+        ...
+
+    def record_soft_bounce(self, email: str, key: str, *, at: datetime, since: datetime) -> int:
+        """Keep the bounce ``key`` of ``email``; how many are kept at or after ``since``."""
+        ...
+
+    def feedback_cursor(self, mailbox: str) -> tuple[int, int] | None:
+        """``(uidvalidity, highest uid processed)`` of ``mailbox``, or None."""
+        ...
+
+    def save_feedback_cursor(self, mailbox: str, uidvalidity: int, uid: int) -> None:
+        """Move the mailbox's position forward (see the contract)."""
+        ...
+
+    def count_outcomes(self, campaign_id: str) -> dict[TaskOutcome, int]:
+        """The campaign's tasks per outcome."""
+        ...
+
+
+@dataclass(frozen=True)
+class FeedbackMessage:
+    """One message of a feedback mailbox: where it is (``mailbox`` names the mailbox without
+    credentials, e.g. ``imap://bounces@mail.example.com:993/INBOX``), and its raw bytes."""
+
+    mailbox: str
+    uidvalidity: int
+    uid: int
+    raw: bytes
+
+    @property
+    def key(self) -> str:
+        """The message's identity across restarts: ``mailbox:uidvalidity:uid``."""
+        return f"{self.mailbox}:{self.uidvalidity}:{self.uid}"
+
+
+class FeedbackSource(Protocol):
+    """A mailbox that feedback arrives in (bounces, complaints, replies).
+
+    Contract: ``fetch(after)`` returns the mailbox's current UIDVALIDITY and its messages with
+    a UID above ``after``'s (all of them when ``after`` is None or names another UIDVALIDITY),
+    in UID order, at most ``limit``. It never changes the mailbox: no flag is set, nothing is
+    moved or deleted, so a message that is not feedback is left as it was. ``name`` is the
+    mailbox's identity for the cursor (no credentials). A mailbox that cannot be reached, logged
+    in to or read raises :class:`~sendqueue.domain.errors.FeedbackUnavailable`.
+    """
+
+    name: str
+
+    def fetch(
+        self, after: tuple[int, int] | None, *, limit: int = 500
+    ) -> tuple[int, builtins.list[FeedbackMessage]]:
+        """``(uidvalidity, messages after the position)``."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class _TaskAndListReads(Protocol):
     def get_task(self, task_id: str) -> Task | None: ...
 
@@ -498,6 +598,8 @@ class OutgoingMessage:
     reply_to: str | None = None
     html: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    envelope_from: str | None = None
+    """The SMTP envelope sender (Return-Path), e.g. a VERP bounce address; None: the From."""
 
 
 class Mailer(Protocol):

@@ -12,6 +12,7 @@
         ├── StoreUnavailable        the task store could not be reached or failed to write
         ├── SchedulerError          the execution layer failed
         │   └── Throttled           the execution layer asked us to slow down
+        ├── FeedbackUnavailable     the feedback mailbox (IMAP) could not be read
         └── MailError               the mail provider refused or failed
             ├── TransientMailError  4xx, connection errors, timeouts: try again later
             └── PermanentMailError  5xx: do not try again
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 __all__ = [
     "Conflict",
     "DomainError",
+    "FeedbackUnavailable",
     "IllegalTransition",
     "InfrastructureError",
     "InvalidField",
@@ -125,6 +127,10 @@ class InfrastructureError(SendqueueError):
 
 class StoreUnavailable(InfrastructureError):
     """The task store could not be reached, or a write failed."""
+
+
+class FeedbackUnavailable(InfrastructureError):
+    """The feedback mailbox could not be reached, logged in to or read."""
 
 
 class SchedulerError(InfrastructureError):

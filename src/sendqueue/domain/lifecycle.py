@@ -14,6 +14,8 @@ __all__ = [
     "CAMPAIGN_TRANSITIONS",
     "TASK_TRANSITIONS",
     "CampaignState",
+    "StopOnReply",
+    "TaskOutcome",
     "TaskState",
     "check_campaign_transition",
     "check_task_transition",
@@ -116,3 +118,47 @@ def check_campaign_transition(current: CampaignState, target: CampaignState) -> 
     """Raise :class:`IllegalTransition` unless ``current -> target`` is in the table."""
     if (current, target) not in CAMPAIGN_TRANSITIONS:
         raise IllegalTransition("campaign", current.value, target.value)
+
+
+class TaskOutcome(enum.StrEnum):
+    """What happened to a sent email (None on a task until it is sent)."""
+
+    ACCEPTED = "accepted"
+    """The provider accepted it, and nothing has been heard since."""
+    BOUNCED = "bounced"
+    """A permanent delivery failure came back (a 5.x.x DSN or an SES hard bounce)."""
+    COMPLAINED = "complained"
+    """The recipient marked it as spam (an ARF report or an SES complaint)."""
+    REPLIED = "replied"
+    """The recipient answered it (auto-replies do not count)."""
+    UNSUBSCRIBED = "unsubscribed"
+    """The recipient used its unsubscribe link or address."""
+
+    @classmethod
+    def parse(cls, value: object, *, field: str = "outcome") -> TaskOutcome:
+        """The outcome spelled ``value`` in any case; InvalidField naming ``field`` otherwise."""
+        wanted = value.strip().lower() if isinstance(value, str) else None
+        for outcome in cls:
+            if outcome.value == wanted:
+                return outcome
+        raise InvalidField(field, value, f"one of {', '.join(o.value for o in cls)}")
+
+
+class StopOnReply(enum.StrEnum):
+    """Which Pending emails of a recipient a reply cancels (a campaign option)."""
+
+    SENDER = "sender"
+    """Every active campaign sending from the same address (the default)."""
+    CAMPAIGN = "campaign"
+    """Only the campaign the reply answers."""
+    OFF = "off"
+    """None: the reply is recorded as the outcome and nothing else changes."""
+
+    @classmethod
+    def parse(cls, value: object, *, field: str = "stop_on_reply") -> StopOnReply:
+        """The scope spelled ``value`` in any case; InvalidField naming ``field`` otherwise."""
+        wanted = value.strip().lower() if isinstance(value, str) else None
+        for scope in cls:
+            if scope.value == wanted:
+                return scope
+        raise InvalidField(field, value, f"one of {', '.join(s.value for s in cls)}")

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypedDict
 
 from .errors import IllegalTransition, InvalidField
-from .lifecycle import CampaignState, TaskState
+from .lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
 from .policy import SendingPolicy
 
 __all__ = [
@@ -131,6 +131,10 @@ class Campaign:
     checkpoint: Mapping[str, Any] | None = None
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     updated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    stop_on_reply: StopOnReply = StopOnReply.SENDER
+    """Which Pending emails of a recipient a reply cancels (issue 14)."""
+    unsubscribe_footer: bool = False
+    """Whether every email gets a one-line unsubscribe footer (issue 14)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,12 @@ class Task:
     """Why it was last moved, e.g. "worker down 16:48-17:48" or "transient: 421 ..."."""
     reason: str | None = None
     """Why it was cancelled, e.g. "suppressed: bounced" (None when nobody said)."""
+    outcome: TaskOutcome | None = None
+    """What happened after sending (None until sent, then "accepted", later maybe "bounced")."""
+    outcome_detail: str | None = None
+    """What the feedback said, e.g. "5.1.1 smtp; 550 5.1.1 user unknown"."""
+    outcome_at: datetime | None = None
+    """When the outcome was last set (aware, UTC)."""
 
 
 class TaskChanges(TypedDict, total=False):
@@ -178,6 +188,9 @@ class TaskChanges(TypedDict, total=False):
     moves: int
     moved_reason: str | None
     reason: str | None
+    outcome: TaskOutcome | None
+    outcome_detail: str | None
+    outcome_at: datetime | None
 
 
 class Move(NamedTuple):
@@ -191,7 +204,7 @@ class Move(NamedTuple):
 
 
 _TASK_CHANGE_FIELDS = frozenset(TaskChanges.__annotations__)
-_TASK_TIME_FIELDS = frozenset({"send_at", "claimed_at", "sent_at"})
+_TASK_TIME_FIELDS = frozenset({"send_at", "claimed_at", "sent_at", "outcome_at"})
 
 
 def checked_changes(changes: TaskChanges | None) -> dict[str, Any]:

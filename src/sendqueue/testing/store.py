@@ -40,6 +40,7 @@ from sendqueue.domain.models import (
     checked_changes,
     utc,
 )
+from sendqueue.testing.feedback import InMemoryFeedback
 from sendqueue.testing.guard import guarded as _guarded
 from sendqueue.testing.suppressions import InMemorySuppressions
 
@@ -58,9 +59,9 @@ def _utc_or_none(value: datetime | None) -> datetime | None:
     return None if value is None else utc(value)
 
 
-class InMemoryTaskStore(InMemorySuppressions):
-    """:class:`~sendqueue.ports.TaskStore` and :class:`~sendqueue.ports.SuppressionList` in
-    memory; thread-safe, one lock.
+class InMemoryTaskStore(InMemorySuppressions, InMemoryFeedback):
+    """:class:`~sendqueue.ports.TaskStore`, :class:`~sendqueue.ports.SuppressionList` and
+    :class:`~sendqueue.ports.FeedbackStore` in memory; thread-safe, one lock.
 
     :meth:`set_available` simulates an outage: while unavailable, every method raises
     :class:`~sendqueue.domain.errors.StoreUnavailable`, as a real store does when its database
@@ -68,7 +69,8 @@ class InMemoryTaskStore(InMemorySuppressions):
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        InMemorySuppressions.__init__(self)
+        InMemoryFeedback.__init__(self)
         self._lock = threading.RLock()
         self._available = True
         self._campaigns: dict[str, Campaign] = {}
@@ -254,6 +256,7 @@ class InMemoryTaskStore(InMemorySuppressions):
             if task.id in self._tasks or task.position in at_position:
                 continue
             self._tasks[task.id] = task
+            self._index_task(task)
             at_position[task.position] = task.id
             insort(self._task_positions[task.campaign_id], task.position)
             note = task.reason if task.state is TaskState.CANCELLED else None

@@ -1,0 +1,236 @@
+"""The feedback loop's service (issue 14): what a bounce, a complaint, a reply or an
+unsubscribe does to the plan.
+
+:meth:`FeedbackService.apply` takes one :class:`~sendqueue.domain.feedback.Feedback`, whatever
+brought it (the IMAP poller, the SES feedback function, the unsubscribe routes), and:
+
+- sets the outcome of the task it is about (``bounced``, ``complained``, ``replied``,
+  ``unsubscribed``), logged so the live page updates;
+- puts the address on the suppression list where the kind says so (a transient bounce only
+  after :data:`~sendqueue.domain.feedback.SOFT_BOUNCE_LIMIT` within a week);
+- cancels the address's Pending emails: every one of them when it is suppressed (reason
+  "suppressed: <why>"), and for a reply those in the scope of the campaign's ``stop_on_reply``
+  (reason "replied").
+
+Every step is idempotent (a second outcome write changes nothing, the list keeps its first
+entry, a cancel is a compare-and-set, a soft bounce is kept once per message), so feedback
+applied twice (two pollers, a retried SQS message) has the effect of applying it once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sendqueue.domain.addresses import parse_mailbox
+from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.feedback import (
+    SOFT_BOUNCE_LIMIT,
+    SOFT_BOUNCE_WINDOW,
+    Feedback,
+    FeedbackKind,
+)
+from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskState
+from sendqueue.domain.models import Campaign, Task, expected_schedule_name
+from sendqueue.domain.suppression import (
+    Suppression,
+    SuppressionReason,
+    key_of_normalized,
+    suppressed_reason,
+    suppression_key,
+)
+from sendqueue.ports import Clock, FeedbackStore, SuppressionList, TaskStore
+from sendqueue.services.campaigns import complete_if_done
+
+__all__ = ["REPLIED_REASON", "Applied", "FeedbackService"]
+
+log = logging.getLogger(__name__)
+
+#: The ``reason`` of a Pending task cancelled because its recipient replied.
+REPLIED_REASON = "replied"
+
+_FINAL_CAMPAIGN = frozenset({CampaignState.COMPLETED, CampaignState.CANCELLED})
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What applying one piece of feedback did. ``ignored`` says why nothing was done (not
+    about anything sendqueue sent); otherwise ``task_id`` is the task it was matched to (None
+    when only the address was known), ``outcome_set`` whether the task's outcome changed,
+    ``suppressed`` whether the address was newly put on the list, and ``cancelled`` the
+    Pending tasks cancelled."""
+
+    kind: FeedbackKind
+    task_id: str | None = None
+    outcome_set: bool = False
+    suppressed: bool = False
+    cancelled: tuple[str, ...] = field(default_factory=tuple)
+    ignored: str | None = None
+
+
+class FeedbackService:
+    """Applies feedback to tasks, the suppression list and the plan.
+
+    ``delete_schedules`` removes the schedules of the tasks it cancels (the campaign service's
+    schedule writer); ``suppress_replies`` also lists an address that replied (reason
+    "replied"), for senders who want one conversation per recipient ever.
+    """
+
+    def __init__(
+        self,
+        store: TaskStore,
+        feedback: FeedbackStore,
+        suppressions: SuppressionList,
+        clock: Clock,
+        *,
+        delete_schedules: Callable[[Sequence[str]], object] | None = None,
+        suppress_replies: bool = False,
+    ) -> None:
+        self._store = store
+        self._feedback = feedback
+        self._suppressions = suppressions
+        self._clock = clock
+        self._delete_schedules = delete_schedules
+        self._suppress_replies = suppress_replies
+
+    def apply(self, item: Feedback) -> Applied:
+        """Apply one piece of feedback (see the module's docstring); never raises for feedback
+        about an unknown task or an unusable address, which is ``ignored`` instead."""
+        task = self._store.get_task(item.task_id) if item.task_id else None
+        if task is None and item.task_id and not item.recipient:
+            return Applied(item.kind, ignored=f"unknown task {item.task_id}")
+        try:
+            key = (
+                key_of_normalized(task.email)
+                if task is not None
+                else suppression_key(item.recipient, field="recipient")
+            )
+        except InvalidField as exc:
+            return Applied(item.kind, ignored=f"not an address: {exc}")
+        if item.kind is FeedbackKind.REPLY:
+            return self._reply(item, task, key)
+        if task is None:
+            task = self._newest(key, (TaskState.FINISHED,))
+        outcome_set = self._set_outcome(item, task)
+        reason = item.kind.suppression
+        if item.kind is FeedbackKind.SOFT_BOUNCE:
+            counted = self._feedback.record_soft_bounce(
+                key,
+                item.key or f"{task.id if task else key}@{item.at.isoformat()}",
+                at=item.at,
+                since=item.at - SOFT_BOUNCE_WINDOW,
+            )
+            if counted < SOFT_BOUNCE_LIMIT:
+                return Applied(item.kind, task_id=task.id if task else None)
+            reason = SuppressionReason.BOUNCED
+        if reason is None:  # pragma: no cover - every other kind has a reason
+            raise AssertionError(f"{item.kind} suppresses nothing")
+        suppressed = self._suppress(key, reason, task)
+        cancelled = self._cancel(
+            self._feedback.tasks_for(key, states=(TaskState.PENDING,)),
+            suppressed_reason(reason),
+        )
+        return Applied(
+            item.kind,
+            task_id=task.id if task else None,
+            outcome_set=outcome_set,
+            suppressed=suppressed,
+            cancelled=cancelled,
+        )
+
+    # -- replies ---------------------------------------------------------------------------
+
+    def _reply(self, item: Feedback, task: Task | None, key: str) -> Applied:
+        """A reply: by its headers (``task``), or from an address with Pending emails."""
+        pending = self._feedback.tasks_for(key, states=(TaskState.PENDING,))
+        if task is None:
+            if not pending:
+                return Applied(item.kind, ignored="not a reply to an email sendqueue sent")
+            task = self._newest(key, (TaskState.FINISHED,))
+        outcome_set = self._set_outcome(item, task)
+        campaign_id = task.campaign_id if task is not None else pending[0].campaign_id
+        campaign = self._store.get_campaign(campaign_id)
+        in_scope = self._reply_scope(campaign)
+        cancelled = self._cancel([t for t in pending if in_scope(t)], REPLIED_REASON)
+        suppressed = (
+            self._suppress(key, SuppressionReason.REPLIED, task)
+            if self._suppress_replies
+            else False
+        )
+        return Applied(
+            item.kind,
+            task_id=task.id if task else None,
+            outcome_set=outcome_set,
+            suppressed=suppressed,
+            cancelled=cancelled,
+        )
+
+    def _reply_scope(self, campaign: Campaign) -> Callable[[Task], bool]:
+        """Which of the address's Pending tasks a reply to ``campaign`` cancels."""
+        scope = campaign.stop_on_reply
+        if scope is StopOnReply.OFF:
+            return lambda task: False
+        if scope is StopOnReply.CAMPAIGN:
+            return lambda task: task.campaign_id == campaign.id
+        sender = _sender_key(campaign.from_addr)
+        same_sender: dict[str, bool] = {campaign.id: True}
+
+        def in_scope(task: Task) -> bool:
+            if task.campaign_id not in same_sender:
+                other = self._store.get_campaign(task.campaign_id)
+                same_sender[task.campaign_id] = (
+                    other.state not in _FINAL_CAMPAIGN and _sender_key(other.from_addr) == sender
+                )
+            return same_sender[task.campaign_id]
+
+        return in_scope
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _newest(self, key: str, states: Sequence[TaskState]) -> Task | None:
+        found = self._feedback.tasks_for(key, states=states, limit=1)
+        return found[0] if found else None
+
+    def _set_outcome(self, item: Feedback, task: Task | None) -> bool:
+        outcome = item.kind.outcome
+        if task is None or outcome is None:
+            return False
+        detail = item.detail[:1000] or None
+        return self._feedback.set_outcome(task.id, outcome, detail=detail, at=item.at) is not None
+
+    def _suppress(self, key: str, reason: SuppressionReason, task: Task | None) -> bool:
+        entry = Suppression(key, reason, task.id if task else None, self._clock.now())
+        return self._suppressions.suppress([entry]) == 1
+
+    def _cancel(self, tasks: Sequence[Task], reason: str) -> tuple[str, ...]:
+        """Cancel those of ``tasks`` still Pending (compare-and-set each), delete their
+        schedules, and complete the campaigns left with nothing to send."""
+        now = self._clock.now()
+        cancelled: list[Task] = []
+        for task in tasks:
+            done = self._store.transition(
+                task.id,
+                TaskState.PENDING,
+                TaskState.CANCELLED,
+                at=now,
+                changes={"reason": reason},
+                note=reason,
+            )
+            if done is not None:
+                cancelled.append(task)
+        if cancelled and self._delete_schedules is not None:
+            self._delete_schedules([expected_schedule_name(t) for t in cancelled])
+        for campaign_id in sorted({t.campaign_id for t in cancelled}):
+            complete_if_done(self._store, campaign_id, at=now)
+        if cancelled:
+            log.info("feedback cancelled %d pending emails (%s)", len(cancelled), reason)
+        return tuple(t.id for t in cancelled)
+
+
+def _sender_key(from_addr: str) -> str:
+    """The compared form of a campaign's From: its bare address, case-folded."""
+    try:
+        return parse_mailbox("from_addr", from_addr).addr_spec.casefold()
+    except InvalidField:
+        return from_addr.strip().casefold()
