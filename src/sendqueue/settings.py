@@ -302,6 +302,12 @@ class Settings(BaseSettings):
         "Running and the live stream is down or delayed",
     )
     api_token: SecretStr | None = Field(None, description="required for the web UI and API")
+    public_url: str | None = Field(
+        None, description="base of the links in emails (unsubscribe), e.g. https://mail.example.com"
+    )
+    secret_key: SecretStr | None = Field(
+        None, description="signs unsubscribe links and VERP bounce addresses (32+ characters)"
+    )
     allowed_hosts: str = Field(
         "",
         description="web server: comma-separated host names (or IP addresses) answered besides "
