@@ -19,9 +19,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .adapters.dynamodb.url import DynamoDbUrl, parse_dynamodb_url
 from .adapters.mail.url import SmtpUrl, parse_mailer_url
-from .domain.addresses import normalize_sender
+from .domain.addresses import normalize_sender, parse_mailbox
 from .domain.errors import InvalidField
 from .domain.policy import load_timezone
+from .domain.tokens import MIN_SECRET_LENGTH
+from .domain.unsubscribe import UnsubscribeLinks
 
 __all__ = [
     "DynamoDbUrl",
@@ -308,11 +310,87 @@ class Settings(BaseSettings):
     secret_key: SecretStr | None = Field(
         None, description="signs unsubscribe links and VERP bounce addresses (32+ characters)"
     )
+    unsubscribe_mailbox: str | None = Field(
+        None,
+        description="address of the List-Unsubscribe mailto: alternative (a bare address, e.g. "
+        "unsubscribe@example.com); unset: the https link only",
+    )
+    unsubscribe_rate: int = Field(
+        60,
+        ge=1,
+        le=100_000,
+        description="web server: requests to the public unsubscribe routes (/u/...) one client "
+        "address may make per minute (429 beyond)",
+    )
     allowed_hosts: str = Field(
         "",
         description="web server: comma-separated host names (or IP addresses) answered besides "
         "127.0.0.1, localhost and [::1]; any other Host header gets 400 (DNS rebinding)",
     )
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises for a port that is not a number in 0..65535
+        except ValueError as exc:
+            raise ValueError(f"SENDQUEUE_PUBLIC_URL: not a URL ({exc})") from None
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            raise ValueError(
+                "SENDQUEUE_PUBLIC_URL: expected the https:// address the recipients reach this "
+                "server at, e.g. https://mail.example.com"
+            )
+        if parts.username is not None or parts.query or parts.fragment:
+            raise ValueError(
+                "SENDQUEUE_PUBLIC_URL: no user, query or fragment; the links append /u/<token>"
+            )
+        if not _is_host_name(parts.hostname):
+            raise ValueError(f"SENDQUEUE_PUBLIC_URL: {parts.hostname!r} is not a host name")
+        return value.rstrip("/")
+
+    @field_validator("secret_key")
+    @classmethod
+    def _secret_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        secret = value.get_secret_value()
+        if len(secret) < MIN_SECRET_LENGTH:
+            raise ValueError(
+                f"SENDQUEUE_SECRET_KEY: must be at least {MIN_SECRET_LENGTH} characters long; "
+                f"make one with: {_MAKE_SECRET}"
+            )
+        _refuse_guessable_token(secret, "SENDQUEUE_SECRET_KEY")
+        return value
+
+    @field_validator("unsubscribe_mailbox")
+    @classmethod
+    def _unsubscribe_mailbox(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            mailbox = parse_mailbox("SENDQUEUE_UNSUBSCRIBE_MAILBOX", value.strip())
+        except InvalidField as exc:
+            raise ValueError(f"SENDQUEUE_UNSUBSCRIBE_MAILBOX: {exc.reason}") from None
+        if mailbox.display_name:
+            raise ValueError(
+                "SENDQUEUE_UNSUBSCRIBE_MAILBOX: a bare address (unsubscribe@example.com), "
+                "without a name"
+            )
+        return mailbox.addr_spec
+
+    @property
+    def unsubscribe_links(self) -> UnsubscribeLinks | None:
+        """How the unsubscribe links are made; None unless both SENDQUEUE_PUBLIC_URL and
+        SENDQUEUE_SECRET_KEY are set (then no email carries List-Unsubscribe)."""
+        if self.public_url is None or self.secret_key is None:
+            return None
+        return UnsubscribeLinks(
+            self.public_url, self.secret_key.get_secret_value(), self.unsubscribe_mailbox
+        )
 
     @field_validator("default_timezone")
     @classmethod
@@ -498,7 +576,9 @@ class Settings(BaseSettings):
         if self.api_token is not None and len(self.api_token.get_secret_value()) < 16:
             raise ValueError("SENDQUEUE_API_TOKEN: must be at least 16 characters long")
         if self.api_token is not None:
-            _refuse_guessable_token(self.api_token.get_secret_value())
+            _refuse_guessable_token(self.api_token.get_secret_value(), "SENDQUEUE_API_TOKEN")
+        if self.environment == "production" and self._needs_unsubscribe_links:
+            self._require_unsubscribe_links()
         if self.environment == "production":
             if self.api_token is None and self._serves_http:
                 raise ValueError(
@@ -511,8 +591,32 @@ class Settings(BaseSettings):
                 )
         return self
 
+    def _require_unsubscribe_links(self) -> None:
+        """Production mail carries the one-click unsubscribe link (RFC 8058), over HTTPS."""
+        missing = [
+            name
+            for name, value in (
+                ("SENDQUEUE_PUBLIC_URL", self.public_url),
+                ("SENDQUEUE_SECRET_KEY", self.secret_key),
+            )
+            if value is None
+        ]
+        if missing:
+            raise ValueError(
+                f"{' and '.join(missing)} required when SENDQUEUE_ENVIRONMENT=production: every "
+                "email carries a one-click unsubscribe link (PUBLIC_URL/u/<token>, signed with "
+                f"the secret key); make a key with: {_MAKE_SECRET}"
+            )
+        if self.public_url is not None and not self.public_url.startswith("https://"):
+            raise ValueError(
+                "SENDQUEUE_PUBLIC_URL: must be an https:// URL when "
+                "SENDQUEUE_ENVIRONMENT=production (mail providers POST the unsubscribe there)"
+            )
+
     #: The process may serve the web UI and the API, which the token guards.
     _serves_http: ClassVar[bool] = True
+    #: The process sends mail or serves the unsubscribe routes: production needs the links.
+    _needs_unsubscribe_links: ClassVar[bool] = True
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """repr() and str() show URLs without their secrets (the token is a SecretStr)."""
@@ -534,6 +638,9 @@ class LambdaSettings(Settings):
     """
 
     _serves_http: ClassVar[bool] = False
+    # The SAM template sets no SENDQUEUE_PUBLIC_URL or SENDQUEUE_SECRET_KEY yet; the send
+    # function's emails carry the links once it does.
+    _needs_unsubscribe_links: ClassVar[bool] = False
 
 
 #: A token must have at least this many distinct characters and this many bits by the
@@ -542,12 +649,15 @@ _TOKEN_MIN_DISTINCT = 8
 _TOKEN_MIN_BITS = 64
 
 
-def _refuse_guessable_token(token: str) -> None:
+_MAKE_SECRET = "python -c 'import secrets; print(secrets.token_hex(32))'"
+
+
+def _refuse_guessable_token(token: str, variable: str) -> None:
     distinct = len(set(token))
     bits = len(token) * math.log2(distinct) if distinct > 1 else 0.0
     if distinct < _TOKEN_MIN_DISTINCT or bits < _TOKEN_MIN_BITS:
         raise ValueError(
-            f"SENDQUEUE_API_TOKEN: too easy to guess ({distinct} distinct characters, about "
+            f"{variable}: too easy to guess ({distinct} distinct characters, about "
             f"{bits:.0f} bits; at least {_TOKEN_MIN_DISTINCT} and {_TOKEN_MIN_BITS} needed); "
             "make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
         )
