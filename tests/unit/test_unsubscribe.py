@@ -3,6 +3,7 @@ footer, the settings that turn them on, and the service behind the routes."""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +23,7 @@ from sendqueue.domain.unsubscribe import (
     UnsubscribeLinks,
     personalize,
 )
+from sendqueue.runtime import announce_unsubscribe_links
 from sendqueue.services.templates import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
@@ -181,6 +183,19 @@ def test_the_campaign_footer_ends_text_and_html_at_send_time() -> None:
     assert message.text == f"Body\n\nUnsubscribe: {url}\n"
     assert message.html is not None
     assert message.html.endswith(f'<a href="{url}">Unsubscribe</a> from these emails.</p>\n</body>')
+
+
+def test_the_worker_says_at_start_whether_emails_carry_the_link(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="sendqueue.runtime"):
+        announce_unsubscribe_links(fake_app())
+        announce_unsubscribe_links(fake_app(**LINKS))
+    off, on = (r.getMessage() for r in caplog.records)
+    assert off.startswith("unsubscribe links off: emails carry no List-Unsubscribe header")
+    assert "SENDQUEUE_PUBLIC_URL and SENDQUEUE_SECRET_KEY" in off
+    assert on == f"unsubscribe links: {PUBLIC}/u/<token>"
+    assert SECRET not in caplog.text
 
 
 # --- settings ----------------------------------------------------------------------------------
