@@ -12,6 +12,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -313,3 +315,41 @@ def test_the_rate_allows_a_burst_then_refills_per_client() -> None:
     with pytest.raises(HttpProblem, match=r"at most 3 a minute\); try again in 20 s") as refused:
         rate.check("a")
     assert (refused.value.status, refused.value.headers) == (429, {"Retry-After": "20"})
+
+
+def test_behind_a_trusted_proxy_the_rate_is_per_forwarded_client() -> None:
+    """The real server (uvicorn as ``serve`` builds it) takes X-Forwarded-For from the proxies
+    of SENDQUEUE_FORWARDED_ALLOW_IPS only: each recipient behind the proxy has its own rate."""
+    import httpx
+
+    from sendqueue.web.app import build_server
+
+    container = fake_app(
+        public_url=PUBLIC_URL,
+        secret_key=SECRET,
+        api_token=TOKEN,
+        unsubscribe_rate=2,
+        forwarded_allow_ips="127.0.0.1",
+    )
+    server = build_server(create_app(container), host="127.0.0.1", port=0)
+    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "no server"
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        forged = f"/u/c0123456789ab-0.{'0' * 32}"
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+
+            def get(client_ip: str) -> int:
+                headers = {"X-Forwarded-For": client_ip, "Host": "mail.example.com"}
+                return client.get(forged, headers=headers).status_code
+
+            assert [get("203.0.113.7") for _ in range(3)] == [404, 404, 429]
+            assert [get("198.51.100.9") for _ in range(2)] == [404, 404]
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        container.close()
