@@ -198,6 +198,26 @@ def test_the_worker_says_at_start_whether_emails_carry_the_link(
     assert SECRET not in caplog.text
 
 
+def test_a_task_id_sendqueue_did_not_make_is_sent_without_a_link(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Never made by sendqueue itself (campaign ids are "c" + 12 hex digits); a store filled by
+    # hand must still not leave the task Running forever.
+    mailer = RecordingMailer()
+    app = fake_app(mailer=mailer, **LINKS)
+    app.store.create_campaign(
+        Campaign(id="hand-made", name="x", policy=open_policy(), from_addr="n@example.com"),
+        [Recipient(0, "a@example.com", "A", "Hello", "Body", None, {})],
+    )
+    assert app.provisioner.provision("hand-made").status == "done"
+    with caplog.at_level(logging.ERROR, logger="sendqueue.services.worker"):
+        _send_due(app)
+    [message] = mailer.sent
+    assert "List-Unsubscribe" not in message.headers
+    assert app.store.get_task("hand-made-0").state is TaskState.FINISHED  # type: ignore[union-attr]
+    assert "task hand-made-0: sent without an unsubscribe link" in caplog.text
+
+
 # --- settings ----------------------------------------------------------------------------------
 
 

@@ -42,7 +42,12 @@ from typing import cast
 
 from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.alarms import AutoPause, auto_pause_reason
-from sendqueue.domain.errors import PermanentMailError, SchedulerError, TransientMailError
+from sendqueue.domain.errors import (
+    InvalidField,
+    PermanentMailError,
+    SchedulerError,
+    TransientMailError,
+)
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
 from sendqueue.domain.slots import in_policy, nominal_spacing
@@ -398,8 +403,12 @@ class SendWorker:
         links = self._config.unsubscribe
         url = None
         if links is not None:
-            url = links.url(task.id)
-            headers.update(links.headers(task.id))
+            try:
+                url = links.url(task.id)
+                headers.update(links.headers(task.id))
+            except InvalidField as exc:  # an id sendqueue did not make: send, and say so
+                url = None
+                log.error("task %s: sent without an unsubscribe link: %s", task.id, exc)
         parts = personalize(
             task.subject, task.text, task.html, url, footer=campaign.unsubscribe_footer
         )
