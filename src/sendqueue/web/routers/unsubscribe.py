@@ -52,7 +52,7 @@ _PAGE_CSP = (
 )
 
 
-def _limit_rate(request: Request) -> None:
+async def _limit_rate(request: Request) -> None:
     """429 for a client past its rate (before the token is checked or the body read)."""
     rate: RequestRate = request.app.state.unsubscribe_rate
     rate.check(client_address(request.scope))
