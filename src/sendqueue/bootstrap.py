@@ -27,6 +27,7 @@ from sendqueue.ports import (
     Clock,
     Dispatcher,
     Events,
+    FeedbackStore,
     FlushableAlarm,
     Mailer,
     Scheduler,
@@ -35,12 +36,14 @@ from sendqueue.ports import (
 )
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
+from sendqueue.services.feedback import FeedbackService
 from sendqueue.services.importing import ImportLimits
 from sendqueue.services.provisioning import Provisioner
 from sendqueue.services.reconciler import Reconciler
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.suppression import SuppressionService
 from sendqueue.services.templates import TemplateLimits
+from sendqueue.services.unsubscribe import UnsubscribeService
 from sendqueue.services.worker import SendWorker
 from sendqueue.settings import Settings
 
@@ -127,6 +130,7 @@ class Container:
             provision_concurrency=settings.provision_concurrency,
             default_timezone=settings.default_timezone,
             default_from=settings.default_from,
+            unsubscribe=settings.unsubscribe_links,
         )
 
     # -- adapters --------------------------------------------------------------------------
@@ -311,6 +315,25 @@ class Container:
     @cached_property
     def suppression(self) -> SuppressionService:
         return SuppressionService(self.suppressions, self.clock)
+
+    @cached_property
+    def feedback(self) -> FeedbackService:
+        """Applies bounces, complaints, replies and unsubscribes (the store keeps what it
+        needs: every task store is a FeedbackStore too)."""
+        return FeedbackService(
+            self.store,
+            cast(FeedbackStore, self.store),
+            self.suppressions,
+            self.clock,
+            delete_schedules=self.writer.delete_many,
+        )
+
+    @cached_property
+    def unsubscribe(self) -> UnsubscribeService:
+        """What the public /u/<token> routes call."""
+        return UnsubscribeService(
+            self.config.unsubscribe, self.store, self.suppressions, self.feedback, self.clock
+        )
 
     @cached_property
     def campaigns(self) -> CampaignService:

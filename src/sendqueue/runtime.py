@@ -7,11 +7,26 @@ import threading
 from collections.abc import Callable
 
 from sendqueue.bootstrap import Container
+from sendqueue.domain.unsubscribe import UNSUBSCRIBE_URL_PLACEHOLDER
 from sendqueue.services.reconciler import ReconcileReport
 
-__all__ = ["run_worker"]
+__all__ = ["announce_unsubscribe_links", "run_worker"]
 
 log = logging.getLogger(__name__)
+
+
+def announce_unsubscribe_links(app: Container) -> None:
+    """Say at worker start whether emails carry the one-click unsubscribe link (production
+    always does; development only with SENDQUEUE_PUBLIC_URL and SENDQUEUE_SECRET_KEY)."""
+    links = app.config.unsubscribe
+    if links is None:
+        log.warning(
+            "unsubscribe links off: emails carry no List-Unsubscribe header and no footer, "
+            "{{ unsubscribe_url }} stays %s (set SENDQUEUE_PUBLIC_URL and SENDQUEUE_SECRET_KEY)",
+            UNSUBSCRIBE_URL_PLACEHOLDER,
+        )
+    else:
+        log.info("unsubscribe links: %s/u/<token>", links.public_url)
 
 
 def run_worker(
@@ -30,6 +45,7 @@ def run_worker(
     """
     interval = reconcile_interval or app.settings.reconcile_interval
     dispatcher = app.dispatcher
+    announce_unsubscribe_links(app)
     # Before the first overdue schedule fires: emails missed while no worker ran are moved to
     # the next free slots, not sent late in a burst (README, "Guarantees").
     try:

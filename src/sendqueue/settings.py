@@ -7,12 +7,10 @@ plain values and never read the environment themselves.
 
 from __future__ import annotations
 
-import ipaddress
-import math
 import re
 from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +20,17 @@ from .adapters.mail.url import SmtpUrl, parse_mailer_url
 from .domain.addresses import normalize_sender
 from .domain.errors import InvalidField
 from .domain.policy import load_timezone
+from .domain.unsubscribe import UnsubscribeLinks
+from .settings_checks import (
+    MAKE_SECRET,
+    check_bare_address,
+    check_public_url,
+    check_secret_key,
+    is_host_name,
+    redact_url,
+    refuse_guessable,
+    trusted_networks,
+)
 
 __all__ = [
     "DynamoDbUrl",
@@ -50,21 +59,6 @@ _EVENTBRIDGE_FIELDS = (
     "dead_letter_queue_url",
     "dead_letter_queue_arn",
 )
-
-
-_HOST_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
-
-
-def _is_host_name(name: str) -> bool:
-    """A DNS name (labels of letters, digits, "-", "_") or an IP address (IPv6 with or
-    without brackets)."""
-    try:
-        ipaddress.ip_address(name[1:-1] if name.startswith("[") and name.endswith("]") else name)
-        return True
-    except ValueError:
-        pass
-    labels = name.lower().removesuffix(".").split(".")
-    return len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
 
 
 def _check_postgres_url(url: str, variable: str) -> None:
@@ -308,11 +302,51 @@ class Settings(BaseSettings):
     secret_key: SecretStr | None = Field(
         None, description="signs unsubscribe links and VERP bounce addresses (32+ characters)"
     )
+    unsubscribe_mailbox: str | None = Field(
+        None,
+        description="address of the List-Unsubscribe mailto: alternative (a bare address, e.g. "
+        "unsubscribe@example.com); unset: the https link only",
+    )
+    unsubscribe_rate: int = Field(
+        60,
+        ge=1,
+        le=100_000,
+        description="web server: requests to the public unsubscribe routes (/u/...) one client "
+        "address may make per minute (429 beyond)",
+    )
     allowed_hosts: str = Field(
         "",
         description="web server: comma-separated host names (or IP addresses) answered besides "
         "127.0.0.1, localhost and [::1]; any other Host header gets 400 (DNS rebinding)",
     )
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        return check_public_url(value, "SENDQUEUE_PUBLIC_URL")
+
+    @field_validator("secret_key")
+    @classmethod
+    def _secret_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        check_secret_key(value.get_secret_value(), "SENDQUEUE_SECRET_KEY")
+        return value
+
+    @field_validator("unsubscribe_mailbox")
+    @classmethod
+    def _unsubscribe_mailbox(cls, value: str | None) -> str | None:
+        return check_bare_address(value, "SENDQUEUE_UNSUBSCRIBE_MAILBOX")
+
+    @property
+    def unsubscribe_links(self) -> UnsubscribeLinks | None:
+        """How the unsubscribe links are made; None unless both SENDQUEUE_PUBLIC_URL and
+        SENDQUEUE_SECRET_KEY are set (then no email carries List-Unsubscribe)."""
+        if self.public_url is None or self.secret_key is None:
+            return None
+        return UnsubscribeLinks(
+            self.public_url, self.secret_key.get_secret_value(), self.unsubscribe_mailbox
+        )
 
     @field_validator("default_timezone")
     @classmethod
@@ -356,7 +390,7 @@ class Settings(BaseSettings):
     @classmethod
     def _host_names(cls, value: str) -> str:
         for name in (part.strip() for part in value.split(",")):
-            if name and not _is_host_name(name):
+            if name and not is_host_name(name):
                 raise ValueError(
                     f"SENDQUEUE_ALLOWED_HOSTS: {name[:100]!r} is not a host name or IP address "
                     "(no scheme, port, path or wildcard; any port is accepted)"
@@ -498,7 +532,9 @@ class Settings(BaseSettings):
         if self.api_token is not None and len(self.api_token.get_secret_value()) < 16:
             raise ValueError("SENDQUEUE_API_TOKEN: must be at least 16 characters long")
         if self.api_token is not None:
-            _refuse_guessable_token(self.api_token.get_secret_value())
+            refuse_guessable(self.api_token.get_secret_value(), "SENDQUEUE_API_TOKEN")
+        if self.environment == "production" and self._needs_unsubscribe_links:
+            self._require_unsubscribe_links()
         if self.environment == "production":
             if self.api_token is None and self._serves_http:
                 raise ValueError(
@@ -511,8 +547,32 @@ class Settings(BaseSettings):
                 )
         return self
 
+    def _require_unsubscribe_links(self) -> None:
+        """Production mail carries the one-click unsubscribe link (RFC 8058), over HTTPS."""
+        missing = [
+            name
+            for name, value in (
+                ("SENDQUEUE_PUBLIC_URL", self.public_url),
+                ("SENDQUEUE_SECRET_KEY", self.secret_key),
+            )
+            if value is None
+        ]
+        if missing:
+            raise ValueError(
+                f"{' and '.join(missing)} required when SENDQUEUE_ENVIRONMENT=production: every "
+                "email carries a one-click unsubscribe link (PUBLIC_URL/u/<token>, signed with "
+                f"the secret key); make a key with: {MAKE_SECRET}"
+            )
+        if self.public_url is not None and not self.public_url.startswith("https://"):
+            raise ValueError(
+                "SENDQUEUE_PUBLIC_URL: must be an https:// URL when "
+                "SENDQUEUE_ENVIRONMENT=production (mail providers POST the unsubscribe there)"
+            )
+
     #: The process may serve the web UI and the API, which the token guards.
     _serves_http: ClassVar[bool] = True
+    #: The process sends mail or serves the unsubscribe routes: production needs the links.
+    _needs_unsubscribe_links: ClassVar[bool] = True
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """repr() and str() show URLs without their secrets (the token is a SecretStr)."""
@@ -534,59 +594,6 @@ class LambdaSettings(Settings):
     """
 
     _serves_http: ClassVar[bool] = False
-
-
-#: A token must have at least this many distinct characters and this many bits by the
-#: estimate length x log2(distinct): a hex token (16 symbols) passes, "aaaa..." does not.
-_TOKEN_MIN_DISTINCT = 8
-_TOKEN_MIN_BITS = 64
-
-
-def _refuse_guessable_token(token: str) -> None:
-    distinct = len(set(token))
-    bits = len(token) * math.log2(distinct) if distinct > 1 else 0.0
-    if distinct < _TOKEN_MIN_DISTINCT or bits < _TOKEN_MIN_BITS:
-        raise ValueError(
-            f"SENDQUEUE_API_TOKEN: too easy to guess ({distinct} distinct characters, about "
-            f"{bits:.0f} bits; at least {_TOKEN_MIN_DISTINCT} and {_TOKEN_MIN_BITS} needed); "
-            "make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
-        )
-
-
-def trusted_networks(
-    value: str,
-) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] | None:
-    """The networks of a ``SENDQUEUE_FORWARDED_ALLOW_IPS`` value; None for ``*`` (every peer).
-
-    Raises ValueError naming the first item that is not an IP address or a CIDR network.
-    """
-    items = [item.strip() for item in value.split(",")]
-    if items == ["*"]:
-        return None
-    networks = []
-    for item in items:
-        if not item or item == "*":
-            raise ValueError(
-                "expected IP addresses or CIDR networks separated by commas, or * alone; "
-                f"got {value!r}"
-            )
-        try:
-            networks.append(ipaddress.ip_network(item, strict=False))
-        except ValueError:
-            raise ValueError(f"{item!r} is not an IP address or a CIDR network") from None
-    return tuple(networks)
-
-
-def redact_url(url: str, *, path: bool = False) -> str:
-    """``url`` with the password replaced by ``***``; with ``path``, also the path and query
-    (a webhook URL's path is often its secret)."""
-    parts = urlsplit(url)
-    if not parts.scheme or not parts.netloc:
-        return url
-    netloc = parts.netloc
-    if parts.password is not None:
-        userinfo, _, host = netloc.rpartition("@")
-        netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
-    if path:
-        return f"{parts.scheme}://{netloc}/***" if parts.path or parts.query else url
-    return urlunsplit(parts._replace(netloc=netloc))
+    # The SAM template sets no SENDQUEUE_PUBLIC_URL or SENDQUEUE_SECRET_KEY yet; the send
+    # function's emails carry the links once it does.
+    _needs_unsubscribe_links: ClassVar[bool] = False

@@ -38,7 +38,8 @@ with warnings.catch_warnings():
     from fastapi.testclient import TestClient
 
 TOKEN = "the-real-token-0123456789"
-PUBLIC = {"/login", "/healthz"}
+# Open without the token (the unsubscribe route: RFC 8058 one-click, tests/web/test_unsubscribe.py).
+PUBLIC = {"/login", "/healthz", "/u/{token}"}
 
 
 class Locked:

@@ -79,7 +79,13 @@ _TOKEN = "docs-check-7Qe2-Lm9x-Rt4v"
 def test_production_serves_the_schema_and_no_viewer_that_loads_from_another_host(
     make_web: Callable[..., Web],
 ) -> None:
-    web = make_web(environment="production", mailer="smtp://127.0.0.1:2525", api_token=_TOKEN)
+    web = make_web(
+        environment="production",
+        mailer="smtp://127.0.0.1:2525",
+        api_token=_TOKEN,
+        public_url="https://mail.example.com",
+        secret_key="openapi-test-secret-0123456789abcdef",
+    )
     auth = {"Authorization": f"Bearer {_TOKEN}", "Accept": "text/html"}
     assert web.client.get("/openapi.json", headers=auth).json()["info"]["title"] == "sendqueue"
     for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):

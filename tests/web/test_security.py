@@ -15,14 +15,15 @@ from starlette.routing import Mount, Route
 from typer.testing import CliRunner
 
 from sendqueue.cli import app as cli_app
-from sendqueue.web.middleware.auth import is_api_path
+from sendqueue.web.middleware.auth import is_api_path, is_public_path
 from sendqueue.web.middleware.headers import CSP
 from sendqueue.web.session import SessionSigner, safe_next
 from tests.support.app import csv_bytes
 from tests.web.conftest import TOKEN, Web
 
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
-PUBLIC = {"/login", "/healthz"}
+# Open without the token: exactly these (the unsubscribe route is RFC 8058's one-click POST).
+PUBLIC = {"/login", "/healthz", "/u/{token}"}
 
 
 @pytest.fixture
@@ -57,9 +58,13 @@ def _routes(web: Web) -> list[tuple[str, str]]:
     return found
 
 
-def test_every_route_but_login_static_and_healthz_needs_the_token(locked: Web) -> None:
+def test_every_route_but_login_static_healthz_and_unsubscribe_needs_the_token(
+    locked: Web,
+) -> None:
     checked = 0
-    for method, path in _routes(locked):
+    routes = _routes(locked)
+    assert {path for _, path in routes if is_public_path(_concrete(path))} == PUBLIC
+    for method, path in routes:
         if path in PUBLIC:
             continue
         url = _concrete(path)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from sendqueue.domain.unsubscribe import UnsubscribeLinks
+
 __all__ = ["ServiceConfig"]
 
 
@@ -32,3 +34,5 @@ class ServiceConfig:
     firing_precision: float = 0.0
     default_timezone: str = "Europe/Berlin"
     default_from: str = "sendqueue@example.com"
+    #: how every email's List-Unsubscribe link is made; None: no links (development only)
+    unsubscribe: UnsubscribeLinks | None = None

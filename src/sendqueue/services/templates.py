@@ -13,6 +13,9 @@ The contract :mod:`sendqueue.services.importing` relies on:
   past it (:mod:`sendqueue.services.template_sandbox` checks the size first), when
   ``range()`` asks for more numbers than allowed, or when the row's time budget (started by
   :meth:`CompiledTemplates.start_row`) is spent. Anything else a template raises propagates.
+* Every template sees ``unsubscribe_url``, rendered as
+  :data:`~sendqueue.domain.unsubscribe.UNSUBSCRIBE_URL_PLACEHOLDER`, which the send worker
+  replaces with the task's own one-click unsubscribe link.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from jinja2 import Template, TemplateError, TemplateSyntaxError
 from jinja2.sandbox import SandboxedEnvironment
 
 from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.unsubscribe import UNSUBSCRIBE_URL_PLACEHOLDER
 from sendqueue.services.template_sandbox import BoundedSandbox, Budget, TemplateLimitError
 
 __all__ = [
@@ -122,6 +126,10 @@ def compile_templates(
     html_env = BoundedSandbox(
         budget, html_cap, limits.max_range, autoescape=True, keep_trailing_newline=True
     )
+    for env in (subject_env, text_env, html_env):
+        # Rendered before the task exists: the worker puts each task's own link in its place
+        # at send time (sendqueue.domain.unsubscribe). A column of that name wins over it.
+        env.globals["unsubscribe_url"] = UNSUBSCRIBE_URL_PLACEHOLDER
 
     def compile_one(env: SandboxedEnvironment, name: str, source: str | None) -> Template | None:
         if source is None:

@@ -21,6 +21,10 @@ Rules (design.md):
   task goes Pending -> Cancelled (a conditional write) with the reason "suppressed: <reason>"
   and is never sent. The entry is read with the task (``task_and_suppression``: one statement
   on PostgreSQL, a second local read on SQLite), so a send costs no extra round trip there.
+- Every email carries the task's one-click unsubscribe link (``List-Unsubscribe`` and
+  ``List-Unsubscribe-Post``, RFC 2369 and RFC 8058) when ``config.unsubscribe`` is set; its
+  URL replaces the templates' ``{{ unsubscribe_url }}`` and, with the campaign's
+  ``unsubscribe_footer``, ends the text and html parts (:mod:`sendqueue.domain.unsubscribe`).
 - Every invocation ends in one outcome told to the Events port: sent, transient, permanent, or
   skipped (any of the skips above, a lost claim, a campaign not sending, a suppressed address).
 - The worker raises only when infrastructure fails (the store is unreachable), so the execution
@@ -38,11 +42,17 @@ from typing import cast
 
 from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.alarms import AutoPause, auto_pause_reason
-from sendqueue.domain.errors import PermanentMailError, SchedulerError, TransientMailError
+from sendqueue.domain.errors import (
+    InvalidField,
+    PermanentMailError,
+    SchedulerError,
+    TransientMailError,
+)
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
 from sendqueue.domain.slots import in_policy, nominal_spacing
 from sendqueue.domain.suppression import Suppression, suppressed_reason
+from sendqueue.domain.unsubscribe import personalize
 from sendqueue.ports import (
     Alarm,
     Clock,
@@ -389,17 +399,30 @@ class SendWorker:
     def _deliver(self, campaign: Campaign, task: Task) -> bool:
         """Send and record the outcome; True when the task ended final (Finished, Failed) and
         the campaign may be done."""
+        headers = {"X-Sendqueue-Task": task.id}
+        links = self._config.unsubscribe
+        url = None
+        if links is not None:
+            try:
+                url = links.url(task.id)
+                headers.update(links.headers(task.id))
+            except InvalidField as exc:  # an id sendqueue did not make: send, and say so
+                url = None
+                log.error("task %s: sent without an unsubscribe link: %s", task.id, exc)
+        parts = personalize(
+            task.subject, task.text, task.html, url, footer=campaign.unsubscribe_footer
+        )
         message = OutgoingMessage(
             message_id=message_id_for(task.id, _sender_domain(campaign.from_addr)),
             from_addr=campaign.from_addr,
             reply_to=campaign.reply_to,
             to_addr=task.email,
             to_name=task.name,
-            subject=task.subject,
-            text=task.text,
-            html=task.html,
+            subject=parts.subject,
+            text=parts.text,
+            html=parts.html,
             date=self._clock.now(),
-            headers={"X-Sendqueue-Task": task.id},
+            headers=headers,
         )
         try:
             accepted_id = self._mailer.send(message)

@@ -22,6 +22,7 @@ import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 import anyio.to_thread
 import uvicorn
@@ -32,14 +33,14 @@ from sendqueue import __version__
 from sendqueue.bootstrap import Container
 from sendqueue.runtime import run_worker
 from sendqueue.services.attention import AttentionCache, read_attention
-from sendqueue.settings import trusted_networks
+from sendqueue.settings import Settings, trusted_networks
 from sendqueue.web.bodies import BODY_OVERHEAD_BYTES
 from sendqueue.web.deps import BackgroundProvisioning
 from sendqueue.web.errors import install_error_handlers
 from sendqueue.web.middleware import install_security
 from sendqueue.web.middleware.limits import BodyTimeoutMiddleware, header_timeout_protocol
 from sendqueue.web.middleware.peers import PeerCap
-from sendqueue.web.middleware.throttle import AuthThrottle
+from sendqueue.web.middleware.throttle import AuthThrottle, RequestRate
 from sendqueue.web.queries import TimelineCache
 from sendqueue.web.rendering import STATIC_DIR
 from sendqueue.web.routers import ROUTERS
@@ -117,6 +118,7 @@ def create_app(
     app.state.broker = broker
     app.state.provisioning = provisioning
     app.state.timelines = TimelineCache(container.store, container.clock)
+    app.state.unsubscribe_rate = RequestRate(settings.unsubscribe_rate)
     app.state.attention = AttentionCache(
         lambda: read_attention(container.store, container.scheduler)
     )
@@ -137,7 +139,7 @@ def create_app(
         public_max_body_bytes=settings.http_public_max_body_bytes,
         throttle=throttle,
         store=container.store,
-        allowed_hosts=(*settings.allowed_host_names, *extra_hosts),
+        allowed_hosts=(*settings.allowed_host_names, *_public_host(settings), *extra_hosts),
     )
     # Outermost, so that every read of the body is timed, whichever layer makes it.
     app.add_middleware(
@@ -146,6 +148,12 @@ def create_app(
         public_timeout=settings.http_public_body_timeout,
     )
     return app
+
+
+def _public_host(settings: Settings) -> tuple[str, ...]:
+    """The host of SENDQUEUE_PUBLIC_URL, which the unsubscribe links name: always answered."""
+    host = urlsplit(settings.public_url).hostname if settings.public_url else None
+    return (host,) if host else ()
 
 
 def _run_worker(container: Container, stop: threading.Event, interval: float | None) -> None:

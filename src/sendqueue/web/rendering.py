@@ -27,7 +27,15 @@ from sendqueue.services.attention import Attention, AttentionCache
 from sendqueue.web.errors import RETRY_AFTER_SECONDS
 from sendqueue.web.session import page_csrf_token, set_csrf_cookie
 
-__all__ = ["STATIC_DIR", "TEMPLATES_DIR", "error_page", "local_time", "render", "static_url"]
+__all__ = [
+    "STATIC_DIR",
+    "TEMPLATES_DIR",
+    "error_page",
+    "local_time",
+    "render",
+    "render_public",
+    "static_url",
+]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +90,21 @@ def render(
     response.headers["Cache-Control"] = "no-store"
     if fresh:
         set_csrf_cookie(response, token, secure=request.url.scheme == "https")
+    return response
+
+
+def render_public(
+    template: str,
+    *,
+    status_code: int = 200,
+    headers: Mapping[str, str] | None = None,
+    **context: Any,
+) -> HTMLResponse:
+    """A page for people who are not operators (the unsubscribe page): ``template`` with
+    ``context`` only: no CSRF token, no cookie, no banner, never cached."""
+    html = _env.get_template(template).render(**context)
+    response = HTMLResponse(html, status_code=status_code, headers=dict(headers or {}))
+    response.headers["Cache-Control"] = "no-store"
     return response
 
 

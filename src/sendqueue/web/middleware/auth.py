@@ -1,5 +1,6 @@
-"""The API token: with ``SENDQUEUE_API_TOKEN`` set, every route but ``/login``, ``/static/*``
-and ``/healthz`` needs ``Authorization: Bearer <token>`` or a valid ``sq_session`` cookie.
+"""The API token: with ``SENDQUEUE_API_TOKEN`` set, every route but ``/login``, ``/static/*``,
+``/healthz`` and the one-click unsubscribe routes ``/u/*`` needs ``Authorization: Bearer
+<token>`` or a valid ``sq_session`` cookie.
 
 Without them an API route answers 401 (``WWW-Authenticate: Bearer``) and a page redirects to
 ``/login?next=...``. :class:`AuthMiddleware` records how the request was authenticated in
@@ -23,6 +24,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sendqueue.domain.errors import StoreUnavailable
+from sendqueue.domain.unsubscribe import UNSUBSCRIBE_PATH
 from sendqueue.web.errors import RETRY_AFTER_SECONDS, error_response
 from sendqueue.web.middleware.scope import cookies, headers, send_response, state
 from sendqueue.web.middleware.throttle import AuthThrottle
@@ -33,7 +35,13 @@ from sendqueue.web.session import (
     token_matches,
 )
 
-__all__ = ["AuthMiddleware", "client_address", "is_api_path", "is_public_path"]
+__all__ = [
+    "AuthMiddleware",
+    "client_address",
+    "is_api_path",
+    "is_public_path",
+    "is_unsubscribe_path",
+]
 
 _API_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json"})
 
@@ -49,11 +57,20 @@ def client_address(scope: Scope) -> str:
     return str(client[0]) if client else "?"
 
 
+def is_unsubscribe_path(path: str) -> bool:
+    """The one-click unsubscribe routes (``/u/<token>``): mail providers POST to them blind,
+    with no token, cookie or CSRF token (RFC 8058); the signed token in the path is the
+    authorisation. They are exempt from the token, the CSRF and the Origin checks."""
+    return path.startswith(UNSUBSCRIBE_PATH)
+
+
 def is_public_path(path: str) -> bool:
     """Routes served before any authentication (their bodies get the small public limits)."""
     # /healthz is for load balancers and process managers, which hold no token; it tells
     # only whether the store answers.
-    return path in {"/login", "/healthz"} or path.startswith("/static/")
+    return (
+        path in {"/login", "/healthz"} or path.startswith("/static/") or is_unsubscribe_path(path)
+    )
 
 
 class AuthMiddleware:

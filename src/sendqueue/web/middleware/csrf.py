@@ -1,5 +1,6 @@
-"""CSRF. Every unsafe request (POST, PUT, PATCH, DELETE) not authenticated by a bearer header
-must carry the request's CSRF token, else 403. With a session cookie that token is bound to the
+"""CSRF. Every unsafe request (POST, PUT, PATCH, DELETE) not authenticated by a bearer header,
+but those to the one-click unsubscribe routes (``/u/*``, which set no cookie either), must
+carry the request's CSRF token, else 403. With a session cookie that token is bound to the
 session (:meth:`~sendqueue.web.session.SessionSigner.csrf_token`, put into the scope by the
 auth middleware) and the ``sq_csrf`` cookie only carries it to the scripts: a cookie planted by
 someone else is overwritten and never accepted. Without a session it is the ``sq_csrf``
@@ -29,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sendqueue.domain.errors import InvalidField
 from sendqueue.web.errors import HttpProblem, error_response
+from sendqueue.web.middleware.auth import is_unsubscribe_path
 from sendqueue.web.middleware.scope import cookies, headers, send_response, state
 from sendqueue.web.session import (
     CSRF_COOKIE,
@@ -131,7 +133,8 @@ class CsrfMiddleware:
         self.secure = secure or (lambda scope: scope.get("scheme") == "https")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        # The unsubscribe routes take no CSRF token and set no cookie (auth.is_unsubscribe_path).
+        if scope["type"] != "http" or is_unsubscribe_path(scope["path"]):
             await self.app(scope, receive, send)
             return
         request_headers = headers(scope)

@@ -10,7 +10,9 @@ state change.
   ``Referer``) is present must come from the request's own ``scheme://host[:port]``, else 403.
   Without a token, a request from a browser (one that sends ``Sec-Fetch-Site``) must carry an
   ``Origin``. Bearer requests are exempt: a browser cannot add the token to a cross-site
-  request, and scripts with the token may send any Origin.
+  request, and scripts with the token may send any Origin. So are the one-click unsubscribe
+  routes (``/u/*``): a mail provider or a webmail page posts there from its own origin, and
+  the signed token in the path is all the authority they need.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sendqueue.web.errors import error_response
+from sendqueue.web.middleware.auth import is_unsubscribe_path
 from sendqueue.web.middleware.scope import headers, send_response, state
 
 __all__ = ["LOOPBACK_HOSTS", "OriginMiddleware", "TrustedHostMiddleware", "host_name"]
@@ -99,7 +102,7 @@ class OriginMiddleware:
         if scope["type"] != "http" or scope["method"] not in _UNSAFE:
             await self.app(scope, receive, send)
             return
-        if state(scope).get("auth") == "bearer":
+        if state(scope).get("auth") == "bearer" or is_unsubscribe_path(scope["path"]):
             await self.app(scope, receive, send)
             return
         refusal = self._refusal(scope, headers(scope))

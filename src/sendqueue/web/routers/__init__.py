@@ -14,6 +14,7 @@ from sendqueue.web.routers import (
     pages,
     suppressions,
     tasks,
+    unsubscribe,
 )
 
 __all__ = ["ROUTERS"]
@@ -27,4 +28,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     suppressions.router,
     pages.router,
     auth.router,
+    unsubscribe.router,
 )
