@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.feedback import Feedback, FeedbackKind
-from sendqueue.domain.reports import parse_feedback
+from sendqueue.domain.reports import MAX_ITEMS, parse_feedback
 from sendqueue.domain.tokens import TokenPurpose, sign_task, verp_address
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "feedback"
@@ -634,3 +634,52 @@ def test_generated_auto_replies_are_never_replies(reply: tuple[bytes, str | None
 def test_generated_replies_name_their_task_and_sender(reply: tuple[bytes, str | None, str]) -> None:
     raw, task_id, sender = reply
     assert summary(parse(raw)) == [(R, task_id, sender)]
+
+
+# --- messages built to hurt: each gives an answer (pytest's timeout guards the time) ---------
+
+
+def test_a_person_writing_like_a_bounce_is_still_a_reply() -> None:
+    raw = _REPLY.replace(b"Subject: Re: Your December offers", b"Subject: Re: Undelivered parcel")
+    raw = raw.replace(b"please call me", b"the parcel could not be delivered, please call me")
+    assert summary(parse(raw)) == [(R, T + "2", "anna@example.org")]
+
+
+def test_parts_nested_thousands_deep_give_nothing() -> None:
+    head = b"From: MAILER-DAEMON@x.example\nContent-Type: multipart/mixed; boundary=b0\n\n"
+    body = b"".join(
+        b"--b%d\nContent-Type: multipart/mixed; boundary=b%d\n\n" % (i, i + 1) for i in range(3000)
+    )
+    assert parse(head + body) == []
+    assert parse(b"From: a@b.example\nContent-Type: message/rfc822\n\n" * 3000) == []
+
+
+def test_a_report_on_thousands_of_recipients_gives_at_most_max_items() -> None:
+    block = b"Final-Recipient: rfc822; a@b.example\nAction: failed\nStatus: 5.1.1\n\n"
+    raw = (
+        b"From: x@y.example\nContent-Type: multipart/report; report-type=delivery-status;"
+        b" boundary=b\n\n--b\nContent-Type: message/delivery-status\n\n" + block * 5000
+    )
+    items = parse(raw)
+    assert len(items) == MAX_ITEMS
+    assert items[-1].key == f"inbox:7:42#{MAX_ITEMS}"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"From: MAILER-DAEMON@x.example\nSubject: Mail delivery failed\n\n"
+        b"created automatically by mail delivery software\n" + b"-" * 60_000 + b"x\n",
+        b"From: MAILER-DAEMON@x.example\nSubject: Mail delivery failed\n\npermanent error\n"
+        + b" " * 60_000
+        + b"a@b.example"
+        + b" " * 60_000
+        + b"x\n",
+        b"From: " + b"(" * 50_000 + b"\n\nhi\n",
+        b"From: a@b.example\nSubject: " + b" " * 60_000 + b"x\n\nhi\n",
+        b"From: a@b.example\nSubject: " + b"=?utf-8?q?a?= " * 20_000 + b"\n\nhi\n",
+    ],
+    ids=["dashes", "spaces", "comments", "subject-spaces", "encoded-words"],
+)
+def test_long_runs_that_could_make_a_parser_backtrack_are_read(raw: bytes) -> None:
+    check_items(parse(raw))

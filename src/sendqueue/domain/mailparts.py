@@ -20,6 +20,8 @@ from email.parser import HeaderParser
 from email.policy import compat32
 
 __all__ = [
+    "MAX_DEPTH",
+    "MAX_HEADER",
     "FieldBlock",
     "addresses",
     "clean",
@@ -37,7 +39,19 @@ __all__ = [
 FieldBlock = dict[str, list[str]]
 
 # Everything the stdlib can raise on malformed input while decoding a header or a payload.
-_DECODE_ERRORS = (LookupError, UnicodeError, ValueError, TypeError, IndexError, MessageError)
+# (RecursionError: the address parser recurses into nested comments, "((((...".)
+_DECODE_ERRORS = (
+    LookupError,
+    UnicodeError,
+    ValueError,
+    TypeError,
+    IndexError,
+    MessageError,
+    RecursionError,
+)
+#: Longest header value read (characters): decoding is slow on huge ones, and no header a
+#: report needs is near this long.
+MAX_HEADER = 32_768
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _SPACE = re.compile(r"\s+")
 
@@ -60,6 +74,8 @@ def _decoded(value: object) -> str:
     """A header value with its RFC 2047 encoded words decoded, unfolded to one line."""
     if value is None:
         return ""
+    if isinstance(value, str):
+        value = value[:MAX_HEADER]
     try:
         text = str(make_header(decode_header(value)))  # type: ignore[arg-type]
     except _DECODE_ERRORS:
@@ -85,7 +101,7 @@ def addresses(values: list[str]) -> list[str]:
     found: list[str] = []
     for value in values:
         try:
-            pairs = email.utils.getaddresses([value])
+            pairs = email.utils.getaddresses([value[:MAX_HEADER]])
         except _DECODE_ERRORS:
             continue
         for _, addr in pairs:
@@ -116,17 +132,21 @@ def header_date(value: str) -> datetime | None:
     return parsed
 
 
-def own_parts(msg: Message) -> Iterator[Message]:
+#: How deep :func:`own_parts` looks; reports nest three or four levels.
+MAX_DEPTH = 12
+
+
+def own_parts(msg: Message, depth: int = 0) -> Iterator[Message]:
     """``msg`` and its parts, depth first, without entering an attached message (a returned
-    message's own parts are not the report's)."""
+    message's own parts are not the report's) or going deeper than :data:`MAX_DEPTH`."""
     yield msg
-    if msg.get_content_maintype() == "message":
+    if msg.get_content_maintype() == "message" or depth >= MAX_DEPTH:
         return
     payload = msg.get_payload()
     if isinstance(payload, list):
         for part in payload:
             if isinstance(part, Message):
-                yield from own_parts(part)
+                yield from own_parts(part, depth + 1)
 
 
 def part_text(part: Message) -> str:

@@ -44,11 +44,11 @@ _AUTO_PRECEDENCE = frozenset({"auto_reply", "auto-reply", "bulk", "junk", "list"
 # How out-of-office and other automatic answers begin their subject (English, German, French,
 # Spanish, Italian, Dutch, Portuguese, Scandinavian, Polish; Lotus Notes' "Auto:").
 _AUTO_SUBJECT = re.compile(
-    r"\s*(\[?\s*(out of (the )?office|automatic reply|auto[- ]?reply|auto[- ]?response"
+    r"\[?\s*(out of (the )?office|automatic reply|auto[- ]?reply|auto[- ]?response"
     r"|automatic response|autoresponder|auto:|abwesenheitsnotiz|automatische antwort"
     r"|r[ée]ponse automatique|absence du bureau|respuesta autom[áa]tica|fuera de la oficina"
     r"|risposta automatica|fuori sede|automatisch antwoord|afwezig|resposta autom[áa]tica"
-    r"|autosvar|automatisk svar|fr[aå]nvaro|odpowied[źz] automatyczna|vacation reply))",
+    r"|autosvar|automatisk svar|fr[aå]nvaro|odpowied[źz] automatyczna|vacation reply)",
     re.IGNORECASE,
 )
 
@@ -69,7 +69,7 @@ def is_automatic(msg: Message) -> bool:
     precedence = header(msg, "precedence").strip().lower()
     if precedence in _AUTO_PRECEDENCE:
         return True
-    return _AUTO_SUBJECT.match(header(msg, "subject")) is not None
+    return _AUTO_SUBJECT.match(header(msg, "subject").lstrip()) is not None
 
 
 def is_mail_system(msg: Message) -> bool:

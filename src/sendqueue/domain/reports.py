@@ -47,7 +47,7 @@ from sendqueue.domain.replies import reply_feedback
 from sendqueue.domain.textbounces import is_text_bounce, read_text_bounce
 from sendqueue.domain.tokens import MIN_SECRET_LENGTH, verp_task
 
-__all__ = ["parse_feedback"]
+__all__ = ["MAX_ITEMS", "MAX_REPORT", "parse_feedback"]
 
 # Where a report's own headers may name the address it was delivered to (a VERP address).
 _DELIVERED_TO = ("to", "delivered-to", "x-original-to", "envelope-to", "x-envelope-to", "cc")
@@ -58,6 +58,11 @@ _DELIVERY_STATUS = frozenset({"message/delivery-status", "message/global-deliver
 _FEEDBACK_REPORT = "message/feedback-report"
 _RETURNED_MESSAGE = frozenset({"message/rfc822", "message/global"})
 _RETURNED_HEADERS = frozenset({"text/rfc822-headers", "message/global-headers"})
+#: Most items one message gives: a report about more recipients than this is not about one
+#: email sendqueue sent (each has one recipient), so the rest is not read.
+MAX_ITEMS = 100
+#: Longest report part read (characters); a real one is a few hundred.
+MAX_REPORT = 262_144
 #: ARF feedback types that are no complaint: a "this is not spam" report, an SPF/DKIM/DMARC
 #: failure report (RFC 6591).
 _NOT_COMPLAINTS = frozenset({"not-spam", "auth-failure"})
@@ -115,7 +120,10 @@ def parse_feedback(
         raise InvalidField("received_at", received_at, "expected an aware datetime")
     if secret is not None and len(secret) < MIN_SECRET_LENGTH:
         raise InvalidField("secret_key", "***", f"at least {MIN_SECRET_LENGTH} characters")
-    msg = email.message_from_bytes(bytes(raw), policy=compat32)
+    try:
+        msg = email.message_from_bytes(bytes(raw), policy=compat32)
+    except RecursionError:
+        return []  # parts nested thousands deep: the stdlib parser gives up, and so do we
     ctx = _Context(msg, received_at, bounce_address, secret)
     parts = list(own_parts(msg))
     types = [p.get_content_type() for p in parts]
@@ -125,10 +133,11 @@ def parse_feedback(
         items = _arf(ctx, parts)
     elif msg.get_content_type() == "multipart/report":
         items = []  # read receipts (RFC 8098) and other reports: no feedback
-    elif is_text_bounce(msg):
-        items = _text_bounce(ctx)
-    else:
+    elif is_text_bounce(msg) and (bounces := _text_bounce(ctx)):
+        items = bounces
+    else:  # a person's message that only reads like a bounce is read as a reply
         items = reply_feedback(msg, received_at, secret)
+    items = items[:MAX_ITEMS]
     if len(items) == 1:
         return [_keyed(items[0], key)]
     return [_keyed(item, f"{key}#{i}" if key else None) for i, item in enumerate(items, 1)]
@@ -182,13 +191,13 @@ def _dsn(ctx: _Context, parts: list[Message]) -> list[Feedback]:
     blocks: list[FieldBlock] = []
     for part in parts:
         if part.get_content_type() in _DELIVERY_STATUS:
-            blocks += field_blocks(part_text(part))
+            blocks += field_blocks(part_text(part)[:MAX_REPORT])
     per_message = next((b for b in blocks if not _is_recipient_block(b)), {})
     recipients = [b for b in blocks if _is_recipient_block(b)]
     returned = _returned(parts)
     task_id = _task(ctx, returned)
     items = []
-    for block in recipients:
+    for block in recipients[: MAX_ITEMS * 2]:
         status = _first(block, "status")
         diagnostic = _first(block, "diagnostic-code")
         kind = _bounce_kind(_first(block, "action"), status, diagnostic)
@@ -261,7 +270,7 @@ def _arf(ctx: _Context, parts: list[Message]) -> list[Feedback]:
     fields: FieldBlock = {}
     for part in parts:
         if part.get_content_type() == _FEEDBACK_REPORT:
-            for block in field_blocks(part_text(part)):
+            for block in field_blocks(part_text(part)[:MAX_REPORT]):
                 for name, values in block.items():
                     fields.setdefault(name, []).extend(values)
     feedback_type = _first(fields, "feedback-type").split(";", 1)[0].strip().lower()

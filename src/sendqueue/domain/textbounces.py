@@ -36,14 +36,14 @@ _BOUNCE_BODY = re.compile(
 )
 # The line after which the copy of the returned message (or its headers) starts.
 _COPY_MARKER = re.compile(
-    r"^[ \t]*-{2,}.*?(copy of the message|below this line|original message|returned message"
+    r"^[ \t]*+-{2,}+[^\n]*?(copy of the message|below this line|original message|returned message"
     r"|header of the original|undelivered message).*$",
     re.IGNORECASE | re.MULTILINE,
 )
-# A failed address on a line of its own: qmail's "<a@b>:" (what follows on the line is the
-# reason), Exim's indented "  a@b".
+# A failed address on a line of its own (stripped): qmail's "<a@b>:" (what follows on the line
+# is the reason), Exim's indented "  a@b". Quantifiers stay unambiguous: a mail can be huge.
 _BRACKETED = re.compile(r"<([^\s<>@]+@[^\s<>@]+)>\s*:\s*(.*)")
-_INDENTED = re.compile(r"[ \t]+([^\s<>@\"]+@[^\s<>@\":]+?)[ \t]*:?[ \t]*")
+_INDENTED = re.compile(r"([^\s<>@\"]+@[^\s<>@\":]+?):?")
 _STATUS = re.compile(r"(?<![\d.])([45])\.\d{1,3}\.\d{1,3}(?![\d.])")
 _REPLY_CODE = re.compile(r"(?<![\d.\w-])([45])\d\d(?![\d.\w])")
 _PERMANENT = re.compile(
@@ -120,13 +120,14 @@ def _failed(explanation: str) -> list[tuple[str, str]]:
     found: list[tuple[str, list[str]]] = []
     current: list[str] | None = None
     for line in explanation.splitlines():
-        bracketed = _BRACKETED.fullmatch(line.strip())
-        indented = None if bracketed else _INDENTED.fullmatch(line)
+        stripped = line.strip()
+        bracketed = _BRACKETED.fullmatch(stripped)
+        indented = _INDENTED.fullmatch(stripped) if line[:1] in (" ", "\t") else None
         address = bracketed.group(1) if bracketed else indented.group(1) if indented else None
         if address and address.rpartition("@")[0].lower() not in _NOT_RECIPIENTS:
             current = [bracketed.group(2)] if bracketed else []
             found.append((address, current))
-        elif not line.strip():
+        elif not stripped:
             current = None
         elif current is not None:
             current.append(line.strip())
