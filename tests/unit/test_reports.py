@@ -4,6 +4,8 @@ and typical MTAs (tests/data/feedback), and hypothesis properties of the parser.
 
 from __future__ import annotations
 
+import base64
+import quopri
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -683,3 +685,18 @@ def test_a_report_on_thousands_of_recipients_gives_at_most_max_items() -> None:
 )
 def test_long_runs_that_could_make_a_parser_backtrack_are_read(raw: bytes) -> None:
     check_items(parse(raw))
+
+
+@pytest.mark.parametrize("encoding", ["base64", "quoted-printable"])
+def test_a_delivery_status_part_sent_encoded_is_decoded(encoding: str) -> None:
+    fields = b"Reporting-MTA: dns; x\n\nFinal-Recipient: rfc822; a@b.example\nAction: failed\n"
+    fields += b"Status: 5.1.1\nDiagnostic-Code: smtp; 550 5.1.1 caf\xc3\xa9 user=unknown\n"
+    body = base64.encodebytes(fields) if encoding == "base64" else quopri.encodestring(fields)
+    raw = (
+        b"From: x@y.example\nContent-Type: multipart/report; report-type=delivery-status;"
+        b" boundary=b\n\n--b\nContent-Type: message/delivery-status\n"
+        b"Content-Transfer-Encoding: " + encoding.encode() + b"\n\n" + body + b"\n--b--\n"
+    )
+    assert [(i.kind, i.recipient, i.detail) for i in parse(raw)] == [
+        (H, "a@b.example", "5.1.1 smtp; 550 5.1.1 café user=unknown")
+    ]

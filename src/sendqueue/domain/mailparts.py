@@ -9,7 +9,9 @@ Pure, no I/O.
 
 from __future__ import annotations
 
+import binascii
 import email.utils
+import quopri
 import re
 from collections.abc import Iterator
 from datetime import datetime
@@ -154,7 +156,8 @@ def part_text(part: Message) -> str:
     a ``message/*`` part the parser split up, its pieces written back as header blocks."""
     payload = part.get_payload()
     if isinstance(payload, list):
-        return "\n\n".join(_message_text(p) for p in payload if isinstance(p, Message))
+        text = "\n\n".join(_message_text(p) for p in payload if isinstance(p, Message))
+        return _undo_transfer_encoding(text, str(part.get("content-transfer-encoding", "")))
     try:
         data = part.get_payload(decode=True)
     except _DECODE_ERRORS:
@@ -166,6 +169,24 @@ def part_text(part: Message) -> str:
         except LookupError:
             return clean(data.decode("utf-8", "replace"))
     return clean(payload) if isinstance(payload, str) else ""
+
+
+def _undo_transfer_encoding(text: str, encoding: str) -> str:
+    """A ``message/*`` part sent base64 or quoted-printable (which RFC 2046 forbids, and some
+    mail systems do): the parser split the encoded text; decode it."""
+    encoding = encoding.strip().lower()
+    try:
+        if encoding == "base64":
+            return clean(
+                binascii.a2b_base64(text.encode("ascii", "ignore")).decode("utf-8", "replace")
+            )
+        if encoding == "quoted-printable":
+            return clean(
+                quopri.decodestring(text.encode("utf-8", "replace")).decode("utf-8", "replace")
+            )
+    except ValueError:  # binascii.Error: not base64 after all
+        return text
+    return text
 
 
 def _message_text(msg: Message) -> str:

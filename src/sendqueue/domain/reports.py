@@ -110,11 +110,12 @@ def parse_feedback(
 
     ``received_at`` (aware) is the time of an item unless the report dates it; ``key``
     identifies the message (``mailbox:uidvalidity:uid``): an item's key is ``key`` itself, or
-    ``key#1``, ``key#2``... when the message reports on several recipients. With both
-    ``bounce_address`` and ``secret`` (the settings' bounce address and secret key), a report
-    delivered to a VERP address names its task even without the returned message, and a
-    mailed ``unsubscribe <token>`` is understood. Raises InvalidField only for a short secret
-    or a naive ``received_at`` (configuration, not the message); never for the bytes.
+    ``key#1``, ``key#2``... when the message reports on several recipients (at most
+    :data:`MAX_ITEMS`). With both ``bounce_address`` and ``secret`` (the settings' bounce
+    address and secret key), a report delivered to a VERP address names its task even without
+    the returned message; with ``secret``, a mailed ``unsubscribe <token>`` is understood.
+    Raises InvalidField only for a short secret or a naive ``received_at`` (configuration, not
+    the message); never for the bytes.
     """
     if received_at.tzinfo is None or received_at.utcoffset() is None:
         raise InvalidField("received_at", received_at, "expected an aware datetime")
