@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = ["ServiceConfig"]
@@ -32,3 +32,11 @@ class ServiceConfig:
     firing_precision: float = 0.0
     default_timezone: str = "Europe/Berlin"
     default_from: str = "sendqueue@example.com"
+    #: the envelope sender of every email, VERP-encoded per task (None: the From)
+    bounce_address: str | None = None
+    #: SENDQUEUE_SECRET_KEY, which signs the VERP addresses (and the unsubscribe links)
+    secret_key: str | None = field(default=None, repr=False)
+    #: seconds between two polls of the feedback mailboxes (the worker process)
+    feedback_interval: float = 60.0
+    #: seconds a poll of one mailbox holds its lease (renewed after every batch)
+    feedback_lease_seconds: float = 300.0
