@@ -1,0 +1,192 @@
+"""Reading a received message defensively: decoded header text, addresses, the parts of a
+report, and the ``Name: value`` blocks of a delivery-status or feedback-report part.
+
+The helpers of :mod:`sendqueue.domain.reports`. Every function takes whatever the stdlib parser
+made of arbitrary bytes (``compat32``, which never raises while parsing) and returns plain
+text without NULs, control characters or lone surrogates, so the result can be stored as is.
+Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+from collections.abc import Iterator
+from datetime import datetime
+from email.errors import MessageError
+from email.header import decode_header, make_header
+from email.message import Message
+from email.parser import HeaderParser
+from email.policy import compat32
+
+__all__ = [
+    "FieldBlock",
+    "addresses",
+    "clean",
+    "field_blocks",
+    "first_address",
+    "header",
+    "header_date",
+    "headers_of",
+    "own_parts",
+    "parse_headers",
+    "part_text",
+]
+
+#: One block of a report part: lower-cased field name -> its values, in order.
+FieldBlock = dict[str, list[str]]
+
+# Everything the stdlib can raise on malformed input while decoding a header or a payload.
+_DECODE_ERRORS = (LookupError, UnicodeError, ValueError, TypeError, IndexError, MessageError)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_SPACE = re.compile(r"\s+")
+
+
+def clean(text: str) -> str:
+    """``text`` as storable Unicode: raw 8-bit bytes the parser kept as surrogates decoded as
+    UTF-8 (replaced where invalid), other lone surrogates replaced, control characters gone."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogatepass")
+    return _CONTROL.sub("", raw.decode("utf-8", "replace"))
+
+
+def _one_line(text: str) -> str:
+    return _SPACE.sub(" ", clean(text)).strip()
+
+
+def _decoded(value: object) -> str:
+    """A header value with its RFC 2047 encoded words decoded, unfolded to one line."""
+    if value is None:
+        return ""
+    try:
+        text = str(make_header(decode_header(value)))  # type: ignore[arg-type]
+    except _DECODE_ERRORS:
+        text = str(value)
+    return _one_line(text)
+
+
+def header(msg: Message, name: str) -> str:
+    """The first ``name`` header of ``msg``, decoded and unfolded ("" when absent)."""
+    for key, value in msg.raw_items():
+        if key.strip().lower() == name.lower():
+            return _decoded(value)
+    return ""
+
+
+def headers_of(msg: Message, name: str) -> list[str]:
+    """Every ``name`` header of ``msg``, decoded and unfolded, in order."""
+    return [_decoded(v) for k, v in msg.raw_items() if k.strip().lower() == name.lower()]
+
+
+def addresses(values: list[str]) -> list[str]:
+    """The bare addresses (``local@domain``) in header values, in order, without duplicates."""
+    found: list[str] = []
+    for value in values:
+        try:
+            pairs = email.utils.getaddresses([value])
+        except _DECODE_ERRORS:
+            continue
+        for _, addr in pairs:
+            addr = addr.strip().strip("<>").strip()
+            local, at, domain = addr.rpartition("@")
+            well_formed = at and local and domain and not any(c.isspace() for c in addr)
+            if well_formed and addr not in found:
+                found.append(addr)
+    return found
+
+
+def first_address(value: str) -> str | None:
+    """The first bare address in one header value, or None."""
+    found = addresses([value])
+    return found[0] if found else None
+
+
+def header_date(value: str) -> datetime | None:
+    """An RFC 5322 date, when it parses and names its offset (None otherwise)."""
+    if not value:
+        return None
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except _DECODE_ERRORS:
+        return None
+    if parsed is None or parsed.tzinfo is None or parsed.utcoffset() is None:
+        return None
+    return parsed
+
+
+def own_parts(msg: Message) -> Iterator[Message]:
+    """``msg`` and its parts, depth first, without entering an attached message (a returned
+    message's own parts are not the report's)."""
+    yield msg
+    if msg.get_content_maintype() == "message":
+        return
+    payload = msg.get_payload()
+    if isinstance(payload, list):
+        for part in payload:
+            if isinstance(part, Message):
+                yield from own_parts(part)
+
+
+def part_text(part: Message) -> str:
+    """The text of a part: a leaf's payload decoded (base64, quoted-printable) as UTF-8, or for
+    a ``message/*`` part the parser split up, its pieces written back as header blocks."""
+    payload = part.get_payload()
+    if isinstance(payload, list):
+        return "\n\n".join(_message_text(p) for p in payload if isinstance(p, Message))
+    try:
+        data = part.get_payload(decode=True)
+    except _DECODE_ERRORS:
+        data = None
+    if isinstance(data, bytes):
+        charset = part.get_content_charset() or "utf-8"
+        try:
+            return clean(data.decode(charset, "replace"))
+        except LookupError:
+            return clean(data.decode("utf-8", "replace"))
+    return clean(payload) if isinstance(payload, str) else ""
+
+
+def _message_text(msg: Message) -> str:
+    lines = [f"{k}: {v}" for k, v in msg.raw_items()]
+    payload = msg.get_payload()
+    body = payload if isinstance(payload, str) else ""
+    return clean("\n".join(lines) + ("\n\n" + body if body.strip() else ""))
+
+
+def parse_headers(text: str) -> Message:
+    """The header block at the start of ``text`` (a text/rfc822-headers part, or the copy of
+    a returned message in a plain-text bounce) as a Message."""
+    return HeaderParser(policy=compat32).parsestr(text.lstrip("\r\n"))
+
+
+_FIELD = re.compile(r"([!-9;-~]+)[ \t]*:(.*)")
+
+
+def field_blocks(text: str) -> list[FieldBlock]:
+    """The ``Name: value`` blocks of a report (blank-line separated; folded lines joined),
+    names lower-cased. Lines that are not fields are skipped."""
+    blocks: list[FieldBlock] = []
+    block: FieldBlock = {}
+    last: tuple[str, int] | None = None
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        if not line.strip():
+            if block:
+                blocks.append(block)
+            block, last = {}, None
+            continue
+        if line[0] in " \t" and last is not None:
+            name, index = last
+            block[name][index] = f"{block[name][index]} {line.strip()}"
+            continue
+        match = _FIELD.match(line)
+        if match is None:
+            last = None
+            continue
+        name = match.group(1).lower()
+        block.setdefault(name, []).append(match.group(2).strip())
+        last = (name, len(block[name]) - 1)
+    if block:
+        blocks.append(block)
+    return [{k: [_one_line(v) for v in vs] for k, vs in b.items()} for b in blocks]
