@@ -22,6 +22,7 @@ from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.mail.factory import mailer_from_url
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.reports import parse_feedback
 from sendqueue.ports import (
     Alarm,
     Clock,
@@ -395,18 +396,12 @@ class Container:
 
     @cached_property
     def feedback_poller(self) -> FeedbackPoller:
-        if self._parse_feedback is not None:
-            parse = self._parse_feedback
-        else:
-            from sendqueue.domain.reports import parse_feedback
-
-            parse = parse_feedback
         return FeedbackPoller(
             self.store,
             cast(FeedbackStore, self.store),
             self.feedback,
             self.feedback_sources,
-            parse,
+            self._parse_feedback or parse_feedback,
             self.clock,
             self.config,
         )

@@ -1,0 +1,229 @@
+"""The feedback loop end to end through real mail servers: a campaign's email goes out through
+Postfix with its VERP envelope sender, Postfix bounces it (5.1.1) with a real DSN delivered into
+a Maildir, and ``feedback poll`` reads that Maildir over IMAP from Dovecot.
+
+Figures (printed; run with ``-s``): the time from the send to the poll that applied the bounce,
+and the bounces and replies seen.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import secrets
+import time
+from datetime import timedelta
+from typing import Any, cast
+
+from sendqueue.adapters.mail.smtp import SmtpMailer
+from sendqueue.bootstrap import Container, bootstrap
+from sendqueue.domain.lifecycle import TaskOutcome, TaskState
+from sendqueue.domain.suppression import SuppressionReason
+from sendqueue.services.feedback_poll import PollReport
+from sendqueue.settings import Settings
+from sendqueue.testing.clock import FakeClock
+from sendqueue.testing.scheduler import FakeScheduler
+from sendqueue.testing.store import InMemoryTaskStore
+from tests.support.app import LENIENT_LATENESS, T0, open_policy
+from tests.support.mailservers import BOUNCE_DOMAIN, Dovecot, Postfix
+
+SECRET = secrets.token_hex(20)
+SENDER = "News <news@sender.example>"
+
+
+def _app(
+    clock: FakeClock, store: InMemoryTaskStore, scheduler: FakeScheduler, port: int, url: str
+) -> Container:
+    settings = Settings(
+        _env_file=None,
+        bounce_address=f"bounces@{BOUNCE_DOMAIN}",
+        secret_key=SECRET,
+        feedback_imap=url,
+        max_lateness=LENIENT_LATENESS,
+        space_late_sends=False,
+    )
+    mailer = SmtpMailer("127.0.0.1", port, security="none", timeout=10)
+    return bootstrap(settings, clock=clock, store=store, scheduler=scheduler, mailer=mailer)
+
+
+def _campaign(app: Container, emails: list[str], days: int) -> str:
+    rows = "email,name,subject,body\n" + "".join(f"{e},,Hello,Body for {e}\n" for e in emails)
+    cid = app.campaigns.create(
+        name=f"c{days}",
+        recipients=rows.encode(),
+        policy=open_policy(T0 + timedelta(days=days)),
+        from_addr=SENDER,
+    ).campaign.id
+    app.provisioner.provision(cid)
+    return cid
+
+
+def _poll_until(app: Container, done: Any, timeout: float = 30.0) -> PollReport:
+    """Poll until ``done(total)`` holds, adding up the passes' counts."""
+    total = PollReport()
+    deadline = time.monotonic() + timeout
+    while True:
+        report = app.feedback_poller.poll()
+        assert report.errors == []
+        for key in ("messages", "bounces", "replies", "not_feedback", "ignored"):
+            setattr(total, key, getattr(total, key) + getattr(report, key))
+        if done(total) or time.monotonic() > deadline:
+            return total
+        time.sleep(0.05)
+
+
+def _flags(dovecot: Dovecot) -> dict[int, tuple[bytes, ...]]:
+    client = cast(Any, dovecot.client())
+    try:
+        client.select_folder("INBOX", readonly=True)
+        fetched = client.fetch("1:*", ["FLAGS"])
+        return {uid: tuple(sorted(data[b"FLAGS"])) for uid, data in fetched.items()}
+    finally:
+        client.logout()
+
+
+def _append(dovecot: Dovecot, raw: str) -> None:
+    client = cast(Any, dovecot.client())
+    try:
+        client.append("INBOX", raw.replace("\n", "\r\n").encode())
+    finally:
+        client.logout()
+
+
+def _message(headers: dict[str, str], body: str) -> str:
+    headers = {"Date": email.utils.formatdate(), **headers}
+    return "".join(f"{k}: {v}\n" for k, v in headers.items()) + "\n" + body + "\n"
+
+
+def test_a_real_bounce_and_a_reply_reach_their_tasks_through_postfix_and_dovecot(
+    postfix: Postfix, dovecot: Dovecot
+) -> None:
+    clock = FakeClock(T0)
+    store = InMemoryTaskStore()
+    scheduler = FakeScheduler(clock, seed=1)
+    app = _app(clock, store, scheduler, postfix.port, dovecot.url)
+    try:
+        _scenario(app, clock, store, scheduler, postfix, dovecot)
+    finally:
+        app.close()
+
+
+def _scenario(
+    app: Container,
+    clock: FakeClock,
+    store: InMemoryTaskStore,
+    scheduler: FakeScheduler,
+    postfix: Postfix,
+    dovecot: Dovecot,
+) -> None:
+    sent_now = _campaign(app, ["x@bad.example", "r@sink.example"], days=0)
+    later = _campaign(app, ["r@sink.example", "x@bad.example", "o@sink.example"], days=30)
+    clock.advance(days=1)
+
+    started = time.monotonic()
+    assert scheduler.fire_due(app.invoke) == 2
+    bounced, replier = (store.get_task(f"{sent_now}-{i}") for i in (0, 1))
+    assert bounced is not None and replier is not None
+    assert bounced.state is TaskState.FINISHED and replier.state is TaskState.FINISHED
+
+    report = _poll_until(app, lambda total: total.bounces >= 1)
+    bounce_seconds = time.monotonic() - started
+    assert (report.messages, report.bounces, report.not_feedback) == (1, 1, 0)
+    # The DSN went to the task's VERP address, which Postfix took from MAIL FROM.
+    delivered = next((dovecot.maildir / "new").iterdir()).read_text()
+    assert f"Delivered-To: bounces+{bounced.id}." in delivered
+    task = store.get_task(bounced.id)
+    assert task is not None
+    assert task.outcome is TaskOutcome.BOUNCED
+    assert task.outcome_detail is not None and "5.1.1" in task.outcome_detail
+    entry = store.suppressed(["x@bad.example"]).get("x@bad.example")
+    assert entry is not None and entry.reason is SuppressionReason.BOUNCED
+    assert entry.task_id == bounced.id
+    other = store.get_task(f"{later}-1")
+    assert other is not None
+    assert (other.state, other.reason) == (TaskState.CANCELLED, "suppressed: bounced")
+
+    # The cursor: nothing again, in this poller and in a new one (a restarted process).
+    assert app.feedback_poller.poll().messages == 0
+    restarted = _app(clock, store, scheduler, postfix.port, dovecot.url)
+    try:
+        assert restarted.feedback_poller.poll().messages == 0
+        _replies(restarted, store, dovecot, sent_now, later)
+    finally:
+        restarted.close()
+    print(
+        f"\nfeedback through Postfix+Dovecot: bounces seen 1/1, "
+        f"send->bounce applied {bounce_seconds:.2f}s"
+    )
+
+
+def _replies(
+    restarted: Container, store: InMemoryTaskStore, dovecot: Dovecot, sent_now: str, later: str
+) -> None:
+    replier = store.get_task(f"{sent_now}-1")
+    assert replier is not None
+
+    # A reply to the email r@sink.example got stops r's other emails of the same sender.
+    assert replier.message_id is not None
+    _append(
+        dovecot,
+        _message(
+            {
+                "From": "R <r@sink.example>",
+                "To": SENDER,
+                "Subject": "Re: Hello",
+                "Message-ID": "<reply-1@sink.example>",
+                "In-Reply-To": replier.message_id,
+                "References": replier.message_id,
+            },
+            "Thanks, but please stop.",
+        ),
+    )
+    started = time.monotonic()
+    report = _poll_until(restarted, lambda total: total.messages >= 1)
+    reply_seconds = time.monotonic() - started
+    assert (report.messages, report.replies) == (1, 1)
+    replied = store.get_task(replier.id)
+    assert replied is not None and replied.outcome is TaskOutcome.REPLIED
+    stopped = store.get_task(f"{later}-0")
+    assert stopped is not None
+    assert (stopped.state, stopped.reason) == (TaskState.CANCELLED, "replied")
+    untouched = store.get_task(f"{later}-2")
+    assert untouched is not None and untouched.state is TaskState.PENDING
+
+    # An out-of-office from o (who has a Pending email) and a newsletter: left alone.
+    _append(
+        dovecot,
+        _message(
+            {
+                "From": "O <o@sink.example>",
+                "To": SENDER,
+                "Subject": "Out of office: Hello",
+                "Auto-Submitted": "auto-replied",
+                "In-Reply-To": replier.message_id,
+                "Message-ID": "<ooo-1@sink.example>",
+            },
+            "I am away until Monday.",
+        ),
+    )
+    _append(
+        dovecot,
+        _message(
+            {
+                "From": "Shop <deals@shop.example>",
+                "To": "bounces@bounce.example",
+                "Subject": "50% off everything",
+                "Precedence": "bulk",
+                "List-Id": "<deals.shop.example>",
+                "Message-ID": "<deal-1@shop.example>",
+            },
+            "Buy now.",
+        ),
+    )
+    before = _flags(dovecot)
+    report = restarted.feedback_poller.poll()
+    assert (report.messages, report.not_feedback, report.replies) == (2, 2, 0)
+    assert _flags(dovecot) == before
+    assert all(b"\\Seen" not in flags for flags in before.values())
+    untouched = store.get_task(f"{later}-2")
+    assert untouched is not None and untouched.state is TaskState.PENDING
+    print(f"\nreplies seen 1/1, reply appended->applied {reply_seconds:.2f}s")
