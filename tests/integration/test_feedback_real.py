@@ -9,12 +9,18 @@ and the bounces and replies seen.
 from __future__ import annotations
 
 import email.utils
+import json
+import os
 import secrets
+import subprocess
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, cast
 
 from sendqueue.adapters.mail.smtp import SmtpMailer
+from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.suppression import SuppressionReason
@@ -22,7 +28,6 @@ from sendqueue.services.feedback_poll import PollReport
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
-from sendqueue.testing.store import InMemoryTaskStore
 from tests.support.app import LENIENT_LATENESS, T0, open_policy
 from tests.support.mailservers import BOUNCE_DOMAIN, Dovecot, Postfix
 
@@ -31,7 +36,7 @@ SENDER = "News <news@sender.example>"
 
 
 def _app(
-    clock: FakeClock, store: InMemoryTaskStore, scheduler: FakeScheduler, port: int, url: str
+    clock: FakeClock, store: SqlTaskStore, scheduler: FakeScheduler, port: int, url: str
 ) -> Container:
     settings = Settings(
         _env_file=None,
@@ -71,6 +76,31 @@ def _poll_until(app: Container, done: Any, timeout: float = 30.0) -> PollReport:
         time.sleep(0.05)
 
 
+def _poll_in_a_new_process(tmp_path: Path, dovecot: Dovecot) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENDQUEUE_")}
+    env.update(
+        SENDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'store.db'}",
+        SENDQUEUE_SCHEDULER_URL=f"sqlite:///{tmp_path / 'scheduler.db'}",
+        SENDQUEUE_MAILER=f"maildir:{tmp_path / 'outbox'}",
+        SENDQUEUE_BOUNCE_ADDRESS=f"bounces@{BOUNCE_DOMAIN}",
+        SENDQUEUE_SECRET_KEY=SECRET,
+        SENDQUEUE_FEEDBACK_IMAP=dovecot.url,
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "sendqueue.cli", "feedback", "poll", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert dovecot.password not in done.stdout + done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
 def _flags(dovecot: Dovecot) -> dict[int, tuple[bytes, ...]]:
     client = cast(Any, dovecot.client())
     try:
@@ -95,14 +125,14 @@ def _message(headers: dict[str, str], body: str) -> str:
 
 
 def test_a_real_bounce_and_a_reply_reach_their_tasks_through_postfix_and_dovecot(
-    postfix: Postfix, dovecot: Dovecot
+    postfix: Postfix, dovecot: Dovecot, tmp_path: Path
 ) -> None:
     clock = FakeClock(T0)
-    store = InMemoryTaskStore()
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
     scheduler = FakeScheduler(clock, seed=1)
     app = _app(clock, store, scheduler, postfix.port, dovecot.url)
     try:
-        _scenario(app, clock, store, scheduler, postfix, dovecot)
+        _scenario(app, clock, store, scheduler, postfix, dovecot, tmp_path)
     finally:
         app.close()
 
@@ -110,10 +140,11 @@ def test_a_real_bounce_and_a_reply_reach_their_tasks_through_postfix_and_dovecot
 def _scenario(
     app: Container,
     clock: FakeClock,
-    store: InMemoryTaskStore,
+    store: SqlTaskStore,
     scheduler: FakeScheduler,
     postfix: Postfix,
     dovecot: Dovecot,
+    tmp_path: Path,
 ) -> None:
     sent_now = _campaign(app, ["x@bad.example", "r@sink.example"], days=0)
     later = _campaign(app, ["r@sink.example", "x@bad.example", "o@sink.example"], days=30)
@@ -142,8 +173,9 @@ def _scenario(
     assert other is not None
     assert (other.state, other.reason) == (TaskState.CANCELLED, "suppressed: bounced")
 
-    # The cursor: nothing again, in this poller and in a new one (a restarted process).
+    # The cursor: nothing again, in this poller and in a new process (`feedback poll`).
     assert app.feedback_poller.poll().messages == 0
+    assert _poll_in_a_new_process(tmp_path, dovecot)["messages"] == 0
     restarted = _app(clock, store, scheduler, postfix.port, dovecot.url)
     try:
         assert restarted.feedback_poller.poll().messages == 0
@@ -157,7 +189,7 @@ def _scenario(
 
 
 def _replies(
-    restarted: Container, store: InMemoryTaskStore, dovecot: Dovecot, sent_now: str, later: str
+    restarted: Container, store: SqlTaskStore, dovecot: Dovecot, sent_now: str, later: str
 ) -> None:
     replier = store.get_task(f"{sent_now}-1")
     assert replier is not None
