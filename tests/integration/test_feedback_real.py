@@ -14,6 +14,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -259,3 +260,52 @@ def _replies(
     untouched = store.get_task(f"{later}-2")
     assert untouched is not None and untouched.state is TaskState.PENDING
     print(f"\nreplies seen 1/1, reply appended->applied {reply_seconds:.2f}s")
+
+
+def test_two_pollers_on_one_mailbox_read_each_message_once(
+    dovecot: Dovecot, tmp_path: Path
+) -> None:
+    client = cast(Any, dovecot.client())
+    try:
+        for n in range(60):
+            client.append(
+                "INBOX",
+                _message(
+                    {"From": f"shop{n}@shop.example", "Subject": f"deal {n}", "Precedence": "bulk"},
+                    "Buy now.",
+                )
+                .replace("\n", "\r\n")
+                .encode(),
+            )
+    finally:
+        client.logout()
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    stores = [open_store(url), open_store(url)]
+    apps = [
+        bootstrap(
+            Settings(_env_file=None, feedback_imap=dovecot.url, mailer="maildir:" + str(tmp_path)),
+            store=store,
+        )
+        for store in stores
+    ]
+    for app in apps:
+        app.feedback_poller._batch = 7  # many batches, so the passes would interleave
+    reports: list[PollReport] = []
+    threads = [
+        threading.Thread(target=lambda a=app: reports.append(a.feedback_poller.poll()))
+        for app in apps
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        while sum(r.messages for r in reports) < 60 and len(reports) < 10:
+            reports.append(apps[len(reports) % 2].feedback_poller.poll())  # the busy one, later
+        assert sum(r.messages for r in reports) == 60
+        assert sum(r.not_feedback for r in reports) == 60
+        cursor = stores[0].feedback_cursor(apps[0].feedback_sources[0].name)
+        assert cursor is not None and cursor[1] == 60
+    finally:
+        for app in apps:
+            app.close()
