@@ -16,7 +16,11 @@ Return-Path), is a copy of sendqueue's own email, or is automatic:
 automatically, and Outlook and Exchange set it on ordinary mail too (meeting requests,
 messages to groups, mail sent by applications), so alone it would drop real replies; Exchange's
 own out-of-office notices carry ``Auto-Submitted: auto-replied`` and an "Automatic reply:"
-subject, which are caught. Pure, no I/O.
+subject, which are caught.
+
+An *unsubscribe by mail* is a subject ``unsubscribe <token>`` whose token is a genuine
+unsubscribe token; one that is forged or altered gives nothing at all (as on the unsubscribe
+page), not a reply. Pure, no I/O.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ __all__ = ["is_automatic", "is_mail_system", "reply_feedback"]
 
 _MESSAGE_ID = re.compile(r"<([^<>\s]+)>")
 _UNSUBSCRIBE = re.compile(r"\s*unsubscribe\s+(\S+)\s*", re.IGNORECASE)
+_TOKEN_SHAPED = re.compile(r"c[0-9a-f]{12}-[0-9]{1,9}\.[0-9a-z]+", re.IGNORECASE)
 _MAIL_SYSTEM = frozenset({"mailer-daemon", "mailer_daemon", "mail-daemon", "postmaster"})
 _AUTO_HEADERS = ("x-autoreply", "x-autorespond", "x-autoresponder")
 _AUTO_PRECEDENCE = frozenset({"auto_reply", "auto-reply", "bulk", "junk", "list"})
@@ -98,10 +103,13 @@ def reply_feedback(msg: Message, received_at: datetime, secret: str | None) -> l
     recipient = sender[0] if sender else None
     subject = header(msg, "subject")
     unsubscribe = _UNSUBSCRIBE.fullmatch(subject)
-    if unsubscribe and secret:
-        task_id = verify_task(unsubscribe.group(1), secret, TokenPurpose.UNSUBSCRIBE)
-        if task_id:
-            return [Feedback(FeedbackKind.UNSUBSCRIBE, received_at, task_id, recipient, "mailto")]
+    if unsubscribe and _TOKEN_SHAPED.fullmatch(unsubscribe.group(1)):
+        task_id = (
+            verify_task(unsubscribe.group(1), secret, TokenPurpose.UNSUBSCRIBE) if secret else None
+        )
+        if task_id is None:
+            return []  # a forged or altered token changes nothing, as on the unsubscribe page
+        return [Feedback(FeedbackKind.UNSUBSCRIBE, received_at, task_id, recipient, "mailto")]
     if is_mail_system(msg) or is_automatic(msg) or header(msg, "x-sendqueue-task"):
         return []
     answers, task_id = _task_replied_to(msg)

@@ -5,7 +5,8 @@ it reports, as :class:`~sendqueue.domain.feedback.Feedback` items (none for a me
 not feedback). It understands:
 
 - delivery status notifications (RFC 3464 ``multipart/report; report-type=delivery-status``),
-  one item per failed or delayed recipient;
+  one item per failed or delayed recipient, and the plain-text bounces of older Exim, qmail and
+  the like (:mod:`sendqueue.domain.textbounces`);
 - complaint reports (RFC 5965 ``report-type=feedback-report``, the ARF of the mailbox
   providers' feedback loops);
 - a reply to an email sendqueue sent (its ``In-Reply-To``/``References``), or a plain message
@@ -43,6 +44,7 @@ from sendqueue.domain.mailparts import (
     part_text,
 )
 from sendqueue.domain.replies import reply_feedback
+from sendqueue.domain.textbounces import is_text_bounce, read_text_bounce
 from sendqueue.domain.tokens import MIN_SECRET_LENGTH, verp_task
 
 __all__ = ["parse_feedback"]
@@ -123,6 +125,8 @@ def parse_feedback(
         items = _arf(ctx, parts)
     elif msg.get_content_type() == "multipart/report":
         items = []  # read receipts (RFC 8098) and other reports: no feedback
+    elif is_text_bounce(msg):
+        items = _text_bounce(ctx)
     else:
         items = reply_feedback(msg, received_at, secret)
     if len(items) == 1:
@@ -239,6 +243,15 @@ def _bounce_kind(action: str, status: str, diagnostic: str) -> FeedbackKind | No
     if klass is None and verb == "failed":
         return FeedbackKind.HARD_BOUNCE  # "failed" is final (RFC 3464 2.3.3)
     return None
+
+
+def _text_bounce(ctx: _Context) -> list[Feedback]:
+    """A plain-text bounce (:mod:`sendqueue.domain.textbounces`): one item per failed address,
+    dated by the bounce's Date."""
+    bounces, returned = read_text_bounce(ctx.msg)
+    task_id = _task(ctx, returned)
+    at = ctx.at(header(ctx.msg, "date"))
+    return [Feedback(b.kind, at, task_id, b.recipient, b.detail) for b in bounces]
 
 
 # -- complaints (RFC 5965) -----------------------------------------------------------------
