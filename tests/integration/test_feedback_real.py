@@ -309,3 +309,34 @@ def test_two_pollers_on_one_mailbox_read_each_message_once(
     finally:
         for app in apps:
             app.close()
+
+
+def test_every_bounce_of_a_batch_reaches_its_task(
+    postfix: Postfix, dovecot: Dovecot, tmp_path: Path
+) -> None:
+    clock = FakeClock(T0)
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    scheduler = FakeScheduler(clock, seed=1)
+    app = _app(clock, store, scheduler, postfix.port, dovecot.url)
+    try:
+        bad = [f"x{n}@bad.example" for n in range(20)]
+        good = [f"ok{n}@sink.example" for n in range(5)]
+        cid = _campaign(app, bad + good, days=0)
+        clock.advance(days=2)
+        started = time.monotonic()
+        assert scheduler.fire_due(app.invoke) == 25
+        sent = time.monotonic()
+        report = _poll_until(app, lambda total: total.bounces >= 20)
+        applied = time.monotonic()
+        assert (report.messages, report.bounces, report.ignored) == (20, 20, 0)
+        outcomes = {t.email: t.outcome for t in store.list_tasks(cid, limit=100)}
+        assert {e for e, o in outcomes.items() if o is TaskOutcome.BOUNCED} == set(bad)
+        assert {outcomes[e] for e in good} == {TaskOutcome.ACCEPTED}
+        assert set(store.suppressed(bad + good)) == set(bad)
+        print(
+            f"\nbatch through Postfix+Dovecot: bounces seen {report.bounces}/{len(bad)}, "
+            f"25 sends {sent - started:.2f}s, last send->all bounces applied "
+            f"{applied - sent:.2f}s"
+        )
+    finally:
+        app.close()
