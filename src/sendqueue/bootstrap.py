@@ -22,11 +22,13 @@ from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.mail.factory import mailer_from_url
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.reports import parse_feedback
 from sendqueue.ports import (
     Alarm,
     Clock,
     Dispatcher,
     Events,
+    FeedbackSource,
     FeedbackStore,
     FlushableAlarm,
     Mailer,
@@ -37,6 +39,7 @@ from sendqueue.ports import (
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.feedback import FeedbackService
+from sendqueue.services.feedback_poll import FeedbackParser, FeedbackPoller
 from sendqueue.services.importing import ImportLimits
 from sendqueue.services.provisioning import Provisioner
 from sendqueue.services.reconciler import Reconciler
@@ -108,6 +111,8 @@ class Container:
         mailer: Mailer | None = None,
         alarm: Alarm | None = None,
         events: Events | None = None,
+        feedback_sources: list[FeedbackSource] | None = None,
+        parse_feedback: FeedbackParser | None = None,
     ) -> None:
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
@@ -116,6 +121,8 @@ class Container:
         self._mailer = mailer
         self._alarm = alarm
         self._events = events
+        self._feedback_sources = feedback_sources
+        self._parse_feedback = parse_feedback
         self._zones: dict[str, str] = {}
         self._zones_lock = threading.Lock()
         self.config = ServiceConfig(
@@ -131,6 +138,9 @@ class Container:
             default_timezone=settings.default_timezone,
             default_from=settings.default_from,
             unsubscribe=settings.unsubscribe_links,
+            bounce_address=settings.bounce_address,
+            secret_key=settings.secret_key.get_secret_value() if settings.secret_key else None,
+            feedback_interval=settings.feedback_interval,
         )
 
     # -- adapters --------------------------------------------------------------------------
@@ -317,18 +327,6 @@ class Container:
         return SuppressionService(self.suppressions, self.clock)
 
     @cached_property
-    def feedback(self) -> FeedbackService:
-        """Applies bounces, complaints, replies and unsubscribes (the store keeps what it
-        needs: every task store is a FeedbackStore too)."""
-        return FeedbackService(
-            self.store,
-            cast(FeedbackStore, self.store),
-            self.suppressions,
-            self.clock,
-            delete_schedules=self.writer.delete_many,
-        )
-
-    @cached_property
     def unsubscribe(self) -> UnsubscribeService:
         """What the public /u/<token> routes call."""
         return UnsubscribeService(
@@ -380,6 +378,43 @@ class Container:
             events=self.events,
         )
 
+    @cached_property
+    def feedback(self) -> FeedbackService:
+        """Applies bounces, complaints, replies and unsubscribes (the task store keeps what
+        it needs); the schedules of the tasks it cancels are deleted through the writer."""
+        return FeedbackService(
+            self.store,
+            cast(FeedbackStore, self.store),
+            self.suppressions,
+            self.clock,
+            # lazy: the scheduler is opened only when a cancel has schedules to delete
+            delete_schedules=lambda names: self.writer.delete_many(names),
+        )
+
+    @cached_property
+    def feedback_sources(self) -> list[FeedbackSource]:
+        """The feedback mailboxes: SENDQUEUE_FEEDBACK_IMAP, serving bounces and replies alike
+        (per-sender mailboxes come with issue 13); none when it is unset."""
+        if self._feedback_sources is not None:
+            return self._feedback_sources
+        if self.settings.feedback_imap is None:
+            return []
+        from sendqueue.adapters.imap import ImapFeedbackSource
+
+        return [ImapFeedbackSource.from_url(self.settings.feedback_imap)]
+
+    @cached_property
+    def feedback_poller(self) -> FeedbackPoller:
+        return FeedbackPoller(
+            self.store,
+            cast(FeedbackStore, self.store),
+            self.feedback,
+            self.feedback_sources,
+            self._parse_feedback or parse_feedback,
+            self.clock,
+            self.config,
+        )
+
     def invoke(self, payload: Mapping[str, str]) -> None:
         """The execution layer's target: routes an invocation by its ``kind``."""
         kind = payload.get("kind", "send")
@@ -397,7 +432,7 @@ class Container:
         alarm = self.__dict__.get("alarm")
         if isinstance(alarm, FlushableAlarm):
             alarm.flush(5.0)
-        for name in ("mailer", "scheduler", "store"):
+        for name in ("feedback_poller", "mailer", "scheduler", "store"):
             if name in self.__dict__:
                 try:
                     getattr(self, name).close()
@@ -414,6 +449,8 @@ def bootstrap(
     mailer: Mailer | None = None,
     alarm: Alarm | None = None,
     events: Events | None = None,
+    feedback_sources: list[FeedbackSource] | None = None,
+    parse_feedback: FeedbackParser | None = None,
 ) -> Container:
     """Build the container from settings (read from the environment when not given)."""
     return Container(
@@ -424,6 +461,8 @@ def bootstrap(
         mailer=mailer,
         alarm=alarm,
         events=events,
+        feedback_sources=feedback_sources,
+        parse_feedback=parse_feedback,
     )
 
 

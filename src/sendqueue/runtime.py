@@ -1,4 +1,5 @@
-"""Running a worker process: the dispatcher, the send workers and the periodic reconciler."""
+"""Running a worker process: the dispatcher, the send workers, the periodic reconciler and the
+periodic poll of the feedback mailbox (when one is configured)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 
 from sendqueue.bootstrap import Container
 from sendqueue.domain.unsubscribe import UNSUBSCRIBE_URL_PLACEHOLDER
+from sendqueue.services.feedback_poll import PollReport
 from sendqueue.services.reconciler import ReconcileReport
 
 __all__ = ["announce_unsubscribe_links", "run_worker"]
@@ -36,14 +38,21 @@ def run_worker(
     reconcile_interval: float | None = None,
     reconcile_at_start: bool = True,
     on_reconcile: Callable[[ReconcileReport], None] | None = None,
+    feedback_interval: float | None = None,
+    on_feedback: Callable[[PollReport], None] | None = None,
 ) -> None:
     """Re-plan overdue emails, then dispatch due schedules and reconcile periodically until
     ``stop`` is set.
 
     The dispatcher runs in this thread; the reconciler in a daemon thread that sleeps on
-    ``stop`` so shutdown is immediate. In-flight sends finish before this returns.
+    ``stop`` so shutdown is immediate. In-flight sends finish before this returns. With a
+    feedback mailbox configured, another daemon thread polls it every ``feedback_interval``
+    seconds (SENDQUEUE_FEEDBACK_INTERVAL), the first time at start.
     """
     interval = reconcile_interval or app.settings.reconcile_interval
+    feedback = _start_feedback_loop(
+        app, stop, feedback_interval or app.config.feedback_interval, on_feedback
+    )
     dispatcher = app.dispatcher
     announce_unsubscribe_links(app)
     # Before the first overdue schedule fires: emails missed while no worker ran are moved to
@@ -61,6 +70,7 @@ def run_worker(
             dispatcher.run(app.invoke, stop)
         finally:
             stop.set()
+            _join(feedback)
         return
 
     def reconcile_loop() -> None:
@@ -80,4 +90,38 @@ def run_worker(
         dispatcher.run(app.invoke, stop)
     finally:
         stop.set()
+        thread.join(timeout=30)
+        _join(feedback)
+
+
+def _start_feedback_loop(
+    app: Container,
+    stop: threading.Event,
+    interval: float,
+    on_feedback: Callable[[PollReport], None] | None,
+) -> threading.Thread | None:
+    """Poll the feedback mailboxes every ``interval`` seconds in a daemon thread that sleeps
+    on ``stop``; None when no mailbox is configured."""
+    if not app.feedback_sources:
+        return None
+    poller = app.feedback_poller
+
+    def feedback_loop() -> None:
+        while not stop.is_set():
+            try:
+                report = poller.poll()
+                if on_feedback is not None:
+                    on_feedback(report)
+            except Exception:  # a failed pass must not kill the worker; the next one retries
+                log.exception("feedback poll failed")
+            if stop.wait(interval):
+                break
+
+    thread = threading.Thread(target=feedback_loop, name="feedback-poll", daemon=True)
+    thread.start()
+    return thread
+
+
+def _join(thread: threading.Thread | None) -> None:
+    if thread is not None:
         thread.join(timeout=30)

@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .adapters.dynamodb.url import DynamoDbUrl, parse_dynamodb_url
+from .adapters.imap.url import parse_imap_url
 from .adapters.mail.url import SmtpUrl, parse_mailer_url
 from .domain.addresses import normalize_sender
 from .domain.errors import InvalidField
@@ -314,6 +315,19 @@ class Settings(BaseSettings):
         description="web server: requests to the public unsubscribe routes (/u/...) one client "
         "address may make per minute (429 beyond)",
     )
+    bounce_address: str | None = Field(
+        None,
+        description="envelope sender (Return-Path) of every email, VERP-encoded per task: "
+        "bounces@example.com becomes bounces+TOKEN@example.com (needs SENDQUEUE_SECRET_KEY)",
+    )
+    feedback_imap: str | None = Field(
+        None,
+        description="the feedback mailbox (bounces, complaints, replies): "
+        "imap://user:pass@host:143/INBOX?security=starttls|tls|none or imaps://",
+    )
+    feedback_interval: float = Field(
+        60.0, ge=1, le=86400, description="seconds between two polls of the feedback mailbox"
+    )
     allowed_hosts: str = Field(
         "",
         description="web server: comma-separated host names (or IP addresses) answered besides "
@@ -457,6 +471,22 @@ class Settings(BaseSettings):
             raise ValueError(f"SENDQUEUE_MAILER: {exc.reason}") from None
         return value
 
+    @field_validator("feedback_imap")
+    @classmethod
+    def _imap_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        try:
+            url = parse_imap_url(value)
+        except InvalidField as exc:
+            raise ValueError(f"SENDQUEUE_FEEDBACK_IMAP: {exc.reason}") from None
+        if url.security == "none" and url.host not in _LOOPBACK:
+            raise ValueError(
+                "SENDQUEUE_FEEDBACK_IMAP: refusing to send a password unencrypted to "
+                f"{url.host}; use security=starttls or imaps://"
+            )
+        return value
+
     @field_validator("alarm_webhook")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
@@ -464,7 +494,7 @@ class Settings(BaseSettings):
             raise ValueError("the alarm webhook must be an http:// or https:// URL")
         return value or None
 
-    @field_validator("alarm_email", "alarm_from")
+    @field_validator("alarm_email", "alarm_from", "bounce_address")
     @classmethod
     def _mailbox(cls, value: str | None, info: ValidationInfo) -> str | None:
         # The campaigns' own address rules: what passes here, the mailers accept as To/From.
@@ -513,6 +543,19 @@ class Settings(BaseSettings):
                 "shares: set SENDQUEUE_DATABASE_URL=dynamodb://TABLE (or a PostgreSQL URL), "
                 "not a SQLite file"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _bounce_address_needs_the_key(self) -> Settings:
+        """A VERP address is signed: without the key no DSN could be matched to its task."""
+        if self.bounce_address is not None:
+            if "<" in self.bounce_address:
+                raise ValueError("SENDQUEUE_BOUNCE_ADDRESS: a bare address, without a name")
+            if self.secret_key is None:
+                raise ValueError(
+                    "SENDQUEUE_BOUNCE_ADDRESS needs SENDQUEUE_SECRET_KEY, which signs the VERP "
+                    "address of every email"
+                )
         return self
 
     @model_validator(mode="after")
@@ -582,7 +625,9 @@ class Settings(BaseSettings):
             yield name, value
 
 
-_URL_FIELDS = frozenset({"database_url", "scheduler_url", "mailer", "alarm_webhook"})
+_URL_FIELDS = frozenset(
+    {"database_url", "scheduler_url", "mailer", "alarm_webhook", "feedback_imap"}
+)
 
 
 class LambdaSettings(Settings):

@@ -523,3 +523,26 @@ def test_send_time_date_header_is_utc_safe(
 
     (mail,) = smtp_sink.wait_for(1)
     assert parsedate_to_datetime(str(mail.message["Date"])) == when.replace(microsecond=0)
+
+
+def test_the_envelope_sender_is_mail_from_and_the_from_header_stays(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
+    mailer = mailer_for(smtp_sink)
+    verp = "bounces+c0123456789ab-1.0123456789abcdef0123456789abcdef@example.com"
+    mailer.send(message(envelope_from=verp))
+    (mail,) = smtp_sink.wait_for(1)
+    assert mail.mail_from == verp
+    assert mail.message["From"].addresses[0].addr_spec == "news@example.com"
+    assert "Return-Path" not in mail.message  # the receiving MTA writes it
+
+
+@pytest.mark.parametrize(
+    "envelope_from", ["Bounces <b@example.com>", "b@example.com\r\nRCPT TO:<x@y>", "nope"]
+)
+def test_an_envelope_sender_that_is_no_bare_address_is_permanent(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer], envelope_from: str
+) -> None:
+    with pytest.raises(PermanentMailError, match="envelope_from"):
+        mailer_for(smtp_sink).send(message(envelope_from=envelope_from))
+    assert smtp_sink.messages == []

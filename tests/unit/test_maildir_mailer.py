@@ -256,3 +256,20 @@ def test_recording_mailer_is_thread_safe_and_clear_forgets() -> None:
     assert len(mailer.sent) == 1
     mailer.close()
     assert mailer.closed == 1
+
+
+def test_the_envelope_sender_is_recorded_as_return_path(tmp_path: Path) -> None:
+    verp = "bounces+cabc-1.0123456789abcdef0123456789abcdef@example.com"
+    MaildirMailer(tmp_path).send(outgoing(envelope_from=verp))
+    MaildirMailer(tmp_path / "plain").send(outgoing(2))
+    (with_sender,) = parsed_files(tmp_path)
+    assert with_sender["Return-Path"] == f"<{verp}>"
+    assert str(with_sender["From"]) == "News <news@example.com>"
+    (plain,) = parsed_files(tmp_path / "plain")
+    assert "Return-Path" not in plain
+
+
+def test_an_envelope_sender_with_a_line_break_is_permanent(tmp_path: Path) -> None:
+    with pytest.raises(PermanentMailError, match="envelope_from"):
+        MaildirMailer(tmp_path).send(outgoing(envelope_from="b@example.com\nBcc: x@y.example"))
+    assert not any((tmp_path / "new").iterdir())

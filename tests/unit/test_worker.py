@@ -12,6 +12,7 @@ from sendqueue.domain.errors import PermanentMailError, StoreUnavailable, Transi
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Task, expected_schedule_name, schedule_group
 from sendqueue.domain.policy import SendingPolicy
+from sendqueue.domain.tokens import verp_address, verp_task
 from sendqueue.services.scheduling import send_payload
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
@@ -85,6 +86,26 @@ def test_message_carries_campaign_sender_and_snapshot() -> None:
         "Body 0",
     )
     assert message.message_id == task.message_id
+
+
+def test_with_a_bounce_address_each_email_has_its_task_s_verp_envelope_sender() -> None:
+    clock = FakeClock(T0)
+    secret = "s" * 16 + "0123456789abcdef"
+    app = fake_app(clock=clock, bounce_address="bounces@mail.example.com", secret_key=secret)
+    cid = _provisioned(app, 2)
+    clock.advance(hours=1)
+    _fire_all(app)
+    sent = sorted(app.mailer.sent, key=lambda m: m.to_addr)  # type: ignore[attr-defined]
+    for message, task in zip(sent, _tasks(app, cid), strict=True):
+        assert message.envelope_from == verp_address("bounces@mail.example.com", task.id, secret)
+        assert verp_task(message.envelope_from, "bounces@mail.example.com", secret) == task.id
+        assert message.from_addr == "News <n@example.com>"
+    # without one, the From is the envelope sender
+    plain = fake_app(clock=clock)
+    _provisioned(plain, 1)
+    clock.advance(hours=1)
+    _fire_all(plain)
+    assert [m.envelope_from for m in plain.mailer.sent] == [None]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from sendqueue.domain.unsubscribe import UnsubscribeLinks
@@ -36,3 +36,11 @@ class ServiceConfig:
     default_from: str = "sendqueue@example.com"
     #: how every email's List-Unsubscribe link is made; None: no links (development only)
     unsubscribe: UnsubscribeLinks | None = None
+    #: the envelope sender of every email, VERP-encoded per task (None: the From)
+    bounce_address: str | None = None
+    #: SENDQUEUE_SECRET_KEY, which signs the VERP addresses (and the unsubscribe links)
+    secret_key: str | None = field(default=None, repr=False)
+    #: seconds between two polls of the feedback mailboxes (the worker process)
+    feedback_interval: float = 60.0
+    #: seconds a poll of one mailbox holds its lease (renewed after every batch)
+    feedback_lease_seconds: float = 300.0

@@ -52,6 +52,7 @@ from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
 from sendqueue.domain.slots import in_policy, nominal_spacing
 from sendqueue.domain.suppression import Suppression, suppressed_reason
+from sendqueue.domain.tokens import verp_address
 from sendqueue.domain.unsubscribe import personalize
 from sendqueue.ports import (
     Alarm,
@@ -423,6 +424,7 @@ class SendWorker:
             html=parts.html,
             date=self._clock.now(),
             headers=headers,
+            envelope_from=self._envelope_from(task),
         )
         try:
             accepted_id = self._mailer.send(message)
@@ -451,6 +453,14 @@ class SendWorker:
         if done is not None:
             self._emit("finished", done)
         return True
+
+    def _envelope_from(self, task: Task) -> str | None:
+        """The task's VERP bounce address, so a DSN names its task (None: no bounce address
+        configured, the From is the envelope sender)."""
+        config = self._config
+        if config.bounce_address is None or config.secret_key is None:
+            return None
+        return verp_address(config.bounce_address, task.id, config.secret_key)
 
     def _failed(self, campaign: Campaign, task: Task, error: str) -> bool:
         """Record a failure (auto-pausing after too many in a row); True unless it paused."""

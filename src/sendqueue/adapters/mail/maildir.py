@@ -11,7 +11,7 @@ import mailbox
 import threading
 from pathlib import Path
 
-from sendqueue.adapters.mail.mime import build_message
+from sendqueue.adapters.mail.mime import bare_envelope_sender, build_message
 from sendqueue.domain.errors import InvalidField, PermanentMailError, TransientMailError
 from sendqueue.ports import OutgoingMessage
 
@@ -48,10 +48,18 @@ class MaildirMailer:
     def send(self, message: OutgoingMessage) -> str:
         try:
             mime = build_message(message)
+            sender = (
+                bare_envelope_sender(message.envelope_from)
+                if message.envelope_from is not None
+                else None
+            )
         except InvalidField as exc:
             raise PermanentMailError(f"message not written, it is invalid: {exc}") from exc
         # mailbox turns every "\n" into os.linesep; CRLF input would end up as "\r\r\n".
         data = mime.as_bytes(policy=mime.policy.clone(linesep="\n"))
+        if sender is not None:
+            # The envelope sender, recorded as a delivering MTA does (RFC 5321 4.4).
+            data = f"Return-Path: <{sender}>\n".encode() + data
         try:
             with _ADD_LOCK:
                 self._box.add(data)

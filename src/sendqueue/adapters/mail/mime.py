@@ -28,6 +28,7 @@ from sendqueue.ports import OutgoingMessage
 
 __all__ = [
     "RESERVED_HEADERS",
+    "bare_envelope_sender",
     "build_message",
     "envelope_addresses",
     "envelope_of",
@@ -49,6 +50,7 @@ RESERVED_HEADERS = frozenset(
         "mime-version",
         "content-type",
         "content-transfer-encoding",
+        "return-path",
     }
 )
 
@@ -194,13 +196,26 @@ def _set_short_ascii_text(out: EmailMessage, text: str) -> bool:
     return True
 
 
-def envelope_of(message: EmailMessage) -> tuple[str, str]:
+def envelope_of(message: EmailMessage, envelope_from: str | None = None) -> tuple[str, str]:
     """The SMTP envelope (MAIL FROM, RCPT TO) of a message :func:`build_message` made: the
     same as :func:`envelope_addresses` of its OutgoingMessage, read from the headers' parsed
-    addresses instead of parsing both addresses again."""
-    sender = cast(AddressHeader, message["From"]).addresses[0]
+    addresses instead of parsing both addresses again. ``envelope_from``
+    (``OutgoingMessage.envelope_from``, a VERP bounce address) replaces the From as MAIL FROM;
+    it must be a bare address (InvalidField "envelope_from" otherwise)."""
     recipient = cast(AddressHeader, message["To"]).addresses[0]
+    if envelope_from is not None:
+        return bare_envelope_sender(envelope_from), recipient.addr_spec
+    sender = cast(AddressHeader, message["From"]).addresses[0]
     return sender.addr_spec, recipient.addr_spec
+
+
+def bare_envelope_sender(envelope_from: str) -> str:
+    """``OutgoingMessage.envelope_from`` checked to be one bare address, IDNA domain."""
+    check_header_value("envelope_from", envelope_from)
+    mailbox = parse_mailbox("envelope_from", envelope_from)
+    if mailbox.display_name or "<" in envelope_from:
+        raise InvalidField("envelope_from", envelope_from, "a bare address, without a name")
+    return mailbox.addr_spec
 
 
 def _whole_seconds(value: datetime) -> datetime:

@@ -154,10 +154,11 @@ class SmtpMailer:
         """Hand ``message`` to the server; returns its Message-ID once the server accepted it."""
         try:
             mime = build_message(message)
+            # MAIL FROM: the VERP bounce address when there is one (the Return-Path a DSN goes to)
+            sender, recipient = envelope_of(mime, message.envelope_from)
         except InvalidField as exc:
             # A message that cannot be built never will be: retrying cannot help.
             raise PermanentMailError(f"message not sent, it is invalid: {exc}") from exc
-        sender, recipient = envelope_of(mime)
         data = mime.as_bytes()
         utf8 = needs_smtputf8(mime)
         for attempt in (1, 2):

@@ -22,6 +22,7 @@ __all__ = [
     "SesUrl",
     "SmtpUrl",
     "parse_mailer_url",
+    "parse_url_query",
     "redact_mailer_url",
 ]
 
@@ -75,18 +76,22 @@ def redact_mailer_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
-def _query(shown: str, query: str, known: frozenset[str], kind: str) -> dict[str, str]:
+def parse_url_query(
+    shown: str, query: str, known: frozenset[str], kind: str, *, field: str = _FIELD
+) -> dict[str, str]:
+    """The parameters of a URL's query, each given at most once and all of them ``known``;
+    raises ``InvalidField(field, shown, ...)`` otherwise (``shown``: the redacted URL)."""
     try:
         values = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError as exc:
-        raise InvalidField(_FIELD, shown, f"malformed query: {exc}") from exc
+        raise InvalidField(field, shown, f"malformed query: {exc}") from exc
     unknown = sorted(set(values) - known)
     if unknown:
         use = ", ".join(sorted(known))
-        raise InvalidField(_FIELD, shown, f"unknown {kind} parameter {unknown[0]!r}; use {use}")
+        raise InvalidField(field, shown, f"unknown {kind} parameter {unknown[0]!r}; use {use}")
     twice = sorted(name for name, given in values.items() if len(given) > 1)
     if twice:
-        raise InvalidField(_FIELD, shown, f"the parameter {twice[0]} is given twice")
+        raise InvalidField(field, shown, f"the parameter {twice[0]} is given twice")
     return {name: given[0] for name, given in values.items()}
 
 
@@ -103,7 +108,7 @@ def _smtp(url: str) -> SmtpUrl:
         raise InvalidField(_FIELD, shown, "an smtp:// URL has no path or fragment")
     if port == 0:
         raise InvalidField(_FIELD, shown, "the port must be 1..65535")
-    query = _query(shown, parts.query, frozenset({"security", "timeout"}), "smtp://")
+    query = parse_url_query(shown, parts.query, frozenset({"security", "timeout"}), "smtp://")
     security = query.get("security", "starttls")
     if security not in _SECURITIES:
         raise InvalidField(_FIELD, shown, "security must be starttls, tls or none")
@@ -130,7 +135,7 @@ def _ses(url: str) -> SesUrl:
     region, _, query = rest.partition("?")
     if region and not _REGION.fullmatch(region):
         raise InvalidField(_FIELD, url, f"expected ses:REGION, e.g. ses:eu-west-1, got {region!r}")
-    options = _query(url, query, frozenset({"configuration_set"}), "ses:")
+    options = parse_url_query(url, query, frozenset({"configuration_set"}), "ses:")
     return SesUrl(region or None, options.get("configuration_set") or None)
 
 

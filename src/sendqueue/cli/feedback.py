@@ -1,0 +1,47 @@
+"""``sendqueue feedback``: the feedback mailbox (bounces, complaints, replies)."""
+
+from __future__ import annotations
+
+import typer
+
+from sendqueue.cli.common import JsonOpt, container, err, fail, handle_errors, out, print_json
+
+__all__ = ["feedback_app"]
+
+feedback_app = typer.Typer(
+    help="The feedback mailbox: bounces, complaints and replies (SENDQUEUE_FEEDBACK_IMAP).",
+    no_args_is_help=True,
+)
+
+_COUNTS = (
+    "messages",
+    "bounces",
+    "soft_bounces",
+    "complaints",
+    "replies",
+    "unsubscribes",
+    "not_feedback",
+    "ignored",
+)
+
+
+@feedback_app.command("poll")
+@handle_errors
+def feedback_poll(as_json: JsonOpt = False) -> None:
+    """Read the feedback mailbox once: apply every new bounce, complaint and reply, and print
+    the counts. Exits 3 when a mailbox cannot be read."""
+    with container() as c:
+        if not c.feedback_sources:
+            fail(2, "SENDQUEUE_FEEDBACK_IMAP is not set: there is no feedback mailbox to poll")
+        report = c.feedback_poller.poll()
+    if as_json:
+        print_json(report.as_dict())
+    else:
+        for key in _COUNTS:
+            out.print(f"{key.replace('_', ' ')}: {getattr(report, key)}")
+        for name in report.busy:
+            out.print(f"{name}: another poller is reading it; skipped", markup=False)
+    for error in report.errors:
+        err.print(f"error: {error}", markup=False, soft_wrap=True)
+    if report.errors:
+        raise typer.Exit(3)

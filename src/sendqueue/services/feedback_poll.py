@@ -1,0 +1,219 @@
+"""Polling the feedback mailboxes (issue 14): every message read once, parsed, applied.
+
+:meth:`FeedbackPoller.poll` makes one pass over the configured mailboxes
+(:class:`~sendqueue.ports.FeedbackSource`). For each mailbox it:
+
+- takes the store lease ``feedback:<mailbox name>`` (renewed after every batch), so two
+  pollers (two worker processes, a worker and ``sendqueue feedback poll``) never read one
+  mailbox at once; a mailbox whose lease another poller holds is skipped this pass;
+- fetches the messages after the saved cursor (:meth:`FeedbackStore.feedback_cursor`: the
+  mailbox's UIDVALIDITY and highest UID processed), in batches;
+- parses each message into feedback (DSNs, ARF complaints, replies; nothing for any other
+  message, which is left alone) and applies each piece with
+  :meth:`~sendqueue.services.feedback.FeedbackService.apply`;
+- saves the cursor after each batch.
+
+A crash between applying a batch and saving its cursor applies the batch again at the next
+pass: every effect is idempotent (an outcome is written once, the list keeps its first entry, a
+cancel is a compare-and-set, and a transient bounce is kept once per message key), so that is
+harmless. A new UIDVALIDITY (the mailbox was re-created) starts from its first message, for the
+same reason. Per-sender mailboxes (issue 13) do not exist yet: the one configured mailbox
+serves bounces, complaints and replies.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from sendqueue.domain.errors import Conflict, FeedbackUnavailable
+from sendqueue.domain.feedback import Feedback, FeedbackKind
+from sendqueue.ports import Clock, FeedbackSource, FeedbackStore, TaskStore
+from sendqueue.services.config import ServiceConfig
+from sendqueue.services.feedback import FeedbackService
+
+__all__ = ["BATCH", "FeedbackParser", "FeedbackPoller", "PollReport", "lease_name"]
+
+log = logging.getLogger(__name__)
+
+#: Messages fetched (and their cursor saved) at a time.
+BATCH = 200
+
+_COUNTER = {
+    FeedbackKind.HARD_BOUNCE: "bounces",
+    FeedbackKind.SOFT_BOUNCE: "soft_bounces",
+    FeedbackKind.COMPLAINT: "complaints",
+    FeedbackKind.REPLY: "replies",
+    FeedbackKind.UNSUBSCRIBE: "unsubscribes",
+}
+
+
+class FeedbackParser(Protocol):
+    """:func:`sendqueue.domain.reports.parse_feedback`'s signature: the feedback in one raw
+    message (an empty list: not feedback)."""
+
+    def __call__(
+        self,
+        raw: bytes,
+        *,
+        received_at: datetime,
+        key: str | None = None,
+        bounce_address: str | None = None,
+        secret: str | None = None,
+    ) -> list[Feedback]: ...
+
+
+@dataclass
+class PollReport:
+    """What one pass did. ``messages`` were read; each piece of feedback in them is counted
+    by kind when applied (``bounces`` are permanent, ``soft_bounces`` transient), or in
+    ``ignored`` when it was about nothing sendqueue sent; ``not_feedback`` messages held none.
+    ``busy`` names the mailboxes another poller was reading, ``errors`` those that failed."""
+
+    mailboxes: int = 0
+    messages: int = 0
+    bounces: int = 0
+    soft_bounces: int = 0
+    complaints: int = 0
+    replies: int = 0
+    unsubscribes: int = 0
+    not_feedback: int = 0
+    ignored: int = 0
+    busy: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def lease_name(mailbox: str) -> str:
+    """The store lease that one poller of ``mailbox`` holds at a time."""
+    return f"feedback:{mailbox}"
+
+
+class FeedbackPoller:
+    """Reads the feedback mailboxes and applies what they hold (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        feedback_store: FeedbackStore,
+        service: FeedbackService,
+        sources: Sequence[FeedbackSource],
+        parse: FeedbackParser,
+        clock: Clock,
+        config: ServiceConfig,
+        *,
+        batch: int = BATCH,
+    ) -> None:
+        if batch < 1:
+            raise ValueError("batch must be at least 1")
+        self._store = store
+        self._cursors = feedback_store
+        self._service = service
+        self._sources = tuple(sources)
+        self._parse = parse
+        self._clock = clock
+        self._config = config
+        self._batch = batch
+        self._owner = f"feedback-{uuid.uuid4().hex[:12]}"
+
+    @property
+    def configured(self) -> bool:
+        """Whether there is any mailbox to poll."""
+        return bool(self._sources)
+
+    def poll(self) -> PollReport:
+        """One pass over every mailbox. A mailbox that cannot be read is reported in
+        ``errors`` (the others are still read); an unreachable store raises."""
+        report = PollReport()
+        for source in self._sources:
+            try:
+                self._mailbox(source, report)
+            except (FeedbackUnavailable, Conflict) as exc:
+                report.errors.append(f"{source.name}: {exc}")
+                log.warning("feedback mailbox %s: %s", source.name, exc)
+            finally:
+                source.close()
+        if report.messages:
+            log.info("feedback poll: %s", report.as_dict())
+        return report
+
+    def close(self) -> None:
+        for source in self._sources:
+            source.close()
+
+    # -- one mailbox ----------------------------------------------------------------------------
+
+    def _lease(self, name: str) -> bool:
+        return self._store.acquire_lease(
+            lease_name(name),
+            self._owner,
+            ttl_seconds=self._config.feedback_lease_seconds,
+            at=self._clock.now(),
+        )
+
+    def _mailbox(self, source: FeedbackSource, report: PollReport) -> None:
+        name = source.name
+        if not self._lease(name):
+            report.busy.append(name)
+            return
+        try:
+            report.mailboxes += 1
+            cursor = self._cursors.feedback_cursor(name)
+            while True:
+                uidvalidity, messages = source.fetch(cursor, limit=self._batch)
+                if cursor is not None and cursor[0] != uidvalidity:
+                    log.warning(
+                        "feedback mailbox %s: UIDVALIDITY changed (%d -> %d), reading it again "
+                        "from its first message",
+                        name,
+                        cursor[0],
+                        uidvalidity,
+                    )
+                for message in messages:
+                    self._message(message.raw, message.key, report)
+                if messages:
+                    last = messages[-1].uid
+                    self._cursors.save_feedback_cursor(name, uidvalidity, last)
+                    cursor = (uidvalidity, last)
+                elif cursor is None or cursor[0] != uidvalidity:
+                    self._cursors.save_feedback_cursor(name, uidvalidity, 0)
+                    cursor = (uidvalidity, 0)
+                if len(messages) < self._batch:
+                    return
+                if not self._lease(name):  # renewed per batch; lost: another poller took over
+                    raise Conflict(f"the lease of {name} was taken over; stopping this pass")
+        finally:
+            self._store.release_lease(lease_name(name), self._owner)
+
+    def _message(self, raw: bytes, key: str, report: PollReport) -> None:
+        report.messages += 1
+        config = self._config
+        try:
+            items = self._parse(
+                raw,
+                received_at=self._clock.now(),
+                key=key,
+                bounce_address=config.bounce_address,
+                secret=config.secret_key,
+            )
+        except Exception:  # one unparseable message must not block the mailbox behind it
+            log.exception("feedback message %s could not be parsed; left alone", key)
+            report.not_feedback += 1
+            return
+        if not items:
+            report.not_feedback += 1
+            return
+        for item in items:
+            applied = self._service.apply(item)
+            if applied.ignored is not None:
+                report.ignored += 1
+                log.info("feedback %s (%s) ignored: %s", key, item.kind.value, applied.ignored)
+                continue
+            counter = _COUNTER[item.kind]
+            setattr(report, counter, getattr(report, counter) + 1)

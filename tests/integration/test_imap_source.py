@@ -1,0 +1,133 @@
+"""The IMAP feedback source against a real Dovecot: UIDVALIDITY and UID order, batches, the
+cursor, read-only access (no flag set, nothing moved), and every failure as
+FeedbackUnavailable with no password in it."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from sendqueue.adapters.imap import ImapFeedbackSource
+from sendqueue.domain.errors import FeedbackUnavailable
+from tests.support.mailservers import Dovecot, free_port
+
+
+def _message(n: int) -> bytes:
+    return (
+        f"From: someone{n}@example.org\r\nTo: bounces@example.com\r\n"
+        f"Subject: message {n}\r\nMessage-ID: <m{n}@example.org>\r\n\r\nbody {n}\r\n"
+    ).encode()
+
+
+def _client(dovecot: Dovecot) -> Any:
+    return cast(Any, dovecot.client())
+
+
+def _append(dovecot: Dovecot, count: int, start: int = 0) -> None:
+    client = _client(dovecot)
+    try:
+        for n in range(start, start + count):
+            client.append("INBOX", _message(n))
+    finally:
+        client.logout()
+
+
+def _flags(dovecot: Dovecot) -> dict[int, tuple[bytes, ...]]:
+    client = _client(dovecot)
+    try:
+        client.select_folder("INBOX", readonly=True)
+        fetched = client.fetch("1:*", ["FLAGS"])
+        return {uid: tuple(sorted(data[b"FLAGS"])) for uid, data in fetched.items()}
+    finally:
+        client.logout()
+
+
+def test_fetch_reads_every_message_after_the_cursor_in_batches_and_changes_nothing(
+    dovecot: Dovecot,
+) -> None:
+    _append(dovecot, 5)
+    dovecot.deliver(_message(5))  # one delivered the Maildir way, as Postfix does
+    before = _flags(dovecot)
+    source = ImapFeedbackSource.from_url(dovecot.url)
+    try:
+        uidvalidity, first = source.fetch(None, limit=4)
+        assert [m.uid for m in first] == [1, 2, 3, 4]
+        assert b"Subject: message 0" in first[0].raw
+        assert first[0].key == f"{source.name}:{uidvalidity}:1"
+        same, rest = source.fetch((uidvalidity, 4), limit=4)
+        assert same == uidvalidity
+        assert [m.uid for m in rest] == [5, 6]
+        assert b"Subject: message 5" in rest[-1].raw
+        # nothing after the last: "7:*" matches the highest UID on the server, which is skipped
+        assert source.fetch((uidvalidity, 6))[1] == []
+        # another UIDVALIDITY: the mailbox was re-created, everything is new
+        assert [m.uid for m in source.fetch((uidvalidity + 1, 6))[1]] == [1, 2, 3, 4, 5, 6]
+    finally:
+        source.close()
+    after = _flags(dovecot)
+    assert after == before
+    assert all(b"\\Seen" not in flags for flags in after.values())
+    assert (
+        len(list((dovecot.maildir / "new").iterdir()))
+        + len(list((dovecot.maildir / "cur").iterdir()))
+        == 6
+    )
+
+
+def test_the_name_and_repr_hold_no_password(dovecot: Dovecot) -> None:
+    source = ImapFeedbackSource.from_url(dovecot.url)
+    assert source.name == f"imap://bounces@127.0.0.1:{dovecot.port}/INBOX"
+    assert dovecot.password not in repr(source)
+    assert dovecot.password not in source.name
+
+
+def test_a_wrong_password_is_feedback_unavailable_without_the_password(dovecot: Dovecot) -> None:
+    url = dovecot.url.replace(dovecot.password, "wrong-secret-123")
+    source = ImapFeedbackSource.from_url(url)
+    with pytest.raises(FeedbackUnavailable) as info:
+        source.fetch(None)
+    assert "wrong-secret-123" not in str(info.value)
+    assert source.name in str(info.value)
+    assert "connecting failed" in str(info.value)
+
+
+def test_a_missing_folder_is_feedback_unavailable(dovecot: Dovecot) -> None:
+    source = ImapFeedbackSource.from_url(dovecot.url.replace("/INBOX", "/Nowhere"))
+    with pytest.raises(FeedbackUnavailable, match="opening Nowhere failed"):
+        source.fetch(None)
+
+
+def test_an_unreachable_server_is_feedback_unavailable() -> None:
+    port = free_port()
+    source = ImapFeedbackSource.from_url(
+        f"imap://u:very-secret@127.0.0.1:{port}/INBOX?security=none&timeout=2"
+    )
+    with pytest.raises(FeedbackUnavailable) as info:
+        source.fetch(None)
+    assert "ConnectionRefusedError" in str(info.value)
+    assert "very-secret" not in str(info.value)
+
+
+def test_starttls_refused_by_a_server_without_it_is_feedback_unavailable(
+    dovecot: Dovecot,
+) -> None:
+    # ssl = no: the server offers no STARTTLS, and the password must not go out in clear
+    source = ImapFeedbackSource.from_url(dovecot.url.replace("security=none", "security=starttls"))
+    with pytest.raises(FeedbackUnavailable, match="connecting failed"):
+        source.fetch(None)
+
+
+def test_a_dropped_connection_is_reopened_by_the_next_fetch(dovecot: Dovecot) -> None:
+    _append(dovecot, 2)
+    source = ImapFeedbackSource.from_url(dovecot.url)
+    try:
+        uidvalidity, messages = source.fetch(None)
+        assert len(messages) == 2
+        cast(Any, source)._client.shutdown()  # the server or the network dropped it
+        with pytest.raises(FeedbackUnavailable):
+            source.fetch((uidvalidity, 2))
+        _append(dovecot, 1, start=2)
+        assert [m.uid for m in source.fetch((uidvalidity, 2))[1]] == [3]
+    finally:
+        source.close()
