@@ -27,6 +27,7 @@ from sendqueue.ports import (
     Clock,
     Dispatcher,
     Events,
+    FeedbackStore,
     FlushableAlarm,
     Mailer,
     Scheduler,
@@ -35,6 +36,7 @@ from sendqueue.ports import (
 )
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
+from sendqueue.services.feedback import FeedbackService
 from sendqueue.services.importing import ImportLimits
 from sendqueue.services.provisioning import Provisioner
 from sendqueue.services.reconciler import Reconciler
@@ -311,6 +313,18 @@ class Container:
     @cached_property
     def suppression(self) -> SuppressionService:
         return SuppressionService(self.suppressions, self.clock)
+
+    @cached_property
+    def feedback(self) -> FeedbackService:
+        """Applies bounces, complaints, replies and unsubscribes (the task store keeps the
+        feedback too); the schedules of the emails it cancels are deleted."""
+        return FeedbackService(
+            self.store,
+            cast(FeedbackStore, self.store),
+            self.suppressions,
+            self.clock,
+            delete_schedules=self.writer.delete_many,
+        )
 
     @cached_property
     def campaigns(self) -> CampaignService:
