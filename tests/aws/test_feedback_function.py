@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from sendqueue import lambda_handlers
+from sendqueue.adapters.eventbridge.scheduler import EventBridgeScheduler
 from sendqueue.adapters.mail.ses import SesMailer
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import InvalidField
@@ -38,12 +39,32 @@ FEEDBACK_ARN = f"arn:aws:lambda:{REGION}:123456789012:function:sendqueue-feedbac
 RECIPIENTS = 3  # user0 hard-bounces, user1 complains, user2 bounces softly
 
 
+class RecordingScheduler:
+    """The EventBridge adapter, recording the names of the methods called on it."""
+
+    def __init__(self, inner: EventBridgeScheduler) -> None:
+        self._inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._inner, name)
+        if not callable(found):
+            return found
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return found(*args, **kwargs)
+
+        return call
+
+
 @dataclass
 class Feedback:
     """A sent campaign, a later one to the same people, and the feedback path in moto."""
 
     app: Container
     store: InMemoryTaskStore
+    scheduler: RecordingScheduler
     sent: dict[str, Task]  # by address: the Finished task of the first campaign
     later: str  # the campaign whose tasks are still Pending
     topic: str
@@ -100,11 +121,12 @@ def fb() -> Iterator[Feedback]:
     client("sesv2").create_email_identity(EmailIdentity="example.com")
     clock = FakeClock(T0)
     store = InMemoryTaskStore()
+    scheduler = RecordingScheduler(eventbridge(clock, made))
     app = bootstrap(
         _settings(made),
         clock=clock,
         store=store,
-        scheduler=eventbridge(clock, made),
+        scheduler=scheduler,
         mailer=SesMailer(client("sesv2")),
     )
     lambda_handlers.use(app)
@@ -139,7 +161,8 @@ def fb() -> Iterator[Feedback]:
             Attributes={"RawMessageDelivery": "true" if delivery == "raw" else "false"},
         )
         queues[delivery] = url
-    yield Feedback(app, store, sent, later, topic, queues)
+    scheduler.calls.clear()
+    yield Feedback(app, store, scheduler, sent, later, topic, queues)
     lambda_handlers.use()
     app.close()
 
@@ -243,6 +266,8 @@ def test_bounces_and_complaints_through_sns_and_sqs(fb: Feedback, delivery: str)
     assert pending_before - fb.schedules() == {
         expected_schedule_name(fb.later_task(a)) for a in (ann.email, bob.email)
     }
+    # Deleting is all it asks of the Scheduler (its role may do nothing else there).
+    assert fb.scheduler.calls == ["delete", "delete"]
 
 
 def test_the_same_record_twice_has_the_effect_of_once(fb: Feedback) -> None:
