@@ -355,10 +355,7 @@ def feedback_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[s
                     applied.suppressed, len(applied.cancelled),
                     f" (ignored: {applied.ignored})" if applied.ignored else "",
                 )  # fmt: skip
-        except InvalidField as exc:
-            log.error("feedback: record %s cannot be applied, dropped: %s", message_id, exc)
-            counts["dropped"] += 1
-        except Exception:
+        except Exception:  # the store or the Scheduler failed: SQS retries, then dead-letters
             if not isinstance(message_id, str) or not message_id:
                 raise  # a record SQS cannot be told about: the whole batch comes again
             log.exception("feedback: record %s failed, SQS delivers it again", message_id)

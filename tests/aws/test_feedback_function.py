@@ -24,7 +24,7 @@ from sendqueue import lambda_handlers
 from sendqueue.adapters.eventbridge.scheduler import EventBridgeScheduler
 from sendqueue.adapters.mail.ses import SesMailer
 from sendqueue.bootstrap import Container, bootstrap
-from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.errors import InvalidField, StoreUnavailable
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task, expected_schedule_name
 from sendqueue.testing.clock import FakeClock
@@ -333,6 +333,20 @@ def test_an_unreachable_store_names_the_records_to_deliver_again(fb: Feedback) -
     again = {"Records": [r for r in event["Records"] if r["messageId"] in feedback_ids]}
     assert _handle(again) == {"batchItemFailures": []}
     assert set(fb.store.suppressed([ann.email, bob.email])) == {ann.email, bob.email}
+
+
+def test_a_failed_record_without_an_id_fails_the_whole_batch(fb: Feedback) -> None:
+    """SQS can only be told about a record by its id; without one, the batch comes again."""
+    ann = fb.sent["user0@example.com"]
+    fb.publish(_bounce(ann, "Permanent", "hard-user0"))
+    [record] = fb.receive("raw")["Records"]
+    del record["messageId"]
+    fb.store.set_available(False)
+    try:
+        with pytest.raises(StoreUnavailable):
+            _handle({"Records": [record]})
+    finally:
+        fb.store.set_available(True)
 
 
 def test_a_batch_that_is_not_an_sqs_event_is_refused(fb: Feedback) -> None:
