@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import email
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -27,6 +28,7 @@ from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import InvalidField, StoreUnavailable
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task, expected_schedule_name
+from sendqueue.ports import FeedbackStore, SuppressionList, TaskStore
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore
 from tests.aws.test_lambda import _settings
@@ -58,12 +60,17 @@ class RecordingScheduler:
         return call
 
 
+class Store(TaskStore, SuppressionList, FeedbackStore, Protocol):
+    """What every task store is, and what these tests read."""
+
+
 @dataclass
 class Feedback:
     """A sent campaign, a later one to the same people, and the feedback path in moto."""
 
     app: Container
-    store: InMemoryTaskStore
+    store: Store
+    down: Callable[[], AbstractContextManager[None]]  # the store unreachable, within
     scheduler: RecordingScheduler
     sent: dict[str, Task]  # by address: the Finished task of the first campaign
     later: str  # the campaign whose tasks are still Pending
@@ -111,16 +118,35 @@ class Feedback:
         return {s["Name"] for s in page["Schedules"]}
 
 
+#: The stores the function is run on.
+STORES = ["memory"]
+
+
+def _store(kind: str) -> tuple[Store, Callable[[], AbstractContextManager[None]]]:
+    """A fresh store of ``kind``, and how to make it unreachable for a while."""
+    store = InMemoryTaskStore()
+
+    @contextmanager
+    def down() -> Iterator[None]:
+        store.set_available(False)
+        try:
+            yield
+        finally:
+            store.set_available(True)
+
+    return store, down
+
+
 def _handle(event: dict[str, Any]) -> dict[str, Any]:
     return lambda_handlers.feedback_handler(event, FakeContext(FEEDBACK_ARN, 60_000))
 
 
-@pytest.fixture
-def fb() -> Iterator[Feedback]:
+@pytest.fixture(params=STORES)
+def fb(request: pytest.FixtureRequest) -> Iterator[Feedback]:
     made = world()
     client("sesv2").create_email_identity(EmailIdentity="example.com")
     clock = FakeClock(T0)
-    store = InMemoryTaskStore()
+    store, down = _store(request.param)
     scheduler = RecordingScheduler(eventbridge(clock, made))
     app = bootstrap(
         _settings(made),
@@ -162,7 +188,7 @@ def fb() -> Iterator[Feedback]:
         )
         queues[delivery] = url
     scheduler.calls.clear()
-    yield Feedback(app, store, scheduler, sent, later, topic, queues)
+    yield Feedback(app, store, down, scheduler, sent, later, topic, queues)
     lambda_handlers.use()
     app.close()
 
@@ -321,11 +347,8 @@ def test_an_unreachable_store_names_the_records_to_deliver_again(fb: Feedback) -
     feedback_ids = {r["messageId"] for r in event["Records"] if r["body"].startswith("{")}
     assert len(feedback_ids) == 2
 
-    fb.store.set_available(False)
-    try:
+    with fb.down():
         result = _handle(event)
-    finally:
-        fb.store.set_available(True)
     # The two bounces and complaints come again; the one that is not feedback does not.
     assert {f["itemIdentifier"] for f in result["batchItemFailures"]} == feedback_ids
     assert fb.store.suppressed([ann.email, bob.email]) == {}
@@ -341,12 +364,8 @@ def test_a_failed_record_without_an_id_fails_the_whole_batch(fb: Feedback) -> No
     fb.publish(_bounce(ann, "Permanent", "hard-user0"))
     [record] = fb.receive("raw")["Records"]
     del record["messageId"]
-    fb.store.set_available(False)
-    try:
-        with pytest.raises(StoreUnavailable):
-            _handle({"Records": [record]})
-    finally:
-        fb.store.set_available(True)
+    with fb.down(), pytest.raises(StoreUnavailable):
+        _handle({"Records": [record]})
 
 
 def test_a_batch_that_is_not_an_sqs_event_is_refused(fb: Feedback) -> None:
