@@ -20,8 +20,10 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 import pytest
+from botocore.config import Config
 
 from sendqueue import lambda_handlers
+from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 from sendqueue.adapters.eventbridge.scheduler import EventBridgeScheduler
 from sendqueue.adapters.mail.ses import SesMailer
 from sendqueue.bootstrap import Container, bootstrap
@@ -31,10 +33,10 @@ from sendqueue.domain.models import Task, expected_schedule_name
 from sendqueue.ports import FeedbackStore, SuppressionList, TaskStore
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore
-from tests.aws.test_lambda import _settings
+from tests.aws.test_lambda import TABLE, _settings
 from tests.aws.test_ses_mailer import sent_messages
 from tests.support.app import T0, csv_bytes, open_policy
-from tests.support.aws import REGION, SCHEDULE_GROUP, client, eventbridge, world
+from tests.support.aws import REGION, SCHEDULE_GROUP, client, dynamodb_url, eventbridge, world
 from tests.support.eventbridge_player import FakeContext
 
 FEEDBACK_ARN = f"arn:aws:lambda:{REGION}:123456789012:function:sendqueue-feedback"
@@ -118,23 +120,39 @@ class Feedback:
         return {s["Name"] for s in page["Schedules"]}
 
 
-#: The stores the function is run on.
-STORES = ["memory"]
+#: The stores the function is run on: the template's (DynamoDB on moto) and the fake.
+STORES = ["dynamodb", "memory"]
 
 
-def _store(kind: str) -> tuple[Store, Callable[[], AbstractContextManager[None]]]:
-    """A fresh store of ``kind``, and how to make it unreachable for a while."""
+def _store(kind: str) -> tuple[Store, Callable[[], AbstractContextManager[Store]]]:
+    """A fresh store of ``kind``, and an outage of it: within, the store to use fails."""
+    if kind == "dynamodb":
+        # moto's one-request-at-a-time endpoint: conditional writes are atomic, as on DynamoDB
+        table = DynamoDbTaskStore(client("dynamodb", url=dynamodb_url()), TABLE, create_table=True)
+
+        @contextmanager
+        def unreachable() -> Iterator[Store]:
+            # The same table behind a closed port, without botocore's retries.
+            no_retries = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=1)
+            closed = client("dynamodb", url="http://127.0.0.1:1", config=no_retries)
+            broken = DynamoDbTaskStore(closed, TABLE)
+            try:
+                yield broken
+            finally:
+                broken.close()
+
+        return table, unreachable
     store = InMemoryTaskStore()
 
     @contextmanager
-    def down() -> Iterator[None]:
+    def unavailable() -> Iterator[Store]:
         store.set_available(False)
         try:
-            yield
+            yield store
         finally:
             store.set_available(True)
 
-    return store, down
+    return store, unavailable
 
 
 def _handle(event: dict[str, Any]) -> dict[str, Any]:
@@ -146,16 +164,31 @@ def fb(request: pytest.FixtureRequest) -> Iterator[Feedback]:
     made = world()
     client("sesv2").create_email_identity(EmailIdentity="example.com")
     clock = FakeClock(T0)
-    store, down = _store(request.param)
+    store, outage = _store(request.param)
     scheduler = RecordingScheduler(eventbridge(clock, made))
-    app = bootstrap(
-        _settings(made),
-        clock=clock,
-        store=store,
-        scheduler=scheduler,
-        mailer=SesMailer(client("sesv2")),
-    )
+
+    def container(on: Store) -> Container:
+        return bootstrap(
+            _settings(made),
+            clock=clock,
+            store=on,
+            scheduler=scheduler,
+            mailer=SesMailer(client("sesv2")),
+        )
+
+    app = container(store)
     lambda_handlers.use(app)
+
+    @contextmanager
+    def down() -> Iterator[None]:
+        """The function's container on the store in its outage (a cold start during it)."""
+        with outage() as failing:
+            lambda_handlers.use(container(failing))
+            try:
+                yield
+            finally:
+                lambda_handlers.use(app)
+
     first = app.campaigns.create(
         name="first", recipients=csv_bytes(RECIPIENTS), policy=open_policy()
     ).campaign.id
