@@ -45,7 +45,8 @@ Events:
   ``maxReceiveCount``, moves it to the feedback dead-letter queue; applying feedback twice has
   the effect of once.
 
-Each handler returns a small JSON-friendly summary.
+Each handler returns a small JSON-friendly summary (the feedback handler: SQS's partial batch
+response).
 """
 
 from __future__ import annotations
