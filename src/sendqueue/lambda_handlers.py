@@ -1,7 +1,7 @@
-"""The AWS Lambda entry points: ``send_handler``, ``provision_handler``, ``reconcile_handler``
-and ``alarm_handler``.
+"""The AWS Lambda entry points: ``send_handler``, ``provision_handler``, ``reconcile_handler``,
+``alarm_handler`` and ``feedback_handler``.
 
-All four go through the same composition root: the first invocation in a Lambda execution
+All five go through the same composition root: the first invocation in a Lambda execution
 environment builds one :class:`~sendqueue.bootstrap.Container` from the environment
 (``SENDQUEUE_*``, see the README) and every later invocation in that warm environment reuses
 it, with its boto3 clients and connections. The settings are
@@ -35,8 +35,18 @@ Events:
   SNS record (a CloudWatch alarm's state change: dead letters, failing functions, auto-pauses)
   is POSTed to ``SENDQUEUE_ALARM_WEBHOOK`` as ``{"event": "aws_alarm", ...}`` (see
   :func:`alarm_document`). A POST that fails raises, so Lambda retries the SNS delivery.
+- **feedback** (the SQS event source of the template's feedback queue, which SES's bounce and
+  complaint events reach through SNS): each record's body is parsed
+  (:func:`~sendqueue.domain.ses_events.feedback_from_ses`, raw or in SNS's envelope) and every
+  bounce or complaint in it applied by the feedback service (outcome, suppression, the
+  address's Pending emails cancelled). A record that is no SES bounce or complaint is logged
+  and dropped. A record whose processing fails (the store or the Scheduler unreachable) is
+  named in ``batchItemFailures``, so SQS delivers only it again and, after the queue's
+  ``maxReceiveCount``, moves it to the feedback dead-letter queue; applying feedback twice has
+  the effect of once.
 
-Each handler returns a small JSON-friendly summary.
+Each handler returns a small JSON-friendly summary (the feedback handler: SQS's partial batch
+response).
 """
 
 from __future__ import annotations
@@ -44,11 +54,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import InvalidField, SchedulerError
+from sendqueue.domain.ses_events import feedback_from_ses, ses_event_of
 from sendqueue.services.provisioning import Continuation, ProvisionReport
 from sendqueue.settings import LambdaSettings
 
@@ -57,6 +69,7 @@ __all__ = [
     "alarm_document",
     "alarm_handler",
     "container",
+    "feedback_handler",
     "provision_handler",
     "reconcile_handler",
     "send_handler",
@@ -307,3 +320,46 @@ def alarm_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str,
         posted += 1
         log.info("alarm: notification %s posted to the webhook", document["id"])
     return {"status": "handled", "posted": posted}
+
+
+# -- feedback ------------------------------------------------------------------------------
+def feedback_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """Apply the SES bounces and complaints of an SQS batch (see the module docstring).
+
+    Returns SQS's partial batch response, ``{"batchItemFailures": [{"itemIdentifier": id}]}``
+    (the event source mapping's ``ReportBatchItemFailures``): the records named are delivered
+    again, the others are deleted from the queue.
+    """
+    data = _event(event)
+    records = data.get("Records")
+    if not isinstance(records, list):
+        raise InvalidField("Records", records, "expected the SQS event's list of records")
+    c = container()
+    failures: list[dict[str, str]] = []
+    counts: Counter[str] = Counter()
+    for record in records:
+        record = record if isinstance(record, Mapping) else {}
+        message_id = record.get("messageId")
+        document = ses_event_of(record.get("body"))
+        if document is None:
+            # Retrying cannot make it readable; an ERROR log (which can be alarmed on) is seen.
+            log.error("feedback: record %s is no SES bounce or complaint, dropped", message_id)
+            counts["dropped"] += 1
+            continue
+        try:
+            for item in feedback_from_ses(document, received_at=c.clock.now()):
+                applied = c.feedback.apply(item)
+                counts["ignored" if applied.ignored else "applied"] += 1
+                log.info(
+                    "feedback: %s %s task %s: outcome %s, suppressed %s, %d cancelled%s",
+                    message_id, item.kind.value, applied.task_id, applied.outcome_set,
+                    applied.suppressed, len(applied.cancelled),
+                    f" (ignored: {applied.ignored})" if applied.ignored else "",
+                )  # fmt: skip
+        except Exception:  # the store or the Scheduler failed: SQS retries, then dead-letters
+            if not isinstance(message_id, str) or not message_id:
+                raise  # a record SQS cannot be told about: the whole batch comes again
+            log.exception("feedback: record %s failed, SQS delivers it again", message_id)
+            failures.append({"itemIdentifier": message_id})
+    log.info("feedback: %d records, %s, %d failed", len(records), dict(counts), len(failures))
+    return {"batchItemFailures": failures}

@@ -62,6 +62,7 @@ def test_email_and_webhook_are_both_subscribed_to_the_alarm_topic(sam: dict[str,
     subscriptions = {
         resolve(s["Properties"]["Protocol"]): (s.get("Condition"), resolve(s["Properties"]))
         for s in _of_type(out, "AWS::SNS::Subscription").values()
+        if resolve(s["Properties"]["TopicArn"]) == topic  # not the feedback topic's queue
     }
     assert subscriptions == {
         "email": (
@@ -89,6 +90,7 @@ def test_email_and_webhook_are_both_subscribed_to_the_alarm_topic(sam: dict[str,
         "ProvisionErrorsAlarm",
         "ReconcileErrorsAlarm",
         "AutoPauseAlarm",
+        "FeedbackDeadLetterAlarm",
     }
     for alarm in alarms.values():
         assert resolve(alarm["Properties"]["AlarmActions"]) == [topic]

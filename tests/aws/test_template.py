@@ -54,7 +54,11 @@ HANDLERS = {
     "SendFunction": "sendqueue.lambda_handlers.send_handler",
     "ProvisionFunction": "sendqueue.lambda_handlers.provision_handler",
     "ReconcileFunction": "sendqueue.lambda_handlers.reconcile_handler",
+    "FeedbackFunction": "sendqueue.lambda_handlers.feedback_handler",
 }
+#: What the mailer is with the default parameters: SES in the stack's region, naming the
+#: configuration set the stack makes (its bounces and complaints reach the feedback function).
+MAILER = f"ses:{REGION}?configuration_set={STACK}-FeedbackConfigurationSet"
 
 
 # -- loading and transforming ------------------------------------------------------------------
@@ -137,6 +141,10 @@ class Resolver:
         if "Fn::Equals" in expr:
             left, right = expr["Fn::Equals"]
             return str(self(left)) == str(self(right))
+        if "Fn::Or" in expr:
+            return any(self._bool(e) for e in expr["Fn::Or"])
+        if "Fn::And" in expr:
+            return all(self._bool(e) for e in expr["Fn::And"])
         if "Condition" in expr:
             return self.condition(expr["Condition"])
         raise AssertionError(f"condition the resolver does not know: {expr}")
@@ -271,6 +279,8 @@ def test_sam_translator_transforms_it(sam: dict[str, Any], parameters: dict[str,
     handlers = {**HANDLERS, "AlarmWebhookFunction": "sendqueue.lambda_handlers.alarm_handler"}
     assert set(functions) == set(handlers)
     assert functions["AlarmWebhookFunction"]["Condition"] == "HasAlarmWebhook"
+    # The feedback function only where SES sends (tests/aws/test_feedback_template.py).
+    assert functions["FeedbackFunction"]["Condition"] == "HasFeedback"
     for name, function in functions.items():
         props = function["Properties"]
         assert props["Runtime"] == "python3.12"
@@ -335,7 +345,7 @@ def test_every_function_gets_the_same_schedule_settings(cfn: dict[str, Any]) -> 
     assert env["SENDQUEUE_SCHEDULE_GROUP"] == resolve.ref("ScheduleGroup")
     assert env["SENDQUEUE_DEAD_LETTER_QUEUE_URL"] == resolve.ref("DeadLetterQueue")
     assert env["SENDQUEUE_DEAD_LETTER_QUEUE_ARN"] == resolve.get_att("DeadLetterQueue", "Arn")
-    assert env["SENDQUEUE_MAILER"] == f"ses:{REGION}"
+    assert env["SENDQUEUE_MAILER"] == MAILER
     assert env["SENDQUEUE_DEFAULT_FROM"] == "news@example.com"
     assert "SENDQUEUE_API_TOKEN" not in env  # the web UI runs elsewhere
 
@@ -380,6 +390,7 @@ def test_the_dead_letter_queue_has_an_alarm_on_its_depth(cfn: dict[str, Any]) ->
         a["Properties"]
         for a in _of_type(cfn, "AWS::CloudWatch::Alarm").values()
         if a["Properties"]["Namespace"] == "AWS/SQS"
+        and resolve(a["Properties"]["Dimensions"]) == [{"Name": "QueueName", "Value": queue}]
     ]
     assert len(alarms) == 1
     (alarm,) = alarms
@@ -537,6 +548,8 @@ SCHEDULER_NEEDS = {
     "SendFunction": {"CreateSchedule", "GetSchedule", "DeleteSchedule", "ListSchedules"},
     "ProvisionFunction": {"CreateSchedule", "GetSchedule"},
     "ReconcileFunction": {"CreateSchedule", "GetSchedule", "DeleteSchedule", "ListSchedules"},
+    # the schedules of the Pending emails a bounce or a complaint cancels
+    "FeedbackFunction": {"DeleteSchedule"},
 }
 LOGS = {"logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"}
 
@@ -565,12 +578,19 @@ def test_each_function_may_do_what_its_code_calls_and_no_more(
     want |= {(a, in_group) for a in scheduler - {"scheduler:ListSchedules"}}
     if "scheduler:ListSchedules" in scheduler:
         want.add(("scheduler:ListSchedules", "*"))  # it has no resource-level permissions
-    want.add(("iam:PassRole", scheduler_role))
+    if "scheduler:CreateSchedule" in scheduler:  # a schedule is created with the role
+        want.add(("iam:PassRole", scheduler_role))
     if function == "SendFunction":
         want.add(("sqs:SendMessage", resolve.get_att("DeadLetterQueue", "Arn")))
         want |= {
             ("ses:SendEmail", f"arn:aws:ses:{REGION}:{ACCOUNT}:{kind}/*")
             for kind in ("identity", "configuration-set")
+        }
+    if function == "FeedbackFunction":
+        # Lambda's poller reads the feedback queue as the function's role, and no other queue.
+        queue = resolve.get_att("FeedbackQueue", "Arn")
+        want |= {
+            (f"sqs:{a}", queue) for a in ("ReceiveMessage", "DeleteMessage", "GetQueueAttributes")
         }
     if function == "ProvisionFunction":
         want.add(("lambda:InvokeFunction", own_arn))  # the continuation, and nothing else
@@ -649,7 +669,7 @@ def test_a_cold_start_accepts_each_functions_environment(
     assert settings.environment == "production"
     assert settings.execution == "eventbridge"
     assert settings.database_url == env["SENDQUEUE_DATABASE_URL"]
-    assert settings.mailer == f"ses:{REGION}"
+    assert settings.mailer == MAILER
     assert settings.stale_policy == "retry"
     assert settings.alarm_webhook is None  # the empty default means none
     assert settings.api_token is None  # no web UI in a function, so no token
