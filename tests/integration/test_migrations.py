@@ -21,7 +21,7 @@ from alembic.runtime.migration import MigrationContext
 from sendqueue.adapters.sql import migrate, open_store
 from sendqueue.adapters.sql.schema import create_store_engine, metadata
 from sendqueue.domain.errors import InvalidField, StoreUnavailable
-from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, task_id
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.testing.tasks import bare_task
@@ -121,7 +121,7 @@ def test_a_0001_database_upgrades_to_counters_and_keeps_its_data(
     assert "counters" not in table_names(engine)
 
     with open_store(url) as store:  # the store upgrades on open, as after a release
-        assert migrate.current(url) == migrate.head() == "0005"
+        assert migrate.current(url) == migrate.head() == "0006"
         assert schema_diffs(engine) == []
         assert store.counter("session-generation") == 0
         assert store.increment_counter("session-generation") == 1
@@ -155,7 +155,7 @@ def test_a_0002_database_upgrades_to_task_moves_and_keeps_its_tasks(
         )
 
     with open_store(url) as store:
-        assert migrate.current(url) == "0005"
+        assert migrate.current(url) == migrate.head()
         assert schema_diffs(engine) == []
         task = store.get_task("c1-0")
         assert task is not None
@@ -168,6 +168,85 @@ def test_a_0002_database_upgrades_to_task_moves_and_keeps_its_tasks(
     migrate.downgrade(url, "0002")
     columns = {c["name"] for c in sa.inspect(engine).get_columns("tasks")}
     assert not columns & {"planned_at", "moves", "moved_reason"}
+
+
+def test_a_0005_database_upgrades_to_feedback_with_address_keys_for_its_tasks(
+    url: str, engine: sa.Engine
+) -> None:
+    migrate.upgrade(url, "0005")
+    # More tasks than one backfill batch (0006's _BATCH), with addresses whose compared form
+    # is not SQL's lower(): casefold turns "ß" into "ss".
+    emails = ["Straße@Example.com", "Ünïcode.Ĳ@example.com"] + [
+        f"User{i}@Example.com" for i in range(2, 2600)
+    ]
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO campaigns (id, name, policy, from_addr, state, recipient_count,"
+                " created_at, updated_at) VALUES ('c1', 'C', :policy, 'a@example.com', 'active',"
+                " :n, :at, :at)"
+            ),
+            {"policy": json.dumps(SendingPolicy().to_dict()), "at": T0, "n": len(emails)},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO tasks (id, campaign_id, position, email, name, subject, text,"
+                " send_at, state, token, attempts, sent_at, created_at, updated_at, planned_at,"
+                " moves) VALUES (:id, 'c1', :p, :email, '', 's', 't', :at, :state, 'tok', 0,"
+                " :sent, :at, :at, :at, 0)"
+            ),
+            [
+                {
+                    "id": task_id("c1", p),
+                    "p": p,
+                    "email": email,
+                    "at": T0,
+                    "state": "Finished" if p == 0 else "Pending",
+                    "sent": T0 if p == 0 else None,
+                }
+                for p, email in enumerate(emails)
+            ],
+        )
+
+    with open_store(url) as store:  # upgrades on open, as after a release
+        assert migrate.current(url) == migrate.head() == "0006"
+        assert schema_diffs(engine) == []
+        old = store.get_campaign("c1")
+        assert (old.stop_on_reply.value, old.unsubscribe_footer) == ("sender", False)
+        sent = store.get_task("c1-0")
+        assert sent is not None
+        assert (sent.outcome, sent.outcome_detail, sent.outcome_at) == (None, None, None)
+        # Every existing row has its key, the last batch's too.
+        assert [t.id for t in store.tasks_for("strasse@example.com", states=list(TaskState))] == [
+            "c1-0"
+        ]
+        assert [
+            t.id for t in store.tasks_for("ünïcode.ĳ@example.com", states=[TaskState.PENDING])
+        ] == ["c1-1"]
+        assert [
+            t.id for t in store.tasks_for("user2599@example.com", states=[TaskState.PENDING])
+        ] == ["c1-2599"]
+        with engine.connect() as conn:
+            missing = conn.execute(sa.text("SELECT count(*) FROM tasks WHERE email_key IS NULL"))
+            assert missing.scalar_one() == 0
+        # The feedback loop works on the old rows.
+        bounced = store.set_outcome("c1-0", TaskOutcome.BOUNCED, detail="5.1.1", at=T0)
+        assert bounced is not None and bounced.outcome is TaskOutcome.BOUNCED
+        assert store.count_outcomes("c1") == {TaskOutcome.BOUNCED: 1}
+        assert store.record_soft_bounce("a@example.com", "k", at=T0, since=T0) == 1
+        store.save_feedback_cursor("box", 1, 5)
+        assert store.feedback_cursor("box") == (1, 5)
+
+    migrate.downgrade(url, "0005")
+    assert not {"soft_bounces", "feedback_cursors"} & table_names(engine)
+    task_columns = {c["name"] for c in sa.inspect(engine).get_columns("tasks")}
+    assert not task_columns & {"outcome", "outcome_detail", "outcome_at", "email_key"}
+    with engine.connect() as conn:
+        # Dropping the campaign columns kept the campaign, and its tasks (no table copy).
+        assert conn.execute(sa.text("SELECT count(*) FROM campaigns")).scalar_one() == 1
+        assert conn.execute(sa.text("SELECT count(*) FROM tasks")).scalar_one() == len(emails)
+    migrate.upgrade(url)
+    assert schema_diffs(engine) == []
 
 
 def test_downgrade_to_base_drops_everything(url: str, engine: sa.Engine) -> None:
@@ -250,7 +329,7 @@ _CLAIMER = """
 import json, sys
 from datetime import datetime, UTC
 from sendqueue.adapters.sql import open_store
-from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 
 url, ids = sys.argv[1], sys.argv[2].split(",")
 sys.stdout.write("ready\\n")

@@ -9,13 +9,14 @@ import pytest
 
 from sendqueue.bootstrap import Container
 from sendqueue.domain.errors import PermanentMailError, StoreUnavailable, TransientMailError
-from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Task, expected_schedule_name, schedule_group
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.services.scheduling import send_payload
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler
+from sendqueue.testing.store import InMemoryTaskStore
 from tests.support.app import T0, csv_bytes, fake_app, open_policy
 
 
@@ -55,7 +56,16 @@ def test_due_tasks_are_sent_once_and_finished_with_sent_at_and_message_id() -> N
         assert task.sent_at == clock.now()
         assert task.message_id == f"<{task.id}@example.com>"
         assert task.attempts == 1
+        # Sent means accepted, as of the send, until feedback says otherwise.
+        assert (task.outcome, task.outcome_detail) == (TaskOutcome.ACCEPTED, None)
+        assert task.outcome_at == task.sent_at
     assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
+    finished = [e for e in app.store.changes_after(0, limit=1000) if e.to_state == "Finished"]
+    # One entry per send: the outcome rides on the Finished transition, not a second write.
+    assert len(finished) == 3
+    store = app.store
+    assert isinstance(store, InMemoryTaskStore)
+    assert store.count_outcomes(cid) == {TaskOutcome.ACCEPTED: 3}
     assert app.scheduler.list(schedule_group(cid)) == []
 
 

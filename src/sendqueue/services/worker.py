@@ -39,7 +39,7 @@ from typing import cast
 from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.alarms import AutoPause, auto_pause_reason
 from sendqueue.domain.errors import PermanentMailError, SchedulerError, TransientMailError
-from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
 from sendqueue.domain.slots import in_policy, nominal_spacing
 from sendqueue.domain.suppression import Suppression, suppressed_reason
@@ -413,7 +413,14 @@ class SendWorker:
             TaskState.RUNNING,
             TaskState.FINISHED,
             at=sent_at,
-            changes={"sent_at": sent_at, "message_id": accepted_id, "error": None},
+            # The outcome starts as "accepted"; feedback (a bounce, a reply) may change it later.
+            changes={
+                "sent_at": sent_at,
+                "message_id": accepted_id,
+                "error": None,
+                "outcome": TaskOutcome.ACCEPTED,
+                "outcome_at": sent_at,
+            },
         )
         self._events.send_finished("sent", (sent_at - task.send_at).total_seconds())
         with self._lock:

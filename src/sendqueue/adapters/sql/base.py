@@ -38,12 +38,14 @@ from sqlalchemy.engine import Connection, Engine
 from sendqueue.adapters.sql import migrate, rows
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.adapters.sql.errors import mapped_errors
+from sendqueue.adapters.sql.feedback import FeedbackTables
 from sendqueue.adapters.sql.schema import WRITE, UtcDateTime, create_store_engine
 from sendqueue.adapters.sql.sidetables import SideTables
 from sendqueue.adapters.sql.suppressions import SuppressionTables
 from sendqueue.domain.errors import Conflict, InvalidField, NotFound
 from sendqueue.domain.lifecycle import (
     CampaignState,
+    TaskOutcome,
     TaskState,
     check_campaign_transition,
     check_task_transition,
@@ -63,9 +65,9 @@ from sendqueue.domain.models import (
 __all__ = ["SqlTaskStore"]
 
 
-class SqlTaskStore(SideTables, SuppressionTables):
-    """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`) over
-    a SQL database; one subclass per dialect.
+class SqlTaskStore(SideTables, SuppressionTables, FeedbackTables):
+    """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`,
+    :class:`~sendqueue.ports.FeedbackStore`) over a SQL database; one subclass per dialect.
 
     ``url`` is the subclass's dialect (``sqlite:///...`` or ``postgresql+psycopg://...``;
     ValueError for another). With ``upgrade`` (the default) the schema is migrated to the newest
@@ -288,6 +290,8 @@ class SqlTaskStore(SideTables, SuppressionTables):
     ) -> Task | None:
         check_task_transition(expected, new)
         values = checked_changes(changes)
+        if values.get("outcome") is not None:
+            values["outcome"] = TaskOutcome(values["outcome"]).value
         values.update(state=new.value, updated_at=at)
         return self._transition(task_id, expected, new, values, at, note)
 

@@ -22,7 +22,7 @@ from sendqueue.adapters.sql import schema as tables
 from sendqueue.adapters.sql.base import SqlTaskStore
 from sendqueue.adapters.sql.errors import mapped_errors
 from sendqueue.adapters.sql.pool import FastPathPool
-from sendqueue.adapters.sql.rows import TASK_COLUMNS, task_from_row
+from sendqueue.adapters.sql.rows import INSERT_COLUMNS, TASK_COLUMNS, task_from_row
 from sendqueue.adapters.sql.schema import UtcDateTime
 from sendqueue.adapters.sql.sidetables import SideTables
 from sendqueue.domain.errors import NotFound
@@ -69,13 +69,14 @@ _TRANSITION = (
 #: with the reason), in one statement: the rows (binary arrays, one per column, in id order;
 #: ON CONFLICT DO NOTHING), then one entry per inserted id in input order.
 _INSERT_TASKS = (
-    f"WITH ins AS (INSERT INTO tasks ({TASK_COLUMNS})"
-    f" SELECT {TASK_COLUMNS} FROM unnest("
+    f"WITH ins AS (INSERT INTO tasks ({INSERT_COLUMNS})"
+    f" SELECT {INSERT_COLUMNS} FROM unnest("
     "%b::varchar[], %b::varchar[], %b::integer[], %b::text[], %b::text[], %b::text[],"
     " %b::text[], %b::text[], %b::timestamptz[], %b::varchar[], %b::varchar[], %b::integer[],"
     " %b::timestamptz[], %b::timestamptz[], %b::text[], %b::text[], %b::timestamptz[],"
-    " %b::timestamptz[], %b::timestamptz[], %b::integer[], %b::text[], %b::text[])"
-    f" WITH ORDINALITY AS u({TASK_COLUMNS}, sq_ordinal) ORDER BY sq_ordinal"
+    " %b::timestamptz[], %b::timestamptz[], %b::integer[], %b::text[], %b::text[],"
+    " %b::varchar[], %b::text[], %b::timestamptz[], %b::varchar[])"
+    f" WITH ORDINALITY AS u({INSERT_COLUMNS}, sq_ordinal) ORDER BY sq_ordinal"
     " ON CONFLICT DO NOTHING RETURNING id, state, reason),"
     " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
     " SELECT e.campaign_id, e.id, NULL, ins.state, %b::timestamptz,"
@@ -176,6 +177,10 @@ def _task_params(t: Task, at: datetime) -> dict[str, Any]:
         "moves": t.moves,
         "moved_reason": t.moved_reason,
         "reason": t.reason,
+        "outcome": None if t.outcome is None else t.outcome.value,
+        "outcome_detail": t.outcome_detail,
+        "outcome_at": t.outcome_at,
+        "email_key": key_of_normalized(t.email),
     }
 
 
@@ -313,6 +318,8 @@ class PostgresTaskStore(SqlTaskStore):
                 _time(t.send_at), t.state.value, t.token, t.attempts, _time(t.claimed_at),
                 _time(t.sent_at), t.message_id, t.error, stamp, stamp,
                 _time(t.planned_at or t.send_at), t.moves, t.moved_reason, t.reason,
+                None if t.outcome is None else t.outcome.value, t.outcome_detail,
+                _time(t.outcome_at), key_of_normalized(t.email),
             )
             for t in sorted(tasks, key=lambda t: t.id)
         ]  # fmt: skip

@@ -17,12 +17,14 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from sendqueue.domain.errors import InvalidField
-from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, Recipient, Task
 from sendqueue.domain.policy import SendingPolicy
 
 __all__ = [
     "CHUNK_SIZE",
+    "INSERT_COLUMNS",
+    "OUTCOMES",
     "STATES",
     "TASK_COLUMNS",
     "batches",
@@ -45,8 +47,16 @@ CHUNK_SIZE = 500
 TASK_COLUMNS = (
     "id, campaign_id, position, email, name, subject, text, html, send_at, state, token, "
     "attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at, "
-    "moves, moved_reason, reason"
+    "moves, moved_reason, reason, outcome, outcome_detail, outcome_at"
 )
+
+#: The columns a new task is inserted with: :data:`TASK_COLUMNS` and ``email_key`` (the
+#: address's compared form, which only the feedback store's index reads).
+INSERT_COLUMNS = TASK_COLUMNS + ", email_key"
+
+#: TaskOutcome by value (None for a task not sent yet).
+OUTCOMES: dict[str | None, TaskOutcome | None] = {o.value: o for o in TaskOutcome}
+OUTCOMES[None] = None
 
 #: TaskState by value, cheaper than ``TaskState(value)`` per row.
 STATES = {state.value: state for state in TaskState}
@@ -89,21 +99,24 @@ def campaign_from_row(row: sa.Row[Any]) -> Campaign:
         checkpoint=m["checkpoint"],
         created_at=m["created_at"],
         updated_at=m["updated_at"],
+        stop_on_reply=StopOnReply(m["stop_on_reply"]),
+        unsubscribe_footer=bool(m["unsubscribe_footer"]),
     )
 
 
 def task_from_row(row: Sequence[Any]) -> Task:
-    """A task from a row of the ``tasks`` columns in table order (``select(tasks)``)."""
+    """A task from a row of the ``tasks`` columns in table order (``select(tasks)``; the
+    trailing ``email_key`` of such a row is ignored)."""
     (
         id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
         attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at,
-        moves, moved_reason, reason,
-    ) = row  # fmt: skip
+        moves, moved_reason, reason, outcome, outcome_detail, outcome_at,
+    ) = row[:25]  # fmt: skip
     # Positional: tasks are read by the hundred thousand; see docs/performance.md.
     return Task(
         id_, campaign_id, position, email, name, subject, text, html, send_at, token,
         STATES[state], attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
-        planned_at, moves, moved_reason, reason,
+        planned_at, moves, moved_reason, reason, OUTCOMES[outcome], outcome_detail, outcome_at,
     )  # fmt: skip
 
 
@@ -134,6 +147,8 @@ def campaign_row(campaign: Campaign, recipient_count: int) -> dict[str, Any]:
         "checkpoint": None if campaign.checkpoint is None else dict(campaign.checkpoint),
         "created_at": campaign.created_at,
         "updated_at": campaign.updated_at,
+        "stop_on_reply": StopOnReply(campaign.stop_on_reply).value,
+        "unsubscribe_footer": bool(campaign.unsubscribe_footer),
     }
 
 

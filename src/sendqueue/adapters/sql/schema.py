@@ -31,10 +31,12 @@ __all__ = [
     "change_log",
     "counters",
     "create_store_engine",
+    "feedback_cursors",
     "leases",
     "metadata",
     "normalise_url",
     "recipients",
+    "soft_bounces",
     "sqlite_text",
     "suppressions",
     "tasks",
@@ -124,6 +126,9 @@ campaigns = sa.Table(
     sa.Column("checkpoint", _json(), nullable=True),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
+    # Which Pending emails a reply cancels, and the unsubscribe footer (migration 0006).
+    sa.Column("stop_on_reply", sa.String(16), nullable=False, server_default="sender"),
+    sa.Column("unsubscribe_footer", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index("ix_campaigns_created_at", "created_at"),
 )
 
@@ -177,6 +182,13 @@ tasks = sa.Table(
     sa.Column("moved_reason", sa.Text, nullable=True),
     # Why it was cancelled, e.g. "suppressed: bounced" (migration 0005).
     sa.Column("reason", sa.Text, nullable=True),
+    # What happened after sending (migration 0006): accepted, bounced, ... with detail and time.
+    sa.Column("outcome", sa.String(16), nullable=True),
+    sa.Column("outcome_detail", sa.Text, nullable=True),
+    sa.Column("outcome_at", UtcDateTime, nullable=True),
+    # The address's compared form, key_of_normalized(email) (casefold, which SQL's lower() is
+    # not), written at insert: FeedbackStore.tasks_for reads it through its index.
+    sa.Column("email_key", sa.String(320), nullable=True),
     # list_tasks / count_tasks: one campaign's tasks in a state, in position order.
     sa.Index("ix_tasks_campaign_id_state_position", "campaign_id", "state", "position"),
     # list_tasks without a state filter, and one task per recipient.
@@ -185,6 +197,8 @@ tasks = sa.Table(
     sa.Index("ix_tasks_state_send_at_id", "state", "send_at", "id"),
     # stale_running: Running tasks by claim time.
     sa.Index("ix_tasks_state_claimed_at", "state", "claimed_at"),
+    # tasks_for: an address's tasks in some states, across campaigns.
+    sa.Index("ix_tasks_email_key_state", "email_key", "state"),
 )
 
 change_log = sa.Table(
@@ -239,6 +253,26 @@ suppressions = sa.Table(
     sa.Column("reason", sa.String(16), nullable=False),
     sa.Column("task_id", sa.String(200), nullable=True),
     sa.Column("at", UtcDateTime, nullable=False),
+)
+
+#: Transient bounces (migration 0006): one row per (address, the message it came from), so the
+#: same DSN read twice counts once; counted per address since a time.
+soft_bounces = sa.Table(
+    "soft_bounces",
+    metadata,
+    sa.Column("email", sa.String(320), primary_key=True),
+    sa.Column("key", sa.String(1000), primary_key=True),
+    sa.Column("at", UtcDateTime, nullable=False),
+)
+
+#: Each feedback mailbox's position (migration 0006): its UIDVALIDITY and the highest UID
+#: processed, so a message is processed once across restarts and pollers.
+feedback_cursors = sa.Table(
+    "feedback_cursors",
+    metadata,
+    sa.Column("mailbox", sa.String(1000), primary_key=True),
+    sa.Column("uidvalidity", sa.BigInteger, nullable=False),
+    sa.Column("uid", sa.BigInteger, nullable=False),
 )
 
 

@@ -25,11 +25,12 @@ from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.adapters.sql.base import SqlTaskStore
 from sendqueue.adapters.sql.errors import mapped_errors
-from sendqueue.adapters.sql.rows import STATES, TASK_COLUMNS
+from sendqueue.adapters.sql.rows import INSERT_COLUMNS, OUTCOMES, STATES, TASK_COLUMNS
 from sendqueue.adapters.sql.schema import UtcDateTime, sqlite_text
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Recipient, Task, check_cursor, check_limit
+from sendqueue.domain.suppression import key_of_normalized
 
 __all__ = ["SqliteTaskStore"]
 
@@ -48,7 +49,7 @@ _LOG_CREATED = (
 )
 
 _INSERT_TASK = (
-    f"INSERT INTO tasks ({TASK_COLUMNS}) VALUES ({', '.join('?' * 22)}) ON CONFLICT DO NOTHING"
+    f"INSERT INTO tasks ({INSERT_COLUMNS}) VALUES ({', '.join('?' * 26)}) ON CONFLICT DO NOTHING"
 )
 
 #: Values per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
@@ -65,7 +66,7 @@ def _task(row: Sequence[Any]) -> Task:
     (
         id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
         attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at,
-        moves, moved_reason, reason,
+        moves, moved_reason, reason, outcome, outcome_detail, outcome_at,
     ) = row  # fmt: skip
     return Task(
         id_, campaign_id, position, email, name, subject, text, html,
@@ -73,7 +74,8 @@ def _task(row: Sequence[Any]) -> Task:
         _time(claimed_at), _time(sent_at), message_id, error,
         datetime.fromisoformat(created_at).replace(tzinfo=UTC),
         datetime.fromisoformat(updated_at).replace(tzinfo=UTC),
-        _time(planned_at), moves, moved_reason, reason,
+        _time(planned_at), moves, moved_reason, reason, OUTCOMES[outcome], outcome_detail,
+        _time(outcome_at),
     )  # fmt: skip
 
 
@@ -84,6 +86,8 @@ def _task_row(t: Task, stamp: str | None) -> tuple[object, ...]:
         sqlite_text(t.send_at), t.state.value, t.token, t.attempts, sqlite_text(t.claimed_at),
         sqlite_text(t.sent_at), t.message_id, t.error, stamp, stamp,
         sqlite_text(t.planned_at or t.send_at), t.moves, t.moved_reason, t.reason,
+        None if t.outcome is None else t.outcome.value, t.outcome_detail,
+        sqlite_text(t.outcome_at), key_of_normalized(t.email),
     )  # fmt: skip
 
 
