@@ -21,7 +21,8 @@ from playwright.sync_api import expect
 from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.sql import open_store
 from sendqueue.domain.feedback import Feedback, FeedbackKind
-from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.lifecycle import TaskOutcome, TaskState
+from sendqueue.domain.models import TaskChanges
 from sendqueue.services.feedback import FeedbackService
 from tests.e2e.conftest import Sendqueue, api, provision
 from tests.e2e.test_accessibility import BLOCKING, _audit, _report, axe_script
@@ -37,8 +38,8 @@ COUNT = 4
 
 
 def _sent_campaign(page: Page, app: Sendqueue) -> str:
-    """A provisioned campaign whose first three emails are sent (Finished, as a worker leaves
-    them) and whose last is Pending (due in 2099)."""
+    """A provisioned campaign whose first three emails are sent (Finished and accepted, as a
+    worker leaves them) and whose last is Pending (due in 2099)."""
     created = api(
         page,
         "POST",
@@ -58,8 +59,11 @@ def _sent_campaign(page: Page, app: Sendqueue) -> str:
         for position in range(COUNT - 1):
             task_id = f"{cid}-{position}"
             assert store.transition(task_id, TaskState.PENDING, TaskState.RUNNING, at=now)
+            sent: TaskChanges = {
+                "sent_at": now, "outcome": TaskOutcome.ACCEPTED, "outcome_at": now,
+            }  # fmt: skip
             assert store.transition(
-                task_id, TaskState.RUNNING, TaskState.FINISHED, at=now, changes={"sent_at": now}
+                task_id, TaskState.RUNNING, TaskState.FINISHED, at=now, changes=sent
             )
     finally:
         store.close()
@@ -91,6 +95,7 @@ def test_a_bounce_and_a_reply_show_live_in_the_rows_and_the_counts(
     page.goto(f"{app.url}/campaigns/{cid}")
     expect(page.locator("#connection")).to_have_attribute("data-connection", "live")
     expect(page.locator('#tasks tr[data-state="Finished"]')).to_have_count(COUNT - 1)
+    expect(page.locator('[data-outcome-count="accepted"]')).to_have_text(str(COUNT - 1))
     for name in ("bounced", "replied"):
         expect(page.locator(f'[data-outcome-count="{name}"]')).to_have_text("0")
     # a mark in the page's own window: a reload would drop it
@@ -113,14 +118,17 @@ def test_a_bounce_and_a_reply_show_live_in_the_rows_and_the_counts(
     expect(replied_cell).to_have_text("replied: Re: S")
     expect(page.locator('[data-outcome-count="bounced"]')).to_have_text("1")
     expect(page.locator('[data-outcome-count="replied"]')).to_have_text("1")
-    for name in ("accepted", "complained", "unsubscribed"):
+    expect(page.locator('[data-outcome-count="accepted"]')).to_have_text(str(COUNT - 3))
+    for name in ("complained", "unsubscribed"):
         expect(page.locator(f'[data-outcome-count="{name}"]')).to_have_text("0")
     # an outcome is not a state move: the rows stay Finished and the state counts stay put
     expect(page.locator('#tasks tr[data-state="Finished"]')).to_have_count(COUNT - 1)
     expect(page.locator('[data-count="Finished"]')).to_have_text(str(COUNT - 1))
     expect(page.locator('[data-count="Pending"]')).to_have_text("1")
     third = page.locator(f'#tasks tr[data-task-id="{cid}-2"] [data-field="outcome"]')
-    expect(third).to_have_text("")
+    expect(third).to_have_text("accepted")
+    pending = page.locator(f'#tasks tr[data-task-id="{cid}-3"] [data-field="outcome"]')
+    expect(pending).to_have_text("")
     assert page.evaluate("() => window.__sameDocument === true"), "the page was reloaded"
 
     found: dict[str, list[dict[str, Any]]] = {}

@@ -60,11 +60,12 @@ def test_campaign_view_counts_every_outcome_and_tasks_carry_theirs() -> None:
     service.apply(Feedback(FeedbackKind.REPLY, at, task_id=tasks[1].id, detail="Re: hello"))
     service.apply(Feedback(FeedbackKind.COMPLAINT, at, task_id=tasks[2].id, detail="abuse"))
     feedback_store: FeedbackStore = app.store  # type: ignore[assignment]
-    assert feedback_store.set_outcome(tasks[3].id, TaskOutcome.ACCEPTED, detail=None, at=at)
+    # "accepted" never replaces another outcome (the worker wrote it with Finished)
+    assert feedback_store.set_outcome(tasks[0].id, TaskOutcome.ACCEPTED, detail=None, at=at) is None
 
     view = campaign_dict(app.store, app.store.get_campaign(cid))
     assert view["outcomes"] == {
-        "accepted": 1, "bounced": 1, "complained": 1, "replied": 1, "unsubscribed": 0,
+        "accepted": 2, "bounced": 1, "complained": 1, "replied": 1, "unsubscribed": 0,
     }  # fmt: skip
     assert list(view["outcomes"]) == [o.value for o in TaskOutcome]
     assert view["counts"]["Finished"] == 5  # an outcome never moves a task's state
@@ -74,20 +75,25 @@ def test_campaign_view_counts_every_outcome_and_tasks_carry_theirs() -> None:
     assert bounced["outcome"] == "bounced"
     assert bounced["outcome_detail"] == "5.1.1 user unknown"
     assert bounced["outcome_at"] == "2026-12-01T09:05:00Z"
-    untouched = task_list_dict(app.store.get_task(tasks[4].id))  # type: ignore[arg-type]
-    assert list(untouched) == list(TASK_LIST_KEYS)
-    assert (untouched["outcome"], untouched["outcome_detail"], untouched["outcome_at"]) == (
-        None, None, None,
+    accepted = task_list_dict(app.store.get_task(tasks[4].id))  # type: ignore[arg-type]
+    assert list(accepted) == list(TASK_LIST_KEYS)
+    assert (accepted["outcome"], accepted["outcome_detail"], accepted["outcome_at"]) == (
+        "accepted", None, "2026-12-01T09:00:00Z",
     )  # fmt: skip
 
 
-def test_a_campaign_with_no_outcomes_names_every_outcome_with_zero() -> None:
+def test_a_campaign_with_nothing_sent_names_every_outcome_with_zero() -> None:
     app = fake_app()
     cid = app.campaigns.create(
         name="t", recipients=csv_bytes(2), policy=open_policy(), from_addr="n@example.com"
     ).campaign.id
+    assert app.provisioner.provision(cid).status == "done"
     view = CampaignView.read(app.store, app.store.get_campaign(cid))
     assert view.outcomes == {o.value: 0 for o in TaskOutcome}
+    pending = task_dict(app.store.list_tasks(cid)[0])
+    assert (pending["outcome"], pending["outcome_detail"], pending["outcome_at"]) == (
+        None, None, None,
+    )  # fmt: skip
 
 
 def test_the_options_are_carried_into_the_campaign_and_its_view() -> None:
@@ -158,9 +164,11 @@ def test_outcomes_are_counted_per_campaign() -> None:
     service = _feedback(app, clock)
     task = app.store.list_tasks(first)[0]
     service.apply(Feedback(FeedbackKind.UNSUBSCRIBE, clock.now(), task_id=task.id))
-    assert campaign_dict(app.store, app.store.get_campaign(first))["outcomes"]["unsubscribed"] == 1
+    assert campaign_dict(app.store, app.store.get_campaign(first))["outcomes"] == {
+        "accepted": 1, "bounced": 0, "complained": 0, "replied": 0, "unsubscribed": 1,
+    }  # fmt: skip
     assert campaign_dict(app.store, app.store.get_campaign(second))["outcomes"] == {
-        o.value: 0 for o in TaskOutcome
-    }
+        "accepted": 2, "bounced": 0, "complained": 0, "replied": 0, "unsubscribed": 0,
+    }  # fmt: skip
     assert app.suppression.count() == 1  # the unsubscribe listed the address
     assert app.store.get_task(task.id).state is TaskState.FINISHED  # type: ignore[union-attr]
