@@ -405,7 +405,19 @@ def bootstrap(
 
 
 def upgrade_store_schema(settings: Settings) -> str | None:
-    """Apply the task store's migrations to ``settings.database_url``; the revision it is at."""
+    """Apply the task store's migrations to ``settings.database_url``; the revision it is at.
+
+    DynamoDB has no schema revisions: its table is the template's, and the upgrade gives task
+    items of older releases the address key of the ``by_address`` index (issue 14)."""
+    if settings.database_url.startswith("dynamodb:"):
+        from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
+
+        store = DynamoDbTaskStore.from_url(settings.database_url)
+        try:
+            added = store.backfill_address_keys()
+        finally:
+            store.close()
+        return f"dynamodb (address keys added to {added} task(s))"
     from sendqueue.adapters.sql.migrate import current, upgrade
 
     upgrade(settings.database_url)

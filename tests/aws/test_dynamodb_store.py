@@ -22,9 +22,12 @@ from botocore.config import Config
 
 from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 from sendqueue.adapters.dynamodb.table import GSI_NAMES, table_definition
+from sendqueue.bootstrap import upgrade_store_schema
 from sendqueue.domain.errors import InvalidField, StoreUnavailable
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import task_id
+from sendqueue.settings import Settings
+from tests.aws.test_aws_settings import ARNS
 from tests.contract.test_task_store import campaign, make_task, recipients
 from tests.support.aws import REGION, client, dynamodb_url, reset
 
@@ -56,14 +59,35 @@ def test_the_table_is_on_demand_with_the_documented_keys_and_indexes() -> None:
         index["IndexName"]: tuple(key["AttributeName"] for key in index["KeySchema"])
         for index in table["GlobalSecondaryIndexes"]
     }
-    assert indexes == {"by_campaign": ("gc", "gp"), "by_state": ("gs", "gt"), "due": ("gd", "gt")}
+    assert indexes == {
+        "by_campaign": ("gc", "gp"),
+        "by_state": ("gs", "gt"),
+        "due": ("gd", "gt"),
+        "by_address": ("ga", "gt"),
+    }
     assert indexes == GSI_NAMES
-    assert all(
-        index["Projection"] == {"ProjectionType": "ALL"}
+    projections = {
+        index["IndexName"]: index["Projection"]["ProjectionType"]
         for index in table["GlobalSecondaryIndexes"]
-    )
+    }
+    # Keys only for the address index: a state change does not rewrite its entry.
+    assert projections == {
+        "by_campaign": "ALL",
+        "by_state": "ALL",
+        "due": "ALL",
+        "by_address": "KEYS_ONLY",
+    }
     types = {d["AttributeName"]: d["AttributeType"] for d in table["AttributeDefinitions"]}
-    assert types == {"pk": "S", "sk": "S", "gc": "S", "gp": "N", "gs": "S", "gt": "S", "gd": "S"}
+    assert types == {
+        "pk": "S",
+        "sk": "S",
+        "gc": "S",
+        "gp": "N",
+        "gs": "S",
+        "gt": "S",
+        "gd": "S",
+        "ga": "S",
+    }
 
 
 def test_create_table_makes_that_table_with_point_in_time_recovery(
@@ -115,6 +139,53 @@ def test_an_item_larger_than_dynamodb_allows_is_an_invalid_field(
         store.create_campaign(campaign("c2"), [replace(recipients(1)[0], text="x" * 500_000)])
     assert about_recipient.value.field == "recipient"
     assert store.last_change_id() == 0
+
+
+@pytest.mark.usefixtures("aws_environment")
+def test_items_written_before_the_feedback_loop_read_and_index_as_new_ones(
+    store: DynamoDbTaskStore,
+) -> None:
+    """Task and campaign items of an older release: no ``ga``, no outcome fields, no reply
+    options. They read with the defaults, and the backfill puts them in the address index."""
+    store.create_campaign(campaign(), recipients(3))
+    store.insert_tasks([make_task("c1", i, email=f"Old{i}@Example.com") for i in range(3)], at=T0)
+    dynamodb = client("dynamodb", url=dynamodb_url())
+    for i in range(3):
+        key = {"pk": {"S": f"T#{task_id('c1', i)}"}, "sk": {"S": "#"}}
+        item = dynamodb.get_item(TableName="sqt", Key=key, ConsistentRead=True)["Item"]
+        doc = json.loads(item["d"]["S"])
+        for name in ("outcome", "outcome_detail", "outcome_at"):
+            del doc[name]
+        item["d"] = {"S": json.dumps(doc)}
+        del item["ga"]
+        dynamodb.put_item(TableName="sqt", Item=item)
+    key = {"pk": {"S": "campaign"}, "sk": {"S": "c1"}}
+    item = dynamodb.get_item(TableName="sqt", Key=key, ConsistentRead=True)["Item"]
+    doc = json.loads(item["d"]["S"])
+    del doc["stop_on_reply"], doc["unsubscribe_footer"]
+    item["d"] = {"S": json.dumps(doc)}
+    dynamodb.put_item(TableName="sqt", Item=item)
+    dynamodb.close()
+
+    old = store.get_task(task_id("c1", 0))
+    assert old is not None and (old.outcome, old.outcome_detail, old.outcome_at) == (None,) * 3
+    got = store.get_campaign("c1")
+    assert (got.stop_on_reply.value, got.unsubscribe_footer) == ("sender", False)
+    assert store.tasks_for("old0@example.com", states=[TaskState.PENDING]) == []
+
+    # `sendqueue db upgrade` runs the backfill on a DynamoDB store.
+    values: dict[str, Any] = {
+        "_env_file": None,
+        "execution": "eventbridge",
+        "database_url": f"dynamodb://sqt?region={REGION}&endpoint_url={dynamodb_url()}",
+        **ARNS,
+    }
+    settings = Settings(**values)
+    assert upgrade_store_schema(settings) == "dynamodb (address keys added to 3 task(s))"
+    assert store.backfill_address_keys() == 0  # nothing left: a second run is a no-op
+    found = store.tasks_for("old0@example.com", states=[TaskState.PENDING])
+    assert [t.id for t in found] == [task_id("c1", 0)]
+    assert found[0] == old
 
 
 # --- vendor errors at the edge ------------------------------------------------------------------

@@ -489,9 +489,11 @@ def _iam_actions(
 
 #: Calls that the functions never make: the table (with its point-in-time recovery) and the
 #: schedule group come from the template (``create_table`` is for tests and local runs);
-#: BatchWriteItem only writes a new campaign's recipients (the web UI does that).
+#: BatchWriteItem only writes a new campaign's recipients (the web UI does that); Scan only
+#: runs in ``sendqueue db upgrade`` (the address-key backfill), from the operator's machine.
 TABLE_SETUP = {"create_table", "get_waiter", "update_continuous_backups", "close"}
-NOT_IN_FUNCTIONS = {*TABLE_SETUP, "batch_write_item"}
+OPERATOR_ONLY = {"batch_write_item", "scan"}
+NOT_IN_FUNCTIONS = {*TABLE_SETUP, *OPERATOR_ONLY}
 #: Transaction items: TransactWriteItems is authorised per item as the matching single action.
 TRANSACT = {
     "Put": "dynamodb:PutItem",
@@ -605,6 +607,7 @@ def test_the_operator_policy_covers_the_dead_letter_calls(cfn: dict[str, Any]) -
     assert {(a, dlq) for a in actions} <= grants
     table = resolve.get_att("TasksTable", "Arn")
     assert ("dynamodb:BatchWriteItem", table) in grants  # creating a campaign
+    assert ("dynamodb:Scan", table) in grants  # db upgrade's backfill
     assert {(a, table) for a in _store_actions()} <= grants
     assert {a for a, r in grants if r == f"{table}/index/*"} == {"dynamodb:Query"}
 

@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
-from sendqueue.adapters.sql import open_store
+from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.bootstrap import bootstrap
 from sendqueue.cli import app as cli_app
 from sendqueue.domain.lifecycle import CampaignState, TaskState
@@ -183,11 +183,23 @@ def test_backup_refuses_to_overwrite_and_needs_a_store(env: dict[str, str], tmp_
     app.campaigns.create(
         name="one", recipients=csv_bytes(3), policy=open_policy(), templates=Templates()
     )
+    # The feedback loop's state is in the copy too: soft bounces and mailbox positions.
+    store = app.store
+    assert isinstance(store, SqlTaskStore)
+    for key in ("box:1:1", "box:1:2"):
+        store.record_soft_bounce("a@example.com", key, at=T0, since=T0)
+    store.save_feedback_cursor("imap://bounces@mail.example.com/INBOX", 7, 42)
     app.close()
     (tmp_path / "scheduler.db").unlink()  # as if the execution layer never ran here
     ok = runner.invoke(cli_app, ["db", "backup", str(tmp_path / "b")], env=env)
     assert ok.exit_code == 0, ok.stderr
     assert "store.db" in ok.stdout and "reconcile" in ok.stdout
+    manifest = json.loads((tmp_path / "b" / "backup.json").read_text())
+    assert manifest["store"]["rows"]["soft_bounces"] == 2
+    assert manifest["store"]["rows"]["feedback_cursors"] == 1
+    with open_store(f"sqlite:///{tmp_path / 'b' / 'store.db'}") as copy:
+        assert copy.feedback_cursor("imap://bounces@mail.example.com/INBOX") == (7, 42)
+        assert copy.record_soft_bounce("a@example.com", "box:1:2", at=T0, since=T0) == 2
     # no scheduler file, nothing scheduled to lose: only the store is copied
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["backup.json", "store.db"]
     again = runner.invoke(cli_app, ["db", "backup", str(tmp_path / "b")], env=env)

@@ -54,7 +54,15 @@ SCHEDULER_FILE = "scheduler.db"
 MANIFEST = "backup.json"
 
 # Tables counted in the manifest, per file (a table that does not exist is left out).
-_STORE_TABLES = ("campaigns", "recipients", "tasks", "change_log", "suppressions")
+_STORE_TABLES = (
+    "campaigns",
+    "recipients",
+    "tasks",
+    "change_log",
+    "suppressions",
+    "soft_bounces",
+    "feedback_cursors",
+)
 _SCHEDULER_TABLES = ("schedules", "dead_letters")
 
 

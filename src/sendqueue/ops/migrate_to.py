@@ -1,11 +1,10 @@
 """Moving an embedded deployment onto PostgreSQL: ``sendqueue db migrate-to URL``.
 
 :func:`migrate_to` copies a SQLite task store (campaigns, recipients, tasks and the change log,
-ids included, so a live UI resumes its stream where it was, and the suppression list) into an
-empty PostgreSQL task
-store, and creates the schedules of the Pending tasks of active campaigns in the target's
-execution layer, with the tasks' stored names and tokens. Overdue ones fire as soon as a target
-worker runs.
+ids included, so a live UI resumes its stream where it was, the suppression list, and the
+feedback loop's soft bounces and mailbox positions) into an empty PostgreSQL task store, and
+creates the schedules of the Pending tasks of active campaigns in the target's execution layer,
+with the tasks' stored names and tokens. Overdue ones fire as soon as a target worker runs.
 
 No send is lost or duplicated, because:
 
@@ -66,6 +65,8 @@ class MigrationReport:
     tasks: int = 0
     changes: int = 0
     suppressions: int = 0
+    soft_bounces: int = 0
+    feedback_cursors: int = 0
     pending: int = 0
     schedules_created: int = 0
     schedule_errors: list[str] = field(default_factory=list)
@@ -131,6 +132,8 @@ def _copy(
             setattr(report, name, getattr(report, name) + len(rows))
     _copy_counters(source, target)
     report.suppressions = _copy_suppressions(source, target, batch)
+    report.soft_bounces = _copy_soft_bounces(source, target, batch)
+    report.feedback_cursors = _copy_feedback_cursors(source, target)
     # Ids were copied as they were; new ids must exceed them (migration 0004's rebase).
     target.execute(sa.text("SELECT sq_change_log_rebase()"))
 
@@ -143,6 +146,37 @@ def _copy_suppressions(source: sa.Connection, target: sa.Connection, batch: int)
         insert = postgresql.insert(schema.suppressions).values(rows).on_conflict_do_nothing()
         added += len(target.execute(insert.returning(schema.suppressions.c.email)).all())
     return added
+
+
+def _copy_soft_bounces(source: sa.Connection, target: sa.Connection, batch: int) -> int:
+    """The transient bounces still counting towards a suppression, insert-or-keep (one per
+    address and message either way); how many were new there."""
+    table = schema.soft_bounces
+    added = 0
+    for rows in _rows(source, table, batch):
+        insert = postgresql.insert(table).values(rows).on_conflict_do_nothing()
+        added += len(target.execute(insert.returning(table.c.email)).all())
+    return added
+
+
+def _copy_feedback_cursors(source: sa.Connection, target: sa.Connection) -> int:
+    """Each feedback mailbox's position, so the target's poller does not read every message
+    again: a position the target holds already is only moved forward (the store's rule), and
+    one under another UIDVALIDITY is the target's own and stays. How many were written."""
+    table = schema.feedback_cursors
+    written = 0
+    for mailbox, uidvalidity, uid in source.execute(sa.select(table)).all():
+        insert = postgresql.insert(table).values(mailbox=mailbox, uidvalidity=uidvalidity, uid=uid)
+        upsert = insert.on_conflict_do_update(
+            index_elements=[table.c.mailbox],
+            set_={"uid": insert.excluded.uid},
+            where=sa.and_(
+                table.c.uidvalidity == insert.excluded.uidvalidity,
+                table.c.uid < insert.excluded.uid,
+            ),
+        )
+        written += len(target.execute(upsert.returning(table.c.mailbox)).all())
+    return written
 
 
 def _copy_counters(source: sa.Connection, target: sa.Connection) -> None:

@@ -13,6 +13,8 @@ from sendqueue.domain.errors import (
 )
 from sendqueue.domain.lifecycle import (
     CampaignState,
+    StopOnReply,
+    TaskOutcome,
     TaskState,
 )
 from sendqueue.domain.models import (
@@ -23,6 +25,7 @@ from sendqueue.domain.models import (
     utc,
 )
 from sendqueue.domain.policy import SendingPolicy
+from sendqueue.domain.suppression import key_of_normalized
 
 __all__ = [
     "PendingEntry",
@@ -127,6 +130,9 @@ def task_doc(task: Task) -> dict[str, Any]:
         "moves": task.moves,
         "moved_reason": task.moved_reason,
         "reason": task.reason,
+        "outcome": None if task.outcome is None else TaskOutcome(task.outcome).value,
+        "outcome_detail": task.outcome_detail,
+        "outcome_at": None if task.outcome_at is None else time_key(task.outcome_at),
     }
 
 
@@ -141,6 +147,8 @@ def task_item(task: Task, version: int) -> dict[str, Any]:
         "gs": str_attr(f"{task.campaign_id}#{task.state.value}"),
         "gd": str_attr(task.state.value),
         "gt": str_attr(f"{time_key(task.send_at)}#{task.id}"),
+        # The address's compared form: the by_address index's key (FeedbackStore.tasks_for).
+        "ga": str_attr(key_of_normalized(task.email)),
         "d": str_attr(dumps(task_doc(task))),
     }
     if task.claimed_at is not None:
@@ -148,6 +156,9 @@ def task_item(task: Task, version: int) -> dict[str, Any]:
     if task.reason is not None:
         # Filtered on when counting a campaign's suppressed tasks.
         item["rs"] = str_attr(task.reason)
+    if task.outcome is not None:
+        # Read when counting a campaign's outcomes (without parsing ``d``).
+        item["oc"] = str_attr(TaskOutcome(task.outcome).value)
     return item
 
 
@@ -177,6 +188,10 @@ def task_from_item(item: Mapping[str, Any]) -> tuple[Task, int]:
         moves=doc.get("moves", 0),
         moved_reason=doc.get("moved_reason"),
         reason=doc.get("reason"),
+        # Items written before outcomes existed have none.
+        outcome=None if doc.get("outcome") is None else TaskOutcome(doc["outcome"]),
+        outcome_detail=doc.get("outcome_detail"),
+        outcome_at=parse_opt_time(doc.get("outcome_at")),
     )
     return task, int(item["v"]["N"])
 
@@ -194,6 +209,8 @@ def campaign_item(campaign: Campaign, recipient_key: str) -> dict[str, Any]:
         "checkpoint": None if campaign.checkpoint is None else dict(campaign.checkpoint),
         "created_at": time_key(campaign.created_at),
         "updated_at": time_key(campaign.updated_at),
+        "stop_on_reply": StopOnReply(campaign.stop_on_reply).value,
+        "unsubscribe_footer": bool(campaign.unsubscribe_footer),
     }
     return {
         "pk": str_attr("campaign"),
@@ -218,6 +235,9 @@ def campaign_from_item(item: Mapping[str, Any]) -> Campaign:
         checkpoint=doc["checkpoint"],
         created_at=parse_time(doc["created_at"]),
         updated_at=parse_time(doc["updated_at"]),
+        # Items written before these options existed: the defaults.
+        stop_on_reply=StopOnReply(doc.get("stop_on_reply", StopOnReply.SENDER.value)),
+        unsubscribe_footer=bool(doc.get("unsubscribe_footer", False)),
     )
 
 

@@ -66,6 +66,7 @@ from sendqueue.adapters.dynamodb.codec import (
     str_attr,
     time_key,
 )
+from sendqueue.adapters.dynamodb.feedback import FeedbackItems
 from sendqueue.adapters.dynamodb.suppressions import SuppressionItems
 from sendqueue.adapters.dynamodb.table import (
     ITEM_BYTES,
@@ -94,9 +95,10 @@ from sendqueue.domain.models import (
 __all__ = ["DynamoDbTaskStore"]
 
 
-class DynamoDbTaskStore(TaskItems, SuppressionItems):
+class DynamoDbTaskStore(TaskItems, SuppressionItems, FeedbackItems):
     """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`,
-    :mod:`~sendqueue.adapters.dynamodb.suppressions`) on DynamoDB; see the module docstring."""
+    :mod:`~sendqueue.adapters.dynamodb.suppressions`; :class:`~sendqueue.ports.FeedbackStore`,
+    :mod:`~sendqueue.adapters.dynamodb.feedback`) on DynamoDB; see the module docstring."""
 
     # -- campaigns ---------------------------------------------------------------------------
     def create_campaign(self, campaign: Campaign, recipients: Iterable[Recipient]) -> None:

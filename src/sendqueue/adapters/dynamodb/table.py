@@ -21,9 +21,14 @@ key attributes are the contract with the template and must stay stable:
 ``counter``         name         a counter (``TaskStore.counter``): ``n`` its value (N)
 ``suppression``     address      a suppressed address (``SuppressionList``): ``rs`` its reason,
                                  ``task``, ``at``
+``SB#<address>``    message key  a transient bounce of the address (``FeedbackStore``): ``at``
+``cursor``          mailbox      a feedback mailbox's position: ``uv`` its UIDVALIDITY, ``uid``
 ==================  ===========  ==============================================================
 
-Global secondary indexes (projection ALL), all on task items:
+A task item also carries ``ga`` (its address's compared form, ``key_of_normalized``) and, once
+sent, ``oc`` (its outcome).
+
+Global secondary indexes, all on task items (projection ALL unless said):
 
 - ``by_campaign``: hash ``gc`` (campaign id, S), range ``gp`` (position, N): a campaign's tasks
   in position order (``list_tasks``).
@@ -31,6 +36,15 @@ Global secondary indexes (projection ALL), all on task items:
   S): a campaign's tasks in one state by send time (``transition_all``, ``count_tasks``,
   ``has_unfinished_tasks``).
 - ``due``: hash ``gd`` (state, S), range ``gt``: due and stale tasks across campaigns.
+- ``by_address``: hash ``ga`` (the address's compared form, S), range ``gt``, projection
+  KEYS_ONLY: an address's tasks across campaigns, newest first (``FeedbackStore.tasks_for``).
+
+Why an index and not an item per (address, task): DynamoDB keeps an index in step with every
+task write by itself, where an extra item would have to join each insert's and each
+reschedule's transaction (half as many tasks per transaction). Keys only, because its keys
+(``ga``, ``gt``) change only at insert and reschedule: a state change does not rewrite the
+index entry, and ``tasks_for`` reads the tasks themselves afterwards (consistently, so their
+state is current even while the index lags).
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ from typing import Any
 __all__ = [
     "ATTEMPTS",
     "GSI_NAMES",
+    "GSI_PROJECTIONS",
     "ITEM_BYTES",
     "LOG_MAX",
     "RETRYABLE",
@@ -54,8 +69,25 @@ GSI_NAMES: dict[str, tuple[str, str]] = {
     "by_campaign": ("gc", "gp"),
     "by_state": ("gs", "gt"),
     "due": ("gd", "gt"),
+    "by_address": ("ga", "gt"),
 }
-_KEY_TYPES = {"pk": "S", "sk": "S", "gc": "S", "gp": "N", "gs": "S", "gt": "S", "gd": "S"}
+#: Each index's projection (the template declares the same).
+GSI_PROJECTIONS: dict[str, str] = {
+    "by_campaign": "ALL",
+    "by_state": "ALL",
+    "due": "ALL",
+    "by_address": "KEYS_ONLY",
+}
+_KEY_TYPES = {
+    "pk": "S",
+    "sk": "S",
+    "gc": "S",
+    "gp": "N",
+    "gs": "S",
+    "gt": "S",
+    "gd": "S",
+    "ga": "S",
+}
 
 #: Items per TransactWriteItems (DynamoDB's limit is 100) and entries per log item.
 TXN_ITEMS = 100
@@ -102,7 +134,7 @@ def table_definition(name: str) -> dict[str, Any]:
                     {"AttributeName": hash_key, "KeyType": "HASH"},
                     {"AttributeName": range_key, "KeyType": "RANGE"},
                 ],
-                "Projection": {"ProjectionType": "ALL"},
+                "Projection": {"ProjectionType": GSI_PROJECTIONS[index]},
             }
             for index, (hash_key, range_key) in GSI_NAMES.items()
         ],

@@ -29,6 +29,7 @@ from sendqueue.domain.errors import (
     InvalidField,
 )
 from sendqueue.domain.lifecycle import (
+    TaskOutcome,
     TaskState,
     check_task_transition,
 )
@@ -43,10 +44,28 @@ from sendqueue.domain.models import (
     utc,
 )
 
-__all__ = ["TaskItems"]
+__all__ = ["TaskItems", "task_put"]
 
 #: What a transaction builder hands ``_with_log``: the writes and their log entries.
 _Built = tuple[list[dict[str, Any]], list[PendingEntry]]
+
+
+def task_put(table: str, task: Task, expected: TaskState, version: int) -> dict[str, Any]:
+    """The transaction item that writes ``task`` over the one read in ``expected`` state at
+    ``version`` (and bumps the version)."""
+    return {
+        "Put": {
+            "TableName": table,
+            "Item": task_item(task, version + 1),
+            # The state is the transition's compare-and-set; the version also catches any
+            # other write (a reschedule) between our read and this put.
+            "ConditionExpression": "st = :st AND v = :v",
+            "ExpressionAttributeValues": {
+                ":st": str_attr(expected.value),
+                ":v": num_attr(version),
+            },
+        }
+    }
 
 
 class TaskItems(TableClient):
@@ -158,6 +177,8 @@ class TaskItems(TableClient):
         check_task_transition(expected, new)
         at = utc(at)
         values = checked_changes(changes)
+        if values.get("outcome") is not None:
+            values["outcome"] = TaskOutcome(values["outcome"])
         result: list[Task] = []
 
         def build() -> tuple[list[dict[str, Any]], list[PendingEntry]] | None:
@@ -178,19 +199,7 @@ class TaskItems(TableClient):
             return result[0] if self._with_log(build) else None
 
     def _task_put(self, task: Task, expected: TaskState, version: int) -> dict[str, Any]:
-        return {
-            "Put": {
-                "TableName": self._table,
-                "Item": task_item(task, version + 1),
-                # The state is the transition's compare-and-set; the version also catches any
-                # other write (a reschedule) between our read and this put.
-                "ConditionExpression": "st = :st AND v = :v",
-                "ExpressionAttributeValues": {
-                    ":st": str_attr(expected.value),
-                    ":v": num_attr(version),
-                },
-            }
-        }
+        return task_put(self._table, task, expected, version)
 
     def transition_all(
         self,
