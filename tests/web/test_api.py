@@ -155,7 +155,7 @@ def test_create_from_json_renders_templates_with_row_variables(web: Web) -> None
     assert set(tasks[0]) == {
         "id", "position", "email", "name", "subject", "state", "send_at", "sent_at",
         "attempts", "message_id", "error", "planned_at", "moves", "moved_reason", "reason",
-        "paused", "late",
+        "outcome", "outcome_detail", "outcome_at", "paused", "late",
     }  # fmt: skip
 
 

@@ -54,11 +54,12 @@ def test_the_views_are_in_the_schema_with_their_json_names(web: Web) -> None:
     assert set(schemas["TaskView"]["properties"]) == {
         "id", "position", "email", "name", "subject", "state", "send_at", "sent_at",
         "attempts", "message_id", "error", "planned_at", "moves", "moved_reason", "reason",
-        "paused", "late",
+        "outcome", "outcome_detail", "outcome_at", "paused", "late",
     }  # fmt: skip
-    assert {"from", "counts", "next_send_at", "moved", "late", "suppressed"} <= set(
-        schemas["CampaignDetail"]["properties"]
-    )
+    assert {
+        "from", "counts", "next_send_at", "moved", "late", "suppressed", "outcomes",
+        "stop_on_reply", "unsubscribe_footer",
+    } <= set(schemas["CampaignDetail"]["properties"])  # fmt: skip
     assert set(schemas["DeadLetterView"]["properties"]) == {
         "id", "schedule", "group", "payload", "error", "attempts", "failed_at",
     }  # fmt: skip

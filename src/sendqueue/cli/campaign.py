@@ -27,7 +27,7 @@ from sendqueue.cli.common import (
 )
 from sendqueue.cli.render import plan_rows, print_plan, print_provision, provision_with_progress
 from sendqueue.domain.errors import InvalidField
-from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import check_cursor
 from sendqueue.services.importing import Templates
 from sendqueue.services.views import campaign_dict, task_list_dict
@@ -67,6 +67,21 @@ def campaign_create(
     html_file: Annotated[
         Path | None, typer.Option("--html-file", help="HTML body template file.")
     ] = None,
+    stop_on_reply: Annotated[
+        str,
+        typer.Option(
+            "--stop-on-reply",
+            help="When a recipient replies, cancel their unsent emails in every active campaign "
+            "of this sender (sender), in this campaign only (campaign), or none (off).",
+        ),
+    ] = "sender",
+    unsubscribe_footer: Annotated[
+        bool,
+        typer.Option(
+            "--unsubscribe-footer/--no-unsubscribe-footer",
+            help="Add a one-line unsubscribe footer to every email.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Import a CSV of recipients as a new draft campaign (all or nothing)."""
@@ -98,6 +113,8 @@ def campaign_create(
             reply_to=reply_to,
             templates=templates,
             limits=limits,
+            stop_on_reply=stop_on_reply,
+            unsubscribe_footer=unsubscribe_footer,
         )
         campaign = created.campaign
         data = campaign_dict(c.store, campaign)
@@ -111,10 +128,22 @@ def campaign_create(
             f"{created.imported.duplicates} duplicate(s) dropped"
         )
         out.print(f"policy: {campaign.policy.describe()}")
+        out.print(_options_line(data))
         out.print(
             f"next: sendqueue campaign preview {campaign.id}  |  "
             f"sendqueue campaign provision {campaign.id}"
         )
+
+
+def _options_line(data: dict[str, Any]) -> str:
+    """The campaign's feedback options as ``campaign create`` and ``show`` print them."""
+    footer = "on" if data["unsubscribe_footer"] else "off"
+    return f"stop on reply: {data['stop_on_reply']}  unsubscribe footer: {footer}"
+
+
+def _outcomes_line(outcomes: dict[str, int]) -> str:
+    """``accepted: 40  bounced: 2 ...``: the sent emails per outcome."""
+    return "outcomes: " + "  ".join(f"{k}: {v}" for k, v in outcomes.items())
 
 
 def _read_text(path: Path, field: str) -> str:
@@ -134,10 +163,11 @@ def campaign_list(as_json: JsonOpt = False) -> None:
         print_json(rows)
         return
     table = Table(title=f"{len(rows)} campaign(s)")
-    for col in ("id", "name", "state", "recipients", *[s.value for s in TaskState]):
-        table.add_column(
-            col, justify="right" if col[0].isupper() or col == "recipients" else "left"
-        )
+    # the outcomes other than accepted: what came back after sending
+    feedback = [o.value for o in TaskOutcome if o is not TaskOutcome.ACCEPTED]
+    for col in ("id", "name", "state", "recipients", *[s.value for s in TaskState], *feedback):
+        numeric = col[0].isupper() or col == "recipients" or col in feedback
+        table.add_column(col, justify="right" if numeric else "left")
     for r in rows:
         table.add_row(
             r["id"],
@@ -145,6 +175,7 @@ def campaign_list(as_json: JsonOpt = False) -> None:
             r["state"],
             str(r["recipients"]),
             *[str(r["counts"][s.value]) for s in TaskState],
+            *[str(r["outcomes"][name]) for name in feedback],
         )
     out.print(table)
 
@@ -170,6 +201,8 @@ def campaign_show(campaign_id: str, as_json: JsonOpt = False) -> None:
     out.print("  ".join(f"{k}: {v}" for k, v in data["counts"].items()))
     if data["suppressed"]:
         out.print(f"suppressed: {data['suppressed']} (cancelled: on the suppression list)")
+    out.print(_outcomes_line(data["outcomes"]))
+    out.print(_options_line(data))
 
 
 @campaign_app.command("preview")
@@ -297,7 +330,10 @@ def campaign_tasks(
         print_json(rows)
         return
     table = Table(title=f"{len(rows)} email(s)")
-    columns = ("id", "email", "state", "send_at", "sent_at", "attempts", "moves", "error/reason")
+    columns = (
+        "id", "email", "state", "send_at", "sent_at", "outcome", "attempts", "moves",
+        "error/reason",
+    )  # fmt: skip
     for col in columns:
         table.add_column(col)
     for r in rows:
@@ -307,6 +343,7 @@ def campaign_tasks(
             r["state"],
             "paused" if r["paused"] else r["send_at"] or "",
             (r["sent_at"] or "") + (" (late)" if r["late"] else ""),
+            r["outcome"] or "",
             str(r["attempts"]),
             f"{r['moves']}: {r['moved_reason']}" if r["moves"] else "",
             (r["error"] or r["reason"] or "")[:60],

@@ -1,15 +1,46 @@
-"""``sendqueue task``: act on a single email."""
+"""``sendqueue task``: look at or act on a single email."""
 
 from __future__ import annotations
 
 import typer
 
 from sendqueue.cli.common import JsonOpt, container, handle_errors, out, print_json
+from sendqueue.domain.errors import NotFound
+from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.services.views import task_dict
 
 __all__ = ["task_app"]
 
-task_app = typer.Typer(help="Act on a single email.", no_args_is_help=True)
+task_app = typer.Typer(help="Look at or act on a single email.", no_args_is_help=True)
+
+
+@task_app.command("show")
+@handle_errors
+def task_show(task_id: str, as_json: JsonOpt = False) -> None:
+    """One email: its state, times, error and outcome (what happened after sending)."""
+    with container() as c:
+        task = c.store.get_task(task_id)
+        if task is None:
+            raise NotFound("task", task_id)
+        paused = c.store.get_campaign(task.campaign_id).state is CampaignState.PAUSED
+    data = task_dict(task, campaign_paused=paused)
+    if as_json:
+        print_json(data)
+        return
+    out.print(f"{data['id']} ({data['email']}) is {data['state']}", markup=False)
+    out.print(f"subject: {data['subject']}", markup=False)
+    send_at = "paused" if data["paused"] else data["send_at"]
+    sent_at = (data["sent_at"] or "-") + (" (late)" if data["late"] else "")
+    out.print(f"send at: {send_at}  sent at: {sent_at}  attempts: {data['attempts']}")
+    if data["moves"]:
+        out.print(f"moved {data['moves']} time(s): {data['moved_reason'] or ''}", markup=False)
+    if data["error"] or data["reason"]:
+        out.print(f"error/reason: {data['error'] or data['reason']}", markup=False)
+    if data["outcome"]:
+        detail = f" ({data['outcome_detail']})" if data["outcome_detail"] else ""
+        out.print(f"outcome: {data['outcome']}{detail} at {data['outcome_at']}", markup=False)
+    else:
+        out.print("outcome: -")
 
 
 @task_app.command("cancel")

@@ -19,7 +19,12 @@ from typing import BinaryIO
 
 from sendqueue.domain.addresses import normalize_sender
 from sendqueue.domain.errors import IllegalTransition, InvalidField, NotFound
-from sendqueue.domain.lifecycle import CampaignState, TaskState, check_campaign_transition
+from sendqueue.domain.lifecycle import (
+    CampaignState,
+    StopOnReply,
+    TaskState,
+    check_campaign_transition,
+)
 from sendqueue.domain.models import (
     Campaign,
     Recipient,
@@ -105,6 +110,8 @@ class Draft:
     imported: CheckedImport
     """Counts and first addresses; the recipients are read again from the source on
     demand, so a stream source must stay open until the draft is created."""
+    stop_on_reply: StopOnReply = StopOnReply.SENDER
+    unsubscribe_footer: bool = False
 
 
 class CampaignService:
@@ -136,12 +143,15 @@ class CampaignService:
         reply_to: str | None = None,
         templates: Templates | None = None,
         limits: ImportLimits | None = None,
+        stop_on_reply: StopOnReply | str = StopOnReply.SENDER,
+        unsubscribe_footer: bool = False,
     ) -> Draft:
         """Check a new campaign without writing anything.
 
         The recipients come either as a CSV (``recipients``: bytes, a path or a binary stream)
-        or as mappings (``rows``, see :func:`parse_recipient_rows`). Raises InvalidField /
-        InvalidInput.
+        or as mappings (``rows``, see :func:`parse_recipient_rows`). ``stop_on_reply`` is a
+        :class:`StopOnReply` or its spelling in any case; ``unsubscribe_footer`` a bool. Raises
+        InvalidField / InvalidInput.
         """
         if (recipients is None) == (rows is None):
             raise TypeError("give either recipients (CSV) or rows")
@@ -158,6 +168,9 @@ class CampaignService:
             )
         sender = normalize_sender(from_addr or self._config.default_from, "from")
         reply = normalize_sender(reply_to, "reply_to") if reply_to else None
+        scope = StopOnReply.parse(stop_on_reply, field="stop_on_reply")
+        if not isinstance(unsubscribe_footer, bool):
+            raise InvalidField("unsubscribe_footer", unsubscribe_footer, "true or false")
         if rows is not None:
             imported = check_rows(
                 rows, templates=templates or Templates(), limits=limits or ImportLimits()
@@ -169,7 +182,7 @@ class CampaignService:
             )
         if not imported.count:
             raise InvalidField("recipients", imported.rows, "the file has no recipient rows")
-        return Draft(clean_name, sender, reply, imported)
+        return Draft(clean_name, sender, reply, imported, scope, unsubscribe_footer)
 
     def create(
         self,
@@ -181,6 +194,8 @@ class CampaignService:
         reply_to: str | None = None,
         templates: Templates | None = None,
         limits: ImportLimits | None = None,
+        stop_on_reply: StopOnReply | str = StopOnReply.SENDER,
+        unsubscribe_footer: bool = False,
     ) -> CreatedCampaign:
         """Validate everything, then store the campaign and its recipients whole, as a draft.
 
@@ -193,6 +208,8 @@ class CampaignService:
             reply_to=reply_to,
             templates=templates,
             limits=limits,
+            stop_on_reply=stop_on_reply,
+            unsubscribe_footer=unsubscribe_footer,
         )
         return self.create_draft(draft, policy)
 
@@ -206,6 +223,8 @@ class CampaignService:
         reply_to: str | None = None,
         templates: Templates | None = None,
         limits: ImportLimits | None = None,
+        stop_on_reply: StopOnReply | str = StopOnReply.SENDER,
+        unsubscribe_footer: bool = False,
     ) -> CreatedCampaign:
         """:meth:`create` with the recipients as mappings (the API's JSON rows)."""
         draft = self.validate(
@@ -215,6 +234,8 @@ class CampaignService:
             reply_to=reply_to,
             templates=templates,
             limits=limits,
+            stop_on_reply=stop_on_reply,
+            unsubscribe_footer=unsubscribe_footer,
         )
         return self.create_draft(draft, policy)
 
@@ -228,6 +249,8 @@ class CampaignService:
             from_addr=draft.from_addr,
             reply_to=draft.reply_to,
             imported=draft.imported,
+            stop_on_reply=draft.stop_on_reply,
+            unsubscribe_footer=draft.unsubscribe_footer,
         )
 
     def create_from_recipients(
@@ -240,6 +263,8 @@ class CampaignService:
         from_addr: str,
         reply_to: str | None,
         imported: CheckedImport,
+        stop_on_reply: StopOnReply = StopOnReply.SENDER,
+        unsubscribe_footer: bool = False,
     ) -> CreatedCampaign:
         """Store ``count`` recipients, streamed into the store in chunks (all or nothing)."""
         self.check_plannable(policy, count)
@@ -253,6 +278,8 @@ class CampaignService:
             recipient_count=count,
             created_at=now,
             updated_at=now,
+            stop_on_reply=stop_on_reply,
+            unsubscribe_footer=unsubscribe_footer,
         )
         self._store.create_campaign(campaign, recipients)
         stored = self._store.get_campaign(campaign.id)

@@ -13,10 +13,10 @@ from typing import Annotated, Any, cast, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter, Task
 from sendqueue.domain.suppression import Suppression
-from sendqueue.ports import SuppressionList, TaskStore
+from sendqueue.ports import FeedbackStore, SuppressionList, TaskStore
 
 __all__ = [
     "LATE_SECONDS",
@@ -29,6 +29,7 @@ __all__ = [
     "TaskView",
     "campaign_dict",
     "campaign_moves",
+    "campaign_outcomes",
     "campaign_suppressed",
     "change_dict",
     "dead_letter_dict",
@@ -84,6 +85,17 @@ class CampaignView(_View):
     suppressed: int = Field(
         description="emails cancelled because their address is on the suppression list"
     )
+    outcomes: dict[str, int] = Field(
+        description="sent emails per outcome (accepted, bounced, complained, replied, "
+        "unsubscribed), every outcome named"
+    )
+    stop_on_reply: str = Field(
+        description="which Pending emails of a recipient a reply cancels: sender (every "
+        "active campaign of the same From), campaign (this one) or off"
+    )
+    unsubscribe_footer: bool = Field(
+        description="whether every email gets a one-line unsubscribe footer"
+    )
     checkpoint: dict[str, Any] | None
     created_at: IsoTime
     updated_at: IsoTime
@@ -95,14 +107,18 @@ class CampaignView(_View):
         counts: Mapping[TaskState, int],
         moves: tuple[int, int],
         suppressed: int,
+        outcomes: Mapping[TaskOutcome, int],
     ) -> dict[str, Any]:
         """The field values of ``campaign`` (for subclasses that add their own); ``moves`` is
         ``TaskStore.count_moves`` (moved, late), ``suppressed`` the count of
-        :func:`campaign_suppressed`."""
+        :func:`campaign_suppressed`, ``outcomes`` that of :func:`campaign_outcomes`."""
         return {
             "moved": moves[0],
             "late": moves[1],
             "suppressed": suppressed,
+            "outcomes": {outcome.value: outcomes.get(outcome, 0) for outcome in TaskOutcome},
+            "stop_on_reply": campaign.stop_on_reply.value,
+            "unsubscribe_footer": campaign.unsubscribe_footer,
             "id": campaign.id,
             "name": campaign.name,
             "state": campaign.state.value,
@@ -125,8 +141,9 @@ class CampaignView(_View):
         counts: Mapping[TaskState, int],
         moves: tuple[int, int],
         suppressed: int,
+        outcomes: Mapping[TaskOutcome, int],
     ) -> CampaignView:
-        return cls(**cls.fields_of(campaign, counts, moves, suppressed))
+        return cls(**cls.fields_of(campaign, counts, moves, suppressed, outcomes))
 
     @classmethod
     def read(cls, store: TaskStore, campaign: Campaign) -> CampaignView:
@@ -136,7 +153,14 @@ class CampaignView(_View):
             store.count_tasks(campaign.id),
             campaign_moves(store, campaign),
             campaign_suppressed(store, campaign),
+            campaign_outcomes(store, campaign),
         )
+
+
+def campaign_outcomes(store: TaskStore, campaign: Campaign) -> dict[TaskOutcome, int]:
+    """The campaign's sent emails per outcome (every task store keeps the outcomes,
+    :class:`~sendqueue.ports.FeedbackStore`)."""
+    return cast(FeedbackStore, store).count_outcomes(campaign.id)
 
 
 def campaign_suppressed(store: TaskStore, campaign: Campaign) -> int:
@@ -170,6 +194,14 @@ class TaskView(_View):
     moves: int = Field(description="how many times it was moved to another slot")
     moved_reason: str | None = Field(description='why it last moved, e.g. "transient: 421 ..."')
     reason: str | None = Field(description='why it was cancelled, e.g. "suppressed: bounced"')
+    outcome: str | None = Field(
+        description="what happened after sending: null until sent, then accepted, bounced, "
+        "complained, replied or unsubscribed"
+    )
+    outcome_detail: str | None = Field(
+        description='what the feedback said, e.g. "5.1.1 smtp; 550 5.1.1 user unknown"'
+    )
+    outcome_at: IsoTime | None = Field(description="when the outcome was last set")
     paused: bool = Field(description="Pending in a paused campaign: no send time until resume")
     late: bool = Field(description=f"sent more than {LATE_SECONDS} s after its send time")
 
@@ -193,6 +225,9 @@ class TaskView(_View):
             moves=task.moves,
             moved_reason=task.moved_reason,
             reason=task.reason,
+            outcome=task.outcome.value if task.outcome is not None else None,
+            outcome_detail=task.outcome_detail,
+            outcome_at=iso(task.outcome_at),
             paused=paused,
             late=is_late(task),
         )
@@ -291,7 +326,8 @@ def dead_letter_dict(letter: DeadLetter) -> dict[str, Any]:
 #: The keys ``campaign tasks --json`` lists, in order: a task without position, name and subject.
 TASK_LIST_KEYS = (
     "id", "email", "state", "send_at", "sent_at", "attempts", "message_id", "error",
-    "planned_at", "moves", "moved_reason", "reason", "paused", "late",
+    "planned_at", "moves", "moved_reason", "reason", "outcome", "outcome_detail", "outcome_at",
+    "paused", "late",
 )  # fmt: skip
 
 

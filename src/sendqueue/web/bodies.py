@@ -13,12 +13,13 @@ from typing import Any, BinaryIO
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sendqueue.bootstrap import Container, import_limits
 from sendqueue.domain.errors import InvalidField, InvalidInput
+from sendqueue.domain.lifecycle import StopOnReply
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.services.campaigns import Draft
 from sendqueue.services.importing import Templates
@@ -74,7 +75,19 @@ class CampaignBody(BaseModel):
         default_factory=dict,
         description="timezone, per_day, weekdays, windows, start, skip_dates, jitter_seconds, seed",
     )
+    stop_on_reply: StopOnReply = Field(
+        StopOnReply.SENDER,
+        description="which Pending emails of a recipient a reply cancels: sender (every active "
+        "campaign of the same From), campaign (this one) or off",
+    )
+    unsubscribe_footer: StrictBool = Field(
+        False, description="add a one-line unsubscribe footer to every email"
+    )
 
+
+# A checkbox's spellings (a browser sends "on", or the input's value); anything else is refused.
+_FLAG_VALUES = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False,
+                "no": False, "0": False}  # fmt: skip
 
 _FORM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -97,6 +110,12 @@ _FORM_SCHEMA: dict[str, Any] = {
         "skip_dates": {"type": "array", "items": {"type": "string", "format": "date"}},
         "jitter_seconds": {"type": "integer"},
         "seed": {"type": "integer"},
+        "stop_on_reply": {"type": "string", "enum": [s.value for s in StopOnReply]},
+        "unsubscribe_footer": {
+            "type": "string",
+            "enum": sorted(_FLAG_VALUES),
+            "description": "a checkbox: true, on, yes or 1 adds the footer; left out, off",
+        },
     },
 }  # fmt: skip
 
@@ -122,6 +141,8 @@ class NewCampaign:
     policy: SendingPolicy
     rows: list[Any] | None = None
     csv: BinaryIO | None = None
+    stop_on_reply: StopOnReply | str = StopOnReply.SENDER
+    unsubscribe_footer: bool = False
 
 
 def _policy(data: dict[str, Any], settings: Settings) -> SendingPolicy:
@@ -153,6 +174,17 @@ def _number(form: FormData, name: str) -> int | None:
         return int(value.strip())
     except ValueError as exc:
         raise InvalidField(name, value, "expected a whole number") from exc
+
+
+def _flag(form: FormData, name: str) -> bool:
+    """A checkbox: left out (or empty) is off."""
+    value = _text(form, name)
+    if value is None:
+        return False
+    flag = _FLAG_VALUES.get(value.strip())
+    if flag is None:
+        raise InvalidField(name, value, "a checkbox: true or false (on or off)")
+    return flag
 
 
 def _listed(form: FormData, name: str) -> list[str] | None:
@@ -198,6 +230,9 @@ def _from_form(form: FormData, settings: Settings) -> NewCampaign:
         ),
         policy=policy,
         csv=upload.file,
+        # the service parses the scope, so a bad one is named like any other field
+        stop_on_reply=_text(form, "stop_on_reply") or StopOnReply.SENDER,
+        unsubscribe_footer=_flag(form, "unsubscribe_footer"),
     )
 
 
@@ -272,6 +307,8 @@ def _from_json(raw: bytes, settings: Settings) -> NewCampaign:
         ),
         policy=_policy(body.policy, settings),
         rows=body.recipients,
+        stop_on_reply=body.stop_on_reply,
+        unsubscribe_footer=body.unsubscribe_footer,
     )
 
 
@@ -330,5 +367,7 @@ def validate(container: Container, new: NewCampaign) -> Draft:
         reply_to=new.reply_to,
         templates=new.templates,
         limits=limits,
+        stop_on_reply=new.stop_on_reply,
+        unsubscribe_footer=new.unsubscribe_footer,
     )
     return draft

@@ -19,7 +19,13 @@ from sendqueue.domain.planner import DaySummary, per_day_summary, plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.campaigns import PlanSummary, iter_tasks
-from sendqueue.services.views import CampaignView, campaign_moves, campaign_suppressed, iso
+from sendqueue.services.views import (
+    CampaignView,
+    campaign_moves,
+    campaign_outcomes,
+    campaign_suppressed,
+    iso,
+)
 from sendqueue.web.schemas import CampaignDetail, Plan, PlanDay, PlanSend
 
 __all__ = [
@@ -59,6 +65,7 @@ def campaign_view(store: TaskStore, campaign: Campaign) -> CampaignDetail:
         store.count_tasks(campaign.id),
         campaign_moves(store, campaign),
         campaign_suppressed(store, campaign),
+        campaign_outcomes(store, campaign),
     )
     return CampaignDetail(**fields, next_send_at=iso(next_send_at(store, campaign)))
 

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from sendqueue.domain.errors import InfrastructureError, InvalidField, NotFound
-from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.policy import WEEKDAY_NAMES
 from sendqueue.domain.suppression import SuppressionReason
@@ -30,6 +30,7 @@ from sendqueue.services.views import (
     SuppressionView,
     TaskView,
     campaign_moves,
+    campaign_outcomes,
     campaign_suppressed,
     iso,
 )
@@ -73,10 +74,30 @@ def _total(campaign: Campaign, counts: Mapping[TaskState, int]) -> int:
     return max(campaign.recipient_count, sum(counts.values()))
 
 
+# What the list and the campaign page say of a campaign's stop-on-reply option.
+STOP_ON_REPLY_TEXT = {
+    StopOnReply.SENDER: "every campaign from this sender",
+    StopOnReply.CAMPAIGN: "this campaign only",
+    StopOnReply.OFF: "off (a reply is only recorded)",
+}
+
+
+def outcomes_text(outcomes: Mapping[str, int]) -> str:
+    """``"2 bounced, 1 replied"``: the outcomes other than accepted that some email has, or
+    "" (campaigns.js writes the same)."""
+    return ", ".join(
+        f"{outcomes.get(o.value, 0)} {o.value}"
+        for o in TaskOutcome
+        if o is not TaskOutcome.ACCEPTED and outcomes.get(o.value, 0)
+    )
+
+
 def _summary(store: TaskStore, campaign: Campaign) -> dict[str, Any]:
     """What the list and the campaign page show about one campaign."""
     counts = store.count_tasks(campaign.id)
     by_name = {state.value: counts.get(state, 0) for state in TaskState}
+    found = campaign_outcomes(store, campaign)
+    outcomes = {outcome.value: found.get(outcome, 0) for outcome in TaskOutcome}
     total = _total(campaign, counts)
     final = sum(counts.get(s, 0) for s in _FINAL_STATES)
     zone = campaign.policy.zone
@@ -84,6 +105,8 @@ def _summary(store: TaskStore, campaign: Campaign) -> dict[str, Any]:
     return {
         "campaign": campaign,
         "counts": by_name,
+        "outcomes": outcomes,
+        "outcomes_text": outcomes_text(outcomes),
         "total": total,
         "final": final,
         "percent": final * 100 // total if total else 0,
@@ -122,6 +145,7 @@ def new_campaign_page(request: Request, c: ContainerDep) -> Response:
         default_from=settings.default_from,
         timezones=_timezones(),
         weekdays=WEEKDAY_NAMES,
+        stop_on_reply=[(scope.value, STOP_ON_REPLY_TEXT[scope]) for scope in StopOnReply],
         max_upload_mb=max(1, settings.max_upload_bytes // (1024 * 1024)),
         empty_chart=day_chart([]),
     )
@@ -148,6 +172,7 @@ def _task_row(task: Task, zone: ZoneInfo, *, campaign_paused: bool) -> dict[str,
         sent_at=local_time(task.sent_at, zone) + (" (late)" if view.late else ""),
         moved=moved_text(task.moves, task.moved_reason),
         error=task.error or task.reason or "",
+        outcome_at=local_time(task.outcome_at, zone),
     )
     return row
 
@@ -201,6 +226,8 @@ def campaign_page(
             moved=moved,
             late=late,
             suppressed=suppressed,
+            stop_on_reply_text=STOP_ON_REPLY_TEXT[campaign.stop_on_reply],
+            outcome_names=[o.value for o in TaskOutcome],
             next_cursor=page[-1].position if more and page else None,
             cursor=cursor,
             filter_state=wanted.value if wanted else "",

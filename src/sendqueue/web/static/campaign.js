@@ -74,6 +74,8 @@
       send_at: task.paused ? "paused" : sq.formatTime(task.send_at, timeZone),
       // sent more than a minute after its send time: marked late
       sent_at: sq.formatTime(task.sent_at, timeZone) + (task.late ? " (late)" : ""),
+      // what happened after sending: "bounced: 5.1.1 smtp; 550 user unknown"
+      outcome: (task.outcome || "") + (task.outcome && task.outcome_detail ? ": " + task.outcome_detail : ""),
       attempts: String(task.attempts),
       moved: movedText(task.moves, task.moved_reason),
       // why it failed, or why it was cancelled ("suppressed: bounced")
@@ -125,7 +127,7 @@
       error: "error-text",
     };
     for (const field of ["position", "email", "name", "subject", "state", "send_at", "sent_at",
-      "attempts", "moved", "error", "actions"]) {
+      "outcome", "attempts", "moved", "error", "actions"]) {
       tr.append(sq.el("td", { class: classes[field] || null, "data-field": field }));
     }
     return tr;
@@ -137,6 +139,18 @@
       sq.setText(tr.querySelector('[data-field="' + field + '"]'), text);
     }
     setRowState(tr, task.state);
+    setOutcomeData(tr, task.outcome, task.outcome_at);
+  }
+
+  /** The row's outcome as data (and a tooltip with its time); the text is the caller's. */
+  function setOutcomeData(tr, outcome, at) {
+    const cell = tr.querySelector('[data-field="outcome"]');
+    cell.dataset.outcome = outcome || "";
+    if (at) {
+      cell.setAttribute("title", "since " + sq.formatTime(at, timeZone));
+    } else {
+      cell.removeAttribute("title");
+    }
   }
 
   function rowById(taskId) {
@@ -244,6 +258,11 @@
       }
       const sum = Object.values(counts).reduce((n, v) => n + v, 0);
       sq.updateProgress(document.getElementById("campaign-progress"), counts, Math.max(c.recipients || 0, sum));
+    }
+    if (c.outcomes) {
+      for (const node of document.querySelectorAll("[data-outcome-count]")) {
+        sq.setText(node, c.outcomes[node.dataset.outcomeCount] || 0);
+      }
     }
     for (const key of ["moved", "late", "suppressed"]) {
       if (key in c) {
@@ -501,7 +520,17 @@
     } catch (exc) {
       return;
     }
-    if (data.task_id) {
+    const outcome = outcomeOf(data);
+    if (data.task_id && outcome) {
+      // An outcome change of a sent email (its state stays): show it in the row now; its
+      // detail and the outcome counts come with the refetch below.
+      const tr = rowById(data.task_id);
+      if (tr) {
+        sq.setText(tr.querySelector('[data-field="outcome"]'), outcome);
+        setOutcomeData(tr, outcome, data.at);
+        rowMarks.set(data.task_id, eventId || lastEventId);
+      }
+    } else if (data.task_id) {
       // An event applies to the state it was made from, like the store's compare-and-set:
       // a row that already shows a later state (from a refetch) is not moved back by it.
       const tr = rowById(data.task_id);
@@ -522,6 +551,13 @@
       updateActions();
     }
     refreshSoon();
+  }
+
+  /** The outcome an outcome-change entry sets (from == to, note "outcome: bounced"), or null
+   * for any other entry (domain/feedback.py writes the note). */
+  function outcomeOf(data) {
+    const match = /^outcome: ([a-z]+)$/.exec(data.note || "");
+    return data.from && data.from === data.to && match ? match[1] : null;
   }
 
   // a stream that says nothing past the heartbeat is as good as gone

@@ -45,12 +45,23 @@
       sq.setText(cell, value);
     }
     sq.updateProgress(tr.querySelector("[data-progress]"), counts, Math.max(campaign.recipients || 0, sum));
+    if (campaign.outcomes) {
+      sq.setText(tr.querySelector('[data-field="outcomes"]'), outcomesText(campaign.outcomes) || "—");
+    }
     if ("next_send_at" in campaign) {
       const time = tr.querySelector('[data-field="next_send"] time');
       time.setAttribute("datetime", campaign.next_send_at || "");
       sq.setText(time, campaign.next_send_at
         ? sq.formatTime(campaign.next_send_at, tr.dataset.timezone || "UTC") : "—");
     }
+  }
+
+  // as pages.py's outcomes_text: "2 bounced, 1 replied" (accepted is the rest)
+  function outcomesText(outcomes) {
+    return ["bounced", "complained", "replied", "unsubscribed"]
+      .filter((name) => outcomes[name])
+      .map((name) => outcomes[name] + " " + name)
+      .join(", ");
   }
 
   async function poll() {
