@@ -235,6 +235,16 @@ def test_a_reply_without_headers_counts_only_from_an_address_with_pending_emails
     assert applied.task_id == sent.id and applied.cancelled == (pending.id,)
 
 
+def test_the_senders_own_message_in_the_thread_is_no_reply(world: World) -> None:
+    world.campaign(C1)
+    sent = world.task(C1, 0, "ann@example.com", sent=True)
+    pending = world.task(C1, 1, "ann@example.com", sent=False)
+    own = Feedback(K.REPLY, T0, task_id=sent.id, recipient="SALES@example.com")
+    assert world.service.apply(own).ignored
+    assert world.state(sent.id).outcome is TaskOutcome.ACCEPTED
+    assert world.state(pending.id).state is TaskState.PENDING
+
+
 def test_replies_suppress_when_configured(world: World) -> None:
     service = FeedbackService(
         world.store, world.store, world.store, world.clock, suppress_replies=True

@@ -148,9 +148,12 @@ class FeedbackService:
             if not pending:
                 return Applied(item.kind, ignored="not a reply to an email sendqueue sent")
             task = self._newest(key, (TaskState.FINISHED,))
-        outcome_set = self._set_outcome(item, task)
         campaign_id = task.campaign_id if task is not None else pending[0].campaign_id
         campaign = self._store.get_campaign(campaign_id)
+        if item.recipient and _sender_key(item.recipient) == _sender_key(campaign.from_addr):
+            # the sender writing in its own thread (a follow-up by hand, a copy to itself)
+            return Applied(item.kind, ignored="a message from the campaign's own sender")
+        outcome_set = self._set_outcome(item, task)
         in_scope = self._reply_scope(campaign)
         cancelled = self._cancel([t for t in pending if in_scope(t)], REPLIED_REASON)
         suppressed = (
