@@ -306,6 +306,22 @@ def test_the_newest_of_our_references_names_the_task() -> None:
     assert summary(parse(raw)) == [(R, T + "3", "anna@example.org")]
 
 
+def test_in_reply_to_without_brackets_still_names_the_task() -> None:
+    raw = _REPLY.replace(
+        b"In-Reply-To: <c0a1b2c3d4e5f-2@shop.example.com>",
+        b"In-Reply-To: c0a1b2c3d4e5f-2@shop.example.com",
+    ).replace(b"References: <c0a1b2c3d4e5f-2@shop.example.com>\n", b"")
+    assert summary(parse(raw)) == [(R, T + "2", "anna@example.org")]
+
+
+def test_a_copy_of_an_email_sendqueue_sent_is_no_reply() -> None:
+    raw = _REPLY.replace(
+        b"Message-ID: <5b3e1f0a-77c2-4b1e-9a0e-2f9d1c0e4a11@example.org>",
+        b"Message-ID: <c0a1b2c3d4e5f-3@shop.example.com>",
+    )
+    assert parse(raw) == []
+
+
 @pytest.mark.parametrize("raw", [b"", b"\x00\xff garbage", b"Subject: hi\n\nno sender\n"])
 def test_what_is_no_feedback_gives_nothing(raw: bytes) -> None:
     assert parse(raw) == []

@@ -50,7 +50,15 @@ from sendqueue.domain.tokens import MIN_SECRET_LENGTH, verp_task
 __all__ = ["MAX_ITEMS", "MAX_REPORT", "parse_feedback"]
 
 # Where a report's own headers may name the address it was delivered to (a VERP address).
-_DELIVERED_TO = ("to", "delivered-to", "x-original-to", "envelope-to", "x-envelope-to", "cc")
+_DELIVERED_TO = (
+    "to",
+    "delivered-to",
+    "x-original-to",
+    "envelope-to",
+    "x-envelope-to",
+    "return-path",
+    "cc",
+)
 _STATUS = re.compile(r"\b([245])\.(\d{1,3})\.(\d{1,3})\b")
 _REPLY_CODE = re.compile(r"(?<![\d.])([245])\d\d(?![\d.])")
 _TASK_ID = re.compile(r"c[0-9a-f]{12}-[0-9]{1,9}")
