@@ -187,7 +187,8 @@ tasks = sa.Table(
     sa.Column("outcome_detail", sa.Text, nullable=True),
     sa.Column("outcome_at", UtcDateTime, nullable=True),
     # The address's compared form, key_of_normalized(email) (casefold, which SQL's lower() is
-    # not), written at insert: FeedbackStore.tasks_for reads it through its index.
+    # not), written at insert: FeedbackStore.tasks_for reads it through its index. Nullable
+    # so that 0006 adds it in place (no table copy) before filling every row.
     sa.Column("email_key", sa.String(320), nullable=True),
     # list_tasks / count_tasks: one campaign's tasks in a state, in position order.
     sa.Index("ix_tasks_campaign_id_state_position", "campaign_id", "state", "position"),
