@@ -389,6 +389,7 @@ class Container:
             self.clock,
             # lazy: the scheduler is opened only when a cancel has schedules to delete
             delete_schedules=lambda names: self.writer.delete_many(names),
+            suppress_replies=self.settings.suppress_replies,
         )
 
     @cached_property

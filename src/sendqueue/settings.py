@@ -253,6 +253,11 @@ class Settings(WebServerSettings):
         description="the feedback mailbox (bounces, complaints, replies): "
         "imap://user:pass@host:143/INBOX?security=starttls|tls|none or imaps://",
     )
+    suppress_replies: bool = Field(
+        False,
+        description="also put an address that replied on the suppression list (reason "
+        "replied): one conversation per recipient, ever",
+    )
     feedback_interval: float = Field(
         60.0, ge=1, le=86400, description="seconds between two polls of the feedback mailbox"
     )

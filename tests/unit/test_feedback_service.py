@@ -32,7 +32,7 @@ from sendqueue.services.feedback import REPLIED_REASON, FeedbackService
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore
 from sendqueue.testing.tasks import bare_task
-from tests.support.app import T0, open_policy
+from tests.support.app import T0, fake_app, open_policy
 
 SECRET = "s" * 40
 K = FeedbackKind
@@ -246,9 +246,8 @@ def test_the_senders_own_message_in_the_thread_is_no_reply(world: World) -> None
 
 
 def test_replies_suppress_when_configured(world: World) -> None:
-    service = FeedbackService(
-        world.store, world.store, world.store, world.clock, suppress_replies=True
-    )
+    app = fake_app(store=world.store, clock=world.clock, suppress_replies=True)
+    service = app.feedback
     world.campaign(C1)
     sent = world.task(C1, 0, "ann@example.com", sent=True)
     assert service.apply(Feedback(K.REPLY, T0, task_id=sent.id)).suppressed
