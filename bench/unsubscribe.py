@@ -9,8 +9,10 @@ after the feedback service has listed the address and cancelled its Pending emai
 answer is checked afterwards: each address listed, each other email Cancelled with the reason
 "suppressed: unsubscribed".
 
-The task store is the in-memory one: the SQL stores' FeedbackStore side (outcomes, the tasks of
-an address) is not written yet. Run: ``python -m bench.unsubscribe [--recipients N]``.
+``store`` is ``memory`` (the in-memory store, the route's own cost), ``sqlite`` (a file in a
+temporary directory, the embedded default) or ``postgres`` (a fresh database on the server of
+bench.common, dropped afterwards). Run:
+``python -m bench.unsubscribe [--recipients N] [--store memory|sqlite|postgres ...]``.
 """
 
 from __future__ import annotations
@@ -53,9 +55,27 @@ def _campaign(app: Any, count: int, start: datetime, name: str) -> str:
     return cid
 
 
-def run(recipients: int = 200, others: int = 2) -> dict[str, Any]:
+def run(recipients: int = 200, others: int = 2, store: str = "memory") -> dict[str, Any]:
+    """One measurement on ``store`` (see the module's docstring)."""
+    import tempfile
+
+    from bench.common import postgres_database
+
+    if store == "memory":
+        return _run(recipients, others, None, store)
+    if store == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="sq-bench-unsub-") as home:
+            return _run(recipients, others, f"sqlite:///{home}/store.db", store)
+    if store == "postgres":
+        with postgres_database() as url:
+            return _run(recipients, others, url, store)
+    raise ValueError(f"store: expected memory, sqlite or postgres, not {store!r}")
+
+
+def _run(recipients: int, others: int, url: str | None, store_name: str) -> dict[str, Any]:
     import httpx
 
+    from sendqueue.adapters.sql import open_store
     from sendqueue.bootstrap import bootstrap
     from sendqueue.domain.lifecycle import TaskState
     from sendqueue.settings import Settings
@@ -78,7 +98,7 @@ def run(recipients: int = 200, others: int = 2) -> dict[str, Any]:
     app = bootstrap(
         settings,
         clock=clock,
-        store=InMemoryTaskStore(),
+        store=InMemoryTaskStore() if url is None else open_store(url),
         scheduler=scheduler,
         mailer=RecordingMailer(),
     )
@@ -131,7 +151,7 @@ def run(recipients: int = 200, others: int = 2) -> dict[str, Any]:
         "median_ms": round(summary.median, 2),
         "p99_ms": round(percentile(ms, 0.99), 2),
         "max_ms": round(summary.max, 2),
-        "store": "in-memory",
+        "store": store_name,
     }
 
 
@@ -139,8 +159,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipients", type=int, default=200)
     parser.add_argument("--others", type=int, default=2)
+    parser.add_argument(
+        "--store",
+        action="append",
+        choices=("memory", "sqlite", "postgres"),
+        help="the task store (repeatable: measured one after the other; default memory)",
+    )
     args = parser.parse_args()
-    print(json.dumps(run(args.recipients, args.others), indent=2))
+    results = [run(args.recipients, args.others, store) for store in args.store or ["memory"]]
+    print(json.dumps(results if len(results) > 1 else results[0], indent=2))
 
 
 if __name__ == "__main__":
