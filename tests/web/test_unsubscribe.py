@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from email.utils import parseaddr
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 from fastapi import FastAPI
@@ -353,3 +353,23 @@ def test_behind_a_trusted_proxy_the_rate_is_per_forwarded_client() -> None:
         server.should_exit = True
         thread.join(20)
         container.close()
+
+
+def test_the_button_posts_back_to_the_link_under_a_public_url_with_a_path(
+    make_site: Callable[..., Site],
+) -> None:
+    # Red team: SENDQUEUE_PUBLIC_URL may carry a path (https://example.com/mail); the reverse
+    # proxy strips it and forwards /u/<token>. The button must post to the link the reader
+    # opened, not to /u/<token> at the site's root, where nothing answers.
+    site = make_site(public_url="https://mail.example.com/sq")
+    _, sent = site.campaign()
+    links = site.container.config.unsubscribe
+    assert links is not None
+    link = links.url(sent[0].id)
+    assert urlsplit(link).path.startswith("/sq/u/")
+    forwarded = urlsplit(link).path.removeprefix("/sq")  # what the proxy passes on
+    page = site.client.get(forwarded)
+    assert page.status_code == 200, page.text
+    action = re.search(r'<form method="post" action="([^"]*)">', page.text)
+    assert action is not None
+    assert urljoin(link, action.group(1)) == link
