@@ -131,3 +131,27 @@ def test_a_dropped_connection_is_reopened_by_the_next_fetch(dovecot: Dovecot) ->
         assert [m.uid for m in source.fetch((uidvalidity, 2))[1]] == [3]
     finally:
         source.close()
+
+
+def test_a_huge_message_is_read_only_to_a_bound(dovecot: Dovecot) -> None:
+    # Red team: the senders' mailboxes hold replies with attachments of tens of megabytes; a
+    # batch of 100 of them fetched whole would hold gigabytes. Feedback needs the first part
+    # of a message only (headers, the report parts): the source reads each to a bound.
+    attachment = b"A" * 76 + b"\r\n"
+    big = _message(0).replace(b"body 0\r\n", b"Hi, see the attachment.\r\n" + attachment * 200_000)
+    assert len(big) > 15_000_000
+    client = _client(dovecot)
+    try:
+        client.append("INBOX", big)
+    finally:
+        client.logout()
+    source = ImapFeedbackSource.from_url(dovecot.url)
+    try:
+        _, [message] = source.fetch(None)
+    finally:
+        source.close()
+    assert len(message.raw) <= 2 * 1024 * 1024  # not the 15 MB
+    assert message.raw == big[: len(message.raw)]  # the start, headers first
+    from sendqueue.adapters.imap.source import MAX_MESSAGE_BYTES
+
+    assert len(message.raw) == MAX_MESSAGE_BYTES

@@ -254,3 +254,22 @@ def test_a_cancel_by_feedback_deletes_the_schedules_of_the_cancelled_tasks() -> 
     task = app.store.get_task(f"{later}-0")
     assert task is not None and task.state is TaskState.CANCELLED
     assert scheduler.list(schedule_group(later)) == []
+
+
+def test_a_new_uidvalidity_does_not_count_the_same_transient_bounces_again() -> None:
+    # Red team: two transient bounces of one address, then the mailbox is re-created (a new
+    # UIDVALIDITY, the same two messages numbered anew). Still two bounces: below the limit of
+    # three, the address must not be suppressed.
+    box = InMemoryMailbox()
+    app = _app(box)
+    cid = _sent(app, 1)
+    box.add(f"soft {cid}-0".encode())
+    box.add(f"soft {cid}-0".encode())
+    assert app.feedback_poller.poll().soft_bounces == 2
+    box.recreate()
+    app.feedback_poller.poll()
+    store = app.store
+    assert isinstance(store, InMemoryTaskStore)
+    assert store.list_suppressions() == []
+    [task] = store.list_tasks(cid)
+    assert task.outcome is TaskOutcome.ACCEPTED

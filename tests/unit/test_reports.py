@@ -283,6 +283,14 @@ def test_an_out_of_office_subject_means_no_reply(subject: str) -> None:
     assert parse(raw) == []
 
 
+def test_a_hyphenated_out_of_office_subject_means_no_reply() -> None:
+    # Red team: "Out-of-Office" (with hyphens, as several autoresponders write it) is as usual
+    # a marker as "Out of Office".
+    for subject in ("Out-of-Office: back on Monday", "Out-of-the-Office: Your December offers"):
+        raw = _REPLY.replace(b"Subject: Re: Your December offers", f"Subject: {subject}".encode())
+        assert parse(raw) == [], subject
+
+
 @pytest.mark.parametrize(
     "line",
     [

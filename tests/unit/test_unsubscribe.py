@@ -338,3 +338,45 @@ def test_a_genuine_token_of_an_unknown_task_or_without_links_is_not_found() -> N
     _, sent = _sent_campaign(unconfigured, count=1)
     with pytest.raises(NotFound):
         unconfigured.unsubscribe.unsubscribe(UnsubscribeLinks(PUBLIC, SECRET).token(sent[0].id))
+
+
+# --- red team (issue 14 review) -----------------------------------------------------------------
+
+
+def test_a_task_id_sendqueue_did_not_make_is_sent_without_verp_when_a_bounce_address_is_set(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The same hand-made id as above, now with SENDQUEUE_BOUNCE_ADDRESS: the VERP address is
+    # signed with the same token scheme, so it must not leave the task Running either.
+    mailer = RecordingMailer()
+    app = fake_app(mailer=mailer, bounce_address="bounces@example.com", **LINKS)
+    app.store.create_campaign(
+        Campaign(id="hand-made", name="x", policy=open_policy(), from_addr="n@example.com"),
+        [Recipient(0, "a@example.com", "A", "Hello", "Body", None, {})],
+    )
+    assert app.provisioner.provision("hand-made").status == "done"
+    with caplog.at_level(logging.ERROR, logger="sendqueue.services.worker"):
+        _send_due(app)
+    [message] = mailer.sent
+    assert message.envelope_from is None  # the From is the envelope sender
+    assert app.store.get_task("hand-made-0").state is TaskState.FINISHED  # type: ignore[union-attr]
+
+
+def test_an_urlencoded_unsubscribe_url_is_replaced_too() -> None:
+    # A template passing the link on to a redirect (?next={{ unsubscribe_url|urlencode }}):
+    # Jinja's urlencode quotes the ":" of the placeholder, which must still become the link.
+    mailer = RecordingMailer()
+    app = fake_app(mailer=mailer, **LINKS)
+    created = app.campaigns.create(
+        name="t",
+        recipients=b"email,name,subject\nuser0@example.com,User 0,Hello\n",
+        policy=open_policy(),
+        from_addr="News <n@example.com>",
+        templates=Templates(body="Leave: https://r.example/?next={{ unsubscribe_url|urlencode }}"),
+    )
+    assert app.provisioner.provision(created.campaign.id).status == "done"
+    _send_due(app)
+    [message] = mailer.sent
+    assert "sendqueue.invalid" not in message.text
+    token = sign_task(f"{created.campaign.id}-0", SECRET, TokenPurpose.UNSUBSCRIBE)
+    assert f"next=https%3A//mail.example.com/u/{token}" in message.text

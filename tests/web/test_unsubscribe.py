@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from email.utils import parseaddr
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 from fastapi import FastAPI
@@ -161,7 +161,8 @@ def test_get_shows_a_button_that_posts_and_never_unsubscribes(site: Site) -> Non
     assert "set-cookie" not in page.headers
     assert page.headers["cache-control"] == "no-store"
     html = page.text
-    assert f'<form method="post" action="{site.path(sent[0])}">' in html
+    token = site.path(sent[0]).removeprefix("/u/")
+    assert f'<form method="post" action="{token}">' in html  # relative: back to the link
     assert '<input type="hidden" name="List-Unsubscribe" value="One-Click">' in html
     assert "News &lt;news@example.com&gt;" in html
     # self-contained: the only style is inline, allowed by its hash; nothing else loads
@@ -353,3 +354,23 @@ def test_behind_a_trusted_proxy_the_rate_is_per_forwarded_client() -> None:
         server.should_exit = True
         thread.join(20)
         container.close()
+
+
+def test_the_button_posts_back_to_the_link_under_a_public_url_with_a_path(
+    make_site: Callable[..., Site],
+) -> None:
+    # Red team: SENDQUEUE_PUBLIC_URL may carry a path (https://example.com/mail); the reverse
+    # proxy strips it and forwards /u/<token>. The button must post to the link the reader
+    # opened, not to /u/<token> at the site's root, where nothing answers.
+    site = make_site(public_url="https://mail.example.com/sq")
+    _, sent = site.campaign()
+    links = site.container.config.unsubscribe
+    assert links is not None
+    link = links.url(sent[0].id)
+    assert urlsplit(link).path.startswith("/sq/u/")
+    forwarded = urlsplit(link).path.removeprefix("/sq")  # what the proxy passes on
+    page = site.client.get(forwarded)
+    assert page.status_code == 200, page.text
+    action = re.search(r'<form method="post" action="([^"]*)">', page.text)
+    assert action is not None
+    assert urljoin(link, action.group(1)) == link

@@ -45,7 +45,7 @@ _AUTO_PRECEDENCE = frozenset({"auto_reply", "auto-reply", "bulk", "junk", "list"
 # How out-of-office and other automatic answers begin their subject (English, German, French,
 # Spanish, Italian, Dutch, Portuguese, Scandinavian, Polish; Lotus Notes' "Auto:").
 _AUTO_SUBJECT = re.compile(
-    r"\[?\s*(out of (the )?office|automatic reply|auto[- ]?reply|auto[- ]?response"
+    r"\[?\s*(out[- ]of[- ](the[- ])?office|automatic reply|auto[- ]?reply|auto[- ]?response"
     r"|automatic response|autoresponder|auto:|abwesenheitsnotiz|automatische antwort"
     r"|r[ée]ponse automatique|absence du bureau|respuesta autom[áa]tica|fuera de la oficina"
     r"|risposta automatica|fuori sede|automatisch antwoord|afwezig|resposta autom[áa]tica"

@@ -30,8 +30,9 @@ __all__ = [
 ]
 
 #: What ``{{ unsubscribe_url }}`` renders as until the worker puts the task's link in its place.
-#: Letters, digits and ``:/.-`` only, so HTML escaping and ``urlencode`` leave it whole; the
-#: ``.invalid`` domain (RFC 2606) can never resolve should it reach a reader unreplaced.
+#: Letters, digits and ``:/.-`` only, so HTML escaping leaves it whole (``urlencode`` quotes
+#: the ``:``; that form is replaced too); the ``.invalid`` domain (RFC 2606) can never
+#: resolve should it reach a reader unreplaced.
 UNSUBSCRIBE_URL_PLACEHOLDER = "https://sendqueue.invalid/u/unsubscribe-url"
 
 #: The path prefix of the public unsubscribe routes (``/u/<token>``).
@@ -40,6 +41,8 @@ UNSUBSCRIBE_PATH = "/u/"
 #: The form field and value of an RFC 8058 one-click POST.
 ONE_CLICK_BODY = "List-Unsubscribe=One-Click"
 
+#: The placeholder after Jinja's ``urlencode`` filter (``quote`` keeping only ``/``).
+_ENCODED_PLACEHOLDER = quote(UNSUBSCRIBE_URL_PLACEHOLDER, safe="/")
 _CLOSING_BODY = re.compile(r"</body\s*>", re.IGNORECASE)
 
 
@@ -92,15 +95,22 @@ def personalize(
     returned as they are, with no footer."""
     if url is None:
         return Personalized(subject, text, html_part)
-    subject = subject.replace(UNSUBSCRIBE_URL_PLACEHOLDER, url)
-    text = text.replace(UNSUBSCRIBE_URL_PLACEHOLDER, url)
+    subject = _put_url(subject, url)
+    text = _put_url(text, url)
     if html_part is not None:
-        html_part = html_part.replace(UNSUBSCRIBE_URL_PLACEHOLDER, html.escape(url))
+        html_part = _put_url(html_part, url, html.escape(url))
     if footer:
         text = _text_footer(text, url)
         if html_part is not None:
             html_part = _html_footer(html_part, url)
     return Personalized(subject, text, html_part)
+
+
+def _put_url(part: str, url: str, plain: str | None = None) -> str:
+    """The placeholder replaced by ``url`` (``plain``: its form in this part), and its
+    ``urlencode`` form (Jinja quotes all but ``/``) by the link quoted the same way."""
+    part = part.replace(_ENCODED_PLACEHOLDER, quote(url, safe="/"))
+    return part.replace(UNSUBSCRIBE_URL_PLACEHOLDER, url if plain is None else plain)
 
 
 def _text_footer(text: str, url: str) -> str:

@@ -17,12 +17,14 @@ A crash between applying a batch and saving its cursor applies the batch again a
 pass: every effect is idempotent (an outcome is written once, the list keeps its first entry, a
 cancel is a compare-and-set, and a transient bounce is kept once per message key), so that is
 harmless. A new UIDVALIDITY (the mailbox was re-created) starts from its first message, for the
-same reason. Per-sender mailboxes (issue 13) do not exist yet: the one configured mailbox
-serves bounces, complaints and replies.
+same reason: feedback is keyed by the message's content (:func:`content_key`), not its UID, so
+a transient bounce read again under new UIDs is not counted again. Per-sender mailboxes
+(issue 13) do not exist yet: the one configured mailbox serves bounces, complaints and replies.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
 from collections.abc import Sequence
@@ -36,7 +38,14 @@ from sendqueue.ports import Clock, FeedbackSource, FeedbackStore, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.feedback import FeedbackService
 
-__all__ = ["BATCH", "FeedbackParser", "FeedbackPoller", "PollReport", "lease_name"]
+__all__ = [
+    "BATCH",
+    "FeedbackParser",
+    "FeedbackPoller",
+    "PollReport",
+    "content_key",
+    "lease_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +97,12 @@ class PollReport:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def content_key(mailbox: str, raw: bytes) -> str:
+    """The identity of a message in ``mailbox`` that survives a new UIDVALIDITY (which numbers
+    the same messages anew): ``mailbox:sha256:<first 32 hex digits of its bytes' digest>``."""
+    return f"{mailbox}:sha256:{hashlib.sha256(raw).hexdigest()[:32]}"
 
 
 def lease_name(mailbox: str) -> str:
@@ -176,7 +191,7 @@ class FeedbackPoller:
                         uidvalidity,
                     )
                 for message in messages:
-                    self._message(message.raw, message.key, report)
+                    self._message(message.raw, message.key, content_key(name, message.raw), report)
                 if messages:
                     last = messages[-1].uid
                     self._cursors.save_feedback_cursor(name, uidvalidity, last)
@@ -191,14 +206,16 @@ class FeedbackPoller:
         finally:
             self._store.release_lease(lease_name(name), self._owner)
 
-    def _message(self, raw: bytes, key: str, report: PollReport) -> None:
+    def _message(self, raw: bytes, key: str, identity: str, report: PollReport) -> None:
+        """Parse and apply one message; ``key`` names it in the log, ``identity`` (its content,
+        not its UID) keys its feedback, so a re-created mailbox counts nothing twice."""
         report.messages += 1
         config = self._config
         try:
             items = self._parse(
                 raw,
                 received_at=self._clock.now(),
-                key=key,
+                key=identity,
                 bounce_address=config.bounce_address,
                 secret=config.secret_key,
             )

@@ -460,7 +460,11 @@ class SendWorker:
         config = self._config
         if config.bounce_address is None or config.secret_key is None:
             return None
-        return verp_address(config.bounce_address, task.id, config.secret_key)
+        try:
+            return verp_address(config.bounce_address, task.id, config.secret_key)
+        except InvalidField as exc:  # an id sendqueue did not make: send, and say so
+            log.error("task %s: sent without a VERP envelope sender: %s", task.id, exc)
+            return None
 
     def _failed(self, campaign: Campaign, task: Task, error: str) -> bool:
         """Record a failure (auto-pausing after too many in a row); True unless it paused."""

@@ -1,8 +1,9 @@
 """A feedback mailbox read over IMAP with imapclient: :class:`ImapFeedbackSource`.
 
 It only reads. The folder is opened read-only (EXAMINE) and bodies are fetched with
-``BODY.PEEK[]``, so no flag is set (not even ``\\Seen``), and nothing is moved or deleted: a
-message that is not feedback stays as the mailbox's owner left it. Which messages are new is
+``BODY.PEEK[]`` (their first :data:`MAX_MESSAGE_BYTES`), so no flag is set (not even
+``\\Seen``), and nothing is moved or deleted: a message that is not feedback stays as the
+mailbox's owner left it. Which messages are new is
 the caller's cursor (UIDVALIDITY and the highest UID processed), not the mailbox's flags.
 """
 
@@ -27,6 +28,10 @@ log = logging.getLogger(__name__)
 
 #: The most UIDs one FETCH names (a batch of ``limit`` goes in chunks of this many).
 FETCH_CHUNK = 100
+#: The most of one message read (its first bytes): headers and report parts come first, and a
+#: reply's attachments of tens of megabytes must not make a batch hold gigabytes.
+MAX_MESSAGE_BYTES = 1_048_576
+_PARTIAL = f"BODY.PEEK[]<0.{MAX_MESSAGE_BYTES}>"
 
 
 class ImapFeedbackSource:
@@ -106,12 +111,12 @@ class ImapFeedbackSource:
         out: list[FeedbackMessage] = []
         for start in range(0, len(uids), FETCH_CHUNK):
             chunk = uids[start : start + FETCH_CHUNK]
-            fetched: dict[int, dict[bytes, Any]] = client.fetch(chunk, ["BODY.PEEK[]"])
+            fetched: dict[int, dict[bytes, Any]] = client.fetch(chunk, [_PARTIAL])
             for uid in chunk:
                 data = fetched.get(uid)
                 if data is None:  # expunged between SEARCH and FETCH: nothing to read
                     continue
-                raw = data.get(b"BODY[]")
+                raw = data.get(b"BODY[]<0>")
                 if not isinstance(raw, bytes):
                     raise ValueError(f"no body for UID {uid}")
                 out.append(FeedbackMessage(self.name, uidvalidity, uid, raw))

@@ -93,7 +93,10 @@ async def confirm_page(token: str, c: ContainerDep) -> HTMLResponse:
         return _invalid(exc)
     if found.unsubscribed:
         return _page("done", _shown(found))
-    return _page("confirm", {**_shown(found), "action": UNSUBSCRIBE_PATH + token})
+    # Relative to the page itself (".../u/<token>"), so the button posts back to the link also
+    # under a SENDQUEUE_PUBLIC_URL with a path that the reverse proxy strips.
+    canonical = token.strip().lower()  # what verify_task read: [0-9a-z.-] only
+    return _page("confirm", {**_shown(found), "action": canonical})
 
 
 @router.post(UNSUBSCRIBE_PATH + "{token}", response_class=HTMLResponse, dependencies=[_RATE])
