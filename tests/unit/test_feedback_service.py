@@ -235,6 +235,31 @@ def test_a_reply_without_headers_counts_only_from_an_address_with_pending_emails
     assert applied.task_id == sent.id and applied.cancelled == (pending.id,)
 
 
+def test_a_reply_naming_another_recipients_email_speaks_only_for_its_own_address(
+    world: World,
+) -> None:
+    world.campaign(C1)
+    victim_sent = world.task(C1, 0, "vic@example.com", sent=True)
+    victim_next = world.task(C1, 1, "vic@example.com", sent=False)
+    forger_sent = world.task(C1, 2, "eve@example.com", sent=True)
+    forger_next = world.task(C1, 3, "eve@example.com", sent=False)
+    forged = Feedback(K.REPLY, T0, task_id=victim_sent.id, recipient="eve@example.com")
+    applied = world.service.apply(forged)
+    assert world.state(victim_sent.id).outcome is TaskOutcome.ACCEPTED
+    assert world.state(victim_next.id).state is TaskState.PENDING
+    # it counts as the forger's own reply (an address with Pending emails)
+    assert applied.task_id == forger_sent.id and applied.cancelled == (forger_next.id,)
+
+
+def test_sender_scope_spares_a_campaign_that_opted_out(world: World) -> None:
+    world.campaign(C1)
+    world.campaign(C2, stop_on_reply=StopOnReply.OFF)
+    sent = world.task(C1, 0, "ann@example.com", sent=True)
+    spared = world.task(C2, 0, "ann@example.com", sent=False)
+    assert world.service.apply(Feedback(K.REPLY, T0, task_id=sent.id)).cancelled == ()
+    assert world.state(spared.id).state is TaskState.PENDING
+
+
 def test_the_senders_own_message_in_the_thread_is_no_reply(world: World) -> None:
     world.campaign(C1)
     sent = world.task(C1, 0, "ann@example.com", sent=True)

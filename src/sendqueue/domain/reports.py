@@ -85,6 +85,13 @@ class _Context:
     bounce_address: str | None
     secret: str | None
 
+    @property
+    def strict(self) -> bool:
+        """With VERP set up, a report is believed only when it names a genuine VERP address:
+        the bounce address is public (every email's Return-Path) and task ids and Message-IDs
+        are guessable, so a report naming a task any other way could be forged by anyone."""
+        return bool(self.bounce_address and self.secret)
+
     def verp(self, candidates: list[str]) -> str | None:
         """The task of the first candidate that is a genuine VERP address of ours."""
         if not self.bounce_address or not self.secret:
@@ -185,12 +192,15 @@ def task_of_returned(returned: Message | None) -> str | None:
 
 def _task(ctx: _Context, returned: Message | None, *extra: str) -> str | None:
     """The task a report is about: the VERP address it was delivered to (its own headers,
-    ``extra`` report fields, the returned message's Return-Path), else the returned message."""
+    ``extra`` report fields, the returned message's Return-Path), else (only without VERP set
+    up, see :attr:`_Context.strict`) the returned message."""
     candidates = addresses([v for name in _DELIVERED_TO for v in headers_of(ctx.msg, name)])
     candidates += addresses(list(extra))
     if returned is not None:
         candidates += addresses(headers_of(returned, "return-path"))
-    return ctx.verp(candidates) or task_of_returned(returned)
+    if ctx.strict:
+        return ctx.verp(candidates)
+    return task_of_returned(returned)
 
 
 # -- delivery status notifications (RFC 3464) ------------------------------------------------
@@ -205,6 +215,8 @@ def _dsn(ctx: _Context, parts: list[Message]) -> list[Feedback]:
     recipients = [b for b in blocks if _is_recipient_block(b)]
     returned = _returned(parts)
     task_id = _task(ctx, returned)
+    if task_id is None and ctx.strict:
+        return []  # no genuine VERP address: possibly forged
     items = []
     for block in recipients[: MAX_ITEMS * 2]:
         status = _first(block, "status")
@@ -268,6 +280,8 @@ def _text_bounce(ctx: _Context) -> list[Feedback]:
     dated by the bounce's Date."""
     bounces, returned = read_text_bounce(ctx.msg)
     task_id = _task(ctx, returned)
+    if task_id is None and ctx.strict:
+        return []  # no genuine VERP address: possibly forged
     at = ctx.at(header(ctx.msg, "date"))
     return [Feedback(b.kind, at, task_id, b.recipient, b.detail) for b in bounces]
 
@@ -287,6 +301,8 @@ def _arf(ctx: _Context, parts: list[Message]) -> list[Feedback]:
         return []
     returned = _returned(parts)
     task_id = _task(ctx, returned, *fields.get("original-mail-from", []))
+    if task_id is None and ctx.strict:
+        return []  # no genuine VERP address: possibly forged
     recipients: list[str | None] = [*addresses(fields.get("original-rcpt-to", []))]
     if not recipients and returned is not None:
         recipients = [*addresses(headers_of(returned, "to"))[:1]]

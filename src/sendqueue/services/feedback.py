@@ -109,6 +109,15 @@ class FeedbackService:
         except InvalidField as exc:
             return Applied(item.kind, ignored=f"not an address: {exc}")
         if item.kind is FeedbackKind.REPLY:
+            if task is not None and item.recipient:
+                # Message-IDs are guessable: a reply speaks for its own From only. One naming
+                # another recipient's email counts as a message from its sender's address.
+                try:
+                    own = suppression_key(item.recipient, field="recipient")
+                except InvalidField as exc:
+                    return Applied(item.kind, ignored=f"not an address: {exc}")
+                if own != key:
+                    return self._reply(item, None, own)
             return self._reply(item, task, key)
         if task is None:
             task = self._newest(key, (TaskState.FINISHED,))
@@ -183,7 +192,9 @@ class FeedbackService:
             if task.campaign_id not in same_sender:
                 other = self._store.get_campaign(task.campaign_id)
                 same_sender[task.campaign_id] = (
-                    other.state not in _FINAL_CAMPAIGN and _sender_key(other.from_addr) == sender
+                    other.state not in _FINAL_CAMPAIGN
+                    and other.stop_on_reply is not StopOnReply.OFF  # it opted out of stopping
+                    and _sender_key(other.from_addr) == sender
                 )
             return same_sender[task.campaign_id]
 
