@@ -582,7 +582,9 @@ def dsns(draw: st.DrawFn) -> tuple[bytes, _Expected, _Expected]:
     identified = returned != "none" and names != "neither"
     # With VERP set up only a genuine VERP address names the task, and a report without one is
     # not believed; without VERP the returned message names it.
-    strict = [(k, task_id, r, d) for _, k, r, d in blocks if k is not None] if verp else []
+    strict: _Expected = (
+        [(k, task_id, r, d) for _, k, r, d in blocks if k is not None] if verp else []
+    )
     open_task = task_id if identified else None
     unchecked = [(k, open_task, r, d) for _, k, r, d in blocks if k is not None]
     return raw.encode(), strict, unchecked
