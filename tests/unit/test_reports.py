@@ -747,3 +747,16 @@ def test_a_delivery_status_part_sent_encoded_is_decoded(encoding: str) -> None:
     assert [(i.kind, i.recipient, i.detail) for i in parse(raw, verp=False)] == [
         (H, "a@b.example", "5.1.1 smtp; 550 5.1.1 café user=unknown")
     ]
+
+
+def test_a_reply_to_an_email_ses_sent_counts_by_its_sender() -> None:
+    # SES writes its own Message-ID, so the reply cannot name the task: it is a reply from its
+    # From address (the service applies it only while that address has Pending emails)
+    raw = (
+        b"From: Anna <anna@example.org>\nTo: news@shop.example.com\nSubject: Re: offers\n"
+        b"In-Reply-To: <0102018c1a2b-5e6f-4711-8899-aabbccddeeff-000000@eu-west-1.amazonses.com>\n"
+        b"Message-ID: <r1@example.org>\n\nYes please.\n"
+    )
+    assert summary(parse(raw)) == [(R, None, "anna@example.org")]
+    other = raw.replace(b"eu-west-1.amazonses.com", b"mail.other.example")
+    assert parse(other) == []

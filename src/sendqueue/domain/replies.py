@@ -90,6 +90,18 @@ def _ids(value: str) -> list[str]:
     return _MESSAGE_ID.findall(value) or [w for w in value.split() if "@" in w]
 
 
+# Amazon SES replaces every Message-ID with its own (<id@REGION.amazonses.com>), so a reply to
+# an email sent through SES cannot name its task; it counts as a message from its sender's
+# address, which is a reply only while that address has Pending emails (the service decides).
+_SES_MESSAGE_ID = re.compile(r"@(?:[a-z0-9-]+\.)*amazonses\.com>?\Z", re.IGNORECASE)
+
+
+def _answers_ses(msg: Message) -> bool:
+    """Whether ``msg`` answers an email whose Message-ID Amazon SES wrote."""
+    ids = _ids(header(msg, "in-reply-to")) + _ids(" ".join(headers_of(msg, "references")))
+    return any(_SES_MESSAGE_ID.search(i) for i in ids)
+
+
 def _task_replied_to(msg: Message) -> tuple[bool, str | None]:
     """Whether ``msg`` answers any message at all, and the task of the sendqueue email it
     answers (In-Reply-To first, then References from the newest)."""
@@ -121,7 +133,7 @@ def reply_feedback(msg: Message, received_at: datetime, secret: str | None) -> l
     if own or is_mail_system(msg) or is_automatic(msg):
         return []  # a copy of sendqueue's own email, a mail system's, or an automatic one
     answers, task_id = _task_replied_to(msg)
-    if answers and task_id is None:
+    if answers and task_id is None and not _answers_ses(msg):
         return []  # a reply to a message sendqueue did not send
     if task_id is None and recipient is None:
         return []
