@@ -27,6 +27,7 @@ from .settings_checks import (
     check_bare_address,
     check_public_url,
     check_secret_key,
+    check_secret_key_arn,
     is_host_name,
     redact_url,
     refuse_guessable,
@@ -36,6 +37,7 @@ from .settings_web import WebServerSettings
 
 __all__ = [
     "DynamoDbUrl",
+    "LambdaControlSettings",
     "LambdaSettings",
     "Settings",
     "parse_dynamodb_url",
@@ -231,6 +233,11 @@ class Settings(WebServerSettings):
     secret_key: SecretStr | None = Field(
         None, description="signs unsubscribe links and VERP bounce addresses (32+ characters)"
     )
+    secret_key_arn: str | None = Field(
+        None,
+        description="instead of SENDQUEUE_SECRET_KEY: ARN of an AWS Secrets Manager secret "
+        "whose text is the key, read once when the process starts (the SAM template's way)",
+    )
     unsubscribe_mailbox: str | None = Field(
         None,
         description="address of the List-Unsubscribe mailto: alternative (a bare address, e.g. "
@@ -279,6 +286,40 @@ class Settings(WebServerSettings):
             return None
         check_secret_key(value.get_secret_value(), "SENDQUEUE_SECRET_KEY")
         return value
+
+    @field_validator("secret_key_arn")
+    @classmethod
+    def _secret_key_arn(cls, value: str | None) -> str | None:
+        return check_secret_key_arn(value, "SENDQUEUE_SECRET_KEY_ARN")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_secret_key(cls, data: Any) -> Any:
+        """SENDQUEUE_SECRET_KEY_ARN: the key is the secret's text, read here, once, so that
+        every check on SENDQUEUE_SECRET_KEY applies to it (the key never sits in the
+        environment). Setting both would leave two keys to drift apart: refused."""
+        if not isinstance(data, dict):
+            return data
+        arn = check_secret_key_arn(data.get("secret_key_arn"), "SENDQUEUE_SECRET_KEY_ARN")
+        if arn is None:
+            return data
+        if data.get("secret_key"):
+            raise ValueError(
+                "set SENDQUEUE_SECRET_KEY or SENDQUEUE_SECRET_KEY_ARN, not both (two places to "
+                "keep one key in)"
+            )
+        try:
+            from .adapters.secretsmanager import read_secret  # boto3, the aws extra
+        except ImportError:
+            raise ValueError(
+                "SENDQUEUE_SECRET_KEY_ARN needs boto3: pip install 'sendqueue[aws]'"
+            ) from None
+        try:
+            key = read_secret(arn)
+        except InvalidField as exc:
+            raise ValueError(f"SENDQUEUE_SECRET_KEY_ARN: {exc.reason}") from None
+        check_secret_key(key, "SENDQUEUE_SECRET_KEY_ARN (the secret's text)")
+        return {**data, "secret_key": key}
 
     @field_validator("unsubscribe_mailbox")
     @classmethod
@@ -537,7 +578,8 @@ class Settings(WebServerSettings):
             raise ValueError(
                 f"{' and '.join(missing)} required when SENDQUEUE_ENVIRONMENT=production: every "
                 "email carries a one-click unsubscribe link (PUBLIC_URL/u/<token>, signed with "
-                f"the secret key); make a key with: {MAKE_SECRET}"
+                f"the secret key); make a key with: {MAKE_SECRET} (or keep it in AWS Secrets "
+                "Manager and name the secret in SENDQUEUE_SECRET_KEY_ARN)"
             )
         if self.public_url is not None and not self.public_url.startswith("https://"):
             raise ValueError(
@@ -564,14 +606,21 @@ _URL_FIELDS = frozenset(
 
 
 class LambdaSettings(Settings):
-    """The settings of sendqueue's Lambda functions (:mod:`sendqueue.lambda_handlers`).
+    """The settings of sendqueue's send function (:mod:`sendqueue.lambda_handlers`).
 
     The same variables and rules, except that ``SENDQUEUE_ENVIRONMENT=production`` does not
     require ``SENDQUEUE_API_TOKEN``: a function serves no web UI or API for it to guard, and a
-    secret it never uses should not sit in its environment.
+    secret it never uses should not sit in its environment. Production does require
+    ``SENDQUEUE_PUBLIC_URL`` (https) and the secret key, as for every process that sends: the
+    SAM template gives the key as ``SENDQUEUE_SECRET_KEY_ARN``, read at the cold start.
     """
 
     _serves_http: ClassVar[bool] = False
-    # The SAM template sets no SENDQUEUE_PUBLIC_URL or SENDQUEUE_SECRET_KEY yet; the send
-    # function's emails carry the links once it does.
+
+
+class LambdaControlSettings(LambdaSettings):
+    """The settings of the functions that send no campaign email: provision, reconcile, the
+    alarm relay and feedback. They neither make nor check an unsubscribe link, so production
+    does not require the public URL or the key, and their roles may not read the secret."""
+
     _needs_unsubscribe_links: ClassVar[bool] = False
