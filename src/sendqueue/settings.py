@@ -21,19 +21,13 @@ from .adapters.mail.url import SmtpUrl, parse_mailer_url
 from .domain.addresses import normalize_sender
 from .domain.errors import InvalidField
 from .domain.policy import load_timezone
-from .domain.unsubscribe import UnsubscribeLinks
 from .settings_checks import (
-    MAKE_SECRET,
-    check_bare_address,
-    check_public_url,
-    check_secret_key,
-    check_secret_key_arn,
     is_host_name,
     redact_url,
     refuse_guessable,
     trusted_networks,
 )
-from .settings_web import WebServerSettings
+from .settings_links import LinkSettings
 
 __all__ = [
     "DynamoDbUrl",
@@ -87,7 +81,7 @@ def _sqlite_url(url: str) -> bool:
     return url.split(":", 1)[0] in {"sqlite", "sqlite+pysqlite"}
 
 
-class Settings(WebServerSettings):
+class Settings(LinkSettings):
     """sendqueue's settings. See the README's configuration table for each variable."""
 
     model_config = SettingsConfigDict(
@@ -227,22 +221,6 @@ class Settings(WebServerSettings):
         description="largest JSON body of a campaign create or preview; bigger lists go as a CSV",
     )
     api_token: SecretStr | None = Field(None, description="required for the web UI and API")
-    public_url: str | None = Field(
-        None, description="base of the links in emails (unsubscribe), e.g. https://mail.example.com"
-    )
-    secret_key: SecretStr | None = Field(
-        None, description="signs unsubscribe links and VERP bounce addresses (32+ characters)"
-    )
-    secret_key_arn: str | None = Field(
-        None,
-        description="instead of SENDQUEUE_SECRET_KEY: ARN of an AWS Secrets Manager secret "
-        "whose text is the key, read once when the process starts (the SAM template's way)",
-    )
-    unsubscribe_mailbox: str | None = Field(
-        None,
-        description="address of the List-Unsubscribe mailto: alternative (a bare address, e.g. "
-        "unsubscribe@example.com); unset: the https link only",
-    )
     unsubscribe_rate: int = Field(
         60,
         ge=1,
@@ -273,68 +251,6 @@ class Settings(WebServerSettings):
         description="web server: comma-separated host names (or IP addresses) answered besides "
         "127.0.0.1, localhost and [::1]; any other Host header gets 400 (DNS rebinding)",
     )
-
-    @field_validator("public_url")
-    @classmethod
-    def _public_url(cls, value: str | None) -> str | None:
-        return check_public_url(value, "SENDQUEUE_PUBLIC_URL")
-
-    @field_validator("secret_key")
-    @classmethod
-    def _secret_key(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is None or not value.get_secret_value():
-            return None
-        check_secret_key(value.get_secret_value(), "SENDQUEUE_SECRET_KEY")
-        return value
-
-    @field_validator("secret_key_arn")
-    @classmethod
-    def _secret_key_arn(cls, value: str | None) -> str | None:
-        return check_secret_key_arn(value, "SENDQUEUE_SECRET_KEY_ARN")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _read_secret_key(cls, data: Any) -> Any:
-        """SENDQUEUE_SECRET_KEY_ARN: the key is the secret's text, read here, once, so that
-        every check on SENDQUEUE_SECRET_KEY applies to it (the key never sits in the
-        environment). Setting both would leave two keys to drift apart: refused."""
-        if not isinstance(data, dict):
-            return data
-        arn = check_secret_key_arn(data.get("secret_key_arn"), "SENDQUEUE_SECRET_KEY_ARN")
-        if arn is None:
-            return data
-        if data.get("secret_key"):
-            raise ValueError(
-                "set SENDQUEUE_SECRET_KEY or SENDQUEUE_SECRET_KEY_ARN, not both (two places to "
-                "keep one key in)"
-            )
-        try:
-            from .adapters.secretsmanager import read_secret  # boto3, the aws extra
-        except ImportError:
-            raise ValueError(
-                "SENDQUEUE_SECRET_KEY_ARN needs boto3: pip install 'sendqueue[aws]'"
-            ) from None
-        try:
-            key = read_secret(arn)
-        except InvalidField as exc:
-            raise ValueError(f"SENDQUEUE_SECRET_KEY_ARN: {exc.reason}") from None
-        check_secret_key(key, "SENDQUEUE_SECRET_KEY_ARN (the secret's text)")
-        return {**data, "secret_key": key}
-
-    @field_validator("unsubscribe_mailbox")
-    @classmethod
-    def _unsubscribe_mailbox(cls, value: str | None) -> str | None:
-        return check_bare_address(value, "SENDQUEUE_UNSUBSCRIBE_MAILBOX")
-
-    @property
-    def unsubscribe_links(self) -> UnsubscribeLinks | None:
-        """How the unsubscribe links are made; None unless both SENDQUEUE_PUBLIC_URL and
-        SENDQUEUE_SECRET_KEY are set (then no email carries List-Unsubscribe)."""
-        if self.public_url is None or self.secret_key is None:
-            return None
-        return UnsubscribeLinks(
-            self.public_url, self.secret_key.get_secret_value(), self.unsubscribe_mailbox
-        )
 
     @field_validator("default_timezone")
     @classmethod
@@ -563,29 +479,6 @@ class Settings(WebServerSettings):
                     "mailer when SENDQUEUE_ENVIRONMENT=production"
                 )
         return self
-
-    def _require_unsubscribe_links(self) -> None:
-        """Production mail carries the one-click unsubscribe link (RFC 8058), over HTTPS."""
-        missing = [
-            name
-            for name, value in (
-                ("SENDQUEUE_PUBLIC_URL", self.public_url),
-                ("SENDQUEUE_SECRET_KEY", self.secret_key),
-            )
-            if value is None
-        ]
-        if missing:
-            raise ValueError(
-                f"{' and '.join(missing)} required when SENDQUEUE_ENVIRONMENT=production: every "
-                "email carries a one-click unsubscribe link (PUBLIC_URL/u/<token>, signed with "
-                f"the secret key); make a key with: {MAKE_SECRET} (or keep it in AWS Secrets "
-                "Manager and name the secret in SENDQUEUE_SECRET_KEY_ARN)"
-            )
-        if self.public_url is not None and not self.public_url.startswith("https://"):
-            raise ValueError(
-                "SENDQUEUE_PUBLIC_URL: must be an https:// URL when "
-                "SENDQUEUE_ENVIRONMENT=production (mail providers POST the unsubscribe there)"
-            )
 
     #: The process may serve the web UI and the API, which the token guards.
     _serves_http: ClassVar[bool] = True
