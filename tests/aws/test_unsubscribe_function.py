@@ -16,6 +16,7 @@ import secrets
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from email import policy
 from email.message import EmailMessage
 from typing import Any
@@ -30,6 +31,7 @@ from sendqueue.adapters.mail.url import SesUrl, parse_mailer_url
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.policy import SendingPolicy, Window
 from sendqueue.domain.tokens import TokenPurpose, verify_task
 from sendqueue.settings import LambdaSettings, Settings, parse_dynamodb_url
 from tests.aws.test_ses_mailer import sent_messages
@@ -42,7 +44,7 @@ from tests.aws.test_template import (
     function_environment,
     sam,  # noqa: F401 - the module-scoped fixture
 )
-from tests.support.app import csv_bytes, open_policy
+from tests.support.app import csv_bytes
 from tests.support.aws import aws_environment, client, moto_secret
 from tests.support.eventbridge_player import FakeContext
 
@@ -100,6 +102,21 @@ def cold() -> Iterator[None]:
     lambda_handlers.use()
 
 
+def _due_now(now: datetime) -> SendingPolicy:
+    """Sends 12 ms apart from ``now`` (a window of this minute and the next): the first is due
+    at once, within the minute the send function accepts an invocation in (EventBridge's
+    precision), wherever ``now`` falls in it."""
+    minute = now.astimezone(UTC).hour * 60 + now.astimezone(UTC).minute
+    window = Window(minute, min(minute + 2, 1440))
+    return SendingPolicy(
+        timezone="UTC",
+        per_day=10_000,
+        weekdays=frozenset(range(7)),
+        windows=(window,),
+        start=now,
+    )
+
+
 def _sent_to(task_id: str) -> EmailMessage:
     """The message SES (moto) accepted for ``task_id``, its headers unfolded."""
     [raw] = [
@@ -128,7 +145,7 @@ def test_the_send_functions_email_carries_a_link_that_serve_honours(
     function: Container | None = None
     try:
         cid = serve.campaigns.create(
-            name="aws", recipients=csv_bytes(2), policy=open_policy(start=serve.clock.now())
+            name="aws", recipients=csv_bytes(2), policy=_due_now(serve.clock.now())
         ).campaign.id
         assert serve.provisioner.provision(cid).status == "done"
         first, second = serve.store.list_tasks(cid, limit=10)
