@@ -4,8 +4,11 @@
 All five go through the same composition root: the first invocation in a Lambda execution
 environment builds one :class:`~sendqueue.bootstrap.Container` from the environment
 (``SENDQUEUE_*``, see the README) and every later invocation in that warm environment reuses
-it, with its boto3 clients and connections. The settings are
-:class:`~sendqueue.settings.LambdaSettings`: production needs no API token in a function.
+it, with its boto3 clients and connections. The send function's settings are
+:class:`~sendqueue.settings.LambdaSettings`: production needs no API token in a function, but
+it does need the public URL and the secret key of the unsubscribe links its emails carry (the
+key read from Secrets Manager at the cold start). The other functions send no campaign email
+and use :class:`~sendqueue.settings.LambdaControlSettings`, which need neither.
 
 Events:
 
@@ -62,7 +65,7 @@ from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import InvalidField, SchedulerError
 from sendqueue.domain.ses_events import feedback_from_ses, ses_event_of
 from sendqueue.services.provisioning import Continuation, ProvisionReport
-from sendqueue.settings import LambdaSettings
+from sendqueue.settings import LambdaControlSettings, LambdaSettings
 
 __all__ = [
     "LambdaContext",
@@ -107,13 +110,15 @@ def use(built: Container | None = None, *, invoke: Invoke | None = None) -> None
             _state["invoke"] = invoke
 
 
-def container() -> Container:
-    """This execution environment's container, built from the environment at first use."""
+def container(settings: type[LambdaSettings] = LambdaSettings) -> Container:
+    """This execution environment's container, built from the environment at first use with
+    ``settings``: :class:`LambdaSettings` for the send function, :class:`LambdaControlSettings`
+    for the others (an execution environment runs one function, so the first call decides)."""
     with _lock:
         built = _state.get("container")
         if built is None:
             logging.getLogger("sendqueue").setLevel(logging.INFO)
-            built = _state["container"] = bootstrap(LambdaSettings())
+            built = _state["container"] = bootstrap(settings())
         return built
 
 
@@ -165,14 +170,15 @@ def send_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, 
         # Retrying a malformed event cannot help; an ERROR log (which can be alarmed on) can.
         log.error("send: malformed event, ignored: %s", exc)
         return {"status": "rejected", "error": str(exc)}
+    c = container()  # the send function's settings, whatever the first event
     if kind == "provision":
-        return _provision(wanted, context, continuation=None)
+        return _provision(c, wanted, context, continuation=None)
     task_id = wanted
     payload = {"kind": "send", "task_id": task_id}
     token = data.get("token")
     if isinstance(token, str):
         payload["token"] = token
-    container().worker.send(payload)  # raises only on infrastructure failure
+    c.worker.send(payload)  # raises only on infrastructure failure
     return {"status": "handled", "taskId": task_id}
 
 
@@ -184,7 +190,12 @@ def provision_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[
     checkpoint = data.get("checkpoint")
     if checkpoint is not None:
         log.info("provision %s: continuing (checkpoint %s)", campaign_id, checkpoint)
-    return _provision(campaign_id, context, continuation=_continue_in(context.invoked_function_arn))
+    return _provision(
+        container(LambdaControlSettings),
+        campaign_id,
+        context,
+        continuation=_continue_in(context.invoked_function_arn),
+    )
 
 
 def _continue_in(function_arn: str) -> Continuation:
@@ -201,12 +212,12 @@ def _continue_in(function_arn: str) -> Continuation:
 
 
 def _provision(
+    c: Container,
     campaign_id: str,
     context: LambdaContext,
     *,
     continuation: Continuation | None,
 ) -> dict[str, Any]:
-    c = container()
     margin = c.config.provision_margin
     left = context.get_remaining_time_in_millis() / 1000.0
     if left <= margin:
@@ -250,7 +261,7 @@ def _summary(report: ProvisionReport) -> dict[str, Any]:
 def reconcile_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
     """One reconciler pass (the template runs it every 30 minutes); a provisioning run it
     resumes stops 90 s before the timeout and continues in the provision function."""
-    c = container()
+    c = container(LambdaControlSettings)
     target = c.settings.provision_function_arn
     report = c.reconciler.run(
         time_left=_time_left(context),
@@ -302,7 +313,7 @@ def alarm_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str,
     records = data.get("Records")
     if not isinstance(records, list):
         raise InvalidField("Records", records, "expected the SNS event's list of records")
-    c = container()
+    c = container(LambdaControlSettings)
     posted = 0
     for record in records:
         sns = record.get("Sns") if isinstance(record, Mapping) else None
@@ -334,7 +345,7 @@ def feedback_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[s
     records = data.get("Records")
     if not isinstance(records, list):
         raise InvalidField("Records", records, "expected the SQS event's list of records")
-    c = container()
+    c = container(LambdaControlSettings)
     failures: list[dict[str, str]] = []
     counts: Counter[str] = Counter()
     for record in records:

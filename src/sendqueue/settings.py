@@ -21,21 +21,17 @@ from .adapters.mail.url import SmtpUrl, parse_mailer_url
 from .domain.addresses import normalize_sender
 from .domain.errors import InvalidField
 from .domain.policy import load_timezone
-from .domain.unsubscribe import UnsubscribeLinks
 from .settings_checks import (
-    MAKE_SECRET,
-    check_bare_address,
-    check_public_url,
-    check_secret_key,
     is_host_name,
     redact_url,
     refuse_guessable,
     trusted_networks,
 )
-from .settings_web import WebServerSettings
+from .settings_links import LinkSettings
 
 __all__ = [
     "DynamoDbUrl",
+    "LambdaControlSettings",
     "LambdaSettings",
     "Settings",
     "parse_dynamodb_url",
@@ -85,7 +81,7 @@ def _sqlite_url(url: str) -> bool:
     return url.split(":", 1)[0] in {"sqlite", "sqlite+pysqlite"}
 
 
-class Settings(WebServerSettings):
+class Settings(LinkSettings):
     """sendqueue's settings. See the README's configuration table for each variable."""
 
     model_config = SettingsConfigDict(
@@ -225,17 +221,6 @@ class Settings(WebServerSettings):
         description="largest JSON body of a campaign create or preview; bigger lists go as a CSV",
     )
     api_token: SecretStr | None = Field(None, description="required for the web UI and API")
-    public_url: str | None = Field(
-        None, description="base of the links in emails (unsubscribe), e.g. https://mail.example.com"
-    )
-    secret_key: SecretStr | None = Field(
-        None, description="signs unsubscribe links and VERP bounce addresses (32+ characters)"
-    )
-    unsubscribe_mailbox: str | None = Field(
-        None,
-        description="address of the List-Unsubscribe mailto: alternative (a bare address, e.g. "
-        "unsubscribe@example.com); unset: the https link only",
-    )
     unsubscribe_rate: int = Field(
         60,
         ge=1,
@@ -266,34 +251,6 @@ class Settings(WebServerSettings):
         description="web server: comma-separated host names (or IP addresses) answered besides "
         "127.0.0.1, localhost and [::1]; any other Host header gets 400 (DNS rebinding)",
     )
-
-    @field_validator("public_url")
-    @classmethod
-    def _public_url(cls, value: str | None) -> str | None:
-        return check_public_url(value, "SENDQUEUE_PUBLIC_URL")
-
-    @field_validator("secret_key")
-    @classmethod
-    def _secret_key(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is None or not value.get_secret_value():
-            return None
-        check_secret_key(value.get_secret_value(), "SENDQUEUE_SECRET_KEY")
-        return value
-
-    @field_validator("unsubscribe_mailbox")
-    @classmethod
-    def _unsubscribe_mailbox(cls, value: str | None) -> str | None:
-        return check_bare_address(value, "SENDQUEUE_UNSUBSCRIBE_MAILBOX")
-
-    @property
-    def unsubscribe_links(self) -> UnsubscribeLinks | None:
-        """How the unsubscribe links are made; None unless both SENDQUEUE_PUBLIC_URL and
-        SENDQUEUE_SECRET_KEY are set (then no email carries List-Unsubscribe)."""
-        if self.public_url is None or self.secret_key is None:
-            return None
-        return UnsubscribeLinks(
-            self.public_url, self.secret_key.get_secret_value(), self.unsubscribe_mailbox
-        )
 
     @field_validator("default_timezone")
     @classmethod
@@ -523,28 +480,6 @@ class Settings(WebServerSettings):
                 )
         return self
 
-    def _require_unsubscribe_links(self) -> None:
-        """Production mail carries the one-click unsubscribe link (RFC 8058), over HTTPS."""
-        missing = [
-            name
-            for name, value in (
-                ("SENDQUEUE_PUBLIC_URL", self.public_url),
-                ("SENDQUEUE_SECRET_KEY", self.secret_key),
-            )
-            if value is None
-        ]
-        if missing:
-            raise ValueError(
-                f"{' and '.join(missing)} required when SENDQUEUE_ENVIRONMENT=production: every "
-                "email carries a one-click unsubscribe link (PUBLIC_URL/u/<token>, signed with "
-                f"the secret key); make a key with: {MAKE_SECRET}"
-            )
-        if self.public_url is not None and not self.public_url.startswith("https://"):
-            raise ValueError(
-                "SENDQUEUE_PUBLIC_URL: must be an https:// URL when "
-                "SENDQUEUE_ENVIRONMENT=production (mail providers POST the unsubscribe there)"
-            )
-
     #: The process may serve the web UI and the API, which the token guards.
     _serves_http: ClassVar[bool] = True
     #: The process sends mail or serves the unsubscribe routes: production needs the links.
@@ -564,14 +499,21 @@ _URL_FIELDS = frozenset(
 
 
 class LambdaSettings(Settings):
-    """The settings of sendqueue's Lambda functions (:mod:`sendqueue.lambda_handlers`).
+    """The settings of sendqueue's send function (:mod:`sendqueue.lambda_handlers`).
 
     The same variables and rules, except that ``SENDQUEUE_ENVIRONMENT=production`` does not
     require ``SENDQUEUE_API_TOKEN``: a function serves no web UI or API for it to guard, and a
-    secret it never uses should not sit in its environment.
+    secret it never uses should not sit in its environment. Production does require
+    ``SENDQUEUE_PUBLIC_URL`` (https) and the secret key, as for every process that sends: the
+    SAM template gives the key as ``SENDQUEUE_SECRET_KEY_ARN``, read at the cold start.
     """
 
     _serves_http: ClassVar[bool] = False
-    # The SAM template sets no SENDQUEUE_PUBLIC_URL or SENDQUEUE_SECRET_KEY yet; the send
-    # function's emails carry the links once it does.
+
+
+class LambdaControlSettings(LambdaSettings):
+    """The settings of the functions that send no campaign email: provision, reconcile, the
+    alarm relay and feedback. They neither make nor check an unsubscribe link, so production
+    does not require the public URL or the key, and their roles may not read the secret."""
+
     _needs_unsubscribe_links: ClassVar[bool] = False

@@ -18,6 +18,7 @@ __all__ = [
     "check_bare_address",
     "check_public_url",
     "check_secret_key",
+    "check_secret_key_arn",
     "is_host_name",
     "redact_url",
     "refuse_guessable",
@@ -55,6 +56,9 @@ def check_public_url(value: str | None, variable: str) -> str | None:
             f"{variable}: expected the https:// address the recipients reach this server at, "
             "e.g. https://mail.example.com"
         )
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        # The link goes between < > in List-Unsubscribe, where a blank would end it.
+        raise ValueError(f"{variable}: no spaces or control characters (percent-encode them)")
     if parts.username is not None or parts.query or parts.fragment:
         raise ValueError(f"{variable}: no user, query or fragment; the links append /u/<token>")
     if not is_host_name(parts.hostname):
@@ -71,6 +75,26 @@ def check_secret_key(secret: str, variable: str) -> None:
             f"{MAKE_SECRET}"
         )
     refuse_guessable(secret, variable)
+
+
+#: A Secrets Manager secret's ARN (the name may end in the six characters AWS appends).
+_SECRET_ARN = re.compile(
+    r"arn:aws[a-zA-Z-]*:secretsmanager:[a-z]{2}(-[a-z]+)+-\d+:\d{12}:secret:[\w/+=.@-]{1,512}"
+)
+
+
+def check_secret_key_arn(value: str | None, variable: str) -> str | None:
+    """A Secrets Manager secret's ARN (``arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME``);
+    None when unset."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    if not _SECRET_ARN.fullmatch(value):
+        raise ValueError(
+            f"{variable}: expected a Secrets Manager secret ARN, "
+            "arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME"
+        )
+    return value
 
 
 def check_bare_address(value: str | None, variable: str) -> str | None:

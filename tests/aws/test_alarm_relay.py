@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,10 +22,9 @@ import pytest
 from sendqueue import lambda_handlers
 from sendqueue.bootstrap import bootstrap
 from sendqueue.domain.alarms import AUTO_PAUSE_PREFIX, auto_pause_reason
-from sendqueue.settings import LambdaSettings
+from sendqueue.settings import LambdaControlSettings
 from tests.aws.test_template import (
     PARAMETERS,
-    ROOT,
     Resolver,
     _environment,
     _function_role,
@@ -34,6 +32,7 @@ from tests.aws.test_template import (
     _of_type,
     _statements,
     _transform,
+    cold_start_settings,
     sam,  # noqa: F401 - the module-scoped fixture
 )
 from tests.support.aws import REGION, client, reset
@@ -117,18 +116,9 @@ def test_a_cold_start_of_the_relay_accepts_its_environment(
 ) -> None:
     out = _transform(sam, BOTH)
     env = _environment(out, "AlarmWebhookFunction", BOTH)
-    for key in [k for k in os.environ if k.startswith("SENDQUEUE_")]:
-        monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.chdir(ROOT / "deploy" / "aws")
-    logger = logging.getLogger("sendqueue")
-    monkeypatch.setattr(logger, "level", logger.level)
-    lambda_handlers.use()
-    try:
-        assert lambda_handlers.container().settings.alarm_webhook == WEBHOOK
-    finally:
-        lambda_handlers.use()
+    settings = cold_start_settings(out, "AlarmWebhookFunction", env, monkeypatch)
+    assert settings.alarm_webhook == WEBHOOK
+    assert type(settings) is LambdaControlSettings  # it sends no email: no links, no key
 
 
 def test_auto_pauses_reach_the_topic_through_the_send_log(sam: dict[str, Any]) -> None:  # noqa: F811
@@ -193,7 +183,7 @@ def receivers() -> Iterator[list[_Receiver]]:
 
 
 def _relay_with(webhook: str | None) -> None:
-    settings = LambdaSettings(
+    settings = LambdaControlSettings(
         _env_file=None,
         database_url="dynamodb://unused",
         mailer=f"ses:{REGION}",

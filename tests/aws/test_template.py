@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import secrets
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +34,9 @@ from samtranslator.translator.translator import Translator
 from sendqueue import lambda_handlers
 from sendqueue.adapters.dynamodb.table import table_definition
 from sendqueue.services.config import ServiceConfig
-from sendqueue.settings import Settings
+from sendqueue.settings import LambdaControlSettings, LambdaSettings, Settings
+from tests.support.aws import moto_secret
+from tests.support.eventbridge_player import FakeContext
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "deploy" / "aws" / "template.yaml"
@@ -49,7 +52,8 @@ PSEUDO = {
     "AWS::Partition": "aws",
     "AWS::URLSuffix": "amazonaws.com",
 }
-PARAMETERS = {"SenderAddress": "news@example.com"}
+PUBLIC_URL = "https://mail.example.com"
+PARAMETERS = {"SenderAddress": "news@example.com", "PublicUrl": PUBLIC_URL}
 HANDLERS = {
     "SendFunction": "sendqueue.lambda_handlers.send_handler",
     "ProvisionFunction": "sendqueue.lambda_handlers.provision_handler",
@@ -118,6 +122,8 @@ class Resolver:
             return group_name
         if kind == "AWS::SQS::Queue":
             return f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{STACK}-{name}"
+        if kind == "AWS::SecretsManager::Secret":  # its ARN, with the suffix AWS appends
+            return f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:{name}-AbC123"
         return f"{STACK}-{name}"
 
     def get_att(self, name: str, attribute: str) -> str:
@@ -481,10 +487,12 @@ def _calls(source: Path, attribute: str) -> set[str]:
 
 
 def _iam_actions(
-    service: Literal["dynamodb", "scheduler", "sesv2", "sqs"], prefix: str, methods: set[str]
+    service: Literal["dynamodb", "scheduler", "secretsmanager", "sesv2", "sqs"],
+    prefix: str,
+    methods: set[str],
 ) -> set[str]:
     """The IAM actions of boto3 methods: the API operation's name (their names agree for
-    DynamoDB, EventBridge Scheduler, SQS and SES v2)."""
+    DynamoDB, EventBridge Scheduler, Secrets Manager, SQS and SES v2)."""
     client = boto3.client(
         service,
         region_name=REGION,
@@ -521,6 +529,12 @@ def _store_actions() -> set[str]:
     actions = _iam_actions("dynamodb", "dynamodb", calls - {"transact_write_items"})
     kinds = set(re.findall(r'"(Put|Update|Delete|ConditionCheck)": \{', _source_text(source)))
     return actions | {TRANSACT[k] for k in kinds}
+
+
+def secret_actions() -> set[str]:
+    """What reading the unsubscribe links' key calls (the adapter's one client)."""
+    calls = set(re.findall(r"client\.([a-z_]+)\(", _source_text(SOURCES / "secretsmanager.py")))
+    return _iam_actions("secretsmanager", "secretsmanager", calls - {"close"})
 
 
 def _scheduler_actions() -> set[str]:
@@ -582,6 +596,9 @@ def test_each_function_may_do_what_its_code_calls_and_no_more(
         want.add(("iam:PassRole", scheduler_role))
     if function == "SendFunction":
         want.add(("sqs:SendMessage", resolve.get_att("DeadLetterQueue", "Arn")))
+        # the key of the unsubscribe links: the one secret its environment names
+        secret = _environment(cfn, function, PARAMETERS)["SENDQUEUE_SECRET_KEY_ARN"]
+        want |= {(a, secret) for a in secret_actions()}
         want |= {
             ("ses:SendEmail", f"arn:aws:ses:{REGION}:{ACCOUNT}:{kind}/*")
             for kind in ("identity", "configuration-set")
@@ -647,25 +664,66 @@ def test_every_variable_names_a_setting(cfn: dict[str, Any], function: str) -> N
     assert sorted(k for k in env if k.startswith("SENDQUEUE_") and k not in fields) == []
 
 
+class _Built(Exception):
+    """Raised in place of building the container: the settings a handler built it from."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__("built")
+        self.settings = settings
+
+
+#: An event each handler takes far enough to build its container (and no further here).
+_ANY_EVENT = {"taskId": "c1-0", "campaignId": "c1", "Records": []}
+
+
+def function_environment(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``env`` the process's only SENDQUEUE_ variables, as in a function (no .env file)."""
+    for name in [k for k in os.environ if k.startswith("SENDQUEUE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(ROOT / "deploy" / "aws")  # no .env file here
+    logger = logging.getLogger("sendqueue")
+    monkeypatch.setattr(logger, "level", logger.level)  # container() raises it to INFO
+
+
+def cold_start_settings(
+    cfn: dict[str, Any], function: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> Settings:
+    """The settings ``function``'s handler (as the template names it) builds its container
+    from on a cold start, in the environment ``env`` (:func:`function_environment`); raises
+    what building them raises."""
+    function_environment(env, monkeypatch)
+
+    def record(settings: Settings) -> None:
+        raise _Built(settings)
+
+    monkeypatch.setattr(lambda_handlers, "bootstrap", record)
+    module, _, name = cfn["Resources"][function]["Properties"]["Handler"].rpartition(".")
+    assert module == lambda_handlers.__name__
+    handler = getattr(lambda_handlers, name)
+    lambda_handlers.use()
+    try:
+        with pytest.raises(_Built) as built:
+            handler(_ANY_EVENT, FakeContext(f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:f", 1))
+    finally:
+        lambda_handlers.use()
+    return built.value.settings
+
+
 @pytest.mark.parametrize("function", sorted(HANDLERS))
 def test_a_cold_start_accepts_each_functions_environment(
     cfn: dict[str, Any], function: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The handlers' container, built from the environment as a cold start builds it, takes the
-    whole of it: a refusal here is every invocation failing in production."""
-    env = _environment(cfn, function, PARAMETERS)
-    for key in [k for k in os.environ if k.startswith("SENDQUEUE_")]:
-        monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.chdir(ROOT / "deploy" / "aws")  # no .env file here
-    logger = logging.getLogger("sendqueue")
-    monkeypatch.setattr(logger, "level", logger.level)  # container() raises it to INFO
-    lambda_handlers.use()
-    try:
-        settings = lambda_handlers.container().settings  # builds no client yet
-    finally:
-        lambda_handlers.use()
+    """The handler's container, built from the environment as a cold start builds it, takes the
+    whole of it: a refusal here is every invocation failing in production. The send function
+    reads the unsubscribe links' key from Secrets Manager (on moto); the others need none."""
+    parameters = PARAMETERS
+    key = secrets.token_hex(32)
+    if function == "SendFunction":
+        parameters = {**PARAMETERS, "SecretKeyArn": moto_secret(monkeypatch, key)}
+    env = _environment(cfn, function, parameters)
+    settings = cold_start_settings(cfn, function, env, monkeypatch)
     assert settings.environment == "production"
     assert settings.execution == "eventbridge"
     assert settings.database_url == env["SENDQUEUE_DATABASE_URL"]
@@ -673,6 +731,14 @@ def test_a_cold_start_accepts_each_functions_environment(
     assert settings.stale_policy == "retry"
     assert settings.alarm_webhook is None  # the empty default means none
     assert settings.api_token is None  # no web UI in a function, so no token
+    if function == "SendFunction":
+        assert type(settings) is LambdaSettings  # production needs the links
+        assert settings.public_url == PUBLIC_URL
+        assert settings.secret_key is not None and settings.secret_key.get_secret_value() == key
+        assert key not in env.values()  # read at the cold start, never in the configuration
+    else:
+        assert type(settings) is LambdaControlSettings
+        assert "SENDQUEUE_SECRET_KEY_ARN" not in env and settings.unsubscribe_links is None
 
 
 def test_the_send_timeout_sits_between_the_provision_margin_and_stale(

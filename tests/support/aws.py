@@ -44,10 +44,12 @@ __all__ = [
     "ACCOUNT",
     "REGION",
     "AwsWorld",
+    "aws_environment",
     "client",
     "dynamodb_backend",
     "dynamodb_url",
     "eventbridge_harness",
+    "moto_secret",
     "moto_url",
     "reset",
     "world",
@@ -95,6 +97,28 @@ def client(service: str, *, url: str | None = None, config: Config | None = None
     return _session.client(  # type: ignore[call-overload]
         service, endpoint_url=url or moto_url(), config=config
     )
+
+
+def aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What Lambda's environment gives boto3's default chain (credentials, the region), with
+    every client pointed at the moto server: for code that builds its own clients."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url())
+
+
+def moto_secret(
+    monkeypatch: pytest.MonkeyPatch, text: str, *, name: str = "sendqueue/secret-key"
+) -> str:
+    """Reset moto, keep ``text`` in a Secrets Manager secret there and point boto3's default
+    chain at moto (:func:`aws_environment`); the secret's ARN."""
+    reset()
+    aws_environment(monkeypatch)
+    arn: str = client("secretsmanager").create_secret(Name=name, SecretString=text)["ARN"]
+    return arn
 
 
 @dataclass
