@@ -20,6 +20,7 @@ from sendqueue.domain.feedback import (
 )
 from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task, task_id
+from sendqueue.domain.reports import parse_feedback
 from sendqueue.domain.suppression import SuppressionReason
 from sendqueue.domain.tokens import (
     TokenPurpose,
@@ -365,3 +366,21 @@ def test_message_ids_sendqueue_made_give_their_task() -> None:
     assert task_id_from_message_id(" c0123456789ab-7@example.com ") == "c0123456789ab-7"
     assert task_id_from_message_id("<CAF=x@mail.gmail.com>") is None
     assert task_id_from_message_id("<c0123456789ab-7@a@b>") is None
+
+
+@pytest.mark.parametrize("from_line", ["From: undisclosed-recipients:;", "From: nobody"])
+def test_a_reply_from_no_address_does_not_speak_for_the_email_it_names(from_line: str) -> None:
+    # A reply speaks for its own From only; one whose From holds no address must not fall back
+    # to the recipient of the (guessable) Message-ID it names.
+    world = World()
+    world.campaign(C1)
+    victim_sent = world.task(C1, 0, "vic@example.com", sent=True)
+    victim_next = world.task(C1, 1, "vic@example.com", sent=False)
+    raw = (
+        f"{from_line}\nTo: sales@example.com\nSubject: Re: hello\n"
+        f"In-Reply-To: <{victim_sent.id}@example.com>\nMessage-ID: <x1@evil.example>\n\nstop\n"
+    ).encode()
+    for item in parse_feedback(raw, received_at=T0):
+        world.service.apply(item)
+    assert world.state(victim_sent.id).outcome is TaskOutcome.ACCEPTED
+    assert world.state(victim_next.id).state is TaskState.PENDING
