@@ -135,6 +135,6 @@ def reply_feedback(msg: Message, received_at: datetime, secret: str | None) -> l
     answers, task_id = _task_replied_to(msg)
     if answers and task_id is None and not _answers_ses(msg):
         return []  # a reply to a message sendqueue did not send
-    if task_id is None and recipient is None:
-        return []
+    if recipient is None:
+        return []  # a reply speaks for its own From only (Message-IDs are guessable)
     return [Feedback(FeedbackKind.REPLY, received_at, task_id, recipient, subject[:1000])]
