@@ -760,3 +760,26 @@ def test_a_reply_to_an_email_ses_sent_counts_by_its_sender() -> None:
     assert summary(parse(raw)) == [(R, None, "anna@example.org")]
     other = raw.replace(b"eu-west-1.amazonses.com", b"mail.other.example")
     assert parse(other) == []
+
+
+def _with_list_unsubscribe(raw: bytes, marker: bytes, token: str) -> bytes:
+    """``raw`` with the List-Unsubscribe header every email sendqueue sends (with the public
+    URL and key set) added to the returned message, before its ``marker`` line."""
+    line = f"List-Unsubscribe: <https://mail.shop.example.com/u/{token}>\n".encode()
+    assert raw.count(marker) == 1
+    return raw.replace(marker, line + marker)
+
+
+def test_a_complaint_whose_returned_email_carries_its_signed_unsubscribe_link_is_believed() -> None:
+    # RFC 5965 makes Original-Mail-From optional and the Return-Path is written at final
+    # delivery, so a genuine complaint (AOL, Hotmail JMRP) may name no VERP address; the
+    # returned email's own List-Unsubscribe token is signed with the same key and proves it.
+    for name, task, marker in (
+        ("aol-arf.eml", T + "13", b"X-Sendqueue-Task: c0a1b2c3d4e5f-13\n"),
+        ("hotmail-jmrp.eml", T + "14", b"Message-ID: <c0a1b2c3d4e5f-14@shop.example.com>\n"),
+    ):
+        genuine = sign_task(task, SECRET, TokenPurpose.UNSUBSCRIBE)
+        raw = _with_list_unsubscribe(fixture(name), marker, genuine)
+        assert summary(parse(raw)) == EXPECTED[name]
+        forged = genuine[:-1] + ("0" if genuine[-1] != "0" else "1")
+        assert parse(_with_list_unsubscribe(fixture(name), marker, forged)) == []
