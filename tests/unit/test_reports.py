@@ -783,3 +783,12 @@ def test_a_complaint_whose_returned_email_carries_its_signed_unsubscribe_link_is
         assert summary(parse(raw)) == EXPECTED[name]
         forged = genuine[:-1] + ("0" if genuine[-1] != "0" else "1")
         assert parse(_with_list_unsubscribe(fixture(name), marker, forged)) == []
+
+
+def test_a_report_is_believed_by_the_signed_token_of_the_mailto_link_too() -> None:
+    token = sign_task(T + "13", SECRET, TokenPurpose.UNSUBSCRIBE)
+    marker = b"X-Sendqueue-Task: c0a1b2c3d4e5f-13\n"
+    mailto = f"mailto:unsubscribe@shop.example.com?subject=unsubscribe%20{token}"
+    line = f"List-Unsubscribe: <{mailto}>\n"
+    raw = fixture("aol-arf.eml").replace(marker, line.encode() + marker)
+    assert summary(parse(raw)) == EXPECTED["aol-arf.eml"]

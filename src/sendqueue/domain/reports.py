@@ -45,7 +45,7 @@ from sendqueue.domain.mailparts import (
 )
 from sendqueue.domain.replies import reply_feedback
 from sendqueue.domain.textbounces import is_text_bounce, read_text_bounce
-from sendqueue.domain.tokens import MIN_SECRET_LENGTH, verp_task
+from sendqueue.domain.tokens import MIN_SECRET_LENGTH, TokenPurpose, verify_task, verp_task
 
 __all__ = ["MAX_ITEMS", "MAX_REPORT", "parse_feedback"]
 
@@ -62,6 +62,8 @@ _DELIVERED_TO = (
 _STATUS = re.compile(r"\b([245])\.(\d{1,3})\.(\d{1,3})\b")
 _REPLY_CODE = re.compile(r"(?<![\d.])([245])\d\d(?![\d.])")
 _TASK_ID = re.compile(r"c[0-9a-f]{12}-[0-9]{1,9}")
+# An unsubscribe token in a List-Unsubscribe link (https /u/TOKEN or the mailto: subject).
+_LINK_TOKEN = re.compile(r"c[0-9a-f]{12}-[0-9]{1,9}\.[0-9a-f]{32}(?![0-9a-z])")
 _DELIVERY_STATUS = frozenset({"message/delivery-status", "message/global-delivery-status"})
 _FEEDBACK_REPORT = "message/feedback-report"
 _RETURNED_MESSAGE = frozenset({"message/rfc822", "message/global"})
@@ -100,6 +102,19 @@ class _Context:
             task_id = verp_task(address, self.bounce_address, self.secret)
             if task_id:
                 return task_id
+        return None
+
+    def signed_link(self, returned: Message | None) -> str | None:
+        """The task of the returned email's own List-Unsubscribe token, checked with the key:
+        a complaint's copy keeps it when its envelope sender is gone (Original-Mail-From is
+        optional, the Return-Path is written at final delivery)."""
+        if returned is None or not self.secret:
+            return None
+        for value in headers_of(returned, "list-unsubscribe"):
+            for token in _LINK_TOKEN.findall(value.lower()):
+                task_id = verify_task(token, self.secret, TokenPurpose.UNSUBSCRIBE)
+                if task_id:
+                    return task_id
         return None
 
     def at(self, *dates: str) -> datetime:
@@ -192,14 +207,15 @@ def task_of_returned(returned: Message | None) -> str | None:
 
 def _task(ctx: _Context, returned: Message | None, *extra: str) -> str | None:
     """The task a report is about: the VERP address it was delivered to (its own headers,
-    ``extra`` report fields, the returned message's Return-Path), else (only without VERP set
-    up, see :attr:`_Context.strict`) the returned message."""
+    ``extra`` report fields, the returned message's Return-Path) or, with VERP set up (see
+    :attr:`_Context.strict`), the returned email's signed List-Unsubscribe token; without VERP
+    set up, the returned message."""
     candidates = addresses([v for name in _DELIVERED_TO for v in headers_of(ctx.msg, name)])
     candidates += addresses(list(extra))
     if returned is not None:
         candidates += addresses(headers_of(returned, "return-path"))
     if ctx.strict:
-        return ctx.verp(candidates)
+        return ctx.verp(candidates) or ctx.signed_link(returned)
     return task_of_returned(returned)
 
 
