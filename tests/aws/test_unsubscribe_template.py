@@ -69,6 +69,9 @@ def _public_url_accepted(value: str) -> bool:
         "https://-bad-.example.com",
         "https://mail..example.com",
         "https://mail.example.com:port",
+        "https://mail.example.com:99999",  # no such port
+        "https://mail.example.com/a>b",  # ">" ends the <link> of List-Unsubscribe
+        'https://mail.example.com/a"b',  # '"' ends the href of the footer's link
     ],
 )
 def test_the_public_url_parameter_takes_what_production_takes(
