@@ -56,9 +56,12 @@ def check_public_url(value: str | None, variable: str) -> str | None:
             f"{variable}: expected the https:// address the recipients reach this server at, "
             "e.g. https://mail.example.com"
         )
-    if any(ch.isspace() or not ch.isprintable() for ch in value):
-        # The link goes between < > in List-Unsubscribe, where a blank would end it.
-        raise ValueError(f"{variable}: no spaces or control characters (percent-encode them)")
+    if any(ch.isspace() or not ch.isprintable() or ch in '<>"' for ch in value):
+        # The link goes between < > in List-Unsubscribe, where a blank or ">" would end it,
+        # and into the footer's href="...".
+        raise ValueError(
+            f'{variable}: no spaces, control characters, <, > or " (percent-encode them)'
+        )
     if parts.username is not None or parts.query or parts.fragment:
         raise ValueError(f"{variable}: no user, query or fragment; the links append /u/<token>")
     if not is_host_name(parts.hostname):
