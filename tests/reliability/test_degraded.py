@@ -38,6 +38,7 @@ from sendqueue.cli import app as cli_app
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import schedule_group
 from sendqueue.domain.policy import SendingPolicy, Window
+from sendqueue.domain.tokens import TokenPurpose, sign_task
 from sendqueue.ports import OutgoingMessage
 from sendqueue.services.importing import Templates
 from sendqueue.settings import Settings
@@ -71,6 +72,10 @@ BODY = {
 }
 
 
+#: The key that signs the unsubscribe links the checks below follow.
+LINK_KEY = "degraded-test-unsubscribe-key-0123456789"
+
+
 def _settings(home: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "_env_file": None,
@@ -80,6 +85,9 @@ def _settings(home: Path, **overrides: Any) -> Settings:
         "default_timezone": "UTC",
         "scheduler_retry_backoff": 5.0,
         "auto_pause_after": 0,
+        # the unsubscribe routes answer a genuine link from the store (a forged one: 404 at once)
+        "public_url": "https://mail.example.com",
+        "secret_key": LINK_KEY,
     }
     values.update(overrides)
     return Settings(**values)
@@ -91,11 +99,14 @@ REQUESTS: dict[str, dict[str, Any]] = {
     "/api/suppressions/import": {
         "files": {"file": ("s.csv", b"email\nada@example.com\n", "text/csv")}
     },
+    "/u/{token}": {"data": {"List-Unsubscribe": "One-Click"}},
 }
 
 
 def _concrete(path: str, campaign_id: str) -> str:
     path = path.replace("{task_id}", f"{campaign_id}-0").replace("{email:path}", "a@example.com")
+    token = sign_task(f"{campaign_id}-0", LINK_KEY, TokenPurpose.UNSUBSCRIBE)
+    path = path.replace("{token}", token)
     return re.sub(r"\{[^}]+\}", campaign_id, path)
 
 
