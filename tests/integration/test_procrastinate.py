@@ -270,6 +270,9 @@ def test_a_killed_workers_stalled_work_completes_under_the_stale_policy(
         "SENDQUEUE_RECONCILE_LEASE": "3",
         "SENDQUEUE_SCHEDULER_LEASE": "4",
         "SENDQUEUE_RETRY_BACKOFF": "0.5",
+        # a burst on purpose, as above: spaced out, late sends 1 ms apart kept moving each
+        # other (each saw the other's claim), and the victim could go 60 s without a send
+        "SENDQUEUE_SPACE_LATE_SENDS": "false",
     }
     app = _app(postgres_url, smtp_sink.url(), overdue=True, stale_policy=policy)
     cid = _campaign(app, count, 0.001)
