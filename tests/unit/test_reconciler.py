@@ -289,12 +289,15 @@ def test_a_long_recreate_keeps_the_pass_lease() -> None:
         scheduler.lose(expected_schedule_name(task))
     reads = 0
     taken_over: list[bool] = []
+    counting = threading.Lock()  # the re-check may read from several threads
 
     def slow_get(name: str) -> Schedule | None:
         nonlocal reads
-        reads += 1
+        with counting:
+            reads += 1
+            last = reads == 2500
         clock.advance(seconds=ttl * 0.7 / 1000)  # a chunk's reads take 0.7 of the lease
-        if reads == 2500:  # the last read: 1.75 leases since the pass took its lease
+        if last:  # the last read: 1.75 leases since the pass took its lease
             taken_over.append(
                 app.store.acquire_lease("reconciler", "another-pass", ttl_seconds=ttl,
                                         at=clock.now())
