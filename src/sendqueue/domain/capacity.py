@@ -25,7 +25,8 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
+from zoneinfo import ZoneInfo
 
 from .errors import InvalidField, NoSendingDay
 from .planner import PLANNING_HORIZON_DAYS, plan
@@ -165,30 +166,45 @@ def plan_with_senders(
     zones = {sid: books[sid].sender.zone for sid in rotation}
     horizon = timedelta(days=PLANNING_HORIZON_DAYS)
     last_placed: datetime | None = None
+    gaps = {sid: books[sid].sender.min_gap_seconds * 1000 for sid in rotation}
+    # A sender whose local day is full is skipped until its next local midnight (ms) by one
+    # integer comparison, so a grid slot does not try every full mailbox again.
+    blocked = dict.fromkeys(rotation, -(2**63))
     turn, placed, seen = 0, 0, 0
     batch = count + 2 * len(taken) + per_day + _FIRST_BATCH
     while True:
         grid = plan(grid_policy, seen + batch, now=now)
         for instant in grid[seen:]:
+            instant_ms = _ms(instant)
+            instant_day = instant.astimezone(zone).date()
+            if used.get(instant_day, 0) >= per_day:
+                continue
             for step in range(len(rotation)):
                 sender_id = rotation[(turn + step) % len(rotation)]
                 queue = queues[sender_id]
-                if not queue:
+                if not queue or instant_ms < blocked[sender_id]:
                     continue
                 book = books[sender_id]
-                gap = book.sender.min_gap_seconds
-                at = slot_start(-(-_ms(instant) // (gap * 1000)), gap)
-                day = at.astimezone(zone).date()
-                if used.get(day, 0) >= per_day:
+                gap = gaps[sender_id]
+                index = -(-instant_ms // gap)
+                if index in book.slots:
                     continue
-                if at != instant and not in_policy(policy, at):
+                at_ms = index * gap
+                at = instant if at_ms == instant_ms else _EPOCH + timedelta(milliseconds=at_ms)
+                sender_day = at.astimezone(zones[sender_id]).date()
+                if book.per_day.get(sender_day, 0) >= book.sender.cap_on(sender_day):
+                    blocked[sender_id] = _ms(_local_midnight(sender_day, zones[sender_id]))
+                    continue
+                day = instant_day if at is instant else at.astimezone(zone).date()
+                if day != instant_day and used.get(day, 0) >= per_day:
+                    continue
+                if at is not instant and not in_policy(policy, at):
                     continue
                 if taken and _near(taken, at, near):
                     continue
-                if not book.has_room(at, at.astimezone(zones[sender_id]).date()):
-                    continue
                 out[queue.popleft()] = at
-                book.add(at)
+                book.per_day[sender_day] = book.per_day.get(sender_day, 0) + 1
+                book.slots.add(index)
                 used[day] = used.get(day, 0) + 1
                 placed += 1
                 last_placed = at if last_placed is None else max(last_placed, at)
@@ -207,6 +223,12 @@ def plan_with_senders(
                 )
         seen = len(grid)
         batch *= 2
+
+
+def _local_midnight(day: date, zone: ZoneInfo) -> datetime:
+    """The start of the day after ``day`` in ``zone`` (fold 0: never after the real start, so
+    a sender is never skipped past a day it has room on)."""
+    return datetime.combine(day + timedelta(days=1), time(), tzinfo=zone)
 
 
 def _near(taken: Sequence[datetime], at: datetime, gap: timedelta) -> bool:
