@@ -21,7 +21,6 @@ and room on its day, so one full mailbox does not hold back the others.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,7 +31,7 @@ from .errors import InvalidField, NoSendingDay
 from .planner import PLANNING_HORIZON_DAYS, plan
 from .policy import SendingPolicy
 from .senders import Sender
-from .slots import in_policy, nominal_spacing
+from .slots import _near, in_policy, nominal_spacing
 
 __all__ = [
     "SenderBook",
@@ -72,14 +71,6 @@ class SenderBook:
     sender: Sender
     per_day: dict[date, int] = field(default_factory=dict)
     slots: set[int] = field(default_factory=set)
-
-    @classmethod
-    def of(cls, sender: Sender, booked: Collection[datetime]) -> SenderBook:
-        """The book of ``sender`` holding the sends at ``booked`` (instants of its slots)."""
-        book = cls(sender)
-        for at in booked:
-            book.add(at)
-        return book
 
     def day_of(self, at: datetime) -> date:
         """The sender's local day of ``at``."""
@@ -229,10 +220,3 @@ def _local_midnight(day: date, zone: ZoneInfo) -> datetime:
     """The start of the day after ``day`` in ``zone`` (fold 0: never after the real start, so
     a sender is never skipped past a day it has room on)."""
     return datetime.combine(day + timedelta(days=1), time(), tzinfo=zone)
-
-
-def _near(taken: Sequence[datetime], at: datetime, gap: timedelta) -> bool:
-    i = bisect_left(taken, at)
-    if i < len(taken) and taken[i] - at < gap:
-        return True
-    return i > 0 and at - taken[i - 1] < gap
