@@ -8,6 +8,7 @@
     │   ├── IllegalTransition       a task or campaign state change the lifecycle forbids
     │   ├── NotFound                an unknown campaign, task, schedule or dead letter
     │   └── Conflict                the object exists in another form (e.g. schedule token clash)
+    │       └── Overbooked          a sender's slot or day is taken (another campaign booked it)
     └── InfrastructureError         a backing system failed; retrying later may succeed
         ├── StoreUnavailable        the task store could not be reached or failed to write
         ├── SchedulerError          the execution layer failed
@@ -36,6 +37,7 @@ __all__ = [
     "MailError",
     "NoSendingDay",
     "NotFound",
+    "Overbooked",
     "PermanentMailError",
     "SchedulerError",
     "SendqueueError",
@@ -119,6 +121,18 @@ class NotFound(DomainError, LookupError):
 
 class Conflict(DomainError):
     """The object already exists in another form (e.g. a schedule name with another token)."""
+
+
+class Overbooked(Conflict):
+    """A booking was refused: ``sender_id``'s slot at ``at`` is held by another task, or its
+    local ``day`` is full. Nothing of the call was booked; re-read the books and plan again."""
+
+    def __init__(self, sender_id: str, *, day: object = None, at: object = None) -> None:
+        self.sender_id = sender_id
+        self.day = day
+        self.at = at
+        what = f"day {day} is full" if at is None else f"slot {at} is taken"
+        super().__init__(f"sender {sender_id}: {what}")
 
 
 class InfrastructureError(SendqueueError):

@@ -114,6 +114,8 @@ class Recipient:
     text: str = ""
     html: str | None = None
     variables: Mapping[str, str] = field(default_factory=dict)
+    timezone: str | None = None
+    """The recipient's own IANA zone (CSV column ``timezone``); None: the campaign's."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,11 @@ class Campaign:
     """Which Pending emails of a recipient a reply cancels (issue 14)."""
     unsubscribe_footer: bool = False
     """Whether every email gets a one-line unsubscribe footer (issue 14)."""
+    sender_ids: tuple[str, ...] = ()
+    """The senders its recipients are spread across (issue 13); empty: ``from_addr`` is an
+    implicit sender with no cap."""
+    local_time: bool = False
+    """Whether windows, weekdays and skip dates are read in each recipient's zone."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +180,12 @@ class Task:
     """What the feedback said, e.g. "5.1.1 smtp; 550 5.1.1 user unknown"."""
     outcome_at: datetime | None = None
     """When the outcome was last set (aware, UTC)."""
+    sender_id: str | None = None
+    """The sender it goes out from (None: the campaign's implicit ``from_addr`` sender)."""
+    sender: str | None = None
+    """That sender's address, as planned (None: the campaign's ``from_addr``)."""
+    timezone: str | None = None
+    """The recipient's zone in a local-time campaign (None: the campaign's)."""
 
 
 class TaskChanges(TypedDict, total=False):

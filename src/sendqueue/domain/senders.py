@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
 from zoneinfo import ZoneInfo
 
@@ -30,11 +30,15 @@ __all__ = [
     "DEFAULT_MIN_GAP_SECONDS",
     "MAX_MIN_GAP_SECONDS",
     "TRANSPORT_SCHEMES",
+    "Booking",
     "Sender",
+    "SenderDay",
+    "epoch_ms",
     "masked_transport",
     "new_sender_id",
 ]
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 DEFAULT_DAILY_CAP = 50
 DEFAULT_MIN_GAP_SECONDS = 60
 #: One send a day at most, at the strictest gap a sender may have.
@@ -42,6 +46,11 @@ MAX_MIN_GAP_SECONDS = 86_400
 MAX_NAME_CHARS = 200
 #: The transports a sender may name; the mail adapters parse the rest of the URL.
 TRANSPORT_SCHEMES = ("smtp", "smtps", "ses", "maildir")
+
+
+def epoch_ms(at: datetime) -> int:
+    """Whole milliseconds since the epoch (rounded down) of an aware instant."""
+    return (at - _EPOCH) // timedelta(milliseconds=1)
 
 
 def new_sender_id() -> str:
@@ -156,3 +165,44 @@ class Sender:
             return self.daily_cap
         days_in = max(0, (day - self.warmup_from).days)
         return min(self.daily_cap, self.warmup_start + self.warmup_step * days_in)
+
+
+@dataclass(frozen=True)
+class Booking:
+    """One planned send holding a slot on its sender's day (what the store books atomically).
+
+    ``at`` is the send instant, a slot start of the sender (see
+    :mod:`sendqueue.domain.capacity`); ``day`` its local day in the sender's timezone; ``cap``
+    the sender's cap on that day as the planner read it (planned plus sent there never passes
+    it); ``recipient`` the compared address (``key_of_normalized``), which the store remembers
+    as sent from this sender (sticky).
+    """
+
+    sender_id: str
+    at: datetime
+    day: date
+    task_id: str
+    campaign_id: str
+    recipient: str
+    cap: int
+
+    def __post_init__(self) -> None:
+        if self.at.utcoffset() is None:
+            raise InvalidField("at", self.at, "expected an aware date and time")
+        object.__setattr__(self, "at", self.at.astimezone(UTC))
+        if isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1:
+            raise InvalidField("cap", self.cap, "expected a whole number of at least 1")
+
+    @property
+    def at_ms(self) -> int:
+        """``at`` in whole milliseconds since the epoch: the slot's key in a store."""
+        return epoch_ms(self.at)
+
+
+@dataclass(frozen=True)
+class SenderDay:
+    """A sender's usage on one of its local days: sends still planned, and sends made."""
+
+    day: date
+    planned: int
+    sent: int

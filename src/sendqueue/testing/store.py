@@ -42,6 +42,7 @@ from sendqueue.domain.models import (
 )
 from sendqueue.testing.feedback import InMemoryFeedback
 from sendqueue.testing.guard import guarded as _guarded
+from sendqueue.testing.senders import InMemorySenders
 from sendqueue.testing.suppressions import InMemorySuppressions
 
 __all__ = ["InMemoryTaskStore"]
@@ -59,7 +60,7 @@ def _utc_or_none(value: datetime | None) -> datetime | None:
     return None if value is None else utc(value)
 
 
-class InMemoryTaskStore(InMemorySuppressions, InMemoryFeedback):
+class InMemoryTaskStore(InMemorySuppressions, InMemoryFeedback, InMemorySenders):
     """:class:`~sendqueue.ports.TaskStore`, :class:`~sendqueue.ports.SuppressionList` and
     :class:`~sendqueue.ports.FeedbackStore` in memory; thread-safe, one lock.
 
@@ -71,6 +72,7 @@ class InMemoryTaskStore(InMemorySuppressions, InMemoryFeedback):
     def __init__(self) -> None:
         InMemorySuppressions.__init__(self)
         InMemoryFeedback.__init__(self)
+        InMemorySenders.__init__(self)
         self._lock = threading.RLock()
         self._available = True
         self._campaigns: dict[str, Campaign] = {}

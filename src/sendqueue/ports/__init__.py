@@ -20,6 +20,8 @@ the contract tests in ``tests/contract`` check, against the in-memory fakes in
   pauses a campaign after too many failures in a row.
 - :class:`Events` hears what happened (sends, dead letters, alarms, repairs), for the metrics.
 - :class:`Clock` tells the time, so tests can run on a fake one.
+- :class:`~sendqueue.ports.senders.SenderStore` keeps senders and the slots their sends book
+  (every task store keeps them too).
 
 Optional abilities are declared, never discovered with ``getattr``: ``Scheduler.firing_precision``
 and ``Dispatcher.runs_reconciler`` are attributes every adapter sets, and the small
@@ -36,9 +38,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
-from .domain.alarms import AlarmItem, AutoPause
-from .domain.lifecycle import CampaignState, TaskOutcome, TaskState
-from .domain.models import (
+from sendqueue.domain.alarms import AlarmItem, AutoPause
+from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
+from sendqueue.domain.models import (
     Campaign,
     ChangeLogEntry,
     DeadLetter,
@@ -47,7 +49,8 @@ from .domain.models import (
     Task,
     TaskChanges,
 )
-from .domain.suppression import Suppression, key_of_normalized
+from sendqueue.domain.suppression import Suppression, key_of_normalized
+from sendqueue.ports.senders import SenderStore
 
 __all__ = [
     "Alarm",
@@ -67,6 +70,7 @@ __all__ = [
     "Schedule",
     "Scheduler",
     "SendOutcome",
+    "SenderStore",
     "SuppressionList",
     "Target",
     "TaskStore",
