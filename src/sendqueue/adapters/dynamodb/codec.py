@@ -133,6 +133,9 @@ def task_doc(task: Task) -> dict[str, Any]:
         "outcome": None if task.outcome is None else TaskOutcome(task.outcome).value,
         "outcome_detail": task.outcome_detail,
         "outcome_at": None if task.outcome_at is None else time_key(task.outcome_at),
+        "sender_id": task.sender_id,
+        "sender": task.sender,
+        "timezone": task.timezone,
     }
 
 
@@ -192,6 +195,10 @@ def task_from_item(item: Mapping[str, Any]) -> tuple[Task, int]:
         outcome=None if doc.get("outcome") is None else TaskOutcome(doc["outcome"]),
         outcome_detail=doc.get("outcome_detail"),
         outcome_at=parse_opt_time(doc.get("outcome_at")),
+        # Items written before senders existed (issue 13): the campaign's implicit sender.
+        sender_id=doc.get("sender_id"),
+        sender=doc.get("sender"),
+        timezone=doc.get("timezone"),
     )
     return task, int(item["v"]["N"])
 
@@ -211,6 +218,8 @@ def campaign_item(campaign: Campaign, recipient_key: str) -> dict[str, Any]:
         "updated_at": time_key(campaign.updated_at),
         "stop_on_reply": StopOnReply(campaign.stop_on_reply).value,
         "unsubscribe_footer": bool(campaign.unsubscribe_footer),
+        "sender_ids": list(campaign.sender_ids),
+        "local_time": bool(campaign.local_time),
     }
     return {
         "pk": str_attr("campaign"),
@@ -238,6 +247,9 @@ def campaign_from_item(item: Mapping[str, Any]) -> Campaign:
         # Items written before these options existed: the defaults.
         stop_on_reply=StopOnReply(doc.get("stop_on_reply", StopOnReply.SENDER.value)),
         unsubscribe_footer=bool(doc.get("unsubscribe_footer", False)),
+        # Items written before senders existed (issue 13): no senders, the campaign's zone.
+        sender_ids=tuple(doc.get("sender_ids") or ()),
+        local_time=bool(doc.get("local_time", False)),
     )
 
 
@@ -250,6 +262,7 @@ def recipient_item(campaign_id: str, key: str, r: Recipient) -> dict[str, Any]:
         "text": r.text,
         "html": r.html,
         "variables": dict(r.variables),
+        "timezone": r.timezone,
     }
     return {
         "pk": str_attr(f"R#{campaign_id}#{key}"),

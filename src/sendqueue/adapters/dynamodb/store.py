@@ -67,6 +67,7 @@ from sendqueue.adapters.dynamodb.codec import (
     time_key,
 )
 from sendqueue.adapters.dynamodb.feedback import FeedbackItems
+from sendqueue.adapters.dynamodb.senders import SenderItems
 from sendqueue.adapters.dynamodb.suppressions import SuppressionItems
 from sendqueue.adapters.dynamodb.table import (
     ITEM_BYTES,
@@ -95,10 +96,11 @@ from sendqueue.domain.models import (
 __all__ = ["DynamoDbTaskStore"]
 
 
-class DynamoDbTaskStore(TaskItems, SuppressionItems, FeedbackItems):
+class DynamoDbTaskStore(TaskItems, SuppressionItems, FeedbackItems, SenderItems):
     """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`,
     :mod:`~sendqueue.adapters.dynamodb.suppressions`; :class:`~sendqueue.ports.FeedbackStore`,
-    :mod:`~sendqueue.adapters.dynamodb.feedback`) on DynamoDB; see the module docstring."""
+    :mod:`~sendqueue.adapters.dynamodb.feedback`; :class:`~sendqueue.ports.SenderStore`,
+    :mod:`~sendqueue.adapters.dynamodb.senders`) on DynamoDB; see the module docstring."""
 
     # -- campaigns ---------------------------------------------------------------------------
     def create_campaign(self, campaign: Campaign, recipients: Iterable[Recipient]) -> None:

@@ -23,7 +23,20 @@ key attributes are the contract with the template and must stay stable:
                                  ``task``, ``at``
 ``SB#<address>``    message key  a transient bounce of the address (``FeedbackStore``): ``at``
 ``cursor``          mailbox      a feedback mailbox's position: ``uv`` its UIDVALIDITY, ``uid``
+``sender``          id           a sender (``SenderStore``): ``em`` its address lower-cased,
+                                 ``d`` the sender as JSON (its transport as given)
+``senderaddr``      address      the claim that keeps an address (lower-cased) to one sender:
+                                 ``sid``
+``SL#<sender>``     epoch ms     a booked slot (ms zero-padded to 15): ``task``, ``at``,
+                                 ``day``, ``cid``, ``rc``, ``cap``, ``sent`` (BOOL)
+``SD#<sender>``     ISO day      a sender's local day: ``planned``, ``sent``, ``total`` (N)
+``BK#<task id>``    ``#``        the task's booking: the slot's attributes, ``v`` its version,
+                                 ``fr`` old slots still to free (a large move, in JSON)
+``ST#<address>``    ``#``        the first sender a recipient was booked on: ``sid``
 ==================  ===========  ==============================================================
+
+The sender items need no index: every read of them is a query of one partition's sort-key
+range or a get (see :mod:`~sendqueue.adapters.dynamodb.senders`).
 
 A task item also carries ``ga`` (its address's compared form, ``key_of_normalized``) and, once
 sent, ``oc`` (its outcome).
