@@ -19,6 +19,7 @@ from sendqueue.domain.errors import InvalidInput
 from sendqueue.domain.models import Campaign, Recipient
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.services import campaigns as campaigns_module
+from sendqueue.services import previews as previews_module
 from sendqueue.services.campaigns import PREVIEW_CACHE_SIZE
 from sendqueue.services.import_stream import check_csv
 from sendqueue.services.importing import ImportLimits, Templates
@@ -152,7 +153,8 @@ def planner_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(count)
         return real(policy, count, now=now)
 
-    monkeypatch.setattr(campaigns_module, "plan", counting)
+    monkeypatch.setattr(campaigns_module, "plan", counting)  # check_plannable
+    monkeypatch.setattr(previews_module, "plan", counting)  # the preview's plan
     return calls
 
 

@@ -47,8 +47,8 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_left
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from functools import cached_property, lru_cache
 from zoneinfo import ZoneInfo
@@ -105,6 +105,13 @@ class _Grid:
         """Index of the interval each slot lies in."""
         self.end = intervals[-1][1]
         """End of the day's last real interval (exclusive)."""
+
+    @cached_property
+    def ends(self) -> list[int]:
+        """The end (exclusive) of the real interval each slot lies in: a later instant of the
+        same day is inside the windows exactly while it is below this."""
+        intervals = self.intervals
+        return [intervals[k][1] for k in self.owner]
 
     @cached_property
     def deltas(self) -> list[timedelta]:
@@ -289,6 +296,51 @@ def _plan(policy: SendingPolicy, start_us: int, count: int) -> list[datetime]:
     return out
 
 
+def _grid_ms(policy: SendingPolicy, now: datetime) -> Iterator[tuple[int, _Grid, int]]:
+    """:func:`plan`'s grid without jitter, one sending day at a time, in integer ms.
+
+    Yields ``(base, grid, first)``: that day's slots are ``base + grid.slots[j]`` for ``j >=
+    first`` (ms since the epoch), each inside its real interval up to ``base + grid.ends[j]``.
+    Endless: the caller stops when it has what it needs. Raises NoSendingDay when
+    :data:`PLANNING_HORIZON_DAYS` days in a row hold no slot (as :func:`plan` does), and
+    OverflowError past ``date.max``. The capacity planner walks it (``capacity.py``): it needs
+    the grid as integers and each slot's window end, not datetimes. It repeats :func:`_plan`'s
+    day loop rather than sharing it, so that loop (and plan()'s speed) stays as it is.
+    """
+    start_us = _effective_start(policy, now)
+    policy = replace(policy, jitter_seconds=0) if policy.jitter_seconds else policy
+    zone = policy.zone
+    days = _Days(policy, zone)
+    start_ms = -(-start_us // 1000)
+    start_local = (_EPOCH + timedelta(microseconds=start_us)).astimezone(zone)
+    ordinal = start_local.date().toordinal()
+    allowed = tuple(d in policy.weekdays for d in range(7))
+    skip = {d.toordinal() for d in policy.skip_dates}
+    prev_end: int | None = None
+    empty_run = 0
+    while True:
+        took = False
+        if allowed[(ordinal - 1) % 7] and ordinal not in skip:
+            got = days.grid(ordinal, prev_end)
+            if got is not None:
+                base, grid = got
+                slots = grid.slots
+                first = 0 if base + slots[0] >= start_ms else bisect_left(slots, start_ms - base)
+                if first < len(slots):
+                    took = True
+                    yield base, grid, first
+                prev_end = base + grid.end
+        if took:
+            empty_run = 0
+        else:
+            empty_run += 1
+            if empty_run >= PLANNING_HORIZON_DAYS:
+                raise NoSendingDay(_no_sending_day_reason(policy, ordinal - empty_run + 1))
+        if ordinal >= _MAX_ORDINAL:
+            raise OverflowError("past date.max")
+        ordinal += 1
+
+
 class _Days:
     """The slot grids of one policy's days; an ordinary day's grid is computed once."""
 
@@ -457,3 +509,28 @@ def _no_sending_day_reason(policy: SendingPolicy, first_ordinal: int) -> str:
         f"{policy.timezone}, after the start and outside DST gaps); check weekdays, windows "
         "and skip_dates"
     )
+
+
+def per_zone_day_summary(
+    sends: Sequence[datetime], zones: Sequence[str | None], default_zone: str
+) -> dict[str, list[DaySummary]]:
+    """Sends grouped by their recipient's zone, each group by local day in that zone.
+
+    ``zones[i]`` is the IANA zone of the recipient of ``sends[i]``, None for ``default_zone``
+    (the campaign's). Each zone present gets :func:`per_day_summary` of its sends in its own
+    zone; ``default_zone`` comes first, the others in name order. InvalidField (``zones``) when
+    the lengths differ, or (``timezone``) for an unknown zone.
+    """
+    if len(zones) != len(sends):
+        raise InvalidField(
+            "zones", len(zones), f"expected one zone (or None) per send, {len(sends)}"
+        )
+    groups: dict[str, list[datetime]] = {}
+    for send, zone in zip(sends, zones, strict=True):
+        name = zone or default_zone
+        group = groups.get(name)
+        if group is None:
+            group = groups[name] = []
+        group.append(send)
+    order = sorted(groups, key=lambda name: (name != default_zone, name))
+    return {name: per_day_summary(groups[name], name) for name in order}

@@ -51,6 +51,9 @@ class CheckedImport:
     first_emails: list[str]
     """The addresses of the first :data:`FIRST_EMAILS_KEPT` recipients."""
     _again: Callable[[], Iterator[Recipient]] = field(repr=False, compare=False)
+    zoned: int = 0
+    """Recipients with a zone of their own (a ``timezone`` cell): a campaign that is not
+    local-time stores their zones but does not use them, which a caller may point out."""
 
     def recipients(self) -> Iterator[Recipient]:
         """The recipients in file order, positions 0..count-1, read again from the source."""
@@ -85,7 +88,13 @@ def check_csv(
         spill.close()
         raise
     checked = CheckedImport(
-        first.count, first.rows, first.duplicates, first.duplicate_rows, emails, spill.read
+        first.count,
+        first.rows,
+        first.duplicates,
+        first.duplicate_rows,
+        emails,
+        spill.read,
+        first.zoned,
     )
     weakref.finalize(checked, spill.close)  # the spill file lives as long as this
     return checked
@@ -105,7 +114,9 @@ class _Spill:
 
     def add(self, r: Recipient) -> None:
         variables = dict(r.variables)
-        self._chunk.append((r.position, r.email, r.name, r.subject, r.text, r.html, variables))
+        self._chunk.append(
+            (r.position, r.email, r.name, r.subject, r.text, r.html, variables, r.timezone)
+        )
         if len(self._chunk) >= _SPILL_ROWS:
             self._flush()
 
@@ -155,4 +166,5 @@ def check_rows(
         result.duplicate_rows,
         [r.email for r in recipients[:FIRST_EMAILS_KEPT]],
         lambda: iter(recipients),
+        sum(1 for r in recipients if r.timezone is not None),
     )

@@ -3,7 +3,8 @@
 The contract the CLI, the web app and the campaign service rely on:
 
 * **Header.** The first non-blank record names the columns. ``email`` is required; ``name``,
-  ``subject``, ``body`` and ``html`` are optional; every other column is a template variable.
+  ``subject``, ``body``, ``html`` and ``timezone`` are optional; every other column is a
+  template variable.
   Names are trimmed and matched case-insensitively; they must be unique (ignoring case) and not
   empty. Extra columns keep their spelling as variable names.
 * **Cells are literal text**, never templates. A non-empty ``subject``/``body``/``html`` cell wins
@@ -25,6 +26,13 @@ The contract the CLI, the web app and the campaign service rely on:
   hold line breaks but no NUL character. Rows whose address repeats an earlier one (ignoring
   case) are dropped without further checks and counted; the first stays.
   Blank records (every cell empty or whitespace) are skipped.
+* **Time zone.** A ``timezone`` cell is the recipient's IANA zone (``Europe/Berlin``), trimmed;
+  an empty cell (or no column) is None: the campaign's zone. An unknown zone is a problem of
+  that row (field ``timezone``, with the value). The zone is kept whether or not the campaign
+  is local-time (``campaign create --local-time``); only a local-time campaign reads its
+  windows, weekdays and skip dates in it, any other ignores it (its preview says so). The
+  column is not a template variable, but templates see it as ``timezone``, as they see
+  ``name``.
 * **Row numbers** are spreadsheet row numbers: the n-th CSV record, blank ones included, so the
   header is row 1 and a quoted cell with embedded newlines does not shift later rows.
 * **All or nothing.** Every row is checked. If any is invalid, :class:`InvalidInput` is raised
@@ -40,12 +48,14 @@ after ``max_bytes`` without being held in memory.
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import zoneinfo
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -54,6 +64,7 @@ from jinja2 import Template, TemplateError
 
 from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.models import Recipient
+from sendqueue.domain.policy import load_timezone
 from sendqueue.services.addresses import AddressNormalizer
 from sendqueue.services.csv_source import LimitedReader, open_binary, source_name, utf8_lines
 from sendqueue.services.templates import (
@@ -77,7 +88,7 @@ __all__ = [
 ]
 
 # Columns with a meaning of their own; every other column is a template variable.
-_RESERVED = ("email", "name", "subject", "body", "html")
+_RESERVED = ("email", "name", "subject", "body", "html", "timezone")
 # How many duplicate row numbers an ImportResult lists.
 _DUPLICATE_ROWS_SHOWN = 50
 # An address longer than this cannot be valid (RFC 5321 allows 254); refusing it before
@@ -181,7 +192,8 @@ def parse_recipient_rows(
     """Render and validate recipients given as mappings (the API's JSON), by the CSV rules.
 
     Each mapping is one row: its keys are the columns (``email`` required; ``name``,
-    ``subject``, ``body``, ``html`` optional; every other key a template variable), and a
+    ``subject``, ``body``, ``html``, ``timezone`` optional; every other key a template
+    variable), and a
     missing key is an empty cell. Values are text; numbers are taken as their text and
     ``None`` as empty; anything else (a list, a mapping, a boolean) is a problem of that row
     and key. Unlike a CSV file, an empty row is not skipped: it is a row without an address.
@@ -280,6 +292,7 @@ class _Header:
     body: int | None
     html: int | None
     extras: tuple[tuple[int, str], ...]
+    timezone: int | None = None
 
 
 def _read_header(cells: list[str], row: int, limits: ImportLimits) -> _Header:
@@ -322,6 +335,7 @@ def _read_header(cells: list[str], row: int, limits: ImportLimits) -> _Header:
         subject=seen.get("subject"),
         body=seen.get("body"),
         html=seen.get("html"),
+        timezone=seen.get("timezone"),
         extras=tuple(
             (index, name) for index, name in enumerate(names) if name.casefold() not in _RESERVED
         ),
@@ -346,6 +360,9 @@ class RowImporter:
         self.addresses = AddressNormalizer()
         self.duplicates = 0
         self.duplicate_rows: list[int] = []
+        self.zoned = 0
+        """Recipients with a zone of their own (a ``timezone`` cell)."""
+        self._zones: set[str] = set()  # the zones already found valid
 
     def run(self, reader: Iterator[list[str]]) -> ImportResult:
         recipients = list(self.recipients_of(reader))
@@ -457,6 +474,8 @@ class RowImporter:
         elif (why := _header_problem(name)) is not None:
             fail("name", name, why)
 
+        timezone = self._timezone(header, cells, fail)
+
         variables = {column: cells[index] for index, column in header.extras}
         for column, value in variables.items():
             if len(value) > limits.max_field_chars:
@@ -473,6 +492,8 @@ class RowImporter:
                 return cell
             if context is None:
                 row = {**variables, "email": email, "name": name}
+                if header.timezone is not None:
+                    row["timezone"] = timezone or ""
                 context = {**row, "row": row}
             try:
                 return self.templates.render(field_, context)
@@ -517,7 +538,36 @@ class RowImporter:
         assert subject is not None
         assert body is not None
         self.count += 1
-        return Recipient(self.count - 1, email, name, subject, body, html or None, variables)
+        if timezone is not None:
+            self.zoned += 1
+        return Recipient(
+            self.count - 1, email, name, subject, body, html or None, variables, timezone
+        )
+
+    def _timezone(
+        self, header: _Header, cells: list[str], fail: Callable[[str, object, str], None]
+    ) -> str | None:
+        """The row's ``timezone`` cell, trimmed, or None when empty or missing; an unknown
+        zone is reported (with ``fail``) and gives None."""
+        if header.timezone is None:
+            return None
+        zone = cells[header.timezone].strip()
+        if not zone:
+            return None
+        if zone not in self._zones:
+            try:
+                load_timezone(zone, "timezone")
+            except InvalidField as exc:
+                known = _zones_by_casefold().get(zone.casefold())
+                why = (
+                    f"unknown IANA timezone; did you mean {known}? Zone names are case-sensitive"
+                    if known
+                    else exc.reason
+                )
+                fail("timezone", zone, why)
+                return None
+            self._zones.add(zone)
+        return zone
 
     def _report(self, errors: list[InvalidField]) -> None:
         self.bad_rows += 1
@@ -525,6 +575,12 @@ class RowImporter:
         room = self.max_errors - len(self.errors)
         if room > 0:
             self.errors.extend(errors[:room])
+
+
+@functools.cache
+def _zones_by_casefold() -> dict[str, str]:
+    """Every IANA zone name by its casefolded spelling, for a hint on a miscased name."""
+    return {name.casefold(): name for name in zoneinfo.available_timezones()}
 
 
 def _address_key(email: str) -> int:

@@ -1,0 +1,187 @@
+"""The plan of a stored campaign, as its preview shows it (issue 13: each recipient's zone).
+
+A campaign without local time is planned by :func:`~sendqueue.domain.planner.plan`, every
+window read in the campaign's timezone: its summary has one :class:`ZoneDays`, the campaign's
+zone, even when recipients carry a ``timezone`` of their own (those are stored, not used;
+:attr:`PlanSummary.local_time` says so). A local-time campaign is planned by
+:func:`~sendqueue.domain.capacity.plan_with_senders` with each recipient's zone, as
+provisioning plans it: every send inside the windows on the wall clock of its recipient's zone
+(the campaign's for a recipient without one), ``per_day`` counted per local day of the
+campaign's timezone. Its summary counts the sends per day twice: ``days`` per local day of the
+campaign's timezone (what ``per_day`` limits), ``zones`` per zone, each in that zone's own
+local days (what each recipient sees).
+
+:meth:`Previews._planned_sends` is the one place a preview plans; a campaign with senders is
+planned there too (the capacity planner plugs in at that seam).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from types import MappingProxyType
+
+from sendqueue.domain.capacity import plan_with_senders
+from sendqueue.domain.models import Campaign, Recipient
+from sendqueue.domain.planner import DaySummary, per_day_summary, per_zone_day_summary, plan
+from sendqueue.ports import TaskStore
+from sendqueue.services.capacity import CapacityPlanner
+
+__all__ = ["PlanSummary", "Previews", "ZoneDays"]
+
+_PAGE = 1000
+_NO_VARIABLES: MappingProxyType[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class ZoneDays:
+    """The sends to the recipients of one zone, per local day of that zone."""
+
+    zone: str
+    """An IANA zone: a recipient's own, or the campaign's for recipients without one."""
+    days: tuple[DaySummary, ...]
+    """Per local calendar day of ``zone`` (``first`` and ``last`` in ``zone``), in date order."""
+    count: int
+    """Sends to this zone's recipients (the sum of ``days``)."""
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """What a preview of a stored campaign shows: the count, the first sends with their
+    addresses, and the sends per local day, of the campaign and of each recipient zone."""
+
+    count: int
+    first: tuple[datetime, ...]
+    """The first sends (:data:`~sendqueue.services.campaigns.PREVIEW_SENDS` of them), in time
+    order; at equal instants, in recipient order."""
+    emails: tuple[str, ...]
+    """The addresses of those sends, in the same order."""
+    days: tuple[DaySummary, ...]
+    """Per local day of the campaign's timezone: what ``per_day`` limits."""
+    zones: tuple[ZoneDays, ...] = ()
+    """Per recipient zone, each counted in its own local days: the campaign's zone first,
+    then the others by name. A campaign without local time has one, the campaign's zone."""
+    local_time: bool = False
+    """Whether the windows are read in each recipient's zone; when False, recipients' own
+    zones (a ``timezone`` column) are stored but not used."""
+    first_zones: tuple[str, ...] = ()
+    """The zone each of the ``first`` sends is planned in (its recipient's, or the
+    campaign's), in the same order: where its local time is read."""
+
+
+class Previews:
+    """Plans a stored campaign from a given instant, reading its recipients from the store.
+    Stateless apart from the store; the caller caches (:class:`CampaignService`)."""
+
+    def __init__(self, store: TaskStore, capacity: CapacityPlanner | None = None) -> None:
+        self._store = store
+        self._capacity = capacity
+
+    def summary(self, campaign: Campaign, start: datetime, *, shown: int) -> PlanSummary:
+        """The campaign's plan from ``start`` as a :class:`PlanSummary` listing its first
+        ``shown`` sends.
+
+        A campaign planned as a whole by ``plan`` reads only the addresses it shows; one whose
+        plan depends on its recipients (local time, senders) reads every recipient's address
+        and zone once (not the bodies).
+        """
+        policy = campaign.policy
+        default = policy.timezone
+        if not _needs_recipients(campaign):
+            sends = plan(policy, campaign.recipient_count, now=start)
+            first = sends[:shown]
+            listed = self._store.list_recipients(campaign.id, limit=max(1, len(first)))
+            emails = [r.email for r in listed][: len(first)]
+            days = tuple(per_day_summary(sends, default))
+            return PlanSummary(
+                count=len(sends),
+                first=tuple(first),
+                emails=tuple(emails),
+                days=days,
+                zones=(ZoneDays(default, days, len(sends)),),
+                local_time=False,
+                first_zones=(default,) * len(first),
+            )
+        recipients = self._addressees(campaign.id)
+        sends = self._planned_sends(campaign, recipients, start)
+        zones = [r.timezone for r in recipients] if campaign.local_time else [None] * len(sends)
+        # in time order (sends of different zones interleave); equal instants by position
+        order = heapq.nsmallest(shown, range(len(sends)), key=sends.__getitem__)
+        days = tuple(per_day_summary(sends, default))
+        by_zone = per_zone_day_summary(sends, zones, default)
+        return PlanSummary(
+            count=len(sends),
+            first=tuple(sends[i] for i in order),
+            emails=tuple(recipients[i].email for i in order),
+            days=days,
+            zones=tuple(
+                ZoneDays(zone, tuple(zd), sum(d.count for d in zd)) for zone, zd in by_zone.items()
+            ),
+            local_time=campaign.local_time,
+            first_zones=tuple(zones[i] or default for i in order),
+        )
+
+    def pairs(self, campaign: Campaign, now: datetime) -> list[tuple[Recipient, datetime]]:
+        """Every recipient of the campaign with its send instant planned from ``now``, in
+        recipient order."""
+        recipients: list[Recipient] = []
+        after = -1
+        while True:
+            batch = self._store.list_recipients(campaign.id, after=after, limit=_PAGE)
+            recipients.extend(batch)
+            if len(batch) < _PAGE:
+                break
+            after = batch[-1].position
+        sends = self._planned_sends(campaign, recipients, now)
+        return list(zip(recipients, sends, strict=True))
+
+    def _planned_sends(
+        self, campaign: Campaign, recipients: Sequence[Recipient], start: datetime
+    ) -> list[datetime]:
+        """The seam every preview plans through: the send instant of each of ``recipients``
+        (the campaign's, in position order), ``out[i]`` for ``recipients[i]``, from ``start``.
+
+        ``recipients`` may be slim (only ``position``, ``email`` and ``timezone`` are read).
+        A local-time campaign is planned with each recipient's zone, the campaign's ``per_day``
+        per local day of its timezone; one with senders over their books as they are now
+        (their caps, gaps and what other campaigns booked; nothing is booked); any other by
+        ``plan``.
+        """
+        policy = campaign.policy
+        if campaign.sender_ids and self._capacity is not None:
+            return self._capacity.preview(
+                campaign, [(r.email, r.timezone) for r in recipients], start=start
+            )
+        if campaign.local_time:
+            return plan_with_senders(
+                policy,
+                [None] * len(recipients),
+                {},
+                now=start,
+                zones=[r.timezone for r in recipients],
+            )
+        return plan(policy, len(recipients), now=start)
+
+    def _addressees(self, campaign_id: str) -> list[Recipient]:
+        """Every recipient of the campaign with only its position, address and zone (a zone's
+        name held once), in position order."""
+        names: dict[str, str] = {}
+        out: list[Recipient] = []
+        after = -1
+        while True:
+            batch = self._store.list_recipients(campaign_id, after=after, limit=_PAGE)
+            for r in batch:
+                zone = r.timezone
+                if zone is not None:
+                    zone = names.setdefault(zone, zone)
+                out.append(Recipient(r.position, r.email, variables=_NO_VARIABLES, timezone=zone))
+            if len(batch) < _PAGE:
+                return out
+            after = batch[-1].position
+
+
+def _needs_recipients(campaign: Campaign) -> bool:
+    """Whether the plan depends on who the recipients are (their zones, their senders)."""
+    return campaign.local_time or bool(campaign.sender_ids)
