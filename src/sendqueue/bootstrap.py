@@ -20,6 +20,7 @@ from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.mail.factory import mailer_from_url
+from sendqueue.adapters.mail.url import parse_mailer_url
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.reports import parse_feedback
@@ -33,6 +34,7 @@ from sendqueue.ports import (
     FlushableAlarm,
     Mailer,
     Scheduler,
+    SenderStore,
     SuppressionList,
     TaskStore,
 )
@@ -44,6 +46,7 @@ from sendqueue.services.importing import ImportLimits
 from sendqueue.services.provisioning import Provisioner
 from sendqueue.services.reconciler import Reconciler
 from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.senders import SenderService
 from sendqueue.services.suppression import SuppressionService
 from sendqueue.services.templates import TemplateLimits
 from sendqueue.services.unsubscribe import UnsubscribeService
@@ -125,6 +128,7 @@ class Container:
         self._parse_feedback = parse_feedback
         self._zones: dict[str, str] = {}
         self._zones_lock = threading.Lock()
+        self._sender_mailers: dict[str, Mailer] = {}
         self.config = ServiceConfig(
             max_attempts=settings.max_attempts,
             retry_backoff=settings.retry_backoff,
@@ -298,6 +302,18 @@ class Container:
     def mailer(self) -> Mailer:
         return self._mailer or mailer_from_url(self.settings.mailer)
 
+    def mailer_for(self, url: str) -> Mailer:
+        """The mailer of a sender's own transport, one per URL, opened on first use and
+        closed with the container. A test container (built with a mailer) sends every
+        sender's mail through that one."""
+        if self._mailer is not None:
+            return self._mailer
+        with self._zones_lock:
+            mailer = self._sender_mailers.get(url)
+            if mailer is None:
+                mailer = self._sender_mailers[url] = mailer_from_url(url)
+        return mailer
+
     # -- services --------------------------------------------------------------------------
     def timezone_of(self, campaign_id: str) -> str:
         """A campaign's policy timezone (it never changes, so it is cached)."""
@@ -321,6 +337,20 @@ class Container:
     def suppressions(self) -> SuppressionList:
         """The suppression list: the task store's own (every store keeps one)."""
         return cast(SuppressionList, self.store)
+
+    @cached_property
+    def sender_store(self) -> SenderStore:
+        """Senders and their bookings: the task store's own (every store keeps them)."""
+        return cast(SenderStore, self.store)
+
+    @cached_property
+    def senders(self) -> SenderService:
+        return SenderService(
+            self.sender_store,
+            self.clock,
+            default_timezone=self.config.default_timezone,
+            check_transport=parse_mailer_url,
+        )
 
     @cached_property
     def suppression(self) -> SuppressionService:
@@ -363,6 +393,7 @@ class Container:
             events=self.events,
             alarm=self.alarm,
             suppressions=self.suppressions,
+            mailer_for=self.mailer_for,
         )
 
     @cached_property
@@ -433,6 +464,11 @@ class Container:
         alarm = self.__dict__.get("alarm")
         if isinstance(alarm, FlushableAlarm):
             alarm.flush(5.0)
+        for mailer in self._sender_mailers.values():
+            try:
+                mailer.close()
+            except Exception:  # closing must not mask the error that got us here
+                log.exception("closing a sender's mailer failed")
         for name in ("feedback_poller", "mailer", "scheduler", "store"):
             if name in self.__dict__:
                 try:

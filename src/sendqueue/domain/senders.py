@@ -45,7 +45,7 @@ DEFAULT_MIN_GAP_SECONDS = 60
 MAX_MIN_GAP_SECONDS = 86_400
 MAX_NAME_CHARS = 200
 #: The transports a sender may name; the mail adapters parse the rest of the URL.
-TRANSPORT_SCHEMES = ("smtp", "smtps", "ses", "maildir")
+TRANSPORT_SCHEMES = ("smtp", "ses", "maildir")
 
 
 def epoch_ms(at: datetime) -> int:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from sendqueue.domain.addresses import normalize_sender
 from sendqueue.domain.errors import IllegalTransition, InvalidField, NotFound
@@ -34,14 +34,16 @@ from sendqueue.domain.models import (
     new_token,
     schedule_group,
 )
-from sendqueue.domain.planner import DaySummary, per_day_summary, plan
+from sendqueue.domain.planner import plan
 from sendqueue.domain.policy import SendingPolicy
-from sendqueue.ports import Clock, TaskStore
+from sendqueue.ports import Clock, SenderStore, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.import_stream import CheckedImport, check_csv, check_rows
 from sendqueue.services.importing import ImportLimits, Templates
+from sendqueue.services.previews import PlanSummary, Previews, ZoneDays
 from sendqueue.services.replanning import RETRY_LEASE_WAIT, Replanner, outage_reason
 from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.senders import SenderService
 
 __all__ = [
     "PREVIEW_CACHE_SIZE",
@@ -50,6 +52,7 @@ __all__ = [
     "CreatedCampaign",
     "Draft",
     "PlanSummary",
+    "ZoneDays",
     "iter_tasks",
 ]
 
@@ -87,19 +90,6 @@ class CreatedCampaign:
 
 
 @dataclass(frozen=True)
-class PlanSummary:
-    """What a preview of a stored campaign shows: the count, the first sends with their
-    addresses, and the sends per local day."""
-
-    count: int
-    first: tuple[datetime, ...]
-    """The first :data:`PREVIEW_SENDS` send instants."""
-    emails: tuple[str, ...]
-    """The addresses of those sends, in the same order."""
-    days: tuple[DaySummary, ...]
-
-
-@dataclass(frozen=True)
 class Draft:
     """A campaign checked by :meth:`CampaignService.validate` and not stored: what a preview
     shows and what :meth:`CampaignService.create` writes."""
@@ -112,6 +102,10 @@ class Draft:
     demand, so a stream source must stay open until the draft is created."""
     stop_on_reply: StopOnReply = StopOnReply.SENDER
     unsubscribe_footer: bool = False
+    sender_ids: tuple[str, ...] = ()
+    """The senders (ids) the recipients are spread across; empty: ``from_addr`` sends."""
+    local_time: bool = False
+    """Windows read in each recipient's zone (the CSV's ``timezone`` column)."""
 
 
 class CampaignService:
@@ -131,6 +125,10 @@ class CampaignService:
         self._previews: OrderedDict[tuple[object, ...], PlanSummary] = OrderedDict()
         self._previews_lock = threading.Lock()
         self.replanner = Replanner(store, writer, clock, config)
+        # Every task store keeps the senders too (ports.SenderStore).
+        self.senders = SenderService(
+            cast(SenderStore, store), clock, default_timezone=config.default_timezone
+        )
 
     # -- create and read ----------------------------------------------------------------
     def validate(
@@ -145,13 +143,16 @@ class CampaignService:
         limits: ImportLimits | None = None,
         stop_on_reply: StopOnReply | str = StopOnReply.SENDER,
         unsubscribe_footer: bool = False,
+        senders: Sequence[str] = (),
+        local_time: bool = False,
     ) -> Draft:
         """Check a new campaign without writing anything.
 
         The recipients come either as a CSV (``recipients``: bytes, a path or a binary stream)
         or as mappings (``rows``, see :func:`parse_recipient_rows`). ``stop_on_reply`` is a
-        :class:`StopOnReply` or its spelling in any case; ``unsubscribe_footer`` a bool. Raises
-        InvalidField / InvalidInput.
+        :class:`StopOnReply` or its spelling in any case; ``unsubscribe_footer`` a bool;
+        ``senders`` names senders by id or address (InvalidField ``senders`` for an unknown
+        one); ``local_time`` a bool. Raises InvalidField / InvalidInput.
         """
         if (recipients is None) == (rows is None):
             raise TypeError("give either recipients (CSV) or rows")
@@ -171,6 +172,11 @@ class CampaignService:
         scope = StopOnReply.parse(stop_on_reply, field="stop_on_reply")
         if not isinstance(unsubscribe_footer, bool):
             raise InvalidField("unsubscribe_footer", unsubscribe_footer, "true or false")
+        if not isinstance(local_time, bool):
+            raise InvalidField("local_time", local_time, "true or false")
+        if isinstance(senders, str):
+            senders = [senders]
+        sender_ids = self.senders.resolve(list(senders)) if senders else ()
         if rows is not None:
             imported = check_rows(
                 rows, templates=templates or Templates(), limits=limits or ImportLimits()
@@ -182,7 +188,9 @@ class CampaignService:
             )
         if not imported.count:
             raise InvalidField("recipients", imported.rows, "the file has no recipient rows")
-        return Draft(clean_name, sender, reply, imported, scope, unsubscribe_footer)
+        return Draft(
+            clean_name, sender, reply, imported, scope, unsubscribe_footer, sender_ids, local_time
+        )
 
     def create(
         self,
@@ -196,6 +204,8 @@ class CampaignService:
         limits: ImportLimits | None = None,
         stop_on_reply: StopOnReply | str = StopOnReply.SENDER,
         unsubscribe_footer: bool = False,
+        senders: Sequence[str] = (),
+        local_time: bool = False,
     ) -> CreatedCampaign:
         """Validate everything, then store the campaign and its recipients whole, as a draft.
 
@@ -210,6 +220,8 @@ class CampaignService:
             limits=limits,
             stop_on_reply=stop_on_reply,
             unsubscribe_footer=unsubscribe_footer,
+            senders=senders,
+            local_time=local_time,
         )
         return self.create_draft(draft, policy)
 
@@ -225,6 +237,8 @@ class CampaignService:
         limits: ImportLimits | None = None,
         stop_on_reply: StopOnReply | str = StopOnReply.SENDER,
         unsubscribe_footer: bool = False,
+        senders: Sequence[str] = (),
+        local_time: bool = False,
     ) -> CreatedCampaign:
         """:meth:`create` with the recipients as mappings (the API's JSON rows)."""
         draft = self.validate(
@@ -236,6 +250,8 @@ class CampaignService:
             limits=limits,
             stop_on_reply=stop_on_reply,
             unsubscribe_footer=unsubscribe_footer,
+            senders=senders,
+            local_time=local_time,
         )
         return self.create_draft(draft, policy)
 
@@ -251,6 +267,8 @@ class CampaignService:
             imported=draft.imported,
             stop_on_reply=draft.stop_on_reply,
             unsubscribe_footer=draft.unsubscribe_footer,
+            sender_ids=draft.sender_ids,
+            local_time=draft.local_time,
         )
 
     def create_from_recipients(
@@ -265,6 +283,8 @@ class CampaignService:
         imported: CheckedImport,
         stop_on_reply: StopOnReply = StopOnReply.SENDER,
         unsubscribe_footer: bool = False,
+        sender_ids: tuple[str, ...] = (),
+        local_time: bool = False,
     ) -> CreatedCampaign:
         """Store ``count`` recipients, streamed into the store in chunks (all or nothing)."""
         self.check_plannable(policy, count)
@@ -280,6 +300,8 @@ class CampaignService:
             updated_at=now,
             stop_on_reply=stop_on_reply,
             unsubscribe_footer=unsubscribe_footer,
+            sender_ids=tuple(sender_ids),
+            local_time=local_time,
         )
         self._store.create_campaign(campaign, recipients)
         stored = self._store.get_campaign(campaign.id)
@@ -344,6 +366,10 @@ class CampaignService:
         every write), its policy and recipient count, and "now" rounded up to the minute; the
         plan starts at that minute, so each send is at most a minute later than planned from
         the exact instant. Provisioning drops the campaign's entries.
+
+        A local-time campaign is planned in each recipient's zone; the summary counts its
+        sends per day of the campaign's timezone (``days``) and per recipient zone in that
+        zone's days (``zones``); see :mod:`sendqueue.services.previews`.
         """
         campaign = self._store.get_campaign(campaign_id)
         start = _next_minute(self._clock.now())
@@ -353,6 +379,8 @@ class CampaignService:
             campaign.updated_at,
             campaign.policy,
             campaign.recipient_count,
+            campaign.local_time,
+            campaign.sender_ids,
             start,
         )
         with self._previews_lock:
@@ -360,16 +388,8 @@ class CampaignService:
             if cached is not None:
                 self._previews.move_to_end(key)
                 return cached
-        sends = plan(campaign.policy, campaign.recipient_count, now=start)
-        shown = sends[:PREVIEW_SENDS]
-        emails = [
-            r.email for r in self._store.list_recipients(campaign_id, limit=max(1, len(shown)))
-        ]
-        summary = PlanSummary(
-            count=len(sends),
-            first=tuple(shown),
-            emails=tuple(emails[: len(shown)]),
-            days=tuple(per_day_summary(sends, campaign.policy.timezone)),
+        summary = Previews(self._store, self.replanner.capacity).summary(
+            campaign, start, shown=PREVIEW_SENDS
         )
         with self._previews_lock:
             self._previews[key] = summary
@@ -383,17 +403,11 @@ class CampaignService:
                 del self._previews[key]
 
     def preview(self, campaign_id: str) -> list[tuple[Recipient, datetime]]:
-        """The plan for the campaign's recipients from now: (recipient, send instant) pairs."""
+        """The plan for the campaign's recipients from now: (recipient, send instant) pairs,
+        in recipient order (a local-time campaign's sends are in each recipient's zone, so
+        not in time order)."""
         campaign = self._store.get_campaign(campaign_id)
-        sends = plan(campaign.policy, campaign.recipient_count, now=self._clock.now())
-        pairs: list[tuple[Recipient, datetime]] = []
-        after = -1
-        while True:
-            batch = self._store.list_recipients(campaign_id, after=after, limit=_PAGE)
-            pairs.extend((r, sends[r.position]) for r in batch)
-            if len(batch) < _PAGE:
-                return pairs
-            after = batch[-1].position
+        return Previews(self._store, self.replanner.capacity).pairs(campaign, self._clock.now())
 
     # -- controls -------------------------------------------------------------------------
     def _move(
@@ -425,6 +439,7 @@ class CampaignService:
             "cancelled by the user",
         )
         self.cancel_pending(campaign_id)
+        self.release_bookings(campaign_id, TaskState.CANCELLED)
         return campaign
 
     def cancel_pending(self, campaign_id: str) -> int:
@@ -440,10 +455,29 @@ class CampaignService:
         self._writer.delete_group(schedule_group(campaign_id))
         return count
 
+    def release_bookings(self, campaign_id: str, state: TaskState) -> int:
+        """Free the sender slots of the campaign's tasks in ``state`` (Cancelled after a cancel,
+        Pending on a pause, so other campaigns may use the capacity); idempotent. Nothing to
+        do for a campaign without senders."""
+        campaign = self._store.get_campaign(campaign_id)
+        if not campaign.sender_ids:
+            return 0
+        freed = 0
+        batch: list[str] = []
+        for task in iter_tasks(self._store, campaign_id, state):
+            if task.sender_id is not None:
+                batch.append(task.id)
+            if len(batch) >= _PAGE:
+                freed += self.replanner.capacity.release(batch)
+                batch = []
+        return freed + self.replanner.capacity.release(batch)
+
     def pause(self, campaign_id: str, reason: str = "paused by the user") -> Campaign:
         """Stop sending: delete the schedules of Pending tasks; they stay Pending."""
         campaign = self._move(campaign_id, {CampaignState.ACTIVE}, CampaignState.PAUSED, reason)
         self._writer.delete_group(schedule_group(campaign_id))
+        # A paused campaign holds no sender capacity; resume books its slots again.
+        self.release_bookings(campaign_id, TaskState.PENDING)
         return campaign
 
     def resume(self, campaign_id: str) -> Campaign:
@@ -475,7 +509,9 @@ class CampaignService:
             if not held:
                 log.info("campaign %s: retry slots taken without its lease", campaign_id)
             slots = (
-                self.replanner.retry_slots(campaign, len(failed), not_before=now, exclude=())
+                self.replanner.retry_slots(
+                    campaign, len(failed), not_before=now, exclude=(), tasks=failed
+                )
                 if failed
                 else []
             )
@@ -578,6 +614,7 @@ class CampaignService:
             state = current.state.value if current else "missing"
             raise IllegalTransition("task", state, TaskState.CANCELLED.value)
         self._writer.delete_many([expected_schedule_name(task)])
+        self.replanner.capacity.release([task_id])
         self.complete_if_done(task.campaign_id)
         return done
 

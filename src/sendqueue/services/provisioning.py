@@ -29,8 +29,9 @@ from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import CONTROL_GROUP, Campaign, Task, new_token, task_id
 from sendqueue.domain.planner import plan
 from sendqueue.domain.suppression import Suppression, key_of_normalized, suppressed_reason
-from sendqueue.ports import Clock, Scheduler, SuppressionList, TaskStore
+from sendqueue.ports import Clock, Scheduler, SenderStore, SuppressionList, TaskStore
 from sendqueue.services.campaigns import complete_if_done
+from sendqueue.services.capacity import CapacityPlanner, PlannedRun, uses_capacity
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
 
@@ -67,6 +68,8 @@ class ProvisionReport:
     tasks_created: int = 0
     schedules_created: int = 0
     throttled: int = 0
+    rebooked: int = 0
+    """Chunks planned again because another process booked their senders' slots first."""
     suppressed: int = 0
     """The campaign's tasks cancelled because their address is suppressed (when done)."""
     errors: list[str] = field(default_factory=list)
@@ -96,8 +99,11 @@ class Provisioner:
         *,
         continuation: Continuation | None = None,
         suppressions: SuppressionList | None = None,
+        capacity: CapacityPlanner | None = None,
     ) -> None:
         self._store = store
+        # Every task store keeps the senders too (ports.SenderStore).
+        self._capacity = capacity or CapacityPlanner(store, cast(SenderStore, store))
         # Every task store keeps the suppression list too (ports.SuppressionList).
         self._suppressions = (
             suppressions if suppressions is not None else cast(SuppressionList, store)
@@ -243,7 +249,11 @@ class Provisioner:
         progress: Callable[[ProvisionProgress], None] | None,
     ) -> None:
         plan_start = datetime.fromisoformat(str(checkpoint["plan_start"]))
-        sends = plan(campaign.policy, campaign.recipient_count, now=plan_start)
+        # A campaign with senders or local time is planned chunk by chunk over its senders'
+        # books, and booked (services/capacity.py); any other as one plan from plan_start.
+        capacity = uses_capacity(campaign)
+        sends = [] if capacity else plan(campaign.policy, campaign.recipient_count, now=plan_start)
+        run: PlannedRun | None = None
         after = int(str(checkpoint.get("after", -1)))
         chunk = self._config.provision_chunk
         total = campaign.recipient_count
@@ -271,15 +281,21 @@ class Provisioner:
                     subject=r.subject,
                     text=r.text,
                     html=r.html,
-                    send_at=sends[r.position],
+                    send_at=plan_start if capacity else sends[r.position],
                     token=tokens[32 * i : 32 * i + 32],
                     created_at=now,
                     updated_at=now,
+                    timezone=r.timezone,
                 )
                 for i, r in enumerate(recipients)
             ]
             if listed:
                 tasks = [_cancel_if_listed(t, listed) for t in tasks]
+            if capacity:
+                if run is None:
+                    run = self._capacity.start_run(campaign, plan_start=plan_start, now=now)
+                tasks = self._plan_chunk(campaign, run, tasks)
+                report.rebooked = run.rebooked
             inserted = self._store.insert_tasks(tasks, at=now)
             report.tasks_created += inserted
             last = recipients[-1].position
@@ -307,6 +323,15 @@ class Provisioner:
                     progress(ProvisionProgress(campaign.id, "schedules", done, total))
             if len(recipients) < chunk:
                 return
+
+    def _plan_chunk(self, campaign: Campaign, run: PlannedRun, tasks: list[Task]) -> list[Task]:
+        """The chunk's new Pending tasks planned over the senders' books and booked; tasks
+        stored by an earlier run (resumed after a crash) keep their plan and booking, and a
+        suppressed one (Cancelled) books nothing."""
+        stored = self._store.get_tasks([t.id for t in tasks])
+        fresh = [t for t in tasks if t.id not in stored and t.state is TaskState.PENDING]
+        planned = {t.id: t for t in self._capacity.plan_chunk(campaign, run, fresh)}
+        return [planned.get(t.id, t) for t in tasks]
 
     def _schedule_chunk(self, campaign_id: str, tasks: list[Task], report: ProvisionReport) -> bool:
         """Create the schedules of a chunk just inserted; False when some calls failed (the

@@ -62,6 +62,10 @@ def _same_pending(read: Task, current: Task) -> bool:
     ) == (read.attempts, read.token, read.send_at)  # fmt: skip
 
 
+#: How long after a campaign ended its tasks' sender slots are still swept for leftovers.
+_SWEEP_FINAL_FOR = timedelta(days=1)
+
+
 @dataclass
 class ReconcileReport:
     """What one pass found and repaired."""
@@ -78,6 +82,9 @@ class ReconcileReport:
     cancels_finished: int = 0
     campaigns_completed: int = 0
     campaigns_reopened: int = 0
+    #: Sender slots freed that Cancelled or Failed tasks still held (a cancel by feedback, or
+    #: one interrupted by a crash).
+    bookings_released: int = 0
     #: Not repairs: candidates that resolved themselves before the repair, found when checked
     #: again just before it (a task sent since the listing that showed its schedule missing;
     #: a stale Running task that finished, or was given back and claimed again, since read).
@@ -96,6 +103,7 @@ class ReconcileReport:
             + self.cancels_finished
             + self.campaigns_completed
             + self.campaigns_reopened
+            + self.bookings_released
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -194,6 +202,11 @@ class Reconciler:
         continuation: Continuation | None = None,
     ) -> None:
         state = campaign.state
+        if campaign.sender_ids and (
+            not state.is_final or self._clock.now() - campaign.updated_at < _SWEEP_FINAL_FOR
+        ):
+            for done in (TaskState.CANCELLED, TaskState.FAILED):
+                report.bookings_released += self._campaigns.release_bookings(campaign.id, done)
         if state is CampaignState.PROVISIONING:
             result = self._provisioner.provision(
                 campaign.id, time_left=time_left, continuation=continuation
@@ -354,6 +367,7 @@ class Reconciler:
                 changes={"error": why}, note="stale",
             ):  # fmt: skip
                 report.stale_failed += 1
+                self._campaigns.replanner.capacity.release([task.id])
             else:
                 report.skipped_in_flight += 1
             return
@@ -365,7 +379,11 @@ class Reconciler:
             if not held:
                 log.info("task %s: stale retry slot taken without the campaign's lease", task.id)
             [retry_at] = replanner.retry_slots(
-                campaign, 1, not_before=now, exclude=[task.claimed_at] if task.claimed_at else []
+                campaign,
+                1,
+                not_before=now,
+                exclude=[task.claimed_at] if task.claimed_at else [],
+                tasks=[task],
             )
             back: Task | None = None  # unless still under the claim read as stale
             if self._still_stale(task):

@@ -28,11 +28,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import date, datetime, timedelta
+from typing import cast
 
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Move, Task, new_token
 from sendqueue.domain.slots import free_slots, in_policy, nominal_spacing
-from sendqueue.ports import Clock, TaskStore
+from sendqueue.ports import Clock, SenderStore, TaskStore
+from sendqueue.services.capacity import CapacityPlanner, uses_capacity
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
 
@@ -73,11 +75,15 @@ class Replanner:
         writer: ScheduleWriter,
         clock: Clock,
         config: ServiceConfig,
+        *,
+        capacity: CapacityPlanner | None = None,
     ) -> None:
         self._store = store
         self._writer = writer
         self._clock = clock
         self._config = config
+        # Every task store keeps the senders too (ports.SenderStore).
+        self.capacity = capacity or CapacityPlanner(store, cast(SenderStore, store))
 
     def replan_pending(
         self,
@@ -163,14 +169,23 @@ class Replanner:
             for state, when in self._store.booked(campaign.id, since=now - _DAY_BACK)
             if state is not TaskState.PENDING
         ]
-        keep = None if schedule_all else self._keep_one(campaign, pending, fixed, now, firing)
-        if keep is not None:
-            # it goes out now: the moved sends keep half the spacing away from now. (Not from a
-            # moment later: a re-plan run again soon after must find the same slots.)
-            fixed.append(now)
-        per_day: Counter[date] = Counter(when.astimezone(zone).date() for when in fixed)
-        movable = [t for t in pending if keep is None or t.id != keep.id]
-        slots = free_slots(policy, len(movable), now=now, booked_per_day=per_day, booked=fixed)
+        if uses_capacity(campaign):
+            # Over the senders' books, each task keeping its sender and zone; every one is
+            # booked again (services/capacity.py). None is kept to fire now: a moved send
+            # never comes closer than half the spacing to a fixed one, so none bursts.
+            keep = None
+            movable = list(pending)
+            slots = self.capacity.place(campaign, movable, not_before=now, fixed=fixed)
+        else:
+            keep = None if schedule_all else self._keep_one(campaign, pending, fixed, now, firing)
+            if keep is not None:
+                # it goes out now: the moved sends keep half the spacing away from now. (Not
+                # from a moment later: a re-plan run again soon after must find the same
+                # slots.)
+                fixed.append(now)
+            per_day: Counter[date] = Counter(when.astimezone(zone).date() for when in fixed)
+            movable = [t for t in pending if keep is None or t.id != keep.id]
+            slots = free_slots(policy, len(movable), now=now, booked_per_day=per_day, booked=fixed)
         moves: list[Move] = []
         scheduled: list[Task] = [keep] if keep is not None and firing is not None else []
         for task, slot in zip(movable, slots, strict=True):
@@ -203,15 +218,33 @@ class Replanner:
                 )
 
     def retry_slots(
-        self, campaign: Campaign, count: int, *, not_before: datetime, exclude: Iterable[datetime]
+        self,
+        campaign: Campaign,
+        count: int,
+        *,
+        not_before: datetime,
+        exclude: Iterable[datetime],
+        tasks: Sequence[Task] = (),
     ) -> list[datetime]:
         """The first ``count`` free slots at or after ``not_before``, every email the campaign
         has booked (sent, being sent, or Pending) kept where it is; ``exclude`` names booked
         instants that are the retried tasks' own (their failed claims), which do not count.
 
         Booked sends are read for a growing span (two days, then 8x longer, then all), so a
-        retry in a large campaign does not read all of it when a slot is near.
+        retry in a large campaign does not read all of it when a slot is near. A campaign with
+        senders or local time needs the retried ``tasks`` (``count`` of them): each keeps its
+        sender and zone, and its new slot is booked.
         """
+        if uses_capacity(campaign):
+            if len(tasks) != count:
+                raise ValueError("a campaign with senders retries named tasks")
+            instants = [
+                when for _, when in self._store.booked(campaign.id, since=not_before - _DAY_BACK)
+            ]
+            for own in exclude:
+                if own in instants:
+                    instants.remove(own)
+            return self.capacity.place(campaign, tasks, not_before=not_before, fixed=instants)
         zone = campaign.policy.zone
         since = not_before - _DAY_BACK
         span: timedelta | None = _FIRST_SPAN

@@ -44,12 +44,14 @@ from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.alarms import AutoPause, auto_pause_reason
 from sendqueue.domain.errors import (
     InvalidField,
+    NotFound,
     PermanentMailError,
     SchedulerError,
     TransientMailError,
 )
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
+from sendqueue.domain.senders import Sender
 from sendqueue.domain.slots import in_policy, nominal_spacing
 from sendqueue.domain.suppression import Suppression, suppressed_reason
 from sendqueue.domain.tokens import verp_address
@@ -65,6 +67,7 @@ from sendqueue.ports import (
     TaskStore,
 )
 from sendqueue.services.campaigns import CampaignService
+from sendqueue.services.capacity import policy_for
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.replanning import RETRY_LEASE_WAIT
 from sendqueue.services.scheduling import ScheduleWriter
@@ -142,8 +145,13 @@ class SendWorker:
         events: Events | None = None,
         alarm: Alarm | None = None,
         suppressions: SuppressionList | None = None,
+        mailer_for: Callable[[str], Mailer] | None = None,
     ) -> None:
         self._store = store
+        # A sender's own transport (its URL) -> its mailer; None: every sender uses ``mailer``.
+        self._mailer_for = mailer_for
+        self._capacity = campaigns.replanner.capacity
+        self._senders_seen: dict[str, tuple[float, Sender | None]] = {}
         # Every task store keeps the suppression list too (ports.SuppressionList).
         self._suppressions = (
             suppressions if suppressions is not None else cast(SuppressionList, store)
@@ -219,6 +227,23 @@ class SendWorker:
                     del self._campaigns_seen[key]
             self._campaigns_seen[campaign_id] = (now, campaign)
         return campaign
+
+    def _sender(self, sender_id: str) -> Sender | None:
+        """The sender, from a cache of :data:`CAMPAIGN_CACHE_SECONDS` (None: removed)."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._senders_seen.get(sender_id)
+        if seen is not None and now - seen[0] < CAMPAIGN_CACHE_SECONDS:
+            return seen[1]
+        try:
+            sender: Sender | None = self._campaigns.senders.get(sender_id)
+        except NotFound:
+            sender = None
+        with self._lock:
+            if len(self._senders_seen) >= 1000:
+                self._senders_seen.clear()
+            self._senders_seen[sender_id] = (now, sender)
+        return sender
 
     def __call__(self, payload: Mapping[str, str]) -> None:
         self.send(payload)
@@ -300,6 +325,8 @@ class SendWorker:
                     note="campaign cancelled",
                 )  # fmt: skip
             return False
+        if claimed.sender_id is not None and not self._holds_booking(campaign, claimed, now):
+            return True
         # (a provisioning campaign, not re-planned until provisioned, sends as it was planned)
         spaced = self._config.space_late_sends and campaign.state is CampaignState.ACTIVE
         if spaced and self._late(task, now) and self._too_close(campaign, claimed, now):
@@ -318,6 +345,24 @@ class SendWorker:
         if final and not others:
             self._complete_if_done(campaign.id)
         return True
+
+    def _holds_booking(self, campaign: Campaign, claimed: Task, now: datetime) -> bool:
+        """Whether the claimed task holds its sender slot (booking it again if it lost it,
+        e.g. a crash between a re-plan's release and its booking). A send never goes out
+        unbooked: when the slot is taken meanwhile, the task is given back and the campaign
+        re-planned (False)."""
+        if self._capacity.booked(claimed) or self._capacity.book_in_place(claimed):
+            return True
+        reason = "its sender's slot was taken"
+        self._store.transition(
+            claimed.id, TaskState.RUNNING, TaskState.PENDING, at=now,
+            changes={"attempts": claimed.attempts - 1}, note=reason,
+        )  # fmt: skip
+        self._campaigns.catch_up(
+            campaign.id, since=claimed.send_at, reason=reason, firing=claimed.id, wait=REPLAN_WAIT
+        )
+        self._events.send_finished("moved")
+        return False
 
     def _cancel_suppressed(self, task: Task, entry: Suppression, now: datetime) -> None:
         """Cancel a Pending task whose address is on the suppression list (unless someone
@@ -340,7 +385,8 @@ class SendWorker:
         if (now - task.send_at).total_seconds() > self._config.max_lateness:
             return True
         late = timedelta(seconds=self._config.firing_precision)
-        return not in_policy(campaign.policy, now, late=late, early=EARLY_TOLERANCE)
+        policy = policy_for(campaign, task.timezone)
+        return not in_policy(policy, now, late=late, early=EARLY_TOLERANCE)
 
     def _late(self, task: Task, now: datetime) -> bool:
         """Later than a healthy worker fires: past the firing slack and the layer's precision."""
@@ -413,10 +459,16 @@ class SendWorker:
         parts = personalize(
             task.subject, task.text, task.html, url, footer=campaign.unsubscribe_footer
         )
+        from_addr, reply_to, mailer = campaign.from_addr, campaign.reply_to, self._mailer
+        sender = self._sender(task.sender_id) if task.sender_id is not None else None
+        if sender is not None:
+            from_addr, reply_to = sender.from_header, sender.reply_to or campaign.reply_to
+            if sender.transport is not None and self._mailer_for is not None:
+                mailer = self._mailer_for(sender.transport)
         message = OutgoingMessage(
-            message_id=message_id_for(task.id, _sender_domain(campaign.from_addr)),
-            from_addr=campaign.from_addr,
-            reply_to=campaign.reply_to,
+            message_id=message_id_for(task.id, _sender_domain(from_addr)),
+            from_addr=from_addr,
+            reply_to=reply_to,
             to_addr=task.email,
             to_name=task.name,
             subject=parts.subject,
@@ -427,7 +479,7 @@ class SendWorker:
             envelope_from=self._envelope_from(task),
         )
         try:
-            accepted_id = self._mailer.send(message)
+            accepted_id = mailer.send(message)
         except PermanentMailError as exc:
             return self._failed(campaign, task, f"permanent: {exc}")
         except TransientMailError as exc:
@@ -447,6 +499,8 @@ class SendWorker:
                 "outcome_at": sent_at,
             },
         )
+        if task.sender_id is not None:
+            self._capacity.mark_sent(task.id)  # the slot stays used: the email went out
         self._events.send_finished("sent", (sent_at - task.send_at).total_seconds())
         with self._lock:
             self._failures_in_a_row.pop(campaign.id, None)  # the streak is broken
@@ -475,6 +529,8 @@ class SendWorker:
             at=self._clock.now(),
             changes={"error": error[:2000]},
         )
+        if task.sender_id is not None:
+            self._capacity.release([task.id])  # nothing went out: the slot is free again
         self._events.send_finished("permanent")
         if done is not None:
             self._emit("failed", done)
@@ -519,6 +575,7 @@ class SendWorker:
                 1,
                 not_before=self._clock.now() + timedelta(seconds=delay),
                 exclude=[task.claimed_at] if task.claimed_at else [],
+                tasks=[task],
             )
             back = self._store.transition(
                 task.id,

@@ -1,0 +1,305 @@
+"""Planning over shared senders, and booking what is planned (issue 13).
+
+A campaign with senders (``Campaign.sender_ids``), or with local time, is planned with
+:func:`~sendqueue.domain.capacity.plan_with_senders` over its senders' books as the store has
+them; what is planned is then booked (:meth:`~sendqueue.ports.SenderStore.book`, atomic). When
+another process booked first (:class:`~sendqueue.domain.errors.Overbooked`), the books are
+read again and the same sends planned again, a bounded number of times: that is how two
+campaigns provisioned at once by two processes share a sender without overbooking it.
+
+A campaign without senders or local time is planned as before (``plan`` / ``free_slots``):
+nothing here runs for it.
+
+Books are read per sender and range: from a day before the plan starts (a local day starts at
+most 26 hours before an instant in it) to the end of what the sender has booked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, timedelta
+
+from sendqueue.domain.capacity import SenderBook, assign_senders, plan_with_senders
+from sendqueue.domain.errors import Conflict, NotFound, Overbooked
+from sendqueue.domain.models import Campaign, Task
+from sendqueue.domain.policy import SendingPolicy
+from sendqueue.domain.senders import Booking, Sender
+from sendqueue.domain.suppression import key_of_normalized
+from sendqueue.ports import SenderStore, TaskStore
+
+__all__ = ["BOOKING_TRIES", "CapacityPlanner", "PlannedRun", "policy_for", "uses_capacity"]
+
+log = logging.getLogger(__name__)
+
+#: A local day starts at most this long before any instant in it (a 25-hour DST day and a
+#: margin): bookings from then on are all a plan from an instant has to read.
+_DAY_BACK = timedelta(hours=26)
+#: The end of every range read: the last instant any store keeps.
+_FAR = datetime(9999, 12, 30, tzinfo=UTC)
+#: How many times a plan is made again after another process booked first.
+BOOKING_TRIES = 20
+_ONE_MS = timedelta(milliseconds=1)
+
+
+def uses_capacity(campaign: Campaign) -> bool:
+    """Whether the campaign is planned here (senders or local time) rather than by ``plan``."""
+    return bool(campaign.sender_ids) or campaign.local_time
+
+
+def policy_for(campaign: Campaign, zone: str | None) -> SendingPolicy:
+    """The policy a send of the campaign is judged by: in a local-time campaign, the campaign's
+    windows read in the recipient's ``zone``."""
+    if campaign.local_time and zone and zone != campaign.policy.timezone:
+        return replace(campaign.policy, timezone=zone)
+    return campaign.policy
+
+
+@dataclass
+class PlannedRun:
+    """What one provisioning run keeps between its chunks: the books as planned so far, the
+    campaign's own sends per local day, and where the next chunk's plan starts."""
+
+    books: dict[str, SenderBook]
+    per_day: Counter[date]
+    cursor: datetime
+    turn: int = 0
+    senders: dict[str, Sender] = field(default_factory=dict)
+    rebooked: int = 0
+    """Chunks planned again because another process booked first."""
+
+
+class CapacityPlanner:
+    """See the module docstring."""
+
+    def __init__(self, store: TaskStore, senders: SenderStore) -> None:
+        self._store = store
+        self._senders = senders
+
+    # reading the books -----------------------------------------------------------------------
+
+    def senders_of(self, campaign: Campaign, extra: Collection[str] = ()) -> dict[str, Sender]:
+        """The campaign's senders (and ``extra`` ids, e.g. the senders its tasks name), by id;
+        a removed one is left out (its tasks then go out from the campaign's From)."""
+        found: dict[str, Sender] = {}
+        for sender_id in dict.fromkeys([*campaign.sender_ids, *extra]):
+            try:
+                found[sender_id] = self._senders.get_sender(sender_id)
+            except NotFound:
+                log.warning("campaign %s: sender %s was removed", campaign.id, sender_id)
+        return found
+
+    def load(self, senders: Collection[Sender], *, since: datetime) -> dict[str, SenderBook]:
+        """The books of ``senders`` from a local day before ``since`` on."""
+        start = since - _DAY_BACK
+        books: dict[str, SenderBook] = {}
+        for sender in senders:
+            times = self._senders.booked_times(sender.id, since=start, until=_FAR)
+            days = self._senders.sender_usage(
+                sender.id, since=start.astimezone(sender.zone).date(), until=date(9999, 12, 30)
+            )
+            books[sender.id] = SenderBook.load(sender, times, days)
+        return books
+
+    def campaign_days(
+        self, campaign: Campaign, *, since: datetime
+    ) -> tuple[Counter[date], list[datetime]]:
+        """The campaign's own sends (sent, being sent, planned) from a day before ``since``:
+        counted per local day of its timezone, and their instants."""
+        zone = campaign.policy.zone
+        instants = [when for _, when in self._store.booked(campaign.id, since=since - _DAY_BACK)]
+        return Counter(when.astimezone(zone).date() for when in instants), instants
+
+    # provisioning ----------------------------------------------------------------------------
+
+    def start_run(self, campaign: Campaign, *, plan_start: datetime, now: datetime) -> PlannedRun:
+        """Books and counts for a provisioning run that starts (or resumes) now: the next plan
+        starts after the campaign's last booked send, never before ``plan_start``."""
+        per_day, instants = self.campaign_days(campaign, since=plan_start)
+        cursor = plan_start
+        if instants:
+            cursor = max(cursor, max(instants) + _ONE_MS)
+        senders = self.senders_of(campaign)
+        missing = [s for s in campaign.sender_ids if s not in senders]
+        if campaign.sender_ids and not senders:
+            raise Conflict(
+                f"campaign {campaign.id}: its senders {', '.join(missing)} were removed; "
+                "add them again or cancel the campaign"
+            )
+        books = self.load(senders.values(), since=min(plan_start, now))
+        return PlannedRun(books, per_day, cursor, senders=senders)
+
+    def plan_chunk(self, campaign: Campaign, run: PlannedRun, tasks: Sequence[Task]) -> list[Task]:
+        """``tasks`` (Pending, in position order) given their senders, zones and send times,
+        and booked. Sends go after the previous chunk's, in the run's books; on Overbooked
+        the books are read again and the chunk planned again (up to :data:`BOOKING_TRIES`)."""
+        if not tasks:
+            return []
+        ids = [s for s in campaign.sender_ids if s in run.senders]
+        keys = [key_of_normalized(t.email) for t in tasks]
+        if ids:
+            sticky = self._senders.sticky_senders(set(keys))
+            turn = run.turn % len(ids)
+            rotated = ids[turn:] + ids[:turn]
+            chosen: list[str | None] = list(
+                assign_senders(keys, rotated, {k: [v] for k, v in sticky.items()})
+            )
+            run.turn += len(tasks)
+        else:
+            chosen = [None] * len(tasks)
+        zones = [t.timezone for t in tasks] if campaign.local_time else None
+        for attempt in range(BOOKING_TRIES):
+            sends = plan_with_senders(
+                campaign.policy,
+                chosen,
+                run.books,
+                now=run.cursor,
+                zones=zones,
+                campaign_per_day=run.per_day,
+            )
+            planned = [
+                replace(
+                    t,
+                    send_at=at,
+                    sender_id=sid,
+                    sender=run.senders[sid].email if sid else None,
+                )
+                for t, at, sid in zip(tasks, sends, chosen, strict=True)
+            ]
+            try:
+                self._book(planned, run.books)
+            except Overbooked as exc:
+                run.rebooked += 1
+                log.info(
+                    "campaign %s: %s (another campaign booked first); planning again (%d)",
+                    campaign.id,
+                    exc,
+                    attempt + 1,
+                )
+                run.books = self.load(run.senders.values(), since=run.cursor)
+                continue
+            zone = campaign.policy.zone
+            run.per_day.update(at.astimezone(zone).date() for at in sends)
+            run.cursor = max(run.cursor, max(sends) + _ONE_MS)
+            return planned
+        raise Conflict(
+            f"campaign {campaign.id}: its senders' slots kept being taken by other campaigns "
+            f"({BOOKING_TRIES} tries); provisioning resumes from its checkpoint"
+        )
+
+    def preview(
+        self, campaign: Campaign, recipients: Sequence[tuple[str, str | None]], *, start: datetime
+    ) -> list[datetime]:
+        """The send instants ``(address, zone)`` recipients would get from ``start`` over the
+        senders' books as they are now, booking nothing (a draft's preview)."""
+        senders = self.senders_of(campaign)
+        ids = [s for s in campaign.sender_ids if s in senders]
+        keys = [key_of_normalized(email) for email, _ in recipients]
+        chosen: list[str | None] = [None] * len(keys)
+        if ids:
+            sticky = self._senders.sticky_senders(set(keys))
+            chosen = list(assign_senders(keys, ids, {k: [v] for k, v in sticky.items()}))
+        return plan_with_senders(
+            campaign.policy,
+            chosen,
+            self.load(senders.values(), since=start),
+            now=start,
+            zones=[zone for _, zone in recipients] if campaign.local_time else None,
+        )
+
+    # re-planning ----------------------------------------------------------------------------
+
+    def place(
+        self,
+        campaign: Campaign,
+        tasks: Sequence[Task],
+        *,
+        not_before: datetime,
+        fixed: Sequence[datetime],
+    ) -> list[datetime]:
+        """New send times for ``tasks`` (each keeps its sender), from ``not_before``, with the
+        campaign's ``fixed`` sends kept where they are (counted per day, kept half the spacing
+        away), booked. The tasks' own bookings are freed first."""
+        if not tasks:
+            return []
+        self._senders.release([t.id for t in tasks])
+        senders = self.senders_of(campaign, {t.sender_id for t in tasks if t.sender_id})
+        chosen = [t.sender_id if t.sender_id in senders else None for t in tasks]
+        zones = [t.timezone for t in tasks] if campaign.local_time else None
+        zone = campaign.policy.zone
+        per_day = Counter(when.astimezone(zone).date() for when in fixed)
+        for attempt in range(BOOKING_TRIES):
+            books = self.load(senders.values(), since=not_before)
+            sends = plan_with_senders(
+                campaign.policy,
+                chosen,
+                books,
+                now=not_before,
+                zones=zones,
+                campaign_per_day=per_day,
+                campaign_booked=fixed,
+            )
+            placed = [
+                replace(t, send_at=at, sender_id=sid)
+                for t, at, sid in zip(tasks, sends, chosen, strict=True)
+            ]
+            try:
+                self._book(placed, books)
+            except Overbooked as exc:
+                log.info("campaign %s: %s; re-planning again (%d)", campaign.id, exc, attempt + 1)
+                continue
+            return sends
+        raise Conflict(
+            f"campaign {campaign.id}: its senders' slots kept being taken by other campaigns "
+            f"({BOOKING_TRIES} tries)"
+        )
+
+    def book_in_place(self, task: Task) -> bool:
+        """Book a task's current slot again (a task found without its booking, e.g. after a
+        crash between a release and a re-booking); False when that slot is no longer free."""
+        if task.sender_id is None:
+            return True
+        try:
+            sender = self._senders.get_sender(task.sender_id)
+        except NotFound:
+            return True  # removed: it goes out from the campaign's From, uncounted
+        day = task.send_at.astimezone(sender.zone).date()
+        try:
+            self._senders.book([_booking(task, sender, day)])
+        except Overbooked:
+            return False
+        return True
+
+    def booked(self, task: Task) -> bool:
+        """Whether the task holds a booking at its send time."""
+        booking = self._senders.booking_of(task.id)
+        return booking is not None and booking.at == task.send_at
+
+    def mark_sent(self, task_id: str) -> bool:
+        return self._senders.mark_sent(task_id)
+
+    def release(self, task_ids: Collection[str]) -> int:
+        return self._senders.release(task_ids) if task_ids else 0
+
+    def _book(self, tasks: Sequence[Task], books: dict[str, SenderBook]) -> None:
+        bookings = [
+            _booking(t, books[t.sender_id].sender, books[t.sender_id].day_of(t.send_at))
+            for t in tasks
+            if t.sender_id is not None
+        ]
+        if bookings:
+            self._senders.book(bookings)
+
+
+def _booking(task: Task, sender: Sender, day: date) -> Booking:
+    return Booking(
+        sender_id=sender.id,
+        at=task.send_at,
+        day=day,
+        task_id=task.id,
+        campaign_id=task.campaign_id,
+        recipient=key_of_normalized(task.email),
+        cap=sender.cap_on(day),
+    )
