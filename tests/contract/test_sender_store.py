@@ -229,6 +229,17 @@ def test_booking_a_booked_task_moves_it(store: Store) -> None:
     store.book([booking("c2-0", 30, cap=1)])
 
 
+def test_a_sent_booking_never_moves(store: Store) -> None:
+    store.add_sender(sender())
+    store.book([booking("c1-0", 0)])
+    store.mark_sent("c1-0")
+    with pytest.raises(Overbooked):
+        store.book([booking("c1-0", 30)])
+    store.book([booking("c1-0", 0)])  # the same slot again: nothing changes
+    assert store.booked_times("s1", since=T0, until=T0 + timedelta(days=1)) == [T0]
+    assert usage(store) == [SenderDay(T0.date(), 0, 1)]
+
+
 def test_release_frees_planned_bookings_only(store: Store) -> None:
     store.add_sender(sender())
     store.book([booking("c1-0", 0), booking("c1-1", 1), booking("c1-2", 2)])

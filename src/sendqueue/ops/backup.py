@@ -62,6 +62,10 @@ _STORE_TABLES = (
     "suppressions",
     "soft_bounces",
     "feedback_cursors",
+    "senders",
+    "sender_bookings",
+    "sender_days",
+    "sender_contacts",
 )
 _SCHEDULER_TABLES = ("schedules", "dead_letters")
 

@@ -1,8 +1,9 @@
 """Moving an embedded deployment onto PostgreSQL: ``sendqueue db migrate-to URL``.
 
 :func:`migrate_to` copies a SQLite task store (campaigns, recipients, tasks and the change log,
-ids included, so a live UI resumes its stream where it was, the suppression list, and the
-feedback loop's soft bounces and mailbox positions) into an empty PostgreSQL task store, and
+ids included, so a live UI resumes its stream where it was, the suppression list, the
+feedback loop's soft bounces and mailbox positions, and the senders with their bookings, day
+counts and sticky recipients) into an empty PostgreSQL task store, and
 creates the schedules of the Pending tasks of active campaigns in the target's execution layer,
 with the tasks' stored names and tokens. Overdue ones fire as soon as a target worker runs.
 
@@ -24,7 +25,7 @@ No send is lost or duplicated, because:
 - Each email is Pending in exactly one live deployment (the target), whose worker claims it
   with the usual conditional write.
 
-The target must be empty (no campaign). Its schema is created or upgraded first.
+The target must be empty (no campaign, no sender). Its schema is created or upgraded first.
 """
 
 from __future__ import annotations
@@ -47,13 +48,18 @@ from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.campaigns import iter_tasks
 from sendqueue.services.scheduling import ScheduleWriter
 
-__all__ = ["COPIED_TABLES", "MigrationReport", "migrate_to"]
+__all__ = ["COPIED_TABLES", "SENDER_TABLES", "MigrationReport", "migrate_to"]
 
 log = logging.getLogger(__name__)
 
 #: The task store's tables, in foreign-key order. Leases are not copied: they belong to the
 #: processes of the old deployment.
 COPIED_TABLES = (schema.campaigns, schema.recipients, schema.tasks, schema.change_log)
+
+#: The sender store's tables (migration 0007), in foreign-key order, copied as they are into a
+#: target that has no sender yet: a booking names its sender's id, and the day counts are the
+#: bookings' own. The sticky recipients are insert-or-keep.
+SENDER_TABLES = (schema.senders, schema.sender_days, schema.sender_bookings)
 
 
 @dataclass
@@ -67,6 +73,9 @@ class MigrationReport:
     suppressions: int = 0
     soft_bounces: int = 0
     feedback_cursors: int = 0
+    senders: int = 0
+    bookings: int = 0
+    """Sender bookings (planned and sent) copied."""
     pending: int = 0
     schedules_created: int = 0
     schedule_errors: list[str] = field(default_factory=list)
@@ -119,6 +128,14 @@ def _copy(
     existing = target.execute(sa.select(sa.func.count()).select_from(schema.campaigns))
     if existing.scalar_one():
         raise Conflict("the target database has campaigns already; migrate-to needs an empty one")
+    senders = target.execute(sa.select(sa.func.count()).select_from(schema.senders))
+    if senders.scalar_one():
+        # Their ids or addresses could clash with the source's, and their day counts would not
+        # be the copied bookings'.
+        raise Conflict(
+            "the target database has senders already; migrate-to needs an empty one "
+            "(remove them there, or add them again after the move)"
+        )
     counters = {
         "campaigns": "campaigns",
         "recipients": "recipients",
@@ -134,6 +151,7 @@ def _copy(
     report.suppressions = _copy_suppressions(source, target, batch)
     report.soft_bounces = _copy_soft_bounces(source, target, batch)
     report.feedback_cursors = _copy_feedback_cursors(source, target)
+    report.senders, report.bookings = _copy_senders(source, target, batch)
     # Ids were copied as they were; new ids must exceed them (migration 0004's rebase).
     target.execute(sa.text("SELECT sq_change_log_rebase()"))
 
@@ -177,6 +195,21 @@ def _copy_feedback_cursors(source: sa.Connection, target: sa.Connection) -> int:
         )
         written += len(target.execute(upsert.returning(table.c.mailbox)).all())
     return written
+
+
+def _copy_senders(source: sa.Connection, target: sa.Connection, batch: int) -> tuple[int, int]:
+    """The senders, their day counts and bookings (into a target without senders: see
+    _copy), and the sticky recipients, insert-or-keep; how many senders and bookings."""
+    copied: dict[str, int] = {}
+    for table in SENDER_TABLES:
+        copied[table.name] = 0
+        for rows in _rows(source, table, batch):
+            target.execute(sa.insert(table), rows)
+            copied[table.name] += len(rows)
+    contacts = schema.sender_contacts
+    for rows in _rows(source, contacts, batch):
+        target.execute(postgresql.insert(contacts).values(rows).on_conflict_do_nothing())
+    return copied[schema.senders.name], copied[schema.sender_bookings.name]
 
 
 def _copy_counters(source: sa.Connection, target: sa.Connection) -> None:

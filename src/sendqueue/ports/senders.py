@@ -35,7 +35,8 @@ class SenderStore(Protocol):
       one checked). SQL stores do it in one transaction that locks the sender's day rows;
       DynamoDB with conditional writes in transactions, undoing the ones already written when
       a later one is refused. Booking a task that holds a booking already *moves* it: the old
-      slot is freed in the same write (booking the same slot again changes nothing).
+      slot is freed in the same write (booking the same slot again changes nothing). A sent
+      booking never moves: booking its task on another slot is refused (Overbooked).
     - :meth:`release` frees the planned bookings of the given tasks (a sent one stays: a sent
       email used its slot); idempotent, unknown task ids are ignored.
     - Reads go per sender and range (:meth:`booked_times`, :meth:`sender_usage`), through an

@@ -97,6 +97,8 @@ class InMemorySenders:
             if old is not None and (old.sender_id, old.at_ms) == key:
                 continue
             holder = self._slots.get(key)
+            if old is not None and old.task_id in self._sent:
+                raise Overbooked(booking.sender_id, at=booking.at)  # a sent email stays put
             if (holder is not None and holder.task_id != booking.task_id) or (
                 claimed.get(key, booking.task_id) != booking.task_id
             ):

@@ -959,6 +959,8 @@ def _plan(bookings: Sequence[Booking], held: Mapping[str, _Held]) -> _Plan:
         key = (b.sender_id, b.at_ms)
         if old is not None and (old.booking.sender_id, old.booking.at_ms) == key:
             continue  # booked there already: nothing changes
+        if old is not None and old.sent:
+            raise Overbooked(b.sender_id, at=b.at)  # a sent email stays put
         if key in claimed or key in held_slots:
             raise Overbooked(b.sender_id, at=b.at)
         claimed.add(key)

@@ -40,6 +40,7 @@ from sendqueue.adapters.sql import schema as tables
 from sendqueue.adapters.sql.errors import mapped_errors
 from sendqueue.adapters.sql.feedback import FeedbackTables
 from sendqueue.adapters.sql.schema import WRITE, UtcDateTime, create_store_engine
+from sendqueue.adapters.sql.senders import SenderTables
 from sendqueue.adapters.sql.sidetables import SideTables
 from sendqueue.adapters.sql.suppressions import SuppressionTables
 from sendqueue.domain.errors import Conflict, InvalidField, NotFound
@@ -65,9 +66,10 @@ from sendqueue.domain.models import (
 __all__ = ["SqlTaskStore"]
 
 
-class SqlTaskStore(SideTables, SuppressionTables, FeedbackTables):
+class SqlTaskStore(SideTables, SuppressionTables, FeedbackTables, SenderTables):
     """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`,
-    :class:`~sendqueue.ports.FeedbackStore`) over a SQL database; one subclass per dialect.
+    :class:`~sendqueue.ports.FeedbackStore`, :class:`~sendqueue.ports.SenderStore`) over a SQL
+    database; one subclass per dialect.
 
     ``url`` is the subclass's dialect (``sqlite:///...`` or ``postgresql+psycopg://...``;
     ValueError for another). With ``upgrade`` (the default) the schema is migrated to the newest

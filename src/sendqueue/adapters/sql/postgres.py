@@ -75,7 +75,8 @@ _INSERT_TASKS = (
     " %b::text[], %b::text[], %b::timestamptz[], %b::varchar[], %b::varchar[], %b::integer[],"
     " %b::timestamptz[], %b::timestamptz[], %b::text[], %b::text[], %b::timestamptz[],"
     " %b::timestamptz[], %b::timestamptz[], %b::integer[], %b::text[], %b::text[],"
-    " %b::varchar[], %b::text[], %b::timestamptz[], %b::varchar[])"
+    " %b::varchar[], %b::text[], %b::timestamptz[], %b::varchar[], %b::text[], %b::text[],"
+    " %b::varchar[])"
     f" WITH ORDINALITY AS u({INSERT_COLUMNS}, sq_ordinal) ORDER BY sq_ordinal"
     " ON CONFLICT DO NOTHING RETURNING id, state, reason),"
     " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
@@ -180,6 +181,9 @@ def _task_params(t: Task, at: datetime) -> dict[str, Any]:
         "outcome": None if t.outcome is None else t.outcome.value,
         "outcome_detail": t.outcome_detail,
         "outcome_at": t.outcome_at,
+        "sender_id": t.sender_id,
+        "sender": t.sender,
+        "timezone": t.timezone,
         "email_key": key_of_normalized(t.email),
     }
 
@@ -278,7 +282,8 @@ class PostgresTaskStore(SqlTaskStore):
         check_cursor(after)
         # The campaign is looked up only when the page is empty (a recipient's campaign exists).
         sql = (
-            "SELECT position, email, name, subject, text, html, variables FROM recipients"
+            "SELECT position, email, name, subject, text, html, variables, timezone"
+            " FROM recipients"
             " WHERE campaign_id = %s AND position > %s ORDER BY position LIMIT %s"
         )
 
@@ -319,7 +324,8 @@ class PostgresTaskStore(SqlTaskStore):
                 _time(t.sent_at), t.message_id, t.error, stamp, stamp,
                 _time(t.planned_at or t.send_at), t.moves, t.moved_reason, t.reason,
                 None if t.outcome is None else t.outcome.value, t.outcome_detail,
-                _time(t.outcome_at), key_of_normalized(t.email),
+                _time(t.outcome_at), t.sender_id, t.sender, t.timezone,
+                key_of_normalized(t.email),
             )
             for t in sorted(tasks, key=lambda t: t.id)
         ]  # fmt: skip

@@ -27,6 +27,7 @@ __all__ = [
     "OUTCOMES",
     "STATES",
     "TASK_COLUMNS",
+    "TASK_WIDTH",
     "batches",
     "campaign_from_row",
     "campaign_row",
@@ -47,8 +48,12 @@ CHUNK_SIZE = 500
 TASK_COLUMNS = (
     "id, campaign_id, position, email, name, subject, text, html, send_at, state, token, "
     "attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at, "
-    "moves, moved_reason, reason, outcome, outcome_detail, outcome_at"
+    "moves, moved_reason, reason, outcome, outcome_detail, outcome_at, sender_id, sender, "
+    "timezone"
 )
+
+#: How many columns :data:`TASK_COLUMNS` names (a task row's width).
+TASK_WIDTH = len(TASK_COLUMNS.split(","))
 
 #: The columns a new task is inserted with: :data:`TASK_COLUMNS` and ``email_key`` (the
 #: address's compared form, which only the feedback store's index reads).
@@ -101,6 +106,8 @@ def campaign_from_row(row: sa.Row[Any]) -> Campaign:
         updated_at=m["updated_at"],
         stop_on_reply=StopOnReply(m["stop_on_reply"]),
         unsubscribe_footer=bool(m["unsubscribe_footer"]),
+        sender_ids=tuple(m["sender_ids"] or ()),
+        local_time=bool(m["local_time"]),
     )
 
 
@@ -110,13 +117,15 @@ def task_from_row(row: Sequence[Any]) -> Task:
     (
         id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
         attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at,
-        moves, moved_reason, reason, outcome, outcome_detail, outcome_at,
-    ) = row[:25]  # fmt: skip
+        moves, moved_reason, reason, outcome, outcome_detail, outcome_at, sender_id, sender,
+        timezone,
+    ) = row[:TASK_WIDTH]  # fmt: skip
     # Positional: tasks are read by the hundred thousand; see docs/performance.md.
     return Task(
         id_, campaign_id, position, email, name, subject, text, html, send_at, token,
         STATES[state], attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
         planned_at, moves, moved_reason, reason, OUTCOMES[outcome], outcome_detail, outcome_at,
+        sender_id, sender, timezone,
     )  # fmt: skip
 
 
@@ -149,6 +158,9 @@ def campaign_row(campaign: Campaign, recipient_count: int) -> dict[str, Any]:
         "updated_at": campaign.updated_at,
         "stop_on_reply": StopOnReply(campaign.stop_on_reply).value,
         "unsubscribe_footer": bool(campaign.unsubscribe_footer),
+        # NULL for none, as a campaign from before migration 0007 has.
+        "sender_ids": list(campaign.sender_ids) if campaign.sender_ids else None,
+        "local_time": bool(campaign.local_time),
     }
 
 
@@ -164,6 +176,7 @@ def recipient_rows(campaign_id: str, recipients: Sequence[Recipient]) -> list[di
             "text": r.text,
             "html": r.html,
             "variables": dict(r.variables),
+            "timezone": r.timezone,
         }
         for r in recipients
     ]

@@ -36,6 +36,10 @@ __all__ = [
     "metadata",
     "normalise_url",
     "recipients",
+    "sender_bookings",
+    "sender_contacts",
+    "sender_days",
+    "senders",
     "soft_bounces",
     "sqlite_text",
     "suppressions",
@@ -129,6 +133,10 @@ campaigns = sa.Table(
     # Which Pending emails a reply cancels, and the unsubscribe footer (migration 0006).
     sa.Column("stop_on_reply", sa.String(16), nullable=False, server_default="sender"),
     sa.Column("unsubscribe_footer", sa.Boolean, nullable=False, server_default=sa.false()),
+    # The senders its recipients are spread across, a JSON array (NULL: none, the campaign's
+    # from_addr), and whether windows follow each recipient's zone (migration 0007).
+    sa.Column("sender_ids", _json(), nullable=True),
+    sa.Column("local_time", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index("ix_campaigns_created_at", "created_at"),
 )
 
@@ -148,6 +156,8 @@ recipients = sa.Table(
     sa.Column("text", sa.Text, nullable=False),
     sa.Column("html", sa.Text, nullable=True),
     sa.Column("variables", _json(), nullable=False),
+    # The recipient's own IANA zone, NULL: the campaign's (migration 0007).
+    sa.Column("timezone", sa.Text, nullable=True),
 )
 
 tasks = sa.Table(
@@ -186,6 +196,13 @@ tasks = sa.Table(
     sa.Column("outcome", sa.String(16), nullable=True),
     sa.Column("outcome_detail", sa.Text, nullable=True),
     sa.Column("outcome_at", UtcDateTime, nullable=True),
+    # The sender it goes out from, that sender's address as planned and the recipient's zone
+    # in a local-time campaign; NULL: the campaign's (migration 0007). Declared before
+    # email_key (the database has them after it) so that ``select(tasks)`` rows start with
+    # rows.TASK_COLUMNS.
+    sa.Column("sender_id", sa.String(200), nullable=True),
+    sa.Column("sender", sa.Text, nullable=True),
+    sa.Column("timezone", sa.Text, nullable=True),
     # The address's compared form, key_of_normalized(email) (casefold, which SQL's lower() is
     # not), written at insert: FeedbackStore.tasks_for reads it through its index. Nullable
     # so that 0006 adds it in place (no table copy) before filling every row.
@@ -274,6 +291,75 @@ feedback_cursors = sa.Table(
     sa.Column("mailbox", sa.String(1000), primary_key=True),
     sa.Column("uidvalidity", sa.BigInteger, nullable=False),
     sa.Column("uid", sa.BigInteger, nullable=False),
+)
+
+
+#: Senders (migration 0007): the mailboxes campaigns send from. ``email_key`` is the address
+#: lower-cased, unique, so one address is one sender whatever its case.
+senders = sa.Table(
+    "senders",
+    metadata,
+    sa.Column("id", sa.String(200), primary_key=True),
+    sa.Column("email", sa.Text, nullable=False),
+    sa.Column("email_key", sa.String(320), nullable=False, unique=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("reply_to", sa.Text, nullable=True),
+    # A mailer URL, credentials included, stored as given (masking is the services' business).
+    sa.Column("transport", sa.Text, nullable=True),
+    sa.Column("daily_cap", sa.Integer, nullable=False),
+    sa.Column("min_gap_seconds", sa.Integer, nullable=False),
+    sa.Column("timezone", sa.Text, nullable=False),
+    sa.Column("warmup_start", sa.Integer, nullable=True),
+    sa.Column("warmup_step", sa.Integer, nullable=True),
+    sa.Column("warmup_from", sa.Date, nullable=True),
+)
+
+#: One row per booked slot (migration 0007): the primary key (sender, slot start in epoch
+#: milliseconds) refuses a second booking of a slot and serves the per-sender range reads;
+#: ``task_id`` is unique (a task holds one booking). ``day`` is the sender-local day the slot
+#: counts on, ``cap`` that day's cap as booked, ``recipient`` the compared address.
+sender_bookings = sa.Table(
+    "sender_bookings",
+    metadata,
+    sa.Column(
+        "sender_id",
+        sa.String(200),
+        sa.ForeignKey("senders.id"),
+        primary_key=True,
+    ),
+    sa.Column("at_ms", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("task_id", sa.String(200), nullable=False, unique=True),
+    sa.Column("campaign_id", sa.String(64), nullable=False),
+    sa.Column("day", sa.Date, nullable=False),
+    sa.Column("recipient", sa.Text, nullable=False),
+    sa.Column("cap", sa.Integer, nullable=False),
+    sa.Column("sent", sa.Boolean, nullable=False, server_default=sa.false()),
+)
+
+#: Each sender-local day's counts (migration 0007): the row a booking locks and checks against
+#: its cap, so concurrent bookers of one day queue on it.
+sender_days = sa.Table(
+    "sender_days",
+    metadata,
+    sa.Column(
+        "sender_id",
+        sa.String(200),
+        sa.ForeignKey("senders.id"),
+        primary_key=True,
+    ),
+    sa.Column("day", sa.Date, primary_key=True),
+    sa.Column("planned", sa.Integer, nullable=False),
+    sa.Column("sent", sa.Integer, nullable=False),
+)
+
+#: Sticky senders (migration 0007): the first sender each compared address was booked on.
+#: No foreign key: the memory outlives a removed sender (the planner only uses a sticky sender
+#: that is among the campaign's).
+sender_contacts = sa.Table(
+    "sender_contacts",
+    metadata,
+    sa.Column("recipient", sa.Text, primary_key=True),
+    sa.Column("sender_id", sa.String(200), nullable=False),
 )
 
 

@@ -25,7 +25,13 @@ from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.adapters.sql.base import SqlTaskStore
 from sendqueue.adapters.sql.errors import mapped_errors
-from sendqueue.adapters.sql.rows import INSERT_COLUMNS, OUTCOMES, STATES, TASK_COLUMNS
+from sendqueue.adapters.sql.rows import (
+    INSERT_COLUMNS,
+    OUTCOMES,
+    STATES,
+    TASK_COLUMNS,
+    TASK_WIDTH,
+)
 from sendqueue.adapters.sql.schema import UtcDateTime, sqlite_text
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
@@ -49,7 +55,8 @@ _LOG_CREATED = (
 )
 
 _INSERT_TASK = (
-    f"INSERT INTO tasks ({INSERT_COLUMNS}) VALUES ({', '.join('?' * 26)}) ON CONFLICT DO NOTHING"
+    f"INSERT INTO tasks ({INSERT_COLUMNS}) VALUES ({', '.join('?' * (TASK_WIDTH + 1))})"
+    " ON CONFLICT DO NOTHING"
 )
 
 #: Values per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
@@ -66,7 +73,8 @@ def _task(row: Sequence[Any]) -> Task:
     (
         id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
         attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at,
-        moves, moved_reason, reason, outcome, outcome_detail, outcome_at,
+        moves, moved_reason, reason, outcome, outcome_detail, outcome_at, sender_id, sender,
+        timezone,
     ) = row  # fmt: skip
     return Task(
         id_, campaign_id, position, email, name, subject, text, html,
@@ -75,7 +83,7 @@ def _task(row: Sequence[Any]) -> Task:
         datetime.fromisoformat(created_at).replace(tzinfo=UTC),
         datetime.fromisoformat(updated_at).replace(tzinfo=UTC),
         _time(planned_at), moves, moved_reason, reason, OUTCOMES[outcome], outcome_detail,
-        _time(outcome_at),
+        _time(outcome_at), sender_id, sender, timezone,
     )  # fmt: skip
 
 
@@ -87,7 +95,7 @@ def _task_row(t: Task, stamp: str | None) -> tuple[object, ...]:
         sqlite_text(t.sent_at), t.message_id, t.error, stamp, stamp,
         sqlite_text(t.planned_at or t.send_at), t.moves, t.moved_reason, t.reason,
         None if t.outcome is None else t.outcome.value, t.outcome_detail,
-        sqlite_text(t.outcome_at), key_of_normalized(t.email),
+        sqlite_text(t.outcome_at), t.sender_id, t.sender, t.timezone, key_of_normalized(t.email),
     )  # fmt: skip
 
 
@@ -313,7 +321,7 @@ class SqliteTaskStore(SqlTaskStore):
             cursor = conn.connection.cursor()
             try:
                 cursor.execute(
-                    "SELECT position, email, name, subject, text, html, variables "
+                    "SELECT position, email, name, subject, text, html, variables, timezone "
                     "FROM recipients WHERE campaign_id = ? AND position > ? "
                     "ORDER BY position LIMIT ?",
                     (campaign_id, after, limit),
@@ -322,8 +330,10 @@ class SqliteTaskStore(SqlTaskStore):
             finally:
                 cursor.close()
             return [
-                Recipient(position, email, name, subject, text, html, json.loads(variables))
-                for position, email, name, subject, text, html, variables in raw
+                Recipient(
+                    position, email, name, subject, text, html, json.loads(variables), timezone
+                )
+                for position, email, name, subject, text, html, variables, timezone in raw
             ]
 
     # tasks -----------------------------------------------------------------------------------
