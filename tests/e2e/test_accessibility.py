@@ -174,6 +174,23 @@ def test_every_page_has_no_serious_violation(
     expect(page.locator("#supp-error")).to_be_visible()
     _audit(page, "suppressions", found)
 
+    page.goto(f"{app.url}/senders")
+    _audit(page, "senders (none)", found)
+    page.fill("#s-email", "not-an-address")
+    page.click("#sender-add-button")
+    expect(page.locator("#err-email")).to_be_visible()
+    _audit(page, "senders (errors)", found)
+    page.fill("#s-email", "sender@example.com")
+    page.fill("#s-warmup-start", "2")
+    page.fill("#s-warmup-step", "3")
+    page.click("#sender-add-button")
+    expect(page.locator("#senders [data-sender-id]")).to_have_count(1)
+    expect(page.locator("#senders .usage-chart g.day")).to_have_count(14)
+    _audit(page, "senders", found)
+    page.goto(f"{app.url}/campaigns/new")
+    expect(page.locator('#f-senders input[name="senders"]')).to_have_count(1)
+    _audit(page, "new (senders)", found)
+
     response = page.goto(f"{app.url}/campaigns/cnotacampaign")
     assert response is not None and response.status == 404
     _audit(page, "error page", found)

@@ -70,10 +70,11 @@ def container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     c.close()
 
 
-def _targets(c: Container) -> tuple[dict[str, list[str]], list[str], list[str]]:
+def _targets(c: Container) -> tuple[dict[str, list[str]], list[str], list[str], list[str]]:
     """Real ids to aim path parameters at: campaigns (draft, active, paused, completed) with
-    their tasks, dead letters and suppressed addresses. Made afresh for each operation, so that
-    one operation's cancels and removals do not leave the next nothing but 409s and 404s."""
+    their tasks, dead letters, suppressed addresses and senders. Made afresh for each
+    operation, so that one operation's cancels and removals do not leave the next nothing but
+    409s and 404s."""
 
     def new(count: int, days: int = 30) -> str:
         return c.campaigns.create(
@@ -104,7 +105,10 @@ def _targets(c: Container) -> tuple[dict[str, list[str]], list[str], list[str]]:
     emails = [f"probe-{secrets.token_hex(4)}@example.com" for _ in range(3)]
     for email in emails:
         c.suppression.add(email)
-    return tasks, letters, emails
+    senders = [
+        c.senders.add(email=f"sender-{secrets.token_hex(4)}@example.com").id for _ in range(2)
+    ]
+    return tasks, letters, emails, senders
 
 
 def _exercise(
@@ -112,6 +116,7 @@ def _exercise(
     tasks: dict[str, list[str]],
     letters: list[str],
     emails: list[str],
+    senders: list[str],
     seen: Counter[int],
 ) -> None:
     """Run the examples of one operation; raises what schemathesis or hypothesis found."""
@@ -120,6 +125,8 @@ def _exercise(
     stream = operation.path.endswith("/events")
     importing = operation.path.endswith("/suppressions/import")
     adding = operation.method.upper() == "POST" and operation.path == "/api/suppressions"
+    adding_sender = operation.method.upper() == "POST" and operation.path == "/api/senders"
+    changing_sender = operation.method.upper() == "PATCH"
 
     @given(case=operation.as_strategy(), aim=st.data())
     @settings(
@@ -135,6 +142,16 @@ def _exercise(
             params["letter_id"] = aim.draw(st.sampled_from(letters))
         if "email" in params and aim.draw(st.booleans()):
             params["email"] = aim.draw(st.sampled_from(emails))
+        if "ref" in params and aim.draw(st.booleans()):
+            params["ref"] = aim.draw(st.sampled_from(senders))
+        if (adding_sender or changing_sender) and aim.draw(st.booleans()):
+            # a drawn sender is hardly ever valid either: aim some at a real change
+            number = aim.draw(st.integers(0, 10**6))
+            case.body = (
+                {"email": f"new-{number}@example.com"}
+                if adding_sender
+                else {"daily_cap": number % 10_000 + 1}
+            )
         if adding and aim.draw(st.booleans()):
             # likewise a drawn address is hardly ever valid: aim some at a real one
             case.body = {"email": f"new-{aim.draw(st.integers(0, 10**6))}@example.com"}
@@ -156,9 +173,9 @@ def test_no_500_and_every_response_matches_the_schema(container: Container) -> N
     seen: dict[str, Counter[int]] = defaultdict(Counter)
     failures: list[str] = []
     for operation in operations:
-        tasks, letters, emails = _targets(container)
+        tasks, letters, emails, senders = _targets(container)
         try:
-            _exercise(operation, tasks, letters, emails, seen[operation.label])
+            _exercise(operation, tasks, letters, emails, senders, seen[operation.label])
         except (Exception, BaseExceptionGroup) as exc:  # schemathesis raises a group
             failures.append(f"{operation.label}: {exc}"[:3000])
     assert not failures, "\n\n".join(failures)

@@ -52,7 +52,7 @@ def test_every_api_success_body_has_a_schema_with_properties(web: Web) -> None:
 def test_the_views_are_in_the_schema_with_their_json_names(web: Web) -> None:
     schemas = web.client.get("/openapi.json").json()["components"]["schemas"]
     assert set(schemas["TaskView"]["properties"]) == {
-        "id", "position", "email", "name", "subject", "state", "send_at", "sent_at",
+        "id", "position", "email", "name", "subject", "sender", "state", "send_at", "sent_at",
         "attempts", "message_id", "error", "planned_at", "moves", "moved_reason", "reason",
         "outcome", "outcome_detail", "outcome_at", "paused", "late",
     }  # fmt: skip
@@ -64,6 +64,10 @@ def test_the_views_are_in_the_schema_with_their_json_names(web: Web) -> None:
         "id", "schedule", "group", "payload", "error", "attempts", "failed_at",
     }  # fmt: skip
     assert set(schemas["SuppressionView"]["properties"]) == {"email", "reason", "task_id", "at"}
+    assert set(schemas["SenderDetail"]["properties"]) == {
+        "id", "email", "name", "reply_to", "transport", "daily_cap", "min_gap_seconds",
+        "timezone", "warmup_start", "warmup_step", "warmup_from", "usage",
+    }  # fmt: skip
 
 
 def test_only_the_three_forms_take_the_csrf_token_as_a_field() -> None:

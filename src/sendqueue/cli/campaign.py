@@ -25,11 +25,20 @@ from sendqueue.cli.common import (
     out,
     print_json,
 )
-from sendqueue.cli.render import plan_rows, print_plan, print_provision, provision_with_progress
-from sendqueue.domain.errors import InvalidField
+from sendqueue.cli.render import (
+    plan_rows,
+    print_plan,
+    print_provision,
+    print_zones,
+    provision_with_progress,
+    zone_rows,
+)
+from sendqueue.domain.errors import InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import check_cursor
+from sendqueue.domain.planner import per_zone_day_summary
 from sendqueue.services.importing import Templates
+from sendqueue.services.previews import ZoneDays
 from sendqueue.services.views import campaign_dict, task_list_dict
 
 __all__ = ["campaign_app"]
@@ -82,6 +91,22 @@ def campaign_create(
             help="Add a one-line unsubscribe footer to every email.",
         ),
     ] = False,
+    sender: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sender",
+            help="A sender (id or address, see `sendqueue sender list`) to spread the emails "
+            "across, within its daily cap (repeatable) [default: --from sends, no cap]",
+        ),
+    ] = None,
+    local_time: Annotated[
+        bool,
+        typer.Option(
+            "--local-time",
+            help="Read the windows in each recipient's own timezone (the CSV's 'timezone' "
+            "column; the campaign's zone where it is empty).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Import a CSV of recipients as a new draft campaign (all or nothing)."""
@@ -115,6 +140,8 @@ def campaign_create(
             limits=limits,
             stop_on_reply=stop_on_reply,
             unsubscribe_footer=unsubscribe_footer,
+            senders=sender or (),
+            local_time=local_time,
         )
         campaign = created.campaign
         data = campaign_dict(c.store, campaign)
@@ -129,6 +156,7 @@ def campaign_create(
         )
         out.print(f"policy: {campaign.policy.describe()}")
         out.print(_options_line(data))
+        out.print(_senders_line(c, data), markup=False)
         out.print(
             f"next: sendqueue campaign preview {campaign.id}  |  "
             f"sendqueue campaign provision {campaign.id}"
@@ -139,6 +167,19 @@ def _options_line(data: dict[str, Any]) -> str:
     """The campaign's feedback options as ``campaign create`` and ``show`` print them."""
     footer = "on" if data["unsubscribe_footer"] else "off"
     return f"stop on reply: {data['stop_on_reply']}  unsubscribe footer: {footer}"
+
+
+def _senders_line(c: Container, data: dict[str, Any]) -> str:
+    """``senders: a@example.com, b@example.com  local time: off`` (an id whose sender was
+    removed since is shown as it is)."""
+    addresses = []
+    for sender_id in data["senders"]:
+        try:
+            addresses.append(c.senders.get(sender_id).email)
+        except NotFound:
+            addresses.append(f"{sender_id} (removed)")
+    senders = ", ".join(addresses) or f"none ({data['from']} sends)"
+    return f"senders: {senders}  local time: {'on' if data['local_time'] else 'off'}"
 
 
 def _outcomes_line(outcomes: dict[str, int]) -> str:
@@ -186,6 +227,7 @@ def campaign_show(campaign_id: str, as_json: JsonOpt = False) -> None:
     """One campaign: policy, state and counts per task state."""
     with container() as c:
         data = campaign_dict(c.store, c.store.get_campaign(campaign_id))
+        senders = _senders_line(c, data)
     if as_json:
         print_json(data)
         return
@@ -203,6 +245,7 @@ def campaign_show(campaign_id: str, as_json: JsonOpt = False) -> None:
         out.print(f"suppressed: {data['suppressed']} (cancelled: on the suppression list)")
     out.print(_outcomes_line(data["outcomes"]))
     out.print(_options_line(data))
+    out.print(senders, markup=False)
 
 
 @campaign_app.command("preview")
@@ -213,14 +256,29 @@ def campaign_preview(campaign_id: str, as_json: JsonOpt = False) -> None:
         campaign = c.store.get_campaign(campaign_id)
         pairs = c.campaigns.preview(campaign_id)
     sends = [when for _, when in pairs]
+    # per recipient zone, as the preview summary counts them (from the same plan)
+    zones = tuple(
+        ZoneDays(zone, tuple(days), sum(d.count for d in days))
+        for zone, days in per_zone_day_summary(
+            sends,
+            [r.timezone if campaign.local_time else None for r, _ in pairs],
+            campaign.policy.timezone,
+        ).items()
+    )
     if as_json:
         rows = plan_rows(sends, campaign.policy.timezone)
         for row, (recipient, _) in zip(rows, pairs, strict=True):
             row["email"] = recipient.email
-        print_json({"timezone": campaign.policy.timezone, "sends": rows})
+            if campaign.local_time:  # the zone its windows are read in
+                row["zone"] = recipient.timezone or campaign.policy.timezone
+        print_json({"timezone": campaign.policy.timezone, "sends": rows, "zones": zone_rows(zones)})
         return
     out.print(f"{campaign.name}: {campaign.policy.describe()}", markup=False)
+    if campaign.local_time:
+        out.print("local time: the windows are read in each recipient's zone", markup=False)
     print_plan(sends, campaign.policy.timezone)
+    if campaign.local_time or len(zones) > 1:
+        print_zones(zones)
 
 
 @campaign_app.command("provision")
@@ -315,14 +373,18 @@ def campaign_tasks(
     rows: list[dict[str, Any]] = []
     with container() as c:
         # a paused campaign's Pending emails have no send time until it resumes
-        paused = c.store.get_campaign(campaign_id).state is CampaignState.PAUSED
+        campaign = c.store.get_campaign(campaign_id)
+        paused = campaign.state is CampaignState.PAUSED
         cursor = after
         while True:
             page = min(1000, limit - len(rows)) if limit else 1000
             batch = c.store.list_tasks(
                 campaign_id, state=wanted, search=search, after=cursor, limit=page
             )
-            rows.extend(task_list_dict(t, campaign_paused=paused) for t in batch)
+            rows.extend(
+                task_list_dict(t, campaign_paused=paused, from_addr=campaign.from_addr)
+                for t in batch
+            )
             if len(batch) < page or (limit and len(rows) >= limit):
                 break
             cursor = batch[-1].position
@@ -331,8 +393,8 @@ def campaign_tasks(
         return
     table = Table(title=f"{len(rows)} email(s)")
     columns = (
-        "id", "email", "state", "send_at", "sent_at", "outcome", "attempts", "moves",
-        "error/reason",
+        "id", "email", "sender", "state", "send_at", "sent_at", "outcome", "attempts",
+        "moves", "error/reason",
     )  # fmt: skip
     for col in columns:
         table.add_column(col)
@@ -340,6 +402,7 @@ def campaign_tasks(
         table.add_row(
             r["id"],
             r["email"],
+            r["sender"] or "",
             r["state"],
             "paused" if r["paused"] else r["send_at"] or "",
             (r["sent_at"] or "") + (" (late)" if r["late"] else ""),

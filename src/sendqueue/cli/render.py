@@ -12,10 +12,18 @@ from sendqueue.bootstrap import Container
 from sendqueue.cli.common import err, out
 from sendqueue.domain.planner import per_day_summary
 from sendqueue.domain.policy import load_timezone
+from sendqueue.services.previews import ZoneDays
 from sendqueue.services.provisioning import ProvisionProgress, ProvisionReport
 from sendqueue.services.views import iso
 
-__all__ = ["plan_rows", "print_plan", "print_provision", "provision_with_progress"]
+__all__ = [
+    "plan_rows",
+    "print_plan",
+    "print_provision",
+    "print_zones",
+    "provision_with_progress",
+    "zone_rows",
+]
 
 
 def plan_rows(sends: list[datetime], zone_name: str) -> list[dict[str, Any]]:
@@ -64,6 +72,39 @@ def print_plan(sends: list[datetime], zone_name: str, *, rows: int = 50) -> None
             "...", f"{sum(d.count for d in days[60:])} in {len(days) - 60} more days", "", ""
         )
     out.print(summary)
+
+
+def zone_rows(zones: tuple[ZoneDays, ...]) -> list[dict[str, Any]]:
+    """The ``--json`` form of a preview's per-zone summary: each recipient zone with its sends
+    per local day of that zone."""
+    return [
+        {
+            "zone": z.zone,
+            "count": z.count,
+            "days": [
+                {
+                    "day": d.day.isoformat(),
+                    "count": d.count,
+                    "first": d.first.isoformat(),
+                    "last": d.last.isoformat(),
+                }
+                for d in z.days
+            ],
+        }
+        for z in zones
+    ]
+
+
+def print_zones(zones: tuple[ZoneDays, ...]) -> None:
+    """The sends per recipient zone, each in its own local days (a local-time campaign)."""
+    table = Table(title=f"per recipient zone: {len(zones)} zone(s), in each zone's local time")
+    for col in ("zone", "sends", "days", "first day", "last day"):
+        table.add_column(col, justify="right" if col in {"sends", "days"} else "left")
+    for z in zones:
+        first = z.days[0].first.strftime("%a %Y-%m-%d %H:%M") if z.days else ""
+        last = z.days[-1].last.strftime("%a %Y-%m-%d %H:%M") if z.days else ""
+        table.add_row(z.zone, str(z.count), str(len(z.days)), first, last)
+    out.print(table)
 
 
 def provision_with_progress(

@@ -9,7 +9,18 @@ import typer
 from rich.logging import RichHandler
 
 from sendqueue import __version__
-from sendqueue.cli import campaign, db, demo, dlq, feedback, plan, suppression, task, worker
+from sendqueue.cli import (
+    campaign,
+    db,
+    demo,
+    dlq,
+    feedback,
+    plan,
+    sender,
+    suppression,
+    task,
+    worker,
+)
 from sendqueue.cli.common import err, out
 
 __all__ = ["app", "main"]
@@ -24,6 +35,7 @@ app = typer.Typer(
 app.add_typer(campaign.campaign_app, name="campaign")
 app.add_typer(task.task_app, name="task")
 app.add_typer(dlq.dlq_app, name="dlq")
+app.add_typer(sender.sender_app, name="sender")
 app.add_typer(suppression.suppression_app, name="suppression")
 app.add_typer(feedback.feedback_app, name="feedback")
 app.add_typer(db.db_app, name="db")

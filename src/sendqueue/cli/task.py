@@ -22,8 +22,9 @@ def task_show(task_id: str, as_json: JsonOpt = False) -> None:
         task = c.store.get_task(task_id)
         if task is None:
             raise NotFound("task", task_id)
-        paused = c.store.get_campaign(task.campaign_id).state is CampaignState.PAUSED
-    data = task_dict(task, campaign_paused=paused)
+        campaign = c.store.get_campaign(task.campaign_id)
+    paused = campaign.state is CampaignState.PAUSED
+    data = task_dict(task, campaign_paused=paused, from_addr=campaign.from_addr)
     if as_json:
         print_json(data)
         return
@@ -49,7 +50,8 @@ def task_cancel(task_id: str, as_json: JsonOpt = False) -> None:
     """Cancel one Pending email and delete its schedule."""
     with container() as c:
         task = c.campaigns.cancel_task(task_id)
+        from_addr = c.store.get_campaign(task.campaign_id).from_addr
     if as_json:
-        print_json(task_dict(task))
+        print_json(task_dict(task, from_addr=from_addr))
     else:
         out.print(f"{task.id} ({task.email}) is {task.state.value}", markup=False)

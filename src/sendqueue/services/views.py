@@ -96,6 +96,13 @@ class CampaignView(_View):
     unsubscribe_footer: bool = Field(
         description="whether every email gets a one-line unsubscribe footer"
     )
+    senders: list[str] = Field(
+        default_factory=list,
+        description="the ids of the senders its emails are spread across; empty: `from` sends",
+    )
+    local_time: bool = Field(
+        False, description="whether the windows are read in each recipient's own timezone"
+    )
     checkpoint: dict[str, Any] | None
     created_at: IsoTime
     updated_at: IsoTime
@@ -119,6 +126,8 @@ class CampaignView(_View):
             "outcomes": {outcome.value: outcomes.get(outcome, 0) for outcome in TaskOutcome},
             "stop_on_reply": campaign.stop_on_reply.value,
             "unsubscribe_footer": campaign.unsubscribe_footer,
+            "senders": list(campaign.sender_ids),
+            "local_time": campaign.local_time,
             "id": campaign.id,
             "name": campaign.name,
             "state": campaign.state.value,
@@ -182,6 +191,9 @@ class TaskView(_View):
     email: str
     name: str
     subject: str
+    sender: str | None = Field(
+        description="the address it goes out from: its sender's, or the campaign's From"
+    )
     state: str
     send_at: IsoTime | None = Field(
         description="when it goes out; null while its campaign is paused (paused is true)"
@@ -206,8 +218,11 @@ class TaskView(_View):
     late: bool = Field(description=f"sent more than {LATE_SECONDS} s after its send time")
 
     @classmethod
-    def of(cls, task: Task, *, campaign_paused: bool = False) -> TaskView:
-        """The view of ``task``; with ``campaign_paused`` a Pending one shows as paused."""
+    def of(
+        cls, task: Task, *, campaign_paused: bool = False, from_addr: str | None = None
+    ) -> TaskView:
+        """The view of ``task``; with ``campaign_paused`` a Pending one shows as paused. A
+        task without a sender goes out from its campaign's From: ``from_addr``."""
         paused = campaign_paused and task.state is TaskState.PENDING
         return cls(
             id=task.id,
@@ -215,6 +230,7 @@ class TaskView(_View):
             email=task.email,
             name=task.name,
             subject=task.subject,
+            sender=task.sender or from_addr,
             state=task.state.value,
             send_at=None if paused else iso(task.send_at),
             sent_at=iso(task.sent_at),
@@ -308,9 +324,12 @@ def campaign_dict(store: TaskStore, campaign: Campaign) -> dict[str, Any]:
     return CampaignView.read(store, campaign).as_json()
 
 
-def task_dict(task: Task, *, campaign_paused: bool = False) -> dict[str, Any]:
-    """A task as the API and ``task cancel --json`` show it."""
-    return TaskView.of(task, campaign_paused=campaign_paused).as_json()
+def task_dict(
+    task: Task, *, campaign_paused: bool = False, from_addr: str | None = None
+) -> dict[str, Any]:
+    """A task as the API and ``task cancel --json`` show it (``from_addr``: the campaign's
+    From, the ``sender`` of a task without one)."""
+    return TaskView.of(task, campaign_paused=campaign_paused, from_addr=from_addr).as_json()
 
 
 def change_dict(entry: ChangeLogEntry) -> dict[str, Any]:
@@ -325,13 +344,15 @@ def dead_letter_dict(letter: DeadLetter) -> dict[str, Any]:
 
 #: The keys ``campaign tasks --json`` lists, in order: a task without position, name and subject.
 TASK_LIST_KEYS = (
-    "id", "email", "state", "send_at", "sent_at", "attempts", "message_id", "error",
+    "id", "email", "sender", "state", "send_at", "sent_at", "attempts", "message_id", "error",
     "planned_at", "moves", "moved_reason", "reason", "outcome", "outcome_detail", "outcome_at",
     "paused", "late",
 )  # fmt: skip
 
 
-def task_list_dict(task: Task, *, campaign_paused: bool = False) -> dict[str, Any]:
+def task_list_dict(
+    task: Task, *, campaign_paused: bool = False, from_addr: str | None = None
+) -> dict[str, Any]:
     """A task as ``campaign tasks --json`` lists it: :func:`task_dict` cut to TASK_LIST_KEYS."""
-    full = task_dict(task, campaign_paused=campaign_paused)
+    full = task_dict(task, campaign_paused=campaign_paused, from_addr=from_addr)
     return {key: full[key] for key in TASK_LIST_KEYS}

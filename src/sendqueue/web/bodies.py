@@ -8,7 +8,7 @@ import json
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from fastapi import Request
@@ -83,6 +83,15 @@ class CampaignBody(BaseModel):
     unsubscribe_footer: StrictBool = Field(
         False, description="add a one-line unsubscribe footer to every email"
     )
+    senders: list[str] = Field(
+        default_factory=list,
+        description="senders (ids or addresses, GET /api/senders) to spread the emails across, "
+        "each within its daily cap; empty: `from` sends, with no cap",
+    )
+    local_time: StrictBool = Field(
+        False,
+        description="read the windows in each recipient's own timezone (its `timezone` column)",
+    )
 
 
 # A checkbox's spellings (a browser sends "on", or the input's value); anything else is refused.
@@ -116,6 +125,16 @@ _FORM_SCHEMA: dict[str, Any] = {
             "enum": sorted(_FLAG_VALUES),
             "description": "a checkbox: true, on, yes or 1 adds the footer; left out, off",
         },
+        "senders": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "sender ids or addresses, repeated or comma-separated",
+        },
+        "local_time": {
+            "type": "string",
+            "enum": sorted(_FLAG_VALUES),
+            "description": "a checkbox: windows in each recipient's own timezone",
+        },
     },
 }  # fmt: skip
 
@@ -143,6 +162,8 @@ class NewCampaign:
     csv: BinaryIO | None = None
     stop_on_reply: StopOnReply | str = StopOnReply.SENDER
     unsubscribe_footer: bool = False
+    senders: list[str] = field(default_factory=list)
+    local_time: bool = False
 
 
 def _policy(data: dict[str, Any], settings: Settings) -> SendingPolicy:
@@ -233,6 +254,8 @@ def _from_form(form: FormData, settings: Settings) -> NewCampaign:
         # the service parses the scope, so a bad one is named like any other field
         stop_on_reply=_text(form, "stop_on_reply") or StopOnReply.SENDER,
         unsubscribe_footer=_flag(form, "unsubscribe_footer"),
+        senders=_listed(form, "senders") or [],
+        local_time=_flag(form, "local_time"),
     )
 
 
@@ -309,6 +332,8 @@ def _from_json(raw: bytes, settings: Settings) -> NewCampaign:
         rows=body.recipients,
         stop_on_reply=body.stop_on_reply,
         unsubscribe_footer=body.unsubscribe_footer,
+        senders=body.senders,
+        local_time=body.local_time,
     )
 
 
@@ -369,5 +394,7 @@ def validate(container: Container, new: NewCampaign) -> Draft:
         limits=limits,
         stop_on_reply=new.stop_on_reply,
         unsubscribe_footer=new.unsubscribe_footer,
+        senders=new.senders,
+        local_time=new.local_time,
     )
     return draft

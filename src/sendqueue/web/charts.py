@@ -1,6 +1,9 @@
 """The charts of the pages, laid out on the server: the stacked progress bar and the bar chart
 of planned and done emails per day. ``static/common.js`` draws the very same shapes from the
 same numbers when a page updates live; keep both in step (the browser tests compare them).
+
+The senders page's chart of each sender's usage against its cap (:func:`usage_chart`) uses the
+day chart's geometry and is drawn on the server only: that page is not live.
 """
 
 from __future__ import annotations
@@ -9,7 +12,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ChartBar", "DayChart", "Segment", "day_chart", "progress_segments"]
+__all__ = [
+    "ChartBar",
+    "DayChart",
+    "Segment",
+    "UsageBar",
+    "UsageChart",
+    "day_chart",
+    "progress_segments",
+    "usage_chart",
+]
 
 
 @dataclass(frozen=True)
@@ -128,4 +140,91 @@ def day_chart(rows: Sequence[Mapping[str, Any]]) -> DayChart:
         bars=bars,
         planned=sum(b[2] for b in buckets),
         done=sum(b[3] for b in buckets),
+    )
+
+
+@dataclass(frozen=True)
+class UsageBar:
+    """One day of a sender: sent (bottom) and planned (stacked on it), and the cap's mark."""
+
+    x: int
+    label_x: int
+    label: str
+    title: str
+    sent_y: int
+    sent_h: int
+    planned_y: int
+    planned_h: int
+    cap_y: int
+
+
+@dataclass(frozen=True)
+class UsageChart:
+    """A sender's planned and sent emails per local day against the day's cap."""
+
+    width: int
+    height: int
+    baseline: int
+    left: int
+    top: int
+    label_y: int
+    axis_end: int
+    bar_width: int
+    peak: int
+    bars: list[UsageBar]
+    planned: int
+    sent: int
+    cap: int
+    """The days' caps added up."""
+
+    @property
+    def summary(self) -> str:
+        return (
+            f"{self.planned} planned and {self.sent} sent over {len(self.bars)} day(s), "
+            f"of {self.cap} the caps allow"
+        )
+
+
+def usage_chart(rows: Sequence[Mapping[str, Any]]) -> UsageChart:
+    """Lay out a sender's ``rows`` (``date``, ``planned``, ``sent``, ``cap``), one bar a day
+    (at most CHART_MAX_BARS days): the scale reaches the highest cap or day, whichever is more,
+    so the cap's mark is always on the chart."""
+    days = list(rows)[:CHART_MAX_BARS]
+    peak = max([1, *(max(int(r["cap"]), int(r["planned"]) + int(r["sent"])) for r in days)])
+    baseline = CHART_TOP + CHART_PLOT
+    bars: list[UsageBar] = []
+    for i, r in enumerate(days):
+        planned, sent, cap = int(r["planned"]), int(r["sent"]), int(r["cap"])
+        x = CHART_LEFT + i * CHART_SLOT + (CHART_SLOT - CHART_BAR) // 2
+        sent_h = sent * CHART_PLOT // peak
+        planned_h = (planned + sent) * CHART_PLOT // peak - sent_h
+        day = str(r["date"])
+        free = max(0, cap - planned - sent)
+        bars.append(
+            UsageBar(
+                x=x,
+                label_x=x + CHART_BAR // 2,
+                label=day[5:],
+                title=f"{day}: {planned} planned, {sent} sent, cap {cap} ({free} free)",
+                sent_y=baseline - sent_h,
+                sent_h=sent_h,
+                planned_y=baseline - sent_h - planned_h,
+                planned_h=planned_h,
+                cap_y=baseline - cap * CHART_PLOT // peak,
+            )
+        )
+    return UsageChart(
+        width=CHART_LEFT + len(bars) * CHART_SLOT + CHART_RIGHT,
+        height=CHART_TOP + CHART_PLOT + CHART_BOTTOM,
+        baseline=baseline,
+        left=CHART_LEFT,
+        top=CHART_TOP,
+        label_y=CHART_TOP + CHART_PLOT + CHART_BOTTOM - 10,
+        axis_end=CHART_LEFT + len(bars) * CHART_SLOT,
+        bar_width=CHART_BAR,
+        peak=peak,
+        bars=bars,
+        planned=sum(int(r["planned"]) for r in days),
+        sent=sum(int(r["sent"]) for r in days),
+        cap=sum(int(r["cap"]) for r in days),
     )

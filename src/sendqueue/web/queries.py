@@ -17,8 +17,10 @@ from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign
 from sendqueue.domain.planner import DaySummary, per_day_summary, plan
 from sendqueue.domain.policy import SendingPolicy
+from sendqueue.domain.senders import Sender
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.campaigns import PlanSummary, iter_tasks
+from sendqueue.services.senders import USAGE_DAYS, SenderService, SenderView
 from sendqueue.services.views import (
     CampaignView,
     campaign_moves,
@@ -26,7 +28,16 @@ from sendqueue.services.views import (
     campaign_suppressed,
     iso,
 )
-from sendqueue.web.schemas import CampaignDetail, Plan, PlanDay, PlanSend
+from sendqueue.web.schemas import (
+    CampaignDetail,
+    Plan,
+    PlanDay,
+    PlanSend,
+    PlanZone,
+    SenderDetail,
+    SenderOut,
+    SenderUsageDay,
+)
 
 __all__ = [
     "PLAN_SENDS_SHOWN",
@@ -36,6 +47,8 @@ __all__ = [
     "campaign_view",
     "next_send_at",
     "plan_view",
+    "sender_detail",
+    "sender_out",
     "summary_view",
 ]
 
@@ -70,6 +83,25 @@ def campaign_view(store: TaskStore, campaign: Campaign) -> CampaignDetail:
     return CampaignDetail(**fields, next_send_at=iso(next_send_at(store, campaign)))
 
 
+def sender_out(sender: Sender) -> SenderOut:
+    """A sender as the API shows it: :class:`SenderView`'s form, the transport masked."""
+    return SenderOut(**SenderView.of(sender).as_dict())
+
+
+def sender_detail(
+    senders: SenderService, sender: Sender, *, days: int = USAGE_DAYS
+) -> SenderDetail:
+    """A sender with its usage per local day from today (``sender show --json``)."""
+    usage = senders.usage(sender.id, days=days)
+    return SenderDetail(
+        **SenderView.of(sender).as_dict(),
+        usage=[
+            SenderUsageDay(date=d.date.isoformat(), planned=d.planned, sent=d.sent, cap=d.cap)
+            for d in usage
+        ],
+    )
+
+
 def plan_view(
     policy: SendingPolicy,
     sends: Sequence[datetime],
@@ -84,9 +116,26 @@ def plan_view(
 
 
 def summary_view(policy: SendingPolicy, summary: PlanSummary) -> Plan:
-    """A stored campaign's cached :class:`PlanSummary` as the preview route returns it."""
+    """A stored campaign's cached :class:`PlanSummary` as the preview route returns it, with
+    its sends per recipient zone."""
     shown = summary.first[:PLAN_SENDS_SHOWN]
-    return _plan(policy, summary.count, shown, summary.emails, summary.days, 0)
+    out = _plan(policy, summary.count, shown, summary.emails, summary.days, 0)
+    for send, zone in zip(out.sends, summary.first_zones, strict=False):
+        send.zone = zone
+    out.zones = [
+        PlanZone(zone=z.zone, count=z.count, days=[_plan_day(d) for d in z.days])
+        for z in summary.zones
+    ]
+    return out
+
+
+def _plan_day(day: DaySummary) -> PlanDay:
+    return PlanDay(
+        day=day.day.isoformat(),
+        count=day.count,
+        first=day.first.isoformat(),
+        last=day.last.isoformat(),
+    )
 
 
 def _plan(
@@ -115,15 +164,7 @@ def _plan(
         count=count,
         duplicates=duplicates,
         sends=rows,
-        days=[
-            PlanDay(
-                day=day.day.isoformat(),
-                count=day.count,
-                first=day.first.isoformat(),
-                last=day.last.isoformat(),
-            )
-            for day in days
-        ],
+        days=[_plan_day(day) for day in days],
     )
 
 

@@ -34,8 +34,14 @@ __all__ = [
     "Plan",
     "PlanDay",
     "PlanSend",
+    "PlanZone",
     "Redriven",
     "RetriedCampaign",
+    "SenderDetail",
+    "SenderList",
+    "SenderOut",
+    "SenderRemoved",
+    "SenderUsageDay",
     "SuppressionAdded",
     "SuppressionImported",
     "SuppressionPage",
@@ -87,6 +93,11 @@ class PlanSend(BaseModel):
     send_at: IsoTime
     local: str = Field(description="the send time in the policy's zone, with its offset")
     email: str | None = Field(None, description="left out where the plan has no recipients")
+    zone: str | None = Field(
+        None,
+        description="a stored campaign's: the zone the send is planned in (its recipient's in a "
+        "local-time campaign, else the campaign's)",
+    )
 
 
 class PlanDay(BaseModel):
@@ -94,6 +105,14 @@ class PlanDay(BaseModel):
     count: int
     first: str
     last: str
+
+
+class PlanZone(BaseModel):
+    """The sends to the recipients of one zone, per local day of that zone."""
+
+    zone: str = Field(description="a recipient's own zone, or the campaign's")
+    count: int
+    days: list[PlanDay] = Field(description="per local day of this zone, times in it")
 
 
 class Plan(BaseModel):
@@ -105,6 +124,11 @@ class Plan(BaseModel):
     duplicates: int
     sends: list[PlanSend]
     days: list[PlanDay]
+    zones: list[PlanZone] | None = Field(
+        None,
+        description="a stored campaign's sends per recipient zone, each in its own local days "
+        "(one zone, the campaign's, unless it sends in local time)",
+    )
 
 
 class TaskPage(BaseModel):
@@ -150,6 +174,50 @@ class SuppressionImported(BaseModel):
     kept: int = Field(description="rows whose address was listed already (or repeated)")
 
 
+class SenderOut(BaseModel):
+    """A sender (``sender list --json``): its transport masked, never its password."""
+
+    id: str
+    email: str
+    name: str
+    reply_to: str | None
+    transport: str | None = Field(
+        description="its own mailer URL, masked (smtp://user:***@host:587); null: the "
+        "configured mailer (SENDQUEUE_MAILER)"
+    )
+    daily_cap: int = Field(description="emails a day at most, per local day of its timezone")
+    min_gap_seconds: int = Field(description="seconds between two of its sends at least")
+    timezone: str = Field(description="the IANA zone its days (and so its cap) are counted in")
+    warmup_start: int | None = Field(description="the warm-up's cap on its first day")
+    warmup_step: int | None = Field(description="how much the cap grows each calendar day")
+    warmup_from: str | None = Field(
+        description="the warm-up's first day (the sender's local date)",
+        json_schema_extra={"format": "date"},
+    )
+
+
+class SenderUsageDay(BaseModel):
+    date: str = Field(json_schema_extra={"format": "date"}, description="a local day")
+    planned: int = Field(description="emails planned that day, not sent yet")
+    sent: int = Field(description="emails sent that day")
+    cap: int = Field(description="the day's cap (the warm-up's, where it is lower)")
+
+
+class SenderDetail(SenderOut):
+    """A sender with its usage per local day from today (``sender show --json``)."""
+
+    usage: list[SenderUsageDay]
+
+
+class SenderList(BaseModel):
+    senders: list[SenderOut]
+
+
+class SenderRemoved(BaseModel):
+    removed: str = Field(description="the id of the sender deleted")
+    email: str
+
+
 class ErrorInfo(BaseModel):
     """The inside of every error response (docs/api.md, "Errors")."""
 
@@ -180,8 +248,8 @@ class Health(BaseModel):
 _ERROR_TEXT = {
     401: "no or wrong token (`WWW-Authenticate: Bearer`)",
     403: "CSRF token missing or wrong (session cookie requests)",
-    404: "unknown campaign, task, dead letter or suppressed address",
-    409: "illegal transition or conflict",
+    404: "unknown campaign, task, dead letter, suppressed address or sender",
+    409: "illegal transition or conflict (an address taken, a sender with planned emails)",
     413: "body or CSV larger than SENDQUEUE_MAX_UPLOAD_BYTES",
     415: "not the body's documented media type",
     422: "invalid input, naming the field or the rows",

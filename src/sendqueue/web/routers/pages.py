@@ -1,5 +1,5 @@
 """HTML pages of the web UI: ``/``, ``/campaigns/new``, ``/campaigns/{id}``, ``/dead-letters``,
-``/suppressions`` (the login page is :mod:`sendqueue.web.routers.auth`'s).
+``/suppressions``, ``/senders`` (the login page is :mod:`sendqueue.web.routers.auth`'s).
 
 Routes are thin: they read the store and the scheduler through the Container (and timelines
 through the cache the API shares) and render a template (:mod:`sendqueue.web.rendering`). The
@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
+from sendqueue.bootstrap import Container
 from sendqueue.domain.errors import InfrastructureError, InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task
@@ -34,9 +35,9 @@ from sendqueue.services.views import (
     campaign_suppressed,
     iso,
 )
-from sendqueue.web.charts import day_chart, progress_segments
+from sendqueue.web.charts import day_chart, progress_segments, usage_chart
 from sendqueue.web.deps import ContainerDep, TimelinesDep
-from sendqueue.web.queries import next_send_at
+from sendqueue.web.queries import next_send_at, sender_detail, sender_out
 from sendqueue.web.rendering import error_page, local_time, render
 
 __all__ = ["PAGE_SIZE", "router"]
@@ -148,7 +149,17 @@ def new_campaign_page(request: Request, c: ContainerDep) -> Response:
         stop_on_reply=[(scope.value, STOP_ON_REPLY_TEXT[scope]) for scope in StopOnReply],
         max_upload_mb=max(1, settings.max_upload_bytes // (1024 * 1024)),
         empty_chart=day_chart([]),
+        senders=_sender_choices(c),
     )
+
+
+def _sender_choices(c: Container) -> list[dict[str, Any]] | None:
+    """The senders the form offers (their masked views); None when the store does not answer,
+    so the form still works for a campaign sent from its From."""
+    try:
+        return [sender_out(s).model_dump() for s in c.senders.all()]
+    except InfrastructureError:
+        return None
 
 
 @functools.cache
@@ -163,9 +174,11 @@ def moved_text(moves: int, reason: str | None) -> str:
     return f"{moves} move{'' if moves == 1 else 's'}: {reason or ''}".rstrip(": ")
 
 
-def _task_row(task: Task, zone: ZoneInfo, *, campaign_paused: bool) -> dict[str, Any]:
+def _task_row(
+    task: Task, zone: ZoneInfo, *, campaign_paused: bool, from_addr: str | None = None
+) -> dict[str, Any]:
     """The task's view, its times in the campaign's zone ("paused": no send time)."""
-    view = TaskView.of(task, campaign_paused=campaign_paused)
+    view = TaskView.of(task, campaign_paused=campaign_paused, from_addr=from_addr)
     row = view.model_dump(exclude={"message_id"})
     row.update(
         send_at="paused" if view.paused else local_time(task.send_at, zone),
@@ -222,7 +235,10 @@ def campaign_page(
             "campaign.html",
             title=campaign.name,
             last_change=last_change,
-            tasks=[_task_row(t, zone, campaign_paused=paused) for t in page],
+            tasks=[
+                _task_row(t, zone, campaign_paused=paused, from_addr=campaign.from_addr)
+                for t in page
+            ],
             moved=moved,
             late=late,
             suppressed=suppressed,
@@ -286,6 +302,30 @@ def suppressions_page(request: Request, c: ContainerDep, after: str | None = Non
             cursor=cursor,
             next_cursor=page[-1].email if more and page else None,
             reasons=[r.value for r in SuppressionReason],
+        )
+    except _PAGE_ERRORS as exc:
+        return error_page(request, exc)
+
+
+@router.get("/senders", response_class=HTMLResponse, name="page_senders")
+def senders_page(request: Request, c: ContainerDep, added: str | None = None) -> Response:
+    """Every sender with its usage against its cap over the coming days (a chart and the same
+    numbers as a table), a form to add one and a remove button each."""
+    try:
+        details = [sender_detail(c.senders, sender) for sender in c.senders.all()]
+        rows: list[dict[str, Any]] = []
+        for detail in details:
+            usage = [d.model_dump() for d in detail.usage]
+            rows.append({"sender": detail, "usage": usage, "chart": usage_chart(usage)})
+        just_added = next((d for d in details if added and d.id == added), None)
+        return render(
+            request,
+            "senders.html",
+            title="Senders",
+            rows=rows,
+            added=just_added,
+            default_timezone=c.settings.default_timezone,
+            timezones=_timezones(),
         )
     except _PAGE_ERRORS as exc:
         return error_page(request, exc)

@@ -39,7 +39,8 @@ def list_tasks(
 ) -> TaskPage:
     """A page of the campaign's emails in position order."""
     # a paused campaign's Pending emails have no send time until it resumes (NotFound first)
-    paused = c.store.get_campaign(campaign_id).state is CampaignState.PAUSED
+    campaign = c.store.get_campaign(campaign_id)
+    paused = campaign.state is CampaignState.PAUSED
     page = c.store.list_tasks(
         campaign_id,
         state=_task_state(state),
@@ -50,7 +51,7 @@ def list_tasks(
     more = len(page) > limit
     page = page[:limit]
     return TaskPage(
-        tasks=[TaskView.of(t, campaign_paused=paused) for t in page],
+        tasks=[TaskView.of(t, campaign_paused=paused, from_addr=campaign.from_addr) for t in page],
         next=page[-1].position if more else None,
     )
 
@@ -61,4 +62,5 @@ def cancel_task(campaign_id: str, task_id: str, c: ContainerDep) -> TaskView:
     task = c.store.get_task(task_id)
     if task is None or task.campaign_id != campaign_id:
         raise NotFound("task", task_id)
-    return TaskView.of(c.campaigns.cancel_task(task_id))
+    cancelled = c.campaigns.cancel_task(task_id)
+    return TaskView.of(cancelled, from_addr=c.store.get_campaign(campaign_id).from_addr)

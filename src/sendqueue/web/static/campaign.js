@@ -68,6 +68,8 @@
     return {
       position: String(task.position + 1),
       email: task.email,
+      // the address it goes out from: its sender's, or the campaign's From
+      sender: task.sender || "",
       name: task.name || "",
       subject: task.subject || "",
       // a paused campaign's Pending emails have no send time until it resumes
@@ -123,10 +125,10 @@
   function newRow(task) {
     const tr = sq.el("tr", { "data-task-id": task.id });
     const classes = {
-      position: "num", email: "mono", send_at: "nowrap", sent_at: "nowrap", attempts: "num",
+      position: "num", email: "mono", sender: "mono", send_at: "nowrap", sent_at: "nowrap", attempts: "num",
       error: "error-text",
     };
-    for (const field of ["position", "email", "name", "subject", "state", "send_at", "sent_at",
+    for (const field of ["position", "email", "sender", "name", "subject", "state", "send_at", "sent_at",
       "outcome", "attempts", "moved", "error", "actions"]) {
       tr.append(sq.el("td", { class: classes[field] || null, "data-field": field }));
     }

@@ -164,6 +164,21 @@
       sq.el("td", { class: "num" }, d.count),
       sq.el("td", {}, String(d.first || "").slice(11, 19)),
       sq.el("td", {}, String(d.last || "").slice(11, 19)))));
+    // a local-time plan: the sends per recipient zone, each in its own local days
+    const zones = Array.isArray(result.zones) ? result.zones : [];
+    const zoneBox = document.getElementById("preview-zones");
+    zoneBox.hidden = zones.length < 2;
+    document.querySelector("#preview-zones-table tbody").replaceChildren(...zones.map((z) => {
+      const zoneDays = Array.isArray(z.days) ? z.days : [];
+      const first = zoneDays.length ? String(zoneDays[0].first || "") : "";
+      const last = zoneDays.length ? String(zoneDays[zoneDays.length - 1].last || "") : "";
+      return sq.el("tr", { "data-zone": z.zone },
+        sq.el("th", { scope: "row" }, z.zone),
+        sq.el("td", { class: "num" }, z.count),
+        sq.el("td", { class: "num" }, zoneDays.length),
+        sq.el("td", {}, first.replace("T", " ").slice(0, 16)),
+        sq.el("td", {}, last.replace("T", " ").slice(0, 16)));
+    }));
   }
 
   const previewButton = document.getElementById("preview-button");

@@ -1,0 +1,259 @@
+"""``sendqueue sender``: the mailboxes campaigns send from, their caps and their usage.
+
+A sender is named by its id or its address. Its transport (``--mailer``) may hold a password:
+every output shows it masked (``smtp://user:***@host:587``), as the API and the pages do.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from sendqueue.cli.common import JsonOpt, container, fail, handle_errors, out, print_json
+from sendqueue.domain.errors import Conflict, InvalidField
+from sendqueue.domain.senders import DEFAULT_DAILY_CAP, DEFAULT_MIN_GAP_SECONDS, Sender
+from sendqueue.services.senders import USAGE_DAYS, DayUsage, SenderView
+
+__all__ = ["sender_app", "sender_dict", "usage_rows"]
+
+sender_app = typer.Typer(
+    help="Senders: the mailboxes campaigns send from, each with a daily cap, a minimum gap "
+    "between sends and an optional warm-up.",
+    no_args_is_help=True,
+)
+
+RefArg = Annotated[str, typer.Argument(help="The sender's id or address.")]
+_NAME_HELP = "Display name of the From header."
+_CAP_HELP = "Emails a day at most, counted per local day in the sender's timezone (1..10000)."
+_GAP_HELP = "Seconds between two sends of this sender at least (1..86400)."
+_ZONE_HELP = "IANA timezone of the sender's days [default: SENDQUEUE_DEFAULT_TIMEZONE]"
+_WARMUP_START_HELP = "Warm-up: the cap on its first day (today); needs --warmup-step."
+_WARMUP_STEP_HELP = "Warm-up: how much the cap grows each calendar day, up to --daily-cap."
+_MAILER_HELP = (
+    "Its own transport (smtp://user:password@host:587?security=starttls, ses:REGION, "
+    "maildir:PATH) [default: SENDQUEUE_MAILER]"
+)
+
+
+def sender_dict(sender: Sender) -> dict[str, Any]:
+    """A sender as ``--json`` prints it: the transport masked."""
+    return SenderView.of(sender).as_dict()
+
+
+def usage_rows(usage: list[DayUsage]) -> list[dict[str, Any]]:
+    """Per-day usage as ``show --json`` prints it."""
+    return [
+        {"date": d.date.isoformat(), "planned": d.planned, "sent": d.sent, "cap": d.cap}
+        for d in usage
+    ]
+
+
+def _warmup_text(view: SenderView) -> str:
+    if view.warmup_start is None:
+        return ""
+    since = view.warmup_from.isoformat() if view.warmup_from else "?"
+    return f"{view.warmup_start} +{view.warmup_step}/day from {since}"
+
+
+def _address_taken(exc: Conflict) -> None:
+    """A taken address is the email field's problem: say so, as every other bad input does."""
+    fail(1, f"email: {exc}")
+
+
+@sender_app.command("add")
+@handle_errors
+def sender_add(
+    email: Annotated[str, typer.Option("--email", help="The address it sends from.")],
+    name: Annotated[str, typer.Option("--name", help=_NAME_HELP)] = "",
+    daily_cap: Annotated[int, typer.Option("--daily-cap", help=_CAP_HELP)] = DEFAULT_DAILY_CAP,
+    min_gap: Annotated[int, typer.Option("--min-gap", help=_GAP_HELP)] = DEFAULT_MIN_GAP_SECONDS,
+    timezone: Annotated[str | None, typer.Option("--timezone", help=_ZONE_HELP)] = None,
+    warmup_start: Annotated[
+        int | None, typer.Option("--warmup-start", help=_WARMUP_START_HELP)
+    ] = None,
+    warmup_step: Annotated[
+        int | None, typer.Option("--warmup-step", help=_WARMUP_STEP_HELP)
+    ] = None,
+    mailer: Annotated[str | None, typer.Option("--mailer", help=_MAILER_HELP)] = None,
+    reply_to: Annotated[str | None, typer.Option("--reply-to", help="Reply-To address.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Add a sender (nothing is stored if any option is invalid)."""
+    with container() as c:
+        try:
+            sender = c.senders.add(
+                email=email,
+                name=name,
+                daily_cap=daily_cap,
+                min_gap_seconds=min_gap,
+                timezone=timezone,
+                warmup_start=warmup_start,
+                warmup_step=warmup_step,
+                transport=mailer,
+                reply_to=reply_to,
+            )
+        except Conflict as exc:
+            _address_taken(exc)
+    data = sender_dict(sender)
+    if as_json:
+        print_json(data)
+        return
+    out.print(
+        f"added sender {sender.id} ({sender.email}): {sender.daily_cap} a day, "
+        f"{sender.min_gap_seconds} s apart, days in {sender.timezone}",
+        markup=False,
+    )
+    if data["warmup_start"] is not None:
+        out.print(f"warm-up: {_warmup_text(SenderView.of(sender))}", markup=False)
+
+
+@sender_app.command("list")
+@handle_errors
+def sender_list(as_json: JsonOpt = False) -> None:
+    """Every sender, by address."""
+    with container() as c:
+        views = [SenderView.of(s) for s in c.senders.all()]
+    if as_json:
+        print_json([v.as_dict() for v in views])
+        return
+    table = Table(title=f"{len(views)} sender(s)")
+    for col in ("id", "email", "name", "cap/day", "gap (s)", "timezone", "warm-up", "transport"):
+        table.add_column(col, justify="right" if col in {"cap/day", "gap (s)"} else "left")
+    for v in views:
+        # Text cells: what users typed is never read as console markup
+        table.add_row(
+            *(
+                Text(cell)
+                for cell in (
+                    v.id,
+                    v.email,
+                    v.name,
+                    str(v.daily_cap),
+                    str(v.min_gap_seconds),
+                    v.timezone,
+                    _warmup_text(v),
+                    v.transport or "(default mailer)",
+                )
+            )
+        )
+    out.print(table)
+
+
+@sender_app.command("show")
+@handle_errors
+def sender_show(
+    ref: RefArg,
+    days: Annotated[int, typer.Option("--days", help="Days of usage from today.")] = USAGE_DAYS,
+    as_json: JsonOpt = False,
+) -> None:
+    """One sender, with its planned and sent emails against its cap per local day."""
+    with container() as c:
+        sender = c.senders.get(ref)
+        usage = c.senders.usage(sender.id, days=days)
+    view = SenderView.of(sender)
+    if as_json:
+        print_json({**view.as_dict(), "usage": usage_rows(usage)})
+        return
+    out.print(f"{view.email} ({view.id})" + (f" {view.name}" if view.name else ""), markup=False)
+    out.print(
+        f"cap: {view.daily_cap} a day, at least {view.min_gap_seconds} s apart, "
+        f"days in {view.timezone}",
+        markup=False,
+    )
+    if view.warmup_start is not None:
+        out.print(f"warm-up: {_warmup_text(view)}", markup=False)
+    out.print(f"transport: {view.transport or '(default mailer)'}", markup=False)
+    if view.reply_to:
+        out.print(f"reply-to: {view.reply_to}", markup=False)
+    table = Table(title=f"usage over {len(usage)} day(s) ({view.timezone})")
+    for col in ("date", "planned", "sent", "cap", "free"):
+        table.add_column(col, justify="left" if col == "date" else "right")
+    for d in usage:
+        table.add_row(
+            d.date.strftime("%a %Y-%m-%d"),
+            str(d.planned),
+            str(d.sent),
+            str(d.cap),
+            str(max(0, d.cap - d.planned - d.sent)),
+        )
+    out.print(table)
+
+
+@sender_app.command("update")
+@handle_errors
+def sender_update(
+    ref: RefArg,
+    email: Annotated[str | None, typer.Option("--email", help="A new address.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help=_NAME_HELP)] = None,
+    daily_cap: Annotated[int | None, typer.Option("--daily-cap", help=_CAP_HELP)] = None,
+    min_gap: Annotated[int | None, typer.Option("--min-gap", help=_GAP_HELP)] = None,
+    timezone: Annotated[str | None, typer.Option("--timezone", help="IANA timezone.")] = None,
+    warmup_start: Annotated[
+        int | None,
+        typer.Option("--warmup-start", help="Restart the warm-up today at this cap."),
+    ] = None,
+    warmup_step: Annotated[
+        int | None, typer.Option("--warmup-step", help=_WARMUP_STEP_HELP)
+    ] = None,
+    no_warmup: Annotated[
+        bool, typer.Option("--no-warmup", help="End the warm-up: the full cap from today.")
+    ] = False,
+    mailer: Annotated[
+        str | None, typer.Option("--mailer", help="A new transport; '' for the default mailer.")
+    ] = None,
+    reply_to: Annotated[
+        str | None, typer.Option("--reply-to", help="A new Reply-To; '' for none.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change some of a sender's settings; the others stay as they are."""
+    changes: dict[str, object] = {
+        key: value
+        for key, value in {
+            "email": email,
+            "name": name,
+            "daily_cap": daily_cap,
+            "min_gap_seconds": min_gap,
+            "timezone": timezone,
+            "warmup_start": warmup_start,
+            "warmup_step": warmup_step,
+        }.items()
+        if value is not None
+    }
+    # '' clears an optional setting
+    if mailer is not None:
+        changes["transport"] = mailer or None
+    if reply_to is not None:
+        changes["reply_to"] = reply_to or None
+    if no_warmup:
+        if warmup_start is not None or warmup_step is not None:
+            raise InvalidField("warmup_start", warmup_start, "--no-warmup ends the warm-up")
+        changes["warmup_start"] = changes["warmup_step"] = None
+    if not changes:
+        raise InvalidField("changes", None, "nothing to change: give at least one option")
+    with container() as c:
+        try:
+            sender = c.senders.update(ref, changes)
+        except Conflict as exc:
+            _address_taken(exc)
+    if as_json:
+        print_json(sender_dict(sender))
+        return
+    out.print(
+        f"updated sender {sender.id} ({sender.email}): {', '.join(sorted(changes))}", markup=False
+    )
+
+
+@sender_app.command("remove")
+@handle_errors
+def sender_remove(ref: RefArg, as_json: JsonOpt = False) -> None:
+    """Delete a sender (refused while it still has planned emails: cancel or re-plan them)."""
+    with container() as c:
+        sender = c.senders.remove(ref)
+    if as_json:
+        print_json({"removed": sender.id, "email": sender.email})
+        return
+    out.print(f"removed sender {sender.id} ({sender.email})", markup=False)
