@@ -11,10 +11,13 @@ before issue 16).
 
 Baseline: the physical limit, ``executemany`` of the equivalent rows (one task row per
 recipient, one schedule row per task, the same tables and indexes) into the same two files,
-one transaction each, with the rows built beforehand (not timed). On PostgreSQL the task rows
-go through psycopg's ``executemany`` instead; with procrastinate the schedule rows go through
-it as well, into ``procrastinate_jobs`` or ``sendqueue_parked_schedules`` (as the adapter
-splits them at its horizon), in the same transaction as the task rows.
+one transaction each, with the rows built beforehand (not timed). For a campaign with senders
+the equivalent rows include one slot row per task (``sender_bookings``), the one row a
+booking must write; the report also gives the ratio to the baseline without them. On
+PostgreSQL the task rows go through psycopg's ``executemany`` instead; with procrastinate the
+schedule rows go through it as well, into ``procrastinate_jobs`` or
+``sendqueue_parked_schedules`` (as the adapter splits them at its horizon), in the same
+transaction as the task rows.
 
 Every measurement runs in a fresh child process, from a copy of one imported campaign: its
 ``ru_maxrss`` is its own peak, which gives the memory growth from the small to the large size.
@@ -76,8 +79,16 @@ class _OneAtATime:
         return getattr(self._inner, name)
 
 
-def import_campaign(store_url: str, scheduler_url: str, recipients: int) -> str:
-    """A draft campaign of ``recipients`` (the demo CSV, Europe/Berlin, 10,000 a day)."""
+#: Senders of the with-senders variant, and each one's daily cap and minimum gap: room for
+#: the campaign's 10,000 a day (the default 09:00-17:00 window holds 28,800 one-second slots).
+SENDERS = 20
+SENDER_CAP = 1_000
+SENDER_GAP = 1
+
+
+def import_campaign(store_url: str, scheduler_url: str, recipients: int, senders: int = 0) -> str:
+    """A draft campaign of ``recipients`` (the demo CSV, Europe/Berlin, 10,000 a day), spread
+    across ``senders`` new senders when given (each booking its slots as it is provisioned)."""
     from sendqueue.bootstrap import bootstrap
     from sendqueue.domain.policy import SendingPolicy
     from sendqueue.services.demo import demo_csv
@@ -85,7 +96,14 @@ def import_campaign(store_url: str, scheduler_url: str, recipients: int) -> str:
 
     app = bootstrap(_settings(store_url, scheduler_url))
     try:
+        ids = [
+            app.senders.add(
+                email=f"sender{n}@example.com", daily_cap=SENDER_CAP, min_gap_seconds=SENDER_GAP
+            ).id
+            for n in range(senders)
+        ]
         created = app.campaigns.create(
+            senders=ids,
             name=f"bench {recipients}",
             recipients=demo_csv(recipients),
             policy=SendingPolicy(timezone="Europe/Berlin", per_day=10_000),
@@ -197,6 +215,31 @@ _SCHEDULE_INSERT = (
 )
 
 
+_BOOKING_INSERT = (
+    "INSERT INTO sender_bookings (sender_id, at_ms, task_id, campaign_id, day, recipient, cap, "
+    "sent) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _booking_rows(
+    conn: Any, tasks: list[tuple[Any, ...]], campaign_id: str, mark: str
+) -> list[tuple[Any, ...]]:
+    """For a campaign with senders, the equivalent of what its provisioning books: one slot
+    row per task, round-robin over its senders (a distinct instant each); none otherwise."""
+    row = conn.execute(
+        f"SELECT sender_ids FROM campaigns WHERE id = {mark}", (campaign_id,)
+    ).fetchone()
+    senders = json.loads(row[0]) if row and row[0] else []
+    if not senders:
+        return []
+    day = datetime(2027, 1, 4, tzinfo=UTC).date()
+    return [
+        (senders[i % len(senders)], 1_800_000_000_000 + i * 1000, task[0], campaign_id, day,
+         f"r{i}@example.com", SENDER_CAP, False)
+        for i, task in enumerate(tasks)
+    ]  # fmt: skip
+
+
 def child_raw(store_url: str, scheduler_file: str, campaign_id: str) -> dict[str, Any]:
     """executemany of the equivalent rows, one transaction per file."""
     from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
@@ -218,6 +261,7 @@ def child_raw(store_url: str, scheduler_file: str, campaign_id: str) -> dict[str
     marks = ", ".join([mark] * 18)
     tasks = _task_rows(recipients, campaign_id)
     schedules = _schedule_rows(tasks, campaign_id)
+    bookings = _booking_rows(conn, tasks, campaign_id, mark)
     sched = sqlite3.connect(scheduler_file, isolation_level=None)
     sched.execute("PRAGMA journal_mode = WAL")
     sched.execute("PRAGMA synchronous = NORMAL")
@@ -227,10 +271,18 @@ def child_raw(store_url: str, scheduler_file: str, campaign_id: str) -> dict[str
     if postgres:
         with conn.cursor() as cur:
             cur.executemany(_TASK_INSERT.format(marks=marks), tasks)
+            booking_started = time.perf_counter()
+            if bookings:
+                cur.executemany(_BOOKING_INSERT.replace("?", "%s"), bookings)
+            booking_seconds = time.perf_counter() - booking_started
         conn.commit()
     else:
         conn.execute("BEGIN")
         conn.executemany(_TASK_INSERT.format(marks=marks), tasks)
+        booking_started = time.perf_counter()
+        if bookings:
+            conn.executemany(_BOOKING_INSERT, bookings)
+        booking_seconds = time.perf_counter() - booking_started
         conn.execute("COMMIT")
     middle = time.perf_counter()
     sched.execute("BEGIN")
@@ -246,6 +298,8 @@ def child_raw(store_url: str, scheduler_file: str, campaign_id: str) -> dict[str
         "schedules_seconds": ended - middle,
         "tasks": len(tasks),
         "schedules": len(schedules),
+        "bookings": len(bookings),
+        "bookings_seconds": booking_seconds,
         **child_usage(),
         "work_cpu_s": cpu,
     }
@@ -328,7 +382,8 @@ def child_raw_procrastinate(store_url: str, campaign_id: str) -> dict[str, Any]:
 class _Templates:
     """One imported campaign per size, copied (SQLite) or cloned (PostgreSQL) per measurement."""
 
-    def __init__(self, stack: ExitStack, home: Path, postgres: bool) -> None:
+    def __init__(self, stack: ExitStack, home: Path, postgres: bool, senders: int = 0) -> None:
+        self._senders = senders
         self._stack = stack
         self._home = home
         self._postgres = postgres
@@ -341,7 +396,9 @@ class _Templates:
                 url = self._stack.enter_context(postgres_database())
             else:
                 url = f"sqlite:///{self._home / f'template-{size}.db'}"
-            cid = import_campaign(url, f"sqlite:///{self._home / 'unused-scheduler.db'}", size)
+            cid = import_campaign(
+                url, f"sqlite:///{self._home / 'unused-scheduler.db'}", size, self._senders
+            )
             self._made[size] = (url, cid)
         return self._made[size]
 
@@ -381,9 +438,12 @@ def run(
     repeats: int,
     postgres: bool = False,
     execution: str = "embedded",
+    senders: int = 0,
 ) -> dict[str, Any]:
     """The provisioning benchmark on one store and execution layer (procrastinate: PostgreSQL
-    for both, and the one-create-at-a-time run at the small size, beside its own raw run)."""
+    for both, and the one-create-at-a-time run at the small size, beside its own raw run).
+    With ``senders``, the campaign is spread across that many senders and books a slot per
+    email (the raw side inserts the same task and schedule rows, no bookings)."""
     procrastinate = execution == "procrastinate"
     postgres = postgres or procrastinate
     sq: list[dict[str, Any]] = []
@@ -392,7 +452,7 @@ def run(
     one_runs: list[dict[str, Any]] = []
     raw_small: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sq-bench-prov-") as tmp, ExitStack() as stack:
-        templates = _Templates(stack, Path(tmp), postgres)
+        templates = _Templates(stack, Path(tmp), postgres, senders)
         templates.template(recipients)
         templates.template(small)
 
@@ -434,11 +494,17 @@ def run(
     sq_rate = summarize([recipients / r["seconds"] for r in sq])
     raw_rate = summarize([recipients / r["seconds"] for r in raw])
     ratio = sq_rate.median / raw_rate.median
+    # With senders: the same, against the raw rows without the slot rows (for the report).
+    plain_raw = summarize(
+        [recipients / (r["seconds"] - r.get("bookings_seconds", 0.0)) for r in raw]
+    )
     peak_large = summarize([r["peak_rss_mb"] for r in sq])
     peak_small = summarize([r["peak_rss_mb"] for r in small_runs])
     growth = peak_large.median - peak_small.median
     store = "PostgreSQL" if postgres else "SQLite"
     where = f"{store} store" + (", procrastinate execution" if procrastinate else "")
+    if senders:
+        where += f", {senders} senders booking every send"
     targets = [
         {
             "name": f"provisioning at >= 0.3x raw inserts ({where})",
@@ -461,6 +527,7 @@ def run(
     result = {
         "store": store,
         "execution": execution,
+        "senders": senders,
         "recipients": recipients,
         "small": small,
         "repeats": repeats,
@@ -473,6 +540,7 @@ def run(
         "raw_tasks_seconds": summarize([r["tasks_seconds"] for r in raw]).as_dict(),
         "raw_schedules_seconds": summarize([r["schedules_seconds"] for r in raw]).as_dict(),
         "ratio": ratio,
+        "ratio_without_booking_rows": sq_rate.median / plain_raw.median,
         "small_seconds": summarize([r["seconds"] for r in small_runs]).as_dict(),
         "peak_rss_mb_large": peak_large.as_dict(),
         "peak_rss_mb_small": peak_small.as_dict(),

@@ -131,14 +131,17 @@ class CapacityPlanner:
         books = self.load(senders.values(), since=min(plan_start, now))
         return PlannedRun(books, per_day, cursor, senders=senders)
 
-    def plan_chunk(self, campaign: Campaign, run: PlannedRun, tasks: Sequence[Task]) -> list[Task]:
-        """``tasks`` (Pending, in position order) given their senders, zones and send times,
-        and booked. Sends go after the previous chunk's, in the run's books; on Overbooked
-        the books are read again and the chunk planned again (up to :data:`BOOKING_TRIES`)."""
-        if not tasks:
+    def plan_chunk(
+        self, campaign: Campaign, run: PlannedRun, items: Sequence[tuple[str, str, str | None]]
+    ) -> list[tuple[datetime, str | None, str | None]]:
+        """``(task id, address, zone)`` of new tasks (in position order) -> each one's ``(send
+        time, sender id, sender address)``, booked. Sends go after the previous chunk's, in
+        the run's books; on Overbooked the books are read again and the chunk planned again
+        (up to :data:`BOOKING_TRIES`)."""
+        if not items:
             return []
         ids = [s for s in campaign.sender_ids if s in run.senders]
-        keys = [key_of_normalized(t.email) for t in tasks]
+        keys = [key_of_normalized(email) for _, email, _ in items]
         if ids:
             sticky = self._senders.sticky_senders(set(keys))
             turn = run.turn % len(ids)
@@ -146,10 +149,10 @@ class CapacityPlanner:
             chosen: list[str | None] = list(
                 assign_senders(keys, rotated, {k: [v] for k, v in sticky.items()})
             )
-            run.turn += len(tasks)
+            run.turn += len(items)
         else:
-            chosen = [None] * len(tasks)
-        zones = [t.timezone for t in tasks] if campaign.local_time else None
+            chosen = [None] * len(items)
+        zones = [zone for _, _, zone in items] if campaign.local_time else None
         for attempt in range(BOOKING_TRIES):
             sends = plan_with_senders(
                 campaign.policy,
@@ -159,17 +162,14 @@ class CapacityPlanner:
                 zones=zones,
                 campaign_per_day=run.per_day,
             )
-            planned = [
-                replace(
-                    t,
-                    send_at=at,
-                    sender_id=sid,
-                    sender=run.senders[sid].email if sid else None,
-                )
-                for t, at, sid in zip(tasks, sends, chosen, strict=True)
+            bookings = [
+                _booking_of(campaign.id, task, key, at, run.books[sid])
+                for (task, _, _), key, at, sid in zip(items, keys, sends, chosen, strict=True)
+                if sid is not None
             ]
             try:
-                self._book(planned, run.books)
+                if bookings:
+                    self._senders.book(bookings)
             except Overbooked as exc:
                 run.rebooked += 1
                 log.info(
@@ -183,7 +183,10 @@ class CapacityPlanner:
             zone = campaign.policy.zone
             run.per_day.update(at.astimezone(zone).date() for at in sends)
             run.cursor = max(run.cursor, max(sends) + _ONE_MS)
-            return planned
+            return [
+                (at, sid, run.senders[sid].email if sid else None)
+                for at, sid in zip(sends, chosen, strict=True)
+            ]
         raise Conflict(
             f"campaign {campaign.id}: its senders' slots kept being taken by other campaigns "
             f"({BOOKING_TRIES} tries); provisioning resumes from its checkpoint"
@@ -291,6 +294,14 @@ class CapacityPlanner:
         ]
         if bookings:
             self._senders.book(bookings)
+
+
+def _booking_of(
+    campaign_id: str, task_id: str, recipient: str, at: datetime, book: SenderBook
+) -> Booking:
+    sender = book.sender
+    day = book.day_of(at)
+    return Booking(sender.id, at, day, task_id, campaign_id, recipient, sender.cap_on(day))
 
 
 def _booking(task: Task, sender: Sender, day: date) -> Booking:

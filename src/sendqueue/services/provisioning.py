@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo
 
 from sendqueue.domain.errors import Conflict, IllegalTransition, InvalidField, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import CONTROL_GROUP, Campaign, Task, new_token, task_id
+from sendqueue.domain.models import CONTROL_GROUP, Campaign, Recipient, Task, new_token, task_id
 from sendqueue.domain.planner import plan
 from sendqueue.domain.suppression import Suppression, key_of_normalized, suppressed_reason
 from sendqueue.ports import Clock, Scheduler, SenderStore, SuppressionList, TaskStore
@@ -271,6 +271,13 @@ class Provisioner:
             # new_token()'s format, drawn in one call instead of one system call per task.
             tokens = secrets.token_hex(16 * len(recipients))
             listed = self._suppressions.suppressed({key_of_normalized(r.email) for r in recipients})
+            placed: dict[int, tuple[datetime, str | None, str | None]] = {}
+            if capacity:
+                first = run is None
+                if run is None:
+                    run = self._capacity.start_run(campaign, plan_start=plan_start, now=now)
+                placed = self._plan_chunk(campaign, run, recipients, listed, resumed=first)
+                report.rebooked = run.rebooked
             tasks = [
                 Task(
                     id=task_id(campaign.id, r.position),
@@ -281,21 +288,23 @@ class Provisioner:
                     subject=r.subject,
                     text=r.text,
                     html=r.html,
-                    send_at=plan_start if capacity else sends[r.position],
+                    send_at=where[0],
                     token=tokens[32 * i : 32 * i + 32],
                     created_at=now,
                     updated_at=now,
+                    sender_id=where[1],
+                    sender=where[2],
                     timezone=r.timezone,
                 )
                 for i, r in enumerate(recipients)
+                for where in [
+                    placed.get(r.position, (plan_start, None, None))
+                    if capacity
+                    else (sends[r.position], None, None)
+                ]
             ]
             if listed:
                 tasks = [_cancel_if_listed(t, listed) for t in tasks]
-            if capacity:
-                if run is None:
-                    run = self._capacity.start_run(campaign, plan_start=plan_start, now=now)
-                tasks = self._plan_chunk(campaign, run, tasks)
-                report.rebooked = run.rebooked
             inserted = self._store.insert_tasks(tasks, at=now)
             report.tasks_created += inserted
             last = recipients[-1].position
@@ -324,14 +333,26 @@ class Provisioner:
             if len(recipients) < chunk:
                 return
 
-    def _plan_chunk(self, campaign: Campaign, run: PlannedRun, tasks: list[Task]) -> list[Task]:
-        """The chunk's new Pending tasks planned over the senders' books and booked; tasks
-        stored by an earlier run (resumed after a crash) keep their plan and booking, and a
-        suppressed one (Cancelled) books nothing."""
-        stored = self._store.get_tasks([t.id for t in tasks])
-        fresh = [t for t in tasks if t.id not in stored and t.state is TaskState.PENDING]
-        planned = {t.id: t for t in self._capacity.plan_chunk(campaign, run, fresh)}
-        return [planned.get(t.id, t) for t in tasks]
+    def _plan_chunk(
+        self,
+        campaign: Campaign,
+        run: PlannedRun,
+        recipients: list[Recipient],
+        listed: Mapping[str, Suppression],
+        *,
+        resumed: bool,
+    ) -> dict[int, tuple[datetime, str | None, str | None]]:
+        """Position -> (send time, sender id, sender address) of the chunk's new recipients,
+        planned over the senders' books and booked. A suppressed one (inserted Cancelled)
+        books nothing; in the first chunk of a run, tasks an earlier run stored (it stopped
+        between their insert and its checkpoint) keep their plan and booking."""
+        fresh = [r for r in recipients if key_of_normalized(r.email) not in listed]
+        if resumed:
+            stored = self._store.get_tasks([task_id(campaign.id, r.position) for r in fresh])
+            fresh = [r for r in fresh if task_id(campaign.id, r.position) not in stored]
+        items = [(task_id(campaign.id, r.position), r.email, r.timezone) for r in fresh]
+        planned = self._capacity.plan_chunk(campaign, run, items)
+        return {r.position: where for r, where in zip(fresh, planned, strict=True)}
 
     def _schedule_chunk(self, campaign_id: str, tasks: list[Task], report: ProvisionReport) -> bool:
         """Create the schedules of a chunk just inserted; False when some calls failed (the

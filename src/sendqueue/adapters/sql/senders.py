@@ -322,20 +322,17 @@ class SenderTables(ABC):
                 self._insert(tables.sender_days).on_conflict_do_nothing(),
                 [{"sender_id": s, "day": d, "planned": 0, "sent": 0} for s, d in create],
             )
-        by_sender: dict[str, list[date]] = {}
-        for sender_id, day in days:
-            by_sender.setdefault(sender_id, []).append(day)
         counts: dict[_DayKey, tuple[int, int]] = {}
-        for sender_id in sorted(by_sender):
-            for part in rows.chunks(by_sender[sender_id], _CHUNK):
-                query = (
-                    sa.select(_D.day, _D.planned, _D.sent)
-                    .where(_D.sender_id == sender_id, _D.day.in_(part))
-                    .order_by(*self._lock_order(_D.day))
-                    .with_for_update()
-                )
-                for day, planned, sent in conn.execute(query):
-                    counts[(sender_id, day)] = (int(planned), int(sent))
+        # One read for every sender's days (row values), locked in (sender, day) order.
+        for part in rows.chunks(days, _CHUNK):
+            query = (
+                sa.select(_D.sender_id, _D.day, _D.planned, _D.sent)
+                .where(sa.tuple_(_D.sender_id, _D.day).in_(list(part)))
+                .order_by(*self._lock_order(_D.sender_id, _D.day))
+                .with_for_update()
+            )
+            for sender_id, day, planned, sent in conn.execute(query):
+                counts[(sender_id, day)] = (int(planned), int(sent))
         for key in days:
             # A day a moved booking leaves always has its row; one the call books was just
             # made. Only a row deleted behind our back (by hand) could be missing.
