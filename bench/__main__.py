@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    capacity,
     changelog,
     dispatch,
     fleet,
@@ -47,6 +48,7 @@ from bench.report import render_markdown, summary_rows
 
 BENCHMARKS = (
     "planner",
+    "capacity",
     "provisioning",
     "dispatch",
     "throughput",
@@ -67,6 +69,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "bench", help="where results go")
     g = p.add_argument_group("sizes")
     g.add_argument("--planner-sends", type=int, default=1_000_000)
+    g.add_argument("--capacity-sends", type=int, default=100_000,
+                   help="capacity planner: sends planned (beside plan() of as many)")  # fmt: skip
+    g.add_argument("--capacity-senders", type=int, default=100)
+    g.add_argument("--capacity-bookings", type=int, default=50_000,
+                   help="capacity planner: bookings already in the senders' books")  # fmt: skip
+    g.add_argument("--capacity-repeats", type=int, default=11,
+                   help="capacity planner and its plan() anchor, alternately (11: a run is "
+                        "a tenth of a second, so a burst of load elsewhere hits few)")  # fmt: skip
     g.add_argument("--import-rows", type=int, nargs=2, default=[20_000, 80_000],
                    help="two CSV sizes; the import's peak RSS is scaled to 1M rows")  # fmt: skip
     g.add_argument("--recipients", type=int, default=100_000)
@@ -153,12 +163,31 @@ def main(argv: list[str] | None = None) -> int:
 
     if "planner" in chosen:
         attempt("planner", lambda: planner.run(sends=args.planner_sends, repeats=repeats))
+    if "capacity" in chosen:
+        attempt(
+            "capacity",
+            lambda: capacity.run(
+                sends=args.capacity_sends,
+                senders_count=args.capacity_senders,
+                booked=args.capacity_bookings,
+                repeats=args.capacity_repeats,
+            ),
+        )
     prov_repeats = args.provision_repeats or repeats
     if "provisioning" in chosen:
         attempt(
             "provisioning",
             lambda: provisioning.run(
                 recipients=args.recipients, small=args.recipients_small, repeats=prov_repeats
+            ),
+        )
+        attempt(
+            "provisioning_senders",
+            lambda: provisioning.run(
+                recipients=args.recipients,
+                small=args.recipients_small,
+                repeats=prov_repeats,
+                senders=provisioning.SENDERS,
             ),
         )
         if not pg_reason:

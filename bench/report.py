@@ -30,6 +30,17 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"{p['ratio']:.2f}x",
             )
         )
+    if "capacity" in b:
+        c = b["capacity"]
+        rows.append(
+            (
+                f"10 capacity planner, {c['sends']:,} sends, {c['senders']} senders, "
+                f"{c['bookings']:,} bookings: µs/send",
+                _m(c["sendqueue_us_per_send"], digits=3),
+                f"plan() of as many: {_m(c['plan_us_per_send'], digits=3)}",
+                f"{c['ratio']:.2f}x",
+            )
+        )
     provisioning = (
         ("provisioning", "2"),
         ("provisioning_postgresql", "7"),

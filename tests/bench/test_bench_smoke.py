@@ -18,6 +18,7 @@ from bench.report import render_markdown
 
 from bench import __main__ as bench_main
 from bench import (
+    capacity,
     changelog,
     changelog_pgbench,
     dispatch,
@@ -79,6 +80,21 @@ def test_planner() -> None:
     assert result["ratio"] > 0
     _targets(result)
     assert len(planner.naive_baseline(5)) == 5
+
+
+def test_capacity() -> None:
+    result = capacity.run(sends=2_000, senders_count=10, booked=500, repeats=2)
+    _summary(result["sendqueue_us_per_send"])
+    _summary(result["plan_us_per_send"])
+    assert result["ratio"] > 0
+    assert (result["sends"], result["senders"], result["bookings"]) == (2_000, 10, 500)
+    _targets(result)
+    assert result["targets"][0]["passed"] == (result["ratio"] <= capacity.TARGET)
+    table = render_markdown(
+        {"machine": _MACHINE, "benchmarks": {"capacity": result}, "targets": result["targets"]}
+    )
+    assert "| 10 capacity planner, 2,000 sends, 10 senders, 500 bookings: µs/send |" in table
+    assert "| capacity planner within 5x plan() per send |" in table
 
 
 def test_provisioning() -> None:

@@ -144,12 +144,12 @@ class BookingRules(RuleBasedStateMachine):
             assert times == sorted(_booking("x-0", sid, h.slot, 1).at for h in mine)
         for task in TASKS:
             booking = self.store.booking_of(task)
-            h = self.held.get(task)
-            assert (booking is None) == (h is None)
-            if booking is not None and h is not None:
+            model = self.held.get(task)
+            assert (booking is None) == (model is None)
+            if booking is not None and model is not None:
                 assert (booking.sender_id, booking.at) == (
-                    h.sender,
-                    _booking(task, h.sender, h.slot, 1).at,
+                    model.sender,
+                    _booking(task, model.sender, model.slot, 1).at,
                 )
 
     def teardown(self) -> None:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import cast
@@ -79,7 +79,7 @@ STORES: list[object] = [
 
 
 @pytest.fixture(params=STORES)
-def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     make = cast(Callable[[Path, pytest.FixtureRequest], dict[str, str]], request.param)
     values = {k: v for k, v in os.environ.items() if not k.startswith("SENDQUEUE_")}
     values.update(
