@@ -352,3 +352,19 @@ def test_the_senders_page_shows_usage_against_the_cap(web: Web) -> None:
     assert 'href="/senders" aria-current="page"' in text
     new = web.client.get("/campaigns/new").text
     assert f'name="senders" value="{sid}"' in new and 'name="local_time"' in new
+
+
+def test_the_preview_of_a_new_campaign_plans_over_its_senders(web: Web) -> None:
+    anna = _add(web, daily_cap=2)["id"]
+    body = {
+        "name": "p", "recipients": [{"email": f"p{i}@example.com"} for i in range(5)],
+        "templates": {"subject": "S", "body": "B"}, "senders": [anna],
+        "policy": {"timezone": "Europe/Berlin", "per_day": 10, "weekdays": ["mon", "tue"],
+                   "windows": ["09:00-17:00"], "start": "2026-12-01T09:00"},
+    }  # fmt: skip
+    response = web.client.post("/api/campaigns/preview", json=body)
+    assert response.status_code == 200, response.text
+    days = {d["day"]: d["count"] for d in response.json()["days"]}
+    # The campaign allows 10 a day; the sender's cap of 2 spreads the 5 over three days.
+    assert sum(days.values()) == 5 and max(days.values()) == 2
+    assert web.client.get(f"/api/senders/{anna}").json()["usage"][0]["planned"] == 0

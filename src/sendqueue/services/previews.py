@@ -11,7 +11,7 @@ campaign's timezone. Its summary counts the sends per day twice: ``days`` per lo
 campaign's timezone (what ``per_day`` limits), ``zones`` per zone, each in that zone's own
 local days (what each recipient sees).
 
-:meth:`Previews._planned_sends` is the one place a preview plans; a campaign with senders is
+:meth:`Previews.planned_sends` is the one place a preview plans; a campaign with senders is
 planned there too (the capacity planner plugs in at that seam).
 """
 
@@ -105,7 +105,7 @@ class Previews:
                 first_zones=(default,) * len(first),
             )
         recipients = self._addressees(campaign.id)
-        sends = self._planned_sends(campaign, recipients, start)
+        sends = self.planned_sends(campaign, recipients, start)
         zones = [r.timezone for r in recipients] if campaign.local_time else [None] * len(sends)
         # in time order (sends of different zones interleave); equal instants by position
         order = heapq.nsmallest(shown, range(len(sends)), key=sends.__getitem__)
@@ -134,10 +134,10 @@ class Previews:
             if len(batch) < _PAGE:
                 break
             after = batch[-1].position
-        sends = self._planned_sends(campaign, recipients, now)
+        sends = self.planned_sends(campaign, recipients, now)
         return list(zip(recipients, sends, strict=True))
 
-    def _planned_sends(
+    def planned_sends(
         self, campaign: Campaign, recipients: Sequence[Recipient], start: datetime
     ) -> list[datetime]:
         """The seam every preview plans through: the send instant of each of ``recipients``

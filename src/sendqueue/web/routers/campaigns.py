@@ -11,7 +11,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from sendqueue.domain.planner import plan
 from sendqueue.web.bodies import CAMPAIGN_FORM_CSRF, CREATE_BODY, new_campaign, validate
 from sendqueue.web.deps import ContainerDep, ProvisioningDep, TimelinesDep
 from sendqueue.web.queries import campaign_view, plan_view, summary_view
@@ -83,7 +82,7 @@ async def preview_new_campaign(request: Request, c: ContainerDep) -> Plan:
 
         def preview() -> Plan:
             draft = validate(c, new)
-            sends = plan(new.policy, draft.imported.count, now=c.clock.now())
+            sends = c.campaigns.draft_sends(draft, new.policy)
             return plan_view(
                 new.policy,
                 sends,
