@@ -432,6 +432,7 @@ def walk(
                     at = t // ng * ng
                     if at >= iv_end:  # none can take this slot, nor a later one of its window
                         skip, stop = iv_end, t
+                        at = -NEVER  # not taken: the next pass makes its slot afresh
                         break
                     # mostly the next slot start: a datetime plus a ready timedelta is cheaper
                     when = when + step if at - made == gap else clock(at)
