@@ -9,8 +9,10 @@ from collections import Counter
 from datetime import UTC, date, datetime, timedelta
 from typing import cast
 
+import pytest
+
 from sendqueue.bootstrap import Container
-from sendqueue.domain.errors import PermanentMailError, TransientMailError
+from sendqueue.domain.errors import InvalidField, PermanentMailError, TransientMailError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Task
 from sendqueue.domain.policy import SendingPolicy, Window
@@ -227,3 +229,54 @@ def test_the_preview_of_a_draft_plans_over_the_senders_books() -> None:
     per_day = {d.day: d.count for d in summary.days}
     assert day not in per_day and max(per_day.values()) <= 4
     assert sum(d.planned for d in app.senders.usage(anna.id)) == 4  # nothing booked
+
+
+def test_a_change_that_planned_sends_would_break_is_refused() -> None:
+    clock = FakeClock(START)
+    app = _app(clock)
+    anna = app.senders.add(email="anna@example.com", daily_cap=10)
+    cid = _campaign(app, 10, [anna.id])
+    refused: list[tuple[dict[str, object], str]] = [
+        ({"daily_cap": 3}, "daily_cap"),
+        ({"warmup_start": 2, "warmup_step": 1}, "warmup_start"),
+        ({"min_gap_seconds": 600}, "min_gap_seconds"),
+        ({"timezone": "Asia/Tokyo"}, "timezone"),
+    ]
+    for changes, field in refused:
+        with pytest.raises(InvalidField) as caught:
+            app.senders.update(anna.id, changes)
+        assert caught.value.field == field
+    assert app.senders.get(anna.id) == anna  # nothing changed
+    assert app.senders.update(anna.id, {"daily_cap": 20}).daily_cap == 20
+    app.campaigns.pause(cid)  # frees the planned sends: now the gap may change
+    assert app.senders.update(anna.id, {"min_gap_seconds": 600}).min_gap_seconds == 600
+
+
+def test_a_re_plan_that_loses_to_a_send_leaves_the_booking_where_the_email_went() -> None:
+    clock = FakeClock(START)
+    mailer = RecordingMailer()
+    app = _app(clock, mailer)
+    anna = app.senders.add(email="anna@example.com", daily_cap=3)
+    cid = _campaign(app, 3, [anna.id])
+    campaign = app.store.get_campaign(cid)
+    task = _tasks(app, cid)[0]
+    send = mailer.send
+
+    def send_while_replanning(message: object) -> str:
+        # The re-plan read the task as Pending and books it a new slot while it is being sent.
+        mailer.send = send  # type: ignore[method-assign]
+        out = send(message)  # type: ignore[arg-type]
+        app.campaigns.replanner.capacity.place(
+            campaign, [task], not_before=clock.now() + timedelta(hours=3), fixed=[]
+        )
+        return out
+
+    mailer.send = send_while_replanning  # type: ignore[method-assign]
+    clock.set(task.send_at)
+    app.invoke({"kind": "send", "task_id": task.id, "token": task.token})
+    sent = app.store.get_task(task.id)
+    booking = _store(app).booking_of(task.id)
+    assert sent is not None and sent.state is TaskState.FINISHED
+    assert booking is not None and booking.at == sent.send_at
+    today = app.senders.usage(anna.id)[0]
+    assert (today.planned, today.sent) == (2, 1)

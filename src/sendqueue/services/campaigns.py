@@ -550,6 +550,9 @@ class CampaignService:
                 )
                 if done is not None:
                     back.append(done)
+        if campaign.state is CampaignState.PAUSED:
+            # A paused campaign holds no sender capacity: resume books these with the rest.
+            self.replanner.capacity.release([t.id for t in back if t.sender_id is not None])
         if campaign.state is CampaignState.COMPLETED:
             campaign = self._move(campaign_id, {CampaignState.COMPLETED}, CampaignState.ACTIVE)
         if campaign.state is CampaignState.ACTIVE and back:

@@ -24,6 +24,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from sendqueue.domain.capacity import SenderBook, assign_senders, plan_with_senders
 from sendqueue.domain.errors import Conflict, NotFound, Overbooked
+from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.senders import Booking, Sender
@@ -274,6 +275,16 @@ class CapacityPlanner:
         except Overbooked:
             return False
         return True
+
+    def settle(self, task: Task) -> None:
+        """Put the task's booking where the task is: freed for a Cancelled or Failed one,
+        booked again at its send time otherwise (a sent booking stays as it is)."""
+        if task.sender_id is None:
+            return
+        if task.state in (TaskState.CANCELLED, TaskState.FAILED):
+            self._senders.release([task.id])
+        elif not self.booked(task) and not self.book_in_place(task):
+            log.warning("task %s: its slot at %s was taken meanwhile", task.id, task.send_at)
 
     def booked(self, task: Task) -> bool:
         """Whether the task holds a booking at its send time."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from sendqueue.domain.addresses import parse_mailbox
 from sendqueue.domain.errors import InvalidField
@@ -40,7 +41,7 @@ from sendqueue.domain.suppression import (
     suppressed_reason,
     suppression_key,
 )
-from sendqueue.ports import Clock, FeedbackStore, SuppressionList, TaskStore
+from sendqueue.ports import Clock, FeedbackStore, SenderStore, SuppressionList, TaskStore
 from sendqueue.services.campaigns import complete_if_done
 
 __all__ = ["REPLIED_REASON", "Applied", "FeedbackService"]
@@ -235,6 +236,9 @@ class FeedbackService:
                 cancelled.append(task)
         if cancelled and self._delete_schedules is not None:
             self._delete_schedules([expected_schedule_name(t) for t in cancelled])
+        booked = [t.id for t in cancelled if t.sender_id is not None]
+        if booked:  # their sender slots are free for other sends again
+            cast(SenderStore, self._store).release(booked)
         for campaign_id in sorted({t.campaign_id for t in cancelled}):
             complete_if_done(self._store, campaign_id, at=now)
         if cancelled:

@@ -400,6 +400,9 @@ class Reconciler:
                 )  # fmt: skip
         if back is None:
             report.skipped_in_flight += 1  # finished, or claimed again, since it was read
+            current = self._store.get_task(task.id)
+            if current is not None:  # its slot was booked for the retry: put it back
+                self._campaigns.replanner.capacity.settle(current)
             return
         report.stale_retried += 1
         if campaign.state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:

@@ -197,13 +197,25 @@ class Replanner:
                 scheduled.append(task)
         moved = 0
         for start in range(0, len(moves), _CHUNK):
-            moved += self._store.reschedule(
-                moves[start : start + _CHUNK], at=self._clock.now(), reason=reason
-            )
+            chunk = moves[start : start + _CHUNK]
+            done = self._store.reschedule(chunk, at=self._clock.now(), reason=reason)
+            moved += done
+            if done < len(chunk) and uses_capacity(campaign):
+                self._rebook_unmoved(chunk)
         self._schedule(campaign, scheduled)
         if moved:
             log.warning("campaign %s: %d emails moved (%s)", campaign.id, moved, reason)
         return moved
+
+    def _rebook_unmoved(self, moves: Sequence[Move]) -> None:
+        """The slots were booked before the moves; a task claimed (or cancelled) between the
+        read and its move kept its time: its booking goes back to it (or is freed)."""
+        current = self._store.get_tasks([m.task_id for m in moves])
+        for move in moves:
+            task = current.get(move.task_id)
+            if task is None or task.send_at == move.send_at:
+                continue
+            self.capacity.settle(task)
 
     def _schedule(self, campaign: Campaign, tasks: Sequence[Task]) -> None:
         # A task claimed between the read and its move kept its token: the schedule made here

@@ -222,8 +222,36 @@ class SenderService:
         with _transport_masked():
             updated = replace(sender, **values)
             self._check(updated)
+        self._check_planned(sender, updated)
         self._senders.update_sender(updated)
         return updated
+
+    def _check_planned(self, sender: Sender, updated: Sender) -> None:
+        """Refuse a change that the sends already planned would break (InvalidField naming
+        it): a cap (or ramp) below a day's planned and sent emails, or a new gap or timezone
+        while any send is planned, since those were placed by the old one."""
+        today = self._today(sender.timezone) - timedelta(days=1)
+        days = self._senders.sender_usage(sender.id, since=today, until=date(9999, 12, 30))
+        planned = [d for d in days if d.planned]
+        if not planned:
+            return
+        for name in ("min_gap_seconds", "timezone"):
+            if getattr(updated, name) != getattr(sender, name):
+                raise InvalidField(
+                    name,
+                    getattr(updated, name),
+                    f"the sender has {sum(d.planned for d in planned)} planned sends placed by "
+                    f"the current value; pause or cancel their campaigns first",
+                )
+        for day in days:
+            if updated.cap_on(day.day) < day.planned + day.sent:
+                used = day.planned + day.sent
+                raise InvalidField(
+                    "daily_cap" if updated.daily_cap < used else "warmup_start",
+                    updated.cap_on(day.day),
+                    f"{day.day} already has {day.planned + day.sent} emails planned or sent; "
+                    "a lower cap would be passed (pause or cancel campaigns first)",
+                )
 
     def remove(self, ref: str) -> Sender:
         """Delete the sender; Conflict while it still has planned sends."""

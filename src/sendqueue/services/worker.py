@@ -324,6 +324,8 @@ class SendWorker:
                     task.id, TaskState.PENDING, TaskState.CANCELLED, at=now,
                     note="campaign cancelled",
                 )  # fmt: skip
+                if task.sender_id is not None:
+                    self._capacity.release([task.id])
             return False
         if claimed.sender_id is not None and not self._holds_booking(campaign, claimed, now):
             return True
@@ -373,6 +375,8 @@ class SendWorker:
             changes={"reason": reason}, note=reason,
         )  # fmt: skip
         log.info("task %s: address suppressed (%s), not sent", task.id, entry.reason.value)
+        if cancelled is not None and task.sender_id is not None:
+            self._capacity.release([task.id])
         if cancelled is not None:
             with self._lock:
                 others = self._sending.get(task.campaign_id, 0)
@@ -499,7 +503,9 @@ class SendWorker:
                 "outcome_at": sent_at,
             },
         )
-        if task.sender_id is not None:
+        if done is not None and done.sender_id is not None:
+            # a re-plan that lost its move to this claim may have moved the booking: back first
+            self._capacity.settle(done)
             self._capacity.mark_sent(task.id)  # the slot stays used: the email went out
         self._events.send_finished("sent", (sent_at - task.send_at).total_seconds())
         with self._lock:
@@ -593,6 +599,9 @@ class SendWorker:
             )
         self._events.send_finished("transient")
         if back is None:
+            current = self._store.get_task(task.id)
+            if current is not None:  # changed meanwhile: its booking goes back to it
+                self._capacity.settle(current)
             return False
         self._emit("retry", back)
         try:
