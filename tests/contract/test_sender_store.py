@@ -240,6 +240,16 @@ def test_a_sent_booking_never_moves(store: Store) -> None:
     assert usage(store) == [SenderDay(T0.date(), 0, 1)]
 
 
+def test_a_slot_a_task_of_the_call_leaves_is_still_taken(store: Store) -> None:
+    store.add_sender(sender())
+    store.add_sender(sender("s2", "bob@example.com"))
+    store.book([booking("c1-0", 0)])
+    with pytest.raises(Overbooked):
+        store.book([booking("c1-0", 0, sid="s2"), booking("c1-1", 0)])
+    assert store.booking_of("c1-0") == booking("c1-0", 0)
+    assert store.booking_of("c1-1") is None
+
+
 def test_release_frees_planned_bookings_only(store: Store) -> None:
     store.add_sender(sender())
     store.book([booking("c1-0", 0), booking("c1-1", 1), booking("c1-2", 2)])

@@ -100,6 +100,8 @@ REQUESTS: dict[str, dict[str, Any]] = {
         "files": {"file": ("s.csv", b"email\nada@example.com\n", "text/csv")}
     },
     "/u/{token}": {"data": {"List-Unsubscribe": "One-Click"}},
+    "/api/senders": {"json": {"email": "ada@example.com"}},
+    "/api/senders/{ref:path}": {"json": {"daily_cap": 5}},
 }
 
 

@@ -229,6 +229,12 @@ class SenderTables(ABC):
             ]
             if not todo:
                 return
+            # A slot another task of the call still holds is taken, even if that task moves
+            # away in this call (as every store has it: the call is checked before it writes).
+            holding = {(h.sender_id, h.at_ms): h.task_id for h in old.values()}
+            for b in todo:
+                if holding.get(_slot(b), b.task_id) != b.task_id:
+                    raise Overbooked(b.sender_id, at=b.at)
             # A slot another task holds is refused by the slot's primary key when the rows go
             # in (_insert_rows), which rolls the whole call back: no read of it before.
             caps: dict[_DayKey, int] = {}
