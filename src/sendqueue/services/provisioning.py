@@ -272,6 +272,7 @@ class Provisioner:
             tokens = secrets.token_hex(16 * len(recipients))
             listed = self._suppressions.suppressed({key_of_normalized(r.email) for r in recipients})
             placed: dict[int, tuple[datetime, str | None, str | None]] = {}
+            unplaced = (plan_start, None, None)  # a suppressed recipient's (never sent)
             if capacity:
                 first = run is None
                 if run is None:
@@ -279,6 +280,23 @@ class Provisioner:
                 placed = self._plan_chunk(campaign, run, recipients, listed, resumed=first)
                 report.rebooked = run.rebooked
             tasks = [
+                Task(
+                    id=task_id(campaign.id, r.position),
+                    campaign_id=campaign.id,
+                    position=r.position,
+                    email=r.email,
+                    name=r.name,
+                    subject=r.subject,
+                    text=r.text,
+                    html=r.html,
+                    send_at=sends[r.position],
+                    token=tokens[32 * i : 32 * i + 32],
+                    created_at=now,
+                    updated_at=now,
+                    timezone=r.timezone,
+                )
+                for i, r in enumerate(recipients)
+            ] if not capacity else [
                 Task(
                     id=task_id(campaign.id, r.position),
                     campaign_id=campaign.id,
@@ -297,12 +315,8 @@ class Provisioner:
                     timezone=r.timezone,
                 )
                 for i, r in enumerate(recipients)
-                for where in [
-                    placed.get(r.position, (plan_start, None, None))
-                    if capacity
-                    else (sends[r.position], None, None)
-                ]
-            ]
+                for where in (placed.get(r.position, unplaced),)
+            ]  # fmt: skip
             if listed:
                 tasks = [_cancel_if_listed(t, listed) for t in tasks]
             inserted = self._store.insert_tasks(tasks, at=now)
