@@ -304,3 +304,19 @@ def test_task_rows_carry_their_sender(cli: CliRunner, tmp_path: Path) -> None:
     assert code == 0 and "sender" in out and "anna@example.com" in out
     usage = run_json(cli, "sender", "show", anna["id"])["usage"]
     assert sum(d["planned"] for d in usage) == 3
+
+
+def test_an_unknown_recipient_zone_names_its_row_and_value_and_creates_nothing(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    (tmp_path / "r.csv").write_text(
+        "email,name,subject,body,timezone\n"
+        "a@example.com,A,Hi,Body,Europe/Berlin\n"
+        "b@example.com,B,Hi,Body,Mars/Olympus\n"
+    )
+    code, _, err = run(
+        cli, "campaign", "create", "--name", "z", "--recipients", "r.csv", "--local-time"
+    )
+    assert code == 2
+    assert "row 3: timezone:" in err and "'Mars/Olympus'" in err
+    assert run_json(cli, "campaign", "list") in ([], {"campaigns": []})

@@ -75,7 +75,10 @@ def _print_invalid_input(exc: InvalidInput) -> None:
     err.print(f"error: {exc.summary}: {exc.total} problem(s)", markup=False)
     for problem in exc.errors:
         where = f"row {problem.row}: " if problem.row is not None else ""
-        err.print(f"  {where}{problem.field}: {problem.reason}", markup=False, soft_wrap=True)
+        value = problem.value
+        # the value as given, when it is short enough to read in one line (a zone, an address)
+        got = f" (got {value!r})" if isinstance(value, str) and 0 < len(value) <= 80 else ""
+        err.print(f"  {where}{problem.field}: {problem.reason}{got}", markup=False, soft_wrap=True)
     if exc.total > len(exc.errors):
         err.print(f"  ... and {exc.total - len(exc.errors)} more", markup=False)
 
