@@ -180,7 +180,11 @@
       let tr = existing.get(task.id);
       if (tr) {
         existing.delete(task.id);
-        if (!((rowMarks.get(task.id) || 0) > mark)) {
+        // Finished and Cancelled never change again: an answer read before (a refetch still
+        // in flight when the cancel's own answer updated the row) does not undo them.
+        const final = tr.dataset.state === "Cancelled" || tr.dataset.state === "Finished";
+        const stale = final && task.state !== tr.dataset.state;
+        if (!stale && !((rowMarks.get(task.id) || 0) > mark)) {
           updateRow(tr, task);
         }
       } else {
