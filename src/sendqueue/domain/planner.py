@@ -359,7 +359,7 @@ class _Days:
             [(w.start_minute * _MS_MINUTE, w.end_minute * _MS_MINUTE) for w in self.windows]
         )
         self.first_relative = relative[0][0]
-        grid = _grid(relative, self.per_day)
+        grid = _ordinary_grid(tuple(relative), self.per_day)
         if grid is None:  # pragma: no cover - a window is at least a minute = 60,000 ms
             raise AssertionError("windows without length")
         self.ordinary = grid
@@ -407,6 +407,14 @@ def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             merged.append((s, e))
     return merged
+
+
+@lru_cache(maxsize=64)
+def _ordinary_grid(relative: tuple[tuple[int, int], ...], per_day: int) -> _Grid | None:
+    """:func:`_grid` of an ordinary day, cached (a grid is never changed once built): the
+    capacity planner plans every provisioning chunk anew, and a grid of ``per_day`` slots
+    costs more to build than a chunk of 500 sends costs to plan (docs/performance.md)."""
+    return _grid(list(relative), per_day)
 
 
 def _grid(intervals: list[tuple[int, int]], per_day: int) -> _Grid | None:

@@ -185,18 +185,20 @@ class Booking:
     campaign_id: str
     recipient: str
     cap: int
+    at_ms: int = field(init=False, repr=False, compare=False)
+    """``at`` in whole milliseconds since the epoch: the slot's key in a store (worked out
+    once here: a store reads it several times per booking)."""
 
     def __post_init__(self) -> None:
-        if self.at.utcoffset() is None:
-            raise InvalidField("at", self.at, "expected an aware date and time")
-        object.__setattr__(self, "at", self.at.astimezone(UTC))
+        at = self.at
+        if at.tzinfo is not UTC:  # the planner's instants are UTC already
+            if at.utcoffset() is None:
+                raise InvalidField("at", at, "expected an aware date and time")
+            at = at.astimezone(UTC)
+            object.__setattr__(self, "at", at)
+        object.__setattr__(self, "at_ms", epoch_ms(at))
         if isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1:
             raise InvalidField("cap", self.cap, "expected a whole number of at least 1")
-
-    @property
-    def at_ms(self) -> int:
-        """``at`` in whole milliseconds since the epoch: the slot's key in a store."""
-        return epoch_ms(self.at)
 
 
 @dataclass(frozen=True)
