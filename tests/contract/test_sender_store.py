@@ -15,7 +15,14 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from sendqueue.domain.errors import Conflict, NotFound, Overbooked, StoreUnavailable
+from sendqueue.domain.errors import (
+    Conflict,
+    IllegalTransition,
+    NotFound,
+    Overbooked,
+    StoreUnavailable,
+)
+from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Recipient
 from sendqueue.domain.senders import Booking, Sender, SenderDay
 from sendqueue.ports import SenderStore, TaskStore
@@ -166,6 +173,68 @@ def test_a_taken_slot_is_refused_and_nothing_of_the_call_is_booked(store: Store)
         store.book([booking("c2-0", 1), booking("c2-1", 0)])
     assert caught.value.sender_id == "s1"
     assert store.booking_of("c2-0") is None
+    assert usage(store) == [SenderDay(T0.date(), 1, 0)]
+
+
+def test_insert_tasks_books_their_slots_in_the_same_write(store: Store) -> None:
+    store.add_sender(sender())
+    store.create_campaign(campaign("c1"), recipients(3))
+    tasks = [make_task("c1", i, sender_id="s1", sender="anna@example.com") for i in range(3)]
+    made = [booking(t.id, i) for i, t in enumerate(tasks)]
+    assert store.insert_tasks(tasks, at=T0, bookings=made) == 3
+    assert [store.booking_of(t.id) for t in tasks] == made
+    assert store.get_task("c1-2") is not None
+    assert usage(store) == [SenderDay(T0.date(), 3, 0)]
+
+
+def test_insert_tasks_refused_for_a_taken_slot_inserts_and_books_nothing(store: Store) -> None:
+    store.add_sender(sender())
+    store.book([booking("c0-0", 1)])
+    store.create_campaign(campaign("c1"), recipients(2))
+    tasks = [make_task("c1", i) for i in range(2)]
+    with pytest.raises(Overbooked) as caught:
+        store.insert_tasks(tasks, at=T0, bookings=[booking("c1-0", 0), booking("c1-1", 1)])
+    assert caught.value.sender_id == "s1"
+    assert store.get_tasks([t.id for t in tasks]) == {}
+    assert store.booking_of("c1-0") is None
+    assert usage(store) == [SenderDay(T0.date(), 1, 0)]
+    # The same tasks, planned again on free slots, go in.
+    assert store.insert_tasks(tasks, at=T0, bookings=[booking("c1-0", 0), booking("c1-1", 2)])
+    assert usage(store) == [SenderDay(T0.date(), 3, 0)]
+
+
+def test_insert_tasks_refused_past_a_cap_inserts_and_books_nothing(store: Store) -> None:
+    store.add_sender(sender())
+    store.create_campaign(campaign("c1"), recipients(3))
+    tasks = [make_task("c1", i) for i in range(3)]
+    with pytest.raises(Overbooked) as caught:
+        store.insert_tasks(
+            tasks, at=T0, bookings=[booking(t.id, i, cap=2) for i, t in enumerate(tasks)]
+        )
+    assert caught.value.day == T0.date()
+    assert store.get_tasks([t.id for t in tasks]) == {}
+    assert usage(store) == []
+
+
+def test_insert_tasks_with_a_bad_task_books_nothing(store: Store) -> None:
+    store.add_sender(sender())
+    store.create_campaign(campaign("c1"), recipients(1))
+    running = make_task("c1", 0, state=TaskState.RUNNING)
+    with pytest.raises(IllegalTransition):
+        store.insert_tasks([running], at=T0, bookings=[booking(running.id, 0)])
+    assert store.booking_of(running.id) is None
+    assert usage(store) == []
+
+
+def test_a_booking_left_without_its_task_moves_when_the_task_goes_in(store: Store) -> None:
+    """A run that stopped between booking and inserting (DynamoDB has no transaction over both)
+    leaves a booking; the resumed run's insert moves it to the slot it plans now."""
+    store.add_sender(sender())
+    store.book([booking("c1-0", 0)])
+    store.create_campaign(campaign("c1"), recipients(1))
+    assert store.insert_tasks([make_task("c1", 0)], at=T0, bookings=[booking("c1-0", 5)]) == 1
+    held = store.booking_of("c1-0")
+    assert held is not None and held.at == T0 + timedelta(minutes=5)
     assert usage(store) == [SenderDay(T0.date(), 1, 0)]
 
 

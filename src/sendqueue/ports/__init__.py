@@ -49,6 +49,7 @@ from sendqueue.domain.models import (
     Task,
     TaskChanges,
 )
+from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, key_of_normalized
 from sendqueue.ports.senders import SenderStore
 
@@ -160,8 +161,17 @@ class TaskStore(Protocol):
         ...
 
     # tasks
-    def insert_tasks(self, tasks: Sequence[Task], *, at: datetime) -> int:
-        """Insert tasks that do not exist yet (by id), in one transaction. Returns how many."""
+    def insert_tasks(
+        self, tasks: Sequence[Task], *, at: datetime, bookings: Sequence[Booking] = ()
+    ) -> int:
+        """Insert tasks that do not exist yet (by id), in one transaction. Returns how many.
+
+        With ``bookings`` (the new tasks' sender slots), they are booked as
+        :meth:`SenderStore.book` books them, in the same write: on Overbooked nothing is booked
+        and no task inserted. SQL stores do both in one transaction; DynamoDB books first (its
+        own atomic write) and then inserts, so a crash in between leaves bookings without their
+        tasks, which the resumed run moves.
+        """
         ...
 
     def get_task(self, task_id: str) -> Task | None: ...

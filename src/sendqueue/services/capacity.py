@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
+from typing import TypeVar
 
 from sendqueue.domain.capacity import SenderBook, assign_senders, plan_with_senders
 from sendqueue.domain.errors import Conflict, NotFound, Overbooked
@@ -31,7 +32,14 @@ from sendqueue.domain.senders import Booking, Sender
 from sendqueue.domain.suppression import key_of_normalized
 from sendqueue.ports import SenderStore, TaskStore
 
-__all__ = ["BOOKING_TRIES", "CapacityPlanner", "PlannedRun", "policy_for", "uses_capacity"]
+__all__ = [
+    "BOOKING_TRIES",
+    "CapacityPlanner",
+    "Placement",
+    "PlannedRun",
+    "policy_for",
+    "uses_capacity",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +51,10 @@ _FAR = datetime(9999, 12, 30, tzinfo=UTC)
 #: How many times a plan is made again after another process booked first.
 BOOKING_TRIES = 20
 _ONE_MS = timedelta(milliseconds=1)
+_T = TypeVar("_T")
+
+#: Where a new task goes: its send time, its sender's id and address (None without one).
+Placement = tuple[datetime, str | None, str | None]
 
 
 def uses_capacity(campaign: Campaign) -> bool:
@@ -133,14 +145,21 @@ class CapacityPlanner:
         return PlannedRun(books, per_day, cursor, senders=senders)
 
     def plan_chunk(
-        self, campaign: Campaign, run: PlannedRun, items: Sequence[tuple[str, str, str | None]]
-    ) -> list[tuple[datetime, str | None, str | None]]:
-        """``(task id, address, zone)`` of new tasks (in position order) -> each one's ``(send
-        time, sender id, sender address)``, booked. Sends go after the previous chunk's, in
-        the run's books; on Overbooked the books are read again and the chunk planned again
-        (up to :data:`BOOKING_TRIES`)."""
+        self,
+        campaign: Campaign,
+        run: PlannedRun,
+        items: Sequence[tuple[str, str, str | None]],
+        write: Callable[[list[Placement], list[Booking]], _T],
+    ) -> _T:
+        """Plan ``(task id, address, zone)`` of new tasks (in position order) and store them:
+        ``write(placements, bookings)`` gets each one's :data:`Placement` and the bookings, and
+        writes the tasks with their bookings in one atomic write (``TaskStore.insert_tasks``
+        with ``bookings``), raising Overbooked and writing nothing when another process booked
+        first. Sends go after the previous chunk's, in the run's books; on Overbooked the books
+        are read again and the chunk planned and written again (up to :data:`BOOKING_TRIES`).
+        Returns what ``write`` returned."""
         if not items:
-            return []
+            return write([], [])
         ids = [s for s in campaign.sender_ids if s in run.senders]
         keys = [key_of_normalized(email) for _, email, _ in items]
         if ids:
@@ -163,14 +182,13 @@ class CapacityPlanner:
                 zones=zones,
                 campaign_per_day=run.per_day,
             )
-            bookings = [
-                _booking_of(campaign.id, task, key, at, run.books[sid])
-                for (task, _, _), key, at, sid in zip(items, keys, sends, chosen, strict=True)
-                if sid is not None
+            bookings = _bookings_of(campaign.id, items, keys, sends, chosen, run.books)
+            placements: list[Placement] = [
+                (at, sid, run.senders[sid].email if sid else None)
+                for at, sid in zip(sends, chosen, strict=True)
             ]
             try:
-                if bookings:
-                    self._senders.book(bookings)
+                written = write(placements, bookings)
             except Overbooked as exc:
                 run.rebooked += 1
                 log.info(
@@ -184,10 +202,7 @@ class CapacityPlanner:
             zone = campaign.policy.zone
             run.per_day.update(at.astimezone(zone).date() for at in sends)
             run.cursor = max(run.cursor, max(sends) + _ONE_MS)
-            return [
-                (at, sid, run.senders[sid].email if sid else None)
-                for at, sid in zip(sends, chosen, strict=True)
-            ]
+            return written
         raise Conflict(
             f"campaign {campaign.id}: its senders' slots kept being taken by other campaigns "
             f"({BOOKING_TRIES} tries); provisioning resumes from its checkpoint"
@@ -307,12 +322,28 @@ class CapacityPlanner:
             self._senders.book(bookings)
 
 
-def _booking_of(
-    campaign_id: str, task_id: str, recipient: str, at: datetime, book: SenderBook
-) -> Booking:
-    sender = book.sender
-    day = book.day_of(at)
-    return Booking(sender.id, at, day, task_id, campaign_id, recipient, sender.cap_on(day))
+def _bookings_of(
+    campaign_id: str,
+    items: Sequence[tuple[str, str, str | None]],
+    keys: Sequence[str],
+    sends: Sequence[datetime],
+    chosen: Sequence[str | None],
+    books: dict[str, SenderBook],
+) -> list[Booking]:
+    """The bookings of a chunk's planned sends (those with a sender); each sender's zone is
+    looked up once, and its cap once per day."""
+    zones = {sid: book.sender.zone for sid, book in books.items()}
+    caps: dict[tuple[str, date], int] = {}
+    out: list[Booking] = []
+    for (task, _, _), key, at, sid in zip(items, keys, sends, chosen, strict=True):
+        if sid is None:
+            continue
+        day = at.astimezone(zones[sid]).date()
+        cap = caps.get((sid, day))
+        if cap is None:
+            cap = caps[(sid, day)] = books[sid].sender.cap_on(day)
+        out.append(Booking(sid, at, day, task, campaign_id, key, cap))
+    return out
 
 
 def _booking(task: Task, sender: Sender, day: date) -> Booking:

@@ -28,10 +28,11 @@ from sendqueue.domain.errors import Conflict, IllegalTransition, InvalidField, S
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import CONTROL_GROUP, Campaign, Recipient, Task, new_token, task_id
 from sendqueue.domain.planner import plan
+from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, key_of_normalized, suppressed_reason
 from sendqueue.ports import Clock, Scheduler, SenderStore, SuppressionList, TaskStore
 from sendqueue.services.campaigns import complete_if_done
-from sendqueue.services.capacity import CapacityPlanner, PlannedRun, uses_capacity
+from sendqueue.services.capacity import CapacityPlanner, Placement, PlannedRun, uses_capacity
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
 
@@ -271,55 +272,36 @@ class Provisioner:
             # new_token()'s format, drawn in one call instead of one system call per task.
             tokens = secrets.token_hex(16 * len(recipients))
             listed = self._suppressions.suppressed({key_of_normalized(r.email) for r in recipients})
-            placed: dict[int, tuple[datetime, str | None, str | None]] = {}
-            unplaced = (plan_start, None, None)  # a suppressed recipient's (never sent)
             if capacity:
                 first = run is None
                 if run is None:
                     run = self._capacity.start_run(campaign, plan_start=plan_start, now=now)
-                placed = self._plan_chunk(campaign, run, recipients, listed, resumed=first)
+                tasks, inserted = self._insert_planned(
+                    campaign, run, recipients, listed, tokens, now, plan_start, resumed=first
+                )
                 report.rebooked = run.rebooked
-            tasks = [
-                Task(
-                    id=task_id(campaign.id, r.position),
-                    campaign_id=campaign.id,
-                    position=r.position,
-                    email=r.email,
-                    name=r.name,
-                    subject=r.subject,
-                    text=r.text,
-                    html=r.html,
-                    send_at=sends[r.position],
-                    token=tokens[32 * i : 32 * i + 32],
-                    created_at=now,
-                    updated_at=now,
-                    timezone=r.timezone,
-                )
-                for i, r in enumerate(recipients)
-            ] if not capacity else [
-                Task(
-                    id=task_id(campaign.id, r.position),
-                    campaign_id=campaign.id,
-                    position=r.position,
-                    email=r.email,
-                    name=r.name,
-                    subject=r.subject,
-                    text=r.text,
-                    html=r.html,
-                    send_at=where[0],
-                    token=tokens[32 * i : 32 * i + 32],
-                    created_at=now,
-                    updated_at=now,
-                    sender_id=where[1],
-                    sender=where[2],
-                    timezone=r.timezone,
-                )
-                for i, r in enumerate(recipients)
-                for where in (placed.get(r.position, unplaced),)
-            ]  # fmt: skip
-            if listed:
-                tasks = [_cancel_if_listed(t, listed) for t in tasks]
-            inserted = self._store.insert_tasks(tasks, at=now)
+            else:
+                tasks = [
+                    Task(
+                        id=task_id(campaign.id, r.position),
+                        campaign_id=campaign.id,
+                        position=r.position,
+                        email=r.email,
+                        name=r.name,
+                        subject=r.subject,
+                        text=r.text,
+                        html=r.html,
+                        send_at=sends[r.position],
+                        token=tokens[32 * i : 32 * i + 32],
+                        created_at=now,
+                        updated_at=now,
+                        timezone=r.timezone,
+                    )
+                    for i, r in enumerate(recipients)
+                ]
+                if listed:
+                    tasks = [_cancel_if_listed(t, listed) for t in tasks]
+                inserted = self._store.insert_tasks(tasks, at=now)
             report.tasks_created += inserted
             last = recipients[-1].position
             if with_schedules:
@@ -347,26 +329,68 @@ class Provisioner:
             if len(recipients) < chunk:
                 return
 
-    def _plan_chunk(
+    def _insert_planned(
         self,
         campaign: Campaign,
         run: PlannedRun,
         recipients: list[Recipient],
         listed: Mapping[str, Suppression],
+        tokens: str,
+        now: datetime,
+        plan_start: datetime,
         *,
         resumed: bool,
-    ) -> dict[int, tuple[datetime, str | None, str | None]]:
-        """Position -> (send time, sender id, sender address) of the chunk's new recipients,
-        planned over the senders' books and booked. A suppressed one (inserted Cancelled)
-        books nothing; in the first chunk of a run, tasks an earlier run stored (it stopped
-        between their insert and its checkpoint) keep their plan and booking."""
-        fresh = [r for r in recipients if key_of_normalized(r.email) not in listed]
+    ) -> tuple[list[Task], int]:
+        """Plan the chunk's new recipients over the senders' books, and insert the chunk's
+        tasks with their bookings in one write (planned and written again when another
+        process booked first). A suppressed recipient (inserted Cancelled) books nothing; in
+        the first chunk of a run, tasks an earlier run stored (it stopped between their insert
+        and its checkpoint) keep their plan and booking. Returns the tasks built and how many
+        were inserted."""
+        ids = [task_id(campaign.id, r.position) for r in recipients]
+        fresh = [
+            (r, tid)
+            for r, tid in zip(recipients, ids, strict=True)
+            if key_of_normalized(r.email) not in listed
+        ]
         if resumed:
-            stored = self._store.get_tasks([task_id(campaign.id, r.position) for r in fresh])
-            fresh = [r for r in fresh if task_id(campaign.id, r.position) not in stored]
-        items = [(task_id(campaign.id, r.position), r.email, r.timezone) for r in fresh]
-        planned = self._capacity.plan_chunk(campaign, run, items)
-        return {r.position: where for r, where in zip(fresh, planned, strict=True)}
+            stored = self._store.get_tasks([tid for _, tid in fresh])
+            fresh = [(r, tid) for r, tid in fresh if tid not in stored]
+        items = [(tid, r.email, r.timezone) for r, tid in fresh]
+        unplaced: Placement = (plan_start, None, None)  # a suppressed one's (never sent)
+
+        def write(placements: list[Placement], bookings: list[Booking]) -> tuple[list[Task], int]:
+            wheres = placements  # every recipient planned, in order: the common case
+            if len(fresh) < len(recipients):
+                placed = {tid: p for (_, tid), p in zip(fresh, placements, strict=True)}
+                wheres = [placed.get(tid, unplaced) for tid in ids]
+            tasks = [
+                Task(
+                    id=tid,
+                    campaign_id=campaign.id,
+                    position=r.position,
+                    email=r.email,
+                    name=r.name,
+                    subject=r.subject,
+                    text=r.text,
+                    html=r.html,
+                    send_at=at,
+                    token=tokens[32 * i : 32 * i + 32],
+                    created_at=now,
+                    updated_at=now,
+                    sender_id=sender_id,
+                    sender=sender,
+                    timezone=r.timezone,
+                )
+                for i, (r, tid, (at, sender_id, sender)) in enumerate(
+                    zip(recipients, ids, wheres, strict=True)
+                )
+            ]
+            if listed:
+                tasks = [_cancel_if_listed(t, listed) for t in tasks]
+            return tasks, self._store.insert_tasks(tasks, at=now, bookings=bookings)
+
+        return self._capacity.plan_chunk(campaign, run, items, write)
 
     def _schedule_chunk(self, campaign_id: str, tasks: list[Task], report: ProvisionReport) -> bool:
         """Create the schedules of a chunk just inserted; False when some calls failed (the

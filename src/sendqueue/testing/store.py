@@ -40,6 +40,7 @@ from sendqueue.domain.models import (
     checked_changes,
     utc,
 )
+from sendqueue.domain.senders import Booking
 from sendqueue.testing.feedback import InMemoryFeedback
 from sendqueue.testing.guard import guarded as _guarded
 from sendqueue.testing.senders import InMemorySenders
@@ -234,7 +235,9 @@ class InMemoryTaskStore(InMemorySuppressions, InMemoryFeedback, InMemorySenders)
     # tasks -----------------------------------------------------------------------------------
 
     @_guarded
-    def insert_tasks(self, tasks: Sequence[Task], *, at: datetime) -> int:
+    def insert_tasks(
+        self, tasks: Sequence[Task], *, at: datetime, bookings: Sequence[Booking] = ()
+    ) -> int:
         at = utc(at)
         check_new_tasks(tasks)
         for campaign_id in sorted({t.campaign_id for t in tasks}):
@@ -252,6 +255,7 @@ class InMemoryTaskStore(InMemorySuppressions, InMemoryFeedback, InMemorySenders)
             )
             for t in tasks
         ]
+        self.book(bookings)  # checked before it writes: Overbooked leaves everything as it was
         inserted = 0
         for task in prepared:
             at_position = self._task_at[task.campaign_id]

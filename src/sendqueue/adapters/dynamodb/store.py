@@ -42,7 +42,7 @@ from __future__ import annotations
 import builtins
 import json
 import secrets
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -88,10 +88,13 @@ from sendqueue.domain.models import (
     Campaign,
     ChangeLogEntry,
     Recipient,
+    Task,
     check_cursor,
     check_limit,
+    check_new_tasks,
     utc,
 )
+from sendqueue.domain.senders import Booking
 
 __all__ = ["DynamoDbTaskStore"]
 
@@ -101,6 +104,24 @@ class DynamoDbTaskStore(TaskItems, SuppressionItems, FeedbackItems, SenderItems)
     :mod:`~sendqueue.adapters.dynamodb.suppressions`; :class:`~sendqueue.ports.FeedbackStore`,
     :mod:`~sendqueue.adapters.dynamodb.feedback`; :class:`~sendqueue.ports.SenderStore`,
     :mod:`~sendqueue.adapters.dynamodb.senders`) on DynamoDB; see the module docstring."""
+
+    # -- tasks with their bookings -----------------------------------------------------------
+    def insert_tasks(
+        self, tasks: Sequence[Task], *, at: datetime, bookings: Sequence[Booking] = ()
+    ) -> int:
+        """:meth:`TaskItems.insert_tasks` with ``bookings`` booked first (:meth:`SenderItems.book`,
+        its own atomic write: no transaction spans both). Refused tasks release the bookings
+        again; a crash in between leaves bookings without their tasks, which a resumed
+        provisioning run moves."""
+        check_new_tasks(tasks)  # a bad task books nothing
+        if not bookings:
+            return super().insert_tasks(tasks, at=at)
+        self.book(bookings)
+        try:
+            return super().insert_tasks(tasks, at=at)
+        except Exception:
+            self.release([b.task_id for b in bookings])
+            raise
 
     # -- campaigns ---------------------------------------------------------------------------
     def create_campaign(self, campaign: Campaign, recipients: Iterable[Recipient]) -> None:

@@ -62,6 +62,7 @@ from sendqueue.domain.models import (
     check_new_tasks,
     checked_changes,
 )
+from sendqueue.domain.senders import Booking
 
 __all__ = ["SqlTaskStore"]
 
@@ -257,21 +258,27 @@ class SqlTaskStore(SideTables, SuppressionTables, FeedbackTables, SenderTables):
 
     # tasks -----------------------------------------------------------------------------------
 
-    def insert_tasks(self, tasks: Sequence[Task], *, at: datetime) -> int:
+    def insert_tasks(
+        self, tasks: Sequence[Task], *, at: datetime, bookings: Sequence[Booking] = ()
+    ) -> int:
         """Insert the tasks whose id (and campaign position) is free; log each ``None -> Pending``
-        (``None -> Cancelled`` with its reason as the note, for a suppressed recipient's).
+        (``None -> Cancelled`` with its reason as the note, for a suppressed recipient's); book
+        ``bookings`` in the same transaction (all or nothing: Overbooked inserts nothing).
 
         Every task must be Pending, or Cancelled with a reason (IllegalTransition otherwise) and
         belong to an existing campaign (NotFound otherwise). ``created_at`` and ``updated_at``
         are set to ``at``.
         """
         if not tasks:
+            self.book(bookings)
             return 0
         check_new_tasks(tasks)
-        return self._insert_tasks(tasks, at)
+        return self._insert_tasks(tasks, at, bookings)
 
     @abstractmethod
-    def _insert_tasks(self, tasks: Sequence[Task], at: datetime) -> int:
+    def _insert_tasks(
+        self, tasks: Sequence[Task], at: datetime, bookings: Sequence[Booking]
+    ) -> int:
         """:meth:`insert_tasks` of checked, non-empty ``tasks``; returns the count inserted."""
 
     @abstractmethod

@@ -35,6 +35,7 @@ from sendqueue.domain.models import (
     check_limit,
     utc,
 )
+from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, SuppressionReason, key_of_normalized
 
 try:  # the driver is the optional "postgres" extra
@@ -299,22 +300,28 @@ class PostgresTaskStore(SqlTaskStore):
 
     # tasks -----------------------------------------------------------------------------------
 
-    def _insert_tasks(self, tasks: Sequence[Task], at: datetime) -> int:
+    def _insert_tasks(
+        self, tasks: Sequence[Task], at: datetime, bookings: Sequence[Booking]
+    ) -> int:
         if len(tasks) <= _UNNEST_CHUNK_SIZE:
-            return self._insert_chunk(tasks, at)
+            return self._insert_chunk(tasks, at, bookings)
         # In one global order (by id), so two provisioners inserting the same tasks cannot
         # deadlock on each other's uncommitted rows.
         new_rows = sorted((_task_params(t, at) for t in tasks), key=lambda r: r["id"])
         with self._write("insert tasks") as conn:
             for campaign_id in sorted({t.campaign_id for t in tasks}):
                 self._require_campaign(conn, campaign_id)
+            self._book(conn, bookings)
             inserted = _unnest_insert(conn, tables.tasks, new_rows, returning="id")
             entries = rows.created_entries(tasks, inserted, at)
             self._log(conn, entries)
         return len(entries)
 
-    def _insert_chunk(self, tasks: Sequence[Task], at: datetime) -> int:
-        """:meth:`insert_tasks` of one provisioning chunk: one statement (:data:`_INSERT_TASKS`)."""
+    def _insert_chunk(
+        self, tasks: Sequence[Task], at: datetime, bookings: Sequence[Booking]
+    ) -> int:
+        """:meth:`insert_tasks` of one provisioning chunk: one statement (:data:`_INSERT_TASKS`),
+        on the fast path's connection, or with ``bookings`` in their transaction."""
         stamp = _time(at)
         # In id order, as in _insert_tasks.
         params = [
@@ -359,7 +366,14 @@ class PostgresTaskStore(SqlTaskStore):
                 raise NotFound("campaign", missing[0]) from None
             return int(row[0])
 
-        return self._run("insert tasks", run, write=True)
+        if not bookings:
+            return self._run("insert tasks", run, write=True)
+        with self._write("insert tasks") as conn:
+            for campaign_id in sorted(set(log_campaigns)):
+                self._require_campaign(conn, campaign_id)
+            self._book(conn, bookings)
+            # The same statement on the driver's connection, inside this transaction.
+            return run(conn.connection.driver_connection)
 
     def task_and_suppression(self, task_id: str) -> tuple[Task | None, Suppression | None]:
         def run(db: Any) -> tuple[Task | None, Suppression | None]:

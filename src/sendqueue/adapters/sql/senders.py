@@ -56,6 +56,18 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: bound parameters for the lookups; 500 rows of 8 columns for the inserts).
 _CHUNK = 500
 
+#: One booking row and one sticky contact, as the driver takes them (``mark``: its parameter
+#: mark); a taken slot, task or contact is skipped, and counted by the caller.
+_INSERT_BOOKING = (
+    "INSERT INTO sender_bookings (sender_id, at_ms, task_id, campaign_id, day, recipient, cap, "
+    "sent) VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark}) "
+    "ON CONFLICT DO NOTHING"
+)
+_INSERT_CONTACT = (
+    "INSERT INTO sender_contacts (recipient, sender_id) VALUES ({mark}, {mark}) "
+    "ON CONFLICT DO NOTHING"
+)
+
 _DayKey = tuple[str, date]
 _SlotKey = tuple[str, int]
 
@@ -207,6 +219,12 @@ class SenderTables(ABC):
     # bookings --------------------------------------------------------------------------------
 
     def book(self, bookings: Sequence[Booking]) -> None:
+        if bookings:
+            with self._write("book sender slots") as conn:
+                self._book(conn, bookings)
+
+    def _book(self, conn: Connection, bookings: Sequence[Booking]) -> None:
+        """:meth:`book` in the caller's write transaction (which rolls back on Overbooked)."""
         # A task named twice in one call ends where its last booking says.
         latest: dict[str, Booking] = {}
         for booking in bookings:
@@ -219,69 +237,68 @@ class SenderTables(ABC):
         for booking in wanted:
             if claimed.setdefault(_slot(booking), booking.task_id) != booking.task_id:
                 raise Overbooked(booking.sender_id, at=booking.at)
-        with self._write("book sender slots") as conn:
-            self._require_senders(conn, {b.sender_id for b in wanted})
-            old = self._held(conn, sorted(latest), planned_only=False)
-            todo = [
-                b
-                for b in wanted
-                if (held := old.get(b.task_id)) is None or (held.sender_id, held.at_ms) != _slot(b)
-            ]
-            if not todo:
-                return
-            # A slot another task of the call still holds is taken, even if that task moves
-            # away in this call (as every store has it: the call is checked before it writes).
-            holding = {(h.sender_id, h.at_ms): h.task_id for h in old.values()}
-            for b in todo:
-                if holding.get(_slot(b), b.task_id) != b.task_id:
-                    raise Overbooked(b.sender_id, at=b.at)
-            # A slot another task holds is refused by the slot's primary key when the rows go
-            # in (_insert_rows), which rolls the whole call back: no read of it before.
-            caps: dict[_DayKey, int] = {}
-            added: dict[_DayKey, int] = {}
-            freed_planned: dict[_DayKey, int] = {}
-            freed_sent: dict[_DayKey, int] = {}
-            moved: list[_Held] = []
-            for booking in todo:
-                day = (booking.sender_id, booking.day)
-                caps[day] = min(caps.get(day, booking.cap), booking.cap)
-                added[day] = added.get(day, 0) + 1
-                held = old.get(booking.task_id)
-                if held is not None and held.sent:
-                    raise Overbooked(booking.sender_id, at=booking.at)  # a sent email stays put
-                if held is not None:
-                    moved.append(held)
-                    freed = freed_sent if held.sent else freed_planned
-                    key = (held.sender_id, held.day)
-                    freed[key] = freed.get(key, 0) + 1
-            days = sorted(set(added) | set(freed_planned) | set(freed_sent))
-            counts = self._locked_days(conn, days, create=sorted(added))
-            for day, count in added.items():
-                planned, sent = counts[day]
-                # As the in-memory store counts: a sent booking moved away frees no room.
-                if planned + sent - freed_planned.get(day, 0) + count > caps[day]:
-                    raise Overbooked(day[0], day=day[1])
-            self._delete_rows(conn, [h.task_id for h in moved])
-            changes = [
-                {
-                    "b_sender_id": day[0],
-                    "b_day": day[1],
-                    "b_planned": counts[day][0] - freed_planned.get(day, 0) + added.get(day, 0),
-                    "b_sent": counts[day][1] - freed_sent.get(day, 0),
-                }
-                for day in days
-            ]
-            conn.execute(
-                sa.update(tables.sender_days)
-                .where(
-                    _D.sender_id == sa.bindparam("b_sender_id"),
-                    _D.day == sa.bindparam("b_day", type_=sa.Date()),
-                )
-                .values(planned=sa.bindparam("b_planned"), sent=sa.bindparam("b_sent")),
-                changes,
+        self._require_senders(conn, {b.sender_id for b in wanted})
+        old = self._held(conn, sorted(latest), planned_only=False)
+        todo = [
+            b
+            for b in wanted
+            if (held := old.get(b.task_id)) is None or (held.sender_id, held.at_ms) != _slot(b)
+        ]
+        if not todo:
+            return
+        # A slot another task of the call still holds is taken, even if that task moves
+        # away in this call (as every store has it: the call is checked before it writes).
+        holding = {(h.sender_id, h.at_ms): h.task_id for h in old.values()}
+        for b in todo:
+            if holding.get(_slot(b), b.task_id) != b.task_id:
+                raise Overbooked(b.sender_id, at=b.at)
+        # A slot another task holds is refused by the slot's primary key when the rows go
+        # in (_insert_rows), which rolls the whole call back: no read of it before.
+        caps: dict[_DayKey, int] = {}
+        added: dict[_DayKey, int] = {}
+        freed_planned: dict[_DayKey, int] = {}
+        freed_sent: dict[_DayKey, int] = {}
+        moved: list[_Held] = []
+        for booking in todo:
+            day = (booking.sender_id, booking.day)
+            caps[day] = min(caps.get(day, booking.cap), booking.cap)
+            added[day] = added.get(day, 0) + 1
+            held = old.get(booking.task_id)
+            if held is not None and held.sent:
+                raise Overbooked(booking.sender_id, at=booking.at)  # a sent email stays put
+            if held is not None:
+                moved.append(held)
+                freed = freed_sent if held.sent else freed_planned
+                key = (held.sender_id, held.day)
+                freed[key] = freed.get(key, 0) + 1
+        days = sorted(set(added) | set(freed_planned) | set(freed_sent))
+        counts = self._locked_days(conn, days, create=sorted(added))
+        for day, count in added.items():
+            planned, sent = counts[day]
+            # As the in-memory store counts: a sent booking moved away frees no room.
+            if planned + sent - freed_planned.get(day, 0) + count > caps[day]:
+                raise Overbooked(day[0], day=day[1])
+        self._delete_rows(conn, [h.task_id for h in moved])
+        changes = [
+            {
+                "b_sender_id": day[0],
+                "b_day": day[1],
+                "b_planned": counts[day][0] - freed_planned.get(day, 0) + added.get(day, 0),
+                "b_sent": counts[day][1] - freed_sent.get(day, 0),
+            }
+            for day in days
+        ]
+        conn.execute(
+            sa.update(tables.sender_days)
+            .where(
+                _D.sender_id == sa.bindparam("b_sender_id"),
+                _D.day == sa.bindparam("b_day", type_=sa.Date()),
             )
-            self._insert_rows(conn, sorted(todo, key=_slot))
-            self._remember_contacts(conn, todo)
+            .values(planned=sa.bindparam("b_planned"), sent=sa.bindparam("b_sent")),
+            changes,
+        )
+        self._insert_rows(conn, sorted(todo, key=_slot))
+        self._remember_contacts(conn, todo)
 
     def _require_senders(self, conn: Connection, sender_ids: Collection[str]) -> None:
         """NotFound for the first unknown sender; the others' rows held ``FOR KEY SHARE``
@@ -352,38 +369,42 @@ class SenderTables(ABC):
     def _insert_rows(self, conn: Connection, todo: Sequence[Booking]) -> None:
         """Insert the bookings (in slot order); Overbooked for one a concurrent caller took
         (its slot held by another task, or its task booked by a concurrent caller)."""
-        # One cached statement, executed for many rows (SQLAlchemy's insertmanyvalues batches
-        # them with RETURNING): a multi-row VALUES would be compiled afresh for every call.
-        statement = (
-            self._insert(tables.sender_bookings).on_conflict_do_nothing().returning(_B.task_id)
-        )
+        # The driver's executemany of plain tuples, the rows taken counted: SQLAlchemy's
+        # per-row parameter processing and RETURNING cost twice the insert itself
+        # (docs/performance.md). A shortfall is rare (a race): the refused one is looked up.
+        sqlite = self.dialect == "sqlite"
+        statement = _INSERT_BOOKING.format(mark="?" if sqlite else "%s")
         for part in rows.chunks(todo, _CHUNK):
             values = [
-                {
-                    "sender_id": b.sender_id,
-                    "at_ms": b.at_ms,
-                    "task_id": b.task_id,
-                    "campaign_id": b.campaign_id,
-                    "day": b.day,
-                    "recipient": b.recipient,
-                    "cap": b.cap,
-                    "sent": False,
-                }
+                (
+                    b.sender_id, b.at_ms, b.task_id, b.campaign_id,
+                    b.day.isoformat() if sqlite else b.day, b.recipient, b.cap, False,
+                )
                 for b in part
-            ]
-            inserted = set(conn.execute(statement, values).scalars())
-            for booking in part:
-                if booking.task_id not in inserted:
-                    raise Overbooked(booking.sender_id, at=booking.at)
+            ]  # fmt: skip
+            if conn.exec_driver_sql(statement, values).rowcount != len(part):
+                raise self._refused(conn, part)
+
+    def _refused(self, conn: Connection, part: Sequence[Booking]) -> Overbooked:
+        """Overbooked for the first of ``part`` whose row did not go in."""
+        query = sa.select(_B.task_id, _B.sender_id, _B.at_ms).where(
+            _B.task_id.in_([b.task_id for b in part])
+        )
+        stored = {task: (sender, int(ms)) for task, sender, ms in conn.execute(query)}
+        for booking in part:
+            if stored.get(booking.task_id) != _slot(booking):
+                return Overbooked(booking.sender_id, at=booking.at)
+        # Every row is there: a concurrent caller booked one of these tasks on the same slot.
+        return Overbooked(part[0].sender_id, at=part[0].at)
 
     def _remember_contacts(self, conn: Connection, todo: Iterable[Booking]) -> None:
         """Insert-or-keep each recipient's sender: the first of the call for a new one."""
         first: dict[str, str] = {}
         for booking in todo:
             first.setdefault(booking.recipient, booking.sender_id)
-        contacts = [{"recipient": r, "sender_id": first[r]} for r in sorted(first)]
-        if contacts:
-            conn.execute(self._insert(tables.sender_contacts).on_conflict_do_nothing(), contacts)
+        if first:
+            mark = "?" if self.dialect == "sqlite" else "%s"
+            conn.exec_driver_sql(_INSERT_CONTACT.format(mark=mark), sorted(first.items()))
 
     def _count_off(
         self, conn: Connection, held: Iterable[_Held], *, planned: int, sent: int

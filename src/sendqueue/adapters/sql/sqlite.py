@@ -31,11 +31,13 @@ from sendqueue.adapters.sql.rows import (
     STATES,
     TASK_COLUMNS,
     TASK_WIDTH,
+    JsonVariables,
 )
 from sendqueue.adapters.sql.schema import UtcDateTime, sqlite_text
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Recipient, Task, check_cursor, check_limit
+from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import key_of_normalized
 
 __all__ = ["SqliteTaskStore"]
@@ -331,17 +333,20 @@ class SqliteTaskStore(SqlTaskStore):
                 cursor.close()
             return [
                 Recipient(
-                    position, email, name, subject, text, html, json.loads(variables), timezone
+                    position, email, name, subject, text, html, JsonVariables(variables), timezone
                 )
                 for position, email, name, subject, text, html, variables, timezone in raw
             ]
 
     # tasks -----------------------------------------------------------------------------------
 
-    def _insert_tasks(self, tasks: Sequence[Task], at: datetime) -> int:
+    def _insert_tasks(
+        self, tasks: Sequence[Task], at: datetime, bookings: Sequence[Booking]
+    ) -> int:
         with self._write("insert tasks") as conn:
             for campaign_id in sorted({t.campaign_id for t in tasks}):
                 self._require_campaign(conn, campaign_id)
+            self._book(conn, bookings)
             ids = _insert_tasks(conn, tasks, at)
             if len(ids) == len(tasks):
                 # Every task inserted (a fresh provisioning chunk): the entries, in input
