@@ -133,6 +133,24 @@ def test_an_invalid_item_raises_naming_the_field_and_writes_nothing(
     assert bulk.create_many([]) == []
 
 
+@pytest.mark.parametrize(
+    ("field", "position", "value"),
+    [("group", 1, "bad group"), ("max_retries", 6, 186), ("max_retries", 6, True)],
+)
+def test_a_shared_field_is_checked_in_every_item_not_only_the_first(
+    harness: Harness, bulk: BulkScheduler, field: str, position: int, value: object
+) -> None:
+    """A batch checks each distinct group and max_retries once: an item whose value differs
+    from the earlier ones' is still checked, and refuses the batch naming the field."""
+    clock = harness.clock
+    good = [item(clock, f"n-{i}") for i in range(3)]
+    bad = list(item(clock, "n-3"))
+    bad[position] = value
+    with pytest.raises(InvalidField, match=field):
+        bulk.create_many([*good, tuple(bad)])  # type: ignore[list-item]
+    assert names(harness.scheduler) == []
+
+
 def test_concurrent_batches_with_overlapping_names_keep_one_schedule_per_name(
     harness: Harness, bulk: BulkScheduler
 ) -> None:

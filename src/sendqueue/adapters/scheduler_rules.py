@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -32,6 +32,7 @@ from sendqueue.ports import Schedule
 __all__ = [
     "MAX_RETRIES_LIMIT",
     "build_schedule",
+    "build_schedules",
     "check_at_local",
     "check_group",
     "check_limit",
@@ -188,6 +189,47 @@ def build_schedule(
         attempts=0,
         created_at=created_at,
     )
+
+
+def build_schedules(
+    items: Iterable[tuple[str, str, datetime, str, Mapping[str, str], str, int]],
+    *,
+    created_at: datetime,
+) -> list[Schedule]:
+    """:func:`build_schedule` of each item (``create``'s positional arguments), in order.
+
+    The fields a batch shares (its group, timezone and ``max_retries``) are checked once per
+    distinct value, not once per schedule: a provisioning chunk's thousand schedules have one
+    of each. The first bad field of the first bad item raises, as item by item.
+    """
+    groups: set[str] = set()
+    retries: set[int] = set()
+    out: list[Schedule] = []
+    for name, group, at_local, timezone, payload, client_token, max_retries in items:
+        name = check_name(name)
+        if not isinstance(group, str) or group not in groups:
+            groups.add(check_group(group))
+        at_local = check_at_local(at_local)
+        instant = due_at(at_local, timezone)
+        payload = check_payload(payload)
+        client_token = check_token(client_token)
+        if type(max_retries) is not int or max_retries not in retries:
+            retries.add(check_max_retries(max_retries))
+        out.append(
+            Schedule(
+                name=name,
+                group=group,
+                at_local=at_local,
+                timezone=timezone,
+                payload=payload,
+                client_token=client_token,
+                due_at=instant,
+                max_retries=max_retries,
+                attempts=0,
+                created_at=created_at,
+            )
+        )
+    return out
 
 
 def retry_delay(

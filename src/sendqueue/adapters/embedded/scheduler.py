@@ -209,7 +209,7 @@ class EmbeddedScheduler(Dispatcher):
         campaign makes one call per chunk instead of one transaction per schedule.
         """
         now = self.clock.now()
-        schedules = [rules.build_schedule(*item, created_at=now) for item in items]
+        schedules = rules.build_schedules(items, created_at=now)
         if not schedules:
             return []
         with self._write() as conn:

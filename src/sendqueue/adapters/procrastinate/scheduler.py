@@ -159,7 +159,7 @@ class ProcrastinateScheduler:
         defer, a multi-row insert of the parked ones.
         """
         now = self.clock.now()
-        schedules = [rules.build_schedule(*item, created_at=now) for item in items]
+        schedules = rules.build_schedules(items, created_at=now)
         if not schedules:
             return []
         names = [s.name for s in schedules]

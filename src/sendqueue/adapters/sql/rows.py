@@ -9,7 +9,7 @@ parameter mappings of SQLAlchemy Core inserts. Times are aware UTC datetimes on 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from datetime import datetime
 from itertools import islice
 from typing import Any, TypeVar
@@ -28,6 +28,7 @@ __all__ = [
     "STATES",
     "TASK_COLUMNS",
     "TASK_WIDTH",
+    "JsonVariables",
     "batches",
     "campaign_from_row",
     "campaign_row",
@@ -39,6 +40,43 @@ __all__ = [
     "recipient_rows",
     "task_from_row",
 ]
+
+
+class JsonVariables(MutableMapping[str, str]):
+    """A recipient's variables as stored (JSON text), decoded on first use: provisioning reads
+    every recipient and never its variables (its texts were rendered at import), and decoding
+    them all cost about a twentieth of a provisioning run (docs/performance.md). A copy, as
+    every store returns one: changing it changes nothing stored."""
+
+    __slots__ = ("_data", "_text")
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._data: dict[str, str] | None = None
+
+    def _decoded(self) -> dict[str, str]:
+        if self._data is None:
+            self._data = json.loads(self._text)
+        return self._data
+
+    def __getitem__(self, key: str) -> str:
+        return self._decoded()[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self._decoded()[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._decoded()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._decoded())
+
+    def __repr__(self) -> str:
+        return repr(self._decoded())
+
 
 #: Rows per INSERT statement. 500 rows of the widest table stay far below both SQLite's (32766)
 #: and PostgreSQL's (65535) limit on bound parameters.
