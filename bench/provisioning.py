@@ -126,9 +126,10 @@ def _copy_sqlite(src: Path, dst: Path) -> None:
 def child_sendqueue(
     store_url: str, scheduler_url: str, campaign_id: str, execution: str = "embedded"
 ) -> dict[str, Any]:
-    from sendqueue.bootstrap import bootstrap
+    from sendqueue.bootstrap import bootstrap, settle_heap
 
     app = bootstrap(_settings(store_url, scheduler_url, execution))
+    settle_heap()  # as `sendqueue campaign provision` does once its container is built
     app.store.get_campaign(campaign_id)  # schema check and connections, before the clock starts
     _ = app.scheduler  # procrastinate: its schema installed here, untimed
     if execution == "procrastinate-one":

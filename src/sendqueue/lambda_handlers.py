@@ -61,7 +61,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from sendqueue.bootstrap import Container, bootstrap
+from sendqueue.bootstrap import Container, bootstrap, settle_heap
 from sendqueue.domain.errors import InvalidField, SchedulerError
 from sendqueue.domain.ses_events import feedback_from_ses, ses_event_of
 from sendqueue.services.provisioning import Continuation, ProvisionReport
@@ -119,6 +119,7 @@ def container(settings: type[LambdaSettings] = LambdaSettings) -> Container:
         if built is None:
             logging.getLogger("sendqueue").setLevel(logging.INFO)
             built = _state["container"] = bootstrap(settings())
+            settle_heap()
         return built
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -12,6 +14,15 @@ from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, schedule_group
 from sendqueue.services.provisioning import Provisioner
 from tests.support.app import csv_bytes, fake_app, open_policy
+
+
+def _app(**kwargs: Any) -> Container:
+    """A container on fakes that provisions in chunks of 500: the chunk figures below (progress,
+    checkpoints, crashes after so many inserts) are worked out for that size, not the
+    default's."""
+    app = fake_app(**kwargs)
+    app.config = replace(app.config, provision_chunk=500)
+    return app
 
 
 def _create(app: Container, count: int) -> str:
@@ -32,7 +43,7 @@ def _countdown(start: float, step: float) -> tuple[list[float], Callable[[], flo
 
 
 def test_time_left_is_asked_before_every_chunk_and_the_hook_gets_the_saved_checkpoint() -> None:
-    app = fake_app()
+    app = _app()
     cid = _create(app, 2000)  # four chunks of 500
     handed: list[tuple[str, dict[str, object]]] = []
 
@@ -69,7 +80,7 @@ def test_time_left_is_asked_before_every_chunk_and_the_hook_gets_the_saved_check
 
 
 def test_the_constructor_hook_serves_runs_that_name_none_and_its_failure_is_raised() -> None:
-    app = fake_app()
+    app = _app()
     cid = _create(app, 600)
 
     def broken(campaign_id: str, checkpoint: dict[str, object]) -> None:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 
-from sendqueue.bootstrap import Container, bootstrap
+from sendqueue.bootstrap import Container, bootstrap, settle_heap
 from sendqueue.domain.errors import (
     Conflict,
     IllegalTransition,
@@ -114,6 +114,7 @@ def container() -> Iterator[Container]:
         lines = str(exc).splitlines()
         fail(2, "invalid settings: " + " ".join(line.strip() for line in lines[:3]))
     built = bootstrap(settings)
+    settle_heap()
     try:
         yield built
     finally:

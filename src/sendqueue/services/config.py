@@ -24,7 +24,10 @@ class ServiceConfig:
     #: a late send within half the spacing of another send of its campaign is moved, not sent
     space_late_sends: bool = True
     provision_concurrency: int = 10
-    provision_chunk: int = 500
+    #: recipients per provisioning chunk (one plan, one write, one checkpoint): 1,000 halves
+    #: the per-chunk reads and transactions of 500 (docs/performance.md), and a chunk of
+    #: EventBridge calls at 10 in flight still ends well inside the lease and the margin
+    provision_chunk: int = 1000
     provision_margin: float = 90.0
     #: renewed after every chunk: a provisioning run whose process died blocks others this long
     provision_lease_seconds: float = 60.0
