@@ -207,6 +207,32 @@ class TableClient:
         # that lost many times is not starved by fresh ones.
         time.sleep(random.uniform(0, min(0.1, 0.01 * 2 ** min(attempt, 10))))
 
+    def _commit(self, items: Sequence[dict[str, Any]]) -> list[int]:
+        """Write ``items`` in one TransactWriteItems: [] once committed, else the indexes of
+        the items whose conditions failed (nothing was written). Conflicts with other
+        transactions and throttling are retried with jitter."""
+        for attempt in range(ATTEMPTS):
+            try:
+                self._db.transact_write_items(
+                    TransactItems=list(items),  # type: ignore[arg-type]
+                    ClientRequestToken=uuid.uuid4().hex,
+                )
+                return []
+            except ClientError as exc:
+                code = error_code(exc)
+                if code == "TransactionCanceledException":
+                    reasons = exc.response.get("CancellationReasons") or []
+                    codes = [str(r.get("Code", "None")) for r in reasons]
+                    failed = [i for i, c in enumerate(codes) if c == "ConditionalCheckFailed"]
+                    if failed:
+                        return failed
+                    if not all(c in RETRYABLE for c in codes):
+                        raise
+                elif code not in ("TransactionConflictException", "TransactionInProgressException"):
+                    raise
+            self._backoff(attempt)
+        raise StoreUnavailable("DynamoDB: a transaction kept conflicting with others")
+
     def _with_log(
         self,
         build: Callable[[], tuple[list[dict[str, Any]], list[PendingEntry]] | None],

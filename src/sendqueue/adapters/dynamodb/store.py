@@ -51,6 +51,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from sendqueue.adapters.dynamodb.bookings import BookingItems
 from sendqueue.adapters.dynamodb.client import error_code
 from sendqueue.adapters.dynamodb.codec import (
     PendingEntry,
@@ -99,11 +100,12 @@ from sendqueue.domain.senders import Booking
 __all__ = ["DynamoDbTaskStore"]
 
 
-class DynamoDbTaskStore(TaskItems, SuppressionItems, FeedbackItems, SenderItems):
+class DynamoDbTaskStore(TaskItems, SuppressionItems, FeedbackItems, SenderItems, BookingItems):
     """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`,
     :mod:`~sendqueue.adapters.dynamodb.suppressions`; :class:`~sendqueue.ports.FeedbackStore`,
     :mod:`~sendqueue.adapters.dynamodb.feedback`; :class:`~sendqueue.ports.SenderStore`,
-    :mod:`~sendqueue.adapters.dynamodb.senders`) on DynamoDB; see the module docstring."""
+    :mod:`~sendqueue.adapters.dynamodb.senders` and :mod:`~sendqueue.adapters.dynamodb.bookings`)
+    on DynamoDB; see the module docstring."""
 
     # -- tasks with their bookings -----------------------------------------------------------
     def insert_tasks(
