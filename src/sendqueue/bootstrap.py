@@ -141,6 +141,7 @@ class Container:
             max_lateness=settings.max_lateness,
             space_late_sends=settings.space_late_sends,
             provision_concurrency=settings.provision_concurrency,
+            provision_chunk=settings.provision_chunk,
             default_timezone=settings.default_timezone,
             default_from=settings.default_from,
             unsubscribe=settings.unsubscribe_links,

@@ -178,6 +178,13 @@ class Settings(LinkSettings):
     retry_backoff: float = Field(60.0, ge=0, description="seconds before a transient retry")
     auto_pause_after: int = Field(5, ge=0, description="pause after N permanent failures in a row")
     provision_concurrency: int = Field(10, ge=1, le=100, description="scheduler calls in flight")
+    provision_chunk: int = Field(
+        1000,
+        ge=10,
+        le=10_000,
+        description="emails provisioned per chunk: one plan, one write and one checkpoint each "
+        "(a chunk's recipients are in memory at once)",
+    )
     scheduler_retry_backoff: float = Field(
         5.0, ge=0, description="execution layer: seconds before retrying a failed invocation"
     )

@@ -322,3 +322,32 @@ def test_a_day_is_its_own_item_per_sender_and_day(store: DynamoDbTaskStore) -> N
     days = sorted((i["sk"]["S"], i["planned"]["N"], i["total"]["N"]) for i in raw_items("SD#s1"))
     assert days == [(str(DAY), "1", "1"), (str(DAY + timedelta(days=1)), "1", "1")]
     assert date.fromisoformat(days[0][0]) == DAY
+
+
+def test_an_insert_failing_half_way_keeps_the_bookings_of_the_tasks_it_stored(
+    store: DynamoDbTaskStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tasks go in 49 a transaction, after their bookings: when a later transaction fails, the
+    tasks already stored keep their slots (a resumed run skips them) and only the others' are
+    given back."""
+    store.create_campaign(campaign("c1"), [Recipient(n, f"r{n}@example.com") for n in range(60)])
+    tasks = [make_task("c1", n, sender_id="s1", sender="anna@example.com") for n in range(60)]
+    calls: list[int] = []
+    insert_chunk = DynamoDbTaskStore._insert_chunk
+
+    def second_fails(self: DynamoDbTaskStore, chunk: Any) -> Any:
+        calls.append(len(chunk))
+        if len(calls) == 2:
+            raise StoreUnavailable("DynamoDB: throttled (simulated)")
+        return insert_chunk(self, chunk)
+
+    monkeypatch.setattr(DynamoDbTaskStore, "_insert_chunk", second_fails)
+    with pytest.raises(StoreUnavailable):
+        store.insert_tasks(tasks, at=T0, bookings=many("c1", 60))
+    stored = store.get_tasks([t.id for t in tasks])
+    assert len(stored) == calls[0] == 49
+    assert all(store.booking_of(tid) is not None for tid in stored)
+    assert [t.id for t in tasks if store.booking_of(t.id) is not None] == sorted(
+        stored, key=lambda tid: int(tid.rsplit("-", 1)[1])
+    )
+    assert usage(store) == [SenderDay(DAY, 49, 0)]

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from sendqueue.bootstrap import Container
 from sendqueue.domain.errors import Conflict, IllegalTransition, InvalidField
@@ -15,6 +16,7 @@ from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, schedule_group
 from sendqueue.ports import Schedule
 from sendqueue.services.provisioning import ProvisionProgress
+from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
@@ -287,3 +289,14 @@ def test_only_drafts_can_be_provisioned() -> None:
     with pytest.raises(IllegalTransition):
         app.provisioner.provision(cid)
     assert app.store.count_tasks(cid)[TaskState.PENDING] == 0
+
+
+def test_the_chunk_is_a_setting_that_names_itself_when_out_of_range() -> None:
+    app = fake_app(provision_chunk=200)
+    assert app.config.provision_chunk == 200
+    cid = _create(app, 450)
+    seen: list[tuple[str, int]] = []
+    app.provisioner.provision(cid, progress=lambda p: seen.append((p.phase, p.done)))
+    assert [done for phase, done in seen if phase == "tasks"] == [200, 400, 450]
+    with pytest.raises(ValidationError, match="provision_chunk"):
+        Settings(_env_file=None, provision_chunk=5)

@@ -409,11 +409,13 @@ def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=8)
 def _ordinary_grid(relative: tuple[tuple[int, int], ...], per_day: int) -> _Grid | None:
     """:func:`_grid` of an ordinary day, cached (a grid is never changed once built): the
     capacity planner plans every provisioning chunk anew, and a grid of ``per_day`` slots
-    costs more to build than a chunk of 500 sends costs to plan (docs/performance.md)."""
+    costs more to build than a chunk of sends costs to plan (docs/performance.md). The key
+    holds no zone, so a local-time campaign's zones share one entry; a 10,000-a-day grid
+    is about 2 MB, hence few entries."""
     return _grid(list(relative), per_day)
 
 

@@ -44,6 +44,7 @@ import json
 import secrets
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import replace
 from datetime import datetime, timedelta
 from itertools import islice
@@ -80,6 +81,7 @@ from sendqueue.domain.errors import (
     Conflict,
     InvalidField,
     NotFound,
+    StoreUnavailable,
 )
 from sendqueue.domain.lifecycle import (
     CampaignState,
@@ -111,10 +113,12 @@ class DynamoDbTaskStore(TaskItems, SuppressionItems, FeedbackItems, SenderItems,
     def insert_tasks(
         self, tasks: Sequence[Task], *, at: datetime, bookings: Sequence[Booking] = ()
     ) -> int:
-        """:meth:`TaskItems.insert_tasks` with ``bookings`` booked first (:meth:`SenderItems.book`,
-        its own atomic write: no transaction spans both). Refused tasks release the bookings
-        again; a crash in between leaves bookings without their tasks, which a resumed
-        provisioning run moves."""
+        """:meth:`TaskItems.insert_tasks` with ``bookings`` booked first (:meth:`BookingItems.book`,
+        its own atomic write: no transaction spans both). When the insert fails, the bookings of
+        the tasks it did not store are released (the tasks it stored, 49 a transaction, keep
+        theirs); a crash in between, or an outage that keeps the release from happening, leaves
+        bookings without their tasks, which a resumed provisioning run moves (never past a
+        cap)."""
         check_new_tasks(tasks)  # a bad task books nothing
         if not bookings:
             return super().insert_tasks(tasks, at=at)
@@ -122,7 +126,9 @@ class DynamoDbTaskStore(TaskItems, SuppressionItems, FeedbackItems, SenderItems,
         try:
             return super().insert_tasks(tasks, at=at)
         except Exception:
-            self.release([b.task_id for b in bookings])
+            with suppress(StoreUnavailable):
+                stored = self.get_tasks([b.task_id for b in bookings])
+                self.release([b.task_id for b in bookings if b.task_id not in stored])
             raise
 
     # -- campaigns ---------------------------------------------------------------------------

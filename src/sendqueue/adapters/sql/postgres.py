@@ -349,21 +349,25 @@ class PostgresTaskStore(SqlTaskStore):
                 log_campaigns.append(t.campaign_id)
         args = (*columns, stamp, TaskState.CANCELLED.value, log_ids, log_campaigns)
 
+        def not_found(db: Any) -> NotFound | None:
+            """NotFound for the first campaign of the tasks that does not exist."""
+            found = {
+                r[0]
+                for r in db.execute(
+                    "SELECT id FROM campaigns WHERE id = ANY(%s::varchar[])",
+                    (sorted(set(log_campaigns)),),
+                )
+            }
+            missing = sorted(set(log_campaigns) - found)
+            return NotFound("campaign", missing[0]) if missing else None
+
         def run(db: Any) -> int:
             try:
                 row = db.execute(_INSERT_TASKS, args).fetchone()
             except pg_errors.ForeignKeyViolation:
-                found = {
-                    r[0]
-                    for r in db.execute(
-                        "SELECT id FROM campaigns WHERE id = ANY(%s::varchar[])",
-                        (sorted(set(log_campaigns)),),
-                    )
-                }
-                missing = sorted(set(log_campaigns) - found)
-                if not missing:
+                if (error := not_found(db)) is None:
                     raise
-                raise NotFound("campaign", missing[0]) from None
+                raise error from None
             return int(row[0])
 
         if not bookings:
@@ -372,8 +376,17 @@ class PostgresTaskStore(SqlTaskStore):
             for campaign_id in sorted(set(log_campaigns)):
                 self._require_campaign(conn, campaign_id)
             self._book(conn, bookings)
-            # The same statement on the driver's connection, inside this transaction.
-            return run(conn.connection.driver_connection)
+            # The same statement on the driver's connection, inside this transaction, in a
+            # savepoint: a row refused for its campaign (deleted meanwhile) leaves the
+            # transaction able to look the campaign up.
+            db: Any = conn.connection.driver_connection
+            try:
+                with db.transaction():
+                    return int(db.execute(_INSERT_TASKS, args).fetchone()[0])
+            except pg_errors.ForeignKeyViolation:
+                if (error := not_found(db)) is None:
+                    raise
+                raise error from None
 
     def task_and_suppression(self, task_id: str) -> tuple[Task | None, Suppression | None]:
         def run(db: Any) -> tuple[Task | None, Suppression | None]:

@@ -46,7 +46,8 @@ class JsonVariables(MutableMapping[str, str]):
     """A recipient's variables as stored (JSON text), decoded on first use: provisioning reads
     every recipient and never its variables (its texts were rendered at import), and decoding
     them all cost about a twentieth of a provisioning run (docs/performance.md). A copy, as
-    every store returns one: changing it changes nothing stored."""
+    every store returns one: changing it changes nothing stored. A mapping, not a ``dict``
+    (as the port types it): ``dict(variables)`` before serialising it."""
 
     __slots__ = ("_data", "_text")
 
