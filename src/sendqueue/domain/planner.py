@@ -59,6 +59,7 @@ from .policy import WEEKDAY_NAMES, SendingPolicy, Window, load_timezone
 __all__ = [
     "PLANNING_HORIZON_DAYS",
     "DaySummary",
+    "forget_grids",
     "next_window_instant",
     "per_day_summary",
     "plan",
@@ -417,6 +418,12 @@ def _ordinary_grid(relative: tuple[tuple[int, int], ...], per_day: int) -> _Grid
     holds no zone, so a local-time campaign's zones share one entry; a 10,000-a-day grid
     is about 2 MB, hence few entries."""
     return _grid(list(relative), per_day)
+
+
+def forget_grids() -> None:
+    """Drop the cached day grids: the next plan builds its grid again, as a campaign's first
+    plan in a process does (the benchmarks measure every run that way)."""
+    _ordinary_grid.cache_clear()
 
 
 def _grid(intervals: list[tuple[int, int]], per_day: int) -> _Grid | None:
