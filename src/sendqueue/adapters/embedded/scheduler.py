@@ -155,6 +155,11 @@ class EmbeddedScheduler(Dispatcher):
             # WAL with synchronous=NORMAL cannot corrupt, but a power cut may lose the last
             # commits; the reconciler re-creates lost schedules, and provisioning stays fast.
             self._conn.execute("PRAGMA synchronous = NORMAL")
+            # Fold the log back every ~40 MB, not every 4 MB (SQLite's default): each fold costs
+            # two fsyncs, and a provisioning run writes a schedule per email; the log is cut
+            # back to 4 MB once folded (as the task store does, adapters/sql/schema.py).
+            self._conn.execute("PRAGMA wal_autocheckpoint = 10000")
+            self._conn.execute(f"PRAGMA journal_size_limit = {4 * 1024 * 1024}")
             self._migrate()
         except sqlite3.Error as exc:
             self._close_quietly()

@@ -47,6 +47,12 @@ __all__ = [
 ]
 
 BUSY_TIMEOUT_SECONDS = 30.0
+#: WAL pages before a commit folds the log back into the database file (SQLite's default is
+#: 1,000, about 4 MB): a provisioning run writes tens of MB, and each fold costs two fsyncs,
+#: about a tenth of its time at 1,000 (docs/performance.md). The log is cut back to
+#: WAL_KEEP_BYTES once folded, so it never stays at its peak on disk.
+WAL_AUTOCHECKPOINT_PAGES = 10_000
+WAL_KEEP_BYTES = 4 * 1024 * 1024
 
 #: Execution option that makes a SQLite transaction start with ``BEGIN IMMEDIATE``. Use it for
 #: every transaction that writes: a deferred transaction that reads first and writes later has to
@@ -429,6 +435,8 @@ def _sqlite_engine(url: sa.URL, **kwargs: Any) -> Engine:
             cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
             _set_wal(cursor)
             cursor.execute("PRAGMA synchronous = NORMAL")
+            cursor.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
+            cursor.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
             cursor.close()

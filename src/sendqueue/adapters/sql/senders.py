@@ -238,6 +238,8 @@ class SenderTables(ABC):
             if claimed.setdefault(_slot(booking), booking.task_id) != booking.task_id:
                 raise Overbooked(booking.sender_id, at=booking.at)
         self._require_senders(conn, {b.sender_id for b in wanted})
+        if self.dialect == "sqlite" and self._book_new(conn, wanted):
+            return
         old = self._held(conn, sorted(latest), planned_only=False)
         todo = [
             b
@@ -279,15 +281,56 @@ class SenderTables(ABC):
             if planned + sent - freed_planned.get(day, 0) + count > caps[day]:
                 raise Overbooked(day[0], day=day[1])
         self._delete_rows(conn, [h.task_id for h in moved])
-        changes = [
+        self._set_days(
+            conn,
             {
-                "b_sender_id": day[0],
-                "b_day": day[1],
-                "b_planned": counts[day][0] - freed_planned.get(day, 0) + added.get(day, 0),
-                "b_sent": counts[day][1] - freed_sent.get(day, 0),
-            }
-            for day in days
-        ]
+                day: (
+                    counts[day][0] - freed_planned.get(day, 0) + added.get(day, 0),
+                    counts[day][1] - freed_sent.get(day, 0),
+                )
+                for day in days
+            },
+        )
+        self._insert_rows(conn, sorted(todo, key=_slot))
+        self._remember_contacts(conn, todo)
+
+    def _book_new(self, conn: Connection, wanted: Sequence[Booking]) -> bool:
+        """SQLite's common case, a provisioning chunk: book ``wanted`` as the bookings of tasks
+        that hold none, without reading the tasks' bookings first. The slot rows go in under a
+        savepoint and are counted; a task that holds a booking already (``task_id`` is unique)
+        or a slot another task holds leaves a row out, and then this attempt is undone and
+        False sends the caller down the general path, as a day that looks full does (a move
+        off it could free room). The caller holds SQLite's write lock throughout."""
+        caps: dict[_DayKey, int] = {}
+        added: dict[_DayKey, int] = {}
+        for b in wanted:
+            day = (b.sender_id, b.day)
+            caps[day] = min(caps.get(day, b.cap), b.cap)
+            added[day] = added.get(day, 0) + 1
+        days = sorted(added)
+        counts = self._locked_days(conn, days, create=days)
+        if any(sum(counts[day]) + added[day] > caps[day] for day in days):
+            return False
+        values = [
+            (
+                b.sender_id, b.at_ms, b.task_id, b.campaign_id, b.day.isoformat(), b.recipient,
+                b.cap, False,
+            )
+            for b in wanted
+        ]  # fmt: skip
+        conn.exec_driver_sql("SAVEPOINT sq_new_bookings")
+        taken = conn.exec_driver_sql(_INSERT_BOOKING.format(mark="?"), values).rowcount
+        if taken != len(values):
+            conn.exec_driver_sql("ROLLBACK TO SAVEPOINT sq_new_bookings")
+        conn.exec_driver_sql("RELEASE SAVEPOINT sq_new_bookings")
+        if taken != len(values):
+            return False
+        self._set_days(conn, {day: (counts[day][0] + added[day], counts[day][1]) for day in days})
+        self._remember_contacts(conn, wanted)
+        return True
+
+    def _set_days(self, conn: Connection, counts: dict[_DayKey, tuple[int, int]]) -> None:
+        """Write each day row's new (planned, sent), in (sender, day) order."""
         conn.execute(
             sa.update(tables.sender_days)
             .where(
@@ -295,10 +338,11 @@ class SenderTables(ABC):
                 _D.day == sa.bindparam("b_day", type_=sa.Date()),
             )
             .values(planned=sa.bindparam("b_planned"), sent=sa.bindparam("b_sent")),
-            changes,
+            [
+                {"b_sender_id": s, "b_day": d, "b_planned": planned, "b_sent": sent}
+                for (s, d), (planned, sent) in sorted(counts.items())
+            ],
         )
-        self._insert_rows(conn, sorted(todo, key=_slot))
-        self._remember_contacts(conn, todo)
 
     def _require_senders(self, conn: Connection, sender_ids: Collection[str]) -> None:
         """NotFound for the first unknown sender; the others' rows held ``FOR KEY SHARE``

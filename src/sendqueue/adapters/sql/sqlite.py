@@ -91,11 +91,13 @@ def _task(row: Sequence[Any]) -> Task:
 
 def _task_row(t: Task, stamp: str | None) -> tuple[object, ...]:
     """The driver's parameters of :data:`_INSERT_TASK` for a new task."""
+    send_at = sqlite_text(t.send_at)
     return (
         t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
-        sqlite_text(t.send_at), t.state.value, t.token, t.attempts, sqlite_text(t.claimed_at),
+        send_at, t.state.value, t.token, t.attempts, sqlite_text(t.claimed_at),
         sqlite_text(t.sent_at), t.message_id, t.error, stamp, stamp,
-        sqlite_text(t.planned_at or t.send_at), t.moves, t.moved_reason, t.reason,
+        send_at if t.planned_at is None else sqlite_text(t.planned_at), t.moves,
+        t.moved_reason, t.reason,
         None if t.outcome is None else t.outcome.value, t.outcome_detail,
         sqlite_text(t.outcome_at), t.sender_id, t.sender, t.timezone, key_of_normalized(t.email),
     )  # fmt: skip
