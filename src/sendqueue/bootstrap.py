@@ -507,15 +507,19 @@ def bootstrap(
 
 
 _settled = threading.Event()
+#: Net new objects between two young collections after start-up (CPython's default: 700).
+_YOUNG_THRESHOLD = 10_000
 
 
 def settle_heap() -> None:
     """Once per process, when start-up is over (the CLI's and the Lambda handlers' container is
-    built): collect what start-up left behind and freeze the rest (``gc.freeze``).
+    built): collect what start-up left behind, freeze the rest (``gc.freeze``), and collect
+    the young generation after 10,000 net new objects instead of 700.
 
     Why: imports and the container leave about 100,000 objects that live as long as the
     process, and every full collection walks all of them. A long run makes a full collection
-    about every 10,000 emails it provisions, which cost a twentieth of provisioning's time
+    about every 10,000 emails it provisions, which cost a twentieth of provisioning's time;
+    the young collections, over a thousand of them, cost another thirtieth
     (docs/performance.md). Frozen objects still die by reference counting; only a cycle among
     them is never collected, and start-up's objects form none that matter. Not done by
     :func:`bootstrap` itself: a program that embeds sendqueue decides about its own heap.
@@ -525,6 +529,8 @@ def settle_heap() -> None:
     _settled.set()
     gc.collect()
     gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(_YOUNG_THRESHOLD, older, oldest)
 
 
 def upgrade_store_schema(settings: Settings) -> str | None:

@@ -22,14 +22,15 @@ def test_settle_heap_freezes_start_up_once_per_process() -> None:
         "first = gc.get_freeze_count()\n"
         "junk = [[i] for i in range(1000)]\n"
         "settle_heap()\n"
-        "print(first, gc.get_freeze_count())\n"
+        "print(first, gc.get_freeze_count(), gc.get_threshold()[0])\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
-    first, second = map(int, done.stdout.split())
+    first, second, young = map(int, done.stdout.split())
     assert first > 10_000  # the imports' objects
     assert second == first  # the second call neither collects nor freezes again
+    assert young == 10_000
 
 
 def test_every_cli_command_settles_the_heap_once_its_container_is_built(
