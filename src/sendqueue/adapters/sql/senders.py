@@ -548,11 +548,13 @@ class SenderTables(ABC):
 
     def sticky_senders(self, recipients: Collection[str]) -> dict[str, str]:
         wanted = sorted(set(recipients))
-        if not wanted:
-            return {}
+        return self._sticky_rows(wanted) if wanted else {}
+
+    def _sticky_rows(self, recipients: Sequence[str]) -> dict[str, str]:
+        """:meth:`sticky_senders` of distinct ``recipients`` (at least one)."""
         out: dict[str, str] = {}
         with self._read("read sticky senders") as conn:
-            for part in rows.chunks(wanted, _CHUNK):
+            for part in rows.chunks(recipients, _CHUNK):
                 query = sa.select(_C.recipient, _C.sender_id).where(_C.recipient.in_(part))
                 out.update((r, s) for r, s in conn.execute(query))
         return out
