@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -23,14 +21,8 @@ from sendqueue.testing.store import InMemoryTaskStore
 from tests.support.app import T0, csv_bytes, fake_app, open_policy
 from tests.support.faults import CrashAfter, FlakyScheduler, StoreCrash
 
-
-def _app(**kwargs: Any) -> Container:
-    """A container on fakes that provisions in chunks of 500: the chunk figures below (progress,
-    checkpoints, crashes after so many inserts) are worked out for that size, not the
-    default's."""
-    app = fake_app(**kwargs)
-    app.config = replace(app.config, provision_chunk=500)
-    return app
+# The apps here provision in chunks of 500 (provision_chunk=500): the figures below (progress,
+# checkpoints, crashes after so many inserts) are worked out for that size.
 
 
 def _create(app: Container, count: int) -> str:
@@ -67,7 +59,7 @@ def _assert_exactly_one_each(app: Container, cid: str, count: int) -> None:
 
 
 def test_provision_creates_one_task_and_one_schedule_per_recipient() -> None:
-    app = _app()
+    app = fake_app(provision_chunk=500)
     cid = _create(app, 1234)
     report = app.provisioner.provision(cid)
     assert (report.status, report.tasks_created, report.schedules_created) == ("done", 1234, 1234)
@@ -80,7 +72,7 @@ def test_provision_creates_one_task_and_one_schedule_per_recipient() -> None:
 
 
 def test_provisioning_twice_creates_nothing_twice() -> None:
-    app = _app()
+    app = fake_app(provision_chunk=500)
     cid = _create(app, 50)
     app.provisioner.provision(cid)
     again = app.provisioner.provision(cid)
@@ -89,7 +81,7 @@ def test_provisioning_twice_creates_nothing_twice() -> None:
 
 
 def test_progress_goes_to_the_change_log_and_the_callback() -> None:
-    app = _app()
+    app = fake_app(provision_chunk=500)
     cid = _create(app, 1200)
     seen: list[tuple[str, int]] = []
     app.provisioner.provision(cid, progress=lambda p: seen.append((p.phase, p.done)))
@@ -108,7 +100,7 @@ def test_progress_goes_to_the_change_log_and_the_callback() -> None:
 def test_at_most_ten_scheduler_calls_in_flight() -> None:
     clock = FakeClock(T0)
     flaky = FlakyScheduler(FakeScheduler(clock))
-    app = _app(clock=clock, scheduler=flaky)
+    app = fake_app(provision_chunk=500, clock=clock, scheduler=flaky)
     cid = _create(app, 600)
     app.provisioner.provision(cid)
     assert 2 <= flaky.max_in_flight <= 10
@@ -118,7 +110,7 @@ def test_at_most_ten_scheduler_calls_in_flight() -> None:
 def test_throttling_is_retried_with_backoff() -> None:
     clock = FakeClock(T0)
     flaky = FlakyScheduler(FakeScheduler(clock), throttle=0.3)
-    app = _app(clock=clock, scheduler=flaky)
+    app = fake_app(provision_chunk=500, clock=clock, scheduler=flaky)
     cid = _create(app, 300)
     report = app.provisioner.provision(cid)
     assert report.status == "done"
@@ -148,7 +140,8 @@ def test_crash_anywhere_then_rerun_finishes_with_exactly_one_of_each(
     clock = FakeClock(T0)
     store = InMemoryTaskStore()
     scheduler = FakeScheduler(clock)
-    crashing = _app(
+    crashing = fake_app(
+        provision_chunk=500,
         clock=clock,
         store=CrashAfter(store, method, n) if target == "store" else store,
         scheduler=CrashAfter(scheduler, method, n) if target == "scheduler" else scheduler,
@@ -158,7 +151,7 @@ def test_crash_anywhere_then_rerun_finishes_with_exactly_one_of_each(
         crashing.provisioner.provision(cid)
     # a new process: same store and scheduler, no memory of the crashed run
     clock.advance(seconds=61)  # the crashed run's provisioning lease (60 s) expires
-    fresh = _app(clock=clock, store=store, scheduler=scheduler)
+    fresh = fake_app(provision_chunk=500, clock=clock, store=store, scheduler=scheduler)
     report = fresh.provisioner.provision(cid)
     assert report.status == "done"
     assert fresh.store.get_campaign(cid).state is CampaignState.ACTIVE
@@ -171,7 +164,12 @@ def test_resumed_checkpoint_without_schedules_for_its_tasks_gets_them() -> None:
     clock = FakeClock(T0)
     store = InMemoryTaskStore()
     scheduler = FakeScheduler(clock)
-    first = _app(clock=clock, store=CrashAfter(store, "insert_tasks", 3), scheduler=scheduler)
+    first = fake_app(
+        provision_chunk=500,
+        clock=clock,
+        store=CrashAfter(store, "insert_tasks", 3),
+        scheduler=scheduler,
+    )
     cid = _create(first, 1500)
     with pytest.raises(StoreCrash):
         first.provisioner.provision(cid)
@@ -183,7 +181,7 @@ def test_resumed_checkpoint_without_schedules_for_its_tasks_gets_them() -> None:
         scheduler.delete(name)
     store.save_checkpoint(cid, checkpoint, at=clock.now())
     clock.advance(seconds=61)
-    fresh = _app(clock=clock, store=store, scheduler=scheduler)
+    fresh = fake_app(provision_chunk=500, clock=clock, store=store, scheduler=scheduler)
     report = fresh.provisioner.provision(cid)
     assert (report.status, report.tasks_created, report.schedules_created) == ("done", 500, 1500)
     _assert_exactly_one_each(fresh, cid, 1500)
@@ -200,7 +198,7 @@ def test_the_lease_is_renewed_after_a_third_of_it_and_a_lost_lease_stops_the_run
         return real_acquire(name, owner, ttl_seconds=ttl_seconds, at=at)
 
     store.acquire_lease = acquire  # type: ignore[method-assign]
-    app = _app(clock=clock, store=store)
+    app = fake_app(provision_chunk=500, clock=clock, store=store)
     cid = _create(app, 2000)
 
     def tick(p: ProvisionProgress) -> None:
@@ -233,13 +231,20 @@ def test_resumed_run_keeps_the_send_times_of_the_first_plan() -> None:
     clock = FakeClock(T0)
     store = InMemoryTaskStore()
     scheduler = FakeScheduler(clock)
-    first = _app(clock=clock, store=CrashAfter(store, "insert_tasks", 2), scheduler=scheduler)
+    first = fake_app(
+        provision_chunk=500,
+        clock=clock,
+        store=CrashAfter(store, "insert_tasks", 2),
+        scheduler=scheduler,
+    )
     cid = _create(first, 1200)
     with pytest.raises(StoreCrash):
         first.provisioner.provision(cid)
     before = {t.id: t.send_at for t in store.list_tasks(cid, limit=2000)}
     clock.advance(hours=3)
-    _app(clock=clock, store=store, scheduler=scheduler).provisioner.provision(cid)
+    fake_app(
+        provision_chunk=500, clock=clock, store=store, scheduler=scheduler
+    ).provisioner.provision(cid)
     after = {t.id: t.send_at for t in store.list_tasks(cid, limit=2000)}
     assert all(after[k] == v for k, v in before.items())
     assert list(after.values()) == sorted(after.values())
@@ -247,7 +252,7 @@ def test_resumed_run_keeps_the_send_times_of_the_first_plan() -> None:
 
 def test_time_budget_stops_saves_the_checkpoint_and_schedules_a_continuation() -> None:
     clock = FakeClock(T0)
-    app = _app(clock=clock)
+    app = fake_app(provision_chunk=500, clock=clock)
     cid = _create(app, 2000)
     with pytest.raises(InvalidField, match="time_budget"):
         app.provisioner.provision(cid, time_budget=30, safety_margin=90)
@@ -272,7 +277,7 @@ def test_failed_scheduler_calls_stop_with_checkpoint_and_rerun_completes() -> No
     clock = FakeClock(T0)
     inner = FakeScheduler(clock)
     flaky = FlakyScheduler(inner, fail=0.05)
-    app = _app(clock=clock, scheduler=flaky)
+    app = fake_app(provision_chunk=500, clock=clock, scheduler=flaky)
     cid = _create(app, 800)
     report = app.provisioner.provision(cid)
     assert report.status == "stopped" and report.errors
@@ -283,7 +288,7 @@ def test_failed_scheduler_calls_stop_with_checkpoint_and_rerun_completes() -> No
 
 
 def test_only_drafts_can_be_provisioned() -> None:
-    app = _app()
+    app = fake_app(provision_chunk=500)
     cid = _create(app, 3)
     app.campaigns.cancel(cid)
     with pytest.raises(IllegalTransition):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
-from typing import Any
 
 import pytest
 
@@ -15,14 +13,8 @@ from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, sched
 from sendqueue.services.provisioning import Provisioner
 from tests.support.app import csv_bytes, fake_app, open_policy
 
-
-def _app(**kwargs: Any) -> Container:
-    """A container on fakes that provisions in chunks of 500: the chunk figures below (progress,
-    checkpoints, crashes after so many inserts) are worked out for that size, not the
-    default's."""
-    app = fake_app(**kwargs)
-    app.config = replace(app.config, provision_chunk=500)
-    return app
+# The apps here provision in chunks of 500 (provision_chunk=500): the figures below (progress,
+# checkpoints, crashes after so many inserts) are worked out for that size.
 
 
 def _create(app: Container, count: int) -> str:
@@ -43,7 +35,7 @@ def _countdown(start: float, step: float) -> tuple[list[float], Callable[[], flo
 
 
 def test_time_left_is_asked_before_every_chunk_and_the_hook_gets_the_saved_checkpoint() -> None:
-    app = _app()
+    app = fake_app(provision_chunk=500)
     cid = _create(app, 2000)  # four chunks of 500
     handed: list[tuple[str, dict[str, object]]] = []
 
@@ -80,7 +72,7 @@ def test_time_left_is_asked_before_every_chunk_and_the_hook_gets_the_saved_check
 
 
 def test_the_constructor_hook_serves_runs_that_name_none_and_its_failure_is_raised() -> None:
-    app = _app()
+    app = fake_app(provision_chunk=500)
     cid = _create(app, 600)
 
     def broken(campaign_id: str, checkpoint: dict[str, object]) -> None:

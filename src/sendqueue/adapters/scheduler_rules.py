@@ -170,25 +170,8 @@ def build_schedule(
 
     Raises InvalidField naming the first bad field, in signature order.
     """
-    name = check_name(name)
-    group = check_group(group)
-    at_local = check_at_local(at_local)
-    instant = due_at(at_local, timezone)
-    payload = check_payload(payload)
-    client_token = check_token(client_token)
-    max_retries = check_max_retries(max_retries)
-    return Schedule(
-        name=name,
-        group=group,
-        at_local=at_local,
-        timezone=timezone,
-        payload=payload,
-        client_token=client_token,
-        due_at=instant,
-        max_retries=max_retries,
-        attempts=0,
-        created_at=created_at,
-    )
+    item = (name, group, at_local, timezone, payload, client_token, max_retries)
+    return build_schedules([item], created_at=created_at)[0]
 
 
 def build_schedules(
