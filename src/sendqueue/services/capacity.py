@@ -2,10 +2,12 @@
 
 A campaign with senders (``Campaign.sender_ids``), or with local time, is planned with
 :func:`~sendqueue.domain.capacity.plan_with_senders` over its senders' books as the store has
-them; what is planned is then booked (:meth:`~sendqueue.ports.SenderStore.book`, atomic). When
-another process booked first (:class:`~sendqueue.domain.errors.Overbooked`), the books are
-read again and the same sends planned again, a bounded number of times: that is how two
-campaigns provisioned at once by two processes share a sender without overbooking it.
+them; what is planned is then booked atomically: a provisioning chunk together with its tasks
+(``TaskStore.insert_tasks(..., bookings=...)``, see :meth:`CapacityPlanner.plan_chunk`), a
+re-plan by :meth:`~sendqueue.ports.SenderStore.book`. When another process booked first
+(:class:`~sendqueue.domain.errors.Overbooked`), the books are read again and the same sends
+planned again, a bounded number of times: that is how two campaigns provisioned at once by two
+processes share a sender without overbooking it.
 
 A campaign without senders or local time is planned as before (``plan`` / ``free_slots``):
 nothing here runs for it.
