@@ -246,13 +246,32 @@
     dialog.returnValue = "";
     return new Promise((resolve) => {
       const opener = document.activeElement;
-      dialog.addEventListener("close", function onClose() {
+      const form = dialog.querySelector("form");
+      // This opening's answer, taken when it is given (the form's submit, Escape's cancel):
+      // the close event comes later, queued, and input can overtake it, so a close still
+      // queued from the opening before this one can arrive while this one is open.
+      let answer = null;
+      const onSubmit = (event) => {
+        answer = event.submitter ? event.submitter.value : "";
+      };
+      const onCancel = () => {
+        answer = "cancel";
+      };
+      const onClose = () => {
+        if (answer === null && dialog.open) {
+          return; // an earlier opening's close: not ours
+        }
+        form.removeEventListener("submit", onSubmit);
+        dialog.removeEventListener("cancel", onCancel);
         dialog.removeEventListener("close", onClose);
         if (opener && typeof opener.focus === "function" && document.contains(opener)) {
           opener.focus();
         }
-        resolve(dialog.returnValue === "confirm");
-      });
+        resolve(answer === "confirm");
+      };
+      form.addEventListener("submit", onSubmit);
+      dialog.addEventListener("cancel", onCancel);
+      dialog.addEventListener("close", onClose);
       dialog.showModal();
     });
   };
