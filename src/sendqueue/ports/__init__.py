@@ -23,6 +23,9 @@ the contract tests in ``tests/contract`` check, against the in-memory fakes in
 - :class:`~sendqueue.ports.senders.SenderStore` keeps senders and the slots their sends book
   (every task store keeps them too).
 
+The execution layer's ports live in :mod:`sendqueue.ports.scheduler` and the senders' in
+:mod:`sendqueue.ports.senders`; every name is importable from here.
+
 Optional abilities are declared, never discovered with ``getattr``: ``Scheduler.firing_precision``
 and ``Dispatcher.runs_reconciler`` are attributes every adapter sets, and the small
 runtime-checkable protocols :class:`BulkScheduler` and :class:`FlushableAlarm` name what only
@@ -32,8 +35,7 @@ some adapters can do.
 from __future__ import annotations
 
 import builtins
-import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
@@ -51,6 +53,14 @@ from sendqueue.domain.models import (
 )
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, key_of_normalized
+from sendqueue.ports.scheduler import (
+    BulkScheduler,
+    CreateArgs,
+    Dispatcher,
+    Schedule,
+    Scheduler,
+    Target,
+)
 from sendqueue.ports.senders import SenderStore
 
 __all__ = [
@@ -484,118 +494,6 @@ class ReadsTaskThenSuppression:
             return None, None
         key = key_of_normalized(task.email)
         return task, self.suppressed([key]).get(key)
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """A one-time schedule in the execution layer (EventBridge Scheduler's shape).
-
-    ``at_local`` is naive wall-clock time in ``timezone``; ``due_at`` is the same instant in UTC.
-    """
-
-    name: str
-    group: str
-    at_local: datetime
-    timezone: str
-    payload: Mapping[str, str]
-    client_token: str
-    due_at: datetime
-    max_retries: int = 2
-    attempts: int = 0
-    created_at: datetime | None = None
-
-
-#: The function a schedule invokes with its payload. It returns normally when the invocation
-#: succeeded (the schedule then deletes itself) and raises when it failed (retry, then DLQ).
-Target = Callable[[Mapping[str, str]], None]
-
-
-class Scheduler(Protocol):
-    """The execution layer: one-time schedules, retries, a dead-letter queue.
-
-    Contract (EventBridge Scheduler's rules, so every adapter accepts what the strictest does):
-
-    - Names are 1..64 chars of ``[0-9a-zA-Z-_.]``; groups likewise; client tokens 1..64 of
-      ``[a-zA-Z0-9-_]``. Anything else raises InvalidField naming the field.
-    - ``create`` with a new name creates the schedule. With an existing name and the same token
-      it is a no-op that returns the existing schedule; with another token it raises Conflict.
-    - ``delete`` of a missing name succeeds. ``get`` of a missing name returns None.
-    - ``list(group)`` pages by name (``after``), in name order.
-    - A schedule fires at ``due_at`` or later (overdue ones as soon as possible, in due order),
-      to the layer's ``firing_precision`` (seconds; 0.0 is exact: the embedded and procrastinate
-      layers). A coarser layer's schedule may fire anywhere from the start of the
-      ``firing_precision``-long slot holding ``due_at`` (whole slots counted from the Unix
-      epoch; EventBridge Scheduler: 60, any time within the minute of its ``at()`` time). The
-      composition root hands it to the send worker, which must not skip such an invocation as
-      early.
-    - After an invocation that returns, the schedule is deleted. One that raises is retried
-      ``max_retries`` times with backoff, then removed and recorded as a dead letter, and the
-      alarm is raised. Delivery is at-least-once: a target may run twice for one schedule.
-    - ``redrive`` turns a dead letter back into a schedule due now and removes the letter.
-    - Backend failures raise SchedulerError; rate limits raise Throttled.
-    """
-
-    #: Seconds to which schedules fire (0.0: exact); see the contract above.
-    firing_precision: float
-
-    def create(
-        self,
-        name: str,
-        group: str,
-        at_local: datetime,
-        timezone: str,
-        payload: Mapping[str, str],
-        client_token: str,
-        max_retries: int = 2,
-    ) -> Schedule: ...
-
-    def delete(self, name: str) -> None: ...
-
-    def get(self, name: str) -> Schedule | None: ...
-
-    def list(
-        self, group: str, *, after: str | None = None, limit: int = 1000
-    ) -> list[Schedule]: ...
-
-    def dead_letters(self, *, limit: int = 1000) -> builtins.list[DeadLetter]: ...
-
-    def redrive(self, dead_letter_id: str) -> Schedule:
-        """Re-create the dead letter's schedule, due now. NotFound if unknown."""
-        ...
-
-    def close(self) -> None: ...
-
-
-#: ``create``'s positional arguments: name, group, at_local, timezone, payload, client_token,
-#: max_retries.
-CreateArgs = tuple[str, str, datetime, str, Mapping[str, str], str, int]
-
-
-@runtime_checkable
-class BulkScheduler(Protocol):
-    """A scheduler that also writes many schedules in one call (one transaction: the embedded
-    and procrastinate layers).
-
-    ``create_many`` returns one result per item, in order: the Schedule, or the Conflict (a name
-    held with another token) that ``create`` would have raised for it; other errors raise for
-    the whole batch. Check the class (``issubclass(type(s), BulkScheduler)``), not the
-    instance, so a wrapper that forwards unknown attributes still sees each ``create`` itself.
-    """
-
-    def create_many(self, items: Sequence[CreateArgs]) -> Sequence[Schedule | Exception]: ...
-
-
-@runtime_checkable
-class Dispatcher(Protocol):
-    """Runs due schedules of an execution layer against ``target`` until ``stop`` is set.
-
-    ``runs_reconciler`` is true when the execution layer runs the reconciler itself (a periodic
-    job shared by all workers); the worker process then runs no reconciler loop of its own.
-    """
-
-    runs_reconciler: bool
-
-    def run(self, target: Target, stop: threading.Event) -> None: ...
 
 
 @dataclass(frozen=True)
