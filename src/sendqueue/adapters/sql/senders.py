@@ -311,15 +311,9 @@ class SenderTables(ABC):
         counts = self._locked_days(conn, days, create=days)
         if any(sum(counts[day]) + added[day] > caps[day] for day in days):
             return False
-        values = [
-            (
-                b.sender_id, b.at_ms, b.task_id, b.campaign_id, b.day.isoformat(), b.recipient,
-                b.cap, False,
-            )
-            for b in wanted
-        ]  # fmt: skip
+        statement, values = self._booking_params(wanted)
         conn.exec_driver_sql("SAVEPOINT sq_new_bookings")
-        taken = conn.exec_driver_sql(_INSERT_BOOKING.format(mark="?"), values).rowcount
+        taken = conn.exec_driver_sql(statement, values).rowcount
         if taken != len(values):
             conn.exec_driver_sql("ROLLBACK TO SAVEPOINT sq_new_bookings")
         conn.exec_driver_sql("RELEASE SAVEPOINT sq_new_bookings")
@@ -416,18 +410,23 @@ class SenderTables(ABC):
         # The driver's executemany of plain tuples, the rows taken counted: SQLAlchemy's
         # per-row parameter processing and RETURNING cost twice the insert itself
         # (docs/performance.md). A shortfall is rare (a race): the refused one is looked up.
-        sqlite = self.dialect == "sqlite"
-        statement = _INSERT_BOOKING.format(mark="?" if sqlite else "%s")
         for part in rows.chunks(todo, _CHUNK):
-            values = [
-                (
-                    b.sender_id, b.at_ms, b.task_id, b.campaign_id,
-                    b.day.isoformat() if sqlite else b.day, b.recipient, b.cap, False,
-                )
-                for b in part
-            ]  # fmt: skip
+            statement, values = self._booking_params(part)
             if conn.exec_driver_sql(statement, values).rowcount != len(part):
                 raise self._refused(conn, part)
+
+    def _booking_params(self, bookings: Sequence[Booking]) -> tuple[str, list[tuple[object, ...]]]:
+        """:data:`_INSERT_BOOKING` with the driver's parameter mark, and its rows of
+        ``bookings`` (SQLite takes a day as its ISO text)."""
+        sqlite = self.dialect == "sqlite"
+        values: list[tuple[object, ...]] = [
+            (
+                b.sender_id, b.at_ms, b.task_id, b.campaign_id,
+                b.day.isoformat() if sqlite else b.day, b.recipient, b.cap, False,
+            )
+            for b in bookings
+        ]  # fmt: skip
+        return _INSERT_BOOKING.format(mark="?" if sqlite else "%s"), values
 
     def _refused(self, conn: Connection, part: Sequence[Booking]) -> Overbooked:
         """Overbooked for the first of ``part`` whose row did not go in."""
