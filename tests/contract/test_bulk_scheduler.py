@@ -1,8 +1,9 @@
 """The BulkScheduler contract (``create_many``), run against every adapter that writes in bulk.
 
-``create_many`` answers each item as ``create`` would have, in order: the new schedule, the
-existing one (same name and token), or the Conflict (another token), returned in its slot. The
-builders are the Scheduler contract's (:mod:`tests.contract.test_scheduler`).
+``create_many`` answers each item as ``create`` would have, in order: None where the schedule
+now exists as asked (made by the call, or there already with the same token), or the Conflict
+(another token), returned in its slot. The builders are the Scheduler contract's
+(:mod:`tests.contract.test_scheduler`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import cast
 import pytest
 
 from sendqueue.domain.errors import Conflict, InvalidField
-from sendqueue.ports import BulkScheduler, CreateArgs, Schedule, Scheduler
+from sendqueue.ports import BulkScheduler, CreateArgs, Scheduler
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
 from tests.contract.test_scheduler import BERLIN, BUILDERS, START, Harness, Recorder, local
@@ -43,7 +44,7 @@ def item(clock: FakeClock, name: str, token: str = "tok", seconds: float = 60.0)
 
 
 def kinds(results: Sequence[object]) -> list[str]:
-    return [type(r).__name__ for r in results]
+    return ["ok" if r is None else type(r).__name__ for r in results]
 
 
 def names(scheduler: Scheduler) -> list[str]:
@@ -57,13 +58,16 @@ def test_near_and_far_items_are_created_in_order_and_fire_when_due(
     # due in a minute (deferred at once on procrastinate) and in two days (parked there)
     items = [item(clock, f"s-{i:02}", f"t{i}", 60.0 if i % 2 else 2 * 86400.0) for i in range(20)]
     out = bulk.create_many(items)
-    assert kinds(out) == ["Schedule"] * 20
-    assert [s.name for s in out if isinstance(s, Schedule)] == [f"s-{i:02}" for i in range(20)]
+    assert kinds(out) == ["ok"] * 20
     assert names(harness.scheduler) == [f"s-{i:02}" for i in range(20)]
     for i, seconds in ((0, 2 * 86400.0), (1, 60.0)):
         got = harness.scheduler.get(f"s-{i:02}")
+        made = harness.scheduler.create(*items[i])  # the same name and token: the one stored
         assert got is not None and got.client_token == f"t{i}"
-        assert got == out[i] and got.due_at == START + timedelta(seconds=seconds)
+        assert got == made and got.due_at == START + timedelta(seconds=seconds)
+        assert (got.group, got.timezone, got.max_retries, got.attempts) == ("g1", BERLIN, 2, 0)
+        assert got.at_local == items[i][2] and dict(got.payload) == {"task_id": f"s-{i:02}"}
+        assert got.created_at == START
     assert harness.fire_due is not None
     recorder = Recorder()
     clock.advance(seconds=61)
@@ -78,8 +82,8 @@ def test_an_existing_name_with_the_same_token_is_returned_not_duplicated(
     clock = harness.clock
     first = harness.scheduler.create(*item(clock, "old", "a"))
     out = bulk.create_many([item(clock, "new-1"), item(clock, "old", "a"), item(clock, "new-2")])
-    assert kinds(out) == ["Schedule", "Schedule", "Schedule"]
-    assert out[1] == first
+    assert kinds(out) == ["ok", "ok", "ok"]
+    assert harness.scheduler.get("old") == first
     assert names(harness.scheduler) == ["new-1", "new-2", "old"]
     recorder = Recorder()
     clock.advance(seconds=61)
@@ -93,7 +97,7 @@ def test_another_token_is_a_conflict_in_its_slot_and_the_rest_is_created(
     clock = harness.clock
     harness.scheduler.create(*item(clock, "old", "a", seconds=2 * 86400.0))
     out = bulk.create_many([item(clock, "new-1"), item(clock, "old", "b"), item(clock, "new-2")])
-    assert kinds(out) == ["Schedule", "Conflict", "Schedule"]
+    assert kinds(out) == ["ok", "Conflict", "ok"]
     assert "old" in str(out[1])
     assert names(harness.scheduler) == ["new-1", "new-2", "old"]
     kept = harness.scheduler.get("old")
@@ -113,8 +117,9 @@ def test_a_name_twice_in_one_batch_behaves_as_two_creates(
             item(clock, "far", "f", seconds=2 * 86400.0),
         ]
     )
-    assert kinds(out) == ["Schedule", "Schedule", "Schedule", "Conflict", "Schedule"]
-    assert out[0] == out[2] and out[1] == out[4]
+    assert kinds(out) == ["ok", "ok", "ok", "Conflict", "ok"]
+    twice = harness.scheduler.get("twice")
+    assert twice is not None and twice.client_token == "a"
     assert names(harness.scheduler) == ["far", "twice"]
     recorder = Recorder()
     clock.advance(seconds=61)
@@ -158,7 +163,7 @@ def test_concurrent_batches_with_overlapping_names_keep_one_schedule_per_name(
     # Batch k holds names k*50 .. k*50+99 with token t<k>, so each name but the first and last
     # fifty is in two batches racing each other, one of which has it due in a minute and the
     # other in two days (deferred and parked on procrastinate): one of them must see the other.
-    results: dict[int, Sequence[Schedule | Exception]] = {}
+    results: dict[int, Sequence[Exception | None]] = {}
     errors: list[BaseException] = []
     barrier = threading.Barrier(3)
 
@@ -196,7 +201,7 @@ def test_concurrent_batches_with_overlapping_names_keep_one_schedule_per_name(
             if isinstance(result, Conflict):
                 assert stored.client_token != f"t{k}"
             else:
-                assert isinstance(result, Schedule) and result.client_token == f"t{k}"
+                assert result is None
                 assert stored.client_token == f"t{k}"
                 if near(i, k):
                     due_soon.add(f"n-{i:03}")

@@ -88,10 +88,13 @@ def test_each_item_is_written_where_and_as_create_writes_it(postgres_url: str) -
     assert [r[0] for r in parked] == ["b-far", "c-far"]
     assert [r[1:] for r in jobs[:2]] == [r[1:] for r in jobs[2:]]
     assert parked[0][1:] == parked[1][1:]
-    near = made[0]
-    assert isinstance(near, Schedule)
+    assert made == [None, None, None]
+    near = scheduler.get("b-near")
+    assert near is not None and near.client_token == "tok"
     assert jobs[1][1:6] == ("g", "sendqueue.fire", priority(near.due_at), near.due_at, "todo")
-    assert [scheduler.get(s.name) for s in made if isinstance(s, Schedule)] == list(made)
+    assert [scheduler.create(*item) for item in items] == [
+        scheduler.get(name) for name in ("b-near", "b-far", "b-edge")
+    ]  # the same name and token: create answers with the schedule the batch stored
     scheduler.close()
 
 
@@ -155,7 +158,7 @@ def test_two_processes_racing_overlapping_batches_leave_one_schedule_per_name(
     one = ProcrastinateScheduler(postgres_url, clock=clock, reconcile_interval=None)
     two = ProcrastinateScheduler(postgres_url, clock=clock, reconcile_interval=None, upgrade=False)
     errors: list[BaseException] = []
-    results: dict[int, list[Schedule | Conflict]] = {}
+    results: dict[int, list[Conflict | None]] = {}
     barrier = threading.Barrier(2)
 
     def run(k: int, scheduler: ProcrastinateScheduler) -> None:

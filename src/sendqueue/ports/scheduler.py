@@ -115,13 +115,16 @@ class BulkScheduler(Protocol):
     """A scheduler that also writes many schedules in one call (one transaction: the embedded
     and procrastinate layers).
 
-    ``create_many`` returns one result per item, in order: the Schedule, or the Conflict (a name
+    ``create_many`` returns one result per item, in order: None where the schedule now exists
+    as asked (made by the call, or there already with the same token), or the Conflict (a name
     held with another token) that ``create`` would have raised for it; other errors raise for
-    the whole batch. Check the class (``issubclass(type(s), BulkScheduler)``), not the
-    instance, so a wrapper that forwards unknown attributes still sees each ``create`` itself.
+    the whole batch. (No Schedule per item: a bulk write's caller needs only the clashes, and
+    building a hundred thousand objects to drop them was a tenth of a provisioning run.)
+    Check the class (``issubclass(type(s), BulkScheduler)``), not the instance, so a wrapper
+    that forwards unknown attributes still sees each ``create`` itself.
     """
 
-    def create_many(self, items: Sequence[CreateArgs]) -> Sequence[Schedule | Exception]: ...
+    def create_many(self, items: Sequence[CreateArgs]) -> Sequence[Exception | None]: ...
 
 
 @runtime_checkable

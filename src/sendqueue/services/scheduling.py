@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import cast
 from zoneinfo import ZoneInfo
 
@@ -189,7 +190,7 @@ class ScheduleWriter:
         in one transaction: the embedded and procrastinate ones); name clashes are repaired one
         by one, and a failed batch is retried one by one, so each task's failure is reported on
         its own."""
-        zones: dict[str, tuple[str, ZoneInfo]] = {}
+        zones: dict[str, tuple[str, ZoneInfo, str]] = {}
         try:
             results = bulk([self._create_args(task, zones) for task in tasks])
         except SchedulerError as exc:
@@ -206,18 +207,24 @@ class ScheduleWriter:
             else:
                 report.created += 1
 
-    def _create_args(self, task: Task, zones: dict[str, tuple[str, ZoneInfo]]) -> CreateArgs:
-        """``create``'s arguments for ``task``; ``zones`` caches each campaign's zone."""
+    def _create_args(self, task: Task, zones: dict[str, tuple[str, ZoneInfo, str]]) -> CreateArgs:
+        """``create``'s arguments for ``task``; ``zones`` caches each campaign's zone (its name
+        and ZoneInfo) and schedule group."""
         zone = zones.get(task.campaign_id)
         if zone is None:
             name = self._timezone_of(task.campaign_id)
-            zone = zones[task.campaign_id] = (name, ZoneInfo(name))
-        zone_name, tz = zone
-        at_local = task.send_at.astimezone(tz).replace(tzinfo=None)
+            zone = zones[task.campaign_id] = (
+                name,
+                ZoneInfo(name),
+                schedule_group(task.campaign_id),
+            )
+        zone_name, tz, group = zone
+        local = task.send_at.astimezone(tz)
         return (
             expected_schedule_name(task),
-            schedule_group(task.campaign_id),
-            at_local,
+            group,
+            # Naive wall-clock time; combine() is cheaper than replace(tzinfo=None).
+            datetime.combine(local.date(), local.time()),
             zone_name,
             send_payload(task),
             task.token,

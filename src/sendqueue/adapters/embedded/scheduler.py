@@ -56,6 +56,7 @@ import sqlite3
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import cast
 
 from sendqueue.adapters import scheduler_rules as rules
 from sendqueue.adapters.alarm import LoggingAlarm
@@ -66,15 +67,18 @@ from sendqueue.adapters.embedded.store import (
     IN_LIMIT,
     INSERT,
     SCHEMA_VERSION,
+    checked_params,
     conflict,
+    from_us,
     insert_params,
     row_to_letter,
     row_to_schedule,
     sqlite_path,
+    to_us,
 )
 from sendqueue.domain.errors import Conflict, NotFound, SchedulerError
 from sendqueue.domain.models import DeadLetter, new_token
-from sendqueue.ports import Alarm, Clock, Schedule
+from sendqueue.ports import Alarm, Clock, CreateArgs, Schedule
 
 __all__ = ["SCHEMA_VERSION", "EmbeddedScheduler"]
 
@@ -201,79 +205,76 @@ class EmbeddedScheduler(Dispatcher):
         self._wake(schedule.due_at)
         return schedule
 
-    def create_many(
-        self, items: Sequence[tuple[str, str, datetime, str, Mapping[str, str], str, int]]
-    ) -> builtins.list[Schedule | Conflict]:
-        """:meth:`create` for many schedules in one transaction (not part of the port).
+    def create_many(self, items: Sequence[CreateArgs]) -> builtins.list[Conflict | None]:
+        """:meth:`create` for many schedules in one transaction (:class:`~sendqueue.ports.
+        BulkScheduler`).
 
         Each item holds the positional arguments of :meth:`create`. The result has one entry
-        per item, in order: the new schedule, the existing one (same name and token), or a
-        :class:`Conflict` (same name, another token), which is returned, not raised, so one
-        clash does not lose the batch. A repeated name within the batch behaves as two calls.
-        InvalidField and SchedulerError are raised and nothing is written. Provisioning a
-        campaign makes one call per chunk instead of one transaction per schedule.
+        per item, in order: None where the schedule now exists as asked (made here, or there
+        already with the same token), a :class:`Conflict` where the name is held with another
+        token (returned, not raised, so one clash does not lose the batch). A repeated name
+        within the batch behaves as two calls. InvalidField and SchedulerError are raised and
+        nothing is written. Provisioning a campaign makes one call per chunk instead of one
+        transaction per schedule; its rows are built from the checked items, with no Schedule
+        object per item.
         """
-        now = self.clock.now()
-        schedules = rules.build_schedules(items, created_at=now)
-        if not schedules:
+        checked = rules.check_many(items)
+        if not checked:
             return []
+        created_us = to_us(self.clock.now())
+        rows = [checked_params(item, created_us) for item in checked]
         with self._write() as conn:
-            if self._insert_new(conn, schedules):
-                out: builtins.list[Schedule | Conflict] = list(schedules)
-                created = schedules
+            if self._insert_new(conn, rows):
+                out: builtins.list[Conflict | None] = [None] * len(rows)
+                fresh = rows
             else:
-                out, created = self._insert_checked(conn, schedules)
-        if created:
-            self._wake(min(s.due_at for s in created))
+                out, fresh = self._insert_checked(conn, rows)
+        if fresh:
+            self._wake(from_us(min(cast(int, row[6]) for row in fresh)))  # its due_at
         return out
 
     @staticmethod
-    def _insert_new(conn: sqlite3.Connection, schedules: Sequence[Schedule]) -> bool:
-        """Insert ``schedules`` if every name is new (the common case: a fresh provisioning
-        chunk) and say so; otherwise insert nothing and return False. One statement, no
-        lookup: the rows taken are counted, and a skipped one undoes the batch."""
-        if len({s.name for s in schedules}) != len(schedules):
+    def _insert_new(conn: sqlite3.Connection, rows: Sequence[tuple[object, ...]]) -> bool:
+        """Insert ``rows`` (:func:`checked_params`) if every name is new (the common case: a
+        fresh provisioning chunk) and say so; otherwise insert nothing and return False. One
+        statement, no lookup: the rows taken are counted, and a skipped one undoes the batch."""
+        if len({row[0] for row in rows}) != len(rows):
             return False
         conn.execute("SAVEPOINT sq_bulk_schedules")
-        taken = conn.executemany(
-            INSERT + " ON CONFLICT (name) DO NOTHING", [insert_params(s) for s in schedules]
-        ).rowcount
-        if taken != len(schedules):
+        taken = conn.executemany(INSERT + " ON CONFLICT (name) DO NOTHING", rows).rowcount
+        if taken != len(rows):
             conn.execute("ROLLBACK TO SAVEPOINT sq_bulk_schedules")
         conn.execute("RELEASE SAVEPOINT sq_bulk_schedules")
-        return taken == len(schedules)
+        return taken == len(rows)
 
     @staticmethod
     def _insert_checked(
-        conn: sqlite3.Connection, schedules: Sequence[Schedule]
-    ) -> tuple[builtins.list[Schedule | Conflict], builtins.list[Schedule]]:
-        """:meth:`create_many`'s results when some names exist or repeat: looked up first."""
-        out: builtins.list[Schedule | Conflict] = []
-        created: dict[str, Schedule] = {}
-        existing: dict[str, tuple[str, sqlite3.Row]] = {}
-        names = [s.name for s in schedules]
+        conn: sqlite3.Connection, rows: Sequence[tuple[object, ...]]
+    ) -> tuple[builtins.list[Conflict | None], builtins.list[tuple[object, ...]]]:
+        """:meth:`create_many`'s results when some names exist or repeat: looked up first.
+        Inserts the rows whose name is free (the first of a repeated one), and returns them
+        too."""
+        held: dict[object, object] = {}  # name -> client token, stored or inserted here
+        names = [row[0] for row in rows]
         for start in range(0, len(names), IN_LIMIT):
             part = names[start : start + IN_LIMIT]
             marks = ", ".join("?" * len(part))
-            for row in conn.execute(
-                f"SELECT {COLUMNS} FROM schedules WHERE name IN ({marks})", part
-            ):
-                existing[row["name"]] = (row["client_token"], row)
-        fresh: builtins.list[Schedule] = []
-        for schedule in schedules:
-            found = created.get(schedule.name)
-            if found is not None:
-                same = found.client_token == schedule.client_token
-                out.append(found if same else conflict(schedule.name))
-            elif schedule.name in existing:
-                token, row = existing[schedule.name]
-                same = token == schedule.client_token
-                out.append(row_to_schedule(row) if same else conflict(schedule.name))
+            held.update(
+                conn.execute(
+                    f"SELECT name, client_token FROM schedules WHERE name IN ({marks})", part
+                ).fetchall()
+            )
+        out: builtins.list[Conflict | None] = []
+        fresh: builtins.list[tuple[object, ...]] = []
+        for row in rows:
+            name, token = row[0], row[5]
+            if name not in held:
+                held[name] = token
+                fresh.append(row)
+                out.append(None)
             else:
-                created[schedule.name] = schedule
-                fresh.append(schedule)
-                out.append(schedule)
-        conn.executemany(INSERT, [insert_params(s) for s in fresh])
+                out.append(None if held[name] == token else conflict(str(name)))
+        conn.executemany(INSERT, fresh)
         return out, fresh
 
     def _insert(self, conn: sqlite3.Connection, schedule: Schedule) -> None:

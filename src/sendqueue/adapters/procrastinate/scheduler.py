@@ -147,10 +147,11 @@ class ProcrastinateScheduler:
             self._jobs.place(conn, schedule, self.clock.now())
         return schedule
 
-    def create_many(self, items: Sequence[CreateArgs]) -> builtins.list[Schedule | Conflict]:
+    def create_many(self, items: Sequence[CreateArgs]) -> builtins.list[Conflict | None]:
         """:meth:`create` for many schedules in one transaction (:class:`~sendqueue.ports.
-        BulkScheduler`): one result per item, in order, as ``create`` would have answered it
-        (the new schedule, the existing one for the same token, or the Conflict, returned).
+        BulkScheduler`): one result per item, in order: None where the schedule now exists as
+        asked (made here, or there already with the same token), the Conflict (returned) where
+        the name is held with another token.
 
         A repeated name within the batch behaves as two calls. InvalidField and SchedulerError
         raise, and nothing is written; a clash that procrastinate finds only for the batch as a
@@ -163,7 +164,7 @@ class ProcrastinateScheduler:
         if not schedules:
             return []
         names = [s.name for s in schedules]
-        out: builtins.list[Schedule | Conflict] = []
+        out: builtins.list[Conflict | None] = []
         with self._jobs.tx("create schedules") as conn:
             self._jobs.lock_names(conn, names)
             found = self._jobs.existing_many(conn, names)
@@ -173,9 +174,9 @@ class ProcrastinateScheduler:
                 if held is None:
                     found[schedule.name] = schedule
                     fresh.append(schedule)
-                    out.append(schedule)
+                    out.append(None)
                 elif held.client_token == schedule.client_token:
-                    out.append(held)
+                    out.append(None)
                 else:
                     out.append(
                         Conflict(f"schedule {schedule.name!r} exists with another client token")
