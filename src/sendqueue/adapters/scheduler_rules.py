@@ -10,10 +10,13 @@ limits of every adapter: a schedule that the embedded layer accepts must also be
 - ``payload``: a mapping of strings to strings.
 
 Wall-clock to UTC (:func:`due_at`): a time the clocks show twice (the repeated hour when DST
-ends) means its first occurrence (``fold=0``). A time the clocks skip (the hour lost when DST
-starts) means the end of the gap, the first instant that exists after it: 02:30 on the night
-Europe/Berlin jumps from 02:00 to 03:00 is due at 03:00 local. Moving forward, never back,
-means a send never happens earlier than the time it was asked for.
+ends) means its first occurrence, unless ``at_local`` carries ``fold=1``, Python's mark of the
+second one, which ``astimezone`` sets for an instant of the repeated hour's second pass: the
+schedule writer's wall times keep it, so a send planned then is not moved an hour early.
+(EventBridge's ``at()`` expression cannot carry the mark.) A time the clocks skip (the hour
+lost when DST starts) means the end of the gap, the first instant that exists after it: 02:30
+on the night Europe/Berlin jumps from 02:00 to 03:00 is due at 03:00 local. Moving forward,
+never back, means a send never happens earlier than the time it was asked for.
 """
 
 from __future__ import annotations
@@ -117,9 +120,9 @@ def check_limit(value: object) -> int:
 def due_at(at_local: datetime, timezone: str) -> datetime:
     """The aware UTC instant of wall-clock ``at_local`` in ``timezone``.
 
-    Repeated wall times resolve to their first occurrence; skipped ones to the end of the gap
-    (see the module docstring). Raises InvalidField for an aware ``at_local`` or an unknown
-    ``timezone``.
+    Repeated wall times resolve to their first occurrence (the second with ``fold=1``);
+    skipped ones to the end of the gap (see the module docstring). Raises InvalidField for an
+    aware ``at_local`` or an unknown ``timezone``.
     """
     check_at_local(at_local)
     zone = load_timezone(timezone, "timezone")
