@@ -87,6 +87,8 @@ def _transition_near(zone: str) -> st.SearchStrategy[datetime]:
 
 @settings(max_examples=400)
 @example(("Europe/Berlin", datetime(2027, 3, 28, 2, 30)))  # in the gap
+@example(("Europe/Berlin", datetime(2027, 3, 28, 2, 30, fold=1)))  # in the gap, marked fold=1
+@example(("Europe/Dublin", datetime(2016, 3, 27, 1, 0, fold=1)))  # the gap's first instant
 @example(("Europe/Berlin", datetime(2027, 10, 31, 2, 30)))  # shown twice
 @example(("Europe/Berlin", datetime(2027, 10, 31, 2, 30, fold=1)))  # its second showing
 @example(("Australia/Lord_Howe", datetime(2027, 10, 3, 2, 10)))  # a half-hour gap

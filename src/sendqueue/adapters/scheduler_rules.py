@@ -14,9 +14,10 @@ ends) means its first occurrence, unless ``at_local`` carries ``fold=1``, Python
 second one, which ``astimezone`` sets for an instant of the repeated hour's second pass: the
 schedule writer's wall times keep it, so a send planned then is not moved an hour early.
 (EventBridge's ``at()`` expression cannot carry the mark.) A time the clocks skip (the hour
-lost when DST starts) means the end of the gap, the first instant that exists after it: 02:30
-on the night Europe/Berlin jumps from 02:00 to 03:00 is due at 03:00 local. Moving forward,
-never back, means a send never happens earlier than the time it was asked for.
+lost when DST starts), whatever its fold, means the end of the gap, the first instant that
+exists after it: 02:30 on the night Europe/Berlin jumps from 02:00 to 03:00 is due at 03:00
+local. Moving forward, never back, means a send never happens earlier than the time it was
+asked for.
 """
 
 from __future__ import annotations
@@ -126,19 +127,21 @@ def due_at(at_local: datetime, timezone: str) -> datetime:
     """
     check_at_local(at_local)
     zone = load_timezone(timezone, "timezone")
-    offset = zone.utcoffset(at_local)
-    # (The constructor and combine(), not replace(): datetime.replace costs 0.7 us a call,
-    # half of this path, and provisioning converts a hundred thousand of these.)
-    second = datetime(
+    # Both readings of the wall time, fold=0 and fold=1, whatever fold at_local carries. (The
+    # constructor and combine(), not replace(): datetime.replace costs 0.7 us a call, half of
+    # this path, and provisioning converts a hundred thousand of these.)
+    fields = (
         at_local.year, at_local.month, at_local.day,
-        at_local.hour, at_local.minute, at_local.second, at_local.microsecond, fold=1,
+        at_local.hour, at_local.minute, at_local.second, at_local.microsecond,
     )  # fmt: skip
-    if offset is not None and zone.utcoffset(second) == offset:
+    offset = zone.utcoffset(datetime(*fields) if at_local.fold else at_local)
+    if offset is not None and zone.utcoffset(datetime(*fields, fold=1)) == offset:
         # Both readings agree: no transition near this wall time, so it exists exactly once.
         # (The common case, and a third of the cost of the round trip below.)
         return datetime.combine(at_local.date(), at_local.time(), UTC) - offset
-    first = at_local.replace(tzinfo=zone, fold=0)
-    instant = first.astimezone(UTC)
+    # Near a transition: the reading of at_local's own fold (a repeated time's first showing,
+    # or its second with fold=1), if the clocks show that wall time at all.
+    instant = at_local.replace(tzinfo=zone).astimezone(UTC)
     if instant.astimezone(zone).replace(tzinfo=None) == at_local:
         return instant
     return _gap_end(at_local, zone)

@@ -123,14 +123,14 @@ IN_LIMIT = 900
 payload_json = json.JSONEncoder(sort_keys=True).encode
 
 
+_quote = encode_basestring_ascii
+
+
 def payload_text(payload: Mapping[str, str]) -> str:
     """:data:`payload_json` of a checked payload (strings to strings), in a third less time:
     its string encoder called directly, without building an encoder per call (a property test
     holds the two equal)."""
     return "{" + ", ".join([_quote(k) + ": " + _quote(payload[k]) for k in sorted(payload)]) + "}"
-
-
-_quote = encode_basestring_ascii
 
 
 def checked_params(item: Checked, created_us: int) -> tuple[object, ...]:
@@ -139,7 +139,7 @@ def checked_params(item: Checked, created_us: int) -> tuple[object, ...]:
     name, group, at_local, timezone, payload, token, retries, due = item
     return (
         name, group, at_local.isoformat(), timezone, payload_text(payload), token,
-        (due - _EPOCH) // _MICRO, retries, 0, created_us,
+        to_us(due), retries, 0, created_us,
     )  # fmt: skip
 
 
