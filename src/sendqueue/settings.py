@@ -40,6 +40,9 @@ __all__ = [
 ]
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", ""}
+# An authserv-id as servers write it: a host name (RFC 8601 allows any value; every real one is
+# a dot-atom without spaces or ";").
+_AUTHSERV_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})")
 _SCHEDULE_GROUP = re.compile(r"[0-9a-zA-Z_.\-]{1,64}")
 _LAMBDA_ARN = re.compile(
     r"arn:aws[a-zA-Z-]*:lambda:[a-z]{2}(-[a-z]+)+-\d+:\d{12}:function:[a-zA-Z0-9_\-]{1,64}"
@@ -245,6 +248,12 @@ class Settings(LinkSettings):
         description="the feedback mailbox (bounces, complaints, replies): "
         "imap://user:pass@host:143/INBOX?security=starttls|tls|none or imaps://",
     )
+    trusted_authserv: str = Field(
+        "",
+        description="comma-separated authserv-ids (e.g. mx.google.com) whose "
+        "Authentication-Results header proves a reply's From when it passes DMARC, aligned "
+        "DKIM or SPF; your mail server must remove such headers that arrive with its id",
+    )
     suppress_replies: bool = Field(
         False,
         description="also put an address that replied on the suppression list (reason "
@@ -384,6 +393,22 @@ class Settings(LinkSettings):
             )
         return value
 
+    @field_validator("trusted_authserv")
+    @classmethod
+    def _authserv_ids(cls, value: str) -> str:
+        for name in (part.strip() for part in value.split(",")):
+            if name and not _AUTHSERV_ID.fullmatch(name):
+                raise ValueError(
+                    f"SENDQUEUE_TRUSTED_AUTHSERV: {name!r} is no authserv-id (a host name such "
+                    "as mx.google.com, as your server writes it first in Authentication-Results)"
+                )
+        return value
+
+    @property
+    def trusted_authserv_ids(self) -> frozenset[str]:
+        """The authserv-ids of SENDQUEUE_TRUSTED_AUTHSERV, lower-cased."""
+        return frozenset(p.strip().lower() for p in self.trusted_authserv.split(",") if p.strip())
+
     @field_validator("alarm_webhook")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
@@ -453,6 +478,18 @@ class Settings(LinkSettings):
                     "SENDQUEUE_BOUNCE_ADDRESS needs SENDQUEUE_SECRET_KEY, which signs the VERP "
                     "address of every email"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _feedback_needs_the_key(self) -> Settings:
+        """Feedback is proven by signed Message-IDs and VERP addresses: without the key, no
+        bounce, complaint or reply read from the mailbox could be believed."""
+        if self.feedback_imap is not None and self.secret_key is None:
+            raise ValueError(
+                "SENDQUEUE_FEEDBACK_IMAP needs SENDQUEUE_SECRET_KEY, which signs the "
+                "Message-ID of every email: a bounce or a reply counts only when it proves the "
+                "email it is about"
+            )
         return self
 
     @model_validator(mode="after")

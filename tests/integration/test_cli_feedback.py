@@ -14,6 +14,8 @@ from tests.support.mailservers import Dovecot, free_port
 
 __all__ = ["cli"]
 
+KEY = "cli-feedback-test-key-0123456789abcdef"
+
 
 def test_without_a_mailbox_it_says_what_to_set(cli: CliRunner) -> None:
     code, _, err = run(cli, "feedback", "poll")
@@ -27,6 +29,7 @@ def test_an_unreachable_mailbox_exits_3_naming_it_without_the_password(
     port = free_port()
     url = f"imap://bounces:Very-Secret-1@127.0.0.1:{port}/INBOX?security=none&timeout=2"
     monkeypatch.setenv("SENDQUEUE_FEEDBACK_IMAP", url)
+    monkeypatch.setenv("SENDQUEUE_SECRET_KEY", KEY)
     code, out, err = run(cli, "feedback", "poll", "--json")
     assert code == 3
     assert f"imap://bounces@127.0.0.1:{port}/INBOX: connecting failed" in err
@@ -38,6 +41,7 @@ def test_an_empty_mailbox_prints_zero_counts(
     cli: CliRunner, monkeypatch: pytest.MonkeyPatch, dovecot: Dovecot
 ) -> None:
     monkeypatch.setenv("SENDQUEUE_FEEDBACK_IMAP", dovecot.url)
+    monkeypatch.setenv("SENDQUEUE_SECRET_KEY", KEY)
     code, out, _ = run(cli, "feedback", "poll")
     assert code == 0
     assert out.splitlines()[:3] == ["messages: 0", "bounces: 0", "soft bounces: 0"]
@@ -47,5 +51,6 @@ def test_an_empty_mailbox_prints_zero_counts(
     assert code == 0
     data = json.loads(out)
     assert (data["messages"], data["ignored"], data["replies"], data["errors"]) == (1, 1, 0, [])
+    assert data["unverified"] == 1  # a From header alone proves nothing: noted, not applied
     code, out, _ = run(cli, "feedback", "poll", "--json")
     assert json.loads(out)["messages"] == 0

@@ -283,7 +283,12 @@ def test_two_pollers_on_one_mailbox_read_each_message_once(
     stores = [open_store(url), open_store(url)]
     apps = [
         bootstrap(
-            Settings(_env_file=None, feedback_imap=dovecot.url, mailer="maildir:" + str(tmp_path)),
+            Settings(
+                _env_file=None,
+                feedback_imap=dovecot.url,
+                secret_key=SECRET,
+                mailer="maildir:" + str(tmp_path),
+            ),
             store=store,
         )
         for store in stores

@@ -4,6 +4,7 @@ and the wiring (settings -> sources, the real parser by default)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -39,6 +40,7 @@ def _parse(
     key: str | None = None,
     bounce_address: str | None = None,
     secret: str | None = None,
+    trusted_authserv: Collection[str] = (),
 ) -> list[Feedback]:
     """A parser for the tests' one-line messages: ``b"hard <task id>"``; ``b"boom"`` raises."""
     if raw == b"boom":
@@ -108,6 +110,7 @@ def test_a_pass_applies_each_kind_and_counts_what_it_read() -> None:
         "unsubscribes": 0,
         "not_feedback": 2,
         "ignored": 1,
+        "unverified": 0,
         "busy": [],
         "errors": [],
     }
@@ -209,7 +212,7 @@ def test_the_settings_build_the_imap_source_and_the_real_parser() -> None:
     assert not app.feedback_poller.configured
     url = "imaps://bounces:pa%3Ass@mail.example.com/Bounces"
     app = bootstrap(
-        Settings(_env_file=None, feedback_imap=url),
+        Settings(_env_file=None, feedback_imap=url, secret_key="k" * 8 + "0123456789abcdef" * 2),
         store=InMemoryTaskStore(),
         mailer=RecordingMailer(),
     )

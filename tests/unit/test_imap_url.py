@@ -102,8 +102,13 @@ def test_the_name_and_repr_never_hold_the_password() -> None:
 def test_settings_refuse_a_password_in_clear_to_another_host_and_need_the_key() -> None:
     with pytest.raises(ValidationError, match="refusing to send a password unencrypted"):
         Settings(_env_file=None, feedback_imap="imap://u:p@mail.example.com/INBOX?security=none")
-    local = Settings(_env_file=None, feedback_imap="imap://u:p@127.0.0.1/INBOX?security=none")
+    local = Settings(
+        _env_file=None, feedback_imap="imap://u:p@127.0.0.1/INBOX?security=none", secret_key=KEY
+    )
     assert local.feedback_imap is not None
+    # without the key no feedback could prove the email it is about
+    with pytest.raises(ValidationError, match="SENDQUEUE_FEEDBACK_IMAP needs SENDQUEUE_SECRET"):
+        Settings(_env_file=None, feedback_imap="imap://u:p@127.0.0.1/INBOX?security=none")
     assert "u:p@" not in repr(local)
     with pytest.raises(ValidationError, match="SENDQUEUE_BOUNCE_ADDRESS needs SENDQUEUE_SECRET"):
         Settings(_env_file=None, bounce_address="bounces@example.com")

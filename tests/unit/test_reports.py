@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sendqueue.domain.errors import InvalidField
-from sendqueue.domain.feedback import Feedback, FeedbackKind
+from sendqueue.domain.feedback import Feedback, FeedbackKind, Proof
 from sendqueue.domain.reports import MAX_ITEMS, parse_feedback
 from sendqueue.domain.tokens import TokenPurpose, sign_task, verp_address
 
@@ -40,31 +40,44 @@ def fixture(name: str) -> bytes:
     return (DATA / name).read_bytes()
 
 
-def parse(raw: bytes, *, verp: bool = True, key: str | None = "inbox:7:42") -> list[Feedback]:
-    if verp:
-        return parse_feedback(
-            raw, received_at=RECEIVED, key=key, bounce_address=BOUNCES, secret=SECRET
-        )
-    return parse_feedback(raw, received_at=RECEIVED, key=key)
+def parse(
+    raw: bytes, *, verp: bool = True, keyed: bool = True, key: str | None = "inbox:7:42"
+) -> list[Feedback]:
+    """Parse as sendqueue does: with the bounce address and the key (``verp``), with the key
+    but no bounce address, or (``keyed=False``) with neither."""
+    if not keyed:
+        return parse_feedback(raw, received_at=RECEIVED, key=key)
+    bounces = BOUNCES if verp else None
+    return parse_feedback(raw, received_at=RECEIVED, key=key, bounce_address=bounces, secret=SECRET)
 
 
 def summary(items: list[Feedback]) -> list[tuple[FeedbackKind, str | None, str | None]]:
     return [(i.kind, i.task_id, i.recipient) for i in items]
 
 
+def mid(task_id: str) -> str:
+    """The left part of the Message-ID sendqueue gives ``task_id``'s email (signed)."""
+    return sign_task(task_id, SECRET, TokenPurpose.MESSAGE_ID)
+
+
+_SIGNED_ID = re.compile(rb"(c0a1b2c3d4e5f-[0-9]+)\.[0-9a-f]{32}@")
+
+
+def unsigned(raw: bytes) -> bytes:
+    """``raw`` with every signed Message-ID of the fixtures' campaign written unsigned, as an
+    outsider who guessed the ids would write them."""
+    return _SIGNED_ID.sub(rb"\1@", raw)
+
+
 # --- the fixture messages -----------------------------------------------------------------
 
-EXPECTED = {
+EXPECTED: dict[str, list[tuple[FeedbackKind, str | None, str | None]]] = {
     # RFC 3464 reports
     "postfix-hard-bounce.eml": [(H, T + "1", "nobody@example.org")],
     "postfix-delayed.eml": [(S, T + "2", "slow@example.com")],
     "exchange-ndr.eml": [(H, T + "4", "m.mustermann@contoso.example")],
     "gmail-bounce.eml": [(H, T + "5", "no.such.user.4711@gmail.com")],
-    "sendmail-multi-recipient.eml": [
-        (H, None, "alice@example.edu"),
-        (H, None, "carol@example.edu"),
-        (S, None, "dave@example.edu"),  # Action failed, Status 4.2.2
-    ],
+    "sendmail-multi-recipient.eml": [],  # its returned headers name no email of ours
     "dsn-delivered.eml": [],
     # plain-text bounces
     "exim-hard-bounce.eml": [(H, T + "3", "gone@example.de")],
@@ -88,17 +101,24 @@ EXPECTED = {
 }
 
 
-#: Reports that name no VERP address. With VERP set up they are not believed (anyone may mail
-#: the public bounce address a report naming a guessable task id); without it they are read.
-UNSIGNED = frozenset(
-    {
-        "sendmail-multi-recipient.eml",
-        "exim-delayed.eml",
-        "qmail-bounce.eml",
-        "aol-arf.eml",
-        "hotmail-jmrp.eml",
-    }
-)
+#: How each fixture proves its task (its returned message's or its reply's signed Message-ID,
+#: the fixtures' Message-IDs being signed with SECRET, or its VERP address).
+PROOF = {
+    "postfix-hard-bounce.eml": Proof.VERP,
+    "postfix-delayed.eml": Proof.VERP,
+    "exchange-ndr.eml": Proof.VERP,
+    "gmail-bounce.eml": Proof.VERP,
+    "exim-hard-bounce.eml": Proof.VERP,
+    "exim-delayed.eml": Proof.SIGNED,
+    "qmail-bounce.eml": Proof.SIGNED,
+    "yahoo-arf.eml": Proof.VERP,
+    "aol-arf.eml": Proof.SIGNED,
+    "hotmail-jmrp.eml": Proof.SIGNED,
+    "reply-thunderbird.eml": Proof.SIGNED,
+    "reply-outlook.eml": Proof.SIGNED,
+    "reply-no-headers.eml": Proof.NONE,  # a From header alone proves nothing
+    "unsubscribe-mailto.eml": Proof.SIGNED,
+}
 
 
 def test_every_fixture_has_an_expectation() -> None:
@@ -107,16 +127,25 @@ def test_every_fixture_has_an_expectation() -> None:
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_each_fixture_gives_its_feedback(name: str) -> None:
-    expected = [] if name in UNSIGNED else EXPECTED[name]
-    assert summary(parse(fixture(name))) == expected
+    items = parse(fixture(name))
+    assert summary(items) == EXPECTED[name]
+    assert {i.proof for i in items} <= {PROOF.get(name)}
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_without_verp_settings_the_returned_message_still_names_the_task(name: str) -> None:
-    expected = EXPECTED[name]
-    if name == "unsubscribe-mailto.eml":
-        expected = []  # the token cannot be checked without the secret: nothing happens
-    assert summary(parse(fixture(name), verp=False)) == expected
+def test_without_verp_the_signed_message_id_names_the_task(name: str) -> None:
+    items = parse(fixture(name), verp=False)
+    assert summary(items) == EXPECTED[name]
+    assert {i.proof for i in items} <= {Proof.SIGNED, Proof.NONE}
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_without_the_key_no_report_and_no_reply_proves_anything(name: str) -> None:
+    # Task ids and unsigned Message-IDs are guessable: nothing can be checked without the key.
+    items = parse(fixture(name), keyed=False)
+    assert all(i.kind is R and i.task_id is None and i.proof is Proof.NONE for i in items)
+    replies = [(R, None, r) for k, _, r in EXPECTED[name] if k is R]
+    assert summary(items) == replies
 
 
 def test_a_postfix_dsn_carries_status_diagnostic_arrival_date_and_key() -> None:
@@ -142,8 +171,21 @@ def test_an_exchange_ndr_keeps_its_three_digit_status_detail() -> None:
     assert item.detail.startswith("5.1.10 smtp;550 5.1.10 RESOLVER.ADR.RecipientNotFound")
 
 
+def _ours(raw: bytes, task: str = T + "1") -> bytes:
+    """``raw`` with its returned headers' Message-ID made one sendqueue signed for ``task``."""
+    signed = f"<{sign_task(task, SECRET, TokenPurpose.MESSAGE_ID)}@shop.example.com>"
+    return raw.replace(b"<someone-else-made-this@mail.example.net>", signed.encode())
+
+
 def test_a_multi_recipient_report_numbers_the_keys_and_dates_each_block() -> None:
-    items = parse(fixture("sendmail-multi-recipient.eml"), verp=False)
+    items = parse(_ours(fixture("sendmail-multi-recipient.eml")), verp=False)
+    # the report proves its email; the service applies only the block of that email's address
+    assert {(i.task_id, i.proof) for i in items} == {(T + "1", Proof.SIGNED)}
+    assert [i.recipient for i in items] == [
+        "alice@example.edu",
+        "carol@example.edu",
+        "dave@example.edu",
+    ]
     assert [i.key for i in items] == ["inbox:7:42#1", "inbox:7:42#2", "inbox:7:42#3"]
     assert [i.detail for i in items] == [
         "5.2.2 SMTP; 550 5.2.2 Mailbox full",
@@ -157,7 +199,7 @@ def test_a_multi_recipient_report_numbers_the_keys_and_dates_each_block() -> Non
         "2026-12-01T14:10:10+00:00",
     ]
     assert [
-        i.key for i in parse(fixture("sendmail-multi-recipient.eml"), key=None, verp=False)
+        i.key for i in parse(_ours(fixture("sendmail-multi-recipient.eml")), key=None, verp=False)
     ] == [None] * 3
 
 
@@ -207,16 +249,26 @@ _CUT = _POSTFIX[
 
 def test_a_verp_address_names_the_task_when_the_returned_headers_are_cut() -> None:
     assert summary(parse(_CUT)) == [(H, T + "1", "nobody@example.org")]
-    assert summary(parse(_CUT, verp=False)) == [(H, None, "nobody@example.org")]
+    assert summary(parse(_CUT, verp=False)) == []  # without VERP, nothing left proves the email
 
 
 def test_the_verp_address_wins_over_the_returned_headers() -> None:
     other = _POSTFIX.replace(
         b"X-Sendqueue-Task: c0a1b2c3d4e5f-1", b"X-Sendqueue-Task: c0a1b2c3d4e5f-99"
     )
-    other = other.replace(b"<c0a1b2c3d4e5f-1@shop", b"<c0a1b2c3d4e5f-99@shop")
+    other = other.replace(mid(T + "1").encode(), mid(T + "99").encode())
+    other = re.sub(rb"List-Unsubscribe: [^\n]*\n", b"", other)
     assert summary(parse(other)) == [(H, T + "1", "nobody@example.org")]
     assert summary(parse(other, verp=False)) == [(H, T + "99", "nobody@example.org")]
+
+
+def test_an_unsigned_or_altered_message_id_in_the_returned_headers_proves_nothing() -> None:
+    no_link = re.sub(rb"List-Unsubscribe: [^\n]*\n", b"", _POSTFIX)
+    signed = mid(T + "1").encode()
+    altered = no_link.replace(signed, signed[:-1] + (b"0" if signed[-1:] != b"0" else b"1"))
+    for raw in (unsigned(no_link), altered):
+        assert parse(raw, verp=False) == []
+    assert summary(parse(no_link, verp=False)) == [(H, T + "1", "nobody@example.org")]
 
 
 def test_a_forged_or_foreign_verp_address_names_no_task() -> None:
@@ -322,20 +374,20 @@ def test_what_is_no_auto_reply_marker_keeps_the_reply(line: str) -> None:
 
 
 def test_the_newest_of_our_references_names_the_task() -> None:
-    raw = _REPLY.replace(b"In-Reply-To: <c0a1b2c3d4e5f-2@shop.example.com>\n", b"")
+    raw = _REPLY.replace(f"In-Reply-To: <{mid(T + '2')}@shop.example.com>\n".encode(), b"")
     raw = raw.replace(
-        b"References: <c0a1b2c3d4e5f-2@shop.example.com>",
-        b"References: <c0a1b2c3d4e5f-1@shop.example.com>\n"
-        b" <c0a1b2c3d4e5f-3@shop.example.com>\n <x@y>",
+        f"References: <{mid(T + '2')}@shop.example.com>".encode(),
+        f"References: <{mid(T + '1')}@shop.example.com>\n"
+        f" <{mid(T + '3')}@shop.example.com>\n <c0a1b2c3d4e5f-4@shop.example.com> <x@y>".encode(),
     )
-    assert summary(parse(raw)) == [(R, T + "3", "anna@example.org")]
+    assert summary(parse(raw)) == [(R, T + "3", "anna@example.org")]  # the newest signed one
 
 
 def test_in_reply_to_without_brackets_still_names_the_task() -> None:
     raw = _REPLY.replace(
-        b"In-Reply-To: <c0a1b2c3d4e5f-2@shop.example.com>",
-        b"In-Reply-To: c0a1b2c3d4e5f-2@shop.example.com",
-    ).replace(b"References: <c0a1b2c3d4e5f-2@shop.example.com>\n", b"")
+        f"In-Reply-To: <{mid(T + '2')}@shop.example.com>".encode(),
+        f"In-Reply-To: {mid(T + '2')}@shop.example.com".encode(),
+    ).replace(f"References: <{mid(T + '2')}@shop.example.com>\n".encode(), b"")
     assert summary(parse(raw)) == [(R, T + "2", "anna@example.org")]
 
 
@@ -560,7 +612,7 @@ def dsns(draw: st.DrawFn) -> tuple[bytes, _Expected, _Expected]:
     if names == "header":
         head.append(f"X-Sendqueue-Task: {task_id}")
     head.append(
-        f"Message-ID: <{task_id}@shop.example.com>"
+        f"Message-ID: <{mid(task_id)}@shop.example.com>"
         if names == "message-id"
         else "Message-ID: <x.1@other.example>"
     )
@@ -579,15 +631,13 @@ def dsns(draw: st.DrawFn) -> tuple[bytes, _Expected, _Expected]:
         + "".join(f"--BND\n{p}\n" for p in parts)
         + "--BND--\n"
     )
-    identified = returned != "none" and names != "neither"
-    # With VERP set up only a genuine VERP address names the task, and a report without one is
-    # not believed; without VERP the returned message names it.
-    strict: _Expected = (
-        [(k, task_id, r, d) for _, k, r, d in blocks if k is not None] if verp else []
-    )
-    open_task = task_id if identified else None
-    unchecked = [(k, open_task, r, d) for _, k, r, d in blocks if k is not None]
-    return raw.encode(), strict, unchecked
+    # Only a genuine VERP address or the returned email's signed Message-ID proves the email
+    # (an X-Sendqueue-Task header is guessable); a report that proves none is not believed.
+    signed = returned != "none" and names == "message-id"
+    items: _Expected = [(k, task_id, r, d) for _, k, r, d in blocks if k is not None]
+    with_verp = items if verp or signed else []
+    without_verp = items if signed else []
+    return raw.encode(), with_verp, without_verp
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -634,7 +684,7 @@ def replies(draw: st.DrawFn, *, markers: bool) -> tuple[bytes, str | None, str]:
         "Date": "Wed, 2 Dec 2026 10:00:00 +0100",
     }
     if task_id is not None:
-        headers["In-Reply-To"] = f"<{task_id}@shop.example.com>"
+        headers["In-Reply-To"] = f"<{mid(task_id)}@shop.example.com>"
     lines = []
     for template in draw(st.lists(_MARKERS, min_size=1, max_size=3)) if markers else []:
         line = template.format(
@@ -707,7 +757,10 @@ def test_a_report_on_thousands_of_recipients_gives_at_most_max_items() -> None:
     block = b"Final-Recipient: rfc822; a@b.example\nAction: failed\nStatus: 5.1.1\n\n"
     raw = (
         b"From: x@y.example\nContent-Type: multipart/report; report-type=delivery-status;"
-        b" boundary=b\n\n--b\nContent-Type: message/delivery-status\n\n" + block * 5000
+        b" boundary=b\n\n--b\nContent-Type: text/rfc822-headers\n\n"
+        + f"Message-ID: <{mid(T + '1')}@shop.example.com>\n".encode()
+        + b"\n--b\nContent-Type: message/delivery-status\n\n"
+        + block * 5000
     )
     items = parse(raw, verp=False)
     assert len(items) == MAX_ITEMS
@@ -742,7 +795,10 @@ def test_a_delivery_status_part_sent_encoded_is_decoded(encoding: str) -> None:
     raw = (
         b"From: x@y.example\nContent-Type: multipart/report; report-type=delivery-status;"
         b" boundary=b\n\n--b\nContent-Type: message/delivery-status\n"
-        b"Content-Transfer-Encoding: " + encoding.encode() + b"\n\n" + body + b"\n--b--\n"
+        b"Content-Transfer-Encoding: " + encoding.encode() + b"\n\n" + body + b"\n--b\n"
+        b"Content-Type: text/rfc822-headers\n\n"
+        + f"Message-ID: <{mid(T + '1')}@shop.example.com>\n".encode()
+        + b"\n--b--\n"
     )
     assert [(i.kind, i.recipient, i.detail) for i in parse(raw, verp=False)] == [
         (H, "a@b.example", "5.1.1 smtp; 550 5.1.1 café user=unknown")
@@ -774,15 +830,16 @@ def test_a_complaint_whose_returned_email_carries_its_signed_unsubscribe_link_is
     # RFC 5965 makes Original-Mail-From optional and the Return-Path is written at final
     # delivery, so a genuine complaint (AOL, Hotmail JMRP) may name no VERP address; the
     # returned email's own List-Unsubscribe token is signed with the same key and proves it.
+    # (The fixtures' Message-IDs are written unsigned here, so the link is the only proof.)
     for name, task, marker in (
         ("aol-arf.eml", T + "13", b"X-Sendqueue-Task: c0a1b2c3d4e5f-13\n"),
         ("hotmail-jmrp.eml", T + "14", b"Message-ID: <c0a1b2c3d4e5f-14@shop.example.com>\n"),
     ):
         genuine = sign_task(task, SECRET, TokenPurpose.UNSUBSCRIBE)
-        raw = _with_list_unsubscribe(fixture(name), marker, genuine)
+        raw = _with_list_unsubscribe(unsigned(fixture(name)), marker, genuine)
         assert summary(parse(raw)) == EXPECTED[name]
         forged = genuine[:-1] + ("0" if genuine[-1] != "0" else "1")
-        assert parse(_with_list_unsubscribe(fixture(name), marker, forged)) == []
+        assert parse(_with_list_unsubscribe(unsigned(fixture(name)), marker, forged)) == []
 
 
 def test_a_report_is_believed_by_the_signed_token_of_the_mailto_link_too() -> None:
@@ -790,5 +847,6 @@ def test_a_report_is_believed_by_the_signed_token_of_the_mailto_link_too() -> No
     marker = b"X-Sendqueue-Task: c0a1b2c3d4e5f-13\n"
     mailto = f"mailto:unsubscribe@shop.example.com?subject=unsubscribe%20{token}"
     line = f"List-Unsubscribe: <{mailto}>\n"
-    raw = fixture("aol-arf.eml").replace(marker, line.encode() + marker)
+    raw = unsigned(fixture("aol-arf.eml")).replace(marker, line.encode() + marker)
     assert summary(parse(raw)) == EXPECTED["aol-arf.eml"]
+    assert parse(unsigned(fixture("aol-arf.eml"))) == []  # without the link: nothing proven

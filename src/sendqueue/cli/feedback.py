@@ -22,7 +22,9 @@ _COUNTS = (
     "unsubscribes",
     "not_feedback",
     "ignored",
+    "unverified",
 )
+_LABELS = {"unverified": "unverified replies (noted, nothing changed)"}
 
 
 @feedback_app.command("poll")
@@ -38,7 +40,8 @@ def feedback_poll(as_json: JsonOpt = False) -> None:
         print_json(report.as_dict())
     else:
         for key in _COUNTS:
-            out.print(f"{key.replace('_', ' ')}: {getattr(report, key)}")
+            label = _LABELS.get(key, key.replace("_", " "))
+            out.print(f"{label}: {getattr(report, key)}")
         for name in report.busy:
             out.print(f"{name}: another poller is reading it; skipped", markup=False)
     for error in report.errors:

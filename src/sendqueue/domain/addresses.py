@@ -20,6 +20,7 @@ import idna
 from email_validator import EmailNotValidError, validate_email
 
 from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.tokens import TokenPurpose, sign_task, task_id_shape
 
 __all__ = [
     "FALLBACK_DOMAIN",
@@ -141,18 +142,24 @@ def normalize_sender(value: str, field: str) -> str:
     return normalized
 
 
-def message_id_for(task_id: str, domain: str) -> str:
-    """The Message-ID of the email a task sends: ``<task_id@domain>``.
+def message_id_for(task_id: str, domain: str, secret: str | None = None) -> str:
+    """The Message-ID of the email a task sends: ``<task_id.mac@domain>`` with ``secret``
+    (:data:`~sendqueue.domain.tokens.TokenPurpose.MESSAGE_ID`), else ``<task_id@domain>``.
 
     Derived from the task id alone, so a second delivery of the same task (at-least-once
-    execution) carries the same Message-ID and a receiver or an operator can recognise it.
-    ``domain`` is the sender's domain; a whole address (``Name <a@example.com>``) is accepted
-    too and its domain used. An empty or unusable domain falls back to
-    :data:`FALLBACK_DOMAIN`. Raises InvalidField when ``task_id`` cannot be a Message-ID's left
-    part (empty, whitespace, brackets, ``@``, non-ASCII).
+    execution) carries the same Message-ID and a receiver or an operator can recognise it. The
+    MAC makes it unguessable: a reply or a bounce that cites it proves it answers that email
+    (:func:`sendqueue.domain.feedback.signed_task_of_message_id`). ``domain`` is the sender's
+    domain; a whole address (``Name <a@example.com>``) is accepted too and its domain used. An
+    empty or unusable domain falls back to :data:`FALLBACK_DOMAIN`. Raises InvalidField when
+    ``task_id`` cannot be a Message-ID's left part (empty, whitespace, brackets, ``@``,
+    non-ASCII). An id sendqueue did not make (a store filled by hand) is never signed.
     """
     if not task_id or not task_id.isascii() or not _ID_LEFT.fullmatch(task_id):
         raise InvalidField("task_id", task_id, "must be non-empty ASCII without spaces, <>@")
+    left = task_id
+    if secret and task_id_shape(task_id):
+        left = sign_task(task_id, secret, TokenPurpose.MESSAGE_ID)
     if "@" in domain:
         pairs = email.utils.getaddresses([domain])
         domain = pairs[0][1].rpartition("@")[2] if len(pairs) == 1 else ""
@@ -161,4 +168,4 @@ def message_id_for(task_id: str, domain: str) -> str:
         encoded = ascii_domain("domain", domain, domain) if domain else FALLBACK_DOMAIN
     except InvalidField:
         encoded = FALLBACK_DOMAIN
-    return f"<{task_id}@{encoded.lower()}>"
+    return f"<{left}@{encoded.lower()}>"

@@ -1,4 +1,4 @@
-"""What happened to an email after the server accepted it (issue 14): outcomes and feedback.
+"""What happened to an email after the server accepted it: outcomes and feedback.
 
 A Finished task carries an *outcome* (``accepted`` once sent; later ``bounced``, ``complained``,
 ``replied`` or ``unsubscribed``). The five task states never change for it; an outcome change is
@@ -7,7 +7,7 @@ logged like a state change (``from_state == to_state``, the note ``"outcome: <va
 :class:`Feedback` is one piece of news about a sent email, whatever brought it: a DSN or an ARF
 report read from the feedback mailbox, a reply in the sender's mailbox, an SES event, or a click
 on the unsubscribe link. The parsers (:mod:`sendqueue.domain.reports`) make it from a message;
-the feedback service applies it. Pure, no I/O.
+the feedback service applies it, as far as its :class:`Proof` allows. Pure, no I/O.
 """
 
 from __future__ import annotations
@@ -21,21 +21,28 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import StopOnReply, TaskOutcome
 from sendqueue.domain.models import utc
 from sendqueue.domain.suppression import SuppressionReason
+from sendqueue.domain.tokens import TokenPurpose, verify_task
 
 __all__ = [
     "OUTCOME_NOTE_PREFIX",
     "SOFT_BOUNCE_LIMIT",
     "SOFT_BOUNCE_WINDOW",
+    "UNVERIFIED_NOTE",
+    "UNVERIFIED_REPLY",
     "Feedback",
     "FeedbackKind",
+    "Proof",
     "StopOnReply",
     "TaskOutcome",
     "outcome_note",
+    "signed_task_of_message_id",
     "task_id_from_message_id",
 ]
 
 #: How the change-log note of an outcome change starts: "outcome: bounced".
 OUTCOME_NOTE_PREFIX = "outcome"
+#: How the detail of a reply that proved nothing starts (noted on an ``accepted`` email).
+UNVERIFIED_REPLY = "unverified reply"
 
 #: Transient bounces (4.x.x) of one address that put it on the list, within the window.
 SOFT_BOUNCE_LIMIT = 3
@@ -83,6 +90,28 @@ _SUPPRESS_AS = {
 }
 
 
+class Proof(enum.StrEnum):
+    """How a piece of feedback shows what it is about: what it may change.
+
+    Mail reaches the feedback and sender mailboxes from anyone, and task ids are guessable, so
+    a message acts only on what it proves (docs/deliverability.md, "What is trusted")."""
+
+    TRUSTED = "trusted"
+    """From a channel only sendqueue and its provider write: an SES event from sendqueue's own
+    queue, a click on a signed unsubscribe link, a caller of the service."""
+    VERP = "verp"
+    """Delivered to the signed VERP address of its task."""
+    SIGNED = "signed"
+    """Cites its task's signed Message-ID or List-Unsubscribe token. A reply so proven counts
+    for the task only when it comes from the task's address; a report, only when the
+    recipient it names (if any) is the task's address."""
+    AUTHENTICATED = "authenticated"
+    """A reply whose From domain a trusted server's Authentication-Results say passes DMARC
+    (or aligned DKIM or SPF): it speaks for its From address."""
+    NONE = "none"
+    """Nothing proven: recorded as unverified, changes nothing."""
+
+
 @dataclass(frozen=True)
 class Feedback:
     """One piece of news about a sent email.
@@ -94,7 +123,8 @@ class Feedback:
     suppress. At least one of the two is set. ``detail`` is what an operator reads: "5.1.1
     smtp; 550 5.1.1 user unknown", "abuse", a reply's subject. ``key`` identifies the message it
     came from (a mailbox's ``name:uidvalidity:uid``, an SES event's id) so that counting it twice
-    is impossible; None for a click.
+    is impossible; None for a click. ``proof`` says how it showed what it is about (the mail
+    parser sets it; a caller of the service that made the item itself leaves it ``TRUSTED``).
     """
 
     kind: FeedbackKind
@@ -103,13 +133,20 @@ class Feedback:
     recipient: str | None = None
     detail: str = ""
     key: str | None = None
+    proof: Proof = Proof.TRUSTED
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, FeedbackKind):
             object.__setattr__(self, "kind", FeedbackKind(self.kind))
+        if not isinstance(self.proof, Proof):
+            object.__setattr__(self, "proof", Proof(self.proof))
         if self.task_id is None and not self.recipient:
             raise InvalidField("task_id", None, "feedback names a task or a recipient")
         object.__setattr__(self, "at", utc(self.at))
+
+
+#: The change-log note of an unverified reply noted on an ``accepted`` email.
+UNVERIFIED_NOTE = f"{OUTCOME_NOTE_PREFIX}: accepted ({UNVERIFIED_REPLY})"
 
 
 def outcome_note(outcome: TaskOutcome, detail: str = "") -> str:
@@ -119,13 +156,27 @@ def outcome_note(outcome: TaskOutcome, detail: str = "") -> str:
     return f"{OUTCOME_NOTE_PREFIX}: {outcome.value}"
 
 
-# A Message-ID sendqueue made (addresses.message_id_for): <task_id@domain>. Task ids are
-# "<campaign id>-<position>", campaign ids "c" + 12 hex digits.
-_OUR_MESSAGE_ID = re.compile(r"<?\s*(c[0-9a-f]{12}-[0-9]{1,9})@[^<>\s@]+\s*>?")
+# A Message-ID sendqueue made (addresses.message_id_for): <task_id.mac@domain> with the key,
+# <task_id@domain> without. Task ids are "<campaign id>-<position>", campaign ids "c" + 12 hex.
+_OUR_MESSAGE_ID = re.compile(
+    r"<?\s*(c[0-9a-f]{12}-[0-9]{1,9})(?:\.([0-9a-f]{32}))?@[^<>\s@]+\s*>?", re.IGNORECASE
+)
 
 
 def task_id_from_message_id(value: str) -> str | None:
-    """The task id in a Message-ID sendqueue made (``<c0123456789ab-7@example.com>``), or None
-    for any other. Takes one id, with or without its brackets."""
+    """The task id in a Message-ID shaped like one sendqueue makes, signed or not
+    (``<c0123456789ab-7.<mac>@example.com>``), or None for any other. Takes one id, with or
+    without its brackets. Proves nothing (ids without the key are guessable, and this does not
+    check the MAC): use it to recognise our own emails, never to act on feedback."""
     match = _OUR_MESSAGE_ID.fullmatch(value.strip())
-    return match.group(1) if match else None
+    return match.group(1).lower() if match else None
+
+
+def signed_task_of_message_id(value: str, secret: str) -> str | None:
+    """The task id of a Message-ID sendqueue made with ``secret`` and whose MAC checks; None
+    for an unsigned, altered or foreign one. Citing it proves having received that email."""
+    match = _OUR_MESSAGE_ID.fullmatch(value.strip())
+    if match is None or match.group(2) is None:
+        return None
+    token = f"{match.group(1)}.{match.group(2)}"
+    return verify_task(token, secret, TokenPurpose.MESSAGE_ID)

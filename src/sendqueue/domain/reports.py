@@ -1,4 +1,4 @@
-"""Feedback from a received message (issue 14): DSNs, ARF complaints, replies, unsubscribes.
+"""Feedback from a received message: DSNs, ARF complaints, replies, unsubscribes.
 
 :func:`parse_feedback` reads one message from the feedback or a sender's mailbox and says what
 it reports, as :class:`~sendqueue.domain.feedback.Feedback` items (none for a message that is
@@ -15,22 +15,26 @@ not feedback). It understands:
 - an unsubscribe by mail (the ``mailto:`` of ``List-Unsubscribe``: subject
   ``unsubscribe <token>``).
 
-The task a report is about comes first from the signed VERP address it was delivered to, then
-from the returned message (its ``X-Sendqueue-Task`` header or sendqueue's Message-ID). Pure, no
-I/O; never raises on any bytes.
+A report counts only for an email sendqueue sent, and only when it proves which: it was
+delivered to the task's signed VERP address, or the returned message carries the task's signed
+List-Unsubscribe token or signed Message-ID (all checked with the secret key). A report that
+proves nothing gives nothing, whatever address it names: the bounce address is public and task
+ids are guessable. Each item says how it was proven (:class:`~sendqueue.domain.feedback.Proof`).
+Pure, no I/O; never raises on any bytes.
 """
 
 from __future__ import annotations
 
 import email
 import re
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 from datetime import datetime
 from email.message import Message
 from email.policy import compat32
 
 from sendqueue.domain.errors import InvalidField
-from sendqueue.domain.feedback import Feedback, FeedbackKind, task_id_from_message_id
+from sendqueue.domain.feedback import Feedback, FeedbackKind, Proof, signed_task_of_message_id
 from sendqueue.domain.mailparts import (
     FieldBlock,
     addresses,
@@ -61,7 +65,6 @@ _DELIVERED_TO = (
 )
 _STATUS = re.compile(r"\b([245])\.(\d{1,3})\.(\d{1,3})\b")
 _REPLY_CODE = re.compile(r"(?<![\d.])([245])\d\d(?![\d.])")
-_TASK_ID = re.compile(r"c[0-9a-f]{12}-[0-9]{1,9}")
 # An unsubscribe token in a List-Unsubscribe link (https /u/TOKEN or the mailto: subject).
 _LINK_TOKEN = re.compile(r"c[0-9a-f]{12}-[0-9]{1,9}\.[0-9a-f]{32}(?![0-9a-z])")
 _DELIVERY_STATUS = frozenset({"message/delivery-status", "message/global-delivery-status"})
@@ -80,19 +83,13 @@ _NOT_COMPLAINTS = frozenset({"not-spam", "auth-failure"})
 
 @dataclass(frozen=True)
 class _Context:
-    """What every parser needs: the message, when it came and how to check a VERP address."""
+    """What every parser needs: the message, when it came and how to check what it proves."""
 
     msg: Message
     received_at: datetime
     bounce_address: str | None
     secret: str | None
-
-    @property
-    def strict(self) -> bool:
-        """With VERP set up, a report is believed only when it names a genuine VERP address:
-        the bounce address is public (every email's Return-Path) and task ids and Message-IDs
-        are guessable, so a report naming a task any other way could be forged by anyone."""
-        return bool(self.bounce_address and self.secret)
+    trusted_authserv: Collection[str] = ()
 
     def verp(self, candidates: list[str]) -> str | None:
         """The task of the first candidate that is a genuine VERP address of ours."""
@@ -117,6 +114,12 @@ class _Context:
                     return task_id
         return None
 
+    def signed_id(self, returned: Message | None) -> str | None:
+        """The task of the returned email's signed Message-ID, checked with the key."""
+        if returned is None or not self.secret:
+            return None
+        return signed_task_of_message_id(header(returned, "message-id"), self.secret)
+
     def at(self, *dates: str) -> datetime:
         """The first of ``dates`` that parses with an offset and is not after the message came;
         else when it came."""
@@ -134,6 +137,7 @@ def parse_feedback(
     key: str | None = None,
     bounce_address: str | None = None,
     secret: str | None = None,
+    trusted_authserv: Collection[str] = (),
 ) -> list[Feedback]:
     """What the message ``raw`` reports, one item per recipient it reports on; [] for a message
     that is no feedback (an auto-reply, a delivery success, a reply to someone else's email).
@@ -143,7 +147,10 @@ def parse_feedback(
     ``key#1``, ``key#2``... when the message reports on several recipients (at most
     :data:`MAX_ITEMS`). With both ``bounce_address`` and ``secret`` (the settings' bounce
     address and secret key), a report delivered to a VERP address names its task even without
-    the returned message; with ``secret``, a mailed ``unsubscribe <token>`` is understood.
+    the returned message; with ``secret``, a report is proven by the returned email's signed
+    Message-ID or List-Unsubscribe token, a reply by citing a signed Message-ID, and a mailed
+    ``unsubscribe <token>`` is understood. ``trusted_authserv`` names the servers whose
+    ``Authentication-Results`` prove a reply's From (:mod:`sendqueue.domain.authresults`).
     Raises InvalidField only for a short secret or a naive ``received_at`` (configuration, not
     the message); never for the bytes.
     """
@@ -155,7 +162,7 @@ def parse_feedback(
         msg = email.message_from_bytes(bytes(raw), policy=compat32)
     except RecursionError:
         return []  # parts nested thousands deep: the stdlib parser gives up, and so do we
-    ctx = _Context(msg, received_at, bounce_address, secret)
+    ctx = _Context(msg, received_at, bounce_address, secret, tuple(trusted_authserv))
     parts = list(own_parts(msg))
     types = [p.get_content_type() for p in parts]
     if any(t in _DELIVERY_STATUS for t in types):
@@ -167,7 +174,7 @@ def parse_feedback(
     elif is_text_bounce(msg) and (bounces := _text_bounce(ctx)):
         items = bounces
     else:  # a person's message that only reads like a bounce is read as a reply
-        items = reply_feedback(msg, received_at, secret)
+        items = reply_feedback(msg, received_at, secret, ctx.trusted_authserv)
     items = items[:MAX_ITEMS]
     if len(items) == 1:
         return [_keyed(items[0], key)]
@@ -175,7 +182,7 @@ def parse_feedback(
 
 
 def _keyed(item: Feedback, key: str | None) -> Feedback:
-    return Feedback(item.kind, item.at, item.task_id, item.recipient, item.detail, key)
+    return replace(item, key=key)
 
 
 # -- the returned message ------------------------------------------------------------------
@@ -194,29 +201,21 @@ def _returned(parts: list[Message]) -> Message | None:
     return None
 
 
-def task_of_returned(returned: Message | None) -> str | None:
-    """The task a returned message was sent for: its ``X-Sendqueue-Task`` header, else its
-    Message-ID when sendqueue made it."""
-    if returned is None:
-        return None
-    tagged = header(returned, "x-sendqueue-task").lower()
-    if _TASK_ID.fullmatch(tagged):
-        return tagged
-    return task_id_from_message_id(header(returned, "message-id"))
-
-
-def _task(ctx: _Context, returned: Message | None, *extra: str) -> str | None:
-    """The task a report is about: the VERP address it was delivered to (its own headers,
-    ``extra`` report fields, the returned message's Return-Path) or, with VERP set up (see
-    :attr:`_Context.strict`), the returned email's signed List-Unsubscribe token; without VERP
-    set up, the returned message."""
-    candidates = addresses([v for name in _DELIVERED_TO for v in headers_of(ctx.msg, name)])
-    candidates += addresses(list(extra))
-    if returned is not None:
-        candidates += addresses(headers_of(returned, "return-path"))
-    if ctx.strict:
-        return ctx.verp(candidates) or ctx.signed_link(returned)
-    return task_of_returned(returned)
+def _task(ctx: _Context, returned: Message | None, *extra: str) -> tuple[str, Proof] | None:
+    """The task a report is about and how it is proven: the VERP address it was delivered to
+    (its own headers, ``extra`` report fields, the returned message's Return-Path), else the
+    returned email's signed List-Unsubscribe token or signed Message-ID; None when it proves
+    no task (see the module's docstring)."""
+    if ctx.bounce_address and ctx.secret:
+        candidates = addresses([v for name in _DELIVERED_TO for v in headers_of(ctx.msg, name)])
+        candidates += addresses(list(extra))
+        if returned is not None:
+            candidates += addresses(headers_of(returned, "return-path"))
+        task_id = ctx.verp(candidates)
+        if task_id:
+            return task_id, Proof.VERP
+    task_id = ctx.signed_link(returned) or ctx.signed_id(returned)
+    return (task_id, Proof.SIGNED) if task_id else None
 
 
 # -- delivery status notifications (RFC 3464) ------------------------------------------------
@@ -229,22 +228,22 @@ def _dsn(ctx: _Context, parts: list[Message]) -> list[Feedback]:
             blocks += field_blocks(part_text(part)[:MAX_REPORT])
     per_message = next((b for b in blocks if not _is_recipient_block(b)), {})
     recipients = [b for b in blocks if _is_recipient_block(b)]
-    returned = _returned(parts)
-    task_id = _task(ctx, returned)
-    if task_id is None and ctx.strict:
-        return []  # no genuine VERP address: possibly forged
+    proven = _task(ctx, _returned(parts))
+    if proven is None:
+        return []  # names no email sendqueue sent in a way that proves it: possibly forged
+    task_id, proof = proven
     items = []
     for block in recipients[: MAX_ITEMS * 2]:
         status = _first(block, "status")
         diagnostic = _first(block, "diagnostic-code")
         kind = _bounce_kind(_first(block, "action"), status, diagnostic)
-        recipient = _recipient(block)
-        if kind is None or (task_id is None and recipient is None):
+        if kind is None:
             continue
         code = _STATUS.search(status)
         detail = f"{code.group(0) if code else status} {diagnostic}".strip()
         at = ctx.at(_first(block, "last-attempt-date"), _first(per_message, "arrival-date"))
-        items.append(Feedback(kind, at, task_id, recipient, detail[:1000]))
+        recipient = _recipient(block)
+        items.append(Feedback(kind, at, task_id, recipient, detail[:1000], proof=proof))
     return items
 
 
@@ -295,11 +294,12 @@ def _text_bounce(ctx: _Context) -> list[Feedback]:
     """A plain-text bounce (:mod:`sendqueue.domain.textbounces`): one item per failed address,
     dated by the bounce's Date."""
     bounces, returned = read_text_bounce(ctx.msg)
-    task_id = _task(ctx, returned)
-    if task_id is None and ctx.strict:
-        return []  # no genuine VERP address: possibly forged
+    proven = _task(ctx, returned)
+    if proven is None:
+        return []  # names no email sendqueue sent in a way that proves it: possibly forged
+    task_id, proof = proven
     at = ctx.at(header(ctx.msg, "date"))
-    return [Feedback(b.kind, at, task_id, b.recipient, b.detail) for b in bounces]
+    return [Feedback(b.kind, at, task_id, b.recipient, b.detail, proof=proof) for b in bounces]
 
 
 # -- complaints (RFC 5965) -----------------------------------------------------------------
@@ -316,16 +316,15 @@ def _arf(ctx: _Context, parts: list[Message]) -> list[Feedback]:
     if not feedback_type or feedback_type in _NOT_COMPLAINTS:
         return []
     returned = _returned(parts)
-    task_id = _task(ctx, returned, *fields.get("original-mail-from", []))
-    if task_id is None and ctx.strict:
-        return []  # no genuine VERP address: possibly forged
+    proven = _task(ctx, returned, *fields.get("original-mail-from", []))
+    if proven is None:
+        return []  # names no email sendqueue sent in a way that proves it: possibly forged
+    task_id, proof = proven
     recipients: list[str | None] = [*addresses(fields.get("original-rcpt-to", []))]
     if not recipients and returned is not None:
         recipients = [*addresses(headers_of(returned, "to"))[:1]]
     at = ctx.at(_first(fields, "arrival-date"), _first(fields, "received-date"))
-    if not recipients and task_id is None:
-        return []
     return [
-        Feedback(FeedbackKind.COMPLAINT, at, task_id, r, feedback_type)
+        Feedback(FeedbackKind.COMPLAINT, at, task_id, r, feedback_type, proof=proof)
         for r in recipients or [None]
     ]

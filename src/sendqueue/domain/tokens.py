@@ -1,10 +1,11 @@
-"""Signed task tokens: the unsubscribe link's token and the VERP bounce address (issue 14).
+"""Signed task tokens: the unsubscribe link's token, the VERP bounce address and the Message-ID.
 
 A token is ``<task id>.<mac>``: the task id in clear, so a lookup needs no table, and the first
 32 hex digits (128 bits) of HMAC-SHA256 over a purpose and the task id, keyed by
 ``SENDQUEUE_SECRET_KEY``. The purpose keeps an unsubscribe token from working as a bounce
-address and the other way round. Everything is lower-case ``[0-9a-z.-]``, so the token survives
-a mail system that folds the case of a local part. Pure, no I/O.
+address, a Message-ID from working as either, and so on. Everything is lower-case
+``[0-9a-z.-]``, so the token survives a mail system that folds the case of a local part. Pure,
+no I/O.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = [
     "MIN_SECRET_LENGTH",
     "TokenPurpose",
     "sign_task",
+    "task_id_shape",
     "verify_task",
     "verp_address",
     "verp_task",
@@ -30,6 +32,7 @@ MIN_SECRET_LENGTH = 32
 
 _MAC_HEX = 32
 _TOKEN = re.compile(r"(c[0-9a-f]{12}-[0-9]{1,9})\.([0-9a-f]{32})")
+_TASK_ID = re.compile(r"c[0-9a-f]{12}-[0-9]{1,9}")
 
 
 class TokenPurpose(enum.StrEnum):
@@ -37,6 +40,12 @@ class TokenPurpose(enum.StrEnum):
 
     UNSUBSCRIBE = "unsubscribe"
     BOUNCE = "bounce"
+    MESSAGE_ID = "message-id"
+
+
+def task_id_shape(task_id: str) -> bool:
+    """Whether ``task_id`` is shaped like an id sendqueue makes (and so can be signed)."""
+    return _TASK_ID.fullmatch(task_id) is not None
 
 
 def _mac(secret: str, purpose: TokenPurpose, task_id: str) -> str:

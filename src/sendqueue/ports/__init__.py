@@ -393,6 +393,11 @@ class FeedbackStore(Protocol):
       returns the updated task, or None (nothing written, nothing logged) when the task is
       unknown, not Finished, or already has that outcome. ``accepted`` never replaces another
       outcome (the worker writes it with the Finished transition, through ``TaskChanges``).
+    - ``note_unverified_reply`` writes ``detail`` as the outcome detail of a Finished task
+      whose outcome is ``accepted`` (the outcome stays), logged like ``set_outcome`` with the
+      note ``"outcome: accepted (unverified reply)"``. It returns the updated task, or None
+      (nothing written, nothing logged) when the task is unknown, not Finished, has another
+      outcome, or already has that detail.
     - ``tasks_for`` returns the tasks whose address's compared form
       (:func:`sendqueue.domain.suppression.key_of_normalized` of ``Task.email``) is ``email``
       and whose state is one of ``states``, across every campaign, newest ``send_at`` first, at
@@ -412,6 +417,10 @@ class FeedbackStore(Protocol):
         self, task_id: str, outcome: TaskOutcome, *, detail: str | None, at: datetime
     ) -> Task | None:
         """Record ``outcome`` on a Finished task; None when nothing changed."""
+        ...
+
+    def note_unverified_reply(self, task_id: str, *, detail: str, at: datetime) -> Task | None:
+        """Note a reply that proved nothing on an ``accepted`` task; None when nothing changed."""
         ...
 
     def tasks_for(

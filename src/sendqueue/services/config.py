@@ -41,8 +41,11 @@ class ServiceConfig:
     unsubscribe: UnsubscribeLinks | None = None
     #: the envelope sender of every email, VERP-encoded per task (None: the From)
     bounce_address: str | None = None
-    #: SENDQUEUE_SECRET_KEY, which signs the VERP addresses (and the unsubscribe links)
+    #: SENDQUEUE_SECRET_KEY, which signs the VERP addresses, the unsubscribe links and the
+    #: Message-IDs
     secret_key: str | None = field(default=None, repr=False)
+    #: the authserv-ids whose Authentication-Results prove a reply's From
+    trusted_authserv: frozenset[str] = frozenset()
     #: seconds between two polls of the feedback mailboxes (the worker process)
     feedback_interval: float = 60.0
     #: seconds a poll of one mailbox holds its lease (renewed after every batch)

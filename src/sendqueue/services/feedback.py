@@ -1,5 +1,5 @@
-"""The feedback loop's service (issue 14): what a bounce, a complaint, a reply or an
-unsubscribe does to the plan.
+"""The feedback loop's service: what a bounce, a complaint, a reply or an unsubscribe does to
+the plan, as far as it proves what it is about.
 
 :meth:`FeedbackService.apply` takes one :class:`~sendqueue.domain.feedback.Feedback`, whatever
 brought it (the IMAP poller, the SES feedback function, the unsubscribe routes), and:
@@ -11,6 +11,13 @@ brought it (the IMAP poller, the SES feedback function, the unsubscribe routes),
 - cancels the address's Pending emails: every one of them when it is suppressed (reason
   "suppressed: <why>"), and for a reply those in the scope of the campaign's ``stop_on_reply``
   (reason "replied").
+
+What an item may change follows its :class:`~sendqueue.domain.feedback.Proof`. A bounce or a
+complaint from the mail parser must name its task (VERP or a signed id), and the recipient it
+names must be that task's address. A reply counts for a task when it cites the task's signed
+Message-ID and comes from the task's address, or for its From address when a trusted server
+authenticated that address. Any other reply is *unverified*: noted on the newest email sent to
+its From (the outcome stays ``accepted``, the detail says "unverified reply") and nothing else.
 
 Every step is idempotent (a second outcome write changes nothing, the list keeps its first
 entry, a cancel is a compare-and-set, a soft bounce is kept once per message), so feedback
@@ -29,8 +36,10 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.feedback import (
     SOFT_BOUNCE_LIMIT,
     SOFT_BOUNCE_WINDOW,
+    UNVERIFIED_REPLY,
     Feedback,
     FeedbackKind,
+    Proof,
 )
 from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskState
 from sendqueue.domain.models import Campaign, Task, expected_schedule_name
@@ -60,7 +69,8 @@ class Applied:
     about anything sendqueue sent); otherwise ``task_id`` is the task it was matched to (None
     when only the address was known), ``outcome_set`` whether the task's outcome changed,
     ``suppressed`` whether the address was newly put on the list, and ``cancelled`` the
-    Pending tasks cancelled."""
+    Pending tasks cancelled. ``unverified`` is set (with ``ignored`` saying why) for a reply
+    that proved nothing; ``task_id`` is then the task it was noted on, if any."""
 
     kind: FeedbackKind
     task_id: str | None = None
@@ -68,6 +78,7 @@ class Applied:
     suppressed: bool = False
     cancelled: tuple[str, ...] = field(default_factory=tuple)
     ignored: str | None = None
+    unverified: bool = False
 
 
 class FeedbackService:
@@ -107,19 +118,18 @@ class FeedbackService:
                 if task is not None
                 else suppression_key(item.recipient, field="recipient")
             )
+            named = suppression_key(item.recipient, field="recipient") if item.recipient else key
         except InvalidField as exc:
             return Applied(item.kind, ignored=f"not an address: {exc}")
         if item.kind is FeedbackKind.REPLY:
-            if task is not None and item.recipient:
-                # Message-IDs are guessable: a reply speaks for its own From only. One naming
-                # another recipient's email counts as a message from its sender's address.
-                try:
-                    own = suppression_key(item.recipient, field="recipient")
-                except InvalidField as exc:
-                    return Applied(item.kind, ignored=f"not an address: {exc}")
-                if own != key:
-                    return self._reply(item, None, own)
-            return self._reply(item, task, key)
+            return self._any_reply(item, task, key, named)
+        if item.proof is Proof.NONE or item.proof is Proof.AUTHENTICATED:
+            return Applied(item.kind, ignored="proves no email sendqueue sent")
+        if item.proof is not Proof.TRUSTED and task is None:
+            return Applied(item.kind, ignored=f"unknown task {item.task_id}")
+        if item.proof is Proof.SIGNED and named != key:
+            # the email it returns went to another address: a report about someone else
+            return Applied(item.kind, ignored="names another address than its email's")
         if task is None:
             task = self._newest(key, (TaskState.FINISHED,))
         outcome_set = self._set_outcome(item, task)
@@ -150,6 +160,33 @@ class FeedbackService:
         )
 
     # -- replies ---------------------------------------------------------------------------
+
+    def _any_reply(self, item: Feedback, task: Task | None, key: str, named: str) -> Applied:
+        """A reply counts for its task when it cites the task's signed Message-ID from the
+        task's address, or for its own From when that is authenticated (or the item came from
+        a trusted caller); else it is only noted (see the module's docstring)."""
+        if item.proof is Proof.TRUSTED:
+            # a trusted caller's reply speaks for its From; one naming another recipient's
+            # email counts as a message from its sender's address
+            return self._reply(item, task, key) if named == key else self._reply(item, None, named)
+        if item.proof is Proof.SIGNED and task is not None and named == key:
+            return self._reply(item, task, key)
+        if item.proof is Proof.AUTHENTICATED:
+            own = task if task is not None and named == key else None
+            return self._reply(item, own, named)
+        return self._unverified(item, task if named == key else None, named)
+
+    def _unverified(self, item: Feedback, task: Task | None, key: str) -> Applied:
+        """Note a reply that proved nothing on the email it answers (else the newest one sent
+        to its From), leaving the outcome and the plan as they are."""
+        if task is None or task.state is not TaskState.FINISHED:
+            task = self._newest(key, (TaskState.FINISHED,))
+        why = "unverified reply: it proves neither our Message-ID nor its sender"
+        if task is None:
+            return Applied(item.kind, ignored=why, unverified=True)
+        detail = f"{UNVERIFIED_REPLY} from {item.recipient}: {item.detail}"[:1000]
+        self._feedback.note_unverified_reply(task.id, detail=detail, at=item.at)
+        return Applied(item.kind, task_id=task.id, ignored=why, unverified=True)
 
     def _reply(self, item: Feedback, task: Task | None, key: str) -> Applied:
         """A reply: by its headers (``task``), or from an address with Pending emails."""

@@ -1,4 +1,4 @@
-"""Polling the feedback mailboxes (issue 14): every message read once, parsed, applied.
+"""Polling the feedback mailboxes: every message read once, parsed, applied.
 
 :meth:`FeedbackPoller.poll` makes one pass over the configured mailboxes
 (:class:`~sendqueue.ports.FeedbackSource`). For each mailbox it:
@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -73,6 +73,7 @@ class FeedbackParser(Protocol):
         key: str | None = None,
         bounce_address: str | None = None,
         secret: str | None = None,
+        trusted_authserv: Collection[str] = (),
     ) -> list[Feedback]: ...
 
 
@@ -80,7 +81,9 @@ class FeedbackParser(Protocol):
 class PollReport:
     """What one pass did. ``messages`` were read; each piece of feedback in them is counted
     by kind when applied (``bounces`` are permanent, ``soft_bounces`` transient), or in
-    ``ignored`` when it was about nothing sendqueue sent; ``not_feedback`` messages held none.
+    ``ignored`` when it was about nothing sendqueue sent or proved nothing (``unverified``
+    counts the replies among those, noted on their email); ``not_feedback`` messages held
+    none.
     ``busy`` names the mailboxes another poller was reading, ``errors`` those that failed."""
 
     mailboxes: int = 0
@@ -92,6 +95,7 @@ class PollReport:
     unsubscribes: int = 0
     not_feedback: int = 0
     ignored: int = 0
+    unverified: int = 0
     busy: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -218,6 +222,7 @@ class FeedbackPoller:
                 key=identity,
                 bounce_address=config.bounce_address,
                 secret=config.secret_key,
+                trusted_authserv=config.trusted_authserv,
             )
         except Exception:  # one unparseable message must not block the mailbox behind it
             log.exception("feedback message %s could not be parsed; left alone", key)
@@ -230,6 +235,7 @@ class FeedbackPoller:
             applied = self._service.apply(item)
             if applied.ignored is not None:
                 report.ignored += 1
+                report.unverified += applied.unverified
                 log.info("feedback %s (%s) ignored: %s", key, item.kind.value, applied.ignored)
                 continue
             counter = _COUNTER[item.kind]

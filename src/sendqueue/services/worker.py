@@ -470,7 +470,7 @@ class SendWorker:
             if sender.transport is not None and self._mailer_for is not None:
                 mailer = self._mailer_for(sender.transport)
         message = OutgoingMessage(
-            message_id=message_id_for(task.id, _sender_domain(from_addr)),
+            message_id=message_id_for(task.id, _sender_domain(from_addr), self._config.secret_key),
             from_addr=from_addr,
             reply_to=reply_to,
             to_addr=task.email,

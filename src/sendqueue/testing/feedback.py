@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from datetime import datetime
 
-from sendqueue.domain.feedback import outcome_note
+from sendqueue.domain.feedback import UNVERIFIED_NOTE, outcome_note
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task, check_limit, utc
 from sendqueue.domain.suppression import key_of_normalized
@@ -55,6 +55,23 @@ class InMemoryFeedback:
         self._tasks[task_id] = updated
         state = TaskState.FINISHED.value
         self._append(task.campaign_id, task_id, state, state, at, outcome_note(outcome))
+        return updated
+
+    @guarded
+    def note_unverified_reply(self, task_id: str, *, detail: str, at: datetime) -> Task | None:
+        at = utc(at)
+        task = self._tasks.get(task_id)
+        if (
+            task is None
+            or task.state is not TaskState.FINISHED
+            or task.outcome is not TaskOutcome.ACCEPTED
+            or task.outcome_detail == detail
+        ):
+            return None
+        updated = replace(task, outcome_detail=detail, updated_at=at)
+        self._tasks[task_id] = updated
+        state = TaskState.FINISHED.value
+        self._append(task.campaign_id, task_id, state, state, at, UNVERIFIED_NOTE)
         return updated
 
     @guarded

@@ -34,7 +34,7 @@ from sendqueue.adapters.dynamodb.codec import (
     time_key,
 )
 from sendqueue.adapters.dynamodb.tasks import task_put
-from sendqueue.domain.feedback import outcome_note
+from sendqueue.domain.feedback import UNVERIFIED_NOTE, outcome_note
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task, check_limit, utc
 from sendqueue.domain.suppression import key_of_normalized
@@ -80,6 +80,29 @@ class FeedbackItems(TableClient):
             return [task_put(self._table, updated, finished, version)], [entry]
 
         with self._errors("set a task's outcome"):
+            return result[0] if self._with_log(build) else None
+
+    def note_unverified_reply(self, task_id: str, *, detail: str, at: datetime) -> Task | None:
+        at = utc(at)
+        result: list[Task] = []
+        finished = TaskState.FINISHED
+
+        def build() -> tuple[list[dict[str, Any]], list[PendingEntry]] | None:
+            result.clear()
+            item = self._get(f"T#{task_id}", "#")
+            if item is None:
+                return None
+            task, version = task_from_item(item)
+            if task.state is not finished or task.outcome is not TaskOutcome.ACCEPTED:
+                return None
+            if task.outcome_detail == detail:
+                return None
+            updated = replace(task, outcome_detail=detail, updated_at=at)
+            result.append(updated)
+            entry = (task.campaign_id, task_id, finished.value, finished.value, at, UNVERIFIED_NOTE)
+            return [task_put(self._table, updated, finished, version)], [entry]
+
+        with self._errors("note an unverified reply"):
             return result[0] if self._with_log(build) else None
 
     def tasks_for(

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
-from sendqueue.domain.feedback import outcome_note
+from sendqueue.domain.feedback import UNVERIFIED_NOTE, outcome_note
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task, check_limit, utc
 
@@ -77,6 +77,30 @@ class FeedbackTables(ABC):
             task = rows.task_from_row(found)
             note = outcome_note(outcome, detail or "")
             entry = rows.log_row(task.campaign_id, task.id, _FINISHED, _FINISHED, at, note)
+            self._log(conn, [entry])
+        return task
+
+    def note_unverified_reply(self, task_id: str, *, detail: str, at: datetime) -> Task | None:
+        at = utc(at)
+        statement = (
+            sa.update(tables.tasks)
+            .where(
+                _T.id == task_id,
+                _T.state == _FINISHED,
+                _T.outcome == TaskOutcome.ACCEPTED.value,
+                sa.or_(_T.outcome_detail.is_(None), _T.outcome_detail != detail),
+            )
+            .values(outcome_detail=detail, updated_at=at)
+            .returning(tables.tasks)
+        )
+        with self._write("note an unverified reply") as conn:
+            found = conn.execute(statement).first()
+            if found is None:
+                return None
+            task = rows.task_from_row(found)
+            entry = rows.log_row(
+                task.campaign_id, task.id, _FINISHED, _FINISHED, at, UNVERIFIED_NOTE
+            )
             self._log(conn, [entry])
         return task
 
