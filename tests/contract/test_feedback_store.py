@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from sendqueue.domain.errors import InvalidField, StoreUnavailable
-from sendqueue.domain.feedback import outcome_note
+from sendqueue.domain.feedback import UNVERIFIED_NOTE, outcome_note
 from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
 from sendqueue.domain.models import TaskChanges
 from sendqueue.ports import FeedbackStore, TaskStore
@@ -129,6 +129,35 @@ def test_set_outcome_changes_nothing_unless_the_task_is_finished_with_another_ou
 
     assert {t.id: t for t in store.list_tasks("c1")} == snapshot
     assert store.last_change_id() == before
+
+
+def test_an_unverified_reply_is_noted_on_an_accepted_task_once_and_logged(store: Store) -> None:
+    store.create_campaign(campaign(), recipients(5))
+    store.insert_tasks([make_task("c1", i) for i in range(5)], at=T0)
+    finish(store, "c1-0", outcome=Out.ACCEPTED)
+    finish(store, "c1-1", outcome=Out.ACCEPTED)
+    assert store.set_outcome("c1-1", Out.REPLIED, detail="Re: Hi", at=T0)
+    finish(store, "c1-2")  # sent before outcomes existed: none
+    drive(store, "c1-3", S.RUNNING)
+    before = store.last_change_id()
+    at = T0 + timedelta(hours=1)
+
+    noted = store.note_unverified_reply("c1-0", detail="unverified reply from a@b: hi", at=at)
+
+    assert noted is not None
+    assert (noted.outcome, noted.outcome_detail) == (Out.ACCEPTED, "unverified reply from a@b: hi")
+    assert noted.updated_at == at and store.get_task("c1-0") == noted
+    entries = all_changes(store, after=before)
+    assert [(e.task_id, e.from_state, e.to_state, e.note, e.at) for e in entries] == [
+        ("c1-0", "Finished", "Finished", UNVERIFIED_NOTE, at)
+    ]
+    # the first note is kept; another outcome, no outcome, not Finished, unknown: nothing
+    snapshot = {t.id: t for t in store.list_tasks("c1")}
+    mark = store.last_change_id()
+    for tid in ("c1-0", "c1-1", "c1-2", "c1-3", "c1-4", "no-such-task"):
+        assert store.note_unverified_reply(tid, detail="another", at=at) is None
+    assert {t.id: t for t in store.list_tasks("c1")} == snapshot
+    assert store.last_change_id() == mark
 
 
 def test_accepted_never_replaces_another_outcome_but_others_replace_each_other(

@@ -6,11 +6,17 @@ address; one that names no genuine VERP address must not suppress anybody."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 
+import pytest
+
+from sendqueue.bootstrap import Container
 from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.reports import parse_feedback
+from sendqueue.domain.tokens import TokenPurpose, sign_task
+from sendqueue.services.feedback import Applied
 from sendqueue.services.templates import Templates
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
@@ -89,3 +95,156 @@ def test_a_dsn_without_a_genuine_verp_address_suppresses_nobody_when_verp_is_set
     assert app.suppressions.suppressed(["victim@example.org"]) == {}
     [pending] = app.store.list_tasks(follow_up.campaign.id, limit=10)
     assert pending.state is TaskState.PENDING
+
+
+# --- proofs an outsider tries to bend (a red-team pass over the proof rules) ---------------
+
+TRUSTED = "mx.receiver.example"
+ATTACKER, VICTIM = "attacker@example.net", "victim@example.net"
+OURS = "news@shop.example"
+
+
+@dataclass
+class _World:
+    app: Container
+    sent: str
+    later: str
+
+    def feed(self, headers: list[tuple[str, str]], body: str = "hello") -> list[Applied]:
+        raw = "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n" + body + "\r\n"
+        items = parse_feedback(
+            raw.encode(),
+            received_at=self.app.clock.now(),
+            key="inbox:1:1",
+            secret=SECRET,
+            trusted_authserv=(TRUSTED,),
+        )
+        return [self.app.feedback.apply(item) for item in items]
+
+    def victim_untouched(self) -> None:
+        sent = self.app.store.get_task(f"{self.sent}-1")
+        assert sent is not None and sent.outcome is TaskOutcome.ACCEPTED
+        [pending] = self.app.store.list_tasks(self.later, limit=10)
+        assert pending.state is TaskState.PENDING
+        assert self.app.suppressions.suppressed([VICTIM]) == {}
+
+
+@pytest.fixture
+def world() -> _World:
+    app = fake_app(
+        secret_key=SECRET,
+        public_url="https://mail.shop.example",
+        trusted_authserv=TRUSTED,
+        suppress_replies=True,
+    )
+    sent = app.campaigns.create(
+        name="t",
+        recipients=f"email,name,subject\n{ATTACKER},A,Hi\n{VICTIM},V,Hi\n".encode(),
+        policy=open_policy(),
+        from_addr=f"News <{OURS}>",
+        templates=Templates(body="Hello"),
+    ).campaign.id
+    assert app.provisioner.provision(sent).status == "done"
+    clock, scheduler = app.clock, app.scheduler
+    assert isinstance(clock, FakeClock) and isinstance(scheduler, FakeScheduler)
+    clock.advance(hours=1)
+    scheduler.fire_due(app.invoke)
+    later = app.campaigns.create(
+        name="later",
+        recipients=f"email,name,subject\n{VICTIM},V,Again\n".encode(),
+        policy=open_policy(clock.now() + timedelta(days=3)),
+        from_addr=f"News <{OURS}>",
+        templates=Templates(body="Again"),
+    ).campaign.id
+    assert app.provisioner.provision(later).status == "done"
+    return _World(app, sent, later)
+
+
+def _passes(domain: str) -> str:
+    return f"{TRUSTED}; dkim=pass header.d={domain} header.s=s1; dmarc=pass header.from={domain}"
+
+
+def test_an_encoded_word_in_the_from_never_names_another_sender(world: _World) -> None:
+    # decoded, the display name reads "victim@example.net (": the address is the attacker's,
+    # and the attacker's own domain is the one that passed
+    world.feed(
+        [
+            ("Authentication-Results", _passes("example.net")),
+            ("From", "=?utf-8?q?victim=40example.net_=28?= <attacker@example.net>"),
+            ("To", OURS),
+            ("Subject", "hello"),
+        ]
+    )
+    world.victim_untouched()
+
+
+def test_an_encoded_word_in_an_authentication_results_value_injects_no_result(
+    world: _World,
+) -> None:
+    local = "=?utf-8?q?x=3B_dkim=3Dpass_header.d=3Dexample.net_header.s=3D?="
+    genuine = (
+        f"{TRUSTED}; spf=pass smtp.mailfrom={local}@evil.example; dkim=none;"
+        " dmarc=fail (policy=none) header.from=example.net"
+    )
+    [applied] = world.feed(
+        [("Authentication-Results", genuine), ("From", VICTIM), ("To", OURS), ("Subject", "hi")]
+    )
+    assert applied.unverified
+    world.victim_untouched()
+
+
+def test_an_unreadable_header_of_a_trusted_server_does_not_promote_a_forged_one(
+    world: _World,
+) -> None:
+    bogus = "; ".join(
+        f"dkim=fail header.d=e{i}.example header.s=s{i} header.b=" + "x" * 80 for i in range(60)
+    )
+    for genuine in (
+        f"{TRUSTED}; spf=pass smtp.mailfrom=a@evil.example; {bogus}",  # too long to read
+        f"{TRUSTED}; spf=pass smtp.helo=[192.0.2.1]",  # authres cannot parse it
+    ):
+        [applied] = world.feed(
+            [
+                ("Authentication-Results", genuine),
+                ("Authentication-Results", _passes("example.net")),  # forged, below it
+                ("From", VICTIM),
+                ("To", OURS),
+                ("Subject", "hi"),
+            ]
+        )
+        assert applied.unverified
+    world.victim_untouched()
+
+
+def test_a_signed_message_written_to_someone_else_is_no_reply_when_mailed_again(
+    world: _World,
+) -> None:
+    headers = [
+        ("Authentication-Results", _passes("example.net")),
+        ("From", VICTIM),
+        ("Subject", "Re: lunch?"),
+    ]
+    [replayed] = world.feed([*headers, ("To", ATTACKER)])  # once sent to the attacker
+    assert replayed.unverified
+    world.victim_untouched()
+    [written_to_us] = world.feed([*headers, ("To", "x@else.example"), ("Cc", f"N <{OURS}>")])
+    assert written_to_us.cancelled and written_to_us.ignored is None
+
+
+def test_a_mailed_unsubscribe_token_speaks_for_its_email_from_any_address(
+    world: _World,
+) -> None:
+    token = sign_task(f"{world.sent}-1", SECRET, TokenPurpose.UNSUBSCRIBE)
+    [applied] = world.feed(
+        [("From", "victim.alias@example.org"), ("Subject", f"unsubscribe {token}")]
+    )
+    assert applied.suppressed and applied.ignored is None
+    assert VICTIM in world.app.suppressions.suppressed([VICTIM])
+
+
+def test_the_first_unverified_note_is_kept(world: _World) -> None:
+    world.feed([("From", VICTIM), ("Subject", "please remove me")])
+    world.feed([("From", VICTIM), ("Subject", "all good, keep sending")])
+    noted = world.app.store.get_task(f"{world.sent}-1")
+    assert noted is not None and noted.outcome is TaskOutcome.ACCEPTED
+    assert noted.outcome_detail == f"unverified reply from {VICTIM}: please remove me"

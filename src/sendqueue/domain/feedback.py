@@ -125,6 +125,9 @@ class Feedback:
     came from (a mailbox's ``name:uidvalidity:uid``, an SES event's id) so that counting it twice
     is impossible; None for a click. ``proof`` says how it showed what it is about (the mail
     parser sets it; a caller of the service that made the item itself leaves it ``TRUSTED``).
+    ``to`` holds a reply's To and Cc addresses: an authenticated reply counts only when it was
+    written to the campaign (a message the recipient once signed for someone else, mailed to
+    us again, is no reply).
     """
 
     kind: FeedbackKind
@@ -134,6 +137,7 @@ class Feedback:
     detail: str = ""
     key: str | None = None
     proof: Proof = Proof.TRUSTED
+    to: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, FeedbackKind):

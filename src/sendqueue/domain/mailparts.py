@@ -35,6 +35,8 @@ __all__ = [
     "own_parts",
     "parse_headers",
     "part_text",
+    "raw_header",
+    "raw_headers_of",
 ]
 
 #: One block of a report part: lower-cased field name -> its values, in order.
@@ -93,9 +95,28 @@ def header(msg: Message, name: str) -> str:
     return ""
 
 
+def raw_header(msg: Message, name: str) -> str:
+    """The first ``name`` header of ``msg`` as written (see :func:`raw_headers_of`), or ""."""
+    found = raw_headers_of(msg, name)
+    return found[0] if found else ""
+
+
 def headers_of(msg: Message, name: str) -> list[str]:
-    """Every ``name`` header of ``msg``, decoded and unfolded, in order."""
+    """Every ``name`` header of ``msg``, decoded and unfolded, in order: text to show, never
+    to parse as structure (see :func:`raw_headers_of`)."""
     return [_decoded(v) for k, v in msg.raw_items() if k.strip().lower() == name.lower()]
+
+
+def raw_headers_of(msg: Message, name: str) -> list[str]:
+    """Every ``name`` header of ``msg`` as written, unfolded and cleaned, its RFC 2047 encoded
+    words left encoded, in order. Addresses, Message-IDs and Authentication-Results are parsed
+    from these: text decoded from an encoded word must never be read as structure (RFC 2047
+    section 5), or ``=?utf-8?q?victim=40example.net_=28?= <attacker@example.org>`` would read
+    as a From of victim@example.net."""
+    wanted = name.lower()
+    return [
+        _one_line(str(v)[:MAX_HEADER]) for k, v in msg.raw_items() if k.strip().lower() == wanted
+    ]
 
 
 def addresses(values: list[str]) -> list[str]:

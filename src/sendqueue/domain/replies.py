@@ -48,7 +48,7 @@ from sendqueue.domain.feedback import (
     signed_task_of_message_id,
     task_id_from_message_id,
 )
-from sendqueue.domain.mailparts import addresses, header, headers_of
+from sendqueue.domain.mailparts import addresses, header, raw_header, raw_headers_of
 from sendqueue.domain.tokens import TokenPurpose, verify_task
 
 __all__ = ["is_automatic", "is_mail_system", "reply_feedback"]
@@ -56,6 +56,8 @@ __all__ = ["is_automatic", "is_mail_system", "reply_feedback"]
 _MESSAGE_ID = re.compile(r"<([^<>\s]+)>")
 _UNSUBSCRIBE = re.compile(r"\s*unsubscribe\s+(\S+)\s*", re.IGNORECASE)
 _TOKEN_SHAPED = re.compile(r"c[0-9a-f]{12}-[0-9]{1,9}\.[0-9a-z]+", re.IGNORECASE)
+#: Addresses of To and Cc a reply keeps (to check an authenticated one was written to us).
+_MAX_TO = 20
 _MAIL_SYSTEM = frozenset({"mailer-daemon", "mailer_daemon", "mail-daemon", "postmaster"})
 _AUTO_HEADERS = ("x-autoreply", "x-autorespond", "x-autoresponder")
 _AUTO_PRECEDENCE = frozenset({"auto_reply", "auto-reply", "bulk", "junk", "list"})
@@ -93,9 +95,9 @@ def is_automatic(msg: Message) -> bool:
 def is_mail_system(msg: Message) -> bool:
     """Whether ``msg`` comes from a mail system rather than a person: From MAILER-DAEMON or
     postmaster, or a null Return-Path (RFC 3834 asks automatic answers to use one)."""
-    if any(v.strip() == "<>" for v in headers_of(msg, "return-path")):
+    if any(v.strip() == "<>" for v in raw_headers_of(msg, "return-path")):
         return True
-    for address in addresses(headers_of(msg, "from") + headers_of(msg, "sender")):
+    for address in addresses(raw_headers_of(msg, "from") + raw_headers_of(msg, "sender")):
         if address.rpartition("@")[0].lower() in _MAIL_SYSTEM:
             return True
     return False
@@ -115,7 +117,8 @@ _SES_MESSAGE_ID = re.compile(r"@(?:[a-z0-9-]+\.)*amazonses\.com>?\Z", re.IGNOREC
 
 def _answers_ses(msg: Message) -> bool:
     """Whether ``msg`` answers an email whose Message-ID Amazon SES wrote."""
-    ids = _ids(header(msg, "in-reply-to")) + _ids(" ".join(headers_of(msg, "references")))
+    ids = _ids(raw_header(msg, "in-reply-to"))
+    ids += _ids(" ".join(raw_headers_of(msg, "references")))
     return any(_SES_MESSAGE_ID.search(i) for i in ids)
 
 
@@ -123,8 +126,8 @@ def _task_replied_to(msg: Message, secret: str | None) -> tuple[bool, bool, str 
     """Whether ``msg`` answers any message at all, whether it cites an id shaped like one of
     ours, and the task of the first signed one it cites (In-Reply-To first, then References
     from the newest) whose MAC checks with ``secret``."""
-    ids = _ids(header(msg, "in-reply-to"))
-    ids += reversed(_ids(" ".join(headers_of(msg, "references"))))
+    ids = _ids(raw_header(msg, "in-reply-to"))
+    ids += reversed(_ids(" ".join(raw_headers_of(msg, "references"))))
     ours = False
     for message_id in ids:
         if task_id_from_message_id(message_id) is None:
@@ -133,7 +136,7 @@ def _task_replied_to(msg: Message, secret: str | None) -> tuple[bool, bool, str 
         task_id = signed_task_of_message_id(message_id, secret) if secret else None
         if task_id:
             return True, True, task_id
-    answers = bool(ids) or bool(header(msg, "in-reply-to") or header(msg, "references"))
+    answers = bool(ids) or bool(raw_header(msg, "in-reply-to") or raw_header(msg, "references"))
     return answers, ours, None
 
 
@@ -145,7 +148,7 @@ def reply_feedback(
 ) -> list[Feedback]:
     """The feedback a message that is no report gives: an unsubscribe by mail, a reply (with
     its :class:`~sendqueue.domain.feedback.Proof`), or nothing (see the module's docstring)."""
-    sender = addresses(headers_of(msg, "from"))[:2]
+    sender = addresses(raw_headers_of(msg, "from"))[:2]
     recipient = sender[0] if sender else None
     subject = header(msg, "subject")
     unsubscribe = _UNSUBSCRIBE.fullmatch(subject)
@@ -161,7 +164,9 @@ def reply_feedback(
                 proof=Proof.SIGNED,
             )
         ]  # fmt: skip
-    own = header(msg, "x-sendqueue-task") or task_id_from_message_id(header(msg, "message-id"))
+    own = raw_header(msg, "x-sendqueue-task") or task_id_from_message_id(
+        raw_header(msg, "message-id")
+    )
     if own or is_mail_system(msg) or is_automatic(msg):
         return []  # a copy of sendqueue's own email, a mail system's, or an automatic one
     answers, ours, task_id = _task_replied_to(msg, secret)
@@ -175,6 +180,10 @@ def reply_feedback(
         proof = Proof.SIGNED
     else:
         proof = Proof.NONE
+    written_to = tuple(addresses(raw_headers_of(msg, "to") + raw_headers_of(msg, "cc"))[:_MAX_TO])
     return [
-        Feedback(FeedbackKind.REPLY, received_at, task_id, recipient, subject[:1000], proof=proof)
-    ]
+        Feedback(
+            FeedbackKind.REPLY, received_at, task_id, recipient, subject[:1000],
+            proof=proof, to=written_to,
+        )
+    ]  # fmt: skip

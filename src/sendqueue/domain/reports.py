@@ -42,10 +42,11 @@ from sendqueue.domain.mailparts import (
     first_address,
     header,
     header_date,
-    headers_of,
     own_parts,
     parse_headers,
     part_text,
+    raw_header,
+    raw_headers_of,
 )
 from sendqueue.domain.replies import reply_feedback
 from sendqueue.domain.textbounces import is_text_bounce, read_text_bounce
@@ -107,7 +108,7 @@ class _Context:
         optional, the Return-Path is written at final delivery)."""
         if returned is None or not self.secret:
             return None
-        for value in headers_of(returned, "list-unsubscribe"):
+        for value in raw_headers_of(returned, "list-unsubscribe"):
             for token in _LINK_TOKEN.findall(value.lower()):
                 task_id = verify_task(token, self.secret, TokenPurpose.UNSUBSCRIBE)
                 if task_id:
@@ -118,7 +119,7 @@ class _Context:
         """The task of the returned email's signed Message-ID, checked with the key."""
         if returned is None or not self.secret:
             return None
-        return signed_task_of_message_id(header(returned, "message-id"), self.secret)
+        return signed_task_of_message_id(raw_header(returned, "message-id"), self.secret)
 
     def at(self, *dates: str) -> datetime:
         """The first of ``dates`` that parses with an offset and is not after the message came;
@@ -207,10 +208,11 @@ def _task(ctx: _Context, returned: Message | None, *extra: str) -> tuple[str, Pr
     returned email's signed List-Unsubscribe token or signed Message-ID; None when it proves
     no task (see the module's docstring)."""
     if ctx.bounce_address and ctx.secret:
-        candidates = addresses([v for name in _DELIVERED_TO for v in headers_of(ctx.msg, name)])
+        delivered = [v for name in _DELIVERED_TO for v in raw_headers_of(ctx.msg, name)]
+        candidates = addresses(delivered)
         candidates += addresses(list(extra))
         if returned is not None:
-            candidates += addresses(headers_of(returned, "return-path"))
+            candidates += addresses(raw_headers_of(returned, "return-path"))
         task_id = ctx.verp(candidates)
         if task_id:
             return task_id, Proof.VERP
@@ -322,7 +324,7 @@ def _arf(ctx: _Context, parts: list[Message]) -> list[Feedback]:
     task_id, proof = proven
     recipients: list[str | None] = [*addresses(fields.get("original-rcpt-to", []))]
     if not recipients and returned is not None:
-        recipients = [*addresses(headers_of(returned, "to"))[:1]]
+        recipients = [*addresses(raw_headers_of(returned, "to"))[:1]]
     at = ctx.at(_first(fields, "arrival-date"), _first(fields, "received-date"))
     return [
         Feedback(FeedbackKind.COMPLAINT, at, task_id, r, feedback_type, proof=proof)

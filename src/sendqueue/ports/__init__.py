@@ -397,7 +397,7 @@ class FeedbackStore(Protocol):
       whose outcome is ``accepted`` (the outcome stays), logged like ``set_outcome`` with the
       note ``"outcome: accepted (unverified reply)"``. It returns the updated task, or None
       (nothing written, nothing logged) when the task is unknown, not Finished, has another
-      outcome, or already has that detail.
+      outcome, or already has a detail (the first note is kept: anyone can send one).
     - ``tasks_for`` returns the tasks whose address's compared form
       (:func:`sendqueue.domain.suppression.key_of_normalized` of ``Task.email``) is ``email``
       and whose state is one of ``states``, across every campaign, newest ``send_at`` first, at

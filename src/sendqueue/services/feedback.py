@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import cast
 
 from sendqueue.domain.addresses import parse_mailbox
-from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.errors import InvalidField, NotFound
 from sendqueue.domain.feedback import (
     SOFT_BOUNCE_LIMIT,
     SOFT_BOUNCE_WINDOW,
@@ -127,8 +128,13 @@ class FeedbackService:
             return Applied(item.kind, ignored="proves no email sendqueue sent")
         if item.proof is not Proof.TRUSTED and task is None:
             return Applied(item.kind, ignored=f"unknown task {item.task_id}")
-        if item.proof is Proof.SIGNED and named != key:
-            # the email it returns went to another address: a report about someone else
+        if (
+            item.proof is Proof.SIGNED
+            and named != key
+            and item.kind is not FeedbackKind.UNSUBSCRIBE
+        ):
+            # the email it returns went to another address: a report about someone else (a
+            # mailed unsubscribe token speaks for its email, as a click on its link does)
             return Applied(item.kind, ignored="names another address than its email's")
         if task is None:
             task = self._newest(key, (TaskState.FINISHED,))
@@ -171,10 +177,28 @@ class FeedbackService:
             return self._reply(item, task, key) if named == key else self._reply(item, None, named)
         if item.proof is Proof.SIGNED and task is not None and named == key:
             return self._reply(item, task, key)
-        if item.proof is Proof.AUTHENTICATED:
-            own = task if task is not None and named == key else None
+        own = task if task is not None and named == key else None
+        if item.proof is Proof.AUTHENTICATED and self._written_to_us(item, own, named):
             return self._reply(item, own, named)
-        return self._unverified(item, task if named == key else None, named)
+        return self._unverified(item, own, named)
+
+    def _written_to_us(self, item: Feedback, task: Task | None, key: str) -> bool:
+        """Whether an authenticated reply's To or Cc names the From or Reply-To of the email it
+        answers (else of the address's newest sent or Pending one): DKIM proves a domain signed
+        the message, not that it was written to us."""
+        if task is None:
+            task = self._newest(key, (TaskState.FINISHED,)) or self._newest(
+                key, (TaskState.PENDING,)
+            )
+        if task is None or not item.to:
+            return False
+        campaign = self._store.get_campaign(task.campaign_id)
+        ours = {campaign.from_addr, campaign.reply_to, task.sender}
+        if task.sender_id is not None:
+            with suppress(NotFound):  # a sender removed since: its address is in task.sender
+                ours.add(cast(SenderStore, self._store).get_sender(task.sender_id).reply_to)
+        ours_keys = {_sender_key(a) for a in ours if a}
+        return any(_sender_key(a) in ours_keys for a in item.to)
 
     def _unverified(self, item: Feedback, task: Task | None, key: str) -> Applied:
         """Note a reply that proved nothing on the email it answers (else the newest one sent

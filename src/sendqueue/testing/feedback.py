@@ -65,7 +65,7 @@ class InMemoryFeedback:
             task is None
             or task.state is not TaskState.FINISHED
             or task.outcome is not TaskOutcome.ACCEPTED
-            or task.outcome_detail == detail
+            or task.outcome_detail is not None
         ):
             return None
         updated = replace(task, outcome_detail=detail, updated_at=at)

@@ -95,8 +95,8 @@ class FeedbackItems(TableClient):
             task, version = task_from_item(item)
             if task.state is not finished or task.outcome is not TaskOutcome.ACCEPTED:
                 return None
-            if task.outcome_detail == detail:
-                return None
+            if task.outcome_detail is not None:
+                return None  # the first note is kept
             updated = replace(task, outcome_detail=detail, updated_at=at)
             result.append(updated)
             entry = (task.campaign_id, task_id, finished.value, finished.value, at, UNVERIFIED_NOTE)

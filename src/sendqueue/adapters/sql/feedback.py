@@ -88,7 +88,7 @@ class FeedbackTables(ABC):
                 _T.id == task_id,
                 _T.state == _FINISHED,
                 _T.outcome == TaskOutcome.ACCEPTED.value,
-                sa.or_(_T.outcome_detail.is_(None), _T.outcome_detail != detail),
+                _T.outcome_detail.is_(None),  # the first note is kept
             )
             .values(outcome_detail=detail, updated_at=at)
             .returning(tables.tasks)
