@@ -5,7 +5,7 @@ and the wiring (settings -> sources, the real parser by default)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -273,3 +273,64 @@ def test_a_new_uidvalidity_does_not_count_the_same_transient_bounces_again() -> 
     assert store.list_suppressions() == []
     [task] = store.list_tasks(cid)
     assert task.outcome is TaskOutcome.ACCEPTED
+
+
+def test_each_message_is_parsed_and_applied_before_the_next_is_read() -> None:
+    # Red team: a poll held its whole batch (200 messages of up to 1 MiB) at once. The source
+    # hands messages over one at a time, and the poller must not gather them either.
+    box = InMemoryMailbox()
+    handed: list[int] = []
+
+    def note(raw: bytes, *, received_at: datetime, **kw: Any) -> list[Feedback]:
+        handed.append(box.handed)
+        return []
+
+    for n in range(5):
+        box.add(f"m{n}".encode())
+    app = _app(box, parse=note)
+    app.feedback_poller._batch = 3
+    assert app.feedback_poller.poll().messages == 5
+    assert handed == [1, 2, 3, 4, 5]
+    store = app.store
+    assert isinstance(store, InMemoryTaskStore)
+    assert store.feedback_cursor(box.name) == (1, 5)
+
+
+def test_a_mailbox_failing_half_way_keeps_the_cursor_of_the_last_whole_batch() -> None:
+    box = InMemoryMailbox()
+
+    def down_at_m2(raw: bytes, *, received_at: datetime, **kw: Any) -> list[Feedback]:
+        if raw == b"m2":
+            box.available = False  # the connection drops before the next message is read
+        return []
+
+    for n in range(5):
+        box.add(f"m{n}".encode())
+    app = _app(box, parse=down_at_m2)
+    app.feedback_poller._batch = 2
+    report = app.feedback_poller.poll()
+    assert report.errors == [f"{box.name}: {box.name}: fetching failed: simulated outage"]
+    assert report.messages == 3
+    store = app.store
+    assert isinstance(store, InMemoryTaskStore)
+    assert store.feedback_cursor(box.name) == (1, 2)
+
+
+def test_the_lease_is_renewed_within_a_batch_that_outlasts_half_of_it() -> None:
+    # Each message takes 100 s (a parse budget of 60 s, then the writes): a batch of six
+    # outlasts the 300 s lease, which another poller must not take over half-way.
+    box = InMemoryMailbox()
+    store = InMemoryTaskStore()
+    taken: list[bool] = []
+
+    def slow(raw: bytes, *, received_at: datetime, **kw: Any) -> list[Feedback]:
+        now = clock.advance(100)
+        taken.append(store.acquire_lease(lease_name(box.name), "other", ttl_seconds=300, at=now))
+        return []
+
+    for n in range(6):
+        box.add(f"m{n}".encode())
+    app = _app(box, parse=slow, store=store)
+    clock = cast(FakeClock, app.clock)
+    assert app.feedback_poller.poll().messages == 6
+    assert taken == [False] * 6

@@ -3,11 +3,14 @@
 :meth:`FeedbackPoller.poll` makes one pass over the configured mailboxes
 (:class:`~sendqueue.ports.FeedbackSource`). For each mailbox it:
 
-- takes the store lease ``feedback:<mailbox name>`` (renewed after every batch), so two
-  pollers (two worker processes, a worker and ``sendqueue feedback poll``) never read one
-  mailbox at once; a mailbox whose lease another poller holds is skipped this pass;
+- takes the store lease ``feedback:<mailbox name>`` (renewed after every batch, and within
+  one whenever half its time has gone), so two pollers (two worker processes, a worker and
+  ``sendqueue feedback poll``) never read one mailbox at once; a mailbox whose lease another
+  poller holds is skipped this pass;
 - fetches the messages after the saved cursor (:meth:`FeedbackStore.feedback_cursor`: the
-  mailbox's UIDVALIDITY and highest UID processed), in batches;
+  mailbox's UIDVALIDITY and highest UID processed), in batches, each handed over by the
+  source one message at a time: a message is parsed, applied and let go before the next is
+  read, so a batch of large messages is never held at once;
 - parses each message into feedback (DSNs, ARF complaints, replies; nothing for any other
   message, which is left alone) and applies each piece with
   :meth:`~sendqueue.services.feedback.FeedbackService.apply`;
@@ -27,14 +30,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Protocol
 
 from sendqueue.domain.errors import Conflict, FeedbackUnavailable
 from sendqueue.domain.feedback import Feedback, FeedbackKind
-from sendqueue.ports import Clock, FeedbackSource, FeedbackStore, TaskStore
+from sendqueue.ports import Clock, FeedbackMessage, FeedbackSource, FeedbackStore, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.feedback import FeedbackService
 
@@ -190,37 +193,57 @@ class FeedbackPoller:
                         cursor[0],
                         uidvalidity,
                     )
-                for message in messages:
-                    self._message(message.raw, message.key, content_key(name, message.raw), report)
-                if messages:
-                    last = messages[-1].uid
+                count, last = self._batch_of(name, messages, report)
+                if last is not None:
                     self._cursors.save_feedback_cursor(name, uidvalidity, last)
                     cursor = (uidvalidity, last)
                 elif cursor is None or cursor[0] != uidvalidity:
                     self._cursors.save_feedback_cursor(name, uidvalidity, 0)
                     cursor = (uidvalidity, 0)
-                if len(messages) < self._batch:
+                if count < self._batch:
                     return
-                if not self._lease(name):  # renewed per batch; lost: another poller took over
-                    raise Conflict(f"the lease of {name} was taken over; stopping this pass")
+                self._renew(name)
         finally:
             self._store.release_lease(lease_name(name), self._owner)
 
-    def _message(self, raw: bytes, key: str, identity: str, report: PollReport) -> None:
-        """Parse and apply one message; ``key`` names it in the log, ``identity`` (its content,
-        not its UID) keys its feedback, so a re-created mailbox counts nothing twice."""
+    def _batch_of(
+        self, name: str, messages: Iterator[FeedbackMessage], report: PollReport
+    ) -> tuple[int, int | None]:
+        """Parse and apply each message as the source hands it over (none is kept): how many
+        there were and the last one's UID."""
+        count, last = 0, None
+        renewed = self._clock.now()
+        half = self._config.feedback_lease_seconds / 2
+        for message in messages:
+            self._message(message, name, report)
+            count, last = count + 1, message.uid
+            # A batch of messages that each take their whole parse budget can outlast the
+            # lease: it is renewed within the batch too, once half its time has gone.
+            if (self._clock.now() - renewed).total_seconds() > half:
+                self._renew(name)
+                renewed = self._clock.now()
+        return count, last
+
+    def _renew(self, name: str) -> None:
+        if not self._lease(name):  # lost: another poller took over
+            raise Conflict(f"the lease of {name} was taken over; stopping this pass")
+
+    def _message(self, message: FeedbackMessage, mailbox: str, report: PollReport) -> None:
+        """Parse and apply one message. Its key (mailbox, UIDVALIDITY, UID) names it in the
+        log; its content key (:func:`content_key`, not its UID) keys its feedback, so a
+        re-created mailbox counts nothing twice."""
         report.messages += 1
         config = self._config
         try:
             items = self._parse(
-                raw,
+                message.raw,
                 received_at=self._clock.now(),
-                key=identity,
+                key=content_key(mailbox, message.raw),
                 bounce_address=config.bounce_address,
                 secret=config.secret_key,
             )
         except Exception:  # one unparseable message must not block the mailbox behind it
-            log.exception("feedback message %s could not be parsed; left alone", key)
+            log.exception("feedback message %s could not be parsed; left alone", message.key)
             report.not_feedback += 1
             return
         if not items:
@@ -230,7 +253,9 @@ class FeedbackPoller:
             applied = self._service.apply(item)
             if applied.ignored is not None:
                 report.ignored += 1
-                log.info("feedback %s (%s) ignored: %s", key, item.kind.value, applied.ignored)
+                log.info(
+                    "feedback %s (%s) ignored: %s", message.key, item.kind.value, applied.ignored
+                )
                 continue
             counter = _COUNTER[item.kind]
             setattr(report, counter, getattr(report, counter) + 1)
