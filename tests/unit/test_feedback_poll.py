@@ -4,13 +4,14 @@ and the wiring (settings -> sources, the real parser by default)."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any, cast
 
 import pytest
 
 from sendqueue.bootstrap import Container, bootstrap
-from sendqueue.domain.errors import StoreUnavailable
+from sendqueue.domain.errors import FeedbackUnavailable, StoreUnavailable
 from sendqueue.domain.feedback import Feedback, FeedbackKind
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
@@ -95,7 +96,7 @@ def test_a_pass_applies_each_kind_and_counts_what_it_read() -> None:
     for raw in (b"hard", b"soft", b"complaint", b"reply"):
         box.add(raw + f" {cid}-{list(_KINDS).index(raw)}".encode())
     box.add(b"a newsletter")
-    box.add(b"boom")  # a parser failure: logged, the message left alone, the pass goes on
+    box.add(b"boom")  # a parser failure: skipped with one log line, the pass goes on
     box.add(b"hard c0000000000ff-3")  # about nothing sendqueue sent
     report = app.feedback_poller.poll()
     assert report.as_dict() == {
@@ -106,8 +107,9 @@ def test_a_pass_applies_each_kind_and_counts_what_it_read() -> None:
         "complaints": 1,
         "replies": 1,
         "unsubscribes": 0,
-        "not_feedback": 2,
+        "not_feedback": 1,
         "ignored": 1,
+        "skipped": 1,
         "busy": [],
         "errors": [],
     }
@@ -296,6 +298,44 @@ def test_each_message_is_parsed_and_applied_before_the_next_is_read() -> None:
     assert store.feedback_cursor(box.name) == (1, 5)
 
 
+def test_a_skipped_message_is_one_warning_line_and_the_one_behind_it_is_applied(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    box = InMemoryMailbox()
+    app = _app(box)
+    cid = _sent(app, 1)
+    box.add(b"boom")
+    box.add(f"reply {cid}-0".encode())
+    with caplog.at_level(logging.DEBUG, logger="sendqueue"):
+        report = app.feedback_poller.poll()
+    assert (report.messages, report.skipped, report.replies) == (2, 1, 1)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in warnings] == [
+        f"feedback message {box.name}:1:1 skipped: the parser raised ValueError: unparseable"
+    ]
+    assert warnings[0].exc_info is None  # the traceback only at DEBUG
+    store = app.store
+    assert isinstance(store, InMemoryTaskStore)
+    assert store.feedback_cursor(box.name) == (1, 2)  # a skipped message is not read again
+    assert app.feedback_poller.poll().messages == 0
+
+
+def test_a_parser_that_cannot_run_stops_the_pass_before_its_cursor_moves() -> None:
+    def cannot_start(raw: bytes, *, received_at: datetime, **kw: Any) -> list[Feedback]:
+        raise FeedbackUnavailable("the feedback parser process did not start")
+
+    box = InMemoryMailbox()
+    box.add(b"m0")
+    box.add(b"m1")
+    app = _app(box, parse=cannot_start)
+    report = app.feedback_poller.poll()
+    assert report.errors == [f"{box.name}: the feedback parser process did not start"]
+    assert (report.messages, report.skipped) == (1, 0)
+    store = app.store
+    assert isinstance(store, InMemoryTaskStore)
+    assert store.feedback_cursor(box.name) is None  # nothing skipped: read again next pass
+
+
 def test_a_mailbox_failing_half_way_keeps_the_cursor_of_the_last_whole_batch() -> None:
     box = InMemoryMailbox()
 
@@ -334,3 +374,23 @@ def test_the_lease_is_renewed_within_a_batch_that_outlasts_half_of_it() -> None:
     clock = cast(FakeClock, app.clock)
     assert app.feedback_poller.poll().messages == 6
     assert taken == [False] * 6
+
+
+def test_close_closes_a_parser_that_holds_something() -> None:
+    class Holding:
+        closed = 0
+
+        def __call__(self, raw: bytes, **kwargs: Any) -> list[Feedback]:
+            return []
+
+        def close(self) -> None:
+            self.closed += 1
+
+    parser = Holding()
+    box = InMemoryMailbox()
+    box.add(b"m0")
+    app = _app(box, parse=parser)
+    assert app.feedback_poller.poll().not_feedback == 1
+    assert parser.closed == 0  # kept from one pass to the next
+    app.close()
+    assert parser.closed == 1

@@ -13,8 +13,13 @@
   read, so a batch of large messages is never held at once;
 - parses each message into feedback (DSNs, ARF complaints, replies; nothing for any other
   message, which is left alone) and applies each piece with
-  :meth:`~sendqueue.services.feedback.FeedbackService.apply`;
+  :meth:`~sendqueue.services.feedback.FeedbackService.apply`; a message its parser fails on
+  (it raised, or the isolated parser ran out of its time budget or died) is skipped: one
+  WARNING line naming it, counted in ``skipped``, and the messages behind it still read;
 - saves the cursor after each batch.
+
+Skipped messages are not read again (the cursor moves past them): a message that stalls or
+breaks the parser would do so at every pass and hold back every message behind it.
 
 A crash between applying a batch and saving its cursor applies the batch again at the next
 pass: every effect is idempotent (an outcome is written once, the list keeps its first entry, a
@@ -33,9 +38,9 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from sendqueue.domain.errors import Conflict, FeedbackUnavailable
+from sendqueue.domain.errors import Conflict, FeedbackParseFailed, FeedbackUnavailable
 from sendqueue.domain.feedback import Feedback, FeedbackKind
 from sendqueue.ports import Clock, FeedbackMessage, FeedbackSource, FeedbackStore, TaskStore
 from sendqueue.services.config import ServiceConfig
@@ -43,6 +48,7 @@ from sendqueue.services.feedback import FeedbackService
 
 __all__ = [
     "BATCH",
+    "ClosableFeedbackParser",
     "FeedbackParser",
     "FeedbackPoller",
     "PollReport",
@@ -66,7 +72,9 @@ _COUNTER = {
 
 class FeedbackParser(Protocol):
     """:func:`sendqueue.domain.reports.parse_feedback`'s signature: the feedback in one raw
-    message (an empty list: not feedback)."""
+    message (an empty list: not feedback). Any exception skips the message, except
+    :class:`~sendqueue.domain.errors.FeedbackUnavailable` (the parser cannot run at all),
+    which ends the mailbox's pass before its cursor moves."""
 
     def __call__(
         self,
@@ -79,11 +87,20 @@ class FeedbackParser(Protocol):
     ) -> list[Feedback]: ...
 
 
+@runtime_checkable
+class ClosableFeedbackParser(FeedbackParser, Protocol):
+    """A parser holding something to release (the isolated parser's process):
+    :meth:`FeedbackPoller.close` closes it."""
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class PollReport:
     """What one pass did. ``messages`` were read; each piece of feedback in them is counted
     by kind when applied (``bounces`` are permanent, ``soft_bounces`` transient), or in
-    ``ignored`` when it was about nothing sendqueue sent; ``not_feedback`` messages held none.
+    ``ignored`` when it was about nothing sendqueue sent; ``not_feedback`` messages held none;
+    ``skipped`` ones were not parsed (the parser failed, ran out of time or died).
     ``busy`` names the mailboxes another poller was reading, ``errors`` those that failed."""
 
     mailboxes: int = 0
@@ -95,6 +112,7 @@ class PollReport:
     unsubscribes: int = 0
     not_feedback: int = 0
     ignored: int = 0
+    skipped: int = 0
     busy: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -162,8 +180,11 @@ class FeedbackPoller:
         return report
 
     def close(self) -> None:
+        """Close the sources and the parser (when it holds anything)."""
         for source in self._sources:
             source.close()
+        if isinstance(self._parse, ClosableFeedbackParser):
+            self._parse.close()
 
     # -- one mailbox ----------------------------------------------------------------------------
 
@@ -242,9 +263,12 @@ class FeedbackPoller:
                 bounce_address=config.bounce_address,
                 secret=config.secret_key,
             )
-        except Exception:  # one unparseable message must not block the mailbox behind it
-            log.exception("feedback message %s could not be parsed; left alone", message.key)
-            report.not_feedback += 1
+        except FeedbackUnavailable:
+            raise  # the parser cannot run at all: the pass stops before its cursor moves
+        except Exception as exc:  # one unparseable message must not block the mailbox behind it
+            report.skipped += 1
+            log.warning("feedback message %s skipped: %s", message.key, _why(exc))
+            log.debug("feedback message %s: the parser's error", message.key, exc_info=True)
             return
         if not items:
             report.not_feedback += 1
@@ -259,3 +283,13 @@ class FeedbackPoller:
                 continue
             counter = _COUNTER[item.kind]
             setattr(report, counter, getattr(report, counter) + 1)
+
+
+def _why(exc: Exception) -> str:
+    """One line on why a message was skipped (a parser's message may be long or multi-line)."""
+    if isinstance(exc, FeedbackParseFailed):
+        text = str(exc)
+    else:
+        text = f"the parser raised {type(exc).__name__}: {exc}"
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:299] + "…"
