@@ -10,11 +10,13 @@ from typing import Any, cast
 
 import pytest
 
+from sendqueue.adapters.parser import IsolatedParser
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import FeedbackUnavailable, StoreUnavailable
 from sendqueue.domain.feedback import Feedback, FeedbackKind
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
+from sendqueue.domain.reports import parse_feedback
 from sendqueue.ports import FeedbackSource
 from sendqueue.services.feedback_poll import FeedbackParser, lease_name
 from sendqueue.settings import Settings
@@ -226,12 +228,21 @@ def test_the_settings_build_the_imap_source_and_the_real_parser() -> None:
     )
     box.add(dsn)
     real = bootstrap(
-        Settings(_env_file=None),
+        Settings(_env_file=None, feedback_parse_seconds=5),
         store=InMemoryTaskStore(),
         mailer=RecordingMailer(),
         feedback_sources=[box],
     )
-    assert real.feedback_poller.poll().not_feedback == 1
+    try:
+        # the real parser, in its own process within SENDQUEUE_FEEDBACK_PARSE_SECONDS
+        parser = real.feedback_poller._parse
+        assert isinstance(parser, IsolatedParser)
+        assert (parser.seconds, repr(parse_feedback) in repr(parser)) == (5, True)
+        assert real.feedback_poller.poll().not_feedback == 1
+        assert parser.pid is not None
+    finally:
+        real.close()
+    assert parser.pid is None  # the container's close stopped it
 
 
 def test_a_cancel_by_feedback_deletes_the_schedules_of_the_cancelled_tasks() -> None:

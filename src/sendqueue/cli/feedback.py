@@ -30,8 +30,9 @@ _COUNTS = (
 @handle_errors
 def feedback_poll(as_json: JsonOpt = False) -> None:
     """Read the feedback mailbox once: apply every new bounce, complaint and reply, and print
-    the counts ("skipped": messages whose parse failed; left alone, not read again). Exits 3
-    when a mailbox cannot be read."""
+    the counts ("skipped": messages whose parse failed or ran out of
+    SENDQUEUE_FEEDBACK_PARSE_SECONDS; left alone, not read again). Exits 3 when a mailbox
+    cannot be read."""
     with container() as c:
         if not c.feedback_sources:
             fail(2, "SENDQUEUE_FEEDBACK_IMAP is not set: there is no feedback mailbox to poll")

@@ -1,0 +1,191 @@
+"""The feedback parser in a child process, with a time budget per message.
+
+Why: anyone who can send mail writes the messages the feedback poller parses, and the parser is
+pure Python. In the process that also serves the web app (``sendqueue serve`` embeds the worker
+and its poller), a message that is slow to parse holds the GIL, and every request waits with
+it; and the poll waits for it, holding back the genuine messages behind it. In a child process
+the parse holds nothing of the parent's, and the parent waits for it at most the budget.
+
+How: one long-lived child, started with the "spawn" context at the first message (a fresh
+interpreter: none of the parent's threads, sockets or heap), reads ``(raw, kwargs)`` from a
+pipe, calls the parse function with them and answers ``("ok", items)`` or ``("error", text)``.
+The parent sends one message at a time and waits for the answer at most ``seconds`` (a poll of
+the pipe, which releases the GIL). Past the budget it kills the child and raises
+:class:`~sendqueue.domain.errors.FeedbackParseFailed`; a child that died mid-parse (an answer of
+EOF) and a parse that raised are FeedbackParseFailed too. The next message after a kill or a
+death starts a new child; a child's start is no part of any budget. A child that cannot start
+at all raises :class:`~sendqueue.domain.errors.FeedbackUnavailable`: that is no message's
+fault, and none is skipped for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import pickle
+import signal
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from sendqueue.domain.errors import FeedbackParseFailed, FeedbackUnavailable, InvalidField
+from sendqueue.domain.feedback import Feedback
+
+__all__ = ["IsolatedParser", "serve"]
+
+log = logging.getLogger(__name__)
+
+#: The most seconds a new child may take to import the parse function and say it is ready.
+START_SECONDS = 60.0
+#: Seconds a child is given to exit once its pipe is closed, before it is killed.
+_EXIT_SECONDS = 2.0
+_READY = "ready"
+_AGAIN = "the next message starts a new one"
+
+
+def serve(conn: Connection, parse: Callable[..., Any]) -> None:
+    """The child's loop: parse what comes down ``conn`` until the parent closes its end."""
+    # Ctrl-C in a terminal reaches the whole process group: the parent decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn.send(_READY)
+    while True:
+        try:
+            raw, kwargs = conn.recv()
+        except EOFError:
+            return
+        try:
+            answer: tuple[str, Any] = ("ok", parse(raw, **kwargs))
+        except Exception as exc:
+            answer = ("error", f"{type(exc).__name__}: {exc}"[:1000])
+        try:
+            conn.send(answer)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            conn.send(("error", f"its result could not be sent back: {exc}"[:1000]))
+
+
+class IsolatedParser:
+    """A :class:`~sendqueue.services.feedback_poll.FeedbackParser` that calls ``parse`` in a
+    child process and waits for it at most ``seconds`` per message (see the module docstring).
+
+    ``parse`` is taken by reference: an importable top-level function (``parse_feedback``, or
+    a test's deliberately slow one), which the child imports. Every keyword argument of a call
+    goes to it unchanged. One message at a time (calls from several threads take turns).
+    :meth:`close` stops the child; a later call starts another.
+    """
+
+    def __init__(
+        self,
+        parse: Callable[..., list[Feedback]],
+        *,
+        seconds: float,
+        start_seconds: float = START_SECONDS,
+    ) -> None:
+        if not seconds > 0:
+            raise InvalidField("seconds", seconds, "above 0")
+        try:
+            pickle.dumps(parse)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise TypeError(
+                f"the parse function must be importable by name (a top-level function): {exc}"
+            ) from None
+        self._parse = parse
+        self.seconds = seconds
+        self._start_seconds = start_seconds
+        self._context = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._process: BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    def __repr__(self) -> str:
+        return f"IsolatedParser({self._parse!r}, seconds={self.seconds:g})"
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while one runs."""
+        process = self._process
+        return process.pid if process is not None and process.is_alive() else None
+
+    def __call__(self, raw: bytes, **kwargs: Any) -> list[Feedback]:
+        with self._lock:
+            conn = self._started()
+            try:
+                conn.send((raw, kwargs))
+                if not conn.poll(self.seconds):
+                    self._stop()
+                    raise FeedbackParseFailed(
+                        f"parsing took longer than its budget of {self.seconds:g} s; its "
+                        f"parser process was killed ({_AGAIN})"
+                    )
+                status, value = conn.recv()
+            except (EOFError, OSError):  # the pipe broke or closed: the child is gone
+                code = self._stop()
+                raise FeedbackParseFailed(
+                    f"its parser process died (exit code {code}); {_AGAIN}"
+                ) from None
+        if status != "ok":
+            raise FeedbackParseFailed(f"the parser raised {value}")
+        items: list[Feedback] = value
+        return items
+
+    def close(self) -> None:
+        """Stop the child: it exits when its pipe closes (killed if it has not within two
+        seconds). Waits for a parse in progress, which lasts at most the budget."""
+        with self._lock:
+            self._stop(_EXIT_SECONDS)
+
+    # -- the child ----------------------------------------------------------------------------
+
+    def _started(self) -> Connection:
+        """The running child's end of the pipe, a new child started when there is none."""
+        process, conn = self._process, self._conn
+        if process is not None and conn is not None and process.is_alive():
+            return conn
+        self._stop()  # what a dead child left behind
+        ours, theirs = self._context.Pipe(duplex=True)
+        process = self._context.Process(
+            target=serve,
+            args=(theirs, self._parse),
+            name="sendqueue-feedback-parser",
+            daemon=True,  # a parent that exits without close() still stops it
+        )
+        try:
+            process.start()
+        except (OSError, pickle.PicklingError) as exc:
+            ours.close()
+            raise FeedbackUnavailable(f"the feedback parser process did not start: {exc}") from exc
+        finally:
+            theirs.close()  # the child's copy is its own; ours would hide its EOF
+        self._process, self._conn = process, ours
+        try:
+            ready = ours.poll(self._start_seconds) and ours.recv() == _READY
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            code = self._stop()
+            raise FeedbackUnavailable(
+                f"the feedback parser process did not start within {self._start_seconds:g} s "
+                f"(exit code {code})"
+            )
+        log.debug("feedback parser process %s started", process.pid)
+        return ours
+
+    def _stop(self, grace: float = 0.0) -> int | None:
+        """Close the pipe and end the child, killed unless it exits within ``grace`` seconds;
+        its exit code (None: there was none, or it would not die)."""
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if conn is not None:
+            conn.close()
+        if process is None:
+            return None
+        if grace:
+            process.join(grace)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+        code = process.exitcode
+        if code is not None:
+            process.close()
+        return code
