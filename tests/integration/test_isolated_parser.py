@@ -2,14 +2,18 @@
 process within a time budget. A parse past the budget is killed and its message skipped, and
 the message behind it still applied in the same poll; a child that dies mid-parse or a parse
 that raises skips only its message; every keyword argument reaches the parse function; close()
-leaves no child behind; a child that cannot start stops the pass before its cursor moves."""
+leaves no child behind; a child that cannot start stops the pass before its cursor moves; the
+child never runs the parent's ``__main__`` module."""
 
 from __future__ import annotations
 
 import json
 import logging
 import multiprocessing
+import os
+import subprocess
 import sys
+import textwrap
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -179,3 +183,35 @@ def test_a_child_that_cannot_start_stops_the_pass_and_skips_nothing(
     assert store.feedback_cursor(box.name) is None
     with pytest.raises(FeedbackUnavailable):
         parser(b"x", received_at=NOW)
+
+
+def test_the_child_never_runs_the_main_module_of_a_program_without_a_main_guard(
+    tmp_path: Path,
+) -> None:
+    # multiprocessing's "spawn" imports the parent's __main__ in the child: a program that
+    # embeds sendqueue without `if __name__ == "__main__"` ran again there, and every parse
+    # failed ("an attempt has been made to start a new process before ... bootstrapping").
+    script = tmp_path / "embedding.py"
+    script.write_text(
+        textwrap.dedent(
+            """\
+            from datetime import UTC, datetime
+            from sendqueue.adapters.parser import IsolatedParser
+            from tests.support.parsers import scripted
+            parser = IsolatedParser(scripted, seconds=10)
+            print("items:", len(parser(b"kwargs", received_at=datetime.now(UTC))), flush=True)
+            parser.close()
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["items: 1"]

@@ -6,11 +6,14 @@ and its poller), a message that is slow to parse holds the GIL, and every reques
 it; and the poll waits for it, holding back the genuine messages behind it. In a child process
 the parse holds nothing of the parent's, and the parent waits for it at most the budget.
 
-How: one long-lived child, started with the "spawn" context at the first message (a fresh
-interpreter: none of the parent's threads, sockets or heap), reads ``(raw, kwargs)`` from a
-pipe, calls the parse function with them and answers ``("ok", items)`` or ``("error", text)``.
-The parent sends one message at a time and waits for the answer at most ``seconds`` (a poll of
-the pipe, which releases the GIL). Past the budget it kills the child and raises
+How: one long-lived child, started at the first message as a fresh interpreter
+(``python -c``, then :func:`child_main`), so it holds none of the parent's threads, sockets or
+heap; unlike multiprocessing's "spawn" it never imports the parent's ``__main__`` either (a
+program embedding sendqueue need not guard its own). It gets the parent's ``sys.path`` and the
+parse function (by reference), then reads ``(raw, kwargs)`` from a socket pair, calls the parse
+function with them and answers ``("ok", items)`` or ``("error", text)``. The parent sends one
+message at a time and waits for the answer at most ``seconds`` (a poll of the socket, which
+releases the GIL). Past the budget it kills the child and raises
 :class:`~sendqueue.domain.errors.FeedbackParseFailed`; a child that died mid-parse (an answer of
 EOF) and a parse that raised are FeedbackParseFailed too. The next message after a kill or a
 death starts a new child; a child's start is no part of any budget. A child that cannot start
@@ -20,35 +23,54 @@ fault, and none is skipped for it.
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import pickle
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from sendqueue.domain.errors import FeedbackParseFailed, FeedbackUnavailable, InvalidField
 from sendqueue.domain.feedback import Feedback
 
-__all__ = ["IsolatedParser", "serve"]
+__all__ = ["IsolatedParser", "child_main"]
 
 log = logging.getLogger(__name__)
 
 #: The most seconds a new child may take to import the parse function and say it is ready.
 START_SECONDS = 60.0
-#: Seconds a child is given to exit once its pipe is closed, before it is killed.
+#: Seconds a child is given to exit once its socket is closed, before it is killed.
 _EXIT_SECONDS = 2.0
 _READY = "ready"
 _AGAIN = "the next message starts a new one"
+#: The child's first statements: the parent's import path (argv[2]) before any import of
+#: sendqueue, then :func:`child_main` on the inherited descriptor (argv[1]).
+_BOOT = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
+    "from sendqueue.adapters.parser.process import child_main; child_main(int(sys.argv[1]))"
+)
 
 
-def serve(conn: Connection, parse: Callable[..., Any]) -> None:
-    """The child's loop: parse what comes down ``conn`` until the parent closes its end."""
+def child_main(fd: int) -> None:
+    """The child process: its end of the socket pair is ``fd``; the parse function comes
+    first, then the messages."""
     # Ctrl-C in a terminal reaches the whole process group: the parent decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(fd)
+    try:
+        pickled = conn.recv_bytes()
+    except EOFError:
+        return
+    _serve(conn, pickle.loads(pickled))  # imports the parse function's module
+
+
+def _serve(conn: Connection, parse: Callable[..., Any]) -> None:
+    """The child's loop: parse what comes down ``conn`` until the parent closes its end."""
     conn.send(_READY)
     while True:
         try:
@@ -85,7 +107,7 @@ class IsolatedParser:
         if not seconds > 0:
             raise InvalidField("seconds", seconds, "above 0")
         try:
-            pickle.dumps(parse)
+            self._pickled = pickle.dumps(parse)  # a reference: its module and name
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             raise TypeError(
                 f"the parse function must be importable by name (a top-level function): {exc}"
@@ -93,9 +115,8 @@ class IsolatedParser:
         self._parse = parse
         self.seconds = seconds
         self._start_seconds = start_seconds
-        self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
-        self._process: BaseProcess | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
 
     def __repr__(self) -> str:
@@ -105,7 +126,7 @@ class IsolatedParser:
     def pid(self) -> int | None:
         """The child's process id while one runs."""
         process = self._process
-        return process.pid if process is not None and process.is_alive() else None
+        return process.pid if process is not None and process.poll() is None else None
 
     def __call__(self, raw: bytes, **kwargs: Any) -> list[Feedback]:
         with self._lock:
@@ -119,7 +140,7 @@ class IsolatedParser:
                         f"parser process was killed ({_AGAIN})"
                     )
                 status, value = conn.recv()
-            except (EOFError, OSError):  # the pipe broke or closed: the child is gone
+            except (EOFError, OSError):  # the socket broke or closed: the child is gone
                 code = self._stop()
                 raise FeedbackParseFailed(
                     f"its parser process died (exit code {code}); {_AGAIN}"
@@ -130,7 +151,7 @@ class IsolatedParser:
         return items
 
     def close(self) -> None:
-        """Stop the child: it exits when its pipe closes (killed if it has not within two
+        """Stop the child: it exits when its socket closes (killed if it has not within two
         seconds). Waits for a parse in progress, which lasts at most the budget."""
         with self._lock:
             self._stop(_EXIT_SECONDS)
@@ -138,27 +159,28 @@ class IsolatedParser:
     # -- the child ----------------------------------------------------------------------------
 
     def _started(self) -> Connection:
-        """The running child's end of the pipe, a new child started when there is none."""
+        """The running child's socket, a new child started when there is none."""
         process, conn = self._process, self._conn
-        if process is not None and conn is not None and process.is_alive():
+        if process is not None and conn is not None and process.poll() is None:
             return conn
         self._stop()  # what a dead child left behind
-        ours, theirs = self._context.Pipe(duplex=True)
-        process = self._context.Process(
-            target=serve,
-            args=(theirs, self._parse),
-            name="sendqueue-feedback-parser",
-            daemon=True,  # a parent that exits without close() still stops it
-        )
+        ours, theirs = multiprocessing.Pipe(duplex=True)  # a socket pair
+        fd = theirs.fileno()
         try:
-            process.start()
-        except (OSError, pickle.PicklingError) as exc:
+            process = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, str(fd), json.dumps(sys.path)],
+                pass_fds=(fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # a print must not reach `feedback poll --json`
+            )
+        except OSError as exc:
             ours.close()
             raise FeedbackUnavailable(f"the feedback parser process did not start: {exc}") from exc
         finally:
             theirs.close()  # the child's copy is its own; ours would hide its EOF
         self._process, self._conn = process, ours
         try:
+            ours.send_bytes(self._pickled)
             ready = ours.poll(self._start_seconds) and ours.recv() == _READY
         except (EOFError, OSError):
             ready = False
@@ -172,7 +194,7 @@ class IsolatedParser:
         return ours
 
     def _stop(self, grace: float = 0.0) -> int | None:
-        """Close the pipe and end the child, killed unless it exits within ``grace`` seconds;
+        """Close the socket and end the child, killed unless it exits within ``grace`` seconds;
         its exit code (None: there was none, or it would not die)."""
         process, conn = self._process, self._conn
         self._process = self._conn = None
@@ -180,12 +202,12 @@ class IsolatedParser:
             conn.close()
         if process is None:
             return None
-        if grace:
-            process.join(grace)
-        if process.is_alive():
+        try:
+            return process.wait(grace)
+        except subprocess.TimeoutExpired:
             process.kill()
-            process.join(5)
-        code = process.exitcode
-        if code is not None:
-            process.close()
-        return code
+        try:
+            return process.wait(5)
+        except subprocess.TimeoutExpired:  # unkillable (stopped in the kernel): left to the OS
+            log.warning("the feedback parser process %s would not die", process.pid)
+            return None
