@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from sendqueue.adapters.parser import IsolatedParser
+from sendqueue.adapters.parser.process import NICE
 from sendqueue.domain.errors import FeedbackParseFailed, FeedbackUnavailable
 from sendqueue.domain.lifecycle import TaskOutcome
 from sendqueue.testing.mailbox import InMemoryMailbox
@@ -137,6 +138,16 @@ def test_every_keyword_argument_reaches_the_parse_function_unchanged() -> None:
         "secret": repr("s" * 32),
         "trusted_authserv": "('mx.example.com',)",
     }
+
+
+def test_the_child_runs_at_a_lower_cpu_priority() -> None:
+    # On a busy machine the web requests of the parent get the CPU before a parse.
+    parser = IsolatedParser(scripted, seconds=10)
+    try:
+        [item] = parser(b"nice", received_at=NOW)
+    finally:
+        parser.close()
+    assert item.detail == str(min(os.nice(0) + NICE, 19))
 
 
 def test_close_leaves_no_child_process() -> None:
