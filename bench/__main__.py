@@ -150,6 +150,28 @@ def _pgqueuer_status(pg_reason: str | None) -> str | None:
     return None
 
 
+def _feedback_steps(args: argparse.Namespace) -> list[tuple[str, Callable[[], Any]]]:
+    """Benchmarks 11 and 12 (bench/feedback.py), as named steps of the run."""
+    return [
+        (
+            "feedback_memory",
+            lambda: feedback.run_memory(
+                messages=args.feedback_messages, size=args.feedback_size, repeats=1
+            ),
+        ),
+        (
+            "feedback_api",
+            lambda: feedback.run_api(
+                hostile=args.feedback_hostile,
+                hostile_size=args.feedback_hostile_size,
+                before_seconds=args.feedback_before,
+                during_seconds=args.feedback_during,
+                repeats=1,
+            ),
+        ),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     chosen = set(args.only or BENCHMARKS)
@@ -347,22 +369,8 @@ def main(argv: list[str] | None = None) -> int:
             ),
         )
     if "feedback" in chosen:  # each skipped with the reason when Dovecot is missing
-        attempt(
-            "feedback_memory",
-            lambda: feedback.run_memory(
-                messages=args.feedback_messages, size=args.feedback_size, repeats=1
-            ),
-        )
-        attempt(
-            "feedback_api",
-            lambda: feedback.run_api(
-                hostile=args.feedback_hostile,
-                hostile_size=args.feedback_hostile_size,
-                before_seconds=args.feedback_before,
-                during_seconds=args.feedback_during,
-                repeats=1,
-            ),
-        )
+        for name, step in _feedback_steps(args):
+            attempt(name, step)
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     results["seconds"] = time.monotonic() - started
     results["arguments"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
