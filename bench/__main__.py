@@ -27,6 +27,7 @@ from bench import (
     capacity,
     changelog,
     dispatch,
+    feedback,
     fleet,
     imports,
     pgqueuer_proto,
@@ -58,6 +59,7 @@ BENCHMARKS = (
     "stream",
     "imports",
     "changelog",
+    "feedback",
 )
 
 
@@ -114,6 +116,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--changelog-writers", type=int, default=8, help="writer threads (8)")
     g.add_argument("--changelog-per-writer", type=int, default=300,
                    help="tasks each writer claims and finishes (2 transactions each)")  # fmt: skip
+    g.add_argument("--feedback-messages", type=int, default=200,
+                   help="feedback poll memory: messages in the mailbox (200)")  # fmt: skip
+    g.add_argument("--feedback-size", type=int, default=feedback.MIB,
+                   help="feedback poll memory: bytes per message (1 MiB)")  # fmt: skip
+    g.add_argument("--feedback-hostile", type=int, default=3,
+                   help="API during a hostile poll: hostile messages, then the reply")  # fmt: skip
+    g.add_argument("--feedback-hostile-size", type=int, default=feedback.MIB)
+    g.add_argument("--feedback-before", type=float, default=10.0,
+                   help="API during a hostile poll: seconds timed before (10)")  # fmt: skip
+    g.add_argument("--feedback-during", type=float, default=30.0,
+                   help="API during a hostile poll: most seconds timed during (30)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -135,6 +148,28 @@ def _pgqueuer_status(pg_reason: str | None) -> str | None:
         if importlib.util.find_spec(module) is None:
             return f"{module} is not installed (pip install -e '.[bench]')"
     return None
+
+
+def _feedback_steps(args: argparse.Namespace) -> list[tuple[str, Callable[[], Any]]]:
+    """Benchmarks 11 and 12 (bench/feedback.py), as named steps of the run."""
+    return [
+        (
+            "feedback_memory",
+            lambda: feedback.run_memory(
+                messages=args.feedback_messages, size=args.feedback_size, repeats=1
+            ),
+        ),
+        (
+            "feedback_api",
+            lambda: feedback.run_api(
+                hostile=args.feedback_hostile,
+                hostile_size=args.feedback_hostile_size,
+                before_seconds=args.feedback_before,
+                during_seconds=args.feedback_during,
+                repeats=1,
+            ),
+        ),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
                 repeats=repeats,
             ),
         )
+    if "feedback" in chosen:  # each skipped with the reason when Dovecot is missing
+        for name, step in _feedback_steps(args):
+            attempt(name, step)
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     results["seconds"] = time.monotonic() - started
     results["arguments"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

@@ -201,6 +201,7 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 "-",
             )
         )
+    rows += _feedback_rows(b)
     if "changelog" in b:
         c = b["changelog"]
         rows.append(
@@ -216,6 +217,67 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 "8 change log: tailing reader's gaps / repeats",
                 f"{c['reader_gaps']} / {c['reader_repeats']}",
                 "-",
+                "-",
+            )
+        )
+    return rows
+
+
+def _feedback_rows(b: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Benchmarks 11 (the poll's memory) and 12 (the API during a hostile poll)."""
+    rows: list[tuple[str, str, str, str]] = []
+    m = b.get("feedback_memory")
+    if m is not None and "skipped" in m:
+        rows.append(("11 feedback poll memory", f"skipped: {m['skipped']}", "-", "-"))
+    elif m is not None:
+        growth, held = m["growth_mb"], m["hold_batch_growth_mb"]
+        rows.append(
+            (
+                f"11 feedback poll of {m['messages']} x {m['size_bytes'] // 1024:,} KiB "
+                "(Dovecot): peak RSS growth MB",
+                _m(growth, digits=1),
+                f"each batch held as a list (as before): {_m(held)}",
+                f"{growth['median'] / held['median']:.2f}x",
+            )
+        )
+        rows.append(
+            (
+                "11 the feedback parser's own process: peak RSS MB",
+                _m(m["parser_process_peak_rss_mb"]),
+                "-",
+                "-",
+            )
+        )
+    a = b.get("feedback_api")
+    if a is not None and "skipped" in a:
+        rows.append(("12 API during a hostile feedback poll", f"skipped: {a['skipped']}", "-", "-"))
+    elif a is not None:
+        v = a["variants"]
+        title = (
+            f"12 GET /api/campaigns during a poll of {a['hostile']} hostile "
+            f"{a['hostile_size_bytes'] // 1024:,} KiB messages: median ms before / during"
+        )
+
+        def pair(fig: dict[str, Any]) -> str:
+            return f"{_m(fig['before_ms'], digits=1)} / {_m(fig['during_ms'], digits=1)}"
+
+        def applied(fig: dict[str, Any]) -> str:
+            done = [f"{s:.1f} s" for s in fig["reply_applied_s"] if s is not None]
+            return ", ".join(done) or f"not within {a['during_seconds']:g} s"
+
+        rows.append(
+            (
+                f"{title} (isolated parser)",
+                pair(v["isolated"]),
+                f"parser in the server's process: {pair(v['in-process'])}",
+                f"{v['isolated']['ratio']:.2f}x (in-process {v['in-process']['ratio']:.2f}x)",
+            )
+        )
+        rows.append(
+            (
+                "12 the genuine reply behind them applied after (isolated; in-process)",
+                applied(v["isolated"]),
+                applied(v["in-process"]),
                 "-",
             )
         )

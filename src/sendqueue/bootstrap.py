@@ -22,6 +22,7 @@ from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.mail.factory import mailer_from_url
 from sendqueue.adapters.mail.url import parse_mailer_url
+from sendqueue.adapters.parser import IsolatedParser
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.reports import parse_feedback
@@ -441,12 +442,15 @@ class Container:
 
     @cached_property
     def feedback_poller(self) -> FeedbackPoller:
+        """Parses in a child process within SENDQUEUE_FEEDBACK_PARSE_SECONDS per message (in
+        this process only with a parser the caller injected, as tests do)."""
+        seconds = self.settings.feedback_parse_seconds
         return FeedbackPoller(
             self.store,
             cast(FeedbackStore, self.store),
             self.feedback,
             self.feedback_sources,
-            self._parse_feedback or parse_feedback,
+            self._parse_feedback or IsolatedParser(parse_feedback, seconds=seconds),
             self.clock,
             self.config,
         )

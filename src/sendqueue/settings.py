@@ -262,6 +262,11 @@ class Settings(LinkSettings):
     feedback_interval: float = Field(
         60.0, ge=1, le=86400, description="seconds between two polls of the feedback mailbox"
     )
+    feedback_parse_seconds: float = Field(
+        2.0,
+        description="the most seconds one feedback message may take to parse (0.1..60), in a "
+        "child process; past it the message is skipped",
+    )
     allowed_hosts: str = Field(
         "",
         description="web server: comma-separated host names (or IP addresses) answered besides "
@@ -375,6 +380,13 @@ class Settings(LinkSettings):
             parse_mailer_url(value)
         except InvalidField as exc:
             raise ValueError(f"SENDQUEUE_MAILER: {exc.reason}") from None
+        return value
+
+    @field_validator("feedback_parse_seconds")
+    @classmethod
+    def _parse_budget(cls, value: float) -> float:
+        if not 0.1 <= value <= 60:  # NaN too
+            raise ValueError(f"SENDQUEUE_FEEDBACK_PARSE_SECONDS: 0.1 to 60 seconds, not {value}")
         return value
 
     @field_validator("feedback_imap")

@@ -22,6 +22,7 @@ from bench import (
     changelog,
     changelog_pgbench,
     dispatch,
+    feedback,
     fleet,
     pgqueuer_proto,
     planner,
@@ -458,6 +459,55 @@ def test_changelog_anchor_queues_every_write_on_the_old_global_lock() -> None:
         store.close()
     [task] = moved
     assert task is not None and task.state is S.RUNNING  # type: ignore[attr-defined]
+
+
+def _dovecot() -> None:
+    """Skip locally, fail in CI, without Dovecot (the runner records the row as skipped)."""
+    from tests.conftest import missing
+    from tests.support.mailservers import dovecot_missing
+
+    reason = dovecot_missing()
+    if reason:
+        missing(reason)
+
+
+def test_feedback_poll_memory() -> None:
+    _dovecot()
+    result = feedback.run_memory(messages=4, size=64 * 1024)
+    for key in ("growth_mb", "hold_batch_growth_mb", "poll_s", "parser_process_peak_rss_mb"):
+        _summary(result[key])
+    _targets(result)
+    rows = render_markdown({"machine": _MACHINE, "benchmarks": {"feedback_memory": result}})
+    assert "| 11 feedback poll of 4 x 64 KiB (Dovecot): peak RSS growth MB |" in rows
+
+
+def test_feedback_api_during_a_hostile_poll() -> None:
+    _dovecot()
+    result = feedback.run_api(
+        hostile=1,
+        hostile_size=16 * 1024,
+        tasks=5,
+        campaigns=1,
+        before_seconds=0.5,
+        during_seconds=20,
+    )
+    for parser in feedback.VARIANTS:
+        figures = result["variants"][parser]
+        _summary(figures["before_ms"])
+        _summary(figures["during_ms"])
+        # a small hostile message: the reply behind it is applied either way, and seen
+        assert figures["reply_applied_s"][0] is not None, parser
+    _targets(result)
+    rows = render_markdown({"machine": _MACHINE, "benchmarks": {"feedback_api": result}})
+    assert "| 12 GET /api/campaigns during a poll of 1 hostile 16 KiB messages: " in rows
+
+
+def test_feedback_rows_say_why_they_were_skipped() -> None:
+    skipped = {"skipped": "no dovecot"}
+    benchmarks = {"feedback_memory": skipped, "feedback_api": skipped}
+    rows = render_markdown({"machine": _MACHINE, "benchmarks": benchmarks})
+    assert "| 11 feedback poll memory | skipped: no dovecot |" in rows
+    assert "| 12 API during a hostile feedback poll | skipped: no dovecot |" in rows
 
 
 def test_the_runner_writes_both_result_files(tmp_path: Path) -> None:

@@ -51,16 +51,18 @@ def test_fetch_reads_every_message_after_the_cursor_in_batches_and_changes_nothi
     before = _flags(dovecot)
     source = ImapFeedbackSource.from_url(dovecot.url)
     try:
-        uidvalidity, first = source.fetch(None, limit=4)
+        uidvalidity, batch = source.fetch(None, limit=4)
+        first = list(batch)
         assert [m.uid for m in first] == [1, 2, 3, 4]
         assert b"Subject: message 0" in first[0].raw
         assert first[0].key == f"{source.name}:{uidvalidity}:1"
-        same, rest = source.fetch((uidvalidity, 4), limit=4)
+        same, batch = source.fetch((uidvalidity, 4), limit=4)
+        rest = list(batch)
         assert same == uidvalidity
         assert [m.uid for m in rest] == [5, 6]
         assert b"Subject: message 5" in rest[-1].raw
         # nothing after the last: "7:*" matches the highest UID on the server, which is skipped
-        assert source.fetch((uidvalidity, 6))[1] == []
+        assert list(source.fetch((uidvalidity, 6))[1]) == []
         # another UIDVALIDITY: the mailbox was re-created, everything is new
         assert [m.uid for m in source.fetch((uidvalidity + 1, 6))[1]] == [1, 2, 3, 4, 5, 6]
     finally:
@@ -123,7 +125,7 @@ def test_a_dropped_connection_is_reopened_by_the_next_fetch(dovecot: Dovecot) ->
     source = ImapFeedbackSource.from_url(dovecot.url)
     try:
         uidvalidity, messages = source.fetch(None)
-        assert len(messages) == 2
+        assert len(list(messages)) == 2
         cast(Any, source)._client.shutdown()  # the server or the network dropped it
         with pytest.raises(FeedbackUnavailable):
             source.fetch((uidvalidity, 2))
@@ -155,3 +157,61 @@ def test_a_huge_message_is_read_only_to_a_bound(dovecot: Dovecot) -> None:
     from sendqueue.adapters.imap.source import MAX_MESSAGE_BYTES
 
     assert len(message.raw) == MAX_MESSAGE_BYTES
+
+
+def test_bodies_are_read_as_the_iterator_goes_in_fetches_bounded_by_bytes(
+    dovecot: Dovecot,
+) -> None:
+    # Red team: a batch of 200 messages of 1 MiB was fetched 100 at a time and handed over as
+    # one list. Now the sizes come first, then the bodies a few MiB per FETCH, each message
+    # handed over as the caller asks for it.
+    from sendqueue.adapters.imap.source import FETCH_BYTES, MAX_MESSAGE_BYTES
+
+    line = b"B" * 76 + b"\r\n"
+    big = _message(0).replace(b"body 0\r\n", line * (3 * MAX_MESSAGE_BYTES // 2 // len(line)))
+    client = _client(dovecot)
+    try:
+        for _ in range(10):
+            client.append("INBOX", big)  # each read to MAX_MESSAGE_BYTES
+        for n in range(3):
+            client.append("INBOX", _message(n))
+    finally:
+        client.logout()
+    source = ImapFeedbackSource.from_url(dovecot.url)
+    named: list[list[int]] = []
+    try:
+        uidvalidity, messages = source.fetch(None)
+        imap = cast(Any, source)._client
+        fetch = imap.fetch
+
+        def noting(uids: list[int], items: list[str]) -> Any:
+            named.append(list(uids))
+            return fetch(uids, items)
+
+        imap.fetch = noting
+        first = next(messages)
+        assert (first.uid, len(first.raw)) == (1, MAX_MESSAGE_BYTES)
+        assert named == [[1, 2, 3, 4]]  # one FETCH so far, of FETCH_BYTES
+        rest = list(messages)
+    finally:
+        source.close()
+    assert FETCH_BYTES == 4 * MAX_MESSAGE_BYTES
+    assert named == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12, 13]]
+    assert [m.uid for m in rest] == list(range(2, 14))
+    assert all(m.uidvalidity == uidvalidity for m in rest)
+    assert rest[-1].raw == _message(2)
+
+
+def test_an_iterator_ends_at_a_dropped_connection_and_the_next_fetch_reconnects(
+    dovecot: Dovecot,
+) -> None:
+    _append(dovecot, 3)
+    source = ImapFeedbackSource.from_url(dovecot.url)
+    try:
+        uidvalidity, messages = source.fetch(None, limit=2)
+        cast(Any, source)._client.shutdown()  # the server or the network dropped it
+        with pytest.raises(FeedbackUnavailable, match="fetching failed"):
+            next(messages)
+        assert [m.uid for m in source.fetch((uidvalidity, 1))[1]] == [2, 3]
+    finally:
+        source.close()

@@ -24,7 +24,8 @@ Maildir); as another user it runs with that user for all three. Both go in one d
 /tmp with mode 0755, as the unprivileged processes must reach the Maildir.
 
 A missing binary (or, for Postfix, not being root) skips locally and fails in CI
-(:func:`tests.conftest.missing`).
+(:func:`tests.conftest.missing`). Outside pytest (the benchmarks), :func:`dovecot_missing`
+says why Dovecot cannot run and :func:`running_dovecot` runs one.
 """
 
 from __future__ import annotations
@@ -44,7 +45,16 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["Dovecot", "Postfix", "dovecot", "free_port", "mail_root", "postfix"]
+__all__ = [
+    "Dovecot",
+    "Postfix",
+    "dovecot",
+    "dovecot_missing",
+    "free_port",
+    "mail_root",
+    "postfix",
+    "running_dovecot",
+]
 
 DOVECOT = Path("/usr/sbin/dovecot")
 POSTFIX = Path("/usr/sbin/postfix")
@@ -92,17 +102,25 @@ class MailUser:
 
 
 def _mail_user() -> MailUser:
+    """Raises KeyError when a user Dovecot needs is missing (see :func:`dovecot_missing`)."""
     if os.geteuid() != 0:
         me = pwd.getpwuid(os.geteuid()).pw_name
         return MailUser(os.geteuid(), os.getegid(), me, me)
-    try:
-        pwd.getpwnam("dovecot")
-        pwd.getpwnam("dovenull")
-        nobody = pwd.getpwnam("nobody")
-    except KeyError as exc:
-        _missing(f"Dovecot as root needs the dovecot, dovenull and nobody users: {exc}")
-        raise
+    pwd.getpwnam("dovecot")
+    pwd.getpwnam("dovenull")
+    nobody = pwd.getpwnam("nobody")
     return MailUser(nobody.pw_uid, nobody.pw_gid, "dovecot", "dovenull")
+
+
+def dovecot_missing() -> str | None:
+    """Why Dovecot cannot run here; None when it can."""
+    if not DOVECOT.exists():
+        return f"{DOVECOT} not found (Debian: apt-get install dovecot-imapd)"
+    try:
+        _mail_user()
+    except KeyError as exc:
+        return f"Dovecot as root needs the dovecot, dovenull and nobody users: {exc}"
+    return None
 
 
 @pytest.fixture
@@ -201,8 +219,18 @@ service stats {{
 @pytest.fixture
 def dovecot(mail_root: Path) -> Iterator[Dovecot]:
     """Dovecot on a free loopback port over a fresh Maildir (see the module docstring)."""
-    if not DOVECOT.exists():
-        _missing(f"{DOVECOT} not found (Debian: apt-get install dovecot-imapd)")
+    reason = dovecot_missing()
+    if reason:
+        _missing(reason)
+    with running_dovecot(mail_root) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_dovecot(mail_root: Path) -> Iterator[Dovecot]:
+    """Dovecot on a free loopback port over a fresh Maildir under ``mail_root`` (a directory
+    the unprivileged processes can traverse, as the ``mail_root`` fixture makes), terminated on
+    the way out. Check :func:`dovecot_missing` first."""
     owner = _mail_user()
     root = mail_root / "dovecot"
     maildir = mail_root / "Maildir"

@@ -4,17 +4,20 @@ and the wiring (settings -> sources, the real parser by default)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from sendqueue.adapters.parser import IsolatedParser
 from sendqueue.bootstrap import Container, bootstrap
-from sendqueue.domain.errors import StoreUnavailable
+from sendqueue.domain.errors import FeedbackUnavailable, StoreUnavailable
 from sendqueue.domain.feedback import Feedback, FeedbackKind
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
+from sendqueue.domain.reports import parse_feedback
 from sendqueue.ports import FeedbackSource
 from sendqueue.services.feedback_poll import FeedbackParser, lease_name
 from sendqueue.settings import Settings
@@ -97,7 +100,7 @@ def test_a_pass_applies_each_kind_and_counts_what_it_read() -> None:
     for raw in (b"hard", b"soft", b"complaint", b"reply"):
         box.add(raw + f" {cid}-{list(_KINDS).index(raw)}".encode())
     box.add(b"a newsletter")
-    box.add(b"boom")  # a parser failure: logged, the message left alone, the pass goes on
+    box.add(b"boom")  # a parser failure: skipped with one log line, the pass goes on
     box.add(b"hard c0000000000ff-3")  # about nothing sendqueue sent
     report = app.feedback_poller.poll()
     assert report.as_dict() == {
@@ -108,9 +111,10 @@ def test_a_pass_applies_each_kind_and_counts_what_it_read() -> None:
         "complaints": 1,
         "replies": 1,
         "unsubscribes": 0,
-        "not_feedback": 2,
+        "not_feedback": 1,
         "ignored": 1,
         "unverified": 0,
+        "skipped": 1,
         "busy": [],
         "errors": [],
     }
@@ -227,12 +231,21 @@ def test_the_settings_build_the_imap_source_and_the_real_parser() -> None:
     )
     box.add(dsn)
     real = bootstrap(
-        Settings(_env_file=None),
+        Settings(_env_file=None, feedback_parse_seconds=5),
         store=InMemoryTaskStore(),
         mailer=RecordingMailer(),
         feedback_sources=[box],
     )
-    assert real.feedback_poller.poll().not_feedback == 1
+    try:
+        # the real parser, in its own process within SENDQUEUE_FEEDBACK_PARSE_SECONDS
+        parser = real.feedback_poller._parse
+        assert isinstance(parser, IsolatedParser)
+        assert (parser.seconds, repr(parse_feedback) in repr(parser)) == (5, True)
+        assert real.feedback_poller.poll().not_feedback == 1
+        assert parser.pid is not None
+    finally:
+        real.close()
+    assert parser.pid is None  # the container's close stopped it
 
 
 def test_a_cancel_by_feedback_deletes_the_schedules_of_the_cancelled_tasks() -> None:
@@ -276,3 +289,122 @@ def test_a_new_uidvalidity_does_not_count_the_same_transient_bounces_again() -> 
     assert store.list_suppressions() == []
     [task] = store.list_tasks(cid)
     assert task.outcome is TaskOutcome.ACCEPTED
+
+
+def test_each_message_is_parsed_and_applied_before_the_next_is_read() -> None:
+    # Red team: a poll held its whole batch (200 messages of up to 1 MiB) at once. The source
+    # hands messages over one at a time, and the poller must not gather them either.
+    box = InMemoryMailbox()
+    handed: list[int] = []
+
+    def note(raw: bytes, *, received_at: datetime, **kw: Any) -> list[Feedback]:
+        handed.append(box.handed)
+        return []
+
+    for n in range(5):
+        box.add(f"m{n}".encode())
+    app = _app(box, parse=note)
+    app.feedback_poller._batch = 3
+    assert app.feedback_poller.poll().messages == 5
+    assert handed == [1, 2, 3, 4, 5]
+    store = app.store
+    assert isinstance(store, InMemoryTaskStore)
+    assert store.feedback_cursor(box.name) == (1, 5)
+
+
+def test_a_skipped_message_is_one_warning_line_and_the_one_behind_it_is_applied(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    box = InMemoryMailbox()
+    app = _app(box)
+    cid = _sent(app, 1)
+    box.add(b"boom")
+    box.add(f"reply {cid}-0".encode())
+    with caplog.at_level(logging.DEBUG, logger="sendqueue"):
+        report = app.feedback_poller.poll()
+    assert (report.messages, report.skipped, report.replies) == (2, 1, 1)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in warnings] == [
+        f"feedback message {box.name}:1:1 skipped: the parser raised ValueError: unparseable"
+    ]
+    assert warnings[0].exc_info is None  # the traceback only at DEBUG
+    store = app.store
+    assert isinstance(store, InMemoryTaskStore)
+    assert store.feedback_cursor(box.name) == (1, 2)  # a skipped message is not read again
+    assert app.feedback_poller.poll().messages == 0
+
+
+def test_a_parser_that_cannot_run_stops_the_pass_before_its_cursor_moves() -> None:
+    def cannot_start(raw: bytes, *, received_at: datetime, **kw: Any) -> list[Feedback]:
+        raise FeedbackUnavailable("the feedback parser process did not start")
+
+    box = InMemoryMailbox()
+    box.add(b"m0")
+    box.add(b"m1")
+    app = _app(box, parse=cannot_start)
+    report = app.feedback_poller.poll()
+    assert report.errors == [f"{box.name}: the feedback parser process did not start"]
+    assert (report.messages, report.skipped) == (1, 0)
+    store = app.store
+    assert isinstance(store, InMemoryTaskStore)
+    assert store.feedback_cursor(box.name) is None  # nothing skipped: read again next pass
+
+
+def test_a_mailbox_failing_half_way_keeps_the_cursor_of_the_last_whole_batch() -> None:
+    box = InMemoryMailbox()
+
+    def down_at_m2(raw: bytes, *, received_at: datetime, **kw: Any) -> list[Feedback]:
+        if raw == b"m2":
+            box.available = False  # the connection drops before the next message is read
+        return []
+
+    for n in range(5):
+        box.add(f"m{n}".encode())
+    app = _app(box, parse=down_at_m2)
+    app.feedback_poller._batch = 2
+    report = app.feedback_poller.poll()
+    assert report.errors == [f"{box.name}: {box.name}: fetching failed: simulated outage"]
+    assert report.messages == 3
+    store = app.store
+    assert isinstance(store, InMemoryTaskStore)
+    assert store.feedback_cursor(box.name) == (1, 2)
+
+
+def test_the_lease_is_renewed_within_a_batch_that_outlasts_half_of_it() -> None:
+    # Each message takes 100 s (a parse budget of 60 s, then the writes): a batch of six
+    # outlasts the 300 s lease, which another poller must not take over half-way.
+    box = InMemoryMailbox()
+    store = InMemoryTaskStore()
+    taken: list[bool] = []
+
+    def slow(raw: bytes, *, received_at: datetime, **kw: Any) -> list[Feedback]:
+        now = clock.advance(100)
+        taken.append(store.acquire_lease(lease_name(box.name), "other", ttl_seconds=300, at=now))
+        return []
+
+    for n in range(6):
+        box.add(f"m{n}".encode())
+    app = _app(box, parse=slow, store=store)
+    clock = cast(FakeClock, app.clock)
+    assert app.feedback_poller.poll().messages == 6
+    assert taken == [False] * 6
+
+
+def test_close_closes_a_parser_that_holds_something() -> None:
+    class Holding:
+        closed = 0
+
+        def __call__(self, raw: bytes, **kwargs: Any) -> list[Feedback]:
+            return []
+
+        def close(self) -> None:
+            self.closed += 1
+
+    parser = Holding()
+    box = InMemoryMailbox()
+    box.add(b"m0")
+    app = _app(box, parse=parser)
+    assert app.feedback_poller.poll().not_feedback == 1
+    assert parser.closed == 0  # kept from one pass to the next
+    app.close()
+    assert parser.closed == 1

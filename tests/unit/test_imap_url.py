@@ -121,3 +121,19 @@ def test_settings_refuse_a_password_in_clear_to_another_host_and_need_the_key() 
     ok = Settings(_env_file=None, bounce_address=" Bounces@Example.com ", secret_key=KEY)
     assert ok.bounce_address == "Bounces@example.com"
     assert ok.feedback_interval == 60.0
+
+
+@pytest.mark.parametrize("value", ["0.09", "60.5", "0", "-1", "nan", "inf"])
+def test_the_parse_budget_is_refused_outside_0_1_to_60_seconds(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SENDQUEUE_FEEDBACK_PARSE_SECONDS", value)
+    with pytest.raises(ValidationError, match=r"SENDQUEUE_FEEDBACK_PARSE_SECONDS: 0\.1 to 60"):
+        Settings(_env_file=None)
+
+
+def test_the_parse_budget_is_2_seconds_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings(_env_file=None).feedback_parse_seconds == 2.0
+    for value, seconds in (("0.1", 0.1), ("60", 60.0), ("7.5", 7.5)):
+        monkeypatch.setenv("SENDQUEUE_FEEDBACK_PARSE_SECONDS", value)
+        assert Settings(_env_file=None).feedback_parse_seconds == seconds

@@ -23,6 +23,7 @@ _COUNTS = (
     "not_feedback",
     "ignored",
     "unverified",
+    "skipped",
 )
 _LABELS = {"unverified": "unverified replies (noted, nothing changed)"}
 
@@ -31,7 +32,9 @@ _LABELS = {"unverified": "unverified replies (noted, nothing changed)"}
 @handle_errors
 def feedback_poll(as_json: JsonOpt = False) -> None:
     """Read the feedback mailbox once: apply every new bounce, complaint and reply, and print
-    the counts. Exits 3 when a mailbox cannot be read."""
+    the counts ("skipped": messages whose parse failed or ran out of
+    SENDQUEUE_FEEDBACK_PARSE_SECONDS; left alone, not read again). Exits 3 when a mailbox
+    cannot be read."""
     with container() as c:
         if not c.feedback_sources:
             fail(2, "SENDQUEUE_FEEDBACK_IMAP is not set: there is no feedback mailbox to poll")

@@ -14,6 +14,7 @@
         ├── SchedulerError          the execution layer failed
         │   └── Throttled           the execution layer asked us to slow down
         ├── FeedbackUnavailable     the feedback mailbox (IMAP) could not be read
+        ├── FeedbackParseFailed     one feedback message's parser failed, timed out or died
         └── MailError               the mail provider refused or failed
             ├── TransientMailError  4xx, connection errors, timeouts: try again later
             └── PermanentMailError  5xx: do not try again
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 __all__ = [
     "Conflict",
     "DomainError",
+    "FeedbackParseFailed",
     "FeedbackUnavailable",
     "IllegalTransition",
     "InfrastructureError",
@@ -144,7 +146,13 @@ class StoreUnavailable(InfrastructureError):
 
 
 class FeedbackUnavailable(InfrastructureError):
-    """The feedback mailbox could not be reached, logged in to or read."""
+    """The feedback mailbox could not be reached, logged in to or read (or its messages not
+    parsed at all: the parser's process could not start)."""
+
+
+class FeedbackParseFailed(InfrastructureError):
+    """One feedback message could not be parsed: its parser raised, ran out of its time
+    budget or died. The message is skipped; the next one is parsed afresh."""
 
 
 class SchedulerError(InfrastructureError):

@@ -34,8 +34,7 @@ some adapters can do.
 
 from __future__ import annotations
 
-import builtins
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
@@ -465,21 +464,21 @@ class FeedbackMessage:
 class FeedbackSource(Protocol):
     """A mailbox that feedback arrives in (bounces, complaints, replies).
 
-    Contract: ``fetch(after)`` returns the mailbox's current UIDVALIDITY and its messages with
-    a UID above ``after``'s (all of them when ``after`` is None or names another UIDVALIDITY),
-    in UID order, at most ``limit``. It never changes the mailbox: no flag is set, nothing is
-    moved or deleted, so a message that is not feedback is left as it was. ``name`` is the
-    mailbox's identity for the cursor (no credentials). A mailbox that cannot be reached, logged
-    in to or read raises :class:`~sendqueue.domain.errors.FeedbackUnavailable`.
+    Contract: ``fetch(after)`` returns the mailbox's UIDVALIDITY and an iterator over its
+    messages with a UID above ``after``'s (all of them when ``after`` is None or names another
+    UIDVALIDITY), in UID order, at most ``limit``. The iterator reads as it goes, holding a few
+    messages' bytes, never the batch; the source's next ``fetch`` or ``close`` ends it (going on
+    raises) and it may be dropped half-way. The mailbox is never changed: no flag set, nothing
+    moved or deleted. ``name`` is its identity for the cursor (no credentials). A mailbox that
+    cannot be reached, logged in to or read raises
+    :class:`~sendqueue.domain.errors.FeedbackUnavailable`, from ``fetch`` or the iterator.
     """
 
     name: str
 
     def fetch(
         self, after: tuple[int, int] | None, *, limit: int = 500
-    ) -> tuple[int, builtins.list[FeedbackMessage]]:
-        """``(uidvalidity, messages after the position)``."""
-        ...
+    ) -> tuple[int, Iterator[FeedbackMessage]]: ...
 
     def close(self) -> None: ...
 

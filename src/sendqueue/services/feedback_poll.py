@@ -3,15 +3,23 @@
 :meth:`FeedbackPoller.poll` makes one pass over the configured mailboxes
 (:class:`~sendqueue.ports.FeedbackSource`). For each mailbox it:
 
-- takes the store lease ``feedback:<mailbox name>`` (renewed after every batch), so two
-  pollers (two worker processes, a worker and ``sendqueue feedback poll``) never read one
-  mailbox at once; a mailbox whose lease another poller holds is skipped this pass;
+- takes the store lease ``feedback:<mailbox name>`` (renewed after every batch, and within
+  one whenever half its time has gone), so two pollers (two worker processes, a worker and
+  ``sendqueue feedback poll``) never read one mailbox at once; a mailbox whose lease another
+  poller holds is skipped this pass;
 - fetches the messages after the saved cursor (:meth:`FeedbackStore.feedback_cursor`: the
-  mailbox's UIDVALIDITY and highest UID processed), in batches;
+  mailbox's UIDVALIDITY and highest UID processed), in batches, each handed over by the
+  source one message at a time: a message is parsed, applied and let go before the next is
+  read, so a batch of large messages is never held at once;
 - parses each message into feedback (DSNs, ARF complaints, replies; nothing for any other
   message, which is left alone) and applies each piece with
-  :meth:`~sendqueue.services.feedback.FeedbackService.apply`;
+  :meth:`~sendqueue.services.feedback.FeedbackService.apply`; a message its parser fails on
+  (it raised, or the isolated parser ran out of its time budget or died) is skipped: one
+  WARNING line naming it, counted in ``skipped``, and the messages behind it still read;
 - saves the cursor after each batch.
+
+Skipped messages are not read again (the cursor moves past them): a message that stalls or
+breaks the parser would do so at every pass and hold back every message behind it.
 
 A crash between applying a batch and saving its cursor applies the batch again at the next
 pass: every effect is idempotent (an outcome is written once, the list keeps its first entry, a
@@ -27,19 +35,20 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from sendqueue.domain.errors import Conflict, FeedbackUnavailable
+from sendqueue.domain.errors import Conflict, FeedbackParseFailed, FeedbackUnavailable
 from sendqueue.domain.feedback import Feedback, FeedbackKind
-from sendqueue.ports import Clock, FeedbackSource, FeedbackStore, TaskStore
+from sendqueue.ports import Clock, FeedbackMessage, FeedbackSource, FeedbackStore, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.feedback import FeedbackService
 
 __all__ = [
     "BATCH",
+    "ClosableFeedbackParser",
     "FeedbackParser",
     "FeedbackPoller",
     "PollReport",
@@ -63,7 +72,9 @@ _COUNTER = {
 
 class FeedbackParser(Protocol):
     """:func:`sendqueue.domain.reports.parse_feedback`'s signature: the feedback in one raw
-    message (an empty list: not feedback)."""
+    message (an empty list: not feedback). Any exception skips the message, except
+    :class:`~sendqueue.domain.errors.FeedbackUnavailable` (the parser cannot run at all),
+    which ends the mailbox's pass before its cursor moves."""
 
     def __call__(
         self,
@@ -77,13 +88,21 @@ class FeedbackParser(Protocol):
     ) -> list[Feedback]: ...
 
 
+@runtime_checkable
+class ClosableFeedbackParser(FeedbackParser, Protocol):
+    """A parser holding something to release (the isolated parser's process):
+    :meth:`FeedbackPoller.close` closes it."""
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class PollReport:
     """What one pass did. ``messages`` were read; each piece of feedback in them is counted
     by kind when applied (``bounces`` are permanent, ``soft_bounces`` transient), or in
     ``ignored`` when it was about nothing sendqueue sent or proved nothing (``unverified``
     counts the replies among those, noted on their email); ``not_feedback`` messages held
-    none.
+    none; ``skipped`` ones were not parsed (the parser failed, ran out of time or died).
     ``busy`` names the mailboxes another poller was reading, ``errors`` those that failed."""
 
     mailboxes: int = 0
@@ -96,6 +115,7 @@ class PollReport:
     not_feedback: int = 0
     ignored: int = 0
     unverified: int = 0
+    skipped: int = 0
     busy: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -163,8 +183,11 @@ class FeedbackPoller:
         return report
 
     def close(self) -> None:
+        """Close the sources and the parser (when it holds anything)."""
         for source in self._sources:
             source.close()
+        if isinstance(self._parse, ClosableFeedbackParser):
+            self._parse.close()
 
     # -- one mailbox ----------------------------------------------------------------------------
 
@@ -194,39 +217,62 @@ class FeedbackPoller:
                         cursor[0],
                         uidvalidity,
                     )
-                for message in messages:
-                    self._message(message.raw, message.key, content_key(name, message.raw), report)
-                if messages:
-                    last = messages[-1].uid
+                count, last = self._batch_of(name, messages, report)
+                if last is not None:
                     self._cursors.save_feedback_cursor(name, uidvalidity, last)
                     cursor = (uidvalidity, last)
                 elif cursor is None or cursor[0] != uidvalidity:
                     self._cursors.save_feedback_cursor(name, uidvalidity, 0)
                     cursor = (uidvalidity, 0)
-                if len(messages) < self._batch:
+                if count < self._batch:
                     return
-                if not self._lease(name):  # renewed per batch; lost: another poller took over
-                    raise Conflict(f"the lease of {name} was taken over; stopping this pass")
+                self._renew(name)
         finally:
             self._store.release_lease(lease_name(name), self._owner)
 
-    def _message(self, raw: bytes, key: str, identity: str, report: PollReport) -> None:
-        """Parse and apply one message; ``key`` names it in the log, ``identity`` (its content,
-        not its UID) keys its feedback, so a re-created mailbox counts nothing twice."""
+    def _batch_of(
+        self, name: str, messages: Iterator[FeedbackMessage], report: PollReport
+    ) -> tuple[int, int | None]:
+        """Parse and apply each message as the source hands it over (none is kept): how many
+        there were and the last one's UID."""
+        count, last = 0, None
+        renewed = self._clock.now()
+        half = self._config.feedback_lease_seconds / 2
+        for message in messages:
+            self._message(message, name, report)
+            count, last = count + 1, message.uid
+            # A batch of messages that each take their whole parse budget can outlast the
+            # lease: it is renewed within the batch too, once half its time has gone.
+            if (self._clock.now() - renewed).total_seconds() > half:
+                self._renew(name)
+                renewed = self._clock.now()
+        return count, last
+
+    def _renew(self, name: str) -> None:
+        if not self._lease(name):  # lost: another poller took over
+            raise Conflict(f"the lease of {name} was taken over; stopping this pass")
+
+    def _message(self, message: FeedbackMessage, mailbox: str, report: PollReport) -> None:
+        """Parse and apply one message. Its key (mailbox, UIDVALIDITY, UID) names it in the
+        log; its content key (:func:`content_key`, not its UID) keys its feedback, so a
+        re-created mailbox counts nothing twice."""
         report.messages += 1
         config = self._config
         try:
             items = self._parse(
-                raw,
+                message.raw,
                 received_at=self._clock.now(),
-                key=identity,
+                key=content_key(mailbox, message.raw),
                 bounce_address=config.bounce_address,
                 secret=config.secret_key,
                 trusted_authserv=config.trusted_authserv,
             )
-        except Exception:  # one unparseable message must not block the mailbox behind it
-            log.exception("feedback message %s could not be parsed; left alone", key)
-            report.not_feedback += 1
+        except FeedbackUnavailable:
+            raise  # the parser cannot run at all: the pass stops before its cursor moves
+        except Exception as exc:  # one unparseable message must not block the mailbox behind it
+            report.skipped += 1
+            log.warning("feedback message %s skipped: %s", message.key, _why(exc))
+            log.debug("feedback message %s: the parser's error", message.key, exc_info=True)
             return
         if not items:
             report.not_feedback += 1
@@ -236,7 +282,19 @@ class FeedbackPoller:
             if applied.ignored is not None:
                 report.ignored += 1
                 report.unverified += applied.unverified
-                log.info("feedback %s (%s) ignored: %s", key, item.kind.value, applied.ignored)
+                log.info(
+                    "feedback %s (%s) ignored: %s", message.key, item.kind.value, applied.ignored
+                )
                 continue
             counter = _COUNTER[item.kind]
             setattr(report, counter, getattr(report, counter) + 1)
+
+
+def _why(exc: Exception) -> str:
+    """One line on why a message was skipped (a parser's message may be long or multi-line)."""
+    if isinstance(exc, FeedbackParseFailed):
+        text = str(exc)
+    else:
+        text = f"the parser raised {type(exc).__name__}: {exc}"
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:299] + "…"

@@ -4,17 +4,23 @@ adds, with a UIDVALIDITY it can change and an outage it can switch on."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 from sendqueue.domain.errors import FeedbackUnavailable
 from sendqueue.ports import FeedbackMessage
 
 __all__ = ["InMemoryMailbox"]
 
+_ENDED = "another fetch or close() came first"
+
 
 class InMemoryMailbox:
     """A feedback mailbox in memory, with the IMAP source's contract: UIDs ascend from 1 within
     a UIDVALIDITY, ``fetch`` returns those above the cursor (all of them for another
-    UIDVALIDITY), at most ``limit``, and changes nothing. ``fetches`` counts the calls."""
+    UIDVALIDITY), at most ``limit``, one at a time, and changes nothing. Its iterator ends at
+    the next ``fetch`` or ``close``, and raises while the mailbox is down (``available``
+    False), as the IMAP one does when its connection fails half-way. ``fetches`` counts the
+    calls, ``handed`` the messages the iterators gave."""
 
     def __init__(self, name: str = "imap://bounces@mail.test:143/INBOX") -> None:
         self.name = name
@@ -22,6 +28,8 @@ class InMemoryMailbox:
         self.available = True
         self.fetches = 0
         self.closed = 0
+        self.handed = 0
+        self._generation = 0
         self._messages: list[FeedbackMessage] = []
         self._lock = threading.Lock()
 
@@ -43,13 +51,28 @@ class InMemoryMailbox:
 
     def fetch(
         self, after: tuple[int, int] | None, *, limit: int = 500
-    ) -> tuple[int, list[FeedbackMessage]]:
+    ) -> tuple[int, Iterator[FeedbackMessage]]:
         with self._lock:
             self.fetches += 1
+            self._generation += 1
             if not self.available:
                 raise FeedbackUnavailable(f"{self.name}: connecting failed: simulated outage")
             first = after[1] + 1 if after is not None and after[0] == self.uidvalidity else 1
-            return self.uidvalidity, [m for m in self._messages if m.uid >= first][:limit]
+            chosen = [m for m in self._messages if m.uid >= first][:limit]
+            return self.uidvalidity, self._handing(self._generation, chosen)
 
     def close(self) -> None:
-        self.closed += 1
+        with self._lock:
+            self.closed += 1
+            self._generation += 1
+
+    def _handing(self, generation: int, chosen: list[FeedbackMessage]) -> Iterator[FeedbackMessage]:
+        chosen.reverse()  # popped from the end: the first UID first
+        while chosen:
+            with self._lock:
+                if generation != self._generation:
+                    raise FeedbackUnavailable(f"{self.name}: fetching failed: {_ENDED}")
+                if not self.available:
+                    raise FeedbackUnavailable(f"{self.name}: fetching failed: simulated outage")
+                self.handed += 1
+            yield chosen.pop()

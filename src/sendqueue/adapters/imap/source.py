@@ -5,6 +5,12 @@ It only reads. The folder is opened read-only (EXAMINE) and bodies are fetched w
 ``\\Seen``), and nothing is moved or deleted: a message that is not feedback stays as the
 mailbox's owner left it. Which messages are new is
 the caller's cursor (UIDVALIDITY and the highest UID processed), not the mailbox's flags.
+
+Memory: :meth:`ImapFeedbackSource.fetch` reads the UIDs and their ``RFC822.SIZE`` at once,
+and the bodies as its iterator goes, in FETCHes of at most :data:`FETCH_BYTES` (the sizes,
+each up to :data:`MAX_MESSAGE_BYTES`, added up; at least one message each), handing each
+message over and letting it go. A poll of 200 messages of 1 MiB held them all at once before
+(about 400 MB); now it holds a FETCH's worth and the message being read.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import logging
 import socket
 import ssl
 import threading
+from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from imapclient import IMAPClient
@@ -26,12 +34,19 @@ __all__ = ["ImapFeedbackSource"]
 
 log = logging.getLogger(__name__)
 
-#: The most UIDs one FETCH names (a batch of ``limit`` goes in chunks of this many).
+#: The most UIDs one FETCH of bodies names.
 FETCH_CHUNK = 100
 #: The most of one message read (its first bytes): headers and report parts come first, and a
 #: reply's attachments of tens of megabytes must not make a batch hold gigabytes.
 MAX_MESSAGE_BYTES = 1_048_576
+#: The most body bytes one FETCH asks for (each message's RFC822.SIZE up to
+#: MAX_MESSAGE_BYTES, added up); a FETCH names at least one message, whatever its size.
+FETCH_BYTES = 4 * MAX_MESSAGE_BYTES
+#: The most UIDs one FETCH of sizes names (the answer is a few bytes per message).
+SIZE_CHUNK = 1000
 _PARTIAL = f"BODY.PEEK[]<0.{MAX_MESSAGE_BYTES}>"
+_SIZE = "RFC822.SIZE"
+_ENDED = "another fetch or close() came first"
 
 
 class ImapFeedbackSource:
@@ -40,7 +55,10 @@ class ImapFeedbackSource:
     One connection, opened at the first :meth:`fetch` and kept for the next ones (the batches of
     one poll); :meth:`close` logs out, and a connection that failed is dropped, so the next
     fetch opens a new one. ``name`` (``imap://user@host:port/folder``) never holds the password,
-    nor does ``repr``. Thread-safe (one fetch at a time).
+    nor does ``repr``. Thread-safe: one IMAP command at a time. The lock is held for a command
+    only, never while the caller holds a message of the iterator: between two FETCHes the
+    connection is idle, so an iterator dropped half-way leaves no answer unread, and
+    :meth:`close` never waits for the caller's work on a message.
     """
 
     def __init__(self, url: ImapUrl, *, ssl_context: ssl.SSLContext | None = None) -> None:
@@ -49,6 +67,8 @@ class ImapFeedbackSource:
         self._ssl_context = ssl_context
         self._client: IMAPClient | None = None
         self._lock = threading.Lock()
+        #: One more at every fetch and close: the iterators of older fetches end.
+        self._generation = 0
 
     @classmethod
     def from_url(
@@ -69,12 +89,15 @@ class ImapFeedbackSource:
 
     def fetch(
         self, after: tuple[int, int] | None, *, limit: int = 500
-    ) -> tuple[int, list[FeedbackMessage]]:
-        """The folder's UIDVALIDITY and at most ``limit`` messages with a UID above ``after``'s
-        (all when ``after`` is None or of another UIDVALIDITY), in UID order."""
+    ) -> tuple[int, Iterator[FeedbackMessage]]:
+        """The folder's UIDVALIDITY and an iterator over at most ``limit`` messages with a UID
+        above ``after``'s (all when ``after`` is None or of another UIDVALIDITY), in UID order.
+        The UIDs and their sizes are read here, the bodies as the iterator goes (see the
+        module docstring); the iterator ends at the next fetch or close."""
         if limit < 1:
             raise InvalidField("limit", limit, "at least 1")
         with self._lock:
+            self._generation += 1
             step = "connecting"
             try:
                 client = self._connected()
@@ -86,16 +109,18 @@ class ImapFeedbackSource:
                 # "first:*" also matches the highest UID when it is below first (RFC 3501
                 # 6.4.8: "*" is the largest UID in use), so the range is checked again here.
                 uids = sorted(u for u in client.search(["UID", f"{first}:*"]) if u >= first)
-                step = "fetching"
-                messages = self._bodies(client, uidvalidity, uids[:limit])
+                step = "sizing"
+                chunks = self._chunks(client, uids[:limit])
             except (IMAPClientError, OSError, KeyError, ValueError) as exc:
                 self._drop()
                 raise self._unavailable(step, exc) from exc
-        return uidvalidity, messages
+            generation = self._generation
+        return uidvalidity, self._bodies(generation, uidvalidity, chunks)
 
     def close(self) -> None:
-        """Log out and close the connection, if one is open."""
+        """Log out and close the connection, if one is open; the open iterator ends."""
         with self._lock:
+            self._generation += 1
             client, self._client = self._client, None
         if client is not None:
             try:
@@ -105,22 +130,63 @@ class ImapFeedbackSource:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _bodies(
-        self, client: IMAPClient, uidvalidity: int, uids: list[int]
-    ) -> list[FeedbackMessage]:
-        out: list[FeedbackMessage] = []
-        for start in range(0, len(uids), FETCH_CHUNK):
-            chunk = uids[start : start + FETCH_CHUNK]
-            fetched: dict[int, dict[bytes, Any]] = client.fetch(chunk, [_PARTIAL])
-            for uid in chunk:
-                data = fetched.get(uid)
+    @staticmethod
+    def _chunks(client: IMAPClient, uids: list[int]) -> list[list[int]]:
+        """``uids`` (less those expunged since the SEARCH) in the groups of one FETCH of
+        bodies each: at most FETCH_CHUNK UIDs and FETCH_BYTES, at least one message."""
+        chunks: list[list[int]] = []
+        chunk: list[int] = []
+        held = 0
+        for start in range(0, len(uids), SIZE_CHUNK):
+            part = uids[start : start + SIZE_CHUNK]
+            sizes: dict[int, dict[bytes, Any]] = client.fetch(part, [_SIZE])
+            for uid in part:
+                data = sizes.get(uid)
                 if data is None:  # expunged between SEARCH and FETCH: nothing to read
                     continue
-                raw = data.get(b"BODY[]<0>")
-                if not isinstance(raw, bytes):
-                    raise ValueError(f"no body for UID {uid}")
-                out.append(FeedbackMessage(self.name, uidvalidity, uid, raw))
-        return out
+                size = min(int(data[_SIZE.encode()]), MAX_MESSAGE_BYTES)
+                if chunk and (held + size > FETCH_BYTES or len(chunk) >= FETCH_CHUNK):
+                    chunks.append(chunk)
+                    chunk, held = [], 0
+                chunk.append(uid)
+                held += size
+        if chunk:
+            chunks.append(chunk)
+        return chunks
+
+    def _bodies(
+        self, generation: int, uidvalidity: int, chunks: list[list[int]]
+    ) -> Iterator[FeedbackMessage]:
+        """The messages of ``chunks``, one FETCH per chunk, each message handed over and let go
+        before the next FETCH; the lock is held for the FETCH only."""
+        for uids in chunks:
+            with self._lock:
+                client = self._client
+                if generation != self._generation or client is None:
+                    raise FeedbackUnavailable(f"{self.name}: fetching failed: {_ENDED}")
+                try:
+                    fetched: dict[int, dict[bytes, Any]] = client.fetch(uids, [_PARTIAL])
+                    ready = deque(self._read(fetched, uidvalidity, uids))
+                except (IMAPClientError, OSError, KeyError, ValueError) as exc:
+                    self._drop()
+                    raise self._unavailable("fetching", exc) from exc
+                del fetched  # the FETCH's answer: only the messages not yet handed over stay
+            while ready:
+                if generation != self._generation:
+                    raise FeedbackUnavailable(f"{self.name}: fetching failed: {_ENDED}")
+                yield ready.popleft()
+
+    def _read(
+        self, fetched: dict[int, dict[bytes, Any]], uidvalidity: int, uids: list[int]
+    ) -> Iterator[FeedbackMessage]:
+        for uid in uids:
+            data = fetched.get(uid)
+            if data is None:  # expunged since the sizes were read: nothing to read
+                continue
+            raw = data.get(b"BODY[]<0>")
+            if not isinstance(raw, bytes):
+                raise ValueError(f"no body for UID {uid}")
+            yield FeedbackMessage(self.name, uidvalidity, uid, raw)
 
     def _connected(self) -> IMAPClient:
         if self._client is not None:
