@@ -81,6 +81,24 @@ def test_import_reports_every_bad_row_and_imports_nothing(web: Web) -> None:
     assert _error(no_file, 422)["field"] == "file"
 
 
+def test_formula_cells_are_exported_quoted_and_import_back(web: Web) -> None:
+    text = b"email,task_id\n'-x@example.com,'=HYPERLINK(\"http://e.example\")\n+y@example.com,\n"
+    response = web.client.post(
+        "/api/suppressions/import", files={"file": ("s.csv", text, "text/csv")}
+    )
+    assert response.json() == {"rows": 2, "added": 2, "kept": 0}
+    listed = web.client.get("/api/suppressions").json()["suppressions"]
+    assert [(e["email"], e["task_id"]) for e in listed] == [
+        ("+y@example.com", None),
+        ("-x@example.com", '=HYPERLINK("http://e.example")'),
+    ]
+    export = web.client.get("/api/suppressions/export").text
+    assert export.splitlines()[1:] == [
+        "'+y@example.com,manual,,2026-12-01T08:00:00Z",
+        '\'-x@example.com,manual,"\'=HYPERLINK(""http://e.example"")",2026-12-01T08:00:00Z',
+    ]
+
+
 def test_import_then_export_round_trips(web: Web) -> None:
     text = b"email,reason,name\nB@example.com,complained,Bea\na@example.com,,Al\n"
     response = web.client.post(

@@ -1,6 +1,10 @@
 """The suppression list as the CLI, the API and the pages act on it: add, remove, page, import
 and export (CSV). Addresses are checked and keyed here (:func:`suppression_key`); the store
 compares keys exactly (:class:`~sendqueue.ports.SuppressionList`).
+
+An export puts ``'`` before a cell a spreadsheet would take for a formula, and an import takes
+it off again (:func:`export_cell`, :func:`import_cell`): an address comes onto the list from
+outside (an unsubscribe), and ``=HYPERLINK(...)@example.com`` is a valid one.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ __all__ = [
     "Added",
     "Imported",
     "SuppressionService",
+    "export_cell",
+    "import_cell",
     "parse_csv",
     "to_csv",
 ]
@@ -35,6 +41,10 @@ MAX_PAGE = 1000
 
 #: Bad rows an import reports one by one (all are counted).
 _MAX_REPORTED = 100
+
+#: First characters that get a ``'`` in an export: a formula's (OWASP's CSV injection list:
+#: ``= + - @``, tab, carriage return) and ``'`` itself, so that the import's undoing is exact.
+_QUOTED_START = frozenset("=+-@\t\r'")
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,18 @@ class Imported:
         return self.rows - self.added
 
 
+def export_cell(value: str) -> str:
+    """``value`` as an export writes it: behind a ``'`` when it starts with one of
+    ``= + - @``, a tab, a carriage return or ``'`` (a spreadsheet shows the rest as text)."""
+    return "'" + value if value[:1] in _QUOTED_START else value
+
+
+def import_cell(cell: str) -> str:
+    """A cell as an import reads it: one leading ``'`` dropped when one of the characters
+    :func:`export_cell` quotes follows it, so that ``import_cell(export_cell(v)) == v``."""
+    return cell[1:] if cell[:1] == "'" and cell[1:2] in _QUOTED_START else cell
+
+
 def parse_csv(text: str, *, now: datetime) -> list[Suppression]:
     """The entries of a CSV file (its header names the columns, see :data:`CSV_COLUMNS`).
 
@@ -81,7 +103,7 @@ def parse_csv(text: str, *, now: datetime) -> list[Suppression]:
 
         def cell(name: str, row: list[str] = row) -> str:
             at = columns.get(name)
-            return row[at].strip() if at is not None and at < len(row) else ""
+            return import_cell(row[at]).strip() if at is not None and at < len(row) else ""
 
         try:
             email = suppression_key(cell("email"))
@@ -128,15 +150,19 @@ def _parse_at(value: str) -> datetime:
 
 
 def to_csv(entries: Iterator[Suppression]) -> Iterator[str]:
-    """The entries as CSV text, the header line first, one line per entry."""
+    """The entries as CSV text, the header line first, one line per entry, each cell as
+    :func:`export_cell` writes it."""
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    # The writer quotes a cell holding a character of its line terminator, so "\r\n" (a
+    # bare "\n" would leave a CR inside a cell unquoted, and the import would split the row
+    # there); the lines end in "\n" all the same.
+    writer = csv.writer(buffer, lineterminator="\r\n")
 
     def line(values: tuple[str, ...]) -> str:
         buffer.seek(0)
         buffer.truncate()
-        writer.writerow(values)
-        return buffer.getvalue()
+        writer.writerow([export_cell(v) for v in values])
+        return buffer.getvalue()[:-2] + "\n"
 
     yield line(CSV_COLUMNS)
     for e in entries:
