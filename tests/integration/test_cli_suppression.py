@@ -95,6 +95,14 @@ def test_formula_cells_are_exported_quoted_and_import_back(cli: CliRunner, tmp_p
     assert [e["email"] for e in listed] == ["'=y@example.com", "-x@example.com"]
 
 
+def test_a_file_that_is_not_utf8_imports_nothing(cli: CliRunner, tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.csv"
+    bad.write_bytes(b"email\n" + b"".join(b"u%d@example.com\n" % i for i in range(50)) + b"\xe9\n")
+    code, _, err = run(cli, "suppression", "import", str(bad))
+    assert code == 2 and err.startswith("error: file: not UTF-8: invalid byte 0xe9")
+    assert json.loads(run(cli, "suppression", "list", "--json")[1]) == []
+
+
 def test_a_suppressed_recipient_is_cancelled_at_provisioning(
     cli: CliRunner, tmp_path: Path
 ) -> None:
