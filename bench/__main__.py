@@ -35,6 +35,7 @@ from bench import (
     provisioning,
     reconciler,
     stream,
+    suppressions,
     throughput,
 )
 from bench.common import (
@@ -58,6 +59,7 @@ BENCHMARKS = (
     "reconciler",
     "stream",
     "imports",
+    "suppressions",
     "changelog",
     "feedback",
 )
@@ -81,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "a tenth of a second, so a burst of load elsewhere hits few)")  # fmt: skip
     g.add_argument("--import-rows", type=int, nargs=2, default=[20_000, 80_000],
                    help="two CSV sizes; the import's peak RSS is scaled to 1M rows")  # fmt: skip
+    g.add_argument("--suppression-rows", type=int, nargs=2, default=[50_000, 200_000],
+                   help="two suppression CSV sizes (benchmark 13)")  # fmt: skip
     g.add_argument("--recipients", type=int, default=100_000)
     g.add_argument("--recipients-small", type=int, default=10_000)
     g.add_argument("--provision-repeats", type=int, default=None, help="default: --repeats")
@@ -358,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     if "imports" in chosen:
         attempt("imports", lambda: imports.run((args.import_rows[0], args.import_rows[1])))
+    if "suppressions" in chosen:
+        sizes = (args.suppression_rows[0], args.suppression_rows[1])
+        attempt("suppressions", lambda: suppressions.run(sizes))
     if "changelog" in chosen and not pg_reason:
         attempt(
             "changelog",

@@ -91,7 +91,9 @@ def hostile_message(n: int, size: int) -> bytes:
     return b"".join(lines) + b"\r\nhello\r\n"
 
 
+#: A reply proven as the trust rules ask: its From domain authenticated by a trusted server.
 REPLY = (
+    b"Authentication-Results: mx.bench.example; dmarc=pass header.from=example.com\r\n"
     b"From: Demo <demo001@example.com>\r\nTo: sendqueue@example.com\r\nSubject: Re: Hello\r\n"
     b"Message-ID: <genuine-reply@example.com>\r\nDate: Tue, 1 Dec 2026 09:00:00 +0000\r\n\r\n"
     b"Thanks, but please take me off your list.\r\n"
@@ -213,6 +215,8 @@ def _settings(home: Path, url: str) -> Any:
         scheduler_url=f"sqlite:///{home / 'scheduler.db'}",
         mailer=f"maildir:{home / 'outbox'}",
         feedback_imap=url,
+        secret_key="bench-feedback-key-0123456789abcdef0123",  # feedback needs the key
+        trusted_authserv="mx.bench.example",
         feedback_interval=1,
     )
 

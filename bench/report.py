@@ -220,6 +220,27 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 "-",
             )
         )
+    if "suppressions" in b:
+        rows += _suppression_rows(b["suppressions"])
+    return rows
+
+
+def _suppression_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The suppression import: peak RSS at the two sizes and scaled to 1M rows, per mode."""
+    small, large = s["sizes"]
+    rows = []
+    for mode, f in s["modes"].items():
+        runs = f["runs"]
+        rows.append(
+            (
+                f"13 suppression import ({mode}): peak RSS MB at {small:,} / {large:,} rows "
+                "-> 1M scaled; s at 1M",
+                f"{runs[str(small)]['peak_rss_mb']:.0f} / {runs[str(large)]['peak_rss_mb']:.0f} "
+                f"-> {f['peak_mb_at_1m']:.0f}; {f['seconds_at_1m']:.0f} s",
+                f"target {s['target_mb_per_million']:g} MB at 1M",
+                "-",
+            )
+        )
     return rows
 
 

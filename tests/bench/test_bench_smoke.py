@@ -29,6 +29,7 @@ from bench import (
     provisioning,
     reconciler,
     stream,
+    suppressions,
     throughput,
 )
 
@@ -383,6 +384,24 @@ def test_stream() -> None:
     for key in ("p50_s", "p95_s", "server_cpu_percent_of_one_core"):
         _summary(result[key])
     _targets(result)
+
+
+def test_suppression_import() -> None:
+    result = suppressions.run((100, 300))
+    assert set(result["modes"]) == set(suppressions.MODES)
+    for figures in result["modes"].values():
+        assert set(figures["runs"]) == {"100", "300"}
+        assert all(run["peak_rss_mb"] > 0 for run in figures["runs"].values())
+        assert math.isfinite(figures["peak_mb_at_1m"]) and figures["seconds_at_1m"] > 0
+    assert [t["limit"] for t in result["targets"]] == [150.0, 150.0]
+    _targets(result)
+    table = render_markdown(
+        {"machine": _MACHINE, "benchmarks": {"suppressions": result}, "targets": result["targets"]}
+    )
+    assert "| 13 suppression import (api): peak RSS MB at 100 / 300 rows -> 1M scaled" in table
+    assert (
+        "| suppression import peak RSS per 1M rows (cli, scaled from 100 and 300 rows) |" in table
+    )
 
 
 def test_stream_idle() -> None:

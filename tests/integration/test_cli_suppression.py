@@ -81,6 +81,28 @@ def test_import_is_all_or_nothing_and_export_reads_back(cli: CliRunner, tmp_path
     assert json.loads(out) == {"rows": 2, "added": 0, "kept": 2}
 
 
+def test_formula_cells_are_exported_quoted_and_import_back(cli: CliRunner, tmp_path: Path) -> None:
+    assert run(cli, "suppression", "add", "--", "-x@example.com")[0] == 0  # not an option
+    assert run(cli, "suppression", "add", "'=y@example.com")[0] == 0
+    target = tmp_path / "out.csv"
+    assert run(cli, "suppression", "export", "--out", str(target))[0] == 0
+    lines = target.read_text("utf-8").splitlines()
+    assert [line.split(",")[0] for line in lines[1:]] == ["''=y@example.com", "'-x@example.com"]
+    assert run(cli, "suppression", "remove", "--", "-x@example.com")[0] == 0
+    code, out, _ = run(cli, "suppression", "import", str(target), "--json")
+    assert code == 0 and json.loads(out) == {"rows": 2, "added": 1, "kept": 1}
+    listed = json.loads(run(cli, "suppression", "list", "--json")[1])
+    assert [e["email"] for e in listed] == ["'=y@example.com", "-x@example.com"]
+
+
+def test_a_file_that_is_not_utf8_imports_nothing(cli: CliRunner, tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.csv"
+    bad.write_bytes(b"email\n" + b"".join(b"u%d@example.com\n" % i for i in range(50)) + b"\xe9\n")
+    code, _, err = run(cli, "suppression", "import", str(bad))
+    assert code == 2 and err.startswith("error: file: not UTF-8: invalid byte 0xe9")
+    assert json.loads(run(cli, "suppression", "list", "--json")[1]) == []
+
+
 def test_a_suppressed_recipient_is_cancelled_at_provisioning(
     cli: CliRunner, tmp_path: Path
 ) -> None:

@@ -81,6 +81,42 @@ def test_import_reports_every_bad_row_and_imports_nothing(web: Web) -> None:
     assert _error(no_file, 422)["field"] == "file"
 
 
+def test_an_upload_is_checked_whole_before_anything_is_imported(make_web: Any) -> None:
+    web = make_web()
+    good = b"".join(b"u%d@example.com,bounced\n" % i for i in range(2_000))
+    late = web.client.post(
+        "/api/suppressions/import",
+        files={"file": ("s.csv", b"email,reason\n" + good + b"caf\xe9@example.com,\n", "text/csv")},
+    )
+    error = _error(late, 422)
+    assert error["field"] == "file" and error["reason"].startswith("not UTF-8: invalid byte 0xe9")
+    assert web.client.get("/api/suppressions").json()["total"] == 0
+    small = make_web(max_upload_bytes=2048)
+    big = small.client.post(
+        "/api/suppressions/import", files={"file": ("s.csv", b"email\n" + good, "text/csv")}
+    )
+    assert _error(big, 413)["field"] == "file"
+    assert small.client.get("/api/suppressions").json()["total"] == 0
+
+
+def test_formula_cells_are_exported_quoted_and_import_back(web: Web) -> None:
+    text = b"email,task_id\n'-x@example.com,'=HYPERLINK(\"http://e.example\")\n+y@example.com,\n"
+    response = web.client.post(
+        "/api/suppressions/import", files={"file": ("s.csv", text, "text/csv")}
+    )
+    assert response.json() == {"rows": 2, "added": 2, "kept": 0}
+    listed = web.client.get("/api/suppressions").json()["suppressions"]
+    assert [(e["email"], e["task_id"]) for e in listed] == [
+        ("+y@example.com", None),
+        ("-x@example.com", '=HYPERLINK("http://e.example")'),
+    ]
+    export = web.client.get("/api/suppressions/export").text
+    assert export.splitlines()[1:] == [
+        "'+y@example.com,manual,,2026-12-01T08:00:00Z",
+        '\'-x@example.com,manual,"\'=HYPERLINK(""http://e.example"")",2026-12-01T08:00:00Z',
+    ]
+
+
 def test_import_then_export_round_trips(web: Web) -> None:
     text = b"email,reason,name\nB@example.com,complained,Bea\na@example.com,,Al\n"
     response = web.client.post(

@@ -98,13 +98,10 @@ def suppression_import(
     ],
     as_json: JsonOpt = False,
 ) -> None:
-    """Suppress every address of a CSV file: all rows, or none if any row is bad."""
-    try:
-        text = file.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidField("file", str(file), f"cannot read it: {exc}") from exc
+    """Suppress every address of a CSV file: all rows, or none if any row is bad (the file is
+    read twice: checked whole, then written in chunks)."""
     with container() as c:
-        imported = c.suppression.import_csv(text)
+        imported = c.suppression.import_file(file)
     if as_json:
         print_json({"rows": imported.rows, "added": imported.added, "kept": imported.kept})
         return

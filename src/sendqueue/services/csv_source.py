@@ -1,4 +1,4 @@
-"""Reading an uploaded CSV file's bytes for the import: a size limit counted as the bytes come,
+"""Reading an uploaded CSV file's bytes for an import: a size limit counted as the bytes come,
 and UTF-8 lines whose first undecodable byte is named by its offset."""
 
 from __future__ import annotations
@@ -14,7 +14,17 @@ from sendqueue.domain.errors import InvalidField
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
-__all__ = ["LimitedReader", "open_binary", "source_name", "too_large", "utf8_lines"]
+__all__ = [
+    "LimitedReader",
+    "open_binary",
+    "source_name",
+    "text_lines",
+    "too_large",
+    "utf8_lines",
+]
+
+#: Bytes read from the source at a time.
+_READ_BUFFER = 1 << 16
 
 
 class LimitedReader(io.RawIOBase):
@@ -60,6 +70,35 @@ def open_binary(
             yield fh
     else:
         yield source
+
+
+@contextmanager
+def text_lines(
+    source: bytes | str | os.PathLike[str] | BinaryIO, limit: int, *, rewind: bool = False
+) -> Iterator[Iterator[str]]:
+    """The lines of ``source`` as :func:`utf8_lines` gives them, at most ``limit`` bytes. A
+    stream is read from where it stands, or from its start with ``rewind`` (a second pass);
+    it stays open. A failed read is an InvalidField naming ``file``."""
+    with open_binary(source, limit) as raw:
+        buffered = io.BufferedReader(LimitedReader(raw, limit), _READ_BUFFER)
+        # surrogateescape keeps going past an invalid byte so utf8_lines can name its offset.
+        text = io.TextIOWrapper(buffered, encoding="utf-8", errors="surrogateescape", newline="")
+        try:
+            yield _named_failures(source, raw, text, rewind)
+        finally:
+            text.close()  # not raw: LimitedReader leaves the stream it reads open
+
+
+def _named_failures(
+    source: object, raw: BinaryIO, text: io.TextIOWrapper, rewind: bool
+) -> Iterator[str]:
+    """The lines, an OSError while reading them (only then) as an InvalidField."""
+    try:
+        if rewind:
+            raw.seek(0)
+        yield from utf8_lines(text)
+    except OSError as exc:
+        raise InvalidField("file", source_name(source), f"cannot be read: {exc}") from exc
 
 
 def too_large(size: int, limit: int) -> InvalidField:

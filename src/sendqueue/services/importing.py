@@ -50,7 +50,6 @@ from __future__ import annotations
 import csv
 import functools
 import hashlib
-import io
 import os
 import re
 import sys
@@ -66,7 +65,7 @@ from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.models import Recipient
 from sendqueue.domain.policy import load_timezone
 from sendqueue.services.addresses import AddressNormalizer
-from sendqueue.services.csv_source import LimitedReader, open_binary, source_name, utf8_lines
+from sendqueue.services.csv_source import text_lines
 from sendqueue.services.templates import (
     CompiledTemplates,
     TemplateLimits,
@@ -96,7 +95,6 @@ _DUPLICATE_ROWS_SHOWN = 50
 _EMAIL_PRECHECK_CHARS = 1024
 # Values quoted back in error messages are cut to this length.
 _VALUE_SHOWN_CHARS = 200
-_READ_BUFFER = 1 << 16
 _NO_TEMPLATES = Templates()
 
 
@@ -170,16 +168,8 @@ def stream_recipients(
     wanted = min(limits.max_bytes + 1, sys.maxsize)
     if csv.field_size_limit() < wanted:
         csv.field_size_limit(wanted)
-    with open_binary(source, limits.max_bytes) as raw:
-        buffered = io.BufferedReader(LimitedReader(raw, limits.max_bytes), _READ_BUFFER)
-        # surrogateescape keeps going past an invalid byte so utf8_lines can name its offset.
-        text = io.TextIOWrapper(buffered, encoding="utf-8", errors="surrogateescape", newline="")
-        try:
-            yield from importer.recipients_of(csv.reader(utf8_lines(text), strict=True))
-        except OSError as exc:
-            raise InvalidField("file", source_name(source), f"cannot be read: {exc}") from exc
-        finally:
-            text.close()
+    with text_lines(source, limits.max_bytes) as lines:
+        yield from importer.recipients_of(csv.reader(lines, strict=True))
 
 
 def parse_recipient_rows(

@@ -107,7 +107,8 @@ def remove_suppression(email: str, c: ContainerDep) -> SuppressionRemoved:
 )
 async def import_suppressions(request: Request, c: ContainerDep) -> SuppressionImported:
     """Suppress every address of a CSV upload (field ``file``): every bad row is reported
-    with its row number, and nothing is imported if any row is bad."""
+    with its row number, and nothing is imported if any row is bad (the file is checked whole,
+    then written in chunks)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "multipart/form-data":
         raise HttpProblem(415, "send multipart/form-data with the CSV as the field 'file'")
@@ -124,14 +125,11 @@ async def import_suppressions(request: Request, c: ContainerDep) -> SuppressionI
             raise HttpProblem(
                 413, f"file: larger than {limit} bytes (SENDQUEUE_MAX_UPLOAD_BYTES)", field="file"
             )
-        raw = await upload.read()
+        # Starlette spooled the upload to a temporary file: the import reads it twice from
+        # there, in the thread pool (blocking reads and store writes).
+        imported = await run_in_threadpool(c.suppression.import_file, upload.file, max_bytes=limit)
     finally:
         await form.close()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InvalidField("file", None, f"not UTF-8 text: {exc.reason}") from exc
-    imported = await run_in_threadpool(c.suppression.import_csv, text)
     return SuppressionImported(rows=imported.rows, added=imported.added, kept=imported.kept)
 
 
