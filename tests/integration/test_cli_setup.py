@@ -318,8 +318,8 @@ def test_check_passes_when_every_part_answers(
     assert results["task store"]["target"].startswith("postgresql+psycopg://")
     assert dovecot.password not in printed
     # the text form: one line per part, and the summary
-    code, out, _ = run(cli, "--config", CONFIG, "check")
-    assert code == 0
+    code, out, err = run(cli, "--config", CONFIG, "check")
+    assert (code, err) == (0, "")
     lines = out.splitlines()
     assert [line.split()[0] for line in lines[:5]] == ["ok"] * 5
     assert lines[-1] == "every part answered"
@@ -404,6 +404,35 @@ def test_an_unreachable_store_fails_and_the_environment_overrides_the_file(
     assert results["senders"]["status"] == "not checked"
     assert [part for part, r in results.items() if r["status"] == "failed"] == ["task store"]
     assert "Db-Pass-4" not in printed
+
+
+@pytest.mark.postgres
+def test_the_procrastinate_layer_answers_on_the_store_s_database(
+    cli: CliRunner,
+    postgres_url: str,
+    smtp_sink: SmtpSink,
+    public_server: _HealthServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mailer = f"smtp://127.0.0.1:{smtp_sink.port}?security=none"
+    public = base_url(public_server)
+    assert init(cli, public_url=public, mailer=mailer, database_url=postgres_url)[0] == 0
+    monkeypatch.setenv("SENDQUEUE_EXECUTION", "procrastinate")
+
+    code, results, printed = checked(cli)
+
+    assert code == 0, printed
+    scheduler = results["scheduler"]
+    assert scheduler["target"] == f"procrastinate on {postgres_url}"
+    assert (scheduler["status"], scheduler["detail"]) == ("ok", "answered")
+    port = free_port()
+    monkeypatch.setenv(
+        "SENDQUEUE_DATABASE_URL", f"postgresql+psycopg://postgres@127.0.0.1:{port}/x"
+    )
+    code, results, printed = checked(cli)
+    assert code == 1
+    assert results["scheduler"]["status"] == "failed"
+    assert "Connection refused" in results["scheduler"]["detail"]
 
 
 def test_the_public_url_answering_closed_redirecting_and_overridden(

@@ -203,3 +203,19 @@ def test_results_as_json_objects() -> None:
         "detail": "answered: 0 sender(s), last change #0",
     }
     assert replace(first, status="failed").failed
+
+
+class _ProbedScheduler(FakeScheduler):
+    """A layer that can be tried itself (as EventBridge's schedule group is)."""
+
+    def probe(self, timeout: float) -> str:
+        raise NotChecked("no AWS credentials in this environment")
+
+
+def test_a_layer_with_a_probe_is_tried_with_it() -> None:
+    parts = _parts(InMemoryTaskStore(), scheduler=_ProbedScheduler(FakeClock()))
+    scheduler = next(r for r in SetupCheck(parts).run() if r.part == "scheduler")
+    assert (scheduler.status, scheduler.detail) == (
+        "not checked",
+        "no AWS credentials in this environment",
+    )
