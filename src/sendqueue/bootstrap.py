@@ -57,6 +57,7 @@ from sendqueue.settings import Settings
 
 if TYPE_CHECKING:
     from sendqueue.adapters.metrics import MetricsServer, PrometheusMetrics
+    from sendqueue.services.checks import SetupCheck
 
 __all__ = [
     "Container",
@@ -454,6 +455,13 @@ class Container:
             self.clock,
             self.config,
         )
+
+    @cached_property
+    def setup_check(self) -> SetupCheck:
+        """``sendqueue check``: every configured part, tried for real when it runs."""
+        from sendqueue.bootstrap_checks import setup_check
+
+        return setup_check(self)
 
     def invoke(self, payload: Mapping[str, str]) -> None:
         """The execution layer's target: routes an invocation by its ``kind``."""

@@ -1,8 +1,10 @@
 """All configuration, in one pydantic-settings class.
 
-Every setting is read from an environment variable prefixed ``SENDQUEUE_`` (or a ``.env`` file
-in the working directory). Only :mod:`sendqueue.bootstrap` reads this class; adapters receive
-plain values and never read the environment themselves.
+Every setting is read from an environment variable prefixed ``SENDQUEUE_``, over a settings
+file: the one :mod:`sendqueue.settings_file` picks for the CLI (``--config``,
+``./sendqueue.env``, ``./.env``), ``./.env`` for ``Settings()`` alone. Only
+:mod:`sendqueue.bootstrap` reads this class; adapters receive plain values and never read the
+environment themselves.
 """
 
 from __future__ import annotations

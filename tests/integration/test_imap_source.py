@@ -215,3 +215,18 @@ def test_an_iterator_ends_at_a_dropped_connection_and_the_next_fetch_reconnects(
         assert [m.uid for m in source.fetch((uidvalidity, 1))[1]] == [2, 3]
     finally:
         source.close()
+
+
+def test_the_probe_signs_in_opens_the_folder_and_changes_nothing(dovecot: Dovecot) -> None:
+    _append(dovecot, 2)
+    before = _flags(dovecot)
+    source = ImapFeedbackSource.from_url(dovecot.url)
+    assert source.probe(5) == f"{source.name}: signed in, 2 message(s) in INBOX"
+    assert _flags(dovecot) == before  # not even \Seen
+    missing = ImapFeedbackSource.from_url(dovecot.url.replace("/INBOX", "/Nowhere"))
+    with pytest.raises(FeedbackUnavailable, match="opening Nowhere failed"):
+        missing.probe(5)
+    wrong = ImapFeedbackSource.from_url(dovecot.url.replace(dovecot.password, "wrong-pw-456"))
+    with pytest.raises(FeedbackUnavailable, match="signing in failed") as info:
+        wrong.probe(5)
+    assert "wrong-pw-456" not in str(info.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -301,6 +302,50 @@ def test_silent_server_times_out_as_transient(silent_smtp_server: tuple[str, int
         mailer.send(message())
     # The timeout is the behaviour under test; the margin is generous.
     assert time.monotonic() - started < 10
+
+
+def test_the_probe_signs_in_over_starttls_and_sends_nothing(
+    make_smtp_sink: Callable[..., SmtpSink], mailer_for: Callable[..., SmtpMailer]
+) -> None:
+    sink = make_smtp_sink(security="starttls", auth=("campaigns", "s3cret"))
+    mailer = mailer_for(sink, username="campaigns", password="s3cret")
+
+    answer = mailer.probe(5)
+
+    assert re.fullmatch(
+        rf"SMTP 127\.0\.0\.1:{sink.port}: EHLO \S+, STARTTLS, AUTH as campaigns", answer
+    ), answer
+    assert sink.messages == []
+    assert sink.connections == 1
+    mailer.send(message())  # the probe's connection was its own: sending opens another
+    assert sink.wait_for(1)[0].connection == 2
+
+
+def test_the_probe_fails_as_a_send_would(
+    make_smtp_sink: Callable[..., SmtpSink],
+    mailer_for: Callable[..., SmtpMailer],
+    silent_smtp_server: tuple[str, int],
+) -> None:
+    sink = make_smtp_sink(security="starttls", auth=("campaigns", "s3cret"))
+    with pytest.raises(PermanentMailError, match="AUTH failed: 535"):
+        mailer_for(sink, username="campaigns", password="wrong").probe(5)
+    plain = make_smtp_sink()
+    with pytest.raises(PermanentMailError, match="does not offer STARTTLS"):
+        mailer_for(plain, security="starttls").probe(5)
+    host, port = silent_smtp_server
+    silent = SmtpMailer(host, port, security="none", timeout=30)
+    with pytest.raises(TransientMailError, match=r"timed out after 0\.5s while connecting"):
+        silent.probe(0.5)  # the probe's timeout, shorter than the mailer's own
+
+
+def test_the_maildir_probe_says_it_delivers_nothing(tmp_path: Path) -> None:
+    mailer = MaildirMailer(tmp_path / "outbox")
+    assert (
+        mailer.probe(5) == f"Maildir outbox {tmp_path / 'outbox'} is writable (it delivers nothing)"
+    )
+    (tmp_path / "outbox" / "new").rmdir()
+    with pytest.raises(TransientMailError, match="new is missing or not writable"):
+        mailer.probe(5)
 
 
 class StallingSink(SmtpSink):

@@ -12,11 +12,15 @@ import pytest
 from sendqueue.adapters.alarm import LoggingAlarm
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.eventbridge.scheduler import EventBridgeScheduler
+from sendqueue.adapters.imap import ImapFeedbackSource
+from sendqueue.adapters.mail.maildir import MaildirMailer
+from sendqueue.adapters.mail.smtp import SmtpMailer
 from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
-from sendqueue.ports import BulkScheduler, Dispatcher, FlushableAlarm, Target
+from sendqueue.adapters.public_url import PublicUrlProbe
+from sendqueue.ports import BulkScheduler, Dispatcher, FlushableAlarm, Probe, Target
 from sendqueue.runtime import run_worker
 from sendqueue.services.scheduling import _bulk_writer
-from sendqueue.testing import FakeClock, FakeScheduler, RecordingAlarm
+from sendqueue.testing import FakeClock, FakeScheduler, RecordingAlarm, RecordingMailer
 from tests.support.app import T0, fake_app
 
 
@@ -91,3 +95,16 @@ def test_the_embedded_and_procrastinate_layers_write_in_bulk_and_a_wrapper_does_
 def test_only_the_background_alarm_is_flushable() -> None:
     assert isinstance(LoggingAlarm(), FlushableAlarm)
     assert not isinstance(RecordingAlarm(), FlushableAlarm)
+
+
+def test_the_parts_check_can_try_declare_a_probe(tmp_path: Path) -> None:
+    assert isinstance(SmtpMailer("mx.example.com", 587), Probe)
+    assert isinstance(MaildirMailer(tmp_path / "outbox"), Probe)
+    assert isinstance(ImapFeedbackSource.from_url("imaps://u:p@imap.example.com/INBOX"), Probe)
+    assert isinstance(PublicUrlProbe("https://mail.example.com"), Probe)
+    # the check reads these with a port's own call (or says it cannot try them)
+    assert not isinstance(RecordingMailer(), Probe)
+    assert not isinstance(FakeScheduler(FakeClock()), Probe)
+    assert not issubclass(EmbeddedScheduler, Probe)
+    assert not issubclass(ProcrastinateScheduler, Probe)
+    assert issubclass(EventBridgeScheduler, Probe)

@@ -11,6 +11,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -36,6 +37,7 @@ from sendqueue.domain.policy import (
     parse_window,
 )
 from sendqueue.settings import Settings
+from sendqueue.settings_file import config_file, load_settings
 
 __all__ = [
     "JitterOpt",
@@ -50,11 +52,14 @@ __all__ = [
     "container",
     "err",
     "fail",
+    "given_config",
     "handle_errors",
     "install_signals",
     "log",
     "out",
     "print_json",
+    "settings",
+    "use_config",
 ]
 
 # Piped output is not squeezed into 80 columns: ids must stay whole for scripts and people.
@@ -105,15 +110,41 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@contextmanager
-def container() -> Iterator[Container]:
-    """The container built from the environment's settings, closed on the way out."""
+#: ``--config`` (or ``SENDQUEUE_CONFIG``) of the invocation running; set by the root's callback.
+_given_config: ContextVar[str | None] = ContextVar("sendqueue_config", default=None)
+
+
+def use_config(ctx: typer.Context, config: str | None) -> None:
+    """Remember ``config`` for the commands of this invocation (forgotten when it ends)."""
+    token = _given_config.set(config)
+    ctx.call_on_close(lambda: _given_config.reset(token))
+
+
+def given_config() -> str | None:
+    """``--config`` (or ``SENDQUEUE_CONFIG``) of this invocation; None when not given."""
+    return _given_config.get()
+
+
+def settings() -> Settings:
+    """This command's settings: the environment over the settings file
+    (:mod:`sendqueue.settings_file`); a refused value exits 2 naming its variable."""
     try:
-        settings = Settings()
+        path = config_file(given_config())
+    except InvalidField as exc:
+        fail(2, f"{exc.field}: {exc.reason} (got {exc.value!r})")
+    try:
+        return load_settings(path)
     except Exception as exc:  # pydantic's ValidationError: name the variable and the problem
         lines = str(exc).splitlines()
-        fail(2, "invalid settings: " + " ".join(line.strip() for line in lines[:3]))
-    built = bootstrap(settings)
+        where = f" (read from the environment and {path})" if path is not None else ""
+        fail(2, f"invalid settings{where}: " + " ".join(line.strip() for line in lines[:3]))
+
+
+@contextmanager
+def container(given: Settings | None = None) -> Iterator[Container]:
+    """The container built from this command's settings (or ``given``), closed on the way
+    out."""
+    built = bootstrap(given if given is not None else settings())
     settle_heap()
     try:
         yield built

@@ -14,6 +14,7 @@ from sendqueue.bootstrap import (
     upgrade_store_schema,
 )
 from sendqueue.cli.common import JsonOpt, container, err, fail, handle_errors, out, print_json
+from sendqueue.cli.common import settings as load_settings
 from sendqueue.settings import Settings, redact_url
 
 __all__ = ["db_app"]
@@ -25,7 +26,7 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 @handle_errors
 def db_upgrade() -> None:
     """Apply the schema migrations to SENDQUEUE_DATABASE_URL."""
-    settings = Settings()
+    settings = load_settings()
     out.print(f"database at revision {upgrade_store_schema(settings)}")
     version = upgrade_scheduler_schema(settings)
     if version is not None:

@@ -20,11 +20,11 @@ from sendqueue.cli.common import (
     handle_errors,
     out,
     print_json,
+    settings,
 )
 from sendqueue.cli.render import plan_rows, print_plan
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.planner import plan
-from sendqueue.settings import Settings
 
 __all__ = ["plan_cmd"]
 
@@ -56,7 +56,7 @@ def plan_cmd(
         skip_dates=skip_date,
         jitter=jitter,
         seed=seed,
-        default_timezone=Settings().default_timezone,
+        default_timezone=settings().default_timezone,
     )
     sends = plan(policy, count, now=None if policy.start else datetime.now(UTC))
     if as_json:

@@ -17,11 +17,12 @@ from sendqueue.cli import (
     feedback,
     plan,
     sender,
+    setup,
     suppression,
     task,
     worker,
 )
-from sendqueue.cli.common import err, out
+from sendqueue.cli.common import err, out, use_config
 
 __all__ = ["app", "main"]
 
@@ -50,6 +51,18 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            envvar="SENDQUEUE_CONFIG",
+            metavar="PATH",
+            help="The settings file every command reads; the environment overrides it "
+            "(default: ./sendqueue.env, else ./.env, when there).",
+            show_default=False,
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
     version: Annotated[
         bool,
@@ -58,6 +71,7 @@ def _root(
         ),
     ] = False,
 ) -> None:
+    use_config(ctx, config)
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(message)s",
@@ -66,6 +80,8 @@ def _root(
 
 
 # The top-level commands, in the order the help lists them.
+app.command("init")(setup.init_cmd)
+app.command("check")(setup.check_cmd)
 app.command("plan")(plan.plan_cmd)
 app.command("reconcile")(worker.reconcile_cmd)
 app.command("worker")(worker.worker_cmd)

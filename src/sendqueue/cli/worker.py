@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from sendqueue.bootstrap_checks import execution_target
 from sendqueue.cli.common import (
     JsonOpt,
     container,
@@ -22,7 +23,7 @@ from sendqueue.cli.common import (
 )
 from sendqueue.domain.errors import InvalidField
 from sendqueue.runtime import run_worker
-from sendqueue.settings import Settings, redact_url
+from sendqueue.settings import redact_url
 
 __all__ = ["reconcile_cmd", "serve_cmd", "worker_cmd"]
 
@@ -44,16 +45,6 @@ def reconcile_cmd(as_json: JsonOpt = False) -> None:
             out.print(f"{key.replace('_', ' ')}: {value}")
     for e in report.errors:
         err.print(f"  {e}", markup=False)
-
-
-def _execution_layer(settings: Settings) -> str:
-    """Where the schedules live, for the startup log lines (no secrets)."""
-    if settings.execution == "procrastinate":
-        return "procrastinate (the store's database)"
-    if settings.execution == "eventbridge":
-        # SENDQUEUE_SCHEDULER_URL means nothing here: the schedules are in AWS.
-        return f"EventBridge Scheduler group {settings.schedule_group}"
-    return redact_url(settings.scheduler_url)
 
 
 @handle_errors
@@ -100,7 +91,7 @@ def worker_cmd(
         log.info(
             "worker started: store %s, scheduler %s, mailer %s",
             redact_url(c.settings.database_url),
-            _execution_layer(c.settings),
+            execution_target(c.settings),
             redact_url(c.settings.mailer),
         )
         try:
@@ -194,7 +185,7 @@ def serve_cmd(
         log.info(
             "serving: store %s, scheduler %s, mailer %s",
             redact_url(c.settings.database_url),
-            _execution_layer(c.settings),
+            execution_target(c.settings),
             redact_url(c.settings.mailer),
         )
         run_server(web, host=host, port=port, on_started=started)

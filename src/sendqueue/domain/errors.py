@@ -9,6 +9,7 @@
     │   ├── NotFound                an unknown campaign, task, schedule or dead letter
     │   └── Conflict                the object exists in another form (e.g. schedule token clash)
     │       └── Overbooked          a sender's slot or day is taken (another campaign booked it)
+    ├── NotChecked                  ``sendqueue check`` cannot try a part from here (says why)
     └── InfrastructureError         a backing system failed; retrying later may succeed
         ├── StoreUnavailable        the task store could not be reached or failed to write
         ├── SchedulerError          the execution layer failed
@@ -38,6 +39,7 @@ __all__ = [
     "InvalidInput",
     "MailError",
     "NoSendingDay",
+    "NotChecked",
     "NotFound",
     "Overbooked",
     "PermanentMailError",
@@ -135,6 +137,11 @@ class Overbooked(Conflict):
         self.at = at
         what = f"day {day} is full" if at is None else f"slot {at} is taken"
         super().__init__(f"sender {sender_id}: {what}")
+
+
+class NotChecked(SendqueueError):
+    """A part of the set-up that cannot be tried from here (no credentials for it, nothing to
+    sign in to); the message says why. Neither a success nor a failure of the part."""
 
 
 class InfrastructureError(SendqueueError):

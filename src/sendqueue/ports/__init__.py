@@ -28,8 +28,9 @@ The execution layer's ports live in :mod:`sendqueue.ports.scheduler` and the sen
 
 Optional abilities are declared, never discovered with ``getattr``: ``Scheduler.firing_precision``
 and ``Dispatcher.runs_reconciler`` are attributes every adapter sets, and the small
-runtime-checkable protocols :class:`BulkScheduler` and :class:`FlushableAlarm` name what only
-some adapters can do.
+runtime-checkable protocols :class:`BulkScheduler`, :class:`FlushableAlarm` and
+:class:`~sendqueue.ports.probes.Probe` (what ``sendqueue check`` can try) name what only some
+adapters can do.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from sendqueue.domain.models import (
 )
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, key_of_normalized
+from sendqueue.ports.probes import Probe
 from sendqueue.ports.scheduler import (
     BulkScheduler,
     CreateArgs,
@@ -76,6 +78,7 @@ __all__ = [
     "Mailer",
     "NoEvents",
     "OutgoingMessage",
+    "Probe",
     "ReadsTaskThenSuppression",
     "Schedule",
     "Scheduler",

@@ -41,7 +41,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from sendqueue.adapters.scheduler_rules import (
     build_schedule,
@@ -51,7 +51,7 @@ from sendqueue.adapters.scheduler_rules import (
     due_at,
     local_now,
 )
-from sendqueue.domain.errors import Conflict, NotFound, SchedulerError, Throttled
+from sendqueue.domain.errors import Conflict, NotChecked, NotFound, SchedulerError, Throttled
 from sendqueue.domain.models import CONTROL_GROUP, DeadLetter, new_token
 from sendqueue.ports import Clock, Schedule
 
@@ -120,6 +120,28 @@ class EventBridgeScheduler:
         self._dlq_url = dead_letter_url
         self._dlq_arn = dead_letter_arn
         self._clock = clock
+
+    def probe(self, timeout: float) -> str:
+        """The schedule group is there (GetScheduleGroup; nothing written), see
+        :class:`~sendqueue.ports.Probe`: NotChecked without AWS credentials here. The clients'
+        own timeouts apply (boto3 fixes them when a client is made)."""
+        try:
+            found = self._client.get_schedule_group(Name=self._group)
+        except NoCredentialsError as exc:
+            raise NotChecked(
+                "no AWS credentials in this environment (the Lambda functions use their role)"
+            ) from exc
+        except ClientError as exc:
+            if _code(exc) == "ResourceNotFoundException":
+                raise SchedulerError(
+                    f"EventBridge Scheduler has no schedule group {self._group} (deploy the "
+                    "SAM template, or set SENDQUEUE_SCHEDULE_GROUP to its group)"
+                ) from exc
+            raise _wrap(exc, f"read the schedule group {self._group}") from exc
+        except BotoCoreError as exc:
+            raise _wrap(exc, f"read the schedule group {self._group}") from exc
+        state = found.get("State", "?")
+        return f"EventBridge Scheduler group {self._group} ({state})"
 
     # -- writing ---------------------------------------------------------------------------
     def create(

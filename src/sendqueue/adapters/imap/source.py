@@ -117,6 +117,28 @@ class ImapFeedbackSource:
             generation = self._generation
         return uidvalidity, self._bodies(generation, uidvalidity, chunks)
 
+    def probe(self, timeout: float) -> str:
+        """Sign in on a connection of its own, open the folder read-only (EXAMINE) and log out;
+        see :class:`~sendqueue.ports.Probe`. Nothing in the mailbox changes."""
+        timeout = min(timeout, self._url.timeout)
+        step = "signing in"
+        try:
+            client = self._open(timeout)
+        except (IMAPClientError, OSError) as exc:
+            raise self._unavailable(step, exc, timeout) from exc
+        try:
+            step = f"opening {self._url.folder}"
+            selected = client.select_folder(self._url.folder, readonly=True)
+            count = int(selected.get(b"EXISTS", 0))
+        except (IMAPClientError, OSError, ValueError) as exc:
+            self._shutdown(client)
+            raise self._unavailable(step, exc, timeout) from exc
+        try:
+            client.logout()
+        except (IMAPClientError, OSError):
+            self._shutdown(client)
+        return f"{self.name}: signed in, {count} message(s) in {self._url.folder}"
+
     def close(self) -> None:
         """Log out and close the connection, if one is open; the open iterator ends."""
         with self._lock:
@@ -189,8 +211,12 @@ class ImapFeedbackSource:
             yield FeedbackMessage(self.name, uidvalidity, uid, raw)
 
     def _connected(self) -> IMAPClient:
-        if self._client is not None:
-            return self._client
+        if self._client is None:
+            self._client = self._open(self._url.timeout)
+        return self._client
+
+    def _open(self, timeout: float) -> IMAPClient:
+        """A new connection, secured as configured and signed in."""
         url = self._url
         context = self._ssl_context or ssl.create_default_context()
         client = IMAPClient(
@@ -198,7 +224,7 @@ class ImapFeedbackSource:
             port=url.port,
             ssl=url.security == "tls",
             ssl_context=context if url.security == "tls" else None,
-            timeout=url.timeout,
+            timeout=timeout,
         )
         try:
             if url.security == "starttls":
@@ -207,7 +233,6 @@ class ImapFeedbackSource:
         except BaseException:
             self._shutdown(client)
             raise
-        self._client = client
         return client
 
     def _drop(self) -> None:
@@ -222,9 +247,11 @@ class ImapFeedbackSource:
         except (IMAPClientError, OSError):
             log.debug("closing an IMAP connection failed", exc_info=True)
 
-    def _unavailable(self, step: str, exc: BaseException) -> FeedbackUnavailable:
+    def _unavailable(
+        self, step: str, exc: BaseException, timeout: float | None = None
+    ) -> FeedbackUnavailable:
         if isinstance(exc, socket.timeout | TimeoutError):
-            reason = f"timed out after {self._url.timeout:g}s"
+            reason = f"timed out after {self._url.timeout if timeout is None else timeout:g}s"
         else:
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return FeedbackUnavailable(f"{self.name}: {step} failed: {reason}")

@@ -8,6 +8,7 @@ Maildir way (into ``tmp``, then moved to ``new``), so a reader never sees half a
 from __future__ import annotations
 
 import mailbox
+import os
 import threading
 from pathlib import Path
 
@@ -66,6 +67,18 @@ class MaildirMailer:
         except (OSError, mailbox.Error) as exc:
             raise TransientMailError(f"Maildir outbox {self.path}: {exc}") from exc
         return message.message_id
+
+    def probe(self, timeout: float) -> str:
+        """The outbox's folders are there and writable (see :class:`~sendqueue.ports.Probe`);
+        ``timeout`` is unused, nothing here waits on a network."""
+        missing = [
+            sub for sub in ("tmp", "new") if not os.access(self.path / sub, os.W_OK | os.X_OK)
+        ]
+        if missing:
+            raise TransientMailError(
+                f"Maildir outbox {self.path}: {', '.join(missing)} is missing or not writable"
+            )
+        return f"Maildir outbox {self.path} is writable (it delivers nothing)"
 
     def close(self) -> None:
         """Nothing to release: each message is a file written and closed in ``send``."""

@@ -14,11 +14,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from sendqueue.adapters.mail.mime import build_message
 from sendqueue.adapters.mail.url import SesUrl, parse_mailer_url
-from sendqueue.domain.errors import InvalidField, PermanentMailError, TransientMailError
+from sendqueue.domain.errors import (
+    InvalidField,
+    NotChecked,
+    PermanentMailError,
+    TransientMailError,
+)
 from sendqueue.ports import OutgoingMessage
 
 if TYPE_CHECKING:
@@ -90,6 +95,22 @@ class SesMailer:
             raise TransientMailError(f"SES unreachable for {message.message_id}: {exc}") from exc
         log.debug("SES accepted %s as %s", message.message_id, answer.get("MessageId"))
         return message.message_id
+
+    def probe(self, timeout: float) -> str:
+        """One cheap read (ListEmailIdentities, one item; no mail sent), see
+        :class:`~sendqueue.ports.Probe`: NotChecked without AWS credentials here. The client's
+        own timeouts apply (boto3 fixes them when the client is made)."""
+        try:
+            self._client.list_email_identities(PageSize=1)
+        except NoCredentialsError as exc:
+            raise NotChecked("no AWS credentials in this environment") from exc
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            error = PermanentMailError if code in PERMANENT_CODES else TransientMailError
+            raise error(f"SES refused ListEmailIdentities: {code}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise TransientMailError(f"SES unreachable: {exc}") from exc
+        return f"SES answered in {self._client.meta.region_name}"
 
     def close(self) -> None:
         self._client.close()

@@ -175,6 +175,20 @@ class SmtpMailer:
             return message.message_id
         raise AssertionError("unreachable: the second attempt returns or raises")
 
+    def probe(self, timeout: float) -> str:
+        """Sign in on a connection of its own and QUIT (no mail sent): connect, EHLO, STARTTLS or
+        TLS as configured, AUTH when a username is; see :class:`~sendqueue.ports.Probe`. Each
+        step waits at most ``timeout`` seconds (or this mailer's own, shorter, timeout)."""
+        smtp = self._open(min(timeout, self.timeout))
+        # The first line of the EHLO reply starts with the server's name: which server answered.
+        server = _text((smtp.ehlo_resp or b"").split(b"\n", 1)[0]).split(" ", 1)[0]
+        steps = [f"EHLO {server}".rstrip()]
+        if self.security != "none":
+            steps.append("STARTTLS" if self.security == "starttls" else "TLS")
+        steps.append(f"AUTH as {self.username}" if self.username is not None else "no AUTH")
+        self._quit(smtp)
+        return f"SMTP {self.host}:{self.port}: {', '.join(steps)}"
+
     def close(self) -> None:
         """QUIT and close every open connection (each after its current send, if any)."""
         with self._lock:
@@ -243,35 +257,37 @@ class SmtpMailer:
         except (smtplib.SMTPException, OSError):
             self._close_quietly(smtp)
 
-    def _open(self) -> smtplib.SMTP:
-        """Connect, greet, secure and log in; every failure mapped to a MailError."""
+    def _open(self, timeout: float | None = None) -> smtplib.SMTP:
+        """Connect, greet, secure and log in; every failure mapped to a MailError. ``timeout``
+        (the probe's) replaces the mailer's own for this connection."""
         where = f"SMTP {self.host}:{self.port}"
+        timeout = self.timeout if timeout is None else timeout
         try:
             if self.security == "tls":
                 smtp: smtplib.SMTP = smtplib.SMTP_SSL(
                     self.host,
                     self.port,
                     local_hostname=self.local_hostname,
-                    timeout=self.timeout,
+                    timeout=timeout,
                     context=self._context(),
                 )
             else:
                 smtp = smtplib.SMTP(
-                    self.host, self.port, local_hostname=self.local_hostname, timeout=self.timeout
+                    self.host, self.port, local_hostname=self.local_hostname, timeout=timeout
                 )
         except smtplib.SMTPResponseException as exc:
             reply = f"{exc.smtp_code} {_text(exc.smtp_error)}"
             raise _by_code(exc.smtp_code, f"{where} refused the connection: {reply}") from exc
         except OSError as exc:
-            raise self._connection_error(exc, "connecting") from exc
+            raise self._connection_error(exc, "connecting", timeout) from exc
         try:
-            self._greet(smtp, where)
+            self._greet(smtp, where, timeout)
         except BaseException:
             self._close_quietly(smtp)
             raise
         return smtp
 
-    def _greet(self, smtp: smtplib.SMTP, where: str) -> None:
+    def _greet(self, smtp: smtplib.SMTP, where: str, timeout: float) -> None:
         step = "EHLO"
         try:
             smtp.ehlo_or_helo_if_needed()
@@ -294,25 +310,28 @@ class SmtpMailer:
             reply = f"{exc.smtp_code} {_text(exc.smtp_error)}"
             raise _by_code(exc.smtp_code, f"{where} {step} failed: {reply}") from exc
         except smtplib.SMTPServerDisconnected as exc:
-            raise self._connection_error(exc, step) from exc
+            raise self._connection_error(exc, step, timeout) from exc
         except smtplib.SMTPException as exc:
             # smtplib's own refusals ("No suitable authentication method found"): configuration
             # problems that a retry will not fix.
             raise PermanentMailError(f"{where} {step} failed: {exc}") from exc
         except OSError as exc:
-            raise self._connection_error(exc, step) from exc
+            raise self._connection_error(exc, step, timeout) from exc
 
     def _context(self) -> ssl.SSLContext:
         if self._ssl_context is None:
             self._ssl_context = ssl.create_default_context()
         return self._ssl_context
 
-    def _connection_error(self, exc: OSError, step: str) -> TransientMailError:
+    def _connection_error(
+        self, exc: OSError, step: str, timeout: float | None = None
+    ) -> TransientMailError:
         where = f"SMTP {self.host}:{self.port}"
         # smtplib reports a timeout while reading a reply as SMTPServerDisconnected("Connection
         # unexpectedly closed: timed out"), raised while handling the TimeoutError.
         if isinstance(exc, TimeoutError) or isinstance(exc.__context__, TimeoutError):
-            return TransientMailError(f"{where}: timed out after {self.timeout:g}s while {step}")
+            waited = self.timeout if timeout is None else timeout
+            return TransientMailError(f"{where}: timed out after {waited:g}s while {step}")
         if isinstance(exc, smtplib.SMTPServerDisconnected):
             return TransientMailError(f"{where}: server closed the connection while {step}: {exc}")
         reason = exc.strerror or str(exc) or type(exc).__name__
