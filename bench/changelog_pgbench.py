@@ -12,7 +12,7 @@ horizon are the store's own: the change log's column default).
     python -m bench.changelog_pgbench [--clients 8] [--seconds 20] [--repeats 3] [--tasks 4000]
 
 Needs ``pgbench`` (PostgreSQL's client package) on PATH or under /usr/lib/postgresql/*/bin.
-A measurement beside bench 8, not a target of its own (docs/performance.md, issue 16).
+A measurement beside bench 8, not a target of its own (docs/performance-history.md, issue 16).
 """
 
 from __future__ import annotations

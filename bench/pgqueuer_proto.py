@@ -11,7 +11,7 @@ most ``2 x concurrency``, as the procrastinate fire loop did when it was measure
 holds ``concurrency`` running plus what its threads start within 0.1 s, up to
 ``2 x concurrency``). asyncpg, not psycopg: pgqueuer's
 psycopg driver runs its LISTEN watcher on the same connection under the connection's lock
-(``notifies(timeout=1.0)``), so its statements wait up to 1 s each (docs/performance.md).
+(``notifies(timeout=1.0)``), so its statements wait up to 1 s each (docs/performance-history.md).
 
 ``python -m bench.pgqueuer_proto noop JOBS CONCURRENCY --store URL --queue QUEUE`` measures a
 queue alone: JOBS due jobs enqueued in bulk beforehand, a no-op job, jobs/s from the worker's

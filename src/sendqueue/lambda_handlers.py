@@ -3,7 +3,7 @@
 
 All five go through the same composition root: the first invocation in a Lambda execution
 environment builds one :class:`~sendqueue.bootstrap.Container` from the environment
-(``SENDQUEUE_*``, see the README) and every later invocation in that warm environment reuses
+(``SENDQUEUE_*``, see docs/settings.md) and every later invocation in that warm environment reuses
 it, with its boto3 clients and connections. The send function's settings are
 :class:`~sendqueue.settings.LambdaSettings`: production needs no API token in a function, but
 it does need the public URL and the secret key of the unsubscribe links its emails carry (the

@@ -56,7 +56,7 @@ def run_worker(
     dispatcher = app.dispatcher
     announce_unsubscribe_links(app)
     # Before the first overdue schedule fires: emails missed while no worker ran are moved to
-    # the next free slots, not sent late in a burst (README, "Guarantees").
+    # the next free slots, not sent late in a burst (docs/guarantees.md).
     try:
         moved = app.campaigns.catch_up_overdue()
         if moved:

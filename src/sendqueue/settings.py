@@ -87,7 +87,8 @@ def _sqlite_url(url: str) -> bool:
 
 
 class Settings(LinkSettings):
-    """sendqueue's settings. See the README's configuration table for each variable."""
+    """sendqueue's settings. docs/settings.md lists each variable, rendered from these fields
+    by :mod:`sendqueue.settings_reference`."""
 
     model_config = SettingsConfigDict(
         env_prefix="SENDQUEUE_",
@@ -136,7 +137,9 @@ class Settings(LinkSettings):
     )
     mailer: str = Field(
         "maildir:./outbox",
-        description="maildir:DIR or smtp://user:pass@host:port?security=starttls|tls|none",
+        description="the campaigns' and the alarms' transport: maildir:DIR, "
+        "smtp://user:pass@host:port?security=starttls|tls|none&timeout=30, or "
+        "ses:REGION?configuration_set=NAME (Amazon SES, the aws extra)",
     )
     default_timezone: str = Field("Europe/Berlin", description="policy timezone when none given")
     default_from: str = Field("sendqueue@example.com", description="From address when none given")
@@ -165,7 +168,9 @@ class Settings(LinkSettings):
         900.0, ge=1, description="seconds before Running counts as stale (longer than a send)"
     )
     stale_policy: Literal["retry", "fail"] = Field(
-        "retry", description="what to do with stale Running"
+        "retry",
+        description="a task Running past SENDQUEUE_STALE_AFTER: retry sends it again "
+        "(at-least-once), fail marks it Failed, outcome unknown (at-most-once)",
     )
     max_lateness: float = Field(
         300.0,
@@ -180,8 +185,15 @@ class Settings(LinkSettings):
         "false sends such a backlog as fast as the worker can (the throughput benchmark)",
     )
     max_attempts: int = Field(3, ge=1, le=20, description="send attempts per email in all")
-    retry_backoff: float = Field(60.0, ge=0, description="seconds before a transient retry")
-    auto_pause_after: int = Field(5, ge=0, description="pause after N permanent failures in a row")
+    retry_backoff: float = Field(
+        60.0,
+        ge=0,
+        description="seconds before the first transient retry (doubling each time; the retry "
+        "takes the first free slot of the grid after it)",
+    )
+    auto_pause_after: int = Field(
+        5, ge=0, description="pause a campaign after N permanent failures in a row (0: never)"
+    )
     provision_concurrency: int = Field(10, ge=1, le=100, description="scheduler calls in flight")
     provision_chunk: int = Field(
         1000,
@@ -232,7 +244,12 @@ class Settings(LinkSettings):
         le=1024 * 1024 * 1024,
         description="largest JSON body of a campaign create or preview; bigger lists go as a CSV",
     )
-    api_token: SecretStr | None = Field(None, description="required for the web UI and API")
+    api_token: SecretStr | None = Field(
+        None,
+        description="when set, every page and API route requires it (16+ characters, not "
+        "guessable: python -c 'import secrets; print(secrets.token_urlsafe(32))'); required to "
+        "serve on a non-loopback address and in production",
+    )
     unsubscribe_rate: int = Field(
         60,
         ge=1,

@@ -29,10 +29,15 @@ class LinkSettings(WebServerSettings):
     for the processes that send mail or serve the unsubscribe routes."""
 
     public_url: str | None = Field(
-        None, description="base of the links in emails (unsubscribe), e.g. https://mail.example.com"
+        None,
+        description="base of the one-click unsubscribe links in every email, e.g. "
+        "https://mail.example.com (https:// and required in production); its host is answered",
     )
     secret_key: SecretStr | None = Field(
-        None, description="signs unsubscribe links and VERP bounce addresses (32+ characters)"
+        None,
+        description="signs the unsubscribe links, VERP addresses and Message-IDs (HMAC over the "
+        "task id): 32+ characters, python -c 'import secrets; print(secrets.token_hex(32))'; "
+        "changing it breaks the links already sent",
     )
     secret_key_arn: str | None = Field(
         None,

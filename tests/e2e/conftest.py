@@ -248,7 +248,7 @@ def _launch(home: Path, mailer_url: str | None, token: str | None) -> Sendqueue:
         SENDQUEUE_RECONCILE_INTERVAL="3600",
         SENDQUEUE_DEFAULT_TIMEZONE="UTC",
         # The pages are under test, not the spacing of late sends: a worker started after
-        # provisioning meets a backlog, which goes out as fast as it can (README, Guarantees).
+        # provisioning meets a backlog, which goes out as fast as it can (docs/guarantees.md).
         SENDQUEUE_SPACE_LATE_SENDS="false",
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")])),
     )

@@ -12,7 +12,7 @@ __all__ = ["ServiceConfig"]
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    """Behaviour knobs of the service layer (see the README's configuration table)."""
+    """Behaviour knobs of the service layer (docs/settings.md lists each)."""
 
     max_attempts: int = 3
     retry_backoff: float = 60.0

@@ -1,6 +1,6 @@
 """Moving emails to free slots: the catch-up re-plan after an outage, and the slots of retries.
 
-A send never leaves the campaign's policy (README, "Guarantees"). When an email is overdue
+A send never leaves the campaign's policy (docs/guarantees.md). When an email is overdue
 (more than ``max_lateness`` past its send time, or its window closed), the campaign's remaining
 Pending emails are re-planned from now with :func:`~sendqueue.domain.slots.free_slots`: what
 was already sent (Finished) or is being sent (Running) on each local day counts against

@@ -1,6 +1,6 @@
 """The fire loop of a worker process: ``sendqueue.fire`` jobs claimed in batches, ahead of time.
 
-Why not procrastinate's own worker for these jobs (profile in docs/performance.md, issue 16):
+Why not procrastinate's own worker for these jobs (docs/performance-history.md, issue 16):
 it fetches one job per round trip from one asyncio task, so a process cannot fetch faster than
 one fetch's latency allows (16-41 ms each against 1.8 ms of server time: the loop thread shares
 the GIL with the sending threads), and it finishes each job with a transaction of its own. So:
