@@ -52,7 +52,7 @@ from sendqueue.services.suppression import SuppressionService
 from sendqueue.services.templates import TemplateLimits
 from sendqueue.services.unsubscribe import UnsubscribeService
 from sendqueue.services.worker import SendWorker
-from sendqueue.settings import Settings
+from sendqueue.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from sendqueue.adapters.metrics import MetricsServer, PrometheusMetrics
@@ -493,9 +493,10 @@ def bootstrap(
     feedback_sources: list[FeedbackSource] | None = None,
     parse_feedback: FeedbackParser | None = None,
 ) -> Container:
-    """Build the container from settings (read from the environment when not given)."""
+    """Build the container from settings (read from the environment when not given; refused
+    ones raise :class:`~sendqueue.domain.errors.InvalidSettings`)."""
     return Container(
-        settings or Settings(),
+        settings or load_settings(Settings),
         clock=clock,
         store=store,
         scheduler=scheduler,

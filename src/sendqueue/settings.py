@@ -2,7 +2,8 @@
 
 Every setting is read from an environment variable prefixed ``SENDQUEUE_`` (or a ``.env`` file
 in the working directory). Only :mod:`sendqueue.bootstrap` reads this class; adapters receive
-plain values and never read the environment themselves.
+plain values and never read the environment themselves. Entry points load it with
+:func:`load_settings`, whose error names the variables in plain sentences.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .settings_checks import (
     refuse_guessable,
     trusted_networks,
 )
+from .settings_errors import load_settings
 from .settings_links import LinkSettings
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "LambdaControlSettings",
     "LambdaSettings",
     "Settings",
+    "load_settings",
     "parse_dynamodb_url",
     "redact_url",
     "trusted_networks",

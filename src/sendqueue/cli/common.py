@@ -23,6 +23,7 @@ from sendqueue.domain.errors import (
     InfrastructureError,
     InvalidField,
     InvalidInput,
+    InvalidSettings,
     NoSendingDay,
     NotFound,
 )
@@ -35,7 +36,7 @@ from sendqueue.domain.policy import (
     parse_weekdays,
     parse_window,
 )
-from sendqueue.settings import Settings
+from sendqueue.settings import Settings, load_settings
 
 __all__ = [
     "JitterOpt",
@@ -95,6 +96,10 @@ def handle_errors(func: F) -> F:
             raise typer.Exit(2) from None
         except InvalidField as exc:
             fail(2, str(exc))
+        except InvalidSettings as exc:  # each sentence names its variable
+            for problem in exc.problems:
+                err.print(f"error: {problem}", markup=False, soft_wrap=True)
+            raise typer.Exit(2) from None
         except NoSendingDay as exc:
             fail(2, f"policy: {exc}")
         except (NotFound, IllegalTransition, Conflict) as exc:
@@ -108,12 +113,7 @@ def handle_errors(func: F) -> F:
 @contextmanager
 def container() -> Iterator[Container]:
     """The container built from the environment's settings, closed on the way out."""
-    try:
-        settings = Settings()
-    except Exception as exc:  # pydantic's ValidationError: name the variable and the problem
-        lines = str(exc).splitlines()
-        fail(2, "invalid settings: " + " ".join(line.strip() for line in lines[:3]))
-    built = bootstrap(settings)
+    built = bootstrap(load_settings(Settings))
     settle_heap()
     try:
         yield built

@@ -14,7 +14,8 @@ from sendqueue.bootstrap import (
     upgrade_store_schema,
 )
 from sendqueue.cli.common import JsonOpt, container, err, fail, handle_errors, out, print_json
-from sendqueue.settings import Settings, redact_url
+from sendqueue.domain.errors import InvalidSettings
+from sendqueue.settings import Settings, load_settings, redact_url
 
 __all__ = ["db_app"]
 
@@ -25,7 +26,7 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 @handle_errors
 def db_upgrade() -> None:
     """Apply the schema migrations to SENDQUEUE_DATABASE_URL."""
-    settings = Settings()
+    settings = load_settings(Settings)
     out.print(f"database at revision {upgrade_store_schema(settings)}")
     version = upgrade_scheduler_schema(settings)
     if version is not None:
@@ -86,15 +87,16 @@ def db_migrate_to(
 
     with container() as source:
         try:
-            settings = Settings(
+            settings = load_settings(
+                Settings,
                 **{
                     **source.settings.model_dump(),
                     "database_url": url,
                     "execution": "procrastinate",
-                }
+                },
             )
-        except Exception as exc:  # pydantic's ValidationError
-            fail(2, "invalid target: " + " ".join(str(exc).split())[:300])
+        except InvalidSettings as exc:  # the URL argument stands for SENDQUEUE_DATABASE_URL
+            raise InvalidSettings([f"invalid target: {p}" for p in exc.problems]) from None
         target = bootstrap(settings)
         try:
             report = migrate_to(

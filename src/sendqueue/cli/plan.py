@@ -24,7 +24,7 @@ from sendqueue.cli.common import (
 from sendqueue.cli.render import plan_rows, print_plan
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.planner import plan
-from sendqueue.settings import Settings
+from sendqueue.settings import Settings, load_settings
 
 __all__ = ["plan_cmd"]
 
@@ -56,7 +56,7 @@ def plan_cmd(
         skip_dates=skip_date,
         jitter=jitter,
         seed=seed,
-        default_timezone=Settings().default_timezone,
+        default_timezone=load_settings(Settings).default_timezone,
     )
     sends = plan(policy, count, now=None if policy.start else datetime.now(UTC))
     if as_json:
