@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import shutil
 import signal
 import sys
 import threading
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
+import typer.rich_utils
 from rich.console import Console
 
 from sendqueue.bootstrap import Container, bootstrap, settle_heap
@@ -52,6 +54,7 @@ __all__ = [
     "err",
     "fail",
     "handle_errors",
+    "help_width",
     "install_signals",
     "log",
     "out",
@@ -62,6 +65,25 @@ __all__ = [
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 log = logging.getLogger("sendqueue")
+
+#: The narrowest ``--help`` that cuts no option name: ``campaign create`` needs 94 columns for
+#: ``--unsubscribe-footer/--no-unsubscribe-footer`` beside its type and help
+#: (tests/integration/test_cli_help.py renders every command's help at this width).
+HELP_MIN_WIDTH = 100
+
+
+def help_width(columns: int | None = None) -> int:
+    """The width of ``--help``: the terminal's (``columns``, else stdout's size or $COLUMNS),
+    160 when stdout is no terminal (piped, CI), never below :data:`HELP_MIN_WIDTH`: a narrower
+    terminal wraps the lines rather than have Rich cut an option name to ``--unsubscribe-fo…``."""
+    if columns is None:
+        columns = shutil.get_terminal_size(fallback=(160, 24)).columns
+    return max(columns, HELP_MIN_WIDTH)
+
+
+# Typer draws --help with Rich at this fixed width (what its TERMINAL_WIDTH variable sets);
+# Rich alone would take 80 columns when piped.
+typer.rich_utils.MAX_WIDTH = help_width()
 
 F = TypeVar("F", bound=Callable[..., Any])
 
