@@ -25,6 +25,7 @@ from sendqueue.adapters.mail.url import parse_mailer_url
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.reports import parse_feedback
+from sendqueue.domain.wording import plural
 from sendqueue.ports import (
     Alarm,
     Clock,
@@ -548,7 +549,7 @@ def upgrade_store_schema(settings: Settings) -> str | None:
             added = store.backfill_address_keys()
         finally:
             store.close()
-        return f"dynamodb (address keys added to {added} task(s))"
+        return f"dynamodb (address keys added to {plural(added, 'task')})"
     from sendqueue.adapters.sql.migrate import current, upgrade
 
     upgrade(settings.database_url)

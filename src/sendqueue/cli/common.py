@@ -38,6 +38,7 @@ from sendqueue.domain.policy import (
     parse_weekdays,
     parse_window,
 )
+from sendqueue.domain.wording import plural
 from sendqueue.settings import Settings, load_settings
 
 __all__ = [
@@ -95,7 +96,7 @@ def fail(code: int, message: str) -> NoReturn:
 
 
 def _print_invalid_input(exc: InvalidInput) -> None:
-    err.print(f"error: {exc.summary}: {exc.total} problem(s)", markup=False)
+    err.print(f"error: {exc.summary}: {plural(exc.total, 'problem')}", markup=False)
     for problem in exc.errors:
         where = f"row {problem.row}: " if problem.row is not None else ""
         value = problem.value

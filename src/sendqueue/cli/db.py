@@ -15,6 +15,7 @@ from sendqueue.bootstrap import (
 )
 from sendqueue.cli.common import JsonOpt, container, err, fail, handle_errors, out, print_json
 from sendqueue.domain.errors import InvalidSettings
+from sendqueue.domain.wording import plural
 from sendqueue.settings import Settings, load_settings, redact_url
 
 __all__ = ["db_app"]
@@ -113,8 +114,9 @@ def db_migrate_to(
         print_json(report.as_dict())
         return
     out.print(
-        f"copied {report.campaigns} campaign(s), {report.tasks} email(s), {report.changes} "
-        f"change(s); {report.schedules_created} of {report.pending} pending email(s) scheduled"
+        f"copied {plural(report.campaigns, 'campaign')}, {plural(report.tasks, 'email')}, "
+        f"{plural(report.changes, 'change')}; {report.schedules_created} of "
+        f"{plural(report.pending, 'pending email')} scheduled"
     )
     for error in report.schedule_errors:
         err.print(f"  not scheduled (the reconciler retries): {error}", markup=False)

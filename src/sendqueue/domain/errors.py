@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sendqueue.domain.wording import plural
+
 __all__ = [
     "Conflict",
     "DomainError",
@@ -94,7 +96,7 @@ class InvalidInput(DomainError, ValueError):
         self.summary = summary
         self.errors = list(errors)
         self.total = total if total is not None else len(self.errors)
-        super().__init__(f"{summary}: {self.total} problem(s)")
+        super().__init__(f"{summary}: {plural(self.total, 'problem')}")
 
 
 class InvalidSettings(DomainError, ValueError):
