@@ -25,8 +25,9 @@ SRC = str(Path(sendqueue.__file__).resolve().parents[1])
 MARK = "=== sendqueue help of:"
 #: Prints the help of every command of the app, each after a line naming it.
 WALK = f"""
+import sys
 import typer.main
-from sendqueue.cli import app
+from sendqueue.cli import app, main
 
 def walk(command, path):
     yield path
@@ -35,8 +36,9 @@ def walk(command, path):
 
 for path in walk(typer.main.get_command(app), []):
     print({MARK!r}, " ".join(path), flush=True)
+    sys.argv = ["sendqueue", *path, "--help"]
     try:
-        app([*path, "--help"], prog_name="sendqueue")
+        main()
     except SystemExit:
         pass
 """

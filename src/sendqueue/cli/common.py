@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -15,7 +16,6 @@ from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
-import typer.rich_utils
 from rich.console import Console
 
 from sendqueue.bootstrap import Container, bootstrap, settle_heap
@@ -60,6 +60,7 @@ __all__ = [
     "log",
     "out",
     "print_json",
+    "widen_help",
 ]
 
 # Piped output is not squeezed into 80 columns: ids must stay whole for scripts and people.
@@ -82,9 +83,13 @@ def help_width(columns: int | None = None) -> int:
     return max(columns, HELP_MIN_WIDTH)
 
 
-# Typer draws --help with Rich at this fixed width (what its TERMINAL_WIDTH variable sets);
-# Rich alone would take 80 columns when piped.
-typer.rich_utils.MAX_WIDTH = help_width()
+def widen_help() -> None:
+    """Have Typer draw ``--help`` (and its usage errors) :func:`help_width` columns wide
+    through its TERMINAL_WIDTH variable, unless the user set it: Rich alone takes 80 columns
+    when piped. The variable, not ``typer.rich_utils``: that module costs a quarter second to
+    import, and Typer imports it only when it draws help."""
+    os.environ.setdefault("TERMINAL_WIDTH", str(help_width()))
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 

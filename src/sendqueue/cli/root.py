@@ -21,7 +21,7 @@ from sendqueue.cli import (
     task,
     worker,
 )
-from sendqueue.cli.common import err, out
+from sendqueue.cli.common import err, out, widen_help
 
 __all__ = ["app", "main"]
 
@@ -75,4 +75,5 @@ app.command("demo")(demo.demo_cmd)
 
 def main() -> None:
     """Console entry point."""
+    widen_help()
     app()
