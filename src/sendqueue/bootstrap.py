@@ -26,6 +26,7 @@ from sendqueue.adapters.parser import IsolatedParser
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.reports import parse_feedback
+from sendqueue.domain.wording import plural
 from sendqueue.ports import (
     Alarm,
     Clock,
@@ -53,7 +54,7 @@ from sendqueue.services.suppression import SuppressionService
 from sendqueue.services.templates import TemplateLimits
 from sendqueue.services.unsubscribe import UnsubscribeService
 from sendqueue.services.worker import SendWorker
-from sendqueue.settings import Settings
+from sendqueue.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from sendqueue.adapters.metrics import MetricsServer, PrometheusMetrics
@@ -505,9 +506,10 @@ def bootstrap(
     feedback_sources: list[FeedbackSource] | None = None,
     parse_feedback: FeedbackParser | None = None,
 ) -> Container:
-    """Build the container from settings (read from the environment when not given)."""
+    """Build the container from settings (read from the environment when not given; refused
+    ones raise :class:`~sendqueue.domain.errors.InvalidSettings`)."""
     return Container(
-        settings or Settings(),
+        settings or load_settings(Settings),
         clock=clock,
         store=store,
         scheduler=scheduler,
@@ -559,7 +561,7 @@ def upgrade_store_schema(settings: Settings) -> str | None:
             added = store.backfill_address_keys()
         finally:
             store.close()
-        return f"dynamodb (address keys added to {added} task(s))"
+        return f"dynamodb (address keys added to {plural(added, 'task')})"
     from sendqueue.adapters.sql.migrate import current, upgrade
 
     upgrade(settings.database_url)

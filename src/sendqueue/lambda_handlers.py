@@ -62,10 +62,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from sendqueue.bootstrap import Container, bootstrap, settle_heap
-from sendqueue.domain.errors import InvalidField, SchedulerError
+from sendqueue.domain.errors import InvalidField, InvalidSettings, SchedulerError
 from sendqueue.domain.ses_events import feedback_from_ses, ses_event_of
 from sendqueue.services.provisioning import Continuation, ProvisionReport
-from sendqueue.settings import LambdaControlSettings, LambdaSettings
+from sendqueue.settings import LambdaControlSettings, LambdaSettings, load_settings
 
 __all__ = [
     "LambdaContext",
@@ -113,12 +113,21 @@ def use(built: Container | None = None, *, invoke: Invoke | None = None) -> None
 def container(settings: type[LambdaSettings] = LambdaSettings) -> Container:
     """This execution environment's container, built from the environment at first use with
     ``settings``: :class:`LambdaSettings` for the send function, :class:`LambdaControlSettings`
-    for the others (an execution environment runs one function, so the first call decides)."""
+    for the others (an execution environment runs one function, so the first call decides).
+
+    Refused settings are logged at ERROR, one line per problem naming its variable, and raised
+    as :class:`InvalidSettings` (every invocation fails the same way until they are fixed)."""
     with _lock:
         built = _state.get("container")
         if built is None:
             logging.getLogger("sendqueue").setLevel(logging.INFO)
-            built = _state["container"] = bootstrap(settings())
+            try:
+                loaded = load_settings(settings)
+            except InvalidSettings as exc:
+                for problem in exc.problems:
+                    log.error("invalid settings: %s", problem)
+                raise
+            built = _state["container"] = bootstrap(loaded)
             settle_heap()
         return built
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from sendqueue.bootstrap import Container
 from sendqueue.domain.unsubscribe import UNSUBSCRIBE_URL_PLACEHOLDER
+from sendqueue.domain.wording import plural
 from sendqueue.services.feedback_poll import PollReport
 from sendqueue.services.reconciler import ReconcileReport
 
@@ -60,7 +61,7 @@ def run_worker(
     try:
         moved = app.campaigns.catch_up_overdue()
         if moved:
-            log.warning("%d overdue emails re-planned at start", moved)
+            log.warning("%s re-planned at start", plural(moved, "overdue email"))
     except Exception:  # the worker still starts; it re-plans each overdue task it meets
         log.exception("the catch-up re-plan at start failed")
     if dispatcher.runs_reconciler:

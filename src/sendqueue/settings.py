@@ -4,7 +4,8 @@ Every setting is read from an environment variable prefixed ``SENDQUEUE_``, over
 file: the one :mod:`sendqueue.settings_file` picks for the CLI (``--config``,
 ``./sendqueue.env``, ``./.env``), ``./.env`` for ``Settings()`` alone. Only
 :mod:`sendqueue.bootstrap` reads this class; adapters receive plain values and never read the
-environment themselves.
+environment themselves. Entry points load it through
+:func:`load_settings`, whose error names the variables in plain sentences.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .settings_checks import (
     refuse_guessable,
     trusted_networks,
 )
+from .settings_errors import load_settings
 from .settings_links import LinkSettings
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "LambdaControlSettings",
     "LambdaSettings",
     "Settings",
+    "load_settings",
     "parse_dynamodb_url",
     "redact_url",
     "trusted_networks",

@@ -31,6 +31,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from .domain.errors import InvalidField
 from .settings import Settings
+from .settings_errors import load_settings as checked_settings
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -73,9 +74,10 @@ def read_config(path: Path) -> dict[str, str]:
 
 
 def load_settings(path: Path | None) -> Settings:
-    """The settings of ``path`` (None: no file) under the environment. Raises pydantic's
-    ValidationError, naming the variable, for a refused value."""
-    return Settings(_env_file=path)
+    """The settings of ``path`` (None: no file) under the environment. Raises
+    :class:`~sendqueue.domain.errors.InvalidSettings`, one sentence naming the variable per
+    refused value."""
+    return checked_settings(Settings, _env_file=path)
 
 
 class _Given(Settings):

@@ -181,7 +181,7 @@ def test_items_written_before_the_feedback_loop_read_and_index_as_new_ones(
         **ARNS,
     }
     settings = Settings(**values)
-    assert upgrade_store_schema(settings) == "dynamodb (address keys added to 3 task(s))"
+    assert upgrade_store_schema(settings) == "dynamodb (address keys added to 3 tasks)"
     assert store.backfill_address_keys() == 0  # nothing left: a second run is a no-op
     found = store.tasks_for("old0@example.com", states=[TaskState.PENDING])
     assert [t.id for t in found] == [task_id("c1", 0)]

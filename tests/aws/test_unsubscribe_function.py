@@ -29,7 +29,7 @@ from sendqueue.adapters import secretsmanager
 from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 from sendqueue.adapters.mail.url import SesUrl, parse_mailer_url
 from sendqueue.bootstrap import Container, bootstrap
-from sendqueue.domain.errors import NotFound
+from sendqueue.domain.errors import InvalidSettings, NotFound
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.policy import SendingPolicy, Window
 from sendqueue.domain.tokens import TokenPurpose, verify_task
@@ -202,7 +202,7 @@ def test_a_send_function_without_the_links_settings_fails_at_its_cold_start(
     env = {k: v for k, v in stack.send_env.items() if k != missing}
     function_environment(env, monkeypatch)
     for _ in range(2):  # nothing half-built is kept: the next invocation fails the same way
-        with pytest.raises(ValidationError, match=says) as caught:
+        with pytest.raises(InvalidSettings, match=says) as caught:
             lambda_handlers.send_handler({"taskId": "c1-0"}, stack.send_context())
         assert "when SENDQUEUE_ENVIRONMENT=production" in str(caught.value)
         assert stack.key not in str(caught.value)

@@ -143,7 +143,7 @@ def test_form_to_finished_rows_live_without_reload(
     chart.first.wait_for()
     assert chart.count() == 1
     assert int(chart.first.get_attribute("height") or 0) > 0
-    assert f"{COUNT} email(s)" in (page.text_content("#preview-summary") or "")
+    assert f"{COUNT} emails" in (page.text_content("#preview-summary") or "")
     assert page.locator("#preview-days tbody tr").count() == 1
 
     page.click("#create-button")

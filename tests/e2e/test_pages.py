@@ -16,6 +16,7 @@ from playwright.sync_api import expect
 
 import sendqueue.web
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
+from sendqueue.domain.wording import plural
 from tests.e2e.conftest import Sendqueue, api, provision
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def test_form_errors_next_to_fields_and_rows(page: Page, shared_sendqueue: Sendq
     page.click("#preview-button")
     expect(page.locator("#preview-chart rect.bar-planned")).to_have_count(1)
     expect(page.locator("#preview-summary")).to_contain_text(
-        "1 email(s): 3 a day, Mon\u2013Fri, 09:00\u201312:00 and 13:00\u201317:00, UTC"
+        "1 email: 3 a day, Mon\u2013Fri, 09:00\u201312:00 and 13:00\u201317:00, UTC"
     )
 
 
@@ -330,7 +331,7 @@ def test_dead_letters_redrive_one_and_all(page: Page, shared_sendqueue: Sendqueu
 
     rows.first.locator("[data-redrive]").click()
     expect(rows).to_have_count(2)
-    expect(page.locator("#dlq-status")).to_contain_text("1 dead letter(s) redriven as sq-dead-")
+    expect(page.locator("#dlq-status")).to_contain_text("1 dead letter redriven as sq-dead-")
     page.click("#redrive-all")
     expect(rows).to_have_count(0)
     expect(page.locator("#dlq-empty")).to_be_visible()
@@ -359,14 +360,14 @@ def test_suppression_page_adds_and_removes_and_a_campaign_counts_them(
     app = shared_sendqueue
     address = f"supp-{time.monotonic_ns()}@example.com"
     page.goto(f"{app.url}/suppressions")
-    before = int(page.locator("#supp-total").inner_text())
+    before = int(page.locator("#supp-total").get_attribute("data-count") or "")
     page.fill("#supp-email", address.upper())
     page.select_option("#supp-reason", "unsubscribed")
     page.keyboard.press("Enter")
     row = page.locator(f'#suppressions tr[data-email="{address}"]')
     expect(row).to_contain_text("unsubscribed")
     expect(page.locator("#supp-status")).to_contain_text(f"{address} suppressed")
-    expect(page.locator("#supp-total")).to_have_text(str(before + 1))
+    expect(page.locator("#supp-total")).to_have_text(plural(before + 1, "address", "addresses"))
     page.fill("#supp-email", IMG)  # refused, and shown as text
     page.click("#supp-add button[type=submit]")
     expect(page.locator("#supp-error")).to_contain_text("Not suppressed")

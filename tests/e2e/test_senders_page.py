@@ -14,6 +14,7 @@ from playwright.sync_api import expect
 
 from sendqueue.adapters.sql import open_store
 from sendqueue.domain.senders import Booking
+from sendqueue.domain.wording import plural
 from sendqueue.ports import SenderStore
 from tests.e2e.conftest import Sendqueue, api, provision
 
@@ -184,6 +185,8 @@ def test_adding_a_sender_through_the_form_then_removing_it(
     expect(page.locator("#senders-status")).to_have_text(f"Sender {email} removed.")
     listed = api(page, "GET", f"{app.url}/api/senders")["senders"]
     assert sid not in [s["id"] for s in listed]
+    # the count in words, as the page's script updates it
+    expect(page.locator("#senders-count")).to_have_text(plural(len(listed), "sender"))
 
 
 def test_a_sender_with_planned_sends_is_not_removed(

@@ -69,7 +69,7 @@ def test_plan_json_has_exactly_the_documented_shape(cli: CliRunner) -> None:
 def test_plan_table_has_a_per_day_summary(cli: CliRunner) -> None:
     code, out, _ = run(cli, "plan", "--count", "5", "--per-day", "2", "--start", "2026-12-01T08:00")
     assert code == 0
-    assert "per day: 3 sending day(s)" in out and "Tue 2026-12-01" in out
+    assert "per day: 3 sending days" in out and "Tue 2026-12-01" in out
 
 
 @pytest.mark.parametrize(
@@ -124,7 +124,7 @@ def test_ten_thousand_rows_with_bad_rows_report_and_create_nothing_then_fixed_cr
     _csv(tmp_path / "big.csv", 10_000, bad)
     code, out, err = run(cli, "campaign", "create", "--name", "Big", "--recipients", "big.csv")
     assert code == 2
-    assert "4 problem(s)" in err
+    assert "4 problems" in err
     for index in sorted(bad):
         assert f"row {index + 2}: email:" in err  # header is row 1
     code, out, _ = run(cli, "campaign", "list", "--json")

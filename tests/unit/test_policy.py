@@ -275,7 +275,7 @@ def test_load_timezone() -> None:
                 "jitter_seconds": 90,
             },
             "5 a day, Mon\u2013Fri, 09:00\u201312:00 and 13:00\u201317:00, Europe/Berlin, "
-            "skipping 2 date(s), jitter \u00b190s",
+            "skipping 2 dates, jitter \u00b190s",
         ),
     ],
 )  # fmt: skip

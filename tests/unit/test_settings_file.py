@@ -97,7 +97,9 @@ def test_each_value_has_its_comment_and_optional_ones_are_commented_out() -> Non
     lines = text.splitlines()
     assert lines[0] == "# written by a test"
     at = lines.index("SENDQUEUE_PUBLIC_URL='https://mail.example.com'")
-    assert lines[at - 1].startswith("# base of the links in emails")
+    assert lines[at - 1].startswith(
+        "# base of the one-click unsubscribe links in every email"
+    )  # its description
     assert "# SENDQUEUE_BOUNCE_ADDRESS=" in lines
     assert "# SENDQUEUE_SUPPRESS_REPLIES='false'" in lines
     assert lines[lines.index("# SENDQUEUE_BOUNCE_ADDRESS=") - 1].startswith("# envelope sender")

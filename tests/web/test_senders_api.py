@@ -338,18 +338,20 @@ def test_a_stored_preview_counts_each_recipient_zone(web: Web) -> None:
 def test_the_senders_page_shows_usage_against_the_cap(web: Web) -> None:
     empty = web.client.get("/senders")
     assert empty.status_code == 200 and "No sender yet" in empty.text
+    assert '<span id="senders-count">0 senders</span>' in empty.text
     sid = _add(web, daily_cap=5, transport=TRANSPORT)["id"]
     _book(web, sid, T0.date(), 3, cap=5)
     page = web.client.get("/senders", params={"added": sid})
     assert page.status_code == 200
     text = page.text
     assert f'id="usage-chart-{sid}"' in text and f'id="usage-{sid}"' in text
-    assert "3 planned and 0 sent over 14 day(s), of 70 the caps allow" in text
+    assert "3 planned and 0 sent over 14 days, of 70 the caps allow" in text
     assert '<tr data-date="2026-12-01">' in text
     assert '<td class="num" data-field="free">2</td>' in text
     assert f"Sender anna@example.com ({sid}) added." in text
     assert MASKED in text and SECRET not in text
     assert 'href="/senders" aria-current="page"' in text
+    assert '<span id="senders-count">1 sender</span>' in text
     new = web.client.get("/campaigns/new").text
     assert f'name="senders" value="{sid}"' in new and 'name="local_time"' in new
 

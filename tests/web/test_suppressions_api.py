@@ -48,6 +48,13 @@ def test_add_list_page_and_remove(web: Web) -> None:
     assert web.client.delete("/api/suppressions/a/b@example.com").status_code == 200
 
 
+def test_the_page_counts_the_addresses_in_words(web: Web) -> None:
+    _add(web, "ada@example.com")
+    assert '"1">1 address</span> listed.' in web.client.get("/suppressions").text
+    _add(web, "bob@example.com")
+    assert '"2">2 addresses</span> listed.' in web.client.get("/suppressions").text
+
+
 def test_bad_input_is_a_422_naming_the_field(web: Web) -> None:
     bad = web.client.post("/api/suppressions", json={"email": "not-an-address"})
     assert _error(bad, 422)["field"] == "email"

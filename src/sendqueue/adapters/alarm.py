@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.domain.alarms import AutoPause
 from sendqueue.domain.models import DeadLetter
+from sendqueue.domain.wording import plural
 from sendqueue.ports import Events, NoEvents
 
 __all__ = [
@@ -117,12 +118,11 @@ class LoggingAlarm:
 
     def raise_alarm(self, letter: DeadLetter) -> None:
         log.error(
-            "dead letter %s: schedule %s (group %s) gave up after %d attempt(s); "
-            "payload %s; error: %s",
+            "dead letter %s: schedule %s (group %s) gave up after %s; payload %s; error: %s",
             letter.id,
             letter.schedule_name,
             letter.group,
-            letter.attempts,
+            plural(letter.attempts, "attempt"),
             json.dumps(dict(letter.payload), sort_keys=True),
             letter.error,
         )

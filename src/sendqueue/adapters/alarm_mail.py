@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 
 from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.alarms import AlarmItem, Digest
+from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, Mailer, OutgoingMessage, TaskStore
 
 __all__ = ["LEASE", "MailAlarm"]
@@ -171,9 +172,8 @@ class MailAlarm:
         try:
             self._mailer.send(message)
         except Exception as exc:  # kept for the next attempt; nothing escapes to the caller
-            log.error(
-                "alarm email to %s failed (%d alarms kept): %s", self.to_addr, len(digest), exc
-            )
+            kept = plural(len(digest), "alarm")
+            log.error("alarm email to %s failed (%s kept): %s", self.to_addr, kept, exc)
             with self._lock:
                 self._held = digest.merge(self._held)
             return False

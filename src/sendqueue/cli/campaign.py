@@ -37,6 +37,7 @@ from sendqueue.domain.errors import InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import check_cursor
 from sendqueue.domain.planner import per_zone_day_summary
+from sendqueue.domain.wording import plural
 from sendqueue.services.importing import Templates
 from sendqueue.services.previews import ZoneDays
 from sendqueue.services.views import campaign_dict, task_list_dict
@@ -151,8 +152,8 @@ def campaign_create(
             return
         out.print(
             f"created campaign [bold]{campaign.id}[/] ({campaign.name}): "
-            f"{campaign.recipient_count} recipients, "
-            f"{created.imported.duplicates} duplicate(s) dropped"
+            f"{plural(campaign.recipient_count, 'recipient')}, "
+            f"{plural(created.imported.duplicates, 'duplicate')} dropped"
         )
         out.print(f"policy: {campaign.policy.describe()}")
         out.print(_options_line(data))
@@ -203,7 +204,7 @@ def campaign_list(as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(rows)
         return
-    table = Table(title=f"{len(rows)} campaign(s)")
+    table = Table(title=plural(len(rows), "campaign"))
     # the outcomes other than accepted: what came back after sending
     feedback = [o.value for o in TaskOutcome if o is not TaskOutcome.ACCEPTED]
     for col in ("id", "name", "state", "recipients", *[s.value for s in TaskState], *feedback):
@@ -334,7 +335,7 @@ def _control(name: str, call: Callable[[Container, str], Any]) -> Callable[..., 
         if as_json:
             print_json(data)
         else:
-            extra = f" ({result} email(s))" if isinstance(result, int) else ""
+            extra = f" ({plural(result, 'email')})" if isinstance(result, int) else ""
             out.print(f"{campaign_id}: {name} done{extra}; campaign is {data['state']}")
 
     command.__name__ = f"campaign_{name.replace('-', '_')}"
@@ -391,7 +392,7 @@ def campaign_tasks(
     if as_json:
         print_json(rows)
         return
-    table = Table(title=f"{len(rows)} email(s)")
+    table = Table(title=plural(len(rows), "email"))
     columns = (
         "id", "email", "sender", "state", "send_at", "sent_at", "outcome", "attempts",
         "moves", "error/reason",

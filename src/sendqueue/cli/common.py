@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import shutil
 import signal
 import sys
 import threading
@@ -24,6 +26,7 @@ from sendqueue.domain.errors import (
     InfrastructureError,
     InvalidField,
     InvalidInput,
+    InvalidSettings,
     NoSendingDay,
     NotFound,
 )
@@ -36,6 +39,7 @@ from sendqueue.domain.policy import (
     parse_weekdays,
     parse_window,
 )
+from sendqueue.domain.wording import plural
 from sendqueue.settings import Settings
 from sendqueue.settings_file import config_file, load_settings
 
@@ -54,18 +58,43 @@ __all__ = [
     "fail",
     "given_config",
     "handle_errors",
+    "help_width",
     "install_signals",
     "log",
     "out",
     "print_json",
     "settings",
     "use_config",
+    "widen_help",
 ]
 
 # Piped output is not squeezed into 80 columns: ids must stay whole for scripts and people.
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 log = logging.getLogger("sendqueue")
+
+#: The narrowest ``--help`` that cuts no option name: ``campaign create`` needs 94 columns for
+#: ``--unsubscribe-footer/--no-unsubscribe-footer`` beside its type and help
+#: (tests/integration/test_cli_help.py renders every command's help at this width).
+HELP_MIN_WIDTH = 100
+
+
+def help_width(columns: int | None = None) -> int:
+    """The width of ``--help``: the terminal's (``columns``, else stdout's size or $COLUMNS),
+    160 when stdout is no terminal (piped, CI), never below :data:`HELP_MIN_WIDTH`: a narrower
+    terminal wraps the lines rather than have Rich cut an option name to ``--unsubscribe-fo…``."""
+    if columns is None:
+        columns = shutil.get_terminal_size(fallback=(160, 24)).columns
+    return max(columns, HELP_MIN_WIDTH)
+
+
+def widen_help() -> None:
+    """Have Typer draw ``--help`` (and its usage errors) :func:`help_width` columns wide
+    through its TERMINAL_WIDTH variable, unless the user set it: Rich alone takes 80 columns
+    when piped. The variable, not ``typer.rich_utils``: that module costs a quarter second to
+    import, and Typer imports it only when it draws help."""
+    os.environ.setdefault("TERMINAL_WIDTH", str(help_width()))
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,7 +106,7 @@ def fail(code: int, message: str) -> NoReturn:
 
 
 def _print_invalid_input(exc: InvalidInput) -> None:
-    err.print(f"error: {exc.summary}: {exc.total} problem(s)", markup=False)
+    err.print(f"error: {exc.summary}: {plural(exc.total, 'problem')}", markup=False)
     for problem in exc.errors:
         where = f"row {problem.row}: " if problem.row is not None else ""
         value = problem.value
@@ -100,6 +129,10 @@ def handle_errors(func: F) -> F:
             raise typer.Exit(2) from None
         except InvalidField as exc:
             fail(2, str(exc))
+        except InvalidSettings as exc:  # each sentence names its variable
+            for problem in exc.problems:
+                err.print(f"error: {problem}", markup=False, soft_wrap=True)
+            raise typer.Exit(2) from None
         except NoSendingDay as exc:
             fail(2, f"policy: {exc}")
         except (NotFound, IllegalTransition, Conflict) as exc:
@@ -132,12 +165,7 @@ def settings() -> Settings:
         path = config_file(given_config())
     except InvalidField as exc:
         fail(2, f"{exc.field}: {exc.reason} (got {exc.value!r})")
-    try:
-        return load_settings(path)
-    except Exception as exc:  # pydantic's ValidationError: name the variable and the problem
-        lines = str(exc).splitlines()
-        where = f" (read from the environment and {path})" if path is not None else ""
-        fail(2, f"invalid settings{where}: " + " ".join(line.strip() for line in lines[:3]))
+    return load_settings(path)  # InvalidSettings: handle_errors prints each sentence
 
 
 @contextmanager

@@ -14,8 +14,10 @@ from sendqueue.bootstrap import (
     upgrade_store_schema,
 )
 from sendqueue.cli.common import JsonOpt, container, err, fail, handle_errors, out, print_json
-from sendqueue.cli.common import settings as load_settings
-from sendqueue.settings import Settings, redact_url
+from sendqueue.cli.common import settings as command_settings
+from sendqueue.domain.errors import InvalidSettings
+from sendqueue.domain.wording import plural
+from sendqueue.settings import Settings, load_settings, redact_url
 
 __all__ = ["db_app"]
 
@@ -26,7 +28,7 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 @handle_errors
 def db_upgrade() -> None:
     """Apply the schema migrations to SENDQUEUE_DATABASE_URL."""
-    settings = load_settings()
+    settings = command_settings()
     out.print(f"database at revision {upgrade_store_schema(settings)}")
     version = upgrade_scheduler_schema(settings)
     if version is not None:
@@ -87,15 +89,16 @@ def db_migrate_to(
 
     with container() as source:
         try:
-            settings = Settings(
+            settings = load_settings(
+                Settings,
                 **{
                     **source.settings.model_dump(),
                     "database_url": url,
                     "execution": "procrastinate",
-                }
+                },
             )
-        except Exception as exc:  # pydantic's ValidationError
-            fail(2, "invalid target: " + " ".join(str(exc).split())[:300])
+        except InvalidSettings as exc:  # the URL argument stands for SENDQUEUE_DATABASE_URL
+            raise InvalidSettings([f"invalid target: {p}" for p in exc.problems]) from None
         target = bootstrap(settings)
         try:
             report = migrate_to(
@@ -112,8 +115,9 @@ def db_migrate_to(
         print_json(report.as_dict())
         return
     out.print(
-        f"copied {report.campaigns} campaign(s), {report.tasks} email(s), {report.changes} "
-        f"change(s); {report.schedules_created} of {report.pending} pending email(s) scheduled"
+        f"copied {plural(report.campaigns, 'campaign')}, {plural(report.tasks, 'email')}, "
+        f"{plural(report.changes, 'change')}; {report.schedules_created} of "
+        f"{plural(report.pending, 'pending email')} scheduled"
     )
     for error in report.schedule_errors:
         err.print(f"  not scheduled (the reconciler retries): {error}", markup=False)

@@ -15,6 +15,7 @@ from sendqueue.cli.common import container, handle_errors, install_signals, out
 from sendqueue.cli.render import print_provision, provision_with_progress
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.wording import plural
 from sendqueue.runtime import run_worker
 from sendqueue.services.demo import demo_csv, demo_policy
 from sendqueue.services.importing import Templates
@@ -58,7 +59,9 @@ def demo_cmd(
             ),
         )
         cid = created.campaign.id
-        out.print(f"demo campaign [bold]{cid}[/]: {count} emails, one every {interval:g}s")
+        out.print(
+            f"demo campaign [bold]{cid}[/]: {plural(count, 'email')}, one every {interval:g}s"
+        )
         out.print(f"policy: {policy.describe()}", markup=False)
         out.print(
             f"mailer: {redact_url(c.settings.mailer)}  store: {redact_url(c.settings.database_url)}"

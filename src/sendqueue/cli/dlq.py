@@ -10,6 +10,7 @@ from rich.table import Table
 
 from sendqueue.cli.common import JsonOpt, container, handle_errors, out, print_json
 from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.wording import plural
 from sendqueue.services.dead_letters import redrive_all
 from sendqueue.services.views import dead_letter_dict
 
@@ -27,7 +28,7 @@ def dlq_list(as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(letters)
         return
-    table = Table(title=f"{len(letters)} dead letter(s)")
+    table = Table(title=plural(len(letters), "dead letter"))
     for col in ("id", "schedule", "payload", "attempts", "failed_at", "error"):
         table.add_column(col)
     for d in letters:

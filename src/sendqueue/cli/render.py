@@ -12,6 +12,7 @@ from sendqueue.bootstrap import Container
 from sendqueue.cli.common import err, out
 from sendqueue.domain.planner import per_day_summary
 from sendqueue.domain.policy import load_timezone
+from sendqueue.domain.wording import plural
 from sendqueue.services.previews import ZoneDays
 from sendqueue.services.provisioning import ProvisionProgress, ProvisionReport
 from sendqueue.services.views import iso
@@ -38,7 +39,7 @@ def plan_rows(sends: list[datetime], zone_name: str) -> list[dict[str, Any]]:
 def print_plan(sends: list[datetime], zone_name: str, *, rows: int = 50) -> None:
     """A plan as a table (first and last rows) and a per-day summary."""
     zone = load_timezone(zone_name)
-    table = Table(title=f"{len(sends)} sends ({zone_name})", show_lines=False)
+    table = Table(title=f"{plural(len(sends), 'send')} ({zone_name})", show_lines=False)
     table.add_column("#", justify="right")
     table.add_column("send at (UTC)")
     table.add_column(f"local ({zone_name})")
@@ -55,7 +56,7 @@ def print_plan(sends: list[datetime], zone_name: str, *, rows: int = 50) -> None
         )
     out.print(table)
     days = per_day_summary(sends, zone_name)
-    summary = Table(title=f"per day: {len(days)} sending day(s)")
+    summary = Table(title=f"per day: {plural(len(days), 'sending day')}")
     summary.add_column("day")
     summary.add_column("sends", justify="right")
     summary.add_column("first")
@@ -69,7 +70,10 @@ def print_plan(sends: list[datetime], zone_name: str, *, rows: int = 50) -> None
         )
     if len(days) > 60:
         summary.add_row(
-            "...", f"{sum(d.count for d in days[60:])} in {len(days) - 60} more days", "", ""
+            "...",
+            f"{sum(d.count for d in days[60:])} in {plural(len(days) - 60, 'more day')}",
+            "",
+            "",
         )
     out.print(summary)
 
@@ -97,7 +101,9 @@ def zone_rows(zones: tuple[ZoneDays, ...]) -> list[dict[str, Any]]:
 
 def print_zones(zones: tuple[ZoneDays, ...]) -> None:
     """The sends per recipient zone, each in its own local days (a local-time campaign)."""
-    table = Table(title=f"per recipient zone: {len(zones)} zone(s), in each zone's local time")
+    table = Table(
+        title=f"per recipient zone: {plural(len(zones), 'zone')}, in each zone's local time"
+    )
     for col in ("zone", "sends", "days", "first day", "last day"):
         table.add_column(col, justify="right" if col in {"sends", "days"} else "left")
     for z in zones:
@@ -141,9 +147,10 @@ def print_provision(report: ProvisionReport) -> None:
         "busy": "another process is provisioning this campaign",
     }
     out.print(
-        f"{report.campaign_id}: {messages[report.status]} - {report.tasks_created} tasks and "
-        f"{report.schedules_created} schedules created of {report.total} in {report.seconds:.1f}s"
-        + (f", {report.throttled} throttled call(s) retried" if report.throttled else "")
+        f"{report.campaign_id}: {messages[report.status]} - {plural(report.tasks_created, 'task')} "
+        f"and {plural(report.schedules_created, 'schedule')} created of {report.total} in "
+        f"{report.seconds:.1f}s"
+        + (f", {plural(report.throttled, 'throttled call')} retried" if report.throttled else "")
         + (f", {report.suppressed} suppressed (created Cancelled)" if report.suppressed else "")
     )
     for e in report.errors[:10]:

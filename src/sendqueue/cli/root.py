@@ -22,7 +22,7 @@ from sendqueue.cli import (
     task,
     worker,
 )
-from sendqueue.cli.common import err, out, use_config
+from sendqueue.cli.common import err, out, use_config, widen_help
 
 __all__ = ["app", "main"]
 
@@ -91,4 +91,5 @@ app.command("demo")(demo.demo_cmd)
 
 def main() -> None:
     """Console entry point."""
+    widen_help()
     app()

@@ -15,6 +15,7 @@ from rich.text import Text
 from sendqueue.cli.common import JsonOpt, container, fail, handle_errors, out, print_json
 from sendqueue.domain.errors import Conflict, InvalidField
 from sendqueue.domain.senders import DEFAULT_DAILY_CAP, DEFAULT_MIN_GAP_SECONDS, Sender
+from sendqueue.domain.wording import plural
 from sendqueue.services.senders import USAGE_DAYS, DayUsage, SenderView
 
 __all__ = ["sender_app", "sender_dict", "usage_rows"]
@@ -119,7 +120,7 @@ def sender_list(as_json: JsonOpt = False) -> None:
     if as_json:
         print_json([v.as_dict() for v in views])
         return
-    table = Table(title=f"{len(views)} sender(s)")
+    table = Table(title=plural(len(views), "sender"))
     for col in ("id", "email", "name", "cap/day", "gap (s)", "timezone", "warm-up", "transport"):
         table.add_column(col, justify="right" if col in {"cap/day", "gap (s)"} else "left")
     for v in views:
@@ -168,7 +169,7 @@ def sender_show(
     out.print(f"transport: {view.transport or '(default mailer)'}", markup=False)
     if view.reply_to:
         out.print(f"reply-to: {view.reply_to}", markup=False)
-    table = Table(title=f"usage over {len(usage)} day(s) ({view.timezone})")
+    table = Table(title=f"usage over {plural(len(usage), 'day')} ({view.timezone})")
     for col in ("date", "planned", "sent", "cap", "free"):
         table.add_column(col, justify="left" if col == "date" else "right")
     for d in usage:

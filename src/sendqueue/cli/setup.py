@@ -28,7 +28,7 @@ from sendqueue.cli.common import (
     out,
     print_json,
 )
-from sendqueue.domain.errors import Conflict, InfrastructureError, InvalidField
+from sendqueue.domain.errors import Conflict, InfrastructureError, InvalidField, InvalidSettings
 from sendqueue.domain.senders import DEFAULT_DAILY_CAP, Sender, new_sender_id
 from sendqueue.settings import redact_url
 from sendqueue.settings_file import (
@@ -382,8 +382,8 @@ def _write(
     with staged_config(path, text) as staged:
         try:
             settings = load_settings(staged)
-        except Exception as exc:  # pydantic's ValidationError: the environment overrides a value
-            lines = " ".join(line.strip() for line in str(exc).splitlines()[:3])
+        except InvalidSettings as exc:  # the environment overrides a value of the file
+            lines = "; ".join(exc.problems)
             fail(2, f"the file would be refused under this environment: {lines}; nothing written")
         try:
             with container(settings) as c:

@@ -12,6 +12,7 @@ from rich.table import Table
 from sendqueue.cli.common import JsonOpt, container, handle_errors, out, print_json
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.suppression import SuppressionReason
+from sendqueue.domain.wording import plural
 from sendqueue.services.suppression import MAX_PAGE, to_csv
 from sendqueue.services.views import SuppressionView
 
@@ -51,7 +52,9 @@ def suppression_list(
     if as_json:
         print_json([r.as_json() for r in rows])
         return
-    table = Table(title=f"{len(rows)} of {total} suppressed address(es)")
+    table = Table(
+        title=f"{len(rows)} of {plural(total, 'suppressed address', 'suppressed addresses')}"
+    )
     for col in ("email", "reason", "task", "at"):
         table.add_column(col)
     for r in rows:
@@ -106,7 +109,8 @@ def suppression_import(
         print_json({"rows": imported.rows, "added": imported.added, "kept": imported.kept})
         return
     out.print(
-        f"imported {imported.rows} row(s): {imported.added} added, {imported.kept} listed already",
+        f"imported {plural(imported.rows, 'row')}: {imported.added} added, "
+        f"{imported.kept} listed already",
         markup=False,
     )
 

@@ -7,6 +7,7 @@ import typer
 from sendqueue.cli.common import JsonOpt, container, handle_errors, out, print_json
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState
+from sendqueue.domain.wording import plural
 from sendqueue.services.views import task_dict
 
 __all__ = ["task_app"]
@@ -34,7 +35,9 @@ def task_show(task_id: str, as_json: JsonOpt = False) -> None:
     sent_at = (data["sent_at"] or "-") + (" (late)" if data["late"] else "")
     out.print(f"send at: {send_at}  sent at: {sent_at}  attempts: {data['attempts']}")
     if data["moves"]:
-        out.print(f"moved {data['moves']} time(s): {data['moved_reason'] or ''}", markup=False)
+        out.print(
+            f"moved {plural(data['moves'], 'time')}: {data['moved_reason'] or ''}", markup=False
+        )
     if data["error"] or data["reason"]:
         out.print(f"error/reason: {data['error'] or data['reason']}", markup=False)
     if data["outcome"]:

@@ -22,6 +22,7 @@ from sendqueue.cli.common import (
     print_json,
 )
 from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.wording import plural
 from sendqueue.runtime import run_worker
 from sendqueue.settings import redact_url
 
@@ -39,10 +40,13 @@ def reconcile_cmd(as_json: JsonOpt = False) -> None:
     if not report.ran:
         out.print("another reconciler pass is running; nothing done")
         return
-    data = report.as_dict()
-    for key, value in data.items():
-        if key not in {"ran", "errors"}:
-            out.print(f"{key.replace('_', ' ')}: {value}")
+    checked = plural(report.campaigns_checked, "campaign")
+    out.print(f"checked {checked} and {plural(report.schedules_checked, 'schedule')}")
+    out.print(report.repairs_text())
+    if report.skipped_in_flight:
+        out.print(
+            f"left {report.skipped_in_flight} alone: in flight or changed since read, not drift"
+        )
     for e in report.errors:
         err.print(f"  {e}", markup=False)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sendqueue.domain.models import DeadLetter
+from sendqueue.domain.wording import plural
 
 __all__ = [
     "AUTO_PAUSE_PREFIX",
@@ -30,7 +31,8 @@ AUTO_PAUSE_PREFIX = "auto-paused after "
 
 def auto_pause_reason(failures: int, error: str) -> str:
     """The state reason the send worker gives a campaign it pauses after ``failures``."""
-    return f"{AUTO_PAUSE_PREFIX}{failures} failed sends in a row; last error: {error[:300]}"
+    failed = plural(failures, "failed send")
+    return f"{AUTO_PAUSE_PREFIX}{failed} in a row; last error: {error[:300]}"
 
 
 def is_auto_paused(reason: str | None) -> bool:
@@ -87,20 +89,20 @@ class Digest:
     def subject(self) -> str:
         parts = []
         if self.dead_letters:
-            parts.append(_plural(self.dead_letters, "dead letter"))
+            parts.append(plural(self.dead_letters, "dead letter"))
         if self.auto_pauses:
-            parts.append(_plural(self.auto_pauses, "campaign auto-paused", "campaigns auto-paused"))
+            parts.append(plural(self.auto_pauses, "campaign auto-paused", "campaigns auto-paused"))
         return f"[sendqueue] alarm: {', '.join(parts) or 'nothing'}"
 
     def text(self, *, interval: float, early: bool = False) -> str:
         """The email's body: what happened, item by item, and what to do about it."""
         minutes = f"{interval / 60:g} minute{'s' if interval != 60 else ''}"
-        lines = [f"sendqueue raised {_plural(len(self), 'alarm')}:", ""]
+        lines = [f"sendqueue raised {plural(len(self), 'alarm')}:", ""]
         if self.dead_letters:
-            lines.append(f"- {_plural(self.dead_letters, 'dead letter')}")
+            lines.append(f"- {plural(self.dead_letters, 'dead letter')}")
         if self.auto_pauses:
             lines.append(
-                f"- {_plural(self.auto_pauses, 'campaign auto-paused', 'campaigns auto-paused')}"
+                f"- {plural(self.auto_pauses, 'campaign auto-paused', 'campaigns auto-paused')}"
             )
         lines.append("")
         if len(self) > 1:
@@ -133,7 +135,8 @@ def _lines(item: AlarmItem) -> list[str]:
     if isinstance(item, DeadLetter):
         return [
             f"Dead letter {item.id} at {item.failed_at.isoformat()}: schedule "
-            f"{item.schedule_name} (group {item.group}) gave up after {item.attempts} attempt(s)",
+            f"{item.schedule_name} (group {item.group}) gave up after "
+            f"{plural(item.attempts, 'attempt')}",
             f"payload {json.dumps(dict(item.payload), sort_keys=True)}",
             f"error: {_one_line(item.error)}",
         ]
@@ -147,7 +150,3 @@ def _lines(item: AlarmItem) -> list[str]:
 def _one_line(text: str, limit: int = 500) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-def _plural(n: int, one: str, many: str | None = None) -> str:
-    return f"{n} {one if n == 1 else (many or one + 's')}"

@@ -4,6 +4,7 @@
     ├── DomainError                 a request that breaks a rule; nothing was changed
     │   ├── InvalidField            one input field is wrong (names field, value, what is allowed)
     │   ├── InvalidInput            several problems at once (e.g. CSV rows), each an InvalidField
+    │   ├── InvalidSettings         the SENDQUEUE_* settings were refused (a sentence per problem)
     │   ├── NoSendingDay            the policy allows no sending day within the planning horizon
     │   ├── IllegalTransition       a task or campaign state change the lifecycle forbids
     │   ├── NotFound                an unknown campaign, task, schedule or dead letter
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sendqueue.domain.wording import plural
+
 __all__ = [
     "Conflict",
     "DomainError",
@@ -37,6 +40,7 @@ __all__ = [
     "InfrastructureError",
     "InvalidField",
     "InvalidInput",
+    "InvalidSettings",
     "MailError",
     "NoSendingDay",
     "NotChecked",
@@ -96,7 +100,19 @@ class InvalidInput(DomainError, ValueError):
         self.summary = summary
         self.errors = list(errors)
         self.total = total if total is not None else len(self.errors)
-        super().__init__(f"{summary}: {self.total} problem(s)")
+        super().__init__(f"{summary}: {plural(self.total, 'problem')}")
+
+
+class InvalidSettings(DomainError, ValueError):
+    """The settings (the ``SENDQUEUE_*`` variables, a ``.env`` file) were refused.
+
+    ``problems`` holds one plain sentence per problem, each naming its variable or variables
+    and never quoting a value (it may be a secret); ``str()`` is those sentences, one a line.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(self.problems))
 
 
 class NoSendingDay(DomainError):

@@ -17,6 +17,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .errors import InvalidField
+from .wording import plural
 
 __all__ = [
     "DEFAULT_WEEKDAYS",
@@ -304,7 +305,7 @@ class SendingPolicy:
         days = _weekday_text(self.weekdays)
         text = f"{self.per_day} a day, {days}, {windows}, {self.timezone}"
         if self.skip_dates:
-            text += f", skipping {len(self.skip_dates)} date(s)"
+            text += f", skipping {plural(len(self.skip_dates), 'date')}"
         if self.jitter_seconds:
             text += f", jitter \u00b1{self.jitter_seconds}s"
         return text

@@ -44,6 +44,7 @@ from sendqueue.adapters.sql.schema import WRITE, create_store_engine
 from sendqueue.domain.errors import Conflict, InvalidField, StoreUnavailable
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import schedule_group
+from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.campaigns import iter_tasks
 from sendqueue.services.scheduling import ScheduleWriter
@@ -101,7 +102,7 @@ def _refuse_if_busy(conn: sa.Connection) -> None:
     ).scalar_one()
     if running:
         raise Conflict(
-            f"{running} task(s) are Running in the source: a worker is sending them, or died "
+            f"the source has {plural(running, 'Running task')}: a worker is sending, or died "
             "while sending. Stop every worker, then run `sendqueue reconcile` once "
             "SENDQUEUE_STALE_AFTER has passed (the stale policy decides their outcome), and "
             "migrate again"
@@ -117,8 +118,9 @@ def _refuse_if_busy(conn: sa.Connection) -> None:
     )
     if provisioning:
         raise Conflict(
-            f"campaign(s) {', '.join(sorted(provisioning))} are still provisioning: finish "
-            "with `sendqueue campaign provision ID`, then migrate"
+            f"{plural(len(provisioning), 'campaign')} still provisioning "
+            f"({', '.join(sorted(provisioning))}): finish with `sendqueue campaign provision ID`, "
+            "then migrate"
         )
 
 

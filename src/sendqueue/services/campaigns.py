@@ -36,6 +36,7 @@ from sendqueue.domain.models import (
 )
 from sendqueue.domain.planner import plan
 from sendqueue.domain.policy import SendingPolicy
+from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, SenderStore, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.import_stream import CheckedImport, check_csv, check_rows
@@ -305,7 +306,7 @@ class CampaignService:
         )
         self._store.create_campaign(campaign, recipients)
         stored = self._store.get_campaign(campaign.id)
-        log.info("created campaign %s (%s) with %d recipients", campaign.id, name, count)
+        log.info("created campaign %s (%s) with %s", campaign.id, name, plural(count, "recipient"))
         return CreatedCampaign(stored, imported)
 
     def check_plannable(self, policy: SendingPolicy, count: int) -> None:
@@ -559,8 +560,8 @@ class CampaignService:
             report = self._writer.ensure_many(back)
             if report.failed:
                 log.warning(
-                    "%d retry schedules could not be created for %s; the reconciler will retry",
-                    len(report.failed),
+                    "%s could not be created for %s; the reconciler will retry",
+                    plural(len(report.failed), "retry schedule"),
                     campaign_id,
                 )
         return len(back)

@@ -51,6 +51,7 @@ from sendqueue.domain.suppression import (
     suppressed_reason,
     suppression_key,
 )
+from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, FeedbackStore, SenderStore, SuppressionList, TaskStore
 from sendqueue.services.campaigns import complete_if_done
 
@@ -303,7 +304,7 @@ class FeedbackService:
         for campaign_id in sorted({t.campaign_id for t in cancelled}):
             complete_if_done(self._store, campaign_id, at=now)
         if cancelled:
-            log.info("feedback cancelled %d pending emails (%s)", len(cancelled), reason)
+            log.info("feedback cancelled %s (%s)", plural(len(cancelled), "pending email"), reason)
         return tuple(t.id for t in cancelled)
 
 

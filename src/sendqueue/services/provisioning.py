@@ -30,6 +30,7 @@ from sendqueue.domain.models import CONTROL_GROUP, Campaign, Recipient, Task, ne
 from sendqueue.domain.planner import plan
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, key_of_normalized, suppressed_reason
+from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, Scheduler, SenderStore, SuppressionList, TaskStore
 from sendqueue.services.campaigns import complete_if_done
 from sendqueue.services.capacity import CapacityPlanner, Placement, PlannedRun, uses_capacity
@@ -199,7 +200,7 @@ class Provisioner:
                 "finished_at": self._clock.now().isoformat(),
             }
             report.suppressed = self._suppressions.count_suppressed_tasks(campaign_id)
-            note = f"provisioned {report.total} emails"
+            note = f"provisioned {plural(report.total, 'email')}"
             if report.suppressed:
                 note += f", {report.suppressed} suppressed"
             self._store.save_checkpoint(campaign_id, done, at=self._clock.now(), note=note)
@@ -400,10 +401,9 @@ class Provisioner:
         report.schedules_created += result.created
         if result.failed:
             log.warning(
-                "provisioning %s: %d schedule writes failed (first: %s); the schedules phase "
-                "retries them",
+                "provisioning %s: %s failed (first: %s); the schedules phase retries them",
                 campaign_id,
-                len(result.failed),
+                plural(len(result.failed), "schedule write"),
                 result.failed[0][1],
             )
             return False
@@ -433,10 +433,10 @@ class Provisioner:
             if result.failed:
                 report.errors.extend(f"{tid}: {err}" for tid, err in result.failed[:20])
                 log.error(
-                    "provisioning %s stopped: %d schedule writes failed; checkpoint kept at "
+                    "provisioning %s stopped: %s failed; checkpoint kept at "
                     "position %d, run it again or let the reconciler resume it",
                     campaign.id,
-                    len(result.failed),
+                    plural(len(result.failed), "schedule write"),
                     after,
                 )
                 return False

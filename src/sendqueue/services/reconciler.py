@@ -39,6 +39,7 @@ from sendqueue.domain.models import (
     new_token,
     schedule_group,
 )
+from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, Events, NoEvents, Scheduler, TaskStore
 from sendqueue.services.campaigns import CampaignService, iter_tasks
 from sendqueue.services.config import ServiceConfig
@@ -61,6 +62,20 @@ def _same_pending(read: Task, current: Task) -> bool:
         current.attempts, current.token, current.send_at
     ) == (read.attempts, read.token, read.send_at)  # fmt: skip
 
+
+#: Each repair of a report in words: its counter, its noun and what was done.
+_REPAIRS = (
+    ("missing_schedules_created", "missing schedule", "created"),
+    ("orphan_schedules_deleted", "orphan schedule", "deleted"),
+    ("stale_retried", "stale Running email", "given back to Pending"),
+    ("stale_failed", "stale Running email", "failed"),
+    ("overdue_moved", "overdue email", "moved"),
+    ("provisioning_resumed", "provisioning run", "resumed"),
+    ("cancels_finished", "cancel", "finished"),
+    ("campaigns_completed", "campaign", "completed"),
+    ("campaigns_reopened", "campaign", "reopened"),
+    ("bookings_released", "sender booking", "released"),
+)
 
 #: How long after a campaign ended its tasks' sender slots are still swept for leftovers.
 _SWEEP_FINAL_FOR = timedelta(days=1)
@@ -108,6 +123,16 @@ class ReconcileReport:
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "repairs": self.repairs}
+
+    def repairs_text(self) -> str:
+        """The repairs in words: ``2 repairs: 1 missing schedule created, 1 campaign
+        completed``, or ``no repairs``."""
+        done = [
+            f"{plural(getattr(self, key), noun)} {verb}"
+            for key, noun, verb in _REPAIRS
+            if getattr(self, key)
+        ]
+        return f"{plural(self.repairs, 'repair')}: {', '.join(done)}" if done else "no repairs"
 
 
 class Reconciler:
@@ -177,7 +202,7 @@ class Reconciler:
             if value:
                 self._events.repaired(kind, value)
         if report.repairs:
-            log.warning("reconciler repaired %d things: %s", report.repairs, report.as_dict())
+            log.warning("reconciler made %s", report.repairs_text())
         if report.skipped_in_flight:
             log.info(
                 "reconciler left %d alone: in flight or changed since it read them, not drift",

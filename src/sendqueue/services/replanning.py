@@ -33,6 +33,7 @@ from typing import cast
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Move, Task, new_token
 from sendqueue.domain.slots import free_slots, in_policy, nominal_spacing
+from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, SenderStore, TaskStore
 from sendqueue.services.capacity import CapacityPlanner, uses_capacity
 from sendqueue.services.config import ServiceConfig
@@ -204,7 +205,7 @@ class Replanner:
                 self._rebook_unmoved(chunk)
         self._schedule(campaign, scheduled)
         if moved:
-            log.warning("campaign %s: %d emails moved (%s)", campaign.id, moved, reason)
+            log.warning("campaign %s: %s moved (%s)", campaign.id, plural(moved, "email"), reason)
         return moved
 
     def _rebook_unmoved(self, moves: Sequence[Move]) -> None:
@@ -224,8 +225,8 @@ class Replanner:
             report = self._writer.ensure_many(tasks[start : start + _CHUNK])
             if report.failed:
                 log.warning(
-                    "%d schedules could not be created for %s; the reconciler will retry",
-                    len(report.failed),
+                    "%s could not be created for %s; the reconciler will retry",
+                    plural(len(report.failed), "schedule"),
                     campaign.id,
                 )
 

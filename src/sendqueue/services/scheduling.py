@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 
 from sendqueue.domain.errors import Conflict, SchedulerError, Throttled
 from sendqueue.domain.models import Task, expected_schedule_name, schedule_group
+from sendqueue.domain.wording import plural
 from sendqueue.ports import BulkScheduler, CreateArgs, Scheduler
 
 __all__ = ["ScheduleWriter", "WriteReport", "send_payload"]
@@ -287,8 +288,8 @@ class ScheduleWriter:
         report = self.delete_many(names)
         if report.failed:
             log.warning(
-                "%d schedule deletes failed in %s; the reconciler will retry",
-                len(report.failed),
+                "%s failed in %s; the reconciler will retry",
+                plural(len(report.failed), "schedule delete"),
                 group,
             )
         return report.created

@@ -24,6 +24,7 @@ from sendqueue.domain.senders import (
     masked_transport,
     new_sender_id,
 )
+from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, SenderStore
 
 __all__ = ["USAGE_DAYS", "DayUsage", "SenderService", "SenderView"]
@@ -240,8 +241,8 @@ class SenderService:
                 raise InvalidField(
                     name,
                     getattr(updated, name),
-                    f"the sender has {sum(d.planned for d in planned)} planned sends placed by "
-                    f"the current value; pause or cancel their campaigns first",
+                    f"the sender has {plural(sum(d.planned for d in planned), 'planned send')} "
+                    "placed by the current value; pause or cancel their campaigns first",
                 )
         for day in days:
             if updated.cap_on(day.day) < day.planned + day.sent:
@@ -249,7 +250,7 @@ class SenderService:
                 raise InvalidField(
                     "daily_cap" if updated.daily_cap < used else "warmup_start",
                     updated.cap_on(day.day),
-                    f"{day.day} already has {day.planned + day.sent} emails planned or sent; "
+                    f"{day.day} already has {plural(used, 'email')} planned or sent; "
                     "a lower cap would be passed (pause or cancel campaigns first)",
                 )
 

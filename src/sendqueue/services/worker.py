@@ -56,6 +56,7 @@ from sendqueue.domain.slots import in_policy, nominal_spacing
 from sendqueue.domain.suppression import Suppression, suppressed_reason
 from sendqueue.domain.tokens import verp_address
 from sendqueue.domain.unsubscribe import personalize
+from sendqueue.domain.wording import plural
 from sendqueue.ports import (
     Alarm,
     Clock,
@@ -426,9 +427,9 @@ class SendWorker:
             campaign.id, since=claimed.send_at, reason=reason, firing=claimed.id, wait=REPLAN_WAIT
         )
         log.warning(
-            "task %s due %s is late at %s and %s: not sent; %d emails of campaign %s moved",
-            claimed.id, claimed.send_at.isoformat(), now.isoformat(), reason[6:], moved,
-            campaign.id,
+            "task %s due %s is late at %s and %s: not sent; %s of campaign %s moved",
+            claimed.id, claimed.send_at.isoformat(), now.isoformat(), reason[6:],
+            plural(moved, "email"), campaign.id,
         )  # fmt: skip
         self._events.send_finished("moved")
         return True
@@ -442,8 +443,8 @@ class SendWorker:
             # would not move this task (and its schedule goes with this invocation).
             moved = self._campaigns.catch_up(campaign.id, since=task.send_at, wait=REPLAN_WAIT)
         log.warning(
-            "task %s due %s is overdue at %s: not sent; %d emails of campaign %s moved",
-            task.id, task.send_at.isoformat(), now.isoformat(), moved, campaign.id,
+            "task %s due %s is overdue at %s: not sent; %s of campaign %s moved",
+            task.id, task.send_at.isoformat(), now.isoformat(), plural(moved, "email"), campaign.id,
         )  # fmt: skip
         self._events.send_finished("moved")
 
@@ -566,7 +567,7 @@ class SendWorker:
     def _transient(self, campaign: Campaign, task: Task, error: str) -> bool:
         if task.attempts >= self._config.max_attempts:
             return self._failed(
-                campaign, task, f"gave up after {task.attempts} attempts; last: {error}"
+                campaign, task, f"gave up after {plural(task.attempts, 'attempt')}; last: {error}"
             )
         delay = self._config.retry_backoff * 2 ** (task.attempts - 1)
         # The retry takes a free slot of the grid after the back-off: inside a window, within

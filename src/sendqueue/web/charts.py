@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sendqueue.domain.wording import plural
+
 __all__ = [
     "ChartBar",
     "DayChart",
@@ -87,8 +89,7 @@ class DayChart:
 
     @property
     def summary(self) -> str:
-        days = len(self.bars)
-        return f"{self.planned} planned and {self.done} sent over {days} bar(s)"
+        return f"{self.planned} planned and {self.done} sent over {plural(len(self.bars), 'bar')}"
 
 
 def day_chart(rows: Sequence[Mapping[str, Any]]) -> DayChart:
@@ -180,7 +181,7 @@ class UsageChart:
     @property
     def summary(self) -> str:
         return (
-            f"{self.planned} planned and {self.sent} sent over {len(self.bars)} day(s), "
+            f"{self.planned} planned and {self.sent} sent over {plural(len(self.bars), 'day')}, "
             f"of {self.cap} the caps allow"
         )
 

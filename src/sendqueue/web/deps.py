@@ -21,6 +21,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from sendqueue.bootstrap import Container
+from sendqueue.domain.wording import plural
 from sendqueue.web.queries import TimelineCache
 from sendqueue.web.stream import ChangeBroker
 
@@ -84,10 +85,10 @@ class BackgroundProvisioning:
                     del self._threads[campaign_id]
         if report.status == "done":
             log.info(
-                "provisioned %s: %d tasks, %d schedules in %.1f s",
+                "provisioned %s: %s, %s in %.1f s",
                 campaign_id,
-                report.tasks_created,
-                report.schedules_created,
+                plural(report.tasks_created, "task"),
+                plural(report.schedules_created, "schedule"),
                 report.seconds,
             )
         else:

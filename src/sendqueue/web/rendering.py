@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from sendqueue.domain.errors import InvalidField, NotFound
+from sendqueue.domain.wording import plural
 from sendqueue.services.attention import Attention, AttentionCache
 from sendqueue.web.errors import RETRY_AFTER_SECONDS
 from sendqueue.web.session import page_csrf_token, set_csrf_cookie
@@ -50,6 +51,8 @@ _env = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+# ``{{ count | plural("sender") }}``: "1 sender", "2 senders" (static/common.js: sq.plural).
+_env.filters["plural"] = plural
 
 
 @functools.cache

@@ -12,6 +12,7 @@ import time
 from sendqueue.adapters.embedded.leases import LeaseBook
 from sendqueue.adapters.embedded.store import to_us
 from sendqueue.domain.errors import SchedulerError
+from sendqueue.domain.wording import plural
 from sendqueue.ports import Schedule, Target
 
 __all__ = ["Dispatcher"]
@@ -214,8 +215,8 @@ class Dispatcher(LeaseBook):
             # Still running: keep their leases, so nobody fires them twice while they finish;
             # should this process die now, they fire again when the leases expire.
             log.warning(
-                "dispatcher stopped with %d invocation(s) still running: %s",
-                len(running),
+                "dispatcher stopped with %s still running: %s",
+                plural(len(running), "invocation"),
                 ", ".join(sorted(running)),
             )
         with self._succeeded_lock:

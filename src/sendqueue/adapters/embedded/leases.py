@@ -25,6 +25,7 @@ from sendqueue.adapters.embedded.store import (
 )
 from sendqueue.adapters.embedded.wake import WakeUps
 from sendqueue.domain.models import DeadLetter
+from sendqueue.domain.wording import plural
 from sendqueue.ports import Schedule
 
 __all__ = ["LeaseBook"]
@@ -116,9 +117,9 @@ class LeaseBook(WakeUps):
         )
         conn.execute("DELETE FROM schedules WHERE name = ?", (schedule.name,))
         log.error(
-            "schedule %s moved to the dead letters after %d attempt(s): %s",
+            "schedule %s moved to the dead letters after %s: %s",
             schedule.name,
-            letter.attempts,
+            plural(letter.attempts, "attempt"),
             error,
         )
         return letter

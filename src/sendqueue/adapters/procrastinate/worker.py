@@ -59,6 +59,7 @@ from sendqueue.adapters.procrastinate.jobs import (
 )
 from sendqueue.domain.errors import SchedulerError
 from sendqueue.domain.models import DeadLetter
+from sendqueue.domain.wording import plural
 from sendqueue.ports import Alarm, Clock, Schedule, Target
 
 __all__ = ["Worker", "cron_every"]
@@ -239,9 +240,9 @@ class Worker:
         if not rows:
             return None
         log.error(
-            "schedule %s moved to the dead letters after %d attempt(s): %s",
+            "schedule %s moved to the dead letters after %s: %s",
             schedule.name,
-            attempts,
+            plural(attempts, "attempt"),
             error,
         )
         return letter
@@ -428,7 +429,7 @@ class Worker:
                 log.error("recovering stalled jobs failed: %s", exc)
                 return
             if recovered:
-                log.warning("recovered %d stalled job(s)", recovered)
+                log.warning("recovered %s", plural(recovered, "stalled job"))
 
         recover_task = app.task(name=RECOVER_TASK, queue=PERIODIC_QUEUE)(recover)
         app.periodic(cron=cron_every(self.recover_interval), periodic_id="recover")(recover_task)

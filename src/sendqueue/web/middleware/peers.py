@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sendqueue.domain.wording import plural
+
 __all__ = ["Networks", "PeerCap"]
 
 log = logging.getLogger(__name__)
@@ -85,11 +87,11 @@ class PeerCap:
             self._refused[host] = (logged, since)
             return
         log.info(
-            "%s holds %d connections, the per-client cap (SENDQUEUE_HTTP_MAX_CONNECTIONS_PER_"
-            "CLIENT): refused %d connection(s) with 503 since this was last logged",
+            "%s holds %s, the per-client cap (SENDQUEUE_HTTP_MAX_CONNECTIONS_PER_CLIENT): "
+            "refused %s with 503 since this was last logged",
             host or "a local client",
-            self.limit,
-            since,
+            plural(self.limit, "connection"),
+            plural(since, "connection"),
         )
         self._refused[host] = (now, 0)
         if len(self._refused) > 10_000:  # forget quiet clients; a log line more at worst

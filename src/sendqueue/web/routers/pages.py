@@ -25,6 +25,7 @@ from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, 
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.policy import WEEKDAY_NAMES
 from sendqueue.domain.suppression import SuppressionReason
+from sendqueue.domain.wording import plural
 from sendqueue.ports import TaskStore
 from sendqueue.services.views import (
     DeadLetterView,
@@ -171,7 +172,7 @@ def moved_text(moves: int, reason: str | None) -> str:
     """``"1 move: worker down 16:50-17:48"``; campaign.js writes the same."""
     if not moves:
         return ""
-    return f"{moves} move{'' if moves == 1 else 's'}: {reason or ''}".rstrip(": ")
+    return f"{plural(moves, 'move')}: {reason or ''}".rstrip(": ")
 
 
 def _task_row(

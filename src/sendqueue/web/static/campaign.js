@@ -90,8 +90,7 @@
     if (!moves) {
       return "";
     }
-    const text = moves + (moves === 1 ? " move" : " moves") + (reason ? ": " + reason : "");
-    return text;
+    return sq.plural(moves, "move") + (reason ? ": " + reason : "");
   }
 
   function cancelButton(taskId, email) {
@@ -592,7 +591,7 @@
         applyCampaign(result);
       }
       if (action === "retry-failed" && result && typeof result.affected === "number") {
-        sq.setText(actionStatus, result.affected + " failed email(s) will be sent again.");
+        sq.setText(actionStatus, sq.plural(result.affected, "failed email") + " will be sent again.");
       } else if (action === "provision") {
         sq.setText(actionStatus, "Provisioning started.");
       } else {

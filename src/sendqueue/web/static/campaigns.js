@@ -80,7 +80,7 @@
           fresh += 1;
         }
       }
-      sq.setText(status, fresh ? fresh + " new campaign(s): reload the page to see them." : "");
+      sq.setText(status, fresh ? sq.plural(fresh, "new campaign") + ": reload the page to see them." : "");
     } catch (exc) {
       sq.setText(status, "Could not update: " + exc.message);
     }

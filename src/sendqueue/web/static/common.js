@@ -116,6 +116,15 @@
     }
   };
 
+  /**
+   * ``count`` and ``word``, plural unless the count is 1: sq.plural(2, "email") is "2 emails".
+   * ``many`` is an irregular plural ("addresses"). The pages' templates use the same helper
+   * (sendqueue.domain.wording.plural, their ``plural`` filter).
+   */
+  sq.plural = function (count, word, many) {
+    return count + " " + (Math.abs(count) === 1 ? word : many || word + "s");
+  };
+
   const formatters = new Map();
   /** "2026-12-01 09:15:03" in ``timeZone`` from an ISO instant; pages.py formats the same way. */
   sq.formatTime = function (isoValue, timeZone) {
@@ -176,7 +185,7 @@
     svg.setAttribute("height", String(height));
     const label = svg.getAttribute("data-chart-label") || "Emails per day";
     svg.setAttribute("aria-label", label + ": " + planned + " planned and " + done +
-      " sent over " + buckets.length + " bar(s)");
+      " sent over " + sq.plural(buckets.length, "bar"));
     const nodes = [];
     if (buckets.length) {
       nodes.push(sq.svg("line", {

@@ -31,7 +31,7 @@
       const result = await sq.api("POST", url);
       const ids = result.redriven || [];
       removeRows(ids);
-      sq.setText(status, ids.length + " dead letter(s) redriven as " +
+      sq.setText(status, sq.plural(ids.length, "dead letter") + " redriven as " +
         ((result.schedules || []).join(", ") || "new schedules") + ".");
     } catch (exc) {
       sq.showError(error, "Redrive failed: " + exc.message);

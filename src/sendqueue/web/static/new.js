@@ -122,7 +122,7 @@
     if (rows.length) {
       first = first || document.getElementById("f-file");
       sq.showError(form.querySelector('[data-error-for="file"]'),
-        (detail.total || rows.length) + " problem(s) in the CSV file; see the list above.");
+        sq.plural(detail.total || rows.length, "problem") + " in the CSV file; see the list above.");
     }
     if (!slot || rows.length) {
       const message = exc.status === 413 ? "The file is too large: " + exc.message : exc.message;
@@ -144,16 +144,16 @@
     section.hidden = false;
     const days = Array.isArray(result.days) ? result.days : [];
     const sends = Array.isArray(result.sends) ? result.sends : [];
-    let text = result.count + " email(s): " + (result.policy_text || "");
+    let text = sq.plural(result.count, "email") + ": " + (result.policy_text || "");
     if (result.duplicates) {
-      text += "; " + result.duplicates + " duplicate address(es) dropped";
+      text += "; " + sq.plural(result.duplicates, "duplicate address", "duplicate addresses") + " dropped";
     }
     if (sends.length) {
       text += ". First send " + sends[0].local.replace("T", " ").slice(0, 19);
     }
     if (days.length) {
       const last = days[days.length - 1];
-      text += ", last on " + last.day + " (" + days.length + " sending day(s)).";
+      text += ", last on " + last.day + " (" + sq.plural(days.length, "sending day") + ").";
     }
     sq.setText(document.getElementById("preview-summary"), text);
     sq.drawDayChart(document.getElementById("preview-chart"),

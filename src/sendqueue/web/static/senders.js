@@ -117,7 +117,7 @@
       await sq.api("DELETE", "/api/senders/" + encodeURIComponent(id));
       section.remove();
       const count = document.getElementById("senders-count");
-      sq.setText(count, String(list.querySelectorAll("[data-sender-id]").length));
+      sq.setText(count, sq.plural(list.querySelectorAll("[data-sender-id]").length, "sender"));
       document.getElementById("senders-empty").hidden = list.querySelector("[data-sender-id]") !== null;
       sq.setText(status, "Sender " + email + " removed.");
       document.getElementById("s-email").focus();

@@ -14,7 +14,9 @@
   const total = document.getElementById("supp-total");
 
   function setTotal(delta) {
-    sq.setText(total, String(Math.max(0, (Number(total.textContent) || 0) + delta)));
+    const count = Math.max(0, (Number(total.dataset.count) || 0) + delta);
+    total.dataset.count = String(count);
+    sq.setText(total, sq.plural(count, "address", "addresses"));
   }
 
   function showEmpty() {
