@@ -294,7 +294,7 @@ def _bounce_kind(action: str, status: str, diagnostic: str) -> FeedbackKind | No
 def _text_bounce(ctx: _Context) -> list[Feedback]:
     """A plain-text bounce (:mod:`sendqueue.domain.textbounces`): one item per failed address,
     dated by the bounce's Date."""
-    bounces, returned = read_text_bounce(ctx.msg)
+    bounces, returned = read_text_bounce(ctx.msg, limit=MAX_ITEMS)
     task_id = _task(ctx, returned)
     if task_id is None and ctx.strict:
         return []  # no genuine VERP address: possibly forged
@@ -319,9 +319,9 @@ def _arf(ctx: _Context, parts: list[Message]) -> list[Feedback]:
     task_id = _task(ctx, returned, *fields.get("original-mail-from", []))
     if task_id is None and ctx.strict:
         return []  # no genuine VERP address: possibly forged
-    recipients: list[str | None] = [*addresses(fields.get("original-rcpt-to", []))]
+    recipients: list[str | None] = [*addresses(fields.get("original-rcpt-to", []), limit=MAX_ITEMS)]
     if not recipients and returned is not None:
-        recipients = [*addresses(headers_of(returned, "to"))[:1]]
+        recipients = [*addresses(headers_of(returned, "to"), limit=1)]
     at = ctx.at(_first(fields, "arrival-date"), _first(fields, "received-date"))
     if not recipients and task_id is None:
         return []

@@ -13,6 +13,7 @@ the returned headers so the caller can find the task. Pure, no I/O.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from email.message import Message
 
@@ -82,9 +83,10 @@ def is_text_bounce(msg: Message) -> bool:
     return _BOUNCE_BODY.search(_body(msg)) is not None
 
 
-def read_text_bounce(msg: Message) -> tuple[list[TextBounce], Message | None]:
-    """The failed addresses of a plain-text bounce, and the returned message's headers (an
-    attached message, else the copy after the marker line) when there are any."""
+def read_text_bounce(msg: Message, *, limit: int) -> tuple[list[TextBounce], Message | None]:
+    """The failed addresses of a plain-text bounce (the first ``limit``: the explanation is not
+    read further), and the returned message's headers (an attached message, else the copy
+    after the marker line) when there are any."""
     body = _body(msg)
     marker = _COPY_MARKER.search(body)
     explanation = body[: marker.start()] if marker else body
@@ -93,10 +95,14 @@ def read_text_bounce(msg: Message) -> tuple[list[TextBounce], Message | None]:
         returned = parse_headers(body[marker.end() :])
     fallback = _by_wording(explanation)
     bounces: list[TextBounce] = []
+    seen: set[str] = set()
     for recipient, reason in _failed(explanation):
+        if len(bounces) >= limit:
+            break
         kind = _by_code(reason) or fallback
-        if kind is None or any(b.recipient == recipient for b in bounces):
+        if kind is None or recipient in seen:
             continue
+        seen.add(recipient)
         status = _STATUS.search(reason)
         detail = f"{status.group(0)} {reason}" if status else reason
         bounces.append(TextBounce(kind, recipient, detail.strip()[:1000]))
@@ -114,24 +120,29 @@ def _attached(msg: Message) -> Message | None:
     return None
 
 
-def _failed(explanation: str) -> list[tuple[str, str]]:
+def _failed(explanation: str) -> Iterator[tuple[str, str]]:
     """Each address on a line of its own, with the reason that follows it (its line's rest
-    and the next lines up to a blank line or the next address), whitespace collapsed."""
-    found: list[tuple[str, list[str]]] = []
-    current: list[str] | None = None
+    and the next lines up to a blank line or the next address), whitespace collapsed; each
+    given as soon as its reason ends, so a caller can stop reading."""
+    address: str | None = None
+    reason: list[str] = []
     for line in explanation.splitlines():
         stripped = line.strip()
         bracketed = _BRACKETED.fullmatch(stripped)
         indented = _INDENTED.fullmatch(stripped) if line[:1] in (" ", "\t") else None
-        address = bracketed.group(1) if bracketed else indented.group(1) if indented else None
-        if address and address.rpartition("@")[0].lower() not in _NOT_RECIPIENTS:
-            current = [bracketed.group(2)] if bracketed else []
-            found.append((address, current))
+        found = bracketed.group(1) if bracketed else indented.group(1) if indented else None
+        if found and found.rpartition("@")[0].lower() not in _NOT_RECIPIENTS:
+            if address is not None:
+                yield address, " ".join(" ".join(reason).split())
+            address, reason = found, [bracketed.group(2)] if bracketed else []
         elif not stripped:
-            current = None
-        elif current is not None:
-            current.append(line.strip())
-    return [(address, " ".join(" ".join(lines).split())) for address, lines in found]
+            if address is not None:
+                yield address, " ".join(" ".join(reason).split())
+            address, reason = None, []
+        elif address is not None:
+            reason.append(stripped)
+    if address is not None:
+        yield address, " ".join(" ".join(reason).split())
 
 
 def _by_code(reason: str) -> FeedbackKind | None:
