@@ -22,12 +22,10 @@ I/O; never raises on any bytes.
 
 from __future__ import annotations
 
-import email
 import re
 from dataclasses import dataclass
 from datetime import datetime
 from email.message import Message
-from email.policy import compat32
 
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.feedback import Feedback, FeedbackKind, task_id_from_message_id
@@ -41,6 +39,7 @@ from sendqueue.domain.mailparts import (
     headers_of,
     own_parts,
     parse_headers,
+    parse_message,
     part_text,
 )
 from sendqueue.domain.replies import reply_feedback
@@ -151,10 +150,9 @@ def parse_feedback(
         raise InvalidField("received_at", received_at, "expected an aware datetime")
     if secret is not None and len(secret) < MIN_SECRET_LENGTH:
         raise InvalidField("secret_key", "***", f"at least {MIN_SECRET_LENGTH} characters")
-    try:
-        msg = email.message_from_bytes(bytes(raw), policy=compat32)
-    except RecursionError:
-        return []  # parts nested thousands deep: the stdlib parser gives up, and so do we
+    msg = parse_message(raw)
+    if msg is None:
+        return []  # parts nested hundreds deep: no mail, and not read
     ctx = _Context(msg, received_at, bounce_address, secret)
     parts = list(own_parts(msg))
     types = [p.get_content_type() for p in parts]
