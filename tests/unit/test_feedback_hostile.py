@@ -6,6 +6,9 @@ still be read (as UTF-8), never raise."""
 
 from __future__ import annotations
 
+import base64
+
+import pytest
 from bench.hostile_mail import shape
 
 from sendqueue.domain.feedback import FeedbackKind
@@ -16,12 +19,13 @@ from sendqueue.domain.mailparts import (
     MAX_LINES,
     MAX_NESTING,
     addresses,
+    decode_text,
     header,
     own_parts,
     parse_message,
 )
-from sendqueue.domain.reports import MAX_ITEMS
-from tests.unit.test_reports import T, check_items, fixture, parse, summary
+from sendqueue.domain.reports import MAX_ITEMS, parse_feedback
+from tests.unit.test_reports import RECEIVED, T, check_items, fixture, parse, summary
 
 H, R = FeedbackKind.HARD_BOUNCE, FeedbackKind.REPLY
 KIB = 1 << 10
@@ -106,3 +110,80 @@ def test_multiparts_below_max_depth_stay_text_and_deeper_nesting_gives_nothing()
     assert parse_message(nested * MAX_NESTING) is not None
     assert parse_message(nested * (MAX_NESTING + 1)) is None
     assert parse(nested * (MAX_NESTING + 1)) == []
+
+
+# --- charsets that decode no text ------------------------------------------------------------
+
+BOGUS = [
+    "idna",
+    "undefined",
+    "punycode",
+    "rot13",
+    "base64",
+    "hex",
+    "zlib",
+    "x-no-such-charset",
+    "utf-8\x00",
+    "",
+]
+
+
+@pytest.mark.parametrize("charset", [*BOGUS, None])
+def test_a_charset_that_decodes_no_text_falls_back_to_utf8(charset: str | None) -> None:
+    assert decode_text(b"caf\xc3\xa9 \xff", charset) == "café \ufffd"
+
+
+def test_a_real_charset_is_used_and_what_does_not_decode_is_replaced() -> None:
+    assert decode_text("café".encode(), "latin-1") == "cafÃ©"
+    assert decode_text(b"+\xff+AGE-+-+zzzz", "utf-7").startswith("\ufffd")
+    assert decode_text(b"\xff\xfe", "us-ascii") == "\ufffd\ufffd"
+
+
+def _charset_header(raw: bytes, line: bytes, charset: str) -> bytes:
+    return raw.replace(line, line.rstrip(b"\n") + f"; charset={charset}\n".encode(), 1)
+
+
+@pytest.mark.parametrize("charset", [*BOGUS[:-1], "utf-7"])
+def test_a_text_bounce_in_a_bogus_charset_is_still_read(charset: str) -> None:
+    raw = fixture("exim-hard-bounce.eml").replace(
+        b"Subject:", f"Content-Type: text/plain; charset={charset}\nSubject:".encode(), 1
+    )
+    raw = raw.replace(b"permanent error.", b"permanent error. +\xff+AGE-+-+zzzz \xc3\xa9")
+    assert summary(parse(raw)) == [(H, T + "3", "gone@example.de")]
+
+
+@pytest.mark.parametrize("charset", [*BOGUS[:-1], "utf-7"])
+def test_returned_headers_in_a_bogus_charset_are_still_read(charset: str) -> None:
+    line = b"Content-Type: text/rfc822-headers\n"
+    raw = _charset_header(fixture("postfix-hard-bounce.eml"), line, charset)
+    assert summary(parse(raw, verp=False)) == [(H, T + "1", "nobody@example.org")]
+
+
+@pytest.mark.parametrize("charset", [*BOGUS[:-2], "utf-7"])
+def test_encoded_words_in_a_bogus_charset_are_read_as_utf8(charset: str) -> None:
+    def word(text: str) -> bytes:
+        return f"=?{charset}?b?{base64.b64encode(text.encode()).decode()}?=".encode()
+
+    raw = fixture("reply-thunderbird.eml")
+    raw = raw.replace(b"Subject: Re: Your December offers", b"Subject: " + word("Re: café"))
+    raw = raw.replace(b"From: Anna Beispiel <", b"From: " + word("Anna Müller") + b" <")
+    [item] = parse(raw)
+    assert (item.kind, item.task_id, item.recipient) == (R, T + "2", "anna@example.org")
+    if charset == "utf-7":
+        assert item.detail.startswith("Re: caf")  # a charset: its own replacement characters
+    else:
+        assert item.detail == "Re: café"
+
+
+def test_encoded_words_that_never_end_are_kept_as_text() -> None:
+    raw = b"From: a@b.example\nSubject: " + b"=?utf-8?q?a " * 3000 + b"\n\nhi\n"
+    [item] = parse_feedback(raw, received_at=RECEIVED)
+    assert item.detail.startswith("=?utf-8?q?a =?utf-8?q?a")
+
+
+def test_adjacent_encoded_words_join_their_bytes_and_drop_the_blank_between() -> None:
+    # "é" split between two words of one charset; a plain word kept apart by its space
+    subject = b"Subject: =?utf-8?q?caf=C3?= =?UTF-8?q?=A9?= ok =?latin-1?q?=E9t=E9?=x"
+    raw = b"From: a@b.example\n" + subject + b"\n\nhi\n"
+    [item] = parse_feedback(raw, received_at=RECEIVED)
+    assert item.detail == "café ok été x"

@@ -5,13 +5,15 @@ The helpers of :mod:`sendqueue.domain.reports`. :func:`parse_message` reads the 
 stdlib parser (``compat32``, which never raises while parsing) within bounds, so a message
 made to be slow is not (see :class:`_Parsed`); every other function takes what it made and
 returns plain text without NULs, control characters or lone surrogates, so the result can be
-stored as is. Work grows linearly with the message: addresses are de-duplicated in a dict.
-Pure, no I/O.
+stored as is. Work grows linearly with the message: addresses are de-duplicated in a dict,
+encoded words read with a pattern that cannot backtrack far, and a charset that cannot decode
+text falls back to UTF-8. Pure, no I/O.
 """
 
 from __future__ import annotations
 
 import binascii
+import codecs
 import email.utils
 import itertools
 import quopri
@@ -20,7 +22,6 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 from email.errors import MessageError
 from email.feedparser import FeedParser
-from email.header import decode_header, make_header
 from email.message import Message
 from email.parser import HeaderParser
 from email.policy import Policy, compat32
@@ -39,6 +40,7 @@ __all__ = [
     "FieldBlock",
     "addresses",
     "clean",
+    "decode_text",
     "field_blocks",
     "first_address",
     "header",
@@ -91,6 +93,9 @@ MAX_PARAMS = 16
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _SPACE = re.compile(r"\s+")
 _LINE_END = re.compile(r"\r\n|\r|\n")
+# Codecs that are no charset of text: domain-name encodings (punycode decodes in quadratic
+# time, idna refuses to replace what it cannot decode) and the codec that refuses everything.
+_NOT_CHARSETS = frozenset({"idna", "punycode", "undefined"})
 
 
 def clean(text: str) -> str:
@@ -107,17 +112,83 @@ def _one_line(text: str) -> str:
     return _SPACE.sub(" ", clean(text)).strip()
 
 
+def decode_text(data: bytes, charset: str | None) -> str:
+    """``data`` decoded in ``charset``, or in UTF-8 when it names none, or one that is unknown or
+    decodes no text (``undefined``, ``idna``, ``rot13``, ``base64``...); what does not decode is
+    replaced. Never raises."""
+    if charset:
+        try:
+            if codecs.lookup(charset).name not in _NOT_CHARSETS:
+                return data.decode(charset, "replace")
+        except _DECODE_ERRORS:
+            pass  # unknown, no text encoding, or refused the bytes: read them as UTF-8
+    return data.decode("utf-8", "replace")
+
+
+# An RFC 2047 encoded word. None of its parts can hold a "?", so a match attempt ends within
+# the next three; the stdlib's pattern scans to the end of the line from each "=?", which is
+# quadratic on a header of words that never end ("=?x?q?a =?x?q?a ...").
+_ENCODED_WORD = re.compile(r"=\?([^?\r\n]*)\?([bBqQ])\?([^?\r\n]*)\?=")
+
+
+def _word_bytes(encoding: str, text: str) -> bytes | None:
+    """The bytes of an encoded word's text (B: base64, Q: quoted-printable with "_" for a
+    space), or None when they do not decode."""
+    raw = text.encode("ascii", "surrogateescape")
+    try:
+        if encoding in "bB":
+            return binascii.a2b_base64(raw + b"=" * (-len(raw) % 4))
+        return binascii.a2b_qp(raw, header=True)
+    except ValueError:  # binascii.Error
+        return None
+
+
+def _decode_words(value: str) -> str:
+    """``value`` with its RFC 2047 encoded words decoded: the bytes of adjacent words in one
+    charset joined before decoding (a character may be split between two), the blanks between
+    two words dropped, a space put between a word and text right next to it (as the stdlib
+    does); a word that does not decode is kept as it is."""
+    chunks: list[tuple[str, bytes, str | None]] = []  # (text, word bytes, word charset)
+    end = 0
+    for match in _ENCODED_WORD.finditer(value):
+        between = value[end : match.start()]
+        charset = match.group(1).lower()
+        data = _word_bytes(match.group(2), match.group(3))
+        if between and not (between.isspace() and chunks and chunks[-1][2] is not None):
+            chunks.append((between, b"", None))
+        if data is None:
+            chunks.append((match.group(0), b"", None))
+        elif chunks and chunks[-1][2] == charset:
+            chunks[-1] = ("", chunks[-1][1] + data, charset)
+        else:
+            chunks.append(("", data, charset))
+        end = match.end()
+    if not chunks:
+        return value
+    if value[end:]:
+        chunks.append((value[end:], b"", None))
+    out: list[str] = []
+    for i, (text, data, word_charset) in enumerate(chunks):
+        if word_charset is None:
+            if i and chunks[i - 1][2] is not None and not text[:1].isspace():
+                out.append(" ")
+            out.append(text)
+        else:
+            if i and chunks[i - 1][2] is None and not chunks[i - 1][0][-1:].isspace():
+                out.append(" ")
+            out.append(decode_text(data, word_charset.partition("*")[0]))
+    return "".join(out)
+
+
 def _decoded(value: object) -> str:
     """A header value with its RFC 2047 encoded words decoded, unfolded to one line."""
     if value is None:
         return ""
-    if isinstance(value, str):
-        value = value[:MAX_HEADER]
     try:
-        text = str(make_header(decode_header(value)))  # type: ignore[arg-type]
+        text = value if isinstance(value, str) else str(value)
     except _DECODE_ERRORS:
-        text = str(value)
-    return _one_line(text)
+        return ""
+    return _one_line(_decode_words(text[:MAX_HEADER]))
 
 
 def header(msg: Message, name: str) -> str:
@@ -187,9 +258,9 @@ def own_parts(msg: Message, depth: int = 0) -> Iterator[Message]:
     """``msg`` and its parts, depth first, without entering an attached message (a returned
     message's own parts are not the report's) or going deeper than :data:`MAX_DEPTH`."""
     yield msg
-    if msg.get_content_maintype() == "message" or depth >= MAX_DEPTH:
+    if msg.get_content_maintype() == "message" or depth >= MAX_DEPTH or not msg.is_multipart():
         return
-    payload = msg.get_payload()
+    payload = msg.get_payload()  # a multipart's: its list of parts, never decoded
     if isinstance(payload, list):
         for part in payload:
             if isinstance(part, Message):
@@ -197,23 +268,38 @@ def own_parts(msg: Message, depth: int = 0) -> Iterator[Message]:
 
 
 def part_text(part: Message) -> str:
-    """The text of a part: a leaf's payload decoded (base64, quoted-printable) as UTF-8, or for
-    a ``message/*`` part the parser split up, its pieces written back as header blocks."""
-    payload = part.get_payload()
-    if isinstance(payload, list):
-        text = "\n\n".join(_message_text(p) for p in payload if isinstance(p, Message))
+    """The text of a part: a leaf's payload decoded (base64, quoted-printable) in its charset
+    (see :func:`decode_text`), or for a ``message/*`` part the parser split up, its pieces
+    written back as header blocks."""
+    if part.is_multipart():
+        payload = part.get_payload()
+        pieces = payload if isinstance(payload, list) else []
+        text = "\n\n".join(_message_text(p) for p in pieces if isinstance(p, Message))
         return _undo_transfer_encoding(text, str(part.get("content-transfer-encoding", "")))
     try:
         data = part.get_payload(decode=True)
+        charset = part.get_content_charset()
     except _DECODE_ERRORS:
-        data = None
-    if isinstance(data, bytes):
-        charset = part.get_content_charset() or "utf-8"
-        try:
-            return clean(data.decode(charset, "replace"))
-        except LookupError:
-            return clean(data.decode("utf-8", "replace"))
-    return clean(payload) if isinstance(payload, str) else ""
+        return ""
+    return clean(decode_text(data, charset)) if isinstance(data, bytes) else ""
+
+
+def _raw_text(part: Message) -> str:
+    """A leaf's payload as the parser kept it (its transfer encoding not undone). Where it has
+    8-bit bytes, ``get_payload()`` decodes them in the part's charset and raises on one that
+    decodes no text: then they are read as UTF-8."""
+    if part.is_multipart():
+        return ""
+    try:
+        payload = part.get_payload()
+        return payload if isinstance(payload, str) else ""
+    except _DECODE_ERRORS:
+        pass
+    try:
+        data = part.get_payload(decode=True)
+    except _DECODE_ERRORS:
+        return ""
+    return decode_text(data, None) if isinstance(data, bytes) else ""
 
 
 def _undo_transfer_encoding(text: str, encoding: str) -> str:
@@ -236,8 +322,7 @@ def _undo_transfer_encoding(text: str, encoding: str) -> str:
 
 def _message_text(msg: Message) -> str:
     lines = [f"{k}: {v}" for k, v in msg.raw_items()]
-    payload = msg.get_payload()
-    body = payload if isinstance(payload, str) else ""
+    body = _raw_text(msg)
     return clean("\n".join(lines) + ("\n\n" + body if body.strip() else ""))
 
 

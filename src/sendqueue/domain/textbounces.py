@@ -112,11 +112,11 @@ def read_text_bounce(msg: Message, *, limit: int) -> tuple[list[TextBounce], Mes
 def _attached(msg: Message) -> Message | None:
     for part in own_parts(msg):
         if part.get_content_type() in ("message/rfc822", "text/rfc822-headers"):
+            if not part.is_multipart():  # the headers as text (get_payload() could raise)
+                return parse_headers(part_text(part))
             payload = part.get_payload()
             if isinstance(payload, list) and payload and isinstance(payload[0], Message):
                 return payload[0]
-            if isinstance(payload, str):
-                return parse_headers(part_text(part))
     return None
 
 
