@@ -112,6 +112,27 @@ def test_multiparts_below_max_depth_stay_text_and_deeper_nesting_gives_nothing()
     assert parse(nested * (MAX_NESTING + 1)) == []
 
 
+@pytest.mark.parametrize(
+    ("subject", "bounce"),
+    [
+        ("Warning: message 1aB2cD-0001xY-3F delayed 24 hours", True),
+        ("WARNING: MESSAGE x DELAYED", True),
+        ("Delayed: warning: message", False),
+        ("Warning: message " * 2_000, False),
+    ],
+)
+def test_a_delay_warning_subject_makes_a_bounce_when_delayed_follows(
+    subject: str, bounce: bool
+) -> None:
+    # from no mail system: the subject alone says whether this is a bounce or a reply
+    raw = (
+        f"From: relay@x.example\nSubject: {subject}\n\nThis message has not yet been "
+        "delivered.\n\n  busy@example.at\n    451 4.2.2 mailbox busy\n"
+    ).encode()
+    expected = (FeedbackKind.SOFT_BOUNCE, "busy@example.at") if bounce else (R, "relay@x.example")
+    assert [(i.kind, i.recipient) for i in parse(raw, verp=False)] == [expected]
+
+
 # --- charsets that decode no text ------------------------------------------------------------
 
 BOGUS = [

@@ -25,10 +25,12 @@ __all__ = ["TextBounce", "is_text_bounce", "read_text_bounce"]
 
 _BOUNCE_SUBJECT = re.compile(
     r"mail delivery (failed|failure|problem)|undeliver(ed|able)|delivery status notification"
-    r"|delivery (has )?fail|failure notice|returned mail|non[- ]?delivery|warning: message"
-    r".*delayed",
+    r"|delivery (has )?fail|failure notice|returned mail|non[- ]?delivery",
     re.IGNORECASE,
 )
+# "Warning: message ... delayed": looked for in two steps, as "warning: message.*delayed"
+# would scan to the end from every "warning: message" of a subject made of them (quadratic).
+_DELAY_SUBJECT = re.compile(r"warning: message", re.IGNORECASE)
 _BOUNCE_BODY = re.compile(
     r"created automatically by mail delivery software|this is the qmail-send program"
     r"|could not be delivered|delivery to the following recipients? (failed|has been delayed)"
@@ -75,10 +77,17 @@ def _body(msg: Message) -> str:
     return ""
 
 
+def _is_bounce_subject(subject: str) -> bool:
+    if _BOUNCE_SUBJECT.search(subject):
+        return True
+    warning = _DELAY_SUBJECT.search(subject)
+    return warning is not None and "delayed" in subject[warning.end() :].lower()
+
+
 def is_text_bounce(msg: Message) -> bool:
     """Whether ``msg`` looks like a plain-text bounce: sent by a mail system or titled like a
     bounce, and worded like one."""
-    if not (is_mail_system(msg) or _BOUNCE_SUBJECT.search(header(msg, "subject"))):
+    if not (is_mail_system(msg) or _is_bounce_subject(header(msg, "subject"))):
         return False
     return _BOUNCE_BODY.search(_body(msg)) is not None
 
