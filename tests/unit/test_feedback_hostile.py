@@ -7,9 +7,11 @@ still be read (as UTF-8), never raise."""
 from __future__ import annotations
 
 import base64
+import gc
+import time
 
 import pytest
-from bench.hostile_mail import shape
+from bench.hostile_mail import SHAPES, shape
 
 from sendqueue.domain.feedback import FeedbackKind
 from sendqueue.domain.mailparts import (
@@ -29,6 +31,35 @@ from tests.unit.test_reports import RECEIVED, T, check_items, fixture, parse, su
 
 H, R = FeedbackKind.HARD_BOUNCE, FeedbackKind.REPLY
 KIB = 1 << 10
+#: CPU seconds a hostile 1 MiB message may take, both settings together: five times the
+#: benchmark's target (0.5 s), and far below the 10 s to minutes the quadratic parser took.
+BOUND_S = 2.5
+#: How much more CPU time four times the size may take: linear is 4, quadratic 16.
+LINEAR = 8.0
+
+
+def _cpu_seconds(raw: bytes, *, runs: int = 3, give_up: float | None = None) -> float:
+    """The least CPU time of ``runs`` parses (with the VERP settings and without, together);
+    after the first when it took longer than ``give_up``."""
+    best = float("inf")
+    for _ in range(runs):
+        gc.collect()
+        started = time.process_time()
+        check_items(parse(raw, verp=True))
+        check_items(parse(raw, verp=False))
+        best = min(best, time.process_time() - started)
+        if give_up is not None and best > give_up:
+            break
+    return best
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_a_hostile_message_parses_in_time_that_grows_linearly(name: str) -> None:
+    small = _cpu_seconds(shape(name, 256 * KIB))
+    large = _cpu_seconds(shape(name, 1024 * KIB), runs=2, give_up=BOUND_S)
+    assert large <= BOUND_S, f"{name}: {large:.2f} s for 1 MiB"
+    # a floor for the small figure: a few milliseconds are mostly the clock's noise
+    assert large <= LINEAR * max(small, 0.005), f"{name}: {small:.3f} s -> {large:.3f} s"
 
 
 # --- what the bounds keep: first-seen order, at most MAX_ITEMS, the report before the cut ------
