@@ -27,6 +27,7 @@ from bench import (
     capacity,
     changelog,
     dispatch,
+    feedback_parse,
     fleet,
     imports,
     pgqueuer_proto,
@@ -58,6 +59,7 @@ BENCHMARKS = (
     "stream",
     "imports",
     "changelog",
+    "feedback",
 )
 
 
@@ -114,6 +116,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--changelog-writers", type=int, default=8, help="writer threads (8)")
     g.add_argument("--changelog-per-writer", type=int, default=300,
                    help="tasks each writer claims and finishes (2 transactions each)")  # fmt: skip
+    g.add_argument("--feedback-bytes", type=int, default=feedback_parse.SIZE,
+                   help="feedback parse: bytes per hostile message (1 MiB)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -332,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
                 per_writer=args.changelog_per_writer,
                 repeats=repeats,
             ),
+        )
+    if "feedback" in chosen:
+        attempt(
+            "feedback",
+            lambda: feedback_parse.run(size=args.feedback_bytes, repeats=repeats),
         )
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     results["seconds"] = time.monotonic() - started
