@@ -28,6 +28,7 @@ from bench import (
     changelog,
     dispatch,
     feedback,
+    feedback_parse,
     fleet,
     imports,
     pgqueuer_proto,
@@ -62,6 +63,7 @@ BENCHMARKS = (
     "suppressions",
     "changelog",
     "feedback",
+    "feedback_parse",
 )
 
 
@@ -131,6 +133,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="API during a hostile poll: seconds timed before (10)")  # fmt: skip
     g.add_argument("--feedback-during", type=float, default=30.0,
                    help="API during a hostile poll: most seconds timed during (30)")  # fmt: skip
+    g.add_argument("--feedback-bytes", type=int, default=feedback_parse.SIZE,
+                   help="feedback parse: bytes per hostile message (1 MiB)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -378,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     if "feedback" in chosen:  # each skipped with the reason when Dovecot is missing
         for name, step in _feedback_steps(args):
             attempt(name, step)
+    if "feedback_parse" in chosen:
+        attempt(
+            "feedback_parse",
+            lambda: feedback_parse.run(size=args.feedback_bytes, repeats=repeats),
+        )
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     results["seconds"] = time.monotonic() - started
     results["arguments"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

@@ -302,7 +302,26 @@ def _feedback_rows(b: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 "-",
             )
         )
+    if "feedback_parse" in b:
+        rows += _feedback_parse_rows(b["feedback_parse"])
     return rows
+
+
+def _feedback_parse_rows(f: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Benchmark 14: a row per hostile shape, against the ordinary message of the same size."""
+    shapes = dict(f["shapes"])
+    control = shapes.pop("control")
+    size = "1 MiB" if f["size"] == 1 << 20 else f"{f['size']:,} B"
+    anchor = f"ordinary message of the same size: {_m(control['seconds'], digits=3)}"
+    return [
+        (
+            f"14 feedback parse, hostile {size} message: s ({name})",
+            _m(fig["seconds"], digits=3),
+            anchor,
+            f"{fig['vs_control']:.1f}x",
+        )
+        for name, fig in shapes.items()
+    ]
 
 
 _QUEUE_NAMES = {

@@ -23,7 +23,9 @@ from bench import (
     changelog_pgbench,
     dispatch,
     feedback,
+    feedback_parse,
     fleet,
+    hostile_mail,
     pgqueuer_proto,
     planner,
     provisioning,
@@ -97,6 +99,35 @@ def test_capacity() -> None:
     )
     assert "| 10 capacity planner, 2,000 sends, 10 senders, 500 bookings: µs/send |" in table
     assert "| capacity planner within 5x plan() per send |" in table
+
+
+def test_feedback_parse_of_every_hostile_shape() -> None:
+    result = feedback_parse.run(size=4_096, repeats=1)
+    assert set(result["shapes"]) == {*hostile_mail.SHAPES, hostile_mail.CONTROL}
+    for fig in result["shapes"].values():
+        _summary(fig["seconds"])
+        _summary(fig["cpu_seconds"])
+        assert 0 < fig["bytes"] <= 4_096
+        assert fig["vs_control"] > 0
+    assert len(result["targets"]) == len(hostile_mail.SHAPES)
+    _targets(result)
+    table = render_markdown(
+        {
+            "machine": _MACHINE,
+            "benchmarks": {"feedback_parse": result},
+            "targets": result["targets"],
+        }
+    )
+    assert "| 14 feedback parse, hostile 4,096 B message: s (from_addresses) |" in table
+    assert "| feedback parse of a hostile 4,096 B message at most 0.5 s (many_parts) |" in table
+
+
+def test_the_runner_runs_the_feedback_parse_benchmark(tmp_path: Path) -> None:
+    argv = ["--only", "feedback_parse", "--repeats", "1", "--feedback-bytes", "2048"]
+    assert bench_main.main([*argv, "--no-postgres", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["benchmarks"]) == {"feedback_parse"}
+    assert len(results["targets"]) == len(hostile_mail.SHAPES)
 
 
 def test_provisioning() -> None:

@@ -25,13 +25,11 @@ Pure, no I/O; never raises on any bytes.
 
 from __future__ import annotations
 
-import email
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from datetime import datetime
 from email.message import Message
-from email.policy import compat32
 
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.feedback import Feedback, FeedbackKind, Proof, signed_task_of_message_id
@@ -44,6 +42,7 @@ from sendqueue.domain.mailparts import (
     header_date,
     own_parts,
     parse_headers,
+    parse_message,
     part_text,
     raw_header,
     raw_headers_of,
@@ -159,10 +158,9 @@ def parse_feedback(
         raise InvalidField("received_at", received_at, "expected an aware datetime")
     if secret is not None and len(secret) < MIN_SECRET_LENGTH:
         raise InvalidField("secret_key", "***", f"at least {MIN_SECRET_LENGTH} characters")
-    try:
-        msg = email.message_from_bytes(bytes(raw), policy=compat32)
-    except RecursionError:
-        return []  # parts nested thousands deep: the stdlib parser gives up, and so do we
+    msg = parse_message(raw)
+    if msg is None:
+        return []  # parts nested hundreds deep: no mail, and not read
     ctx = _Context(msg, received_at, bounce_address, secret, tuple(trusted_authserv))
     parts = list(own_parts(msg))
     types = [p.get_content_type() for p in parts]
@@ -295,7 +293,7 @@ def _bounce_kind(action: str, status: str, diagnostic: str) -> FeedbackKind | No
 def _text_bounce(ctx: _Context) -> list[Feedback]:
     """A plain-text bounce (:mod:`sendqueue.domain.textbounces`): one item per failed address,
     dated by the bounce's Date."""
-    bounces, returned = read_text_bounce(ctx.msg)
+    bounces, returned = read_text_bounce(ctx.msg, limit=MAX_ITEMS)
     proven = _task(ctx, returned)
     if proven is None:
         return []  # names no email sendqueue sent in a way that proves it: possibly forged
@@ -322,9 +320,9 @@ def _arf(ctx: _Context, parts: list[Message]) -> list[Feedback]:
     if proven is None:
         return []  # names no email sendqueue sent in a way that proves it: possibly forged
     task_id, proof = proven
-    recipients: list[str | None] = [*addresses(fields.get("original-rcpt-to", []))]
+    recipients: list[str | None] = [*addresses(fields.get("original-rcpt-to", []), limit=MAX_ITEMS)]
     if not recipients and returned is not None:
-        recipients = [*addresses(raw_headers_of(returned, "to"))[:1]]
+        recipients = [*addresses(raw_headers_of(returned, "to"), limit=1)]
     at = ctx.at(_first(fields, "arrival-date"), _first(fields, "received-date"))
     return [
         Feedback(FeedbackKind.COMPLAINT, at, task_id, r, feedback_type, proof=proof)

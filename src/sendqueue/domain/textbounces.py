@@ -13,6 +13,7 @@ the returned headers so the caller can find the task. Pure, no I/O.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from email.message import Message
 
@@ -24,10 +25,12 @@ __all__ = ["TextBounce", "is_text_bounce", "read_text_bounce"]
 
 _BOUNCE_SUBJECT = re.compile(
     r"mail delivery (failed|failure|problem)|undeliver(ed|able)|delivery status notification"
-    r"|delivery (has )?fail|failure notice|returned mail|non[- ]?delivery|warning: message"
-    r".*delayed",
+    r"|delivery (has )?fail|failure notice|returned mail|non[- ]?delivery",
     re.IGNORECASE,
 )
+# "Warning: message ... delayed": looked for in two steps, as "warning: message.*delayed"
+# would scan to the end from every "warning: message" of a subject made of them (quadratic).
+_DELAY_SUBJECT = re.compile(r"warning: message", re.IGNORECASE)
 _BOUNCE_BODY = re.compile(
     r"created automatically by mail delivery software|this is the qmail-send program"
     r"|could not be delivered|delivery to the following recipients? (failed|has been delayed)"
@@ -74,17 +77,25 @@ def _body(msg: Message) -> str:
     return ""
 
 
+def _is_bounce_subject(subject: str) -> bool:
+    if _BOUNCE_SUBJECT.search(subject):
+        return True
+    warning = _DELAY_SUBJECT.search(subject)
+    return warning is not None and "delayed" in subject[warning.end() :].lower()
+
+
 def is_text_bounce(msg: Message) -> bool:
     """Whether ``msg`` looks like a plain-text bounce: sent by a mail system or titled like a
     bounce, and worded like one."""
-    if not (is_mail_system(msg) or _BOUNCE_SUBJECT.search(header(msg, "subject"))):
+    if not (is_mail_system(msg) or _is_bounce_subject(header(msg, "subject"))):
         return False
     return _BOUNCE_BODY.search(_body(msg)) is not None
 
 
-def read_text_bounce(msg: Message) -> tuple[list[TextBounce], Message | None]:
-    """The failed addresses of a plain-text bounce, and the returned message's headers (an
-    attached message, else the copy after the marker line) when there are any."""
+def read_text_bounce(msg: Message, *, limit: int) -> tuple[list[TextBounce], Message | None]:
+    """The failed addresses of a plain-text bounce (the first ``limit``: the explanation is not
+    read further), and the returned message's headers (an attached message, else the copy
+    after the marker line) when there are any."""
     body = _body(msg)
     marker = _COPY_MARKER.search(body)
     explanation = body[: marker.start()] if marker else body
@@ -93,10 +104,14 @@ def read_text_bounce(msg: Message) -> tuple[list[TextBounce], Message | None]:
         returned = parse_headers(body[marker.end() :])
     fallback = _by_wording(explanation)
     bounces: list[TextBounce] = []
+    seen: set[str] = set()
     for recipient, reason in _failed(explanation):
+        if len(bounces) >= limit:
+            break
         kind = _by_code(reason) or fallback
-        if kind is None or any(b.recipient == recipient for b in bounces):
+        if kind is None or recipient in seen:
             continue
+        seen.add(recipient)
         status = _STATUS.search(reason)
         detail = f"{status.group(0)} {reason}" if status else reason
         bounces.append(TextBounce(kind, recipient, detail.strip()[:1000]))
@@ -106,32 +121,37 @@ def read_text_bounce(msg: Message) -> tuple[list[TextBounce], Message | None]:
 def _attached(msg: Message) -> Message | None:
     for part in own_parts(msg):
         if part.get_content_type() in ("message/rfc822", "text/rfc822-headers"):
+            if not part.is_multipart():  # the headers as text (get_payload() could raise)
+                return parse_headers(part_text(part))
             payload = part.get_payload()
             if isinstance(payload, list) and payload and isinstance(payload[0], Message):
                 return payload[0]
-            if isinstance(payload, str):
-                return parse_headers(part_text(part))
     return None
 
 
-def _failed(explanation: str) -> list[tuple[str, str]]:
+def _failed(explanation: str) -> Iterator[tuple[str, str]]:
     """Each address on a line of its own, with the reason that follows it (its line's rest
-    and the next lines up to a blank line or the next address), whitespace collapsed."""
-    found: list[tuple[str, list[str]]] = []
-    current: list[str] | None = None
+    and the next lines up to a blank line or the next address), whitespace collapsed; each
+    given as soon as its reason ends, so a caller can stop reading."""
+    address: str | None = None
+    reason: list[str] = []
     for line in explanation.splitlines():
         stripped = line.strip()
         bracketed = _BRACKETED.fullmatch(stripped)
         indented = _INDENTED.fullmatch(stripped) if line[:1] in (" ", "\t") else None
-        address = bracketed.group(1) if bracketed else indented.group(1) if indented else None
-        if address and address.rpartition("@")[0].lower() not in _NOT_RECIPIENTS:
-            current = [bracketed.group(2)] if bracketed else []
-            found.append((address, current))
+        found = bracketed.group(1) if bracketed else indented.group(1) if indented else None
+        if found and found.rpartition("@")[0].lower() not in _NOT_RECIPIENTS:
+            if address is not None:
+                yield address, " ".join(" ".join(reason).split())
+            address, reason = found, [bracketed.group(2)] if bracketed else []
         elif not stripped:
-            current = None
-        elif current is not None:
-            current.append(line.strip())
-    return [(address, " ".join(" ".join(lines).split())) for address, lines in found]
+            if address is not None:
+                yield address, " ".join(" ".join(reason).split())
+            address, reason = None, []
+        elif address is not None:
+            reason.append(stripped)
+    if address is not None:
+        yield address, " ".join(" ".join(reason).split())
 
 
 def _by_code(reason: str) -> FeedbackKind | None:
