@@ -398,7 +398,9 @@ def test_preview_a_new_campaign_writes_nothing(web: Web) -> None:
         "send_at": "2026-12-01T08:00:00Z",
         "local": "2026-12-01T09:00:00+01:00",
         "email": "p0@example.com",
+        "zone": "Europe/Berlin",
     }
+    assert data["zone_names"] == {"Europe/Berlin": {"60": "CET", "120": "CEST"}}
     assert [(d["day"], d["count"]) for d in data["days"]] == [
         ("2026-12-01", 2), ("2026-12-07", 2), ("2026-12-08", 1),
     ]  # fmt: skip
