@@ -776,7 +776,7 @@ def test_moves_late_sends_and_paused_emails_show_in_the_api_and_the_page(web: We
         ("Finished", False, False)
     ] + [("Pending", True, True)] * 3
     page = web.client.get(f"/campaigns/{cid}").text
-    assert page.count(">paused</td>") == 3
-    assert "(late)</td>" in page
+    assert page.count('datetime=""><span class="nowrap">paused</span></time>') == 3
+    assert "(late)</time>" in page
     assert '<dd id="campaign-moved"' in page and ">4</dd>" in page
     assert "1 move: worker down" in page
