@@ -167,22 +167,26 @@ def _as_a_worker(app: Sendqueue, local: str, completed: str) -> None:
     finished, failed = TaskState.FINISHED, TaskState.FAILED
     try:
 
-        def send(task_id: str, hours_ago: float, **more: object) -> None:
-            at = now - timedelta(hours=hours_ago)
+        def send(task_id: str, *, late: bool = False, **more: object) -> None:
+            # sent a week before its planned slot: the same weekday and wall-clock time, so
+            # inside the windows, and in the past
+            task = store.get_task(task_id)
+            assert task is not None
+            at = task.send_at - timedelta(days=7)
+            sent_at = at + (timedelta(hours=1) if late else timedelta(seconds=14))
             assert store.transition(task_id, pending, running, at=at)
             sent: TaskChanges = {
-                "send_at": at, "sent_at": at + timedelta(seconds=14),
+                "send_at": at, "sent_at": sent_at,
                 "message_id": f"<{task_id}.k3v9q2@mail.example-company.com>",
-                "outcome": TaskOutcome.ACCEPTED, "outcome_at": at + timedelta(seconds=14),
-                "attempts": 1,
+                "outcome": TaskOutcome.ACCEPTED, "outcome_at": sent_at, "attempts": 1,
             }  # fmt: skip
             sent.update(more)  # type: ignore[typeddict-item]
             assert store.transition(task_id, running, finished, at=at, changes=sent)
 
-        send(f"{local}-0", 30)
-        send(f"{local}-1", 29, sent_at=now - timedelta(hours=28))  # late: an hour after
-        send(f"{local}-2", 27, outcome=TaskOutcome.REPLIED, outcome_detail="Re: What is new")
-        send(f"{local}-4", 26, outcome=TaskOutcome.BOUNCED, outcome_detail=BOUNCE)
+        send(f"{local}-0")
+        send(f"{local}-1", late=True)
+        send(f"{local}-2", outcome=TaskOutcome.REPLIED, outcome_detail="Re: What is new")
+        send(f"{local}-4", outcome=TaskOutcome.BOUNCED, outcome_detail=BOUNCE)
         assert store.transition(f"{local}-3", pending, running, at=now)
         assert store.transition(f"{local}-5", pending, running, at=now)
         assert store.transition(
@@ -204,7 +208,7 @@ def _as_a_worker(app: Sendqueue, local: str, completed: str) -> None:
             changes={"reason": "suppressed: unsubscribed"},
         )  # fmt: skip
         for position in range(5):
-            send(f"{completed}-{position}", 50 - position)
+            send(f"{completed}-{position}")
         assert store.set_campaign_state(
             completed, {CampaignState.ACTIVE}, CampaignState.COMPLETED, at=now
         )
