@@ -540,6 +540,7 @@ def secret_actions() -> set[str]:
 def _scheduler_actions() -> set[str]:
     calls = _calls(SOURCES / "eventbridge" / "scheduler.py", "_client")
     calls -= {"create_schedule_group", "close"}  # the template creates the group
+    calls -= PROBE_CALLS["scheduler"]  # the operator's `sendqueue check`, not a function's
     return _iam_actions("scheduler", "scheduler", calls)
 
 
@@ -627,9 +628,25 @@ def test_each_function_may_do_what_its_code_calls_and_no_more(
             }
 
 
+#: boto3 calls only `sendqueue check` makes (the adapters' probes), run by an operator with the
+#: operator policy, never by a function.
+PROBE_CALLS = {"scheduler": {"get_schedule_group"}, "ses": {"list_email_identities"}}
+
+
 def test_ses_is_called_as_the_policy_says() -> None:
     calls = _calls(SOURCES / "mail" / "ses.py", "_client") - {"close"}
-    assert _iam_actions("sesv2", "ses", calls) == {"ses:SendEmail"}
+    assert _iam_actions("sesv2", "ses", calls - PROBE_CALLS["ses"]) == {"ses:SendEmail"}
+    assert _iam_actions("sesv2", "ses", PROBE_CALLS["ses"]) == {"ses:ListEmailIdentities"}
+
+
+def test_the_operator_policy_lets_check_probe_the_stack(cfn: dict[str, Any]) -> None:
+    resolve = Resolver(cfn, PARAMETERS)
+    (policy,) = _of_type(cfn, "AWS::IAM::ManagedPolicy").values()
+    actions = {a for a, _ in _grants(resolve(policy["Properties"]["PolicyDocument"])["Statement"])}
+    probes = _iam_actions("scheduler", "scheduler", PROBE_CALLS["scheduler"])
+    probes |= _iam_actions("sesv2", "ses", PROBE_CALLS["ses"])
+    assert probes == {"scheduler:GetScheduleGroup", "ses:ListEmailIdentities"}
+    assert probes <= actions
 
 
 def test_the_operator_policy_covers_the_dead_letter_calls(cfn: dict[str, Any]) -> None:

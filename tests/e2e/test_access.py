@@ -61,3 +61,47 @@ def test_login_then_csrf_refusal(page: Page, sendqueue: Callable[..., Sendqueue]
     expect(page).to_have_url(re.compile(r"/login$"))
     page.goto(f"{app.url}/")
     expect(page).to_have_url(re.compile(r"/login"))
+
+
+def _log_in(page: Page) -> None:
+    page.fill("#token", TOKEN)
+    page.click("#login-form button[type=submit]")
+
+
+def test_login_goes_back_to_the_page_asked_for_and_never_elsewhere(
+    page: Page, sendqueue: Callable[..., Sendqueue]
+) -> None:
+    app = sendqueue(token=TOKEN)
+
+    # /campaigns is the list: asked for without a session, it is where the login lands
+    page.goto(f"{app.url}/campaigns")
+    expect(page).to_have_url(f"{app.url}/login?next=%2Fcampaigns")
+    _log_in(page)
+    expect(page).to_have_url(f"{app.url}/")
+    expect(page.locator("h1")).to_have_text("Campaigns")
+
+    # a page the app does not have: the HTML error page, never the API's JSON
+    page.click(".logout button")
+    page.goto(f"{app.url}/campaign/list?x=1")
+    expect(page).to_have_url(re.compile(r"/login\?next=%2Fcampaign%2Flist%3Fx%3D1$"))
+    _log_in(page)
+    expect(page).to_have_url(f"{app.url}/campaign/list?x=1")
+    expect(page.locator("h1")).to_have_text("Not found")
+    expect(page.locator("main")).to_contain_text("There is no page at /campaign/list.")
+    assert '"error"' not in page.content()
+
+    # a next that names another site (however spelt) or the login itself lands on the list
+    for target in (
+        "//evil.example/x",
+        "https://evil.example/",
+        "/\\evil.example",
+        "%2F%2Fevil.example",
+        "/%09/evil.example",
+        "javascript:alert(document.domain)",
+        "/login",
+    ):
+        page.click(".logout button")
+        page.goto(f"{app.url}/login?next={target}")
+        _log_in(page)
+        expect(page).to_have_url(f"{app.url}/")
+        expect(page.locator("h1")).to_have_text("Campaigns")

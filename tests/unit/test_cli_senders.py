@@ -274,8 +274,16 @@ def test_campaign_create_takes_senders_and_local_time(cli: CliRunner, tmp_path: 
         ("ada@example.com", "America/New_York"), ("grace@example.com", "Asia/Tokyo"),
         ("linus@example.com", "UTC"),
     }  # fmt: skip
+    # in time order, each send with its recipient's position and the zone its windows are
+    # read in
+    assert [s["send_at"] for s in preview["sends"]] == sorted(
+        s["send_at"] for s in preview["sends"]
+    )
+    assert [s["index"] for s in preview["sends"]] == [0, 1, 2]
+    assert sorted(s["position"] for s in preview["sends"]) == [0, 1, 2]
     code, out, _ = run(cli, "campaign", "preview", created["id"])
     assert code == 0 and "per recipient zone: 3 zones" in out and "Asia/Tokyo" in out
+    assert "in each recipient's local time" in out and "recipient's time" in out
 
     plain = json.loads(_create(cli, csv, "--json")[1])
     assert (plain["senders"], plain["local_time"]) == ([], False)

@@ -153,9 +153,9 @@ def test_create_from_json_renders_templates_with_row_variables(web: Web) -> None
         ("bob@example.com", "News for 42", "Bob"),
     ]
     assert set(tasks[0]) == {
-        "id", "position", "email", "name", "subject", "sender", "state", "send_at", "sent_at",
-        "attempts", "message_id", "error", "planned_at", "moves", "moved_reason", "reason",
-        "outcome", "outcome_detail", "outcome_at", "paused", "late",
+        "id", "position", "email", "name", "subject", "sender", "timezone", "state", "send_at",
+        "sent_at", "attempts", "message_id", "error", "planned_at", "moves", "moved_reason",
+        "reason", "outcome", "outcome_detail", "outcome_at", "paused", "late",
     }  # fmt: skip
     # no senders: every email goes out from the campaign's From
     assert {t["sender"] for t in tasks} == {data["from"]}
@@ -398,7 +398,9 @@ def test_preview_a_new_campaign_writes_nothing(web: Web) -> None:
         "send_at": "2026-12-01T08:00:00Z",
         "local": "2026-12-01T09:00:00+01:00",
         "email": "p0@example.com",
+        "zone": "Europe/Berlin",
     }
+    assert data["zone_names"] == {"Europe/Berlin": {"60": "CET", "120": "CEST"}}
     assert [(d["day"], d["count"]) for d in data["days"]] == [
         ("2026-12-01", 2), ("2026-12-07", 2), ("2026-12-08", 1),
     ]  # fmt: skip
@@ -774,7 +776,7 @@ def test_moves_late_sends_and_paused_emails_show_in_the_api_and_the_page(web: We
         ("Finished", False, False)
     ] + [("Pending", True, True)] * 3
     page = web.client.get(f"/campaigns/{cid}").text
-    assert page.count(">paused</td>") == 3
-    assert "(late)</td>" in page
+    assert page.count('datetime=""><span class="nowrap">paused</span></time>') == 3
+    assert "(late)</time>" in page
     assert '<dd id="campaign-moved"' in page and ">4</dd>" in page
     assert "1 move: worker down" in page

@@ -286,6 +286,34 @@ def test_session_values_expire_and_cannot_be_forged() -> None:
         ("campaigns", "/"),
         (None, "/"),
         ("/x\r\nSet-Cookie: a=b", "/"),
+        # same-origin paths, queries and fragments are kept as they are
+        ("/campaigns", "/campaigns"),
+        ("/campaigns/c1/emails/c1-3#message-title", "/campaigns/c1/emails/c1-3#message-title"),
+        ("/suppressions?after=a%40example.com", "/suppressions?after=a%40example.com"),
+        ("/%2F%2Fevil.example", "/%2F%2Fevil.example"),  # a path on this site, never a host
+        # another host, however spelt
+        ("///evil.example", "/"),
+        ("\\\\evil.example", "/"),
+        ("/x/..\\..\\evil.example", "/"),
+        ("http:/evil.example", "/"),
+        ("javascript:alert(1)", "/"),
+        (" /campaigns", "/"),
+        # characters browsers drop or that split the header: /<TAB>/host would be //host
+        ("/\t/evil.example", "/"),
+        ("/\n/evil.example", "/"),
+        ("/\x00x", "/"),
+        ("/\x7f", "/"),
+        ("/\x85/evil.example", "/"),
+        ("/\u2028/evil.example", "/"),
+        ("/\u200b/evil.example", "/"),
+        ("/\u202e/evil.example", "/"),
+        # no loop back to the form, nothing absurdly long, nothing that is not text
+        ("/login", "/"),
+        ("/login?next=/campaigns", "/"),
+        ("/logout", "/"),
+        ("/" + "a" * 2000, "/"),
+        (b"/campaigns", "/"),
+        (["/campaigns"], "/"),
     ],
 )
 def test_safe_next(value: object, expected: str) -> None:

@@ -155,7 +155,7 @@ def campaign_create(
             f"{plural(campaign.recipient_count, 'recipient')}, "
             f"{plural(created.imported.duplicates, 'duplicate')} dropped"
         )
-        out.print(f"policy: {campaign.policy.describe()}")
+        out.print(f"policy: {campaign.policy.describe(local_time=campaign.local_time)}")
         out.print(_options_line(data))
         out.print(_senders_line(c, data), markup=False)
         out.print(
@@ -252,32 +252,32 @@ def campaign_show(campaign_id: str, as_json: JsonOpt = False) -> None:
 @campaign_app.command("preview")
 @handle_errors
 def campaign_preview(campaign_id: str, as_json: JsonOpt = False) -> None:
-    """The plan for the campaign's recipients if it were provisioned now."""
+    """The plan for the campaign's recipients if it were provisioned now, in time order."""
     with container() as c:
         campaign = c.store.get_campaign(campaign_id)
-        pairs = c.campaigns.preview(campaign_id)
+        # in time order (senders and recipient zones interleave the recipients), equal
+        # instants in recipient order
+        pairs = sorted(c.campaigns.preview(campaign_id), key=lambda pair: pair[1])
+    default = campaign.policy.timezone
     sends = [when for _, when in pairs]
-    # per recipient zone, as the preview summary counts them (from the same plan)
+    # the zone each send's windows are read in: its recipient's in a local-time campaign
+    own = [(r.timezone or default) if campaign.local_time else default for r, _ in pairs]
     zones = tuple(
         ZoneDays(zone, tuple(days), sum(d.count for d in days))
         for zone, days in per_zone_day_summary(
-            sends,
-            [r.timezone if campaign.local_time else None for r, _ in pairs],
-            campaign.policy.timezone,
+            sends, [z if campaign.local_time else None for z in own], default
         ).items()
     )
+    emails = [r.email for r, _ in pairs]
     if as_json:
-        rows = plan_rows(sends, campaign.policy.timezone)
-        for row, (recipient, _) in zip(rows, pairs, strict=True):
-            row["email"] = recipient.email
-            if campaign.local_time:  # the zone its windows are read in
-                row["zone"] = recipient.timezone or campaign.policy.timezone
-        print_json({"timezone": campaign.policy.timezone, "sends": rows, "zones": zone_rows(zones)})
+        rows = plan_rows(sends, default)
+        for row, (recipient, _), zone in zip(rows, pairs, own, strict=True):
+            row.update(email=recipient.email, position=recipient.position, zone=zone)
+        print_json({"timezone": default, "sends": rows, "zones": zone_rows(zones)})
         return
-    out.print(f"{campaign.name}: {campaign.policy.describe()}", markup=False)
-    if campaign.local_time:
-        out.print("local time: the windows are read in each recipient's zone", markup=False)
-    print_plan(sends, campaign.policy.timezone)
+    text = campaign.policy.describe(local_time=campaign.local_time)
+    out.print(f"{campaign.name}: {text}", markup=False)
+    print_plan(sends, default, emails=emails, zones=own if campaign.local_time else None)
     if campaign.local_time or len(zones) > 1:
         print_zones(zones)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +27,9 @@ __all__ = [
     "zone_rows",
 ]
 
+# A send time as the tables show it: "Fri 2026-12-04 09:30:00 CET".
+_WHEN = "%a %Y-%m-%d %H:%M:%S %Z"
+
 
 def plan_rows(sends: list[datetime], zone_name: str) -> list[dict[str, Any]]:
     """The ``--json`` rows of a plan: index, UTC time and local time."""
@@ -36,24 +40,44 @@ def plan_rows(sends: list[datetime], zone_name: str) -> list[dict[str, Any]]:
     ]
 
 
-def print_plan(sends: list[datetime], zone_name: str, *, rows: int = 50) -> None:
-    """A plan as a table (first and last rows) and a per-day summary."""
+def print_plan(
+    sends: list[datetime],
+    zone_name: str,
+    *,
+    emails: Sequence[str] | None = None,
+    zones: Sequence[str] | None = None,
+    rows: int = 50,
+) -> None:
+    """A plan as a table (first and last rows) and a per-day summary. ``emails`` adds each
+    send's address; ``zones`` (a local-time campaign) each recipient's zone and own time."""
     zone = load_timezone(zone_name)
     table = Table(title=f"{plural(len(sends), 'send')} ({zone_name})", show_lines=False)
     table.add_column("#", justify="right")
+    if emails is not None:
+        table.add_column("address")
     table.add_column("send at (UTC)")
     table.add_column(f"local ({zone_name})")
-    shown = sends if len(sends) <= rows else sends[: rows - 1]
-    for i, s in enumerate(shown):
-        table.add_row(str(i), iso(s) or "", s.astimezone(zone).strftime("%a %Y-%m-%d %H:%M:%S %Z"))
+    if zones is not None:
+        table.add_column("recipient's time")
+
+    def row(i: int) -> list[str]:
+        s = sends[i]
+        cells = [str(i)]
+        if emails is not None:
+            cells.append(emails[i])
+        cells += [iso(s) or "", s.astimezone(zone).strftime(_WHEN)]
+        if zones is not None:
+            own = s.astimezone(load_timezone(zones[i]))
+            cells.append(f"{own.strftime('%a %Y-%m-%d %H:%M:%S')} {zones[i]}")
+        return cells
+
+    shown = len(sends) if len(sends) <= rows else rows - 1
+    for i in range(shown):
+        table.add_row(*row(i))
     if len(sends) > rows:
-        table.add_row("...", f"{len(sends) - len(shown) - 1} more", "")
-        last = sends[-1]
-        table.add_row(
-            str(len(sends) - 1),
-            iso(last) or "",
-            last.astimezone(zone).strftime("%a %Y-%m-%d %H:%M:%S %Z"),
-        )
+        gap = ["...", f"{len(sends) - shown - 1} more"]
+        table.add_row(*gap, *[""] * (len(table.columns) - len(gap)))
+        table.add_row(*row(len(sends) - 1))
     out.print(table)
     days = per_day_summary(sends, zone_name)
     summary = Table(title=f"per day: {plural(len(days), 'sending day')}")
@@ -65,8 +89,8 @@ def print_plan(sends: list[datetime], zone_name: str, *, rows: int = 50) -> None
         summary.add_row(
             day.day.strftime("%a %Y-%m-%d"),
             str(day.count),
-            day.first.strftime("%H:%M:%S"),
-            day.last.strftime("%H:%M:%S"),
+            day.first.strftime("%H:%M:%S %Z"),
+            day.last.strftime("%H:%M:%S %Z"),
         )
     if len(days) > 60:
         summary.add_row(

@@ -30,6 +30,7 @@ from sendqueue.cli.common import (
 )
 from sendqueue.domain.errors import Conflict, InfrastructureError, InvalidField, InvalidSettings
 from sendqueue.domain.senders import DEFAULT_DAILY_CAP, Sender, new_sender_id
+from sendqueue.domain.wording import plural
 from sendqueue.settings import redact_url
 from sendqueue.settings_file import (
     DEFAULT_CONFIG,
@@ -459,6 +460,10 @@ def check_cmd(
             line.append(f"{r.part}{where}: {r.detail}")
             out.print(line, soft_wrap=True)
         failed = sum(r.failed for r in results)
-        out.print(f"{failed} of {len(results)} part(s) failed" if failed else "every part answered")
+        out.print(
+            f"{failed} of {plural(len(results), 'part')} failed"
+            if failed
+            else "every part answered"
+        )
     if any(r.failed for r in results):
         raise typer.Exit(1)

@@ -299,11 +299,22 @@ class SendingPolicy:
         """Total sending minutes per allowed day."""
         return sum(w.minutes for w in self.windows)
 
-    def describe(self) -> str:
-        """The policy in words: ``20 a day, Mon-Fri, 09:00-17:00, UTC`` (with en dashes)."""
+    def describe(self, *, local_time: bool = False) -> str:
+        """The policy in words: ``20 a day, Mon-Fri, 09:00-17:00, UTC`` (with en dashes).
+
+        With ``local_time`` (a campaign that reads its windows in each recipient's zone) the
+        zone part says so: ``09:00-17:00 in each recipient's local time (UTC where unknown;
+        days counted in UTC)``."""
         windows = " and ".join(str(w).replace("-", "\u2013") for w in self.windows)
         days = _weekday_text(self.weekdays)
-        text = f"{self.per_day} a day, {days}, {windows}, {self.timezone}"
+        zone = self.timezone
+        if local_time:
+            where = (
+                f" in each recipient's local time ({zone} where unknown; days counted in {zone})"
+            )
+            text = f"{self.per_day} a day, {days}, {windows}{where}"
+        else:
+            text = f"{self.per_day} a day, {days}, {windows}, {zone}"
         if self.skip_dates:
             text += f", skipping {plural(len(self.skip_dates), 'date')}"
         if self.jitter_seconds:

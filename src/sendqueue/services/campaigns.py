@@ -398,21 +398,19 @@ class CampaignService:
                 self._previews.popitem(last=False)
         return summary
 
-    def draft_sends(self, draft: Draft, policy: SendingPolicy) -> list[datetime]:
-        """The send instant of each of a draft's recipients (in file order) if it were
-        provisioned now: over its senders' books as they are (nothing booked), in each
-        recipient's zone for local time, else by ``plan``."""
-        now = self._clock.now()
-        if not draft.sender_ids and not draft.local_time:
-            return plan(policy, draft.imported.count, now=now)
+    def draft_summary(self, draft: Draft, policy: SendingPolicy) -> PlanSummary:
+        """A draft's plan if it were provisioned now, summarized as a stored campaign's
+        preview is (first sends in time order, each with its zone): over its senders' books
+        as they are (nothing booked), in each recipient's zone for local time."""
         campaign = Campaign(
             id="draft", name=draft.name, policy=policy, from_addr=draft.from_addr,
             sender_ids=draft.sender_ids, local_time=draft.local_time,
         )  # fmt: skip
-        slim = [
-            Recipient(r.position, r.email, timezone=r.timezone) for r in draft.imported.recipients()
-        ]
-        return Previews(self._store, self.replanner.capacity).planned_sends(campaign, slim, now)
+        imported = draft.imported
+        return Previews(self._store, self.replanner.capacity).unsaved(
+            campaign, imported.count, imported.first_emails, imported.recipients,
+            self._clock.now(), shown=PREVIEW_SENDS,
+        )  # fmt: skip
 
     def _forget_previews(self, campaign_id: str) -> None:
         with self._previews_lock:

@@ -18,7 +18,7 @@ planned there too (the capacity planner plugs in at that seam).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
@@ -29,7 +29,7 @@ from sendqueue.domain.planner import DaySummary, per_day_summary, per_zone_day_s
 from sendqueue.ports import TaskStore
 from sendqueue.services.capacity import CapacityPlanner
 
-__all__ = ["PlanSummary", "Previews", "ZoneDays"]
+__all__ = ["PlanSummary", "Previews", "ZoneDays", "summarize"]
 
 _PAGE = 1000
 _NO_VARIABLES: MappingProxyType[str, str] = MappingProxyType({})
@@ -87,41 +87,33 @@ class Previews:
         plan depends on its recipients (local time, senders) reads every recipient's address
         and zone once (not the bodies).
         """
-        policy = campaign.policy
-        default = policy.timezone
         if not _needs_recipients(campaign):
-            sends = plan(policy, campaign.recipient_count, now=start)
-            first = sends[:shown]
-            listed = self._store.list_recipients(campaign.id, limit=max(1, len(first)))
-            emails = [r.email for r in listed][: len(first)]
-            days = tuple(per_day_summary(sends, default))
-            return PlanSummary(
-                count=len(sends),
-                first=tuple(first),
-                emails=tuple(emails),
-                days=days,
-                zones=(ZoneDays(default, days, len(sends)),),
-                local_time=False,
-                first_zones=(default,) * len(first),
-            )
+            sends = plan(campaign.policy, campaign.recipient_count, now=start)
+            first = min(shown, len(sends))
+            listed = self._store.list_recipients(campaign.id, limit=max(1, first))
+            return _plain(campaign, sends, [r.email for r in listed][:first], shown)
         recipients = self._addressees(campaign.id)
         sends = self.planned_sends(campaign, recipients, start)
-        zones = [r.timezone for r in recipients] if campaign.local_time else [None] * len(sends)
-        # in time order (sends of different zones interleave); equal instants by position
-        order = heapq.nsmallest(shown, range(len(sends)), key=sends.__getitem__)
-        days = tuple(per_day_summary(sends, default))
-        by_zone = per_zone_day_summary(sends, zones, default)
-        return PlanSummary(
-            count=len(sends),
-            first=tuple(sends[i] for i in order),
-            emails=tuple(recipients[i].email for i in order),
-            days=days,
-            zones=tuple(
-                ZoneDays(zone, tuple(zd), sum(d.count for d in zd)) for zone, zd in by_zone.items()
-            ),
-            local_time=campaign.local_time,
-            first_zones=tuple(zones[i] or default for i in order),
-        )
+        return summarize(campaign, recipients, sends, shown=shown)
+
+    def unsaved(
+        self,
+        campaign: Campaign,
+        count: int,
+        first_emails: Sequence[str],
+        recipients: Callable[[], Iterable[Recipient]],
+        start: datetime,
+        *,
+        shown: int,
+    ) -> PlanSummary:
+        """:meth:`summary` of a campaign not stored yet (a draft being previewed): ``count``
+        recipients, the addresses of the first ones, and all of them on demand (read only
+        when the plan depends on who they are)."""
+        if not _needs_recipients(campaign):
+            sends = plan(campaign.policy, count, now=start)
+            return _plain(campaign, sends, first_emails, shown)
+        slim = [Recipient(r.position, r.email, timezone=r.timezone) for r in recipients()]
+        return summarize(campaign, slim, self.planned_sends(campaign, slim, start), shown=shown)
 
     def pairs(self, campaign: Campaign, now: datetime) -> list[tuple[Recipient, datetime]]:
         """Every recipient of the campaign with its send instant planned from ``now``, in
@@ -180,6 +172,53 @@ class Previews:
             if len(batch) < _PAGE:
                 return out
             after = batch[-1].position
+
+
+def summarize(
+    campaign: Campaign,
+    recipients: Sequence[Recipient],
+    sends: Sequence[datetime],
+    *,
+    shown: int,
+) -> PlanSummary:
+    """The :class:`PlanSummary` of a plan that depends on its recipients: ``sends[i]`` is
+    the send instant of ``recipients[i]`` (in position order, as
+    :meth:`Previews.planned_sends` returns them). The first ``shown`` sends are listed in
+    time order (sends of different zones or senders interleave), equal instants by
+    position."""
+    default = campaign.policy.timezone
+    zones = [r.timezone for r in recipients] if campaign.local_time else [None] * len(sends)
+    order = heapq.nsmallest(shown, range(len(sends)), key=sends.__getitem__)
+    by_zone = per_zone_day_summary(sends, zones, default)
+    return PlanSummary(
+        count=len(sends),
+        first=tuple(sends[i] for i in order),
+        emails=tuple(recipients[i].email for i in order),
+        days=tuple(per_day_summary(sends, default)),
+        zones=tuple(
+            ZoneDays(zone, tuple(zd), sum(d.count for d in zd)) for zone, zd in by_zone.items()
+        ),
+        local_time=campaign.local_time,
+        first_zones=tuple(zones[i] or default for i in order),
+    )
+
+
+def _plain(
+    campaign: Campaign, sends: Sequence[datetime], emails: Sequence[str], shown: int
+) -> PlanSummary:
+    """The summary of a plan by ``plan`` (recipient order is time order; one zone)."""
+    default = campaign.policy.timezone
+    first = sends[:shown]
+    days = tuple(per_day_summary(sends, default))
+    return PlanSummary(
+        count=len(sends),
+        first=tuple(first),
+        emails=tuple(emails[: len(first)]),
+        days=days,
+        zones=(ZoneDays(default, days, len(sends)),),
+        local_time=False,
+        first_zones=(default,) * len(first),
+    )
 
 
 def _needs_recipients(campaign: Campaign) -> bool:

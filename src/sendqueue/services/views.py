@@ -136,7 +136,7 @@ class CampaignView(_View):
             "reply_to": campaign.reply_to,
             "recipients": campaign.recipient_count,
             "policy": campaign.policy.to_dict(),
-            "policy_text": campaign.policy.describe(),
+            "policy_text": campaign.policy.describe(local_time=campaign.local_time),
             "counts": {state.value: counts.get(state, 0) for state in TaskState},
             "checkpoint": dict(campaign.checkpoint) if campaign.checkpoint else None,
             "created_at": iso(campaign.created_at),
@@ -194,6 +194,10 @@ class TaskView(_View):
     sender: str | None = Field(
         description="the address it goes out from: its sender's, or the campaign's From"
     )
+    timezone: str | None = Field(
+        description="the recipient's own zone, where a local-time campaign reads its windows; "
+        "null: the campaign's"
+    )
     state: str
     send_at: IsoTime | None = Field(
         description="when it goes out; null while its campaign is paused (paused is true)"
@@ -231,6 +235,7 @@ class TaskView(_View):
             name=task.name,
             subject=task.subject,
             sender=task.sender or from_addr,
+            timezone=task.timezone,
             state=task.state.value,
             send_at=None if paused else iso(task.send_at),
             sent_at=iso(task.sent_at),
@@ -344,9 +349,9 @@ def dead_letter_dict(letter: DeadLetter) -> dict[str, Any]:
 
 #: The keys ``campaign tasks --json`` lists, in order: a task without position, name and subject.
 TASK_LIST_KEYS = (
-    "id", "email", "sender", "state", "send_at", "sent_at", "attempts", "message_id", "error",
-    "planned_at", "moves", "moved_reason", "reason", "outcome", "outcome_detail", "outcome_at",
-    "paused", "late",
+    "id", "email", "sender", "timezone", "state", "send_at", "sent_at", "attempts", "message_id",
+    "error", "planned_at", "moves", "moved_reason", "reason", "outcome", "outcome_detail",
+    "outcome_at", "paused", "late",
 )  # fmt: skip
 
 

@@ -26,8 +26,10 @@ from urllib.parse import urlsplit
 
 import anyio.to_thread
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sendqueue import __version__
 from sendqueue.bootstrap import Container
@@ -36,13 +38,14 @@ from sendqueue.services.attention import AttentionCache, read_attention
 from sendqueue.settings import Settings, trusted_networks
 from sendqueue.web.bodies import BODY_OVERHEAD_BYTES
 from sendqueue.web.deps import BackgroundProvisioning
-from sendqueue.web.errors import install_error_handlers
+from sendqueue.web.errors import http_exception_response, install_error_handlers
 from sendqueue.web.middleware import install_security
+from sendqueue.web.middleware.auth import is_api_path
 from sendqueue.web.middleware.limits import BodyTimeoutMiddleware, header_timeout_protocol
 from sendqueue.web.middleware.peers import PeerCap
 from sendqueue.web.middleware.throttle import AuthThrottle, RequestRate
 from sendqueue.web.queries import TimelineCache
-from sendqueue.web.rendering import STATIC_DIR
+from sendqueue.web.rendering import STATIC_DIR, http_error_page
 from sendqueue.web.routers import ROUTERS
 from sendqueue.web.stream import ChangeBroker, StreamConfig
 
@@ -123,6 +126,7 @@ def create_app(
         lambda: read_attention(container.store, container.scheduler)
     )
     install_error_handlers(app)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
@@ -148,6 +152,20 @@ def create_app(
         public_timeout=settings.http_public_body_timeout,
     )
     return app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """No such route (or a method it does not take): an HTML page for a person's browser
+    asking for a page, the JSON error for anything else (the API, scripts, assets)."""
+    assert isinstance(exc, StarletteHTTPException)
+    accept = request.headers.get("accept", "")
+    if (
+        request.method in {"GET", "HEAD"}
+        and "text/html" in accept
+        and not is_api_path(request.url.path)
+    ):
+        return http_error_page(request, exc)
+    return http_exception_response(exc)
 
 
 def _public_host(settings: Settings) -> tuple[str, ...]:

@@ -48,6 +48,7 @@ __all__ = [
     "HttpProblem",
     "error_body",
     "error_response",
+    "http_exception_response",
     "install_error_handlers",
     "shown_value",
 ]
@@ -155,6 +156,11 @@ def validation_errors(errors: list[Mapping[str, Any]]) -> JSONResponse:
     )
 
 
+def http_exception_response(exc: StarletteHTTPException) -> JSONResponse:
+    """A routing error (404 no such route, 405 a method it does not take) in the one shape."""
+    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the mapping above on ``app``."""
 
@@ -204,7 +210,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+        return http_exception_response(exc)
 
     app.add_exception_handler(InvalidInput, invalid_input)
     app.add_exception_handler(InvalidField, invalid_field)

@@ -38,6 +38,7 @@ from sendqueue.web.schemas import (
     SenderOut,
     SenderUsageDay,
 )
+from sendqueue.web.times import zone_names
 
 __all__ = [
     "PLAN_SENDS_SHOWN",
@@ -46,7 +47,6 @@ __all__ = [
     "campaign_timeline",
     "campaign_view",
     "next_send_at",
-    "plan_view",
     "sender_detail",
     "sender_out",
     "summary_view",
@@ -102,30 +102,22 @@ def sender_detail(
     )
 
 
-def plan_view(
-    policy: SendingPolicy,
-    sends: Sequence[datetime],
-    *,
-    emails: Sequence[str] | None = None,
-    duplicates: int = 0,
-) -> Plan:
-    """A plan as the preview routes return it (docs/api.md); a send has an ``email`` only
-    where ``emails`` names one."""
-    days = per_day_summary(sends, policy.timezone)
-    return _plan(policy, len(sends), sends[:PLAN_SENDS_SHOWN], emails, days, duplicates)
-
-
-def summary_view(policy: SendingPolicy, summary: PlanSummary) -> Plan:
-    """A stored campaign's cached :class:`PlanSummary` as the preview route returns it, with
-    its sends per recipient zone."""
+def summary_view(policy: SendingPolicy, summary: PlanSummary, *, duplicates: int = 0) -> Plan:
+    """A plan's :class:`PlanSummary` (a stored campaign's or a draft's) as the preview routes
+    return it (docs/api.md): its first sends in time order, each with the zone its windows
+    are read in, its sends per day and per recipient zone, and the abbreviations of those
+    zones for whoever shows the times (:func:`~sendqueue.web.times.zone_names`)."""
     shown = summary.first[:PLAN_SENDS_SHOWN]
-    out = _plan(policy, summary.count, shown, summary.emails, summary.days, 0)
+    out = _plan(policy, summary.count, shown, summary.emails, summary.days, duplicates)
+    out.policy_text = policy.describe(local_time=summary.local_time)
+    out.local_time = summary.local_time
     for send, zone in zip(out.sends, summary.first_zones, strict=False):
         send.zone = zone
     out.zones = [
         PlanZone(zone=z.zone, count=z.count, days=[_plan_day(d) for d in z.days])
         for z in summary.zones
     ]
+    out.zone_names = zone_names([policy.timezone, *(z.zone for z in summary.zones)])
     return out
 
 

@@ -12,27 +12,28 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-from collections.abc import Mapping
-from datetime import datetime
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sendqueue.domain.errors import InvalidField, NotFound
 from sendqueue.domain.wording import plural
 from sendqueue.services.attention import Attention, AttentionCache
+from sendqueue.services.views import iso
 from sendqueue.web.errors import RETRY_AFTER_SECONDS
 from sendqueue.web.session import page_csrf_token, set_csrf_cookie
+from sendqueue.web.times import human_time, zone_names_json
 
 __all__ = [
     "STATIC_DIR",
     "TEMPLATES_DIR",
     "error_page",
-    "local_time",
+    "http_error_page",
     "render",
     "render_public",
     "static_url",
@@ -53,6 +54,9 @@ _env = Environment(
 )
 # ``{{ count | plural("sender") }}``: "1 sender", "2 senders" (static/common.js: sq.plural).
 _env.filters["plural"] = plural
+# {{ value|human(zone) }}: "2026-12-04 09:30 CET"; {{ value|iso }}: the <time datetime=...>
+_env.filters["human"] = human_time
+_env.filters["iso"] = iso
 
 
 @functools.cache
@@ -75,17 +79,24 @@ def render(
     *,
     status_code: int = 200,
     headers: Mapping[str, str] | None = None,
+    zones: Iterable[str] = (),
     **context: Any,
 ) -> HTMLResponse:
-    """``template`` rendered with ``context`` plus the CSRF token, the path and the login."""
+    """``template`` rendered with ``context`` plus the CSRF token, the path and the login.
+
+    ``zones`` are the zones the page shows times in (the default zone is always added): their
+    abbreviations go into ``<body data-zone-names>`` for the scripts (:mod:`.times`)."""
     token, fresh = page_csrf_token(request)
     auth = getattr(request.state, "auth", None)
+    default_zone = request.app.state.container.settings.default_timezone
     html = _env.get_template(template).render(
         csrf_token=token,
         static_url=static_url,
         path=request.url.path,
         logged_in=auth == "cookie",
         attention=_attention(request, auth),
+        default_zone=default_zone,
+        zone_names=zone_names_json([*zones, default_zone]),
         **context,
     )
     response = HTMLResponse(html, status_code=status_code, headers=dict(headers or {}))
@@ -141,8 +152,19 @@ def error_page(request: Request, exc: Exception) -> HTMLResponse:
     )
 
 
-def local_time(value: datetime | None, zone: ZoneInfo) -> str:
-    """``2026-12-01 09:15:03`` in the campaign's zone; campaign.js formats the same way."""
-    if value is None:
-        return ""
-    return value.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
+def http_error_page(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
+    """A routing error (no such page, a method the page does not take) as an HTML page."""
+    if exc.status_code == 404:
+        message = f"There is no page at {request.url.path}."
+        title = "Not found"
+    else:
+        message = str(exc.detail)
+        title = message
+    return render(
+        request,
+        "error.html",
+        status_code=exc.status_code,
+        headers=exc.headers,
+        title=title,
+        message=message,
+    )

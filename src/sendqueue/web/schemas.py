@@ -95,8 +95,8 @@ class PlanSend(BaseModel):
     email: str | None = Field(None, description="left out where the plan has no recipients")
     zone: str | None = Field(
         None,
-        description="a stored campaign's: the zone the send is planned in (its recipient's in a "
-        "local-time campaign, else the campaign's)",
+        description="the zone the send is planned in (its recipient's in a local-time "
+        "campaign, else the campaign's)",
     )
 
 
@@ -116,7 +116,8 @@ class PlanZone(BaseModel):
 
 
 class Plan(BaseModel):
-    """When each email would be sent (the first 1,000), and how many per day (all)."""
+    """When each email would be sent (the first 1,000, in time order), and how many per day
+    (all)."""
 
     policy_text: str
     timezone: str
@@ -126,8 +127,16 @@ class Plan(BaseModel):
     days: list[PlanDay]
     zones: list[PlanZone] | None = Field(
         None,
-        description="a stored campaign's sends per recipient zone, each in its own local days "
-        "(one zone, the campaign's, unless it sends in local time)",
+        description="the sends per recipient zone, each in its own local days (one zone, the "
+        "campaign's, unless it sends in local time)",
+    )
+    local_time: bool = Field(
+        False, description="whether the windows are read in each recipient's own zone"
+    )
+    zone_names: dict[str, dict[str, str]] | None = Field(
+        None,
+        description="the abbreviations of the zones named here by UTC offset in minutes, e.g. "
+        '{"Europe/Berlin": {"60": "CET", "120": "CEST"}}',
     )
 
 

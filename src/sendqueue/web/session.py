@@ -29,6 +29,7 @@ import re
 import secrets
 import threading
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -44,6 +45,7 @@ __all__ = [
     "CSRF_FIELD",
     "CSRF_HEADER",
     "GENERATION_CACHE_SECONDS",
+    "NEXT_MAX_CHARS",
     "SESSION_COOKIE",
     "SESSION_GENERATION",
     "SESSION_TTL_SECONDS",
@@ -201,14 +203,32 @@ def session_generations(request: Request) -> SessionGenerations | None:
     return generations
 
 
+# Control (Cc: C0, DEL, C1), format (Cf: zero-width, bidi), line and paragraph separators.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+#: The longest ``next`` kept; a longer one goes to ``/`` (no page of the app needs more).
+NEXT_MAX_CHARS = 2000
+# Where going back after a login makes no sense: the form again, or out at once.
+_NO_RETURN = frozenset({"/login", "/logout"})
+
+
 def safe_next(value: object) -> str:
-    """A local path to go to after login; anything else (another host, a scheme) is ``/``."""
+    r"""The path to go to after login, when ``value`` is a path of this site; anything else is
+    ``/``, so the login cannot be made to redirect elsewhere (an open redirect).
+
+    Refused: anything not starting with one ``/`` (``//host`` and ``/\host`` name another host
+    to browsers, as do schemes), backslashes anywhere (browsers read them as ``/``), control
+    and invisible format characters (browsers drop a tab or newline, so ``/<TAB>/host`` would
+    become ``//host``; CR and LF would split the header), a path longer than
+    :data:`NEXT_MAX_CHARS`, and the login and logout routes themselves.
+    """
     if not isinstance(value, str) or not value.startswith("/") or value.startswith("//"):
         return "/"
-    if "\\" in value or any(ord(c) < 32 for c in value):
+    if len(value) > NEXT_MAX_CHARS or "\\" in value:
+        return "/"
+    if any(unicodedata.category(c) in _UNSAFE_CATEGORIES for c in value):
         return "/"
     parts = urlsplit(value)
-    if parts.scheme or parts.netloc:
+    if parts.scheme or parts.netloc or parts.path in _NO_RETURN:
         return "/"
     return value
 

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from sendqueue.web.bodies import CAMPAIGN_FORM_CSRF, CREATE_BODY, new_campaign, validate
 from sendqueue.web.deps import ContainerDep, ProvisioningDep, TimelinesDep
-from sendqueue.web.queries import campaign_view, plan_view, summary_view
+from sendqueue.web.queries import campaign_view, summary_view
 from sendqueue.web.schemas import (
     READ_ERRORS,
     WRITE_ERRORS,
@@ -82,13 +82,8 @@ async def preview_new_campaign(request: Request, c: ContainerDep) -> Plan:
 
         def preview() -> Plan:
             draft = validate(c, new)
-            sends = c.campaigns.draft_sends(draft, new.policy)
-            return plan_view(
-                new.policy,
-                sends,
-                emails=draft.imported.first_emails,
-                duplicates=draft.imported.duplicates,
-            )
+            summary = c.campaigns.draft_summary(draft, new.policy)
+            return summary_view(new.policy, summary, duplicates=draft.imported.duplicates)
 
         return await run_in_threadpool(preview)
 

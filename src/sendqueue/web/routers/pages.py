@@ -1,11 +1,13 @@
-"""HTML pages of the web UI: ``/``, ``/campaigns/new``, ``/campaigns/{id}``, ``/dead-letters``,
-``/suppressions``, ``/senders`` (the login page is :mod:`sendqueue.web.routers.auth`'s).
+"""HTML pages of the web UI: ``/`` (also ``/campaigns``), ``/campaigns/new``, ``/campaigns/{id}``,
+``/campaigns/{id}/emails/{task_id}``, ``/dead-letters``, ``/suppressions``, ``/senders`` (the
+login page is :mod:`sendqueue.web.routers.auth`'s).
 
 Routes are thin: they read the store and the scheduler through the Container (and timelines
 through the cache the API shares) and render a template (:mod:`sendqueue.web.rendering`). The
 first render already shows the data; the scripts in ``static/`` then keep it live through the
 JSON API and the event stream (docs/api.md). Rows come from the same views the API sends
-(:mod:`sendqueue.services.views`), with times shown in the campaign's zone.
+(:mod:`sendqueue.services.views`), with times shown in the campaign's zone, each with its
+zone's abbreviation (:mod:`sendqueue.web.times`).
 """
 
 from __future__ import annotations
@@ -14,23 +16,20 @@ import functools
 import zoneinfo
 from collections.abc import Mapping
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from sendqueue.bootstrap import Container
 from sendqueue.domain.errors import InfrastructureError, InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
-from sendqueue.domain.models import Campaign, Task
+from sendqueue.domain.models import Campaign, DeadLetter
 from sendqueue.domain.policy import WEEKDAY_NAMES
 from sendqueue.domain.suppression import SuppressionReason
-from sendqueue.domain.wording import plural
 from sendqueue.ports import TaskStore
 from sendqueue.services.views import (
     DeadLetterView,
     SuppressionView,
-    TaskView,
     campaign_moves,
     campaign_outcomes,
     campaign_suppressed,
@@ -39,7 +38,9 @@ from sendqueue.services.views import (
 from sendqueue.web.charts import day_chart, progress_segments, usage_chart
 from sendqueue.web.deps import ContainerDep, TimelinesDep
 from sendqueue.web.queries import next_send_at, sender_detail, sender_out
-from sendqueue.web.rendering import error_page, local_time, render
+from sendqueue.web.rendering import error_page, render
+from sendqueue.web.task_rows import task_details, task_row
+from sendqueue.web.times import human_time
 
 __all__ = ["PAGE_SIZE", "router"]
 
@@ -113,8 +114,9 @@ def _summary(store: TaskStore, campaign: Campaign) -> dict[str, Any]:
         "final": final,
         "percent": final * 100 // total if total else 0,
         "segments": progress_segments(by_name, total),
-        "next_send": local_time(next_send, zone),
+        "next_send": human_time(next_send, zone),
         "next_send_iso": iso(next_send) or "",
+        "policy_text": campaign.policy.describe(local_time=campaign.local_time),
     }
 
 
@@ -130,9 +132,17 @@ def campaigns_page(request: Request, c: ContainerDep) -> Response:
             rows=rows,
             states=list(TaskState),
             poll_ms=round(c.settings.ui_poll_interval * 1000),
+            zones=[row["campaign"].policy.timezone for row in rows],
         )
     except _PAGE_ERRORS as exc:
         return error_page(request, exc)
+
+
+@router.get("/campaigns", name="page_campaigns_alias")
+def campaigns_alias(request: Request) -> Response:
+    """``/campaigns`` is the list at ``/`` (a link or a login's ``next`` may name it)."""
+    query = request.url.query
+    return RedirectResponse("/" + (f"?{query}" if query else ""), status_code=303)
 
 
 @router.get("/campaigns/new", response_class=HTMLResponse, name="page_new_campaign")
@@ -166,29 +176,6 @@ def _sender_choices(c: Container) -> list[dict[str, Any]] | None:
 @functools.cache
 def _timezones() -> list[str]:
     return sorted(z for z in zoneinfo.available_timezones() if "/" in z or z == "UTC")
-
-
-def moved_text(moves: int, reason: str | None) -> str:
-    """``"1 move: worker down 16:50-17:48"``; campaign.js writes the same."""
-    if not moves:
-        return ""
-    return f"{plural(moves, 'move')}: {reason or ''}".rstrip(": ")
-
-
-def _task_row(
-    task: Task, zone: ZoneInfo, *, campaign_paused: bool, from_addr: str | None = None
-) -> dict[str, Any]:
-    """The task's view, its times in the campaign's zone ("paused": no send time)."""
-    view = TaskView.of(task, campaign_paused=campaign_paused, from_addr=from_addr)
-    row = view.model_dump(exclude={"message_id"})
-    row.update(
-        send_at="paused" if view.paused else local_time(task.send_at, zone),
-        sent_at=local_time(task.sent_at, zone) + (" (late)" if view.late else ""),
-        moved=moved_text(task.moves, task.moved_reason),
-        error=task.error or task.reason or "",
-        outcome_at=local_time(task.outcome_at, zone),
-    )
-    return row
 
 
 def _int_param(value: str | None, default: int) -> int:
@@ -225,7 +212,6 @@ def campaign_page(
         )
         more = len(page) > PAGE_SIZE
         page = page[:PAGE_SIZE]
-        zone = campaign.policy.zone
         summary = _summary(store, campaign)
         moved, late = campaign_moves(store, campaign)
         suppressed = campaign_suppressed(store, campaign)
@@ -236,10 +222,8 @@ def campaign_page(
             "campaign.html",
             title=campaign.name,
             last_change=last_change,
-            tasks=[
-                _task_row(t, zone, campaign_paused=paused, from_addr=campaign.from_addr)
-                for t in page
-            ],
+            zones=[campaign.policy.timezone],
+            tasks=[task_row(t, campaign, campaign_paused=paused) for t in page],
             moved=moved,
             late=late,
             suppressed=suppressed,
@@ -250,7 +234,7 @@ def campaign_page(
             filter_state=wanted.value if wanted else "",
             search=needle or "",
             chart=day_chart(timeline),
-            actions={name: campaign.state in allowed for name, allowed in _ACTIONS.items()},
+            actions=_actions(campaign, summary["counts"]),
             states=list(TaskState),
             page_size=PAGE_SIZE,
             refetch_ms=round(c.settings.ui_refetch_interval * 1000),
@@ -261,12 +245,46 @@ def campaign_page(
         return error_page(request, exc)
 
 
-def _letter_row(view: DeadLetterView) -> dict[str, Any]:
-    """The letter's view, its payload as one line of text."""
+def _actions(campaign: Campaign, counts: Mapping[str, int]) -> dict[str, bool]:
+    """Which controls the campaign offers now (retrying needs a Failed email)."""
+    offered = {name: campaign.state in allowed for name, allowed in _ACTIONS.items()}
+    offered["retry-failed"] = offered["retry-failed"] and counts.get(TaskState.FAILED.value, 0) > 0
+    return offered
+
+
+@router.get(
+    "/campaigns/{campaign_id}/emails/{task_id}", response_class=HTMLResponse, name="page_email"
+)
+def email_page(request: Request, campaign_id: str, task_id: str, c: ContainerDep) -> Response:
+    """One email with every field: state and why, outcome, sender, times, message id, moves,
+    and the message itself."""
+    try:
+        campaign = c.store.get_campaign(campaign_id)
+        task = c.store.get_task(task_id)
+        if task is None or task.campaign_id != campaign_id:
+            raise NotFound("email", task_id)
+        paused = campaign.state is CampaignState.PAUSED
+        email = task_details(task, campaign, campaign_paused=paused)
+        return render(
+            request,
+            "email.html",
+            title=f"Email to {task.email}",
+            campaign=campaign,
+            email=email,
+            zones=[campaign.policy.timezone],
+        )
+    except _PAGE_ERRORS as exc:
+        return error_page(request, exc)
+
+
+def _letter_row(letter: DeadLetter, zone: str) -> dict[str, Any]:
+    """The letter's view, its payload as one line of text, its time as people read it."""
+    view = DeadLetterView.of(letter)
     row = view.model_dump()
     row.update(
         payload=", ".join(f"{k}={v}" for k, v in sorted(view.payload.items())),
         task_id=view.payload.get("task_id", ""),
+        failed_at_text=human_time(letter.failed_at, zone),
     )
     return row
 
@@ -280,7 +298,7 @@ def dead_letters_page(request: Request, c: ContainerDep) -> Response:
             request,
             "dead_letters.html",
             title="Dead letters",
-            letters=[_letter_row(DeadLetterView.of(d)) for d in letters],
+            letters=[_letter_row(d, c.settings.default_timezone) for d in letters],
         )
     except _PAGE_ERRORS as exc:
         return error_page(request, exc)
@@ -298,7 +316,13 @@ def suppressions_page(request: Request, c: ContainerDep, after: str | None = Non
             request,
             "suppressions.html",
             title="Suppression list",
-            entries=[SuppressionView.of(e) for e in page],
+            entries=[
+                {
+                    **SuppressionView.of(e).model_dump(),
+                    "at_text": human_time(e.at, c.settings.default_timezone),
+                }
+                for e in page
+            ],
             total=c.suppression.count(),
             cursor=cursor,
             next_cursor=page[-1].email if more and page else None,

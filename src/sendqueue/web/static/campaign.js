@@ -64,33 +64,61 @@
   }
 
   // -- rendering ------------------------------------------------------------------------------
+  // The rows are task_row.html's markup; task_rows.py (task_row) writes the same texts.
+  const localTime = document.getElementById("tasks-table").dataset.localTime === "true";
+
+  /** The texts of a task's fields, as the server renders them. */
   function taskCells(task) {
+    // a local-time campaign: the zone this email's windows are read in
+    const ownZone = localTime ? task.timezone || timeZone : null;
     return {
       position: String(task.position + 1),
       email: task.email,
-      // the address it goes out from: its sender's, or the campaign's From
-      sender: task.sender || "",
       name: task.name || "",
       subject: task.subject || "",
+      // the address it goes out from: its sender's, or the campaign's From
+      sender: task.sender || "",
       // a paused campaign's Pending emails have no send time until it resumes
       send_at: task.paused ? "paused" : sq.formatTime(task.send_at, timeZone),
+      local: task.paused || !ownZone ? "" : sq.formatZoneTime(task.send_at, ownZone),
       // sent more than a minute after its send time: marked late
-      sent_at: sq.formatTime(task.sent_at, timeZone) + (task.late ? " (late)" : ""),
+      sent_at: task.sent_at ? sq.formatTime(task.sent_at, timeZone) + (task.late ? " (late)" : "") : "",
       // what happened after sending: "bounced: 5.1.1 smtp; 550 user unknown"
       outcome: (task.outcome || "") + (task.outcome && task.outcome_detail ? ": " + task.outcome_detail : ""),
-      attempts: String(task.attempts),
       moved: movedText(task.moves, task.moved_reason),
       // why it failed, or why it was cancelled ("suppressed: bounced")
       error: task.error || task.reason || "",
     };
   }
 
-  // as pages.py's moved_text: "1 move: worker down 16:50-17:48"
+  // as task_rows.py's moved_text: "1 move: worker down 16:50-17:48"
   function movedText(moves, reason) {
     if (!moves) {
       return "";
     }
     return sq.plural(moves, "move") + (reason ? ": " + reason : "");
+  }
+
+  // fields holding a time: its date and clock never wrap apart (task_row.html, clock)
+  const CLOCKS = ["send_at", "local", "sent_at"];
+
+  /** Set a field's text; the line that holds it shows only while it has some. */
+  function setField(tr, field, text) {
+    const node = tr.querySelector('[data-field="' + field + '"]');
+    if (!node) {
+      return;
+    }
+    if (CLOCKS.includes(field)) {
+      if (node.textContent !== text || !node.querySelector(".nowrap")) {
+        node.replaceChildren(sq.el("span", { class: "nowrap" }, text.slice(0, 16)), text.slice(16));
+      }
+    } else {
+      sq.setText(node, text);
+    }
+    const line = node.closest(".line");
+    if (line && field !== "email" && field !== "send_at") {
+      line.hidden = !text;
+    }
   }
 
   function cancelButton(taskId, email) {
@@ -108,36 +136,61 @@
     const cell = tr.querySelector('[data-field="state"]');
     cell.replaceChildren(sq.badge(state));
     const actions = tr.querySelector('[data-field="actions"]');
-    const button = actions.querySelector("button");
+    const button = actions.querySelector("[data-cancel-task]");
     if (state === "Pending" && !button) {
       const email = tr.querySelector('[data-field="email"]').textContent;
       actions.append(cancelButton(tr.dataset.taskId, email));
     } else if (state !== "Pending" && button) {
       if (document.activeElement === button) {
-        tr.querySelector('[data-field="state"]').setAttribute("tabindex", "-1");
-        tr.querySelector('[data-field="state"]').focus();
+        // the control is gone with the state it served: the row's details link keeps the focus
+        actions.querySelector("[data-details]").focus();
       }
       button.remove();
     }
   }
 
+  /** An empty row in task_row.html's markup, for a task the page did not render. */
   function newRow(task) {
-    const tr = sq.el("tr", { "data-task-id": task.id });
-    const classes = {
-      position: "num", email: "mono", sender: "mono", send_at: "nowrap", sent_at: "nowrap", attempts: "num",
-      error: "error-text",
-    };
-    for (const field of ["position", "email", "sender", "name", "subject", "state", "send_at", "sent_at",
-      "outcome", "attempts", "moved", "error", "actions"]) {
-      tr.append(sq.el("td", { class: classes[field] || null, "data-field": field }));
-    }
-    return tr;
+    const line = (attrs, ...children) => sq.el("span", Object.assign({ class: "line" }, attrs), ...children);
+    const url = "/campaigns/" + encodeURIComponent(id) + "/emails/" + encodeURIComponent(task.id);
+    return sq.el("tr", { "data-task-id": task.id },
+      sq.el("td", { class: "num pos", "data-label": "#", "data-field": "position" }),
+      sq.el("td", { class: "card-title", "data-label": "Recipient" },
+        line({ class: "line strong", "data-field": "name", hidden: true }),
+        line({ class: "line mono address", "data-field": "email" })),
+      sq.el("td", { "data-label": "Subject" },
+        line({ "data-field": "subject" }),
+        line({ class: "line muted", hidden: true }, "from ",
+          sq.el("span", { class: "mono address", "data-field": "sender" }))),
+      sq.el("td", { "data-label": "State" },
+        line({ "data-field": "state" }),
+        line({ "data-field": "outcome", "data-outcome": "", hidden: true }),
+        line({ class: "line error-text", "data-field": "error", hidden: true }),
+        line({ class: "line muted", "data-field": "moved", hidden: true })),
+      sq.el("td", { "data-label": "Send time" },
+        line({}, sq.el("time", { "data-field": "send_at", datetime: "" })),
+        line({ class: "line muted", hidden: true }, "recipient's time ",
+          sq.el("span", { "data-field": "local" })),
+        line({ hidden: true }, "sent ", sq.el("time", { "data-field": "sent_at", datetime: "" }))),
+      sq.el("td", { class: "row-actions", "data-field": "actions" },
+        sq.el("a", {
+          class: "button small", href: url, "data-details": true,
+          "aria-label": "Details of the email to " + task.email,
+        }, "Details")));
   }
 
   function updateRow(tr, task) {
     const cells = taskCells(task);
     for (const [field, text] of Object.entries(cells)) {
-      sq.setText(tr.querySelector('[data-field="' + field + '"]'), text);
+      setField(tr, field, text);
+    }
+    tr.querySelector('[data-field="send_at"]').setAttribute("datetime", task.paused ? "" : task.send_at || "");
+    tr.querySelector('[data-field="sent_at"]').setAttribute("datetime", task.sent_at || "");
+    const moved = tr.querySelector('[data-field="moved"]');
+    if (task.planned_at) {
+      moved.setAttribute("title", "first planned " + sq.formatTime(task.planned_at, timeZone));
+    } else {
+      moved.removeAttribute("title");
     }
     setRowState(tr, task.state);
     setOutcomeData(tr, task.outcome, task.outcome_at);
@@ -278,6 +331,7 @@
       const next = document.getElementById("next-send");
       next.setAttribute("datetime", c.next_send_at || "");
       sq.setText(next, c.next_send_at ? sq.formatTime(c.next_send_at, timeZone) : "—");
+      document.getElementById("next-send-zone").hidden = !c.next_send_at;
     }
     // a draft has no tasks yet: keep the planned chart the page was rendered with
     if (Array.isArray(c.timeline) && (c.timeline.length || c.state !== "draft")) {
@@ -287,6 +341,7 @@
   }
 
   function updateActions() {
+    let offered = 0;
     for (const button of document.querySelectorAll("[data-action]")) {
       const action = button.dataset.action;
       let allowed = (ACTIONS[action] || []).includes(campaignState);
@@ -294,7 +349,10 @@
         allowed = allowed && (counts.Failed || 0) > 0;
       }
       button.hidden = !allowed;
+      offered += allowed ? 1 : 0;
     }
+    // no empty card: the Actions card shows while it offers something
+    document.getElementById("actions-card").hidden = offered === 0;
   }
 
   function active() {
@@ -531,7 +589,7 @@
       // detail and the outcome counts come with the refetch below.
       const tr = rowById(data.task_id);
       if (tr) {
-        sq.setText(tr.querySelector('[data-field="outcome"]'), outcome);
+        setField(tr, "outcome", outcome);
         setOutcomeData(tr, outcome, data.at);
         rowMarks.set(data.task_id, eventId || lastEventId);
       }
@@ -603,10 +661,15 @@
     } finally {
       button.disabled = false;
       if (button.hidden) {
-        // the control is gone with the state it served: keep the keyboard focus nearby
+        // the control is gone with the state it served: keep the keyboard focus nearby (the
+        // campaign's state, when the card went with its last control)
         const next = document.querySelector("#actions [data-action]:not([hidden])");
-        if (next) {
+        const state = document.getElementById("campaign-state");
+        if (next && !document.getElementById("actions-card").hidden) {
           next.focus();
+        } else {
+          state.setAttribute("tabindex", "-1");
+          state.focus();
         }
       }
     }

@@ -126,27 +126,18 @@
   };
 
   const formatters = new Map();
-  /** "2026-12-01 09:15:03" in ``timeZone`` from an ISO instant; pages.py formats the same way. */
-  sq.formatTime = function (isoValue, timeZone) {
-    if (!isoValue) {
-      return "";
-    }
-    const date = new Date(isoValue);
-    if (Number.isNaN(date.getTime())) {
-      return "";
-    }
+  /** The parts of ``date`` on the wall clock of ``timeZone`` (UTC for a zone Intl lacks). */
+  function wallClock(date, timeZone) {
     let fmt = formatters.get(timeZone);
     if (!fmt) {
+      const options = {
+        hourCycle: "h23", year: "numeric", month: "2-digit", day: "2-digit",
+        hour: "2-digit", minute: "2-digit", second: "2-digit",
+      };
       try {
-        fmt = new Intl.DateTimeFormat("en-GB", {
-          timeZone: timeZone, hourCycle: "h23", year: "numeric", month: "2-digit",
-          day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit",
-        });
+        fmt = new Intl.DateTimeFormat("en-GB", Object.assign({ timeZone: timeZone }, options));
       } catch (exc) {
-        fmt = new Intl.DateTimeFormat("en-GB", {
-          timeZone: "UTC", hourCycle: "h23", year: "numeric", month: "2-digit",
-          day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit",
-        });
+        fmt = new Intl.DateTimeFormat("en-GB", Object.assign({ timeZone: "UTC" }, options));
       }
       formatters.set(timeZone, fmt);
     }
@@ -154,7 +145,63 @@
     for (const part of fmt.formatToParts(date)) {
       p[part.type] = part.value;
     }
-    return p.year + "-" + p.month + "-" + p.day + " " + p.hour + ":" + p.minute + ":" + p.second;
+    return p;
+  }
+
+  function parseInstant(isoValue) {
+    if (!isoValue) {
+      return null;
+    }
+    const date = new Date(isoValue);
+    return Number.isNaN(date.getTime()) ? null : date;
+  }
+
+  // The zones' abbreviations by UTC offset in minutes, from the page (times.py, zone_names)
+  // and from API answers that carry them (a preview's zone_names).
+  const zoneNames = {};
+  try {
+    Object.assign(zoneNames, JSON.parse(document.body.dataset.zoneNames || "{}"));
+  } catch (exc) {
+    // a page without the table: times fall back to their UTC offset
+  }
+  /** Learn more zones' abbreviations ({zone: {offset: name}}). */
+  sq.addZoneNames = function (names) {
+    Object.assign(zoneNames, names || {});
+  };
+
+  function offsetName(minutes) {
+    const sign = minutes < 0 ? "-" : "+";
+    const abs = Math.abs(minutes);
+    return "UTC" + sign + String(Math.floor(abs / 60)).padStart(2, "0") + ":" + String(abs % 60).padStart(2, "0");
+  }
+
+  /**
+   * "2026-12-04 09:30 CET": an ISO instant on the wall clock of ``timeZone`` with the zone's
+   * abbreviation at that instant; times.py (human_time) writes the same. "" for no instant.
+   */
+  sq.formatTime = function (isoValue, timeZone) {
+    const date = parseInstant(isoValue);
+    if (!date) {
+      return "";
+    }
+    const p = wallClock(date, timeZone);
+    const wall = Date.UTC(Number(p.year), Number(p.month) - 1, Number(p.day), Number(p.hour),
+      Number(p.minute), Number(p.second));
+    const offset = Math.round((wall - Math.floor(date.getTime() / 1000) * 1000) / 60000);
+    const known = zoneNames[timeZone] || {};
+    const name = known[String(offset)] || offsetName(offset);
+    return p.year + "-" + p.month + "-" + p.day + " " + p.hour + ":" + p.minute + " " + name;
+  };
+
+  /** "2026-12-05 01:30 Asia/Tokyo": a recipient's own time, named by its zone (times.py,
+   * zone_time). */
+  sq.formatZoneTime = function (isoValue, timeZone) {
+    const date = parseInstant(isoValue);
+    if (!date) {
+      return "";
+    }
+    const p = wallClock(date, timeZone);
+    return p.year + "-" + p.month + "-" + p.day + " " + p.hour + ":" + p.minute + " " + timeZone;
   };
 
   // The day chart. Geometry mirrors pages.py (day_chart); keep both in step.

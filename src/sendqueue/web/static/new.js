@@ -139,17 +139,22 @@
   }
 
   // -- preview ---------------------------------------------------------------------------------------
+  const SENDS_SHOWN = 20; // the first sends the preview lists (the API answers up to 1,000)
+
   function showPreview(result) {
     const section = document.getElementById("preview");
     section.hidden = false;
+    sq.addZoneNames(result.zone_names);
+    const zone = result.timezone || "UTC";
     const days = Array.isArray(result.days) ? result.days : [];
     const sends = Array.isArray(result.sends) ? result.sends : [];
     let text = sq.plural(result.count, "email") + ": " + (result.policy_text || "");
     if (result.duplicates) {
       text += "; " + sq.plural(result.duplicates, "duplicate address", "duplicate addresses") + " dropped";
     }
+    // the sends come in time order: the first is the earliest, on the first day below
     if (sends.length) {
-      text += ". First send " + sends[0].local.replace("T", " ").slice(0, 19);
+      text += ". First send " + sq.formatTime(sends[0].send_at, zone);
     }
     if (days.length) {
       const last = days[days.length - 1];
@@ -160,24 +165,37 @@
       days.map((d) => ({ day: d.day, planned: d.count, done: 0 })));
     const tbody = document.querySelector("#preview-days tbody");
     tbody.replaceChildren(...days.slice(0, 100).map((d) => sq.el("tr", {},
-      sq.el("td", {}, d.day),
-      sq.el("td", { class: "num" }, d.count),
-      sq.el("td", {}, String(d.first || "").slice(11, 19)),
-      sq.el("td", {}, String(d.last || "").slice(11, 19)))));
+      sq.el("th", { scope: "row", class: "card-title" }, d.day),
+      sq.el("td", { class: "num", "data-label": "Emails" }, d.count),
+      sq.el("td", { "data-label": "First" }, sq.formatTime(d.first, zone)),
+      sq.el("td", { "data-label": "Last" }, sq.formatTime(d.last, zone)))));
+    // the first sends, each with its recipient's own time where the plan reads their zone
+    const shown = sends.slice(0, SENDS_SHOWN);
+    const local = Boolean(result.local_time);
+    document.getElementById("preview-sends-local").hidden = !local;
+    document.querySelector("#preview-sends tbody").replaceChildren(...shown.map((send, i) => sq.el("tr", {},
+      sq.el("td", { class: "num pos", "data-label": "#" }, i + 1),
+      sq.el("td", { class: "card-title mono address", "data-label": "Recipient" }, send.email || ""),
+      sq.el("td", { "data-label": "Send at" }, sq.formatTime(send.send_at, zone)),
+      local ? sq.el("td", { "data-label": "Recipient's time" }, sq.formatZoneTime(send.send_at, send.zone || zone))
+        : null)));
+    const more = document.getElementById("preview-sends-more");
+    more.hidden = result.count <= shown.length;
+    sq.setText(more, "… and " + Math.max(0, result.count - shown.length) + " more.");
     // a local-time plan: the sends per recipient zone, each in its own local days
     const zones = Array.isArray(result.zones) ? result.zones : [];
     const zoneBox = document.getElementById("preview-zones");
     zoneBox.hidden = zones.length < 2;
     document.querySelector("#preview-zones-table tbody").replaceChildren(...zones.map((z) => {
       const zoneDays = Array.isArray(z.days) ? z.days : [];
-      const first = zoneDays.length ? String(zoneDays[0].first || "") : "";
-      const last = zoneDays.length ? String(zoneDays[zoneDays.length - 1].last || "") : "";
+      const first = zoneDays.length ? zoneDays[0].first : "";
+      const last = zoneDays.length ? zoneDays[zoneDays.length - 1].last : "";
       return sq.el("tr", { "data-zone": z.zone },
-        sq.el("th", { scope: "row" }, z.zone),
-        sq.el("td", { class: "num" }, z.count),
-        sq.el("td", { class: "num" }, zoneDays.length),
-        sq.el("td", {}, first.replace("T", " ").slice(0, 16)),
-        sq.el("td", {}, last.replace("T", " ").slice(0, 16)));
+        sq.el("th", { scope: "row", class: "card-title" }, z.zone),
+        sq.el("td", { class: "num", "data-label": "Emails" }, z.count),
+        sq.el("td", { class: "num", "data-label": "Days" }, zoneDays.length),
+        sq.el("td", { "data-label": "First (local)" }, sq.formatZoneTime(first, z.zone)),
+        sq.el("td", { "data-label": "Last (local)" }, sq.formatZoneTime(last, z.zone)));
     }));
   }
 

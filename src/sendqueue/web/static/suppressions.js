@@ -23,31 +23,22 @@
     document.getElementById("supp-empty").hidden = table.tBodies[0].rows.length > 0;
   }
 
+  /** A row as suppressions.html renders it (its time in the page's zone, with the zone). */
   function row(entry) {
-    const tr = sq.el("tr", { "data-email": entry.email });
-    const time = sq.el("time", { datetime: entry.at });
-    sq.setText(time, entry.at);
-    const button = sq.el("button", {
-      type: "button",
-      class: "button small danger",
-      "data-remove": entry.email,
-      "aria-label": "Remove " + entry.email + " from the list",
-    });
-    sq.setText(button, "Remove");
-    const cells = [
-      [entry.email, "mono"], [entry.reason, null], [entry.task_id || "", "mono"],
-    ];
-    for (const [text, cls] of cells) {
-      const td = sq.el("td", { class: cls });
-      sq.setText(td, text);
-      tr.append(td);
-    }
-    const at = sq.el("td", {});
-    at.append(time);
-    const actions = sq.el("td", {});
-    actions.append(button);
-    tr.append(at, actions);
-    return tr;
+    const zone = table.dataset.timezone || "UTC";
+    return sq.el("tr", { "data-email": entry.email },
+      sq.el("td", { class: "card-title mono address", "data-label": "Address" }, entry.email),
+      sq.el("td", { "data-label": "Reason" }, entry.reason),
+      sq.el("td", { class: "mono address", "data-label": "From email" }, entry.task_id || "—"),
+      sq.el("td", { "data-label": "Since" },
+        sq.el("time", { class: "nowrap", datetime: entry.at }, sq.formatTime(entry.at, zone))),
+      sq.el("td", { class: "row-actions" },
+        sq.el("button", {
+          type: "button",
+          class: "button small danger",
+          "data-remove": entry.email,
+          "aria-label": "Remove " + entry.email + " from the list",
+        }, "Remove")));
   }
 
   form.addEventListener("submit", async (event) => {
