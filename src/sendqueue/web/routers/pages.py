@@ -168,7 +168,7 @@ def _timezones() -> list[str]:
 
 
 def moved_text(moves: int, reason: str | None) -> str:
-    """``"1 move: worker down 16:50-17:48"``; campaign.js writes the same."""
+    """``"1 move: worker down 16:50-17:48 UTC"``; campaign.js writes the same."""
     if not moves:
         return ""
     return f"{moves} move{'' if moves == 1 else 's'}: {reason or ''}".rstrip(": ")

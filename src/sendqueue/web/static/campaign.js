@@ -85,7 +85,7 @@
     };
   }
 
-  // as pages.py's moved_text: "1 move: worker down 16:50-17:48"
+  // as pages.py's moved_text: "1 move: worker down 16:50-17:48 UTC"
   function movedText(moves, reason) {
     if (!moves) {
       return "";
