@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 
-from sendqueue.domain.errors import Conflict, SchedulerError, StoreUnavailable
+from sendqueue.domain.errors import Conflict, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import (
     Campaign,
@@ -148,16 +148,11 @@ class Reconciler:
         it ``provision_margin`` seconds before and hands the rest on.
         """
         report = ReconcileReport()
-        watch = self._campaigns.recovery.watch
-        try:
+        with self._campaigns.recovery.watch.store_calls():  # overdue sends name it later
             leased = self._store.acquire_lease(
                 LEASE, self._owner, ttl_seconds=self._config.reconcile_lease_seconds,
                 at=self._clock.now(),
             )  # fmt: skip
-        except StoreUnavailable:
-            watch.store_failed()  # the overdue sends it leaves behind name it later
-            raise
-        watch.store_answered()
         if not leased:
             report.ran = False
             return report

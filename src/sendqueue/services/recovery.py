@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
+from sendqueue.domain.errors import StoreUnavailable
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.outages import Outage, OutageCause
 from sendqueue.ports import Clock, TaskStore
@@ -68,6 +71,17 @@ class OutageWatch:
             if self._down_since is None or since < self._down_since:
                 self._down_since = since
             return Outage(OutageCause.WORKER_DOWN, self._down_since, self._started)
+
+    @contextmanager
+    def store_calls(self) -> Iterator[None]:
+        """Around calls to the task store: StoreUnavailable is a failure seen (and raised on),
+        a return an answer."""
+        try:
+            yield
+        except StoreUnavailable:
+            self.store_failed()
+            raise
+        self.store_answered()
 
     def store_failed(self) -> None:
         """A call to the task store failed (StoreUnavailable)."""

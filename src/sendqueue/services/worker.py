@@ -47,7 +47,6 @@ from sendqueue.domain.errors import (
     NotFound,
     PermanentMailError,
     SchedulerError,
-    StoreUnavailable,
     TransientMailError,
 )
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
@@ -247,11 +246,8 @@ class SendWorker:
         self.send(payload)
 
     def send(self, payload: Mapping[str, str]) -> None:
-        try:
+        with self._recovery.watch.store_calls():  # a send kept waiting by the store names it
             sent = self._send(payload)
-        except StoreUnavailable:
-            self._recovery.watch.store_failed()  # a send that waits for it names it later
-            raise
         if not sent:
             self._events.send_finished("skipped")
 
@@ -260,7 +256,6 @@ class SendWorker:
         task_id = payload.get("task_id", "")
         # The task and its address's suppression entry, in one read where the store can.
         task, listed = self._suppressions.task_and_suppression(task_id)
-        self._recovery.watch.store_answered()
         if task is None:
             log.warning("schedule for unknown task %r: skipped", task_id)
             return False
