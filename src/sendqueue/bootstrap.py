@@ -371,8 +371,15 @@ class Container:
         )
 
     @cached_property
+    def layer_config(self) -> ServiceConfig:
+        """The services' config with the execution layer's firing precision: the worker must
+        not skip an EventBridge invocation early in its minute, and a re-plan keeps its moved
+        sends clear of a kept send's fire."""
+        return replace(self.config, firing_precision=float(self.scheduler.firing_precision))
+
+    @cached_property
     def campaigns(self) -> CampaignService:
-        return CampaignService(self.store, self.writer, self.clock, self.config)
+        return CampaignService(self.store, self.writer, self.clock, self.layer_config)
 
     @cached_property
     def provisioner(self) -> Provisioner:
@@ -387,16 +394,13 @@ class Container:
 
     @cached_property
     def worker(self) -> SendWorker:
-        # The execution layer's firing precision, so the worker does not skip an EventBridge
-        # invocation early in its minute.
-        config = replace(self.config, firing_precision=float(self.scheduler.firing_precision))
         return SendWorker(
             self.store,
             self.mailer,
             self.writer,
             self.campaigns,
             self.clock,
-            config,
+            self.layer_config,
             events=self.events,
             alarm=self.alarm,
             suppressions=self.suppressions,

@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 from sendqueue.bootstrap import Container
 from sendqueue.domain.unsubscribe import UNSUBSCRIBE_URL_PLACEHOLDER
-from sendqueue.domain.wording import plural
 from sendqueue.services.feedback_poll import PollReport
 from sendqueue.services.reconciler import ReconcileReport
 
@@ -42,8 +41,8 @@ def run_worker(
     feedback_interval: float | None = None,
     on_feedback: Callable[[PollReport], None] | None = None,
 ) -> None:
-    """Re-plan overdue emails, then dispatch due schedules and reconcile periodically until
-    ``stop`` is set.
+    """Re-plan the emails missed while no worker ran, then dispatch due schedules and reconcile
+    periodically until ``stop`` is set.
 
     The dispatcher runs in this thread; the reconciler in a daemon thread that sleeps on
     ``stop`` so shutdown is immediate. In-flight sends finish before this returns. With a
@@ -56,12 +55,11 @@ def run_worker(
     )
     dispatcher = app.dispatcher
     announce_unsubscribe_links(app)
-    # Before the first overdue schedule fires: emails missed while no worker ran are moved to
-    # the next free slots, not sent late in a burst (docs/guarantees.md).
+    # Before the first missed schedule fires: emails missed while no worker ran are moved to
+    # the next free slots, not sent late in a burst (docs/guarantees.md); one line per
+    # campaign says how many and names the outage.
     try:
-        moved = app.campaigns.catch_up_overdue()
-        if moved:
-            log.warning("%s re-planned at start", plural(moved, "overdue email"))
+        app.campaigns.recovery.after_start()
     except Exception:  # the worker still starts; it re-plans each overdue task it meets
         log.exception("the catch-up re-plan at start failed")
     if dispatcher.runs_reconciler:

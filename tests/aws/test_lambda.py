@@ -214,7 +214,8 @@ def test_provision_fire_send_every_task_finished_with_exactly_one_message(aws: A
     # moved to the next free slot, and goes out there
     moved = aws.app.store.get_task(tasks[7].id)
     assert moved is not None and moved.state is TaskState.PENDING
-    assert moved.moves == 1 and (moved.moved_reason or "").startswith("worker down")
+    # Lambda ran throughout; the schedule's hand-overs failed until the redrive: fired late
+    assert moved.moves == 1 and (moved.moved_reason or "").startswith("fired late ")
     assert [n for r in _fire_until_done(aws, player, minutes=2) for n in r.fired] == [doomed]
 
     final = aws.app.store.list_tasks(cid, limit=100)

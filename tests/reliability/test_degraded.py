@@ -171,7 +171,9 @@ def _dead_letter_and_recover(
     for cid in cids:
         for task in app.store.list_tasks(cid):
             assert task.state is TaskState.PENDING and task.send_at >= clock.now()
-            assert task.moves == 1 and (task.moved_reason or "").startswith("worker down")
+            # the worker ran and met the store down: the reason names the store, not the worker
+            reason = task.moved_reason or ""
+            assert task.moves == 1 and reason.startswith("store unreachable "), reason
     for _ in range(len(tasks)):
         pending = [
             t for cid in cids for t in app.store.list_tasks(cid) if t.state is TaskState.PENDING

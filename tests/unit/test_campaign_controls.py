@@ -101,7 +101,9 @@ def test_pause_deletes_schedules_and_resume_replans_from_now() -> None:
     app.scheduler.run_until(clock, app.invoke, clock.now() + timedelta(hours=1))
     assert app.store.count_tasks(cid)[TaskState.FINISHED] == 6
     moved = app.store.list_tasks(cid)
-    assert {(t.moves, t.moved_reason) for t in moved} == {(1, "resumed after a pause")}
+    # the reason names the pause: from the pause (T0) to the resume, in UTC
+    paused = "paused 2026-12-01 08:00\u20132026-12-04 08:00 UTC"
+    assert {(t.moves, t.moved_reason) for t in moved} == {(1, paused)}
     assert all(t.planned_at is not None and t.planned_at < t.send_at for t in moved)
 
 

@@ -57,7 +57,7 @@ def test_emails_due_together_within_max_lateness_are_not_sent_in_a_burst() -> No
     ).campaign.id  # fmt: skip
     app.provisioner.provision(cid)
     clock.set(day.start + timedelta(seconds=57))
-    app.campaigns.catch_up_overdue()
+    app.campaigns.recovery.catch_up_overdue()
     scheduler.fire_due(app.invoke)
     sent = sorted(t.sent_at for t in app.store.list_tasks(cid, limit=100) if t.sent_at)
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(sent)]

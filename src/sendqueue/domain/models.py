@@ -171,7 +171,7 @@ class Task:
     moves: int = 0
     """How many times the task was moved to another slot (outage, retry, resume)."""
     moved_reason: str | None = None
-    """Why it was last moved, e.g. "worker down 16:48-17:48" or "transient: 421 ..."."""
+    """Why it was last moved, e.g. "worker down 16:48-17:48 UTC" or "transient: 421 ..."."""
     reason: str | None = None
     """Why it was cancelled, e.g. "suppressed: bounced" (None when nobody said)."""
     outcome: TaskOutcome | None = None

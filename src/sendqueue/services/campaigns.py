@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import BinaryIO, cast
@@ -34,6 +34,7 @@ from sendqueue.domain.models import (
     new_token,
     schedule_group,
 )
+from sendqueue.domain.outages import Outage, OutageCause
 from sendqueue.domain.planner import plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.wording import plural
@@ -42,7 +43,8 @@ from sendqueue.services.config import ServiceConfig
 from sendqueue.services.import_stream import CheckedImport, check_csv, check_rows
 from sendqueue.services.importing import ImportLimits, Templates
 from sendqueue.services.previews import PlanSummary, Previews, ZoneDays
-from sendqueue.services.replanning import RETRY_LEASE_WAIT, Replanner, outage_reason
+from sendqueue.services.recovery import Recovery
+from sendqueue.services.replanning import RETRY_LEASE_WAIT, Replanner, iter_tasks
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.senders import SenderService
 
@@ -69,19 +71,6 @@ PREVIEW_CACHE_SIZE = 16
 def _next_minute(now: datetime) -> datetime:
     floor = now.replace(second=0, microsecond=0)
     return floor if floor == now else floor + timedelta(minutes=1)
-
-
-def iter_tasks(
-    store: TaskStore, campaign_id: str, state: TaskState | None = None, page: int = _PAGE
-) -> Iterator[Task]:
-    """Every task of a campaign (optionally in one state), paged by position."""
-    after = -1
-    while True:
-        batch = store.list_tasks(campaign_id, state=state, after=after, limit=page)
-        yield from batch
-        if len(batch) < page:
-            return
-        after = batch[-1].position
 
 
 @dataclass(frozen=True)
@@ -126,6 +115,7 @@ class CampaignService:
         self._previews: OrderedDict[tuple[object, ...], PlanSummary] = OrderedDict()
         self._previews_lock = threading.Lock()
         self.replanner = Replanner(store, writer, clock, config)
+        self.recovery = Recovery(store, self.replanner, clock, config)
         # Every task store keeps the senders too (ports.SenderStore).
         self.senders = SenderService(
             cast(SenderStore, store), clock, default_timezone=config.default_timezone
@@ -496,9 +486,13 @@ class CampaignService:
         return campaign
 
     def resume(self, campaign_id: str) -> Campaign:
-        """Re-plan the remaining Pending tasks from now, schedule them, and go active."""
+        """Re-plan the remaining Pending tasks from now, schedule them, and go active. The reason
+        names the pause: from the paused campaign's last change (its pause) until now."""
         campaign = self._move(campaign_id, {CampaignState.PAUSED}, CampaignState.ACTIVE)
-        self.replan_pending(campaign, reason="resumed after a pause", schedule_all=True)
+        paused = Outage(OutageCause.PAUSED, campaign.updated_at, self._clock.now())
+        self.replanner.replan_pending(
+            campaign, reason=paused.reason, schedule_all=True, level=logging.INFO
+        )
         return campaign
 
     def retry_failed(self, campaign_id: str) -> int:
@@ -563,57 +557,6 @@ class CampaignService:
                     campaign_id,
                 )
         return len(back)
-
-    def replan_pending(
-        self,
-        campaign: Campaign,
-        *,
-        reason: str,
-        schedule_all: bool,
-        firing: str | None = None,
-        wait: float = 0.0,
-    ) -> int:
-        """Move the campaign's Pending tasks onto the first free slots from now (position
-        order; see :mod:`sendqueue.services.replanning`). Returns how many moved (0 when
-        another process is re-planning the campaign right now)."""
-        moved = self.replanner.replan_pending(
-            campaign,
-            lambda: list(iter_tasks(self._store, campaign.id, TaskState.PENDING)),
-            reason=reason,
-            schedule_all=schedule_all,
-            firing=firing,
-            wait=wait,
-        )
-        return moved or 0
-
-    def catch_up(
-        self,
-        campaign_id: str,
-        *,
-        since: datetime,
-        reason: str | None = None,
-        firing: str | None = None,
-        wait: float = 0.0,
-    ) -> int:
-        """Re-plan an active campaign that missed its sends since ``since`` (an overdue one
-        met by the worker, or found by :meth:`catch_up_overdue`), or whose late send would
-        come too close to another (``reason`` given, ``firing`` the task given back). Returns
-        how many moved."""
-        campaign = self._store.get_campaign(campaign_id)
-        if campaign.state is not CampaignState.ACTIVE:
-            return 0
-        if reason is None:
-            reason = outage_reason(campaign, since, self._clock.now())
-        return self.replan_pending(
-            campaign, reason=reason, schedule_all=False, firing=firing, wait=wait
-        )
-
-    def catch_up_overdue(self) -> int:
-        """Re-plan every active campaign with a Pending email more than ``max_lateness`` past
-        its send time (the worker at start, the reconciler each pass). Returns how many
-        moved."""
-        overdue = self.replanner.overdue_campaigns(self._clock.now())
-        return sum(self.catch_up(cid, since=since) for cid, since in overdue.items())
 
     def cancel_task(self, task_id: str) -> Task:
         """Cancel one Pending task and delete its schedule."""

@@ -12,7 +12,7 @@ One pass (guarded by a lease in the store, so only one runs at a time across pro
    worker had already handed it to the provider); policy ``fail`` marks them Failed with
    "outcome unknown" (at-most-once: an email may be lost, never duplicated);
 5. re-plans active campaigns with a Pending email more than ``max_lateness`` overdue (the
-   catch-up of :mod:`sendqueue.services.replanning`), before step 3 recreates any schedule;
+   catch-up of :mod:`sendqueue.services.recovery`), before step 3 recreates any schedule;
 6. marks active campaigns with no Pending or Running task completed, and reopens a completed
    campaign that still has one (a store with eventually consistent queries completed it early).
 
@@ -173,15 +173,17 @@ class Reconciler:
         it ``provision_margin`` seconds before and hands the rest on.
         """
         report = ReconcileReport()
-        if not self._store.acquire_lease(
-            LEASE, self._owner, ttl_seconds=self._config.reconcile_lease_seconds,
-            at=self._clock.now(),
-        ):  # fmt: skip
+        with self._campaigns.recovery.watch.store_calls():  # overdue sends name it later
+            leased = self._store.acquire_lease(
+                LEASE, self._owner, ttl_seconds=self._config.reconcile_lease_seconds,
+                at=self._clock.now(),
+            )  # fmt: skip
+        if not leased:
             report.ran = False
             return report
         try:
             self._stale_running(report)
-            report.overdue_moved += self._campaigns.catch_up_overdue()
+            report.overdue_moved += self._campaigns.recovery.catch_up_overdue()
             for campaign in self._store.list_campaigns():
                 self._renew()
                 report.campaigns_checked += 1
@@ -432,6 +434,6 @@ class Reconciler:
         report.stale_retried += 1
         if campaign.state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
             try:
-                self._writer.ensure(back)
+                self._writer.ensure(back, moved=True)  # a schedule of the lost claim may remain
             except SchedulerError as exc:
                 report.errors.append(f"{back.id}: {exc}")

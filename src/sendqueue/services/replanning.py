@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import date, datetime, timedelta
@@ -39,7 +39,7 @@ from sendqueue.services.capacity import CapacityPlanner, uses_capacity
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
 
-__all__ = ["RETRY_LEASE_WAIT", "Replanner", "outage_reason"]
+__all__ = ["FIRING_SLACK", "RETRY_LEASE_WAIT", "Replanner", "iter_tasks"]
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +57,25 @@ _LEASE_POLL = 0.05
 RETRY_LEASE_WAIT = 10.0
 
 
-def outage_reason(campaign: Campaign, since: datetime, now: datetime) -> str:
-    """``"worker down 16:48-17:48"`` (with an en dash) in the campaign's local time; dates are
-    named when the two instants fall on different local days."""
-    zone = campaign.policy.zone
-    a, b = since.astimezone(zone), now.astimezone(zone)
-    if a.date() == b.date():
-        return f"worker down {a:%H:%M}\u2013{b:%H:%M}"
-    return f"worker down {a:%Y-%m-%d %H:%M}\u2013{b:%Y-%m-%d %H:%M}"
+#: How long after its send time (beyond the layer's firing precision) a healthy worker may take
+#: to fire and claim a send; a send later than that is late (the worker checks it for
+#: neighbours, and a worker starting re-plans it).
+FIRING_SLACK = timedelta(seconds=2)
+#: Tasks per page when reading a campaign's tasks.
+_PAGE = 1000
+
+
+def iter_tasks(
+    store: TaskStore, campaign_id: str, state: TaskState | None = None, page: int = _PAGE
+) -> Iterator[Task]:
+    """Every task of a campaign (optionally in one state), paged by position."""
+    after = -1
+    while True:
+        batch = store.list_tasks(campaign_id, state=state, after=after, limit=page)
+        yield from batch
+        if len(batch) < page:
+            return
+        after = batch[-1].position
 
 
 class Replanner:
@@ -89,29 +100,38 @@ class Replanner:
     def replan_pending(
         self,
         campaign: Campaign,
-        pending: Callable[[], Sequence[Task]],
         *,
         reason: str,
         schedule_all: bool,
         firing: str | None = None,
+        fire_within: timedelta = timedelta(0),
         wait: float = 0.0,
+        level: int = logging.WARNING,
     ) -> int | None:
-        """Move the campaign's Pending tasks (``pending()`` reads them, in position order, once
-        the lease is held) onto the first free slots from now; returns how many moved, or None
-        when another process holds the campaign's re-plan lease (for longer than ``wait``
-        seconds).
+        """Move the campaign's Pending tasks (read in position order once the lease is held)
+        onto the first free slots from now; returns how many moved, or None when another
+        process holds the campaign's re-plan lease (for longer than ``wait`` seconds).
 
         Moved tasks get a new schedule (the old one is replaced: same name, new token); with
         ``schedule_all`` the unmoved ones get theirs too (resume: a pause deleted them).
         ``firing`` names a task whose schedule has just fired (the worker gave it back): it is
         never the one kept to fire now, and the one kept gets its schedule made again, as it
-        may be a task given back the same way.
+        may be a task given back the same way. ``fire_within``: how long after now the kept
+        one may fire (a worker starting re-plans every campaign before its dispatcher fires
+        anything); the moved ones keep half the spacing from then too, or the worker would find
+        the kept one, late, too close to the first one moved and re-plan the campaign again.
+        One line at ``level`` says how many moved and why (``reason``); the schedules replaced
+        log nothing above DEBUG.
         """
         with self.lease(campaign.id, wait=wait) as held:
             if not held:
                 log.info("campaign %s is being re-planned elsewhere", campaign.id)
                 return None
-            return self._replan(campaign, pending(), reason, schedule_all, firing)
+            pending = list(iter_tasks(self._store, campaign.id, TaskState.PENDING))
+            moved = self._replan(campaign, pending, reason, schedule_all, firing, fire_within)
+        if moved:
+            log.log(level, "campaign %s: moved %s: %s", campaign.id, plural(moved, "email"), reason)
+        return moved
 
     @contextmanager
     def lease(self, campaign_id: str, *, wait: float) -> Iterator[bool]:
@@ -159,6 +179,7 @@ class Replanner:
         reason: str,
         schedule_all: bool,
         firing: str | None,
+        fire_within: timedelta,
     ) -> int:
         now = self._clock.now()
         policy = campaign.policy
@@ -179,14 +200,16 @@ class Replanner:
             slots = self.capacity.place(campaign, movable, not_before=now, fixed=fixed)
         else:
             keep = None if schedule_all else self._keep_one(campaign, pending, fixed, now, firing)
+            spaced = fixed
             if keep is not None:
-                # it goes out now: the moved sends keep half the spacing away from now. (Not
-                # from a moment later: a re-plan run again soon after must find the same
-                # slots.)
+                # it goes out now: the moved sends keep half the spacing away from now (and
+                # from its latest fire). (Not from a moment later: a re-plan run again soon
+                # after must find the same slots.)
                 fixed.append(now)
+                spaced = [*fixed, now + fire_within] if fire_within else fixed
             per_day: Counter[date] = Counter(when.astimezone(zone).date() for when in fixed)
             movable = [t for t in pending if keep is None or t.id != keep.id]
-            slots = free_slots(policy, len(movable), now=now, booked_per_day=per_day, booked=fixed)
+            slots = free_slots(policy, len(movable), now=now, booked_per_day=per_day, booked=spaced)
         moves: list[Move] = []
         scheduled: list[Task] = [keep] if keep is not None and firing is not None else []
         for task, slot in zip(movable, slots, strict=True):
@@ -203,9 +226,7 @@ class Replanner:
             moved += done
             if done < len(chunk) and uses_capacity(campaign):
                 self._rebook_unmoved(chunk)
-        self._schedule(campaign, scheduled)
-        if moved:
-            log.warning("campaign %s: %s moved (%s)", campaign.id, plural(moved, "email"), reason)
+        self._schedule(campaign, scheduled, {m.task_id for m in moves})
         return moved
 
     def _rebook_unmoved(self, moves: Sequence[Move]) -> None:
@@ -218,11 +239,12 @@ class Replanner:
                 continue
             self.capacity.settle(task)
 
-    def _schedule(self, campaign: Campaign, tasks: Sequence[Task]) -> None:
+    def _schedule(self, campaign: Campaign, tasks: Sequence[Task], moved: set[str]) -> None:
         # A task claimed between the read and its move kept its token: the schedule made here
-        # for it then carries a token it does not hold, and the worker skips it as stale.
+        # for it then carries a token it does not hold, and the worker skips it as stale. A
+        # moved task's old schedule holds its name under the old token: replaced, as expected.
         for start in range(0, len(tasks), _CHUNK):
-            report = self._writer.ensure_many(tasks[start : start + _CHUNK])
+            report = self._writer.ensure_many(tasks[start : start + _CHUNK], moved=moved)
             if report.failed:
                 log.warning(
                     "%s could not be created for %s; the reconciler will retry",
@@ -277,10 +299,14 @@ class Replanner:
                 return slots
             span = span * 8 if span is not None and span < timedelta(days=400) else None
 
-    def overdue_campaigns(self, now: datetime) -> dict[str, datetime]:
-        """Active campaigns with a Pending task more than ``max_lateness`` past its send
-        time: campaign id -> the earliest such send time."""
-        before = now - timedelta(seconds=self._config.max_lateness)
+    def overdue_campaigns(
+        self, now: datetime, *, late: timedelta | None = None
+    ) -> dict[str, datetime]:
+        """Active campaigns with a Pending task more than ``late`` (default ``max_lateness``)
+        past its send time: campaign id -> the earliest such send time."""
+        if late is None:
+            late = timedelta(seconds=self._config.max_lateness)
+        before = now - late
         found: dict[str, datetime] = {}
         states: dict[str, CampaignState] = {}
         cursor: tuple[datetime, str] | None = None

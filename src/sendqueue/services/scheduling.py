@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -70,7 +70,9 @@ class ScheduleWriter:
 
     Throttling is retried with exponential back-off and full jitter, up to ``max_tries`` calls
     per schedule; a name clash with another token (a stale schedule of the same task attempt)
-    is repaired by deleting the stale one and creating it again.
+    is repaired by deleting the stale one and creating it again. The caller names the tasks it
+    has just moved (given a new token): their clash is expected and logged at DEBUG; any other
+    clash is a WARNING.
     """
 
     def __init__(
@@ -109,11 +111,14 @@ class ScheduleWriter:
                 delay = min(self._cap, self._base * 2**attempt)
                 self._sleep(self._random.uniform(0, delay))
 
-    def ensure(self, task: Task) -> None:
-        """Create the schedule a Pending task must have; raises SchedulerError on failure."""
-        self._ensure(task, WriteReport())
+    def ensure(self, task: Task, *, moved: bool = False) -> None:
+        """Create the schedule a Pending task must have (``moved``: its token has just changed,
+        so its old schedule is expected under the name); raises SchedulerError on failure."""
+        self._ensure(task, WriteReport(), moved=moved)
 
-    def _ensure(self, task: Task, report: WriteReport, replace: bool = True) -> bool:
+    def _ensure(
+        self, task: Task, report: WriteReport, replace: bool = True, *, moved: bool = False
+    ) -> bool:
         """Create the task's schedule; False when its name was held under another token and
         ``replace`` is off (the schedule then stays as it is)."""
         name = expected_schedule_name(task)
@@ -136,7 +141,10 @@ class ScheduleWriter:
             if not replace:
                 report.kept.append(task.id)
                 return False
-            log.warning("schedule %s exists with another token; replacing it", name)
+            if moved:  # the schedule of its time before the move
+                log.debug("schedule %s: moved task, its old schedule replaced", name)
+            else:
+                log.warning("schedule %s exists with another token; replacing it", name)
             self._with_backoff(lambda: self._scheduler.delete(name), report)
             try:
                 self._with_backoff(create, report)
@@ -144,14 +152,17 @@ class ScheduleWriter:
                 raise SchedulerError(f"schedule {name} stays held after its delete: {exc}") from exc
         return True
 
-    def ensure_many(self, tasks: Sequence[Task], *, replace: bool = True) -> WriteReport:
+    def ensure_many(
+        self, tasks: Sequence[Task], *, replace: bool = True, moved: Collection[str] = ()
+    ) -> WriteReport:
         """Create schedules for ``tasks``, at most ``concurrency`` calls in flight.
 
         Failures are collected in the report (task id, error), not raised, so one bad call does
         not lose the rest of the batch; the caller decides (provisioning stops and keeps its
         checkpoint, the reconciler retries on its next pass). With ``replace`` off, a name held
         under another token is left as it is and reported in ``kept`` (the reconciler: what
-        someone made after it checked is newer than its read).
+        someone made after it checked is newer than its read). ``moved`` names the tasks just
+        moved (new token): their old schedule is expected under the name.
         """
         report = WriteReport()
         if not tasks:
@@ -159,7 +170,7 @@ class ScheduleWriter:
 
         def one(task: Task) -> None:
             try:
-                if self._ensure(task, report, replace):
+                if self._ensure(task, report, replace, moved=task.id in moved):
                     report.created += 1
             except SchedulerError as exc:
                 report.failed.append((task.id, str(exc) or type(exc).__name__))

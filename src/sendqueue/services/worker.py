@@ -70,7 +70,7 @@ from sendqueue.ports import (
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.capacity import policy_for
 from sendqueue.services.config import ServiceConfig
-from sendqueue.services.replanning import RETRY_LEASE_WAIT
+from sendqueue.services.replanning import FIRING_SLACK, RETRY_LEASE_WAIT
 from sendqueue.services.scheduling import ScheduleWriter
 
 __all__ = [
@@ -110,10 +110,6 @@ def _into_slot(send_at: datetime, precision: float) -> timedelta:
 #: sending; the state that decides a send is read fresh after every claim.
 CAMPAIGN_CACHE_SECONDS = 1.0
 
-#: How long after its send time (beyond the layer's firing precision) a healthy worker may take
-#: to fire and claim a send; a send later than that is late, and checked for neighbours.
-FIRING_SLACK = timedelta(seconds=2)
-
 #: How long a late send waits for a re-plan of its campaign running elsewhere (the re-plan that
 #: moves it must run after its give-back, or it could be left with a schedule already fired).
 REPLAN_WAIT = 10.0
@@ -152,6 +148,7 @@ class SendWorker:
         # A sender's own transport (its URL) -> its mailer; None: every sender uses ``mailer``.
         self._mailer_for = mailer_for
         self._capacity = campaigns.replanner.capacity
+        self._recovery = campaigns.recovery
         self._senders_seen: dict[str, tuple[float, Sender | None]] = {}
         # Every task store keeps the suppression list too (ports.SuppressionList).
         self._suppressions = (
@@ -250,7 +247,9 @@ class SendWorker:
         self.send(payload)
 
     def send(self, payload: Mapping[str, str]) -> None:
-        if not self._send(payload):
+        with self._recovery.watch.store_calls():  # a send kept waiting by the store names it
+            sent = self._send(payload)
+        if not sent:
             self._events.send_finished("skipped")
 
     def _send(self, payload: Mapping[str, str]) -> bool:
@@ -361,7 +360,7 @@ class SendWorker:
             claimed.id, TaskState.RUNNING, TaskState.PENDING, at=now,
             changes={"attempts": claimed.attempts - 1}, note=reason,
         )  # fmt: skip
-        self._campaigns.catch_up(
+        self._recovery.catch_up(
             campaign.id, since=claimed.send_at, reason=reason, firing=claimed.id, wait=REPLAN_WAIT
         )
         self._events.send_finished("moved")
@@ -414,21 +413,18 @@ class SendWorker:
         if not near:
             return False
         closest = min(abs(when - now) for _, when in near).total_seconds()
-        reason = f"late: would come within {closest:.0f}s of another send"
+        reason = self._recovery.reason(claimed.send_at)  # why it came late, not where it would
         self._store.transition(
-            claimed.id,
-            TaskState.RUNNING,
-            TaskState.PENDING,
-            at=now,
-            changes={"attempts": claimed.attempts - 1},
-            note=reason,
-        )
-        moved = self._campaigns.catch_up(
+            claimed.id, TaskState.RUNNING, TaskState.PENDING, at=now,
+            changes={"attempts": claimed.attempts - 1}, note=reason,
+        )  # fmt: skip
+        moved = self._recovery.catch_up(
             campaign.id, since=claimed.send_at, reason=reason, firing=claimed.id, wait=REPLAN_WAIT
         )
-        log.warning(
-            "task %s due %s is late at %s and %s: not sent; %s of campaign %s moved",
-            claimed.id, claimed.send_at.isoformat(), now.isoformat(), reason[6:],
+        log.info(  # per task: the re-plan's one line per campaign is the warning
+            "task %s due %s is late at %s, %.0f s from another send: not sent (%s); "
+            "%s of campaign %s moved",
+            claimed.id, claimed.send_at.isoformat(), now.isoformat(), closest, reason,
             plural(moved, "email"), campaign.id,
         )  # fmt: skip
         self._events.send_finished("moved")
@@ -441,10 +437,11 @@ class SendWorker:
         if campaign.state is CampaignState.ACTIVE:
             # Waits for the campaign's lease: its holder may be a retry taking one slot, which
             # would not move this task (and its schedule goes with this invocation).
-            moved = self._campaigns.catch_up(campaign.id, since=task.send_at, wait=REPLAN_WAIT)
-        log.warning(
+            moved = self._recovery.catch_up(campaign.id, since=task.send_at, wait=REPLAN_WAIT)
+        log.info(  # per task: the re-plan's one line per campaign is the warning
             "task %s due %s is overdue at %s: not sent; %s of campaign %s moved",
-            task.id, task.send_at.isoformat(), now.isoformat(), plural(moved, "email"), campaign.id,
+            task.id, task.send_at.isoformat(), now.isoformat(), plural(moved, "email"),
+            campaign.id,
         )  # fmt: skip
         self._events.send_finished("moved")
 
@@ -606,7 +603,7 @@ class SendWorker:
             return False
         self._emit("retry", back)
         try:
-            self._writer.ensure(back)
+            self._writer.ensure(back, moved=True)  # its firing schedule holds the name
         except SchedulerError as exc:
             # The task is safe in the store; the reconciler recreates the missing schedule.
             log.warning("task %s: retry schedule not created (%s); reconciler will", task.id, exc)

@@ -20,7 +20,7 @@ __all__ = ["email_url", "moved_text", "task_details", "task_row"]
 
 
 def moved_text(moves: int, reason: str | None) -> str:
-    """``"1 move: worker down 16:50-17:48"``; campaign.js writes the same."""
+    """``"1 move: worker down 16:50-17:48 UTC"``; campaign.js writes the same."""
     if not moves:
         return ""
     return f"{plural(moves, 'move')}: {reason or ''}".rstrip(": ")

@@ -91,7 +91,7 @@
     };
   }
 
-  // as task_rows.py's moved_text: "1 move: worker down 16:50-17:48"
+  // as task_rows.py's moved_text: "1 move: worker down 16:50-17:48 UTC"
   function movedText(moves, reason) {
     if (!moves) {
       return "";
