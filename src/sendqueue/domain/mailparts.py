@@ -406,7 +406,8 @@ def parse_message(raw: bytes) -> Message | None:
         for start in range(0, len(text), _CHUNK):
             chunk = text[start : start + _CHUNK]
             parser.feed(chunk)
-            lines += chunk.count("\n") + chunk.count("\r") - chunk.count("\r\n")
+            # LF, CR LF or CR lines: exact; a mix of LF and CR: at least half of them
+            lines += max(chunk.count("\n"), chunk.count("\r"))
             if lines >= MAX_LINES or factory.made > MAX_PARTS:
                 break
         return parser.close()
