@@ -94,8 +94,10 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _SPACE = re.compile(r"\s+")
 _LINE_END = re.compile(r"\r\n|\r|\n")
 # Codecs that are no charset of text: domain-name encodings (punycode decodes in quadratic
-# time, idna refuses to replace what it cannot decode) and the codec that refuses everything.
-_NOT_CHARSETS = frozenset({"idna", "punycode", "undefined"})
+# time, idna refuses to replace what it cannot decode), Python's literal escapes (a stray
+# backslash is a DeprecationWarning, an error where warnings are) and the codec that refuses
+# everything.
+_NOT_CHARSETS = frozenset({"idna", "punycode", "unicode-escape", "raw-unicode-escape", "undefined"})
 
 
 def clean(text: str) -> str:
