@@ -36,15 +36,16 @@ _VERP = {"bounce_address": "bounces@mail.example.net", "secret": "bench-feedback
 
 
 def _parse_seconds(raw: bytes) -> tuple[float, float, int]:
-    """Wall and CPU seconds of the slower of the two parses, and the items read."""
-    worst = (0.0, 0.0, 0)
+    """Wall and CPU seconds of the slower of the two parses, and the most items either read
+    (without the VERP settings, a report naming no VERP address is believed)."""
+    slowest, most = (0.0, 0.0), 0
     for settings in (_VERP, {}):
         gc.collect()
         wall, cpu = time.perf_counter(), time.process_time()
         items = parse_feedback(raw, received_at=_RECEIVED, key="bench:1:1", **settings)
-        measured = (time.perf_counter() - wall, time.process_time() - cpu, len(items))
-        worst = max(worst, measured)
-    return worst
+        slowest = max(slowest, (time.perf_counter() - wall, time.process_time() - cpu))
+        most = max(most, len(items))
+    return slowest[0], slowest[1], most
 
 
 def _size_label(size: int) -> str:

@@ -96,8 +96,10 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _SPACE = re.compile(r"\s+")
 _LINE_END = re.compile(r"\r\n|\r|\n")
 # Codecs that are no charset of text: domain-name encodings (punycode decodes in quadratic
-# time, idna refuses to replace what it cannot decode) and the codec that refuses everything.
-_NOT_CHARSETS = frozenset({"idna", "punycode", "undefined"})
+# time, idna refuses to replace what it cannot decode), Python's literal escapes (a stray
+# backslash is a DeprecationWarning, an error where warnings are) and the codec that refuses
+# everything.
+_NOT_CHARSETS = frozenset({"idna", "punycode", "unicode-escape", "raw-unicode-escape", "undefined"})
 
 
 def clean(text: str) -> str:
@@ -427,7 +429,8 @@ def parse_message(raw: bytes) -> Message | None:
         for start in range(0, len(text), _CHUNK):
             chunk = text[start : start + _CHUNK]
             parser.feed(chunk)
-            lines += chunk.count("\n") + chunk.count("\r") - chunk.count("\r\n")
+            # LF, CR LF or CR lines: exact; a mix of LF and CR: at least half of them
+            lines += max(chunk.count("\n"), chunk.count("\r"))
             if lines >= MAX_LINES or factory.made > MAX_PARTS:
                 break
         return parser.close()
