@@ -533,16 +533,9 @@ _YOUNG_THRESHOLD = 10_000
 def settle_heap() -> None:
     """Once per process, when start-up is over (the CLI's and the Lambda handlers' container is
     built): collect what start-up left behind, freeze the rest (``gc.freeze``), and collect
-    the young generation after 10,000 net new objects instead of 700.
-
-    Why: imports and the container leave about 100,000 objects that live as long as the
-    process, and every full collection walks all of them. A long run makes a full collection
-    about every 10,000 emails it provisions, which cost a twentieth of provisioning's time;
-    the young collections, over a thousand of them, cost another thirtieth
-    (docs/performance.md). Frozen objects still die by reference counting; only a cycle among
-    them is never collected, and start-up's objects form none that matter. Not done by
-    :func:`bootstrap` itself: a program that embeds sendqueue decides about its own heap.
-    """
+    the young generation after 10,000 net new objects instead of 700, so start-up's long-lived
+    objects are not walked again and again (the measurements: docs/performance-history.md).
+    Not done by :func:`bootstrap`: a program that embeds sendqueue decides about its heap."""
     if _settled.is_set():
         return
     _settled.set()

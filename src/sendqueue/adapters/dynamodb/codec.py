@@ -195,7 +195,7 @@ def task_from_item(item: Mapping[str, Any]) -> tuple[Task, int]:
         outcome=None if doc.get("outcome") is None else TaskOutcome(doc["outcome"]),
         outcome_detail=doc.get("outcome_detail"),
         outcome_at=parse_opt_time(doc.get("outcome_at")),
-        # Items written before senders existed (issue 13): the campaign's implicit sender.
+        # Items written before senders existed: the campaign's implicit sender.
         sender_id=doc.get("sender_id"),
         sender=doc.get("sender"),
         timezone=doc.get("timezone"),
@@ -247,7 +247,7 @@ def campaign_from_item(item: Mapping[str, Any]) -> Campaign:
         # Items written before these options existed: the defaults.
         stop_on_reply=StopOnReply(doc.get("stop_on_reply", StopOnReply.SENDER.value)),
         unsubscribe_footer=bool(doc.get("unsubscribe_footer", False)),
-        # Items written before senders existed (issue 13): no senders, the campaign's zone.
+        # Items written before senders existed: no senders, the campaign's zone.
         sender_ids=tuple(doc.get("sender_ids") or ()),
         local_time=bool(doc.get("local_time", False)),
     )
