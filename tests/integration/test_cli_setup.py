@@ -353,7 +353,7 @@ def test_smtp_sign_in_with_a_right_and_a_wrong_password(
     assert code == 1
     [line] = [line for line in out.splitlines() if "sales@example.com" in line]
     assert line.startswith("failed") and "535" in line
-    assert out.splitlines()[-1] == "1 of 6 part(s) failed"
+    assert out.splitlines()[-1] == "1 of 6 parts failed"
 
 
 def test_imap_sign_in_with_a_wrong_password_fails(
