@@ -313,8 +313,8 @@ def test_check_passes_when_every_part_answers(
         "public URL": "ok",
     }
     assert results["mailer"]["detail"].startswith(f"SMTP 127.0.0.1:{postfix.port}: EHLO mta.")
-    assert results["feedback mailbox"]["detail"].endswith("signed in, 0 message(s) in INBOX")
-    assert results["task store"]["detail"] == "answered: 1 sender(s), last change #0"
+    assert results["feedback mailbox"]["detail"].endswith("signed in, 0 messages in INBOX")
+    assert results["task store"]["detail"] == "answered: 1 sender, last change #0"
     assert results["task store"]["target"].startswith("postgresql+psycopg://")
     assert dovecot.password not in printed
     # the text form: one line per part, and the summary

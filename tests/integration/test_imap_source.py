@@ -221,7 +221,7 @@ def test_the_probe_signs_in_opens_the_folder_and_changes_nothing(dovecot: Doveco
     _append(dovecot, 2)
     before = _flags(dovecot)
     source = ImapFeedbackSource.from_url(dovecot.url)
-    assert source.probe(5) == f"{source.name}: signed in, 2 message(s) in INBOX"
+    assert source.probe(5) == f"{source.name}: signed in, 2 messages in INBOX"
     assert _flags(dovecot) == before  # not even \Seen
     missing = ImapFeedbackSource.from_url(dovecot.url.replace("/INBOX", "/Nowhere"))
     with pytest.raises(FeedbackUnavailable, match="opening Nowhere failed"):

@@ -83,7 +83,7 @@ def test_every_part_in_order_with_what_answered() -> None:
     parts = _parts(
         store,
         transports={"smtp://a:pw@mx.a.example": _Probed(_ok("AUTH as a"))},
-        mailboxes=[_Probed(_ok("3 message(s)"), name="imap://fb@imap.example.com:993/INBOX")],
+        mailboxes=[_Probed(_ok("3 messages"), name="imap://fb@imap.example.com:993/INBOX")],
         public_url=_Probed(_ok("GET .../healthz: 200")),
         scheduler=scheduler,
     )
@@ -91,11 +91,11 @@ def test_every_part_in_order_with_what_answered() -> None:
     results = SetupCheck(parts).run(timeout=3)
 
     assert [(r.part, r.target, r.status, r.detail) for r in results] == [
-        ("task store", "memory", "ok", "answered: 2 sender(s), last change #0"),
+        ("task store", "memory", "ok", "answered: 2 senders, last change #0"),
         ("scheduler", "fake", "ok", "answered"),
         ("mailer", "smtp://news:***@mx.example.com:587", "ok", "signed in"),
         ("sender a@example.com", "smtp://a:***@mx.a.example", "ok", "AUTH as a"),
-        ("feedback mailbox", "imap://fb@imap.example.com:993/INBOX", "ok", "3 message(s)"),
+        ("feedback mailbox", "imap://fb@imap.example.com:993/INBOX", "ok", "3 messages"),
         ("public URL", "https://mail.example.com/healthz", "ok", "GET .../healthz: 200"),
     ]
     assert not any(r.failed for r in results)
@@ -200,7 +200,7 @@ def test_results_as_json_objects() -> None:
         "part": "task store",
         "target": "memory",
         "status": "ok",
-        "detail": "answered: 0 sender(s), last change #0",
+        "detail": "answered: 0 senders, last change #0",
     }
     assert replace(first, status="failed").failed
 

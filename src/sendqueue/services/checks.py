@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlsplit
 
 from sendqueue.domain.errors import NotChecked, SendqueueError
 from sendqueue.domain.senders import masked_transport
+from sendqueue.domain.wording import plural
 from sendqueue.ports import FeedbackSource, Mailer, Probe, Scheduler, SenderStore, TaskStore
 
 __all__ = ["CHECK_SCHEDULE", "CheckResult", "CheckedParts", "SetupCheck", "url_secrets"]
@@ -143,7 +144,7 @@ class SetupCheck:
             last = p.store().last_change_id()
             senders = p.senders().list_senders()
             found.extend((s.email, s.transport) for s in senders if s.transport)
-            return f"answered: {len(senders)} sender(s), last change #{last}"
+            return f"answered: {plural(len(senders), 'sender')}, last change #{last}"
 
         result = self._one("task store", p.store_target, read)
         if result.status != "ok":

@@ -28,6 +28,7 @@ from imapclient.exceptions import IMAPClientError
 
 from sendqueue.adapters.imap.url import ImapUrl, parse_imap_url
 from sendqueue.domain.errors import FeedbackUnavailable, InvalidField
+from sendqueue.domain.wording import plural
 from sendqueue.ports import FeedbackMessage
 
 __all__ = ["ImapFeedbackSource"]
@@ -137,7 +138,7 @@ class ImapFeedbackSource:
             client.logout()
         except (IMAPClientError, OSError):
             self._shutdown(client)
-        return f"{self.name}: signed in, {count} message(s) in {self._url.folder}"
+        return f"{self.name}: signed in, {plural(count, 'message')} in {self._url.folder}"
 
     def close(self) -> None:
         """Log out and close the connection, if one is open; the open iterator ends."""
