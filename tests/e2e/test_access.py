@@ -87,7 +87,7 @@ def test_login_goes_back_to_the_page_asked_for_and_never_elsewhere(
     _log_in(page)
     expect(page).to_have_url(f"{app.url}/campaign/list?x=1")
     expect(page.locator("h1")).to_have_text("Not found")
-    expect(page.locator("main")).to_contain_text("There is no page at /campaign/list.")
+    expect(page.locator("main")).to_contain_text("There is no such page.")
     assert '"error"' not in page.content()
 
     # a next that names another site (however spelt) or the login itself lands on the list

@@ -168,7 +168,7 @@ def test_an_unknown_page_is_the_html_error_page_and_the_api_stays_json(web: Web)
     page = web.client.get("/no/such/page", headers=HTML)
     assert page.status_code == 404
     assert page.headers["content-type"].startswith("text/html")
-    assert "<h1>Not found</h1>" in page.text and "There is no page at /no/such/page." in page.text
+    assert "<h1>Not found</h1>" in page.text and "There is no such page." in page.text
     for path, headers in (("/no/such/page", {"Accept": "application/json"}), ("/api/nope", HTML)):
         answer = web.client.get(path, headers=headers)
         assert answer.status_code == 404

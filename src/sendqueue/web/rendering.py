@@ -155,7 +155,8 @@ def error_page(request: Request, exc: Exception) -> HTMLResponse:
 def http_error_page(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
     """A routing error (no such page, a method the page does not take) as an HTML page."""
     if exc.status_code == 404:
-        message = f"There is no page at {request.url.path}."
+        # the path is not echoed back: a page reflects nothing of what the request asked for
+        message = "There is no such page."
         title = "Not found"
     else:
         message = str(exc.detail)
