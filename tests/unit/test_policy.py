@@ -287,7 +287,7 @@ def test_describe_says_when_the_windows_are_each_recipients_local_time() -> None
     policy = SendingPolicy(skip_dates=frozenset({date(2026, 12, 24)}))
     assert policy.describe(local_time=True) == (
         "20 a day, Mon\u2013Fri, 09:00\u201317:00 in each recipient's local time "
-        "(Europe/Berlin where unknown; days counted in Europe/Berlin), skipping 1 date(s)"
+        "(Europe/Berlin where unknown; days counted in Europe/Berlin), skipping 1 date"
     )
     assert policy.describe(local_time=False) == policy.describe()
 
