@@ -224,6 +224,20 @@ def test_a_worker_starting_with_nothing_missed_moves_nothing_and_logs_nothing(
     assert not any(t.moves for t in _tasks(app, cids))
 
 
+def test_without_spacing_a_backlog_within_max_lateness_is_left_to_go_out_at_once() -> None:
+    # SENDQUEUE_SPACE_LATE_SENDS=false promises a backlog sent as fast as the worker can: at
+    # start only what is more than max_lateness late moves (here nothing; 2 minutes missed)
+    clock = FakeClock(T0 - timedelta(minutes=1))
+    app = fake_app(clock=clock, max_lateness=300, space_late_sends=False)
+    cids = _campaigns(app, count=1)
+    _fake(app).run_until(clock, app.invoke, T0 + timedelta(minutes=4, seconds=30))
+    clock.set(T0 + timedelta(minutes=6, seconds=30))
+    assert app.campaigns.recovery.after_start() == 0
+    assert not any(t.moves for t in _tasks(app, cids))
+    clock.set(T0 + timedelta(minutes=20))  # now 08:05 is more than max_lateness late
+    assert app.campaigns.recovery.after_start() > 0
+
+
 # -- other causes, from the worker and the reconciler ------------------------------------------
 
 

@@ -181,10 +181,14 @@ class Recovery:
         reason naming the worker down from the first send missed until now. Of those due less
         than ``max_lateness`` ago, one may go out at once (as in any catch-up); the others keep
         half the spacing from its fire, which comes once every campaign is re-planned. Returns
-        how many moved."""
+        how many moved. With ``space_late_sends`` off, a backlog due within ``max_lateness`` is
+        sent as fast as the worker can, as that setting promises: only what is more than
+        ``max_lateness`` late moves."""
         now = self._clock.now()
         self.watch.start(now)
         late = FIRING_SLACK + timedelta(seconds=self._config.firing_precision)
+        if not self._config.space_late_sends:
+            late = max(late, timedelta(seconds=self._config.max_lateness))
         missed = self._replanner.overdue_campaigns(now, late=late)
         if not missed:
             return 0
