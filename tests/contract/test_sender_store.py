@@ -24,7 +24,7 @@ from sendqueue.domain.errors import (
 )
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Recipient
-from sendqueue.domain.senders import Booking, Sender, SenderDay
+from sendqueue.domain.senders import Booking, OAuthGrant, Sender, SenderDay
 from sendqueue.ports import SenderStore, TaskStore
 from tests.contract.test_task_store import (
     T0,
@@ -84,6 +84,26 @@ def test_a_sender_round_trips_with_its_transport(store: Store) -> None:
     store.add_sender(full)
     assert store.get_sender("s1") == full
     assert store.list_senders() == [full]
+
+
+def test_a_sender_round_trips_with_its_mailbox_signature_and_oauth(store: Store) -> None:
+    grant = OAuthGrant(
+        token_url="https://login.example.com/token",
+        client_id="app-1",
+        refresh_token="r" * 1500,
+        client_secret="shh",
+        scope="https://outlook.office.com/SMTP.Send offline_access",
+    )
+    full = sender(
+        imap="imaps://anna:secret@imap.example.com:993/INBOX",
+        signature_text="Anna\nSales, Example",
+        signature_html="<p>Anna<br>Sales, Example</p>",
+        oauth=grant,
+    )
+    store.add_sender(full)
+    assert store.get_sender("s1") == full
+    store.update_sender(replace(full, imap=None, signature_html=None, oauth=None))
+    assert store.get_sender("s1") == replace(full, imap=None, signature_html=None, oauth=None)
 
 
 def test_senders_are_listed_by_address(store: Store) -> None:

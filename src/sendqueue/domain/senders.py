@@ -31,6 +31,7 @@ __all__ = [
     "MAX_MIN_GAP_SECONDS",
     "TRANSPORT_SCHEMES",
     "Booking",
+    "OAuthGrant",
     "Sender",
     "SenderDay",
     "epoch_ms",
@@ -44,6 +45,11 @@ DEFAULT_MIN_GAP_SECONDS = 60
 #: One send a day at most, at the strictest gap a sender may have.
 MAX_MIN_GAP_SECONDS = 86_400
 MAX_NAME_CHARS = 200
+#: A signature's size: the text form, and the optional HTML form.
+MAX_SIGNATURE_TEXT_CHARS = 4_000
+MAX_SIGNATURE_HTML_CHARS = 20_000
+#: The longest OAuth field kept (a refresh token is opaque; Microsoft's run to about 1.5 kB).
+MAX_OAUTH_FIELD_CHARS = 8_000
 #: The transports a sender may name; the mail adapters parse the rest of the URL.
 TRANSPORT_SCHEMES = ("smtp", "ses", "maildir")
 
@@ -90,6 +96,64 @@ def _check_transport(url: str | None) -> None:
         )
 
 
+def _check_text(name: str, value: object, limit: int, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not isinstance(value, str) or len(value) > limit:
+        raise InvalidField(name, None, f"expected text of at most {limit:,} characters")
+
+
+@dataclass(frozen=True)
+class OAuthGrant:
+    """How a sender signs in with OAuth 2.0 (``XOAUTH2``) instead of a password: the provider's
+    token endpoint, the app's client id (and secret, for a confidential client), and the
+    refresh token that access tokens are got with. Secrets never appear in its repr."""
+
+    token_url: str
+    client_id: str
+    refresh_token: str = field(repr=False)
+    client_secret: str | None = field(default=None, repr=False)
+    scope: str | None = None
+
+    def __post_init__(self) -> None:
+        url = self.token_url
+        if not isinstance(url, str) or urlsplit(url).scheme not in ("https", "http"):
+            raise InvalidField(
+                "oauth.token_url", None, "expected the provider's token endpoint (https://...)"
+            )
+        check_header_value("oauth.token_url", url)
+        for name in ("token_url", "client_id", "refresh_token"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise InvalidField(f"oauth.{name}", None, "must not be empty")
+            _check_text(f"oauth.{name}", value, MAX_OAUTH_FIELD_CHARS)
+        _check_text("oauth.client_secret", self.client_secret, MAX_OAUTH_FIELD_CHARS, optional=True)
+        _check_text("oauth.scope", self.scope, MAX_OAUTH_FIELD_CHARS, optional=True)
+
+    def as_dict(self) -> dict[str, str | None]:
+        """The grant as stored (secrets included: only a store calls this)."""
+        return {
+            "token_url": self.token_url,
+            "client_id": self.client_id,
+            "refresh_token": self.refresh_token,
+            "client_secret": self.client_secret,
+            "scope": self.scope,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, str | None] | None) -> OAuthGrant | None:
+        """The grant :meth:`as_dict` stored, or None."""
+        if doc is None:
+            return None
+        return cls(
+            token_url=doc["token_url"] or "",
+            client_id=doc["client_id"] or "",
+            refresh_token=doc["refresh_token"] or "",
+            client_secret=doc.get("client_secret"),
+            scope=doc.get("scope"),
+        )
+
+
 def _check_count(name: str, value: object, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidField(name, value, f"expected a whole number from {low} to {high}")
@@ -115,6 +179,15 @@ class Sender:
     warmup_step: int | None = None
     warmup_from: date | None = None
     """The ramp's first day (the sender's local date); required with a warm-up."""
+    imap: str | None = field(default=None, repr=False)
+    """The sender's own mailbox (an ``imaps://`` URL, credentials included), where its
+    replies, bounces and unsubscribe emails land; None: only the feedback mailbox is read."""
+    signature_text: str = ""
+    """The sender's signature as text (templates see it as ``sender.signature``)."""
+    signature_html: str | None = None
+    """The signature's HTML form, for HTML bodies; None: the text form, escaped."""
+    oauth: OAuthGrant | None = field(default=None, repr=False)
+    """OAuth 2.0 sign-in for its SMTP and IMAP (``XOAUTH2``); None: the URLs' passwords."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id or "@" in self.id:
@@ -131,6 +204,13 @@ class Sender:
         if self.reply_to is not None:
             object.__setattr__(self, "reply_to", normalize_sender(self.reply_to, "reply_to"))
         _check_transport(self.transport)
+        _check_text("imap", self.imap, 2_000, optional=True)
+        if self.imap is not None:
+            check_header_value("imap", self.imap)
+        _check_text("signature_text", self.signature_text, MAX_SIGNATURE_TEXT_CHARS)
+        _check_text("signature_html", self.signature_html, MAX_SIGNATURE_HTML_CHARS, optional=True)
+        if self.oauth is not None and not isinstance(self.oauth, OAuthGrant):
+            raise InvalidField("oauth", None, "expected a token endpoint, client id and token")
         _check_count("daily_cap", self.daily_cap, 1, MAX_PER_DAY)
         _check_count("min_gap_seconds", self.min_gap_seconds, 1, MAX_MIN_GAP_SECONDS)
         load_timezone(self.timezone)

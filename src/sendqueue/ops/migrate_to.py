@@ -185,7 +185,8 @@ def _copy_feedback_cursors(source: sa.Connection, target: sa.Connection) -> int:
     one under another UIDVALIDITY is the target's own and stays. How many were written."""
     table = schema.feedback_cursors
     written = 0
-    for mailbox, uidvalidity, uid in source.execute(sa.select(table)).all():
+    columns = (table.c.mailbox, table.c.uidvalidity, table.c.uid)
+    for mailbox, uidvalidity, uid in source.execute(sa.select(*columns)).all():
         insert = postgresql.insert(table).values(mailbox=mailbox, uidvalidity=uidvalidity, uid=uid)
         upsert = insert.on_conflict_do_update(
             index_elements=[table.c.mailbox],

@@ -27,7 +27,7 @@ from sendqueue.adapters.dynamodb.client import TableClient, error_code
 from sendqueue.adapters.dynamodb.codec import dumps, str_attr
 from sendqueue.adapters.dynamodb.table import ATTEMPTS, WRITERS
 from sendqueue.domain.errors import Conflict, NotFound, StoreUnavailable
-from sendqueue.domain.senders import Sender
+from sendqueue.domain.senders import OAuthGrant, Sender
 
 __all__ = ["SenderItems"]
 
@@ -49,6 +49,10 @@ def _sender_doc(sender: Sender) -> str:
             "warmup_start": sender.warmup_start,
             "warmup_step": sender.warmup_step,
             "warmup_from": None if sender.warmup_from is None else sender.warmup_from.isoformat(),
+            "imap": sender.imap,
+            "signature_text": sender.signature_text,
+            "signature_html": sender.signature_html,
+            "oauth": None if sender.oauth is None else sender.oauth.as_dict(),
         }
     )
 
@@ -76,6 +80,10 @@ def _sender_from(item: Mapping[str, Any]) -> Sender:
         warmup_start=doc.get("warmup_start"),
         warmup_step=doc.get("warmup_step"),
         warmup_from=None if start is None else date.fromisoformat(start),
+        imap=doc.get("imap"),
+        signature_text=doc.get("signature_text", ""),
+        signature_html=doc.get("signature_html"),
+        oauth=OAuthGrant.from_dict(doc.get("oauth")),
     )
 
 

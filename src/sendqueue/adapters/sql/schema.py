@@ -297,6 +297,11 @@ feedback_cursors = sa.Table(
     sa.Column("mailbox", sa.String(1000), primary_key=True),
     sa.Column("uidvalidity", sa.BigInteger, nullable=False),
     sa.Column("uid", sa.BigInteger, nullable=False),
+    # What the last pass over the mailbox saw (migration 0008): when it ended, how many
+    # messages it read, and its error (credentials masked; NULL: it went through).
+    sa.Column("polled_at", UtcDateTime, nullable=True),
+    sa.Column("messages_read", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("last_error", sa.Text, nullable=True),
 )
 
 
@@ -318,6 +323,12 @@ senders = sa.Table(
     sa.Column("warmup_start", sa.Integer, nullable=True),
     sa.Column("warmup_step", sa.Integer, nullable=True),
     sa.Column("warmup_from", sa.Date, nullable=True),
+    # Its own mailbox (an IMAP URL, credentials included), signature and OAuth grant (a JSON
+    # object, secrets included): migration 0008.
+    sa.Column("imap", sa.Text, nullable=True),
+    sa.Column("signature_text", sa.Text, nullable=True),
+    sa.Column("signature_html", sa.Text, nullable=True),
+    sa.Column("oauth", _json(), nullable=True),
 )
 
 #: One row per booked slot (migration 0007): the primary key (sender, slot start in epoch

@@ -42,7 +42,7 @@ from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.domain.errors import Conflict, NotFound, Overbooked
 from sendqueue.domain.models import utc
-from sendqueue.domain.senders import Booking, Sender, SenderDay, epoch_ms
+from sendqueue.domain.senders import Booking, OAuthGrant, Sender, SenderDay, epoch_ms
 
 __all__ = ["SenderTables"]
 
@@ -101,6 +101,10 @@ def _sender_row(sender: Sender) -> dict[str, Any]:
         "warmup_start": sender.warmup_start,
         "warmup_step": sender.warmup_step,
         "warmup_from": sender.warmup_from,
+        "imap": sender.imap,
+        "signature_text": sender.signature_text,
+        "signature_html": sender.signature_html,
+        "oauth": None if sender.oauth is None else sender.oauth.as_dict(),
     }
 
 
@@ -118,6 +122,10 @@ def _sender(row: sa.Row[Any]) -> Sender:
         warmup_start=m["warmup_start"],
         warmup_step=m["warmup_step"],
         warmup_from=m["warmup_from"],
+        imap=m["imap"],
+        signature_text=m["signature_text"] or "",
+        signature_html=m["signature_html"],
+        oauth=OAuthGrant.from_dict(m["oauth"]),
     )
 
 
