@@ -89,6 +89,9 @@ class TokenEndpoint:
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
+            # Keep-alive, as Dovecot's HTTP client expects (it waits seconds on a closed one).
+            protocol_version = "HTTP/1.1"
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode()).items()}
