@@ -8,8 +8,8 @@ not followed: a refresh token is posted to the configured endpoint and nowhere e
 Errors (:class:`~sendqueue.domain.errors.OAuthTokenError`) name the sender, the ``oauth``
 field and the endpoint (without its query), with the endpoint's ``error`` and
 ``error_description``; any secret of the grant the endpoint echoes is cut out. Permanent: an
-``invalid_grant`` (revoked or expired refresh token) and every other 4xx but 408 and 429,
-which say the grant or the client must change. Transient: 408, 429, 5xx, timeouts,
+``invalid_grant`` (revoked or expired refresh token), every other 4xx but 408 and 429, and a
+redirect: the grant, the client or the token URL must change. Transient: 408, 429, 5xx, timeouts,
 connection failures, an answer that is not the JSON of a token.
 """
 
@@ -168,7 +168,8 @@ def _refused(
     error = _clean(doc.get("error", ""), secrets) if isinstance(doc, dict) else ""
     description = _clean(doc.get("error_description", ""), secrets) if isinstance(doc, dict) else ""
     said = ": ".join(part for part in (error, description) if part) or "no OAuth error given"
-    permanent = 400 <= status < 500 and status not in (408, 429)
+    # A redirect or a 4xx needs the grant or the token_url fixed; 408, 429 and 5xx pass.
+    permanent = 300 <= status < 500 and status not in (408, 429)
     if error == "invalid_grant":
         hint = "the refresh token was revoked or has expired; set a new one (oauth)"
     elif permanent:
