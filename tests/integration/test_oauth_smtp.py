@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -14,11 +14,12 @@ from sendqueue.adapters.mail.factory import SenderMailers
 from sendqueue.adapters.oauth import OAuthTokens
 from sendqueue.domain.errors import PermanentMailError, TransientMailError
 from sendqueue.domain.senders import OAuthGrant, Sender
-from sendqueue.ports import Mailer, OutgoingMessage
+from sendqueue.ports import Mailer, OutgoingMessage, Probe
 from sendqueue.testing import InMemoryTaskStore
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from tests.support.oauth import CLIENT_ID, CLIENT_SECRET, TokenEndpoint, XOAuth2Smtp
+from tests.support.smtp import SmtpSink
 
 SENT_AT = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 
@@ -209,3 +210,23 @@ def test_a_sender_without_oauth_keeps_its_transports_mailer(world: World) -> Non
 
     assert isinstance(default, RecordingMailer)
     assert world.mailers.for_sender(plain) is world.mailers.for_sender(plain)
+
+
+def test_the_probe_signs_in_with_xoauth2_and_sends_nothing(world: World) -> None:
+    mailer = world.mailer()
+    assert isinstance(mailer, Probe)
+
+    assert mailer.probe(5).endswith(", AUTH XOAUTH2 as news@example.com")
+    assert world.smtp.attempts == ["ok"] and world.smtp.messages == []
+
+
+def test_a_server_without_xoauth2_fails_the_send_for_good(
+    world: World, make_smtp_sink: Callable[..., SmtpSink]
+) -> None:
+    sink = make_smtp_sink(auth=("news@example.com", "secret"))  # PLAIN and LOGIN only
+    world.store.update_sender(replace(world.sender, transport=sink.url()))
+
+    with pytest.raises(PermanentMailError, match="does not offer AUTH XOAUTH2"):
+        world.send()
+
+    assert world.endpoint.calls == 0
