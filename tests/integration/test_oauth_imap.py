@@ -86,7 +86,6 @@ def test_a_revoked_grant_is_unavailable_naming_the_sender_and_no_secret(
     oauth_dovecot: Dovecot, token_endpoint: TokenEndpoint
 ) -> None:
     token_endpoint.fail_next(400, "invalid_grant", "Token has been expired or revoked.")
-    token_endpoint.fail_next(400, "invalid_grant", "Token has been expired or revoked.")
     source, _ = _source(_sender(token_endpoint, oauth_dovecot, user=oauth_dovecot.user))
 
     with pytest.raises(FeedbackUnavailable) as raised:

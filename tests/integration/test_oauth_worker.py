@@ -59,7 +59,7 @@ def test_the_worker_signs_in_with_the_senders_token_and_fails_on_a_revoked_grant
         app.sender_mailers.close()  # the next send signs in again...
         clock.advance(hours=2)  # ...and needs a new token, which the revoked grant cannot get
         token_endpoint.fail_next(400, "invalid_grant", "Token has been expired or revoked.")
-        token_endpoint.fail_next(400, "invalid_grant", "Token has been expired or revoked.")
+        calls = token_endpoint.calls
         second = campaign("second")
         scheduler.run_until(clock, app.invoke, clock.now() + timedelta(hours=1))
 
@@ -69,5 +69,6 @@ def test_the_worker_signs_in_with_the_senders_token_and_fails_on_a_revoked_grant
         assert "sender news@example.com: oauth" in error and "invalid_grant" in error
         assert "rt-1" not in error and CLIENT_SECRET not in error
         assert len(xoauth2_smtp.messages) == 2
+        assert token_endpoint.calls == calls + 1  # the refusal is remembered for the grant
     finally:
         app.close()

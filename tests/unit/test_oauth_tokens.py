@@ -146,6 +146,23 @@ def test_invalid_grant_with_nothing_new_stored_fails_for_good() -> None:
     assert endpoint.given == ["rt-1"]
 
 
+def test_a_revoked_grant_is_not_asked_again_until_a_new_one_is_set() -> None:
+    endpoint = Endpoint()
+    endpoint.valid = "revoked"
+    tokens, store, _ = _tokens(endpoint)
+    with pytest.raises(OAuthTokenError):
+        tokens.for_sender(SENDER).get()
+
+    with pytest.raises(OAuthTokenError, match="invalid_grant") as again:
+        tokens.for_sender(SENDER).get()  # the next send: the store is read, not the endpoint
+    assert again.value.permanent is True
+    assert endpoint.given == ["rt-1"]
+
+    endpoint.valid = "rt-new"
+    store.update_sender(replace(SENDER, oauth=replace(GRANT, refresh_token="rt-new")))
+    assert tokens.for_sender(SENDER).get() == "at-2"
+
+
 def test_a_rotated_token_the_store_could_not_take_is_saved_at_the_next_call() -> None:
     endpoint = Endpoint(rotate=True)
     tokens, store, _ = _tokens(endpoint)

@@ -65,9 +65,8 @@ class SenderMailers:
         if sender.oauth is not None and url.startswith("smtp:"):
             # Every call: a grant changed in the store replaces the one in use.
             token = self._tokens.for_sender(sender)
-            return self._get(
-                ("oauth", sender.id, url), lambda: SmtpMailer.from_url(url, oauth=token)
-            )
+            key = ("oauth", sender.id, sender.email, url)
+            return self._get(key, lambda: SmtpMailer.from_url(url, oauth=token))
         if sender.transport is None:
             return self._default()
         return self._get((url,), lambda: mailer_from_url(url))

@@ -71,6 +71,8 @@ class SenderToken:
         self._retired: deque[str] = deque(maxlen=_RETIRED_KEPT)
         #: The rotated refresh token not saved yet, and the one it replaced.
         self._unsaved: tuple[str, str] | None = None
+        #: The grant's permanent refusal, raised again (no request) until the grant changes.
+        self._refused: OAuthTokenError | None = None
 
     def __repr__(self) -> str:
         return f"SenderToken({self.user}, {self._grant.token_url})"
@@ -90,6 +92,7 @@ class SenderToken:
             if same_client and _digest(grant.refresh_token) in self._retired:
                 return  # a copy read before the last rotation
             self._grant, self._token, self._renew_at, self._unsaved = grant, None, None, None
+            self._refused = None
 
     def get(self, rejected: str | None = None) -> str:
         """The current access token; a new one when it is due for renewal or is ``rejected``."""
@@ -103,13 +106,15 @@ class SenderToken:
             return self._renew(now)
 
     def _renew(self, now: datetime) -> str:
+        if self._refused is not None and not self._reload():
+            # A revoked grant fails every send; asking the endpoint each time would not help.
+            raise OAuthTokenError(str(self._refused), permanent=True)
         try:
-            granted = self._redeem(self._grant, self._who)
+            granted = self._ask()
         except OAuthTokenError as exc:
             if not exc.permanent or not self._reload():
-                self._token = None
                 raise
-            granted = self._redeem(self._grant, self._who)
+            granted = self._ask()
         if granted.refresh_token is not None and granted.refresh_token != self._grant.refresh_token:
             old = self._grant.refresh_token
             self._retired.append(_digest(old))
@@ -121,6 +126,16 @@ class SenderToken:
         self._renew_at = now + timedelta(seconds=lifetime - renew_margin(lifetime))
         return granted.access_token
 
+    def _ask(self) -> Granted:
+        """One request; a failure drops the cached token, a permanent one is remembered."""
+        try:
+            granted = self._redeem(self._grant, self._who)
+        except OAuthTokenError as exc:
+            self._token, self._refused = None, exc if exc.permanent else None
+            raise
+        self._refused = None
+        return granted
+
     def _reload(self) -> bool:
         """Whether the stored grant differs from the one in use (another process rotated it, or
         it was set anew); if so it is used from now on."""
@@ -131,7 +146,7 @@ class SenderToken:
         if stored is None or stored == self._grant:
             return False
         self._retired.append(_digest(self._grant.refresh_token))
-        self._grant, self._unsaved = stored, None
+        self._grant, self._unsaved, self._refused = stored, None, None
         return True
 
     def _save(self) -> None:
