@@ -16,7 +16,7 @@ import pytest
 if TYPE_CHECKING:
     import psycopg
 
-pytest_plugins = ["tests.support.smtp", "tests.support.mailservers"]
+pytest_plugins = ["tests.support.smtp", "tests.support.mailservers", "tests.support.oauth"]
 
 REQUIRE_SERVICES = os.environ.get("SENDQUEUE_REQUIRE_SERVICES") == "1"
 # Starlette's TestClient sends "Host: testserver", the raw-socket tests "Host: test"; the app

@@ -20,12 +20,14 @@ from sendqueue.adapters.alarm import LoggingAlarm, post_json
 from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
-from sendqueue.adapters.mail.factory import mailer_from_url
+from sendqueue.adapters.mail.factory import SenderMailers, mailer_from_url
 from sendqueue.adapters.mail.url import parse_mailer_url
+from sendqueue.adapters.oauth import OAuthTokens
 from sendqueue.adapters.parser import IsolatedParser
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.reports import parse_feedback
+from sendqueue.domain.senders import Sender
 from sendqueue.domain.wording import plural
 from sendqueue.ports import (
     Alarm,
@@ -133,7 +135,6 @@ class Container:
         self._parse_feedback = parse_feedback
         self._zones: dict[str, str] = {}
         self._zones_lock = threading.Lock()
-        self._sender_mailers: dict[str, Mailer] = {}
         self.config = ServiceConfig(
             max_attempts=settings.max_attempts,
             retry_backoff=settings.retry_backoff,
@@ -309,17 +310,19 @@ class Container:
     def mailer(self) -> Mailer:
         return self._mailer or mailer_from_url(self.settings.mailer)
 
-    def mailer_for(self, url: str) -> Mailer:
-        """The mailer of a sender's own transport, one per URL, opened on first use and
-        closed with the container. A test container (built with a mailer) sends every
-        sender's mail through that one."""
-        if self._mailer is not None:
-            return self._mailer
-        with self._zones_lock:
-            mailer = self._sender_mailers.get(url)
-            if mailer is None:
-                mailer = self._sender_mailers[url] = mailer_from_url(url)
-        return mailer
+    @cached_property
+    def oauth_tokens(self) -> OAuthTokens:
+        """Every sender's OAuth access token (XOAUTH2), its rotated refresh tokens saved."""
+        return OAuthTokens(self.sender_store, self.clock)
+
+    @cached_property
+    def sender_mailers(self) -> SenderMailers:
+        return SenderMailers(lambda: self.mailer, self.settings.mailer, self.oauth_tokens)
+
+    def mailer_for(self, sender: Sender) -> Mailer:
+        """The mailer a sender sends through (:class:`SenderMailers`). A test container (built
+        with a mailer) sends every sender's mail through that one."""
+        return self._mailer or self.sender_mailers.for_sender(sender)
 
     # -- services --------------------------------------------------------------------------
     def timezone_of(self, campaign_id: str) -> str:
@@ -485,12 +488,7 @@ class Container:
         alarm = self.__dict__.get("alarm")
         if isinstance(alarm, FlushableAlarm):
             alarm.flush(5.0)
-        for mailer in self._sender_mailers.values():
-            try:
-                mailer.close()
-            except Exception:  # closing must not mask the error that got us here
-                log.exception("closing a sender's mailer failed")
-        for name in ("feedback_poller", "mailer", "scheduler", "store"):
+        for name in ("feedback_poller", "sender_mailers", "mailer", "scheduler", "store"):
             if name in self.__dict__:
                 try:
                     getattr(self, name).close()

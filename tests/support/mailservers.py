@@ -177,7 +177,7 @@ protocols = imap
 listen = 127.0.0.1
 ssl = no
 disable_plaintext_auth = no
-auth_mechanisms = plain login
+auth_mechanisms = plain login{mechanisms}
 default_internal_user = {internal}
 default_internal_group = {internal_group}
 default_login_user = {login}
@@ -185,7 +185,7 @@ first_valid_uid = 1
 first_valid_gid = 1
 log_path = {root}/dovecot.log
 mail_location = maildir:{maildir}:LAYOUT=fs
-passdb {{
+{oauth2}passdb {{
   driver = passwd-file
   args = scheme=PLAIN username_format=%u {root}/passwd
 }}
@@ -226,11 +226,30 @@ def dovecot(mail_root: Path) -> Iterator[Dovecot]:
         yield server
 
 
+# No delay after a refused token (the tests refuse some on purpose): no failure delay, and no
+# auth penalty (Dovecot's documented switch: the anvil-auth-penalty listener disabled).
+_OAUTH2_PASSDB = """\
+auth_failure_delay = 0
+service anvil {{
+  unix_listener anvil-auth-penalty {{
+    mode = 0
+  }}
+}}
+passdb {{
+  driver = oauth2
+  mechanisms = xoauth2
+  args = {root}/oauth2.conf.ext
+}}
+"""
+
+
 @contextlib.contextmanager
-def running_dovecot(mail_root: Path) -> Iterator[Dovecot]:
+def running_dovecot(mail_root: Path, *, tokeninfo_url: str | None = None) -> Iterator[Dovecot]:
     """Dovecot on a free loopback port over a fresh Maildir under ``mail_root`` (a directory
     the unprivileged processes can traverse, as the ``mail_root`` fixture makes), terminated on
-    the way out. Check :func:`dovecot_missing` first."""
+    the way out. Check :func:`dovecot_missing` first. With ``tokeninfo_url`` it also takes
+    ``AUTHENTICATE XOAUTH2`` (Dovecot's oauth2 passdb), asking that URL, with the token
+    appended, whether the token is current and whose (its JSON ``email`` is the user)."""
     owner = _mail_user()
     root = mail_root / "dovecot"
     maildir = mail_root / "Maildir"
@@ -246,9 +265,15 @@ def running_dovecot(mail_root: Path) -> Iterator[Dovecot]:
         f"bounces:{{PLAIN}}{password}:{owner.uid}:{owner.gid}::{maildir}\n"
     )
     internal_group = grp.getgrgid(pwd.getpwnam(owner.internal_user).pw_gid).gr_name
+    if tokeninfo_url is not None:
+        (root / "oauth2.conf.ext").write_text(
+            f"tokeninfo_url = {tokeninfo_url}\nusername_attribute = email\n"
+        )
     conf = root / "dovecot.conf"
     conf.write_text(
         _DOVECOT_CONF.format(
+            mechanisms=" xoauth2" if tokeninfo_url else "",
+            oauth2=_OAUTH2_PASSDB.format(root=root) if tokeninfo_url else "",
             root=root,
             port=port,
             maildir=maildir,

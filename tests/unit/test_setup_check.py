@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from sendqueue.domain.errors import InfrastructureError, NotChecked, TransientMailError
-from sendqueue.domain.senders import Sender
+from sendqueue.domain.senders import OAuthGrant, Sender
 from sendqueue.ports import FeedbackMessage, FeedbackSource, Mailer, Probe
 from sendqueue.services.checks import CHECK_SCHEDULE, CheckedParts, SetupCheck
 from sendqueue.testing import FakeClock, FakeScheduler, InMemoryTaskStore, RecordingMailer
@@ -56,8 +56,8 @@ def _parts(
     public_url: Probe | str = "SENDQUEUE_PUBLIC_URL is not set",
     scheduler: FakeScheduler | None = None,
 ) -> CheckedParts:
-    def transport(url: str) -> Mailer:
-        return (transports or {})[url]
+    def transport(sender: Sender) -> Mailer:
+        return (transports or {})[sender.transport or sender.id]
 
     return CheckedParts(
         store=lambda: store,
@@ -163,6 +163,21 @@ def test_no_secret_reaches_a_detail() -> None:
     details = {r.part: r.detail for r in results}
     assert details["mailer"] == "RuntimeError: driver said: password *** is wrong"
     assert details["sender a@example.com"] == "login *** refused; key ***"
+
+
+def test_a_sender_with_oauth_is_checked_and_its_grant_masked() -> None:
+    store = InMemoryTaskStore()
+    grant = OAuthGrant(
+        "https://login.example.com/token", "app", "rt-Secret-1", client_secret="cs-Secret-2"
+    )
+    store.add_sender(Sender(id="s1", email="a@example.com", oauth=grant))
+    leaky = _Probed(_raises(InfrastructureError("token rt-Secret-1 refused for cs-Secret-2")))
+
+    results = SetupCheck(_parts(store, transports={"s1": leaky})).run()
+
+    sender = next(r for r in results if r.part == "sender a@example.com")
+    assert (sender.target, sender.status) == ("the configured mailer, with oauth", "failed")
+    assert sender.detail == "token *** refused for ***"
 
 
 def test_the_parts_are_tried_at_once() -> None:

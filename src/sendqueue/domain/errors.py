@@ -17,6 +17,7 @@
         │   └── Throttled           the execution layer asked us to slow down
         ├── FeedbackUnavailable     the feedback mailbox (IMAP) could not be read
         ├── FeedbackParseFailed     one feedback message's parser failed, timed out or died
+        ├── OAuthTokenError         a sender's OAuth token endpoint gave no access token
         └── MailError               the mail provider refused or failed
             ├── TransientMailError  4xx, connection errors, timeouts: try again later
             └── PermanentMailError  5xx: do not try again
@@ -45,6 +46,7 @@ __all__ = [
     "NoSendingDay",
     "NotChecked",
     "NotFound",
+    "OAuthTokenError",
     "Overbooked",
     "PermanentMailError",
     "SchedulerError",
@@ -184,6 +186,17 @@ class SchedulerError(InfrastructureError):
 
 class Throttled(SchedulerError):
     """The execution layer asked us to slow down; back off and retry."""
+
+
+class OAuthTokenError(InfrastructureError):
+    """A sender's OAuth 2.0 token endpoint gave no access token. The message names the sender
+    and the ``oauth`` field, never a token. ``permanent`` when asking again cannot help (the
+    grant was revoked or expired: ``invalid_grant``, a refused client), so the grant must be
+    replaced; otherwise (5xx, a timeout, an unreachable endpoint) a later try may succeed."""
+
+    def __init__(self, message: str, *, permanent: bool) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 class MailError(InfrastructureError):

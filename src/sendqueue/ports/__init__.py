@@ -22,6 +22,8 @@ the contract tests in ``tests/contract`` check, against the in-memory fakes in
 - :class:`Clock` tells the time, so tests can run on a fake one.
 - :class:`~sendqueue.ports.senders.SenderStore` keeps senders and the slots their sends book
   (every task store keeps them too).
+- :class:`~sendqueue.ports.oauth.AccessTokens` hands out each sender's OAuth 2.0
+  :class:`~sendqueue.ports.oauth.AccessToken`, which its SMTP and IMAP sign in with.
 
 The execution layer's ports live in :mod:`sendqueue.ports.scheduler` and the senders' in
 :mod:`sendqueue.ports.senders`; every name is importable from here.
@@ -54,6 +56,7 @@ from sendqueue.domain.models import (
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, key_of_normalized
 from sendqueue.ports.feedback import FeedbackMessage, FeedbackSource, FeedbackStore
+from sendqueue.ports.oauth import AccessToken, AccessTokens
 from sendqueue.ports.probes import Probe
 from sendqueue.ports.scheduler import (
     BulkScheduler,
@@ -66,6 +69,8 @@ from sendqueue.ports.scheduler import (
 from sendqueue.ports.senders import SenderStore
 
 __all__ = [
+    "AccessToken",
+    "AccessTokens",
     "Alarm",
     "BulkScheduler",
     "Clock",

@@ -27,7 +27,7 @@ from typing import Literal
 from urllib.parse import unquote, urlsplit
 
 from sendqueue.domain.errors import NotChecked, SendqueueError
-from sendqueue.domain.senders import masked_transport
+from sendqueue.domain.senders import Sender, masked_transport
 from sendqueue.domain.wording import plural
 from sendqueue.ports import FeedbackSource, Mailer, Probe, Scheduler, SenderStore, TaskStore
 
@@ -80,7 +80,7 @@ class CheckedParts:
     scheduler_target: str
     mailer: Callable[[], Mailer]
     mailer_target: str
-    transport: Callable[[str], Mailer]
+    transport: Callable[[Sender], Mailer]
     mailboxes: Callable[[], Sequence[FeedbackSource]]
     no_mailbox: str
     public_url: Probe | str
@@ -134,23 +134,25 @@ class SetupCheck:
 
     # -- the parts -------------------------------------------------------------------------
 
-    def _store(self) -> tuple[CheckResult, list[tuple[str, str]] | None]:
-        """The store's result, and ``(email, transport)`` of each sender with its own
-        transport (None when the store could not be read)."""
+    def _store(self) -> tuple[CheckResult, list[Sender] | None]:
+        """The store's result, and each sender with a transport or an OAuth sign-in of its own
+        (None when the store could not be read)."""
         p = self._parts
-        found: list[tuple[str, str]] = []
+        found: list[Sender] = []
 
         def read() -> str:
             last = p.store().last_change_id()
             senders = p.senders().list_senders()
-            found.extend((s.email, s.transport) for s in senders if s.transport)
+            found.extend(s for s in senders if s.transport or s.oauth)
             return f"answered: {plural(len(senders), 'sender')}, last change #{last}"
 
         result = self._one("task store", p.store_target, read)
         if result.status != "ok":
             return result, None
-        for _, transport in found:
-            self._secrets |= url_secrets(transport)
+        for sender in found:
+            self._secrets |= url_secrets(sender.transport)
+            if sender.oauth is not None:
+                self._secrets |= {sender.oauth.refresh_token, sender.oauth.client_secret or ""}
         return result, found
 
     def _scheduler(self, timeout: float) -> str:
@@ -171,18 +173,22 @@ class SetupCheck:
         return [("feedback mailbox", box.name, partial(_probe, box, timeout)) for box in boxes]
 
     def _sender_jobs(
-        self, senders: list[tuple[str, str]] | None, timeout: float
+        self, senders: list[Sender] | None, timeout: float
     ) -> list[_Job | CheckResult]:
         if senders is None:
             reason = "their transports are in the task store, which did not answer"
             return [CheckResult("senders", "", "not checked", reason)]
         return [
-            (f"sender {email}", masked_transport(url) or "", partial(self._transport, url, timeout))
-            for email, url in senders
+            (
+                f"sender {s.email}",
+                masked_transport(s.transport) or "the configured mailer, with oauth",
+                partial(self._transport, s, timeout),
+            )
+            for s in senders
         ]
 
-    def _transport(self, url: str, timeout: float) -> str:
-        return _probe(self._parts.transport(url), timeout)
+    def _transport(self, sender: Sender, timeout: float) -> str:
+        return _probe(self._parts.transport(sender), timeout)
 
     # -- one part --------------------------------------------------------------------------
 

@@ -142,10 +142,11 @@ class SendWorker:
         events: Events | None = None,
         alarm: Alarm | None = None,
         suppressions: SuppressionList | None = None,
-        mailer_for: Callable[[str], Mailer] | None = None,
+        mailer_for: Callable[[Sender], Mailer] | None = None,
     ) -> None:
         self._store = store
-        # A sender's own transport (its URL) -> its mailer; None: every sender uses ``mailer``.
+        # A sender -> the mailer it sends through (its own transport, its OAuth sign-in); None:
+        # every sender uses ``mailer``.
         self._mailer_for = mailer_for
         self._capacity = campaigns.replanner.capacity
         self._recovery = campaigns.recovery
@@ -465,8 +466,9 @@ class SendWorker:
         sender = self._sender(task.sender_id) if task.sender_id is not None else None
         if sender is not None:
             from_addr, reply_to = sender.from_header, sender.reply_to or campaign.reply_to
-            if sender.transport is not None and self._mailer_for is not None:
-                mailer = self._mailer_for(sender.transport)
+            own = sender.transport is not None or sender.oauth is not None
+            if own and self._mailer_for is not None:
+                mailer = self._mailer_for(sender)
         message = OutgoingMessage(
             message_id=message_id_for(task.id, _sender_domain(from_addr), self._config.secret_key),
             from_addr=from_addr,

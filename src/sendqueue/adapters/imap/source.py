@@ -11,6 +11,10 @@ and the bodies as its iterator goes, in FETCHes of at most :data:`FETCH_BYTES` (
 each up to :data:`MAX_MESSAGE_BYTES`, added up; at least one message each), handing each
 message over and letting it go. A poll of 200 messages of 1 MiB held them all at once before
 (about 400 MB); now it holds a FETCH's worth and the message being read.
+
+Sign-in: LOGIN with the URL's user and password, or, for a sender with ``oauth``
+(:meth:`ImapFeedbackSource.for_sender`), ``AUTHENTICATE XOAUTH2`` with its access token; a
+refused token is renewed once and tried again.
 """
 
 from __future__ import annotations
@@ -21,15 +25,17 @@ import ssl
 import threading
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from imapclient import IMAPClient
-from imapclient.exceptions import IMAPClientError
+from imapclient.exceptions import IMAPClientError, LoginError
 
 from sendqueue.adapters.imap.url import ImapUrl, parse_imap_url
-from sendqueue.domain.errors import FeedbackUnavailable, InvalidField
+from sendqueue.domain.errors import FeedbackUnavailable, InvalidField, OAuthTokenError
+from sendqueue.domain.senders import Sender
 from sendqueue.domain.wording import plural
-from sendqueue.ports import FeedbackMessage
+from sendqueue.ports import AccessToken, AccessTokens, FeedbackMessage
 
 __all__ = ["ImapFeedbackSource"]
 
@@ -62,10 +68,19 @@ class ImapFeedbackSource:
     :meth:`close` never waits for the caller's work on a message.
     """
 
-    def __init__(self, url: ImapUrl, *, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        url: ImapUrl,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        oauth: AccessToken | None = None,
+    ) -> None:
+        if oauth is not None and not url.username:
+            url = replace(url, username=oauth.user)
         self._url = url
         self.name = url.name
         self._ssl_context = ssl_context
+        self._oauth = oauth
         self._client: IMAPClient | None = None
         self._lock = threading.Lock()
         #: One more at every fetch and close: the iterators of older fetches end.
@@ -78,10 +93,29 @@ class ImapFeedbackSource:
         *,
         field: str = "feedback_imap",
         ssl_context: ssl.SSLContext | None = None,
+        oauth: AccessToken | None = None,
     ) -> ImapFeedbackSource:
         """The source an ``imap://`` or ``imaps://`` URL names (see
-        :func:`~sendqueue.adapters.imap.url.parse_imap_url`)."""
-        return cls(parse_imap_url(url, field=field), ssl_context=ssl_context)
+        :func:`~sendqueue.adapters.imap.url.parse_imap_url`); with ``oauth`` it signs in with
+        XOAUTH2 as the URL's user (none: ``oauth.user``) and needs no password."""
+        parsed = parse_imap_url(url, field=field, oauth=oauth is not None)
+        return cls(parsed, ssl_context=ssl_context, oauth=oauth)
+
+    @classmethod
+    def for_sender(
+        cls,
+        sender: Sender,
+        tokens: AccessTokens,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> ImapFeedbackSource:
+        """The source of a sender's own mailbox (its ``imap`` URL; errors name ``imap``),
+        signed in with XOAUTH2 when the sender has ``oauth``, with the URL's password else.
+        ValueError for a sender without a mailbox."""
+        if sender.imap is None:
+            raise ValueError(f"sender {sender.email} has no mailbox (imap)")
+        oauth = tokens.for_sender(sender) if sender.oauth is not None else None
+        return cls.from_url(sender.imap, field="imap", ssl_context=ssl_context, oauth=oauth)
 
     def __repr__(self) -> str:
         return f"ImapFeedbackSource({self.name}, security={self._url.security})"
@@ -230,11 +264,28 @@ class ImapFeedbackSource:
         try:
             if url.security == "starttls":
                 client.starttls(context)
-            client.login(url.username, url.password)
+            if self._oauth is not None:
+                self._xoauth2(client, self._oauth)
+            else:
+                client.login(url.username, url.password)
         except BaseException:
             self._shutdown(client)
             raise
         return client
+
+    def _xoauth2(self, client: IMAPClient, oauth: AccessToken) -> None:
+        """AUTHENTICATE XOAUTH2; once more with a new token when the server refuses it."""
+        token = self._token(oauth)
+        try:
+            client.oauth2_login(self._url.username, token)
+        except LoginError:
+            client.oauth2_login(self._url.username, self._token(oauth, rejected=token))
+
+    def _token(self, oauth: AccessToken, rejected: str | None = None) -> str:
+        try:
+            return oauth.get(rejected)
+        except OAuthTokenError as exc:
+            raise FeedbackUnavailable(f"{self.name}: signing in failed: {exc}") from exc
 
     def _drop(self) -> None:
         client, self._client = self._client, None

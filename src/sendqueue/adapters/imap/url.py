@@ -53,9 +53,10 @@ def redact_imap_url(url: str) -> str:
     return redact_mailer_url(url)
 
 
-def parse_imap_url(url: str, *, field: str = _FIELD) -> ImapUrl:
+def parse_imap_url(url: str, *, field: str = _FIELD, oauth: bool = False) -> ImapUrl:
     """``imap://`` or ``imaps://`` taken apart; raises ``InvalidField(field, ...)`` (whose value
-    never shows the password) for anything else."""
+    never shows the password) for anything else. With ``oauth`` (XOAUTH2 sign-in) the user and
+    password may be left out: the password is not used, the user defaults to the sender's."""
     shown = redact_imap_url(url)
     try:
         parts = urlsplit(url)
@@ -85,7 +86,7 @@ def parse_imap_url(url: str, *, field: str = _FIELD) -> ImapUrl:
         raise InvalidField(field, shown, "timeout must be greater than 0")
     username = unquote(parts.username) if parts.username is not None else ""
     password = unquote(parts.password) if parts.password is not None else ""
-    if not username or not password:
+    if not oauth and (not username or not password):
         raise InvalidField(field, shown, "the mailbox's user and password are required")
     folder = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path) or "INBOX"
     if any(ch in folder for ch in "\r\n\0"):

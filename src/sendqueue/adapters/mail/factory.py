@@ -1,13 +1,21 @@
-"""Building the configured mailer from its URL (``SENDQUEUE_MAILER``)."""
+"""Building the configured mailer from its URL (``SENDQUEUE_MAILER``), and each sender's
+(:class:`SenderMailers`)."""
 
 from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
 
 from sendqueue.adapters.mail.maildir import MaildirMailer
 from sendqueue.adapters.mail.smtp import SmtpMailer
 from sendqueue.adapters.mail.url import MaildirUrl, SmtpUrl, parse_mailer_url
-from sendqueue.ports import Mailer
+from sendqueue.domain.senders import Sender
+from sendqueue.ports import AccessTokens, Mailer
 
-__all__ = ["mailer_from_url"]
+__all__ = ["SenderMailers", "mailer_from_url"]
+
+log = logging.getLogger(__name__)
 
 
 def mailer_from_url(url: str) -> Mailer:
@@ -30,3 +38,53 @@ def mailer_from_url(url: str) -> Mailer:
     from sendqueue.adapters.mail.ses import SesMailer
 
     return SesMailer.from_url(url)
+
+
+class SenderMailers:
+    """Each sender's mailer, opened at its first send and closed with :meth:`close`.
+
+    A sender without ``oauth`` sends through its own transport (one mailer per URL, shared by
+    the senders naming it) or, without one, through ``default``. A sender with ``oauth`` whose
+    transport (its own, or else ``default_url``) is SMTP gets a mailer of its own that signs in
+    with XOAUTH2 as the URL's user or the sender's address, with the token ``tokens`` hands out;
+    over SES or a Maildir, which have no sign-in of the sender's, the grant is not used.
+    """
+
+    def __init__(
+        self, default: Callable[[], Mailer], default_url: str, tokens: AccessTokens
+    ) -> None:
+        self._default = default
+        self._default_url = default_url
+        self._tokens = tokens
+        self._lock = threading.Lock()
+        self._mailers: dict[tuple[str, ...], Mailer] = {}
+
+    def for_sender(self, sender: Sender) -> Mailer:
+        """The mailer ``sender`` (as the store has it now) sends through."""
+        url = sender.transport or self._default_url
+        if sender.oauth is not None and url.startswith("smtp:"):
+            # Every call: a grant changed in the store replaces the one in use.
+            token = self._tokens.for_sender(sender)
+            key = ("oauth", sender.id, sender.email, url)
+            return self._get(key, lambda: SmtpMailer.from_url(url, oauth=token))
+        if sender.transport is None:
+            return self._default()
+        return self._get((url,), lambda: mailer_from_url(url))
+
+    def _get(self, key: tuple[str, ...], build: Callable[[], Mailer]) -> Mailer:
+        with self._lock:
+            mailer = self._mailers.get(key)
+            if mailer is None:
+                mailer = self._mailers[key] = build()
+        return mailer
+
+    def close(self) -> None:
+        """Close every mailer opened here (the default one is not theirs to close)."""
+        with self._lock:
+            mailers = list(self._mailers.values())
+            self._mailers.clear()
+        for mailer in mailers:
+            try:
+                mailer.close()
+            except Exception:  # one mailer failing to close must not keep the others open
+                log.exception("closing a sender's mailer failed")

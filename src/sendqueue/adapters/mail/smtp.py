@@ -9,6 +9,11 @@ server's own message):
   failed 535), a server lacking STARTTLS, AUTH or SMTPUTF8 that the configuration or the message
   needs, and a message that cannot be built at all: :class:`PermanentMailError`.
 
+With an access token (a sender's ``oauth``) it signs in with ``AUTH XOAUTH2`` instead of a
+password. A refusal (535, or the error challenge 334 that Google and Microsoft send first)
+gets a new token and one more try; a second refusal is permanent. A token endpoint's failure is
+permanent or transient as :class:`~sendqueue.domain.errors.OAuthTokenError` says.
+
 Connections are kept per thread (a send worker thread reuses its own), checked with NOOP when
 they sat idle for longer than :attr:`SmtpMailer.IDLE_CHECK_AFTER` seconds, and re-opened once,
 transparently, when a reused connection turns out to be dead before the message was handed
@@ -38,10 +43,11 @@ from sendqueue.adapters.mail.url import (
 from sendqueue.domain.errors import (
     InvalidField,
     MailError,
+    OAuthTokenError,
     PermanentMailError,
     TransientMailError,
 )
-from sendqueue.ports import OutgoingMessage
+from sendqueue.ports import AccessToken, OutgoingMessage
 
 __all__ = ["DEFAULT_PORTS", "Security", "SmtpMailer"]
 
@@ -68,6 +74,21 @@ def _text(reply: bytes | str) -> str:
     return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
 
 
+def xoauth2_response(user: str, token: str) -> str:
+    """The XOAUTH2 initial response before base64 (smtplib encodes it): ``user=U^Aauth=Bearer
+    T^A^A``, as Google and Microsoft document the mechanism."""
+    return f"user={user}\x01auth=Bearer {token}\x01\x01"
+
+
+def _token(oauth: AccessToken, rejected: str | None = None) -> str:
+    """The access token, its endpoint's failure mapped to a MailError of the same kind."""
+    try:
+        return oauth.get(rejected)
+    except OAuthTokenError as exc:
+        kind = PermanentMailError if exc.permanent else TransientMailError
+        raise kind(str(exc)) from exc
+
+
 def _by_code(code: int, text: str) -> MailError:
     if 500 <= code <= 599:
         return PermanentMailError(text)
@@ -79,9 +100,10 @@ class SmtpMailer:
 
     ``security``: ``starttls`` (plain connect, then STARTTLS, required), ``tls`` (implicit TLS
     from the first byte) or ``none``. ``ssl_context`` defaults to the system's trust store with
-    hostname checking. ``username``/``password`` log in after TLS is up. ``timeout`` (seconds)
-    bounds every socket operation. Thread-safe; ``close()`` sends QUIT on every open connection;
-    a later ``send`` opens a new one.
+    hostname checking. ``username``/``password`` log in after TLS is up; with ``oauth`` (an
+    access token) ``username`` signs in with XOAUTH2 instead, without a password. ``timeout``
+    (seconds) bounds every socket operation. Thread-safe; ``close()`` sends QUIT on every open
+    connection; a later ``send`` opens a new one.
     """
 
     #: Seconds a connection may sit idle before it is checked with NOOP prior to reuse.
@@ -98,6 +120,7 @@ class SmtpMailer:
         timeout: float = 30.0,
         local_hostname: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        oauth: AccessToken | None = None,
     ) -> None:
         if not host:
             raise InvalidField("host", host, "an SMTP host name or address is required")
@@ -109,6 +132,8 @@ class SmtpMailer:
             raise InvalidField("timeout", timeout, "seconds, greater than 0")
         if password is not None and username is None:
             raise InvalidField("username", None, "a password needs a username")
+        if oauth is not None and (not username or not username.isascii()):
+            raise InvalidField("username", username, "XOAUTH2 needs an ASCII user to sign in as")
         self.host = host
         self.port = port
         self.security: Security = security
@@ -117,17 +142,25 @@ class SmtpMailer:
         self.timeout = float(timeout)
         self.local_hostname = local_hostname
         self._ssl_context = ssl_context
+        self._oauth = oauth
         self._lock = threading.Lock()
         self._connections: dict[int, _Connection] = {}
 
     @classmethod
-    def from_url(cls, url: str, *, ssl_context: ssl.SSLContext | None = None) -> SmtpMailer:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        oauth: AccessToken | None = None,
+    ) -> SmtpMailer:
         """``smtp://user:pass@host:port?security=starttls|tls|none&timeout=30``.
 
         User and password are percent-decoded (write ``@`` as ``%40``, ``:`` as ``%3A``). The
         port defaults by security: 587 for starttls (the default), 465 for tls, 25 for none.
-        Raises InvalidField("mailer", ...) for anything else; the message never shows the
-        password.
+        With ``oauth`` it signs in with XOAUTH2 as the URL's user (none: ``oauth.user``, the
+        sender's address), and any password in the URL is not used. Raises
+        InvalidField("mailer", ...) for anything else; the message never shows the password.
         """
         parsed = parse_mailer_url(url)
         if not isinstance(parsed, SmtpUrl):
@@ -138,10 +171,11 @@ class SmtpMailer:
             parsed.host,
             parsed.port,
             security=parsed.security,
-            username=parsed.username,
-            password=parsed.password,
+            username=parsed.username or (oauth.user if oauth is not None else None),
+            password=parsed.password if oauth is None else None,
             timeout=parsed.timeout,
             ssl_context=ssl_context,
+            oauth=oauth,
         )
 
     def __repr__(self) -> str:
@@ -185,7 +219,10 @@ class SmtpMailer:
         steps = [f"EHLO {server}".rstrip()]
         if self.security != "none":
             steps.append("STARTTLS" if self.security == "starttls" else "TLS")
-        steps.append(f"AUTH as {self.username}" if self.username is not None else "no AUTH")
+        if self._oauth is not None:
+            steps.append(f"AUTH XOAUTH2 as {self.username}")
+        else:
+            steps.append(f"AUTH as {self.username}" if self.username is not None else "no AUTH")
         self._quit(smtp)
         return f"SMTP {self.host}:{self.port}: {', '.join(steps)}"
 
@@ -299,7 +336,10 @@ class SmtpMailer:
                     )
                 smtp.starttls(context=self._context())
                 smtp.ehlo()
-            if self.username is not None:
+            if self._oauth is not None and self.username is not None:
+                step = "AUTH XOAUTH2"
+                self._xoauth2(smtp, where, self._oauth, self.username)
+            elif self.username is not None:
                 step = "AUTH"
                 if not smtp.has_extn("auth"):
                     raise PermanentMailError(
@@ -317,6 +357,29 @@ class SmtpMailer:
             raise PermanentMailError(f"{where} {step} failed: {exc}") from exc
         except OSError as exc:
             raise self._connection_error(exc, step, timeout) from exc
+
+    @staticmethod
+    def _xoauth2(smtp: smtplib.SMTP, where: str, oauth: AccessToken, user: str) -> None:
+        """AUTH XOAUTH2 with the current token; once more with a new one when it is refused."""
+        if "XOAUTH2" not in smtp.esmtp_features.get("auth", "").upper().split():
+            raise PermanentMailError(
+                f"{where} does not offer AUTH XOAUTH2, which the sender's oauth needs"
+            )
+        token = _token(oauth)
+        for attempt in (1, 2):
+
+            def respond(challenge: bytes | None = None, token: str = token) -> str:
+                # The error challenge (334 and a JSON status) is answered with an empty line,
+                # after which the server sends its final 535.
+                return xoauth2_response(user, token) if challenge is None else ""
+
+            try:
+                smtp.auth("XOAUTH2", respond, initial_response_ok=True)
+                return
+            except smtplib.SMTPAuthenticationError as exc:
+                if attempt == 2 or exc.smtp_code != 535:
+                    raise
+            token = _token(oauth, rejected=token)
 
     def _context(self) -> ssl.SSLContext:
         if self._ssl_context is None:
