@@ -109,7 +109,9 @@ def test_the_worker_sends_from_the_sender_and_counts_what_it_sent() -> None:
     assert isinstance(scheduler, FakeScheduler)
     scheduler.run_until(clock, app.invoke, START + timedelta(hours=12))
     assert len(mailer.sent) == 5  # the first day's cap
-    assert {m.from_addr for m in mailer.sent} == {"Anna Example <anna@example.com>"}
+    assert {(m.from_name, m.from_addr) for m in mailer.sent} == {
+        ("Anna Example", "anna@example.com")
+    }
     assert {m.reply_to for m in mailer.sent} == {"replies@example.com"}
     today = app.senders.usage(anna.id)[0]
     assert (today.planned, today.sent, today.cap) == (0, 5, 5)
