@@ -66,13 +66,7 @@ def _delivered(dovecot: Dovecot, count: int, timeout: float = 30.0) -> list[Emai
             break
         time.sleep(0.05)
     assert len(files) == count
-    return [
-        cast(
-            EmailMessage,
-            email.message_from_bytes(path.read_bytes(), policy=email.policy.default),
-        )
-        for path in files
-    ]
+    return [email.message_from_bytes(p.read_bytes(), policy=email.policy.default) for p in files]
 
 
 def _send_all(container: Container, clock: FakeClock, cid: str) -> None:
