@@ -154,9 +154,9 @@ def test_create_from_json_renders_templates_with_row_variables(web: Web) -> None
         ("bob@example.com", "News for 42", "Bob"),
     ]
     assert set(tasks[0]) == {
-        "id", "position", "email", "name", "subject", "sender", "timezone", "state", "send_at",
-        "sent_at", "attempts", "message_id", "error", "planned_at", "moves", "moved_reason",
-        "reason", "outcome", "outcome_detail", "outcome_at", "paused", "late",
+        "id", "position", "email", "name", "subject", "sender", "sender_name", "timezone",
+        "state", "send_at", "sent_at", "attempts", "message_id", "error", "planned_at", "moves",
+        "moved_reason", "reason", "outcome", "outcome_detail", "outcome_at", "paused", "late",
     }  # fmt: skip
     # no senders: every email goes out from the campaign's From
     assert {t["sender"] for t in tasks} == {data["from"]}

@@ -47,6 +47,12 @@ class SenderFields:
     signature_text: str = ""
     signature_html: str | None = None
 
+    @property
+    def shown(self) -> str:
+        """How pages name the sender: ``Name <address>``, or the address alone (text for
+        people, escaped by the page; never a header, which the MIME builder writes)."""
+        return f"{self.name} <{self.email}>" if self.name else self.email
+
     @classmethod
     def of_sender(cls, sender: Sender) -> SenderFields:
         return cls(sender.name, sender.email, sender.signature_text, sender.signature_html)
