@@ -400,6 +400,7 @@ def test_preview_a_new_campaign_writes_nothing(web: Web) -> None:
         "local": "2026-12-01T09:00:00+01:00",
         "email": "p0@example.com",
         "zone": "Europe/Berlin",
+        "sender": "sendqueue@example.com",  # no senders: the default From
     }
     assert data["zone_names"] == {"Europe/Berlin": {"60": "CET", "120": "CEST"}}
     assert [(d["day"], d["count"]) for d in data["days"]] == [
