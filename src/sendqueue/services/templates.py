@@ -149,17 +149,12 @@ def compile_templates(
         if source is None:
             return None
         try:
-            tree = env.parse(source)
-        except TemplateSyntaxError as exc:
-            raise InvalidField(
-                name, _clip(source), f"template syntax error on line {exc.lineno}: {exc.message}"
-            ) from exc
-        except (TemplateError, ValueError, SyntaxError, RecursionError, MemoryError):
-            tree = None  # compiled below, which reports it
-        if tree is not None and (why := _sender_misuse(tree)) is not None:
-            raise InvalidField(name, _clip(source), why)
-        try:
-            return env.from_string(source if tree is None else tree)
+            tree = env.parse(source)  # parsed once: checked, then compiled
+            if (why := _sender_misuse(tree)) is not None:
+                raise InvalidField(name, _clip(source), why)
+            return env.from_string(tree)
+        except InvalidField:
+            raise
         except TemplateSyntaxError as exc:
             raise InvalidField(
                 name, _clip(source), f"template syntax error on line {exc.lineno}: {exc.message}"
