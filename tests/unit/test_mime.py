@@ -292,3 +292,52 @@ def test_a_domain_idna_2008_refuses_is_an_invalid_field_naming_the_address() -> 
 
     assert refused.value.field == "to_addr"
     assert "IDNA 2008" in refused.value.reason
+
+
+# -- the From as a structured name and address --------------------------------------------------
+
+FROM_NAMES = ["Doe, John", "News: Weekly", "Zoë Ünal-Çelik", 'Say "hi" (team)', "a@b <c>"]
+
+
+@pytest.mark.parametrize("name", FROM_NAMES)
+def test_a_from_name_given_apart_parses_back_to_exactly_that_name(name: str) -> None:
+    message = outgoing(from_addr="news@example.org", from_name=name)
+
+    parsed = reparse(build_message(message))
+
+    (sender,) = parsed["From"].addresses
+    assert (sender.display_name, sender.addr_spec) == (name, "news@example.org")
+    assert build_message(message).as_bytes().isascii()  # quoted or RFC 2047-encoded
+    assert envelope_addresses(message)[0] == "news@example.org"
+
+
+def test_a_from_without_a_name_is_the_bare_address() -> None:
+    parsed = reparse(build_message(outgoing(from_addr="news@example.org", from_name="")))
+
+    assert str(parsed["From"]) == "news@example.org"
+
+
+@pytest.mark.parametrize(
+    "from_addr", ['"Doe, John" <john@example.org>', '"News: Weekly" <news@example.org>']
+)
+def test_a_campaign_from_string_with_a_quoted_name_keeps_working(from_addr: str) -> None:
+    (sender,) = reparse(build_message(outgoing(from_addr=from_addr)))["From"].addresses
+
+    assert f'"{sender.display_name}" <{sender.addr_spec}>' == from_addr
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"from_addr": "Doe, John <john@example.org>"}, "from_addr"),
+        ({"from_addr": "News: Weekly <news@example.org>"}, "from_addr"),
+        ({"from_addr": "news@example.org", "from_name": "Bad\r\nBcc: x@example.net"}, "from_name"),
+    ],
+)
+def test_an_unquoted_name_that_would_change_the_from_is_refused(
+    changes: dict[str, object], field: str
+) -> None:
+    with pytest.raises(InvalidField) as info:
+        build_message(outgoing(**changes))
+
+    assert info.value.field == field

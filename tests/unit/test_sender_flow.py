@@ -109,7 +109,9 @@ def test_the_worker_sends_from_the_sender_and_counts_what_it_sent() -> None:
     assert isinstance(scheduler, FakeScheduler)
     scheduler.run_until(clock, app.invoke, START + timedelta(hours=12))
     assert len(mailer.sent) == 5  # the first day's cap
-    assert {m.from_addr for m in mailer.sent} == {"Anna Example <anna@example.com>"}
+    assert {(m.from_name, m.from_addr) for m in mailer.sent} == {
+        ("Anna Example", "anna@example.com")
+    }
     assert {m.reply_to for m in mailer.sent} == {"replies@example.com"}
     today = app.senders.usage(anna.id)[0]
     assert (today.planned, today.sent, today.cap) == (0, 5, 5)
@@ -280,3 +282,30 @@ def test_a_re_plan_that_loses_to_a_send_leaves_the_booking_where_the_email_went(
     assert booking is not None and booking.at == sent.send_at
     today = app.senders.usage(anna.id)[0]
     assert (today.planned, today.sent) == (2, 1)
+
+
+def test_the_preview_names_each_sends_planned_sender() -> None:
+    clock = FakeClock(START)
+    app = _app(clock)
+    anna = app.senders.add(email="anna@example.com", name="Doe, Anna", daily_cap=50)
+    ben = app.senders.add(email="ben@example.com", daily_cap=50)
+    draft = app.campaigns.create(
+        name="d", recipients=csv_bytes(4, prefix="d"), policy=BERLIN_POLICY,
+        senders=[anna.id, ben.id], from_addr="Sales <sales@example.com>",
+    ).campaign.id  # fmt: skip
+    plain = app.campaigns.create(
+        name="p", recipients=csv_bytes(2, prefix="p"), policy=BERLIN_POLICY,
+        from_addr="Sales <sales@example.com>",
+    ).campaign.id  # fmt: skip
+
+    summary = app.campaigns.preview_summary(draft)
+
+    assert Counter(summary.first_senders) == {
+        "Doe, Anna <anna@example.com>": 2,
+        "ben@example.com": 2,
+    }
+    assert app.provisioner.provision(draft).status == "done"
+    planned = {t.email: t.sender for t in _tasks(app, draft)}
+    for email, sender in zip(summary.emails, summary.first_senders, strict=True):
+        assert sender.endswith(f"{planned[email]}>") or sender == planned[email]
+    assert app.campaigns.preview_summary(plain).first_senders == ("Sales <sales@example.com>",) * 2

@@ -221,13 +221,13 @@ def test_templates_are_compiled_once_per_import_not_per_row(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     compiled: list[str] = []
-    original = template_sandbox.BoundedSandbox.from_string
+    original = template_sandbox.BoundedSandbox._parse
 
     def counting(self: Any, source: str, *args: Any, **kwargs: Any) -> Any:
         compiled.append(source)
         return original(self, source, *args, **kwargs)
 
-    monkeypatch.setattr(template_sandbox.BoundedSandbox, "from_string", counting)
+    monkeypatch.setattr(template_sandbox.BoundedSandbox, "_parse", counting)
     data = "email,x\n" + "".join(f"u{i}@example.com,{i}\n" for i in range(200))
 
     result = parse_recipients(data.encode(), templates=Templates("Hi {{ x }}", "B", "<p>H</p>"))

@@ -78,7 +78,7 @@ def test_message_carries_campaign_sender_and_snapshot() -> None:
     _fire_all(app)
     (message,) = app.mailer.sent  # type: ignore[attr-defined]
     task = _tasks(app, cid)[0]
-    assert message.from_addr == "News <n@example.com>"
+    assert (message.from_name, message.from_addr) == ("News", "n@example.com")
     assert (message.to_addr, message.to_name, message.subject, message.text) == (
         "user0@example.com",
         "User 0",
@@ -99,7 +99,7 @@ def test_with_a_bounce_address_each_email_has_its_task_s_verp_envelope_sender() 
     for message, task in zip(sent, _tasks(app, cid), strict=True):
         assert message.envelope_from == verp_address("bounces@mail.example.com", task.id, secret)
         assert verp_task(message.envelope_from, "bounces@mail.example.com", secret) == task.id
-        assert message.from_addr == "News <n@example.com>"
+        assert (message.from_name, message.from_addr) == ("News", "n@example.com")
     # without one, the From is the envelope sender
     plain = fake_app(clock=clock)
     _provisioned(plain, 1)

@@ -154,9 +154,9 @@ def test_create_from_json_renders_templates_with_row_variables(web: Web) -> None
         ("bob@example.com", "News for 42", "Bob"),
     ]
     assert set(tasks[0]) == {
-        "id", "position", "email", "name", "subject", "sender", "timezone", "state", "send_at",
-        "sent_at", "attempts", "message_id", "error", "planned_at", "moves", "moved_reason",
-        "reason", "outcome", "outcome_detail", "outcome_at", "paused", "late",
+        "id", "position", "email", "name", "subject", "sender", "sender_name", "timezone",
+        "state", "send_at", "sent_at", "attempts", "message_id", "error", "planned_at", "moves",
+        "moved_reason", "reason", "outcome", "outcome_detail", "outcome_at", "paused", "late",
     }  # fmt: skip
     # no senders: every email goes out from the campaign's From
     assert {t["sender"] for t in tasks} == {data["from"]}
@@ -400,6 +400,7 @@ def test_preview_a_new_campaign_writes_nothing(web: Web) -> None:
         "local": "2026-12-01T09:00:00+01:00",
         "email": "p0@example.com",
         "zone": "Europe/Berlin",
+        "sender": "sendqueue@example.com",  # no senders: the default From
     }
     assert data["zone_names"] == {"Europe/Berlin": {"60": "CET", "120": "CEST"}}
     assert [(d["day"], d["count"]) for d in data["days"]] == [

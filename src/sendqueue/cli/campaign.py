@@ -40,6 +40,7 @@ from sendqueue.domain.planner import per_zone_day_summary
 from sendqueue.domain.wording import plural
 from sendqueue.services.importing import Templates
 from sendqueue.services.previews import ZoneDays
+from sendqueue.services.sender_of import SendersOf
 from sendqueue.services.views import campaign_dict, task_list_dict
 
 __all__ = ["campaign_app"]
@@ -376,6 +377,7 @@ def campaign_tasks(
         # a paused campaign's Pending emails have no send time until it resumes
         campaign = c.store.get_campaign(campaign_id)
         paused = campaign.state is CampaignState.PAUSED
+        senders = SendersOf(c.store, campaign)
         cursor = after
         while True:
             page = min(1000, limit - len(rows)) if limit else 1000
@@ -383,7 +385,9 @@ def campaign_tasks(
                 campaign_id, state=wanted, search=search, after=cursor, limit=page
             )
             rows.extend(
-                task_list_dict(t, campaign_paused=paused, from_addr=campaign.from_addr)
+                task_list_dict(
+                    t, campaign_paused=paused, from_addr=campaign.from_addr, sender=senders.of(t)
+                )
                 for t in batch
             )
             if len(batch) < page or (limit and len(rows) >= limit):

@@ -8,6 +8,7 @@ from sendqueue.cli.common import JsonOpt, container, handle_errors, out, print_j
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.wording import plural
+from sendqueue.services.sender_of import SendersOf
 from sendqueue.services.views import task_dict
 
 __all__ = ["task_app"]
@@ -24,8 +25,9 @@ def task_show(task_id: str, as_json: JsonOpt = False) -> None:
         if task is None:
             raise NotFound("task", task_id)
         campaign = c.store.get_campaign(task.campaign_id)
+        sender = SendersOf(c.store, campaign).of(task)
     paused = campaign.state is CampaignState.PAUSED
-    data = task_dict(task, campaign_paused=paused, from_addr=campaign.from_addr)
+    data = task_dict(task, campaign_paused=paused, from_addr=campaign.from_addr, sender=sender)
     if as_json:
         print_json(data)
         return
@@ -53,8 +55,9 @@ def task_cancel(task_id: str, as_json: JsonOpt = False) -> None:
     """Cancel one Pending email and delete its schedule."""
     with container() as c:
         task = c.campaigns.cancel_task(task_id)
-        from_addr = c.store.get_campaign(task.campaign_id).from_addr
+        campaign = c.store.get_campaign(task.campaign_id)
+        sender = SendersOf(c.store, campaign).of(task)
     if as_json:
-        print_json(task_dict(task, from_addr=from_addr))
+        print_json(task_dict(task, from_addr=campaign.from_addr, sender=sender))
     else:
         out.print(f"{task.id} ({task.email}) is {task.state.value}", markup=False)

@@ -26,6 +26,7 @@ __all__ = [
     "FALLBACK_DOMAIN",
     "ascii_domain",
     "check_header_value",
+    "mailbox_parts",
     "message_id_for",
     "normalize_sender",
     "parse_mailbox",
@@ -40,6 +41,7 @@ _ID_LEFT = re.compile(r"[^<>@\s\"\\()\[\],;:]+")
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _DOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 _MAX_LABEL = 63
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 def check_header_value(field: str, value: str) -> str:
@@ -94,6 +96,7 @@ def parse_mailbox(
     check_header_value(field, value)
     if display_name is not None:
         check_header_value(name_field or field, display_name)
+    _check_unquoted_name(field, value)
     pairs = email.utils.getaddresses([value])
     if len(pairs) != 1:
         raise InvalidField(field, value, "expected exactly one address, e.g. Name <a@example.com>")
@@ -109,6 +112,27 @@ def parse_mailbox(
         username=local,
         domain=ascii_domain(field, domain, value),
     )
+
+
+def _check_unquoted_name(field: str, value: str) -> None:
+    """Refuse a display name whose ``,`` or ``:`` would change what the parser reads (a second
+    address, a group name it drops), rather than send from a name other than the one written."""
+    unquoted = _QUOTED.sub('""', value)
+    name = unquoted.rpartition("<")[0] if "<" in unquoted else ""
+    bad = next((c for c in ",:;" if c in name), None)
+    if bad is not None:
+        raise InvalidField(
+            field, value, f'a display name with "{bad}" must be quoted: "Name" <a@example.com>'
+        )
+
+
+def mailbox_parts(field: str, value: str) -> tuple[str, str]:
+    """The display name and the address (as written, domain included) of one mailbox, ``addr``
+    or ``Name <addr>``, checked as :func:`parse_mailbox` checks it (InvalidField naming
+    ``field``): the structured form a From travels in, so no one formats and parses it again."""
+    mailbox = parse_mailbox(field, value)
+    address = email.utils.getaddresses([value])[0][1]
+    return mailbox.display_name, address
 
 
 def normalize_sender(value: str, field: str) -> str:

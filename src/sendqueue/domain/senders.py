@@ -233,11 +233,6 @@ class Sender:
         """The sender's timezone, where its days (and so its cap) are counted."""
         return load_timezone(self.timezone)
 
-    @property
-    def from_header(self) -> str:
-        """The From this sender writes: ``Name <address>``, or the address alone."""
-        return f"{self.name} <{self.email}>" if self.name else self.email
-
     def cap_on(self, day: date) -> int:
         """How many emails the sender may send on its local ``day``: ``daily_cap``, or the
         warm-up's ramp where it is lower. A day before the ramp's first day gets its start."""

@@ -416,11 +416,15 @@ class OutgoingMessage:
 
     message_id: str
     from_addr: str
+    """The From address; with ``from_name`` None it may carry the name (``Name <addr>``)."""
     to_addr: str
     subject: str
     text: str
     date: datetime
     to_name: str = ""
+    from_name: str | None = None
+    """The From's display name, given apart from the bare ``from_addr`` (a sender's name, which
+    may hold ``,``, ``:`` or non-ASCII: the MIME builder quotes and encodes it)."""
     reply_to: str | None = None
     html: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)

@@ -216,12 +216,7 @@ class CapacityPlanner:
         """The send instants ``(address, zone)`` recipients would get from ``start`` over the
         senders' books as they are now, booking nothing (a draft's preview)."""
         senders = self.senders_of(campaign)
-        ids = [s for s in campaign.sender_ids if s in senders]
-        keys = [key_of_normalized(email) for email, _ in recipients]
-        chosen: list[str | None] = [None] * len(keys)
-        if ids:
-            sticky = self._senders.sticky_senders(set(keys))
-            chosen = list(assign_senders(keys, ids, {k: [v] for k, v in sticky.items()}))
+        chosen = self._assign(campaign, senders, [email for email, _ in recipients])
         return plan_with_senders(
             campaign.policy,
             chosen,
@@ -229,6 +224,25 @@ class CapacityPlanner:
             now=start,
             zones=[zone for _, zone in recipients] if campaign.local_time else None,
         )
+
+    def preview_senders(
+        self, campaign: Campaign, emails: Sequence[str]
+    ) -> tuple[list[str | None], dict[str, Sender]]:
+        """The sender id each of ``emails`` would be given (None: the campaign's From), as
+        :meth:`preview` plans them, and those senders by id (what a preview names)."""
+        senders = self.senders_of(campaign)
+        return self._assign(campaign, senders, emails), senders
+
+    def _assign(
+        self, campaign: Campaign, senders: Collection[str], emails: Sequence[str]
+    ) -> list[str | None]:
+        """Round-robin over the campaign's senders still there, sticky ones first."""
+        ids = [s for s in campaign.sender_ids if s in senders]
+        keys = [key_of_normalized(email) for email in emails]
+        if not ids:
+            return [None] * len(keys)
+        sticky = self._senders.sticky_senders(set(keys))
+        return list(assign_senders(keys, ids, {k: [v] for k, v in sticky.items()}))
 
     # re-planning ----------------------------------------------------------------------------
 

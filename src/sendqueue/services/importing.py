@@ -13,11 +13,14 @@ The contract the CLI, the web app and the campaign service rely on:
 * **Templates** are Jinja2 in a sandbox with strict undefined: ``email`` (normalized), ``name``,
   each extra column whose name is an identifier, and ``row``, a dict of all of those, for names
   like ``row["My Col"]`` (a column literally named ``row`` is only reachable as
-  ``row["row"]``), and ``unsubscribe_url``, the email's one-click unsubscribe link (put in
-  at send time; a column of that name wins). The html template autoescapes; subject and body
-  do not. Their source size, output size and time per row are bounded
-  (:mod:`sendqueue.services.templates`, ``ImportLimits.templates``): a template past a bound
-  is refused naming its part, a row whose rendering passes one is a problem of that row.
+  ``row["row"]``), ``unsubscribe_url``, the email's one-click unsubscribe link (put in
+  at send time; a column of that name wins), and ``sender.name``, ``sender.email`` and
+  ``sender.signature``, the sender the email goes out from (put in at send time; a column
+  named ``sender`` does not hide them, see :mod:`sendqueue.services.templates`). The html
+  template autoescapes; subject and body do not. Their source size, output size and time per
+  row are bounded (:mod:`sendqueue.services.templates`, ``ImportLimits.templates``): a
+  template past a bound is refused naming its part, a row whose rendering passes one is a
+  problem of that row.
 * **Rows.** A subject is required (cell or template). The body may be empty only when an html
   part is present. The address must pass email-validator's syntax check (no DNS) and the
   normalized form is kept. Header fields (email, name, subject) must be one line: CR, LF, other

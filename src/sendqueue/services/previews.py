@@ -26,6 +26,7 @@ from types import MappingProxyType
 from sendqueue.domain.capacity import plan_with_senders
 from sendqueue.domain.models import Campaign, Recipient
 from sendqueue.domain.planner import DaySummary, per_day_summary, per_zone_day_summary, plan
+from sendqueue.domain.sender_fields import SenderFields
 from sendqueue.ports import TaskStore
 from sendqueue.services.capacity import CapacityPlanner
 
@@ -69,6 +70,9 @@ class PlanSummary:
     first_zones: tuple[str, ...] = ()
     """The zone each of the ``first`` sends is planned in (its recipient's, or the
     campaign's), in the same order: where its local time is read."""
+    first_senders: tuple[str, ...] = ()
+    """Who each of the ``first`` sends goes out from, ``Name <address>``: its planned sender,
+    or the campaign's From; in the same order."""
 
 
 class Previews:
@@ -94,7 +98,8 @@ class Previews:
             return _plain(campaign, sends, [r.email for r in listed][:first], shown)
         recipients = self._addressees(campaign.id)
         sends = self.planned_sends(campaign, recipients, start)
-        return summarize(campaign, recipients, sends, shown=shown)
+        senders = self.planned_senders(campaign, recipients)
+        return summarize(campaign, recipients, sends, shown=shown, senders=senders)
 
     def unsaved(
         self,
@@ -113,7 +118,9 @@ class Previews:
             sends = plan(campaign.policy, count, now=start)
             return _plain(campaign, sends, first_emails, shown)
         slim = [Recipient(r.position, r.email, timezone=r.timezone) for r in recipients()]
-        return summarize(campaign, slim, self.planned_sends(campaign, slim, start), shown=shown)
+        sends = self.planned_sends(campaign, slim, start)
+        senders = self.planned_senders(campaign, slim)
+        return summarize(campaign, slim, sends, shown=shown, senders=senders)
 
     def pairs(self, campaign: Campaign, now: datetime) -> list[tuple[Recipient, datetime]]:
         """Every recipient of the campaign with its send instant planned from ``now``, in
@@ -156,6 +163,16 @@ class Previews:
             )
         return plan(policy, len(recipients), now=start)
 
+    def planned_senders(self, campaign: Campaign, recipients: Sequence[Recipient]) -> list[str]:
+        """Who each of ``recipients`` would get its email from, ``Name <address>`` (one string
+        per sender, shared): its planned sender, or the campaign's From."""
+        from_shown = SenderFields.of_from(campaign.from_addr).shown
+        if not campaign.sender_ids or self._capacity is None:
+            return [from_shown] * len(recipients)
+        chosen, senders = self._capacity.preview_senders(campaign, [r.email for r in recipients])
+        shown = {sid: SenderFields.of_sender(s).shown for sid, s in senders.items()}
+        return [from_shown if sid is None else shown[sid] for sid in chosen]
+
     def _addressees(self, campaign_id: str) -> list[Recipient]:
         """Every recipient of the campaign with only its position, address and zone (a zone's
         name held once), in position order."""
@@ -180,12 +197,14 @@ def summarize(
     sends: Sequence[datetime],
     *,
     shown: int,
+    senders: Sequence[str] = (),
 ) -> PlanSummary:
     """The :class:`PlanSummary` of a plan that depends on its recipients: ``sends[i]`` is
     the send instant of ``recipients[i]`` (in position order, as
-    :meth:`Previews.planned_sends` returns them). The first ``shown`` sends are listed in
-    time order (sends of different zones or senders interleave), equal instants by
-    position."""
+    :meth:`Previews.planned_sends` returns them), ``senders[i]`` who it goes out from (as
+    :meth:`Previews.planned_senders` names them; none: not listed). The first ``shown``
+    sends are listed in time order (sends of different zones or senders interleave), equal
+    instants by position."""
     default = campaign.policy.timezone
     zones = [r.timezone for r in recipients] if campaign.local_time else [None] * len(sends)
     order = heapq.nsmallest(shown, range(len(sends)), key=sends.__getitem__)
@@ -200,6 +219,7 @@ def summarize(
         ),
         local_time=campaign.local_time,
         first_zones=tuple(zones[i] or default for i in order),
+        first_senders=tuple(senders[i] for i in order) if senders else (),
     )
 
 
@@ -210,6 +230,7 @@ def _plain(
     default = campaign.policy.timezone
     first = sends[:shown]
     days = tuple(per_day_summary(sends, default))
+    sender = SenderFields.of_from(campaign.from_addr).shown  # no senders: the From sends all
     return PlanSummary(
         count=len(sends),
         first=tuple(first),
@@ -218,6 +239,7 @@ def _plain(
         zones=(ZoneDays(default, days, len(sends)),),
         local_time=False,
         first_zones=(default,) * len(first),
+        first_senders=(sender,) * len(first),
     )
 
 

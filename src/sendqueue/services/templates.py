@@ -16,6 +16,12 @@ The contract :mod:`sendqueue.services.importing` relies on:
 * Every template sees ``unsubscribe_url``, rendered as
   :data:`~sendqueue.domain.unsubscribe.UNSUBSCRIBE_URL_PLACEHOLDER`, which the send worker
   replaces with the task's own one-click unsubscribe link.
+* Every template sees ``sender.name``, ``sender.email`` and ``sender.signature``, rendered as
+  :data:`~sendqueue.domain.sender_fields.SENDER_PLACEHOLDERS`, which the send worker fills in
+  with the sender the email goes out from. Since what renders is a placeholder, they may only
+  be written as they are (``{{ sender.name }}``): a filter, a test, another attribute or any
+  other use of ``sender`` is refused at compile time, naming the part. A column named
+  ``sender`` does not hide them (templates reach it as ``row["sender"]``).
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from jinja2 import Template, TemplateError, TemplateSyntaxError
+from jinja2 import Template, TemplateError, TemplateSyntaxError, nodes
 from jinja2.sandbox import SandboxedEnvironment
 
 from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.sender_fields import SENDER_ATTRIBUTES, SENDER_PLACEHOLDERS
 from sendqueue.domain.unsubscribe import UNSUBSCRIBE_URL_PLACEHOLDER
 from sendqueue.services.template_sandbox import BoundedSandbox, Budget, TemplateLimitError
 
@@ -40,6 +47,11 @@ __all__ = [
 ]
 
 _VALUE_SHOWN_CHARS = 200
+_SENDER = dict(SENDER_PLACEHOLDERS)
+_SENDER_USE = (
+    "sender.name, sender.email and sender.signature are filled in when the email is sent, so "
+    "they are written only as they are, such as {{ sender.name }}, without filters or tests"
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +108,8 @@ class CompiledTemplates:
         template: Template = getattr(self, part)
         cap = self.limits.max_html_output_chars if part == "html" else self.limits.max_output_chars
         self._budget.produced = 0
-        shared = template.new_context({**self._globals[part], **variables}, shared=True)
+        context = {**self._globals[part], **variables, "sender": _SENDER}
+        shared = template.new_context(context, shared=True)
         chunks: list[str] = []
         size = 0
         for chunk in template.root_render_func(shared):
@@ -130,12 +143,18 @@ def compile_templates(
         # Rendered before the task exists: the worker puts each task's own link in its place
         # at send time (sendqueue.domain.unsubscribe). A column of that name wins over it.
         env.globals["unsubscribe_url"] = UNSUBSCRIBE_URL_PLACEHOLDER
+        env.globals["sender"] = _SENDER
 
     def compile_one(env: SandboxedEnvironment, name: str, source: str | None) -> Template | None:
         if source is None:
             return None
         try:
-            return env.from_string(source)
+            tree = env.parse(source)  # parsed once: checked, then compiled
+            if (why := _sender_misuse(tree)) is not None:
+                raise InvalidField(name, _clip(source), why)
+            return env.from_string(tree)
+        except InvalidField:
+            raise
         except TemplateSyntaxError as exc:
             raise InvalidField(
                 name, _clip(source), f"template syntax error on line {exc.lineno}: {exc.message}"
@@ -162,6 +181,26 @@ def compile_templates(
         _budget=budget,
         _globals={k: dict(t.globals) for k, t in compiled.items() if t is not None},
     )
+
+
+def _sender_misuse(tree: nodes.Template) -> str | None:
+    """Why the template's use of ``sender`` cannot be filled in at send time, or None: only
+    ``{{ sender.ATTR }}`` of a known attribute, output as it is, can."""
+    printed: set[int] = set()
+    for output in tree.find_all(nodes.Output):
+        for child in output.nodes:
+            if (
+                isinstance(child, nodes.Getattr)
+                and isinstance(child.node, nodes.Name)
+                and child.node.name == "sender"
+            ):
+                if child.attr not in SENDER_ATTRIBUTES:
+                    return f"sender has no attribute {child.attr!r}: {_SENDER_USE}"
+                printed.add(id(child.node))
+    for name in tree.find_all(nodes.Name):
+        if name.name == "sender" and id(name) not in printed:
+            return _SENDER_USE
+    return None
 
 
 def _check_sizes(templates: Templates, limits: TemplateLimits) -> None:

@@ -20,6 +20,7 @@ from sendqueue.domain.suppression import Suppression
 from sendqueue.domain.unsubscribe import UnsubscribeLinks
 from sendqueue.ports import Clock, SuppressionList, TaskStore
 from sendqueue.services.feedback import FeedbackService
+from sendqueue.services.sender_of import SendersOf
 
 __all__ = ["UnsubscribeService", "Unsubscription", "mask_address"]
 
@@ -27,7 +28,8 @@ __all__ = ["UnsubscribeService", "Unsubscription", "mask_address"]
 @dataclass(frozen=True)
 class Unsubscription:
     """Whose a token is, for the page: the ``task_id``, the ``address`` masked
-    (``j***@example.com``: the link may have been forwarded), the campaign's ``sender``,
+    (``j***@example.com``: the link may have been forwarded), the ``sender`` the email came
+    from (``Name <address>``: the task's sender, or the campaign's From),
     whether the address is ``unsubscribed`` (on the suppression list, for whatever reason),
     and the Pending emails this request ``cancelled``."""
 
@@ -79,7 +81,8 @@ class UnsubscribeService:
         return self._describe(task, unsubscribed=True, cancelled=len(applied.cancelled))
 
     def _describe(self, task: Task, *, unsubscribed: bool, cancelled: int = 0) -> Unsubscription:
-        sender = self._store.get_campaign(task.campaign_id).from_addr
+        campaign = self._store.get_campaign(task.campaign_id)
+        sender = SendersOf(self._store, campaign).of(task).shown
         return Unsubscription(task.id, mask_address(task.email), sender, unsubscribed, cancelled)
 
 

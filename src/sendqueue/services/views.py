@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter, Task
+from sendqueue.domain.sender_fields import SenderFields, fill_sender
 from sendqueue.domain.suppression import Suppression
 from sendqueue.ports import FeedbackStore, SuppressionList, TaskStore
 
@@ -194,6 +195,11 @@ class TaskView(_View):
     sender: str | None = Field(
         description="the address it goes out from: its sender's, or the campaign's From"
     )
+    sender_name: str | None = Field(
+        None,
+        description='the display name of its sender ("": none); null without a sender (the '
+        "campaign's From carries its own)",
+    )
     timezone: str | None = Field(
         description="the recipient's own zone, where a local-time campaign reads its windows; "
         "null: the campaign's"
@@ -223,18 +229,29 @@ class TaskView(_View):
 
     @classmethod
     def of(
-        cls, task: Task, *, campaign_paused: bool = False, from_addr: str | None = None
+        cls,
+        task: Task,
+        *,
+        campaign_paused: bool = False,
+        from_addr: str | None = None,
+        sender: SenderFields | None = None,
     ) -> TaskView:
         """The view of ``task``; with ``campaign_paused`` a Pending one shows as paused. A
-        task without a sender goes out from its campaign's From: ``from_addr``."""
+        task without a sender goes out from its campaign's From: ``from_addr``. ``sender``
+        (:class:`~sendqueue.services.sender_of.SendersOf`) gives ``sender_name`` (of a task
+        with a sender) and fills ``sender.*`` into the subject as the email carries it."""
         paused = campaign_paused and task.state is TaskState.PENDING
+        subject = task.subject
+        if sender is not None:
+            subject = fill_sender(subject, "", None, sender).subject
         return cls(
             id=task.id,
             position=task.position,
             email=task.email,
             name=task.name,
-            subject=task.subject,
+            subject=subject,
             sender=task.sender or from_addr,
+            sender_name=sender.name if sender is not None and task.sender_id else None,
             timezone=task.timezone,
             state=task.state.value,
             send_at=None if paused else iso(task.send_at),
@@ -330,11 +347,16 @@ def campaign_dict(store: TaskStore, campaign: Campaign) -> dict[str, Any]:
 
 
 def task_dict(
-    task: Task, *, campaign_paused: bool = False, from_addr: str | None = None
+    task: Task,
+    *,
+    campaign_paused: bool = False,
+    from_addr: str | None = None,
+    sender: SenderFields | None = None,
 ) -> dict[str, Any]:
     """A task as the API and ``task cancel --json`` show it (``from_addr``: the campaign's
-    From, the ``sender`` of a task without one)."""
-    return TaskView.of(task, campaign_paused=campaign_paused, from_addr=from_addr).as_json()
+    From, the ``sender`` of a task without one; ``sender``: see :meth:`TaskView.of`)."""
+    view = TaskView.of(task, campaign_paused=campaign_paused, from_addr=from_addr, sender=sender)
+    return view.as_json()
 
 
 def change_dict(entry: ChangeLogEntry) -> dict[str, Any]:
@@ -356,8 +378,12 @@ TASK_LIST_KEYS = (
 
 
 def task_list_dict(
-    task: Task, *, campaign_paused: bool = False, from_addr: str | None = None
+    task: Task,
+    *,
+    campaign_paused: bool = False,
+    from_addr: str | None = None,
+    sender: SenderFields | None = None,
 ) -> dict[str, Any]:
     """A task as ``campaign tasks --json`` lists it: :func:`task_dict` cut to TASK_LIST_KEYS."""
-    full = task_dict(task, campaign_paused=campaign_paused, from_addr=from_addr)
+    full = task_dict(task, campaign_paused=campaign_paused, from_addr=from_addr, sender=sender)
     return {key: full[key] for key in TASK_LIST_KEYS}

@@ -51,6 +51,7 @@ from sendqueue.domain.errors import (
 )
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
+from sendqueue.domain.sender_fields import SenderFields, fill_sender
 from sendqueue.domain.senders import Sender
 from sendqueue.domain.slots import in_policy, nominal_spacing
 from sendqueue.domain.suppression import Suppression, suppressed_reason
@@ -119,11 +120,6 @@ REPLAN_WAIT = 10.0
 SENDING_STATES = frozenset({CampaignState.ACTIVE, CampaignState.PROVISIONING})
 
 log = logging.getLogger(__name__)
-
-
-def _sender_domain(from_addr: str) -> str:
-    address = from_addr.rsplit("<", 1)[-1].rstrip(">").strip()
-    return address.rsplit("@", 1)[-1] if "@" in address else "sendqueue.invalid"
 
 
 class SendWorker:
@@ -459,19 +455,22 @@ class SendWorker:
             except InvalidField as exc:  # an id sendqueue did not make: send, and say so
                 url = None
                 log.error("task %s: sent without an unsubscribe link: %s", task.id, exc)
-        parts = personalize(
-            task.subject, task.text, task.html, url, footer=campaign.unsubscribe_footer
-        )
-        from_addr, reply_to, mailer = campaign.from_addr, campaign.reply_to, self._mailer
+        reply_to, mailer = campaign.reply_to, self._mailer
         sender = self._sender(task.sender_id) if task.sender_id is not None else None
+        fields = SenderFields.of_from(campaign.from_addr)
         if sender is not None:
-            from_addr, reply_to = sender.from_header, sender.reply_to or campaign.reply_to
+            fields, reply_to = SenderFields.of_sender(sender), sender.reply_to or reply_to
             own = sender.transport is not None or sender.oauth is not None
             if own and self._mailer_for is not None:
                 mailer = self._mailer_for(sender)
+        signed = fill_sender(task.subject, task.text, task.html, fields)
+        parts = personalize(
+            signed.subject, signed.text, signed.html, url, footer=campaign.unsubscribe_footer
+        )
         message = OutgoingMessage(
-            message_id=message_id_for(task.id, _sender_domain(from_addr), self._config.secret_key),
-            from_addr=from_addr,
+            message_id=message_id_for(task.id, fields.email, self._config.secret_key),
+            from_addr=fields.email,
+            from_name=fields.name,
             reply_to=reply_to,
             to_addr=task.email,
             to_name=task.name,

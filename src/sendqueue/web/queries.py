@@ -113,6 +113,8 @@ def summary_view(policy: SendingPolicy, summary: PlanSummary, *, duplicates: int
     out.local_time = summary.local_time
     for send, zone in zip(out.sends, summary.first_zones, strict=False):
         send.zone = zone
+    for send, sender in zip(out.sends, summary.first_senders, strict=False):
+        send.sender = sender
     out.zones = [
         PlanZone(zone=z.zone, count=z.count, days=[_plan_day(d) for d in z.days])
         for z in summary.zones

@@ -98,6 +98,9 @@ class PlanSend(BaseModel):
         description="the zone the send is planned in (its recipient's in a local-time "
         "campaign, else the campaign's)",
     )
+    sender: str | None = Field(
+        None, description='who it goes out from, "Name <address>": its planned sender or the From'
+    )
 
 
 class PlanDay(BaseModel):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from sendqueue.domain.models import Campaign, Task
+from sendqueue.domain.sender_fields import SenderFields, fill_sender
 from sendqueue.domain.wording import plural
 from sendqueue.services.views import TaskView
 from sendqueue.web.times import human_time, zone_time
@@ -37,9 +38,14 @@ def recipient_zone(task: Task, campaign: Campaign) -> str | None:
     return (task.timezone or campaign.policy.timezone) if campaign.local_time else None
 
 
-def task_row(task: Task, campaign: Campaign, *, campaign_paused: bool) -> dict[str, Any]:
-    """The row of one email: the API's view of it plus the texts the table shows."""
-    view = TaskView.of(task, campaign_paused=campaign_paused, from_addr=campaign.from_addr)
+def task_row(
+    task: Task, campaign: Campaign, *, campaign_paused: bool, sender: SenderFields
+) -> dict[str, Any]:
+    """The row of one email: the API's view of it plus the texts the table shows; ``sender``
+    is the one it goes out from (:class:`~sendqueue.services.sender_of.SendersOf`)."""
+    view = TaskView.of(
+        task, campaign_paused=campaign_paused, from_addr=campaign.from_addr, sender=sender
+    )
     zone = campaign.policy.zone
     own_zone = recipient_zone(task, campaign)
     row = view.model_dump(exclude={"message_id"})
@@ -57,14 +63,19 @@ def task_row(task: Task, campaign: Campaign, *, campaign_paused: bool) -> dict[s
         moved_title=f"first planned {human_time(task.planned_at, zone)}" if task.planned_at else "",
         error=task.error or task.reason or "",
         url=email_url(campaign.id, task.id),
+        # campaign.js (taskCells) writes the same
+        sender_shown=f"{view.sender_name} <{view.sender}>" if view.sender_name else view.sender,
     )
     return row
 
 
-def task_details(task: Task, campaign: Campaign, *, campaign_paused: bool) -> dict[str, Any]:
+def task_details(
+    task: Task, campaign: Campaign, *, campaign_paused: bool, sender: SenderFields
+) -> dict[str, Any]:
     """Every field of one email for its page: the row's texts, the times to the second, and
-    the message itself."""
-    row = task_row(task, campaign, campaign_paused=campaign_paused)
+    the message itself as its sender sends it (``sender.*`` filled in)."""
+    row = task_row(task, campaign, campaign_paused=campaign_paused, sender=sender)
+    filled = fill_sender(task.subject, task.text, task.html, sender)
     zone = campaign.policy.zone
     own_zone = recipient_zone(task, campaign)
     row.update(
@@ -77,7 +88,7 @@ def task_details(task: Task, campaign: Campaign, *, campaign_paused: bool) -> di
         outcome_at_full=human_time(task.outcome_at, zone, seconds=True),
         outcome_at_iso=row["outcome_at"] or "",
         sent_local=zone_time(task.sent_at, own_zone) if own_zone else "",
-        text=task.text,
-        html=task.html or "",
+        text=filled.text,
+        html=filled.html or "",
     )
     return row

@@ -94,7 +94,9 @@ def needs_smtputf8(message: EmailMessage) -> bool:
 
 def envelope_addresses(msg: OutgoingMessage) -> tuple[str, str]:
     """The SMTP envelope (MAIL FROM, RCPT TO) of a message: bare addresses, IDNA domains."""
-    sender = parse_mailbox("from_addr", msg.from_addr)
+    sender = parse_mailbox(
+        "from_addr", msg.from_addr, display_name=msg.from_name, name_field="from_name"
+    )
     recipient = parse_mailbox(
         "to_addr", msg.to_addr, display_name=msg.to_name, name_field="to_name"
     )
@@ -104,16 +106,18 @@ def envelope_addresses(msg: OutgoingMessage) -> tuple[str, str]:
 def build_message(msg: OutgoingMessage) -> EmailMessage:
     """The MIME message for ``msg``.
 
-    Headers: From, Reply-To (when set), To (``to_name <to_addr>``), Subject, Date (from
-    ``msg.date``, which must be aware), Message-ID (exactly ``msg.message_id``, which must look
-    like ``<left@right>``), then ``msg.headers`` in their order. The body is ``text/plain``, or
-    ``multipart/alternative`` with the text first and ``msg.html`` second.
+    Headers: From (``from_name`` and ``from_addr``, written by the header registry: a name with
+    specials is quoted, a non-ASCII one RFC 2047-encoded), Reply-To (when set), To
+    (``to_name <to_addr>``), Subject, Date (from ``msg.date``, which must be aware), Message-ID
+    (exactly ``msg.message_id``, which must look like ``<left@right>``), then ``msg.headers``
+    in their order. The body is ``text/plain``, or ``multipart/alternative`` with the text
+    first and ``msg.html`` second.
 
     Raises InvalidField (naming the field or header) for a CR or LF in any header value, an
     unparseable address, a naive date, a malformed Message-ID, or an extra header that is
     malformed or one this function writes itself.
     """
-    sender, from_header = _campaign_mailbox("from_addr", msg.from_addr)
+    sender, from_header = _campaign_mailbox("from_addr", msg.from_addr, msg.from_name)
     recipient = parse_mailbox(
         "to_addr", msg.to_addr, display_name=msg.to_name, name_field="to_name"
     )
@@ -148,14 +152,15 @@ def build_message(msg: OutgoingMessage) -> EmailMessage:
     return out
 
 
-# From and Reply-To are the campaign's, the same in every email: parsed once, and their
-# (immutable) header objects reused.
+# From and Reply-To are the campaign's or the sender's, the same in every email: parsed once,
+# and their (immutable) header objects reused.
 _HEADER_NAMES = {"from_addr": "From", "reply_to": "Reply-To"}
 
 
 @functools.lru_cache(maxsize=256)
-def _campaign_mailbox(field: str, value: str) -> tuple[Address, Any]:
-    mailbox = parse_mailbox(field, value)
+def _campaign_mailbox(field: str, value: str, name: str | None = None) -> tuple[Address, Any]:
+    """The mailbox of ``value`` (``name``, when given, its display name) and its header."""
+    mailbox = parse_mailbox(field, value, display_name=name, name_field="from_name")
     return mailbox, _ASCII_POLICY.header_factory(_HEADER_NAMES[field], mailbox)
 
 

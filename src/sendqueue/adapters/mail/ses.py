@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from sendqueue.adapters.mail.mime import build_message
+from sendqueue.adapters.mail.mime import build_message, envelope_of
 from sendqueue.adapters.mail.url import SesUrl, parse_mailer_url
 from sendqueue.domain.errors import (
     InvalidField,
@@ -77,7 +77,8 @@ class SesMailer:
         except InvalidField as exc:
             raise PermanentMailError(f"message not sent, it is invalid: {exc}") from exc
         args: dict[str, object] = {
-            "FromEmailAddress": message.from_addr,
+            # the bare address the From header holds (SES checks it against its identities)
+            "FromEmailAddress": envelope_of(mime)[0],
             "Destination": {"ToAddresses": [message.to_addr]},
             "Content": {"Raw": {"Data": mime.as_bytes()}},
         }

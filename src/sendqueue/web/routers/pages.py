@@ -27,6 +27,7 @@ from sendqueue.domain.models import Campaign, DeadLetter
 from sendqueue.domain.policy import WEEKDAY_NAMES
 from sendqueue.domain.suppression import SuppressionReason
 from sendqueue.ports import TaskStore
+from sendqueue.services.sender_of import SendersOf
 from sendqueue.services.views import (
     DeadLetterView,
     SuppressionView,
@@ -217,13 +218,17 @@ def campaign_page(
         suppressed = campaign_suppressed(store, campaign)
         paused = campaign.state is CampaignState.PAUSED
         timeline = timelines.get(campaign)
+        senders = SendersOf(store, campaign)
         return render(
             request,
             "campaign.html",
             title=campaign.name,
             last_change=last_change,
             zones=[campaign.policy.timezone],
-            tasks=[task_row(t, campaign, campaign_paused=paused) for t in page],
+            tasks=[
+                task_row(t, campaign, campaign_paused=paused, sender=senders.of(t)) for t in page
+            ],
+            campaign_senders=[s.shown for s in senders.campaign_senders()],
             moved=moved,
             late=late,
             suppressed=suppressed,
@@ -264,7 +269,8 @@ def email_page(request: Request, campaign_id: str, task_id: str, c: ContainerDep
         if task is None or task.campaign_id != campaign_id:
             raise NotFound("email", task_id)
         paused = campaign.state is CampaignState.PAUSED
-        email = task_details(task, campaign, campaign_paused=paused)
+        sender = SendersOf(c.store, campaign).of(task)
+        email = task_details(task, campaign, campaign_paused=paused, sender=sender)
         return render(
             request,
             "email.html",

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import MAX_CURSOR
+from sendqueue.services.sender_of import SendersOf
 from sendqueue.services.views import TaskView
 from sendqueue.web.deps import ContainerDep
 from sendqueue.web.schemas import READ_ERRORS, WRITE_ERRORS, TaskPage, error_responses
@@ -50,8 +51,14 @@ def list_tasks(
     )
     more = len(page) > limit
     page = page[:limit]
+    senders = SendersOf(c.store, campaign)
     return TaskPage(
-        tasks=[TaskView.of(t, campaign_paused=paused, from_addr=campaign.from_addr) for t in page],
+        tasks=[
+            TaskView.of(
+                t, campaign_paused=paused, from_addr=campaign.from_addr, sender=senders.of(t)
+            )
+            for t in page
+        ],
         next=page[-1].position if more else None,
     )
 
@@ -63,4 +70,6 @@ def cancel_task(campaign_id: str, task_id: str, c: ContainerDep) -> TaskView:
     if task is None or task.campaign_id != campaign_id:
         raise NotFound("task", task_id)
     cancelled = c.campaigns.cancel_task(task_id)
-    return TaskView.of(cancelled, from_addr=c.store.get_campaign(campaign_id).from_addr)
+    campaign = c.store.get_campaign(campaign_id)
+    sender = SendersOf(c.store, campaign).of(cancelled)
+    return TaskView.of(cancelled, from_addr=campaign.from_addr, sender=sender)

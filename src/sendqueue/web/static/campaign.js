@@ -76,8 +76,8 @@
       email: task.email,
       name: task.name || "",
       subject: task.subject || "",
-      // the address it goes out from: its sender's, or the campaign's From
-      sender: task.sender || "",
+      // who it goes out from, "Name <address>": its sender, or the campaign's From
+      sender: task.sender_name ? task.sender_name + " <" + task.sender + ">" : task.sender || "",
       // a paused campaign's Pending emails have no send time until it resumes
       send_at: task.paused ? "paused" : sq.formatTime(task.send_at, timeZone),
       local: task.paused || !ownZone ? "" : sq.formatZoneTime(task.send_at, ownZone),
@@ -161,7 +161,7 @@
       sq.el("td", { "data-label": "Subject" },
         line({ "data-field": "subject" }),
         line({ class: "line muted", hidden: true }, "from ",
-          sq.el("span", { class: "mono address", "data-field": "sender" }))),
+          sq.el("span", { class: "address", "data-field": "sender" }))),
       sq.el("td", { "data-label": "State" },
         line({ "data-field": "state" }),
         line({ "data-field": "outcome", "data-outcome": "", hidden: true }),

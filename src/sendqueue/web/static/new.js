@@ -176,6 +176,8 @@
     document.querySelector("#preview-sends tbody").replaceChildren(...shown.map((send, i) => sq.el("tr", {},
       sq.el("td", { class: "num pos", "data-label": "#" }, i + 1),
       sq.el("td", { class: "card-title mono address", "data-label": "Recipient" }, send.email || ""),
+      // the planned sender (or the From): who the recipient sees the email from
+      sq.el("td", { class: "address", "data-label": "From", "data-field": "sender" }, send.sender || ""),
       sq.el("td", { "data-label": "Send at" }, sq.formatTime(send.send_at, zone)),
       local ? sq.el("td", { "data-label": "Recipient's time" }, sq.formatZoneTime(send.send_at, send.zone || zone))
         : null)));
