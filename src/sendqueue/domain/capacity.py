@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import cast
 
+from . import capacity_clock as cc
 from . import capacity_walk as cw
 from .errors import InvalidField
 from .planner import _grid_ms
@@ -237,8 +238,8 @@ def plan_with_senders(
     if unknown:
         raise InvalidField("senders", unknown, "no such sender in this plan")
     rank = {sender_id: n for n, sender_id in enumerate(first)}
-    days = {name: cw.ZoneDays(load_timezone(name, "zones")) for name in names}
-    days.setdefault(policy.timezone, cw.ZoneDays(policy.zone))
+    days = {name: cc.ZoneDays(load_timezone(name, "zones")) for name in names}
+    days.setdefault(policy.timezone, cc.ZoneDays(policy.zone))
     senders: dict[str | None, cw.Sender] = {}
     lanes: dict[Hashable, cw.Lane] = {}
     by_zone: dict[str, list[cw.Lane]] = {name: [] for name in names}
@@ -252,7 +253,7 @@ def plan_with_senders(
             book = None if sender_id is None else books[sender_id]
             zone_days = None if book is None else days.get(book.sender.timezone)
             if book is not None and zone_days is None:
-                zone_days = days[book.sender.timezone] = cw.ZoneDays(book.sender.zone)
+                zone_days = days[book.sender.timezone] = cc.ZoneDays(book.sender.zone)
             sender = senders[sender_id] = cw.Sender(book, zone_days)
         lane = lanes[key] = cw.Lane(sender, rank[sender_id], size)
         by_zone[name].append(lane)
@@ -260,8 +261,8 @@ def plan_with_senders(
     used = {d.toordinal(): n for d, n in (campaign_per_day or {}).items()}
     campaign = cw.Campaign(days[policy.timezone], policy.per_day, used)
     taken = sorted((b.astimezone(UTC) - _EPOCH) // _ONE_US for b in campaign_booked)
-    near = cw.Near(taken, nominal_spacing(policy) / 2 // _ONE_US)
-    clock = cw.Instants()
+    near = cc.Near(taken, nominal_spacing(policy) / 2 // _ONE_US)
+    clock = cc.Instants()
     try:
         try:
             grids = [
