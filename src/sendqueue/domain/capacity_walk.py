@@ -60,7 +60,7 @@ class Sender:
         self.book = book
         self.days = days
         self.ready = -NEVER  # a mixed zone skips it before this instant (a slot it was refused)
-        self.undo: list[tuple[date, int | None]] = []
+        self.undo: list[tuple[date, int | None, bool]] = []  # (day, its count, new sending)
         self.day = 0  # the ordinal of the current day
         self.lanes: list[tuple[Zone, Lane]] = []
         if book is None:  # the campaign's own From: no cap, no gap, no day
@@ -93,7 +93,8 @@ class Sender:
         self.flush()
         self.day = ordinal
         day = date.fromordinal(ordinal)
-        self.room = self.room0 = self.book.sender.cap_on(day) - self.book.per_day.get(day, 0)
+        # the ramp counts the days flushed before this one: the plan's own earlier days
+        self.room = self.room0 = self.book.cap_on(day) - self.book.per_day.get(day, 0)
 
     def doze(self) -> None:
         """Its day is full: every lane of it, in every zone, out of the ring until its turn."""
@@ -102,13 +103,14 @@ class Sender:
                 zone.unlink(lane)
 
     def flush(self) -> None:
-        """Write the sends of the current day into the book (undone if the plan fails)."""
+        """Write the sends of the current day into the book, which counts it as a sending day
+        (undone if the plan fails)."""
         used = self.room0 - self.room
         if used and self.book is not None:
             per_day = self.book.per_day
             day = date.fromordinal(self.day)
             before = per_day.get(day)
-            self.undo.append((day, before))
+            self.undo.append((day, before, self.book.hold(day)))
             per_day[day] = (before or 0) + used
             self.room0 = self.room
 
@@ -116,7 +118,9 @@ class Sender:
         """Take a failed plan's day counts out of the book again."""
         if self.book is not None:
             per_day = self.book.per_day
-            for day, before in reversed(self.undo):
+            for day, before, held in reversed(self.undo):
+                if held:
+                    self.book.unhold(day)
                 if before is None:
                     per_day.pop(day, None)
                 else:
