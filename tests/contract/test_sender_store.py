@@ -385,6 +385,9 @@ def test_a_day_that_held_a_booking_stays_a_sending_day(store: Store) -> None:
             at=T0,
             bookings=[booking(t.id, 60 * 24 * 7 + i, cap=1) for i, t in enumerate(tasks)],
         )
+    running = make_task("c4", 0, state=TaskState.RUNNING)
+    with pytest.raises(IllegalTransition):
+        store.insert_tasks([running], at=T0, bookings=[booking(running.id, 60 * 24 * 7)])
     assert store.sending_days("s1", since=day[0]) == day[:4]
     store.release(["c1-2"])
     store.remove_sender("s1")

@@ -42,9 +42,11 @@ class SenderStore(Protocol):
     - A day a booking was made on stays one of the sender's *sending days*
       (:meth:`sending_days`) when its bookings are released or moved away, until the sender
       is removed; a refused call leaves no day behind (the warm-up's ramp counts these days,
-      and must never count fewer later than a booking's ``cap`` did). On DynamoDB a call too
-      large for one transaction, refused after its first part committed, leaves that part's
-      days: others may have counted them meanwhile, as after a release.
+      and must never count fewer later than a booking's ``cap`` did). On DynamoDB, where a
+      call too large for one transaction commits in parts and ``insert_tasks`` books before
+      it inserts, a call refused after a part committed (or tasks refused after their
+      bookings) leaves the days those bookings held: others may have counted them meanwhile,
+      as after a release.
     - Reads go per sender and range (:meth:`booked_times`, :meth:`sender_usage`,
       :meth:`sending_days`), through an index, never a scan of every booking.
     - Sticky senders: the first sender a recipient (its compared address) was booked on is
