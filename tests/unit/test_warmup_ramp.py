@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sendqueue.bootstrap import Container
+from sendqueue.domain.capacity import SenderBook, plan_with_senders
 from sendqueue.domain.errors import DomainError, InvalidField
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.policy import SendingPolicy, Window
@@ -24,6 +25,7 @@ from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.senders import InMemorySenders
 from tests.support.app import csv_bytes, fake_app
+from tests.unit.test_capacity import instants, policies, senders
 
 THURSDAY = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 MONDAY = date(2026, 12, 7)
@@ -132,7 +134,53 @@ def test_restarting_the_warm_up_counts_sending_days_from_the_restart() -> None:
     assert [caps[date(2026, 12, d)] for d in (3, 4, 7)] == [2, 5, 8]
 
 
-# --- the property ------------------------------------------------------------------------------
+# --- the properties ----------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pool=senders(2), now=instants, data=st.data())
+def test_plans_and_releases_on_shared_books_keep_every_day_within_its_ramp(
+    pool: list[Sender], now: datetime, data: st.DataObject
+) -> None:
+    """The planner alone: several plans over the same books, days apart, with bookings taken
+    out between them (cancelled or moved), judged by the sending days the books end with."""
+    pool = [
+        s
+        if s.warmup_start is not None
+        else replace(s, warmup_start=1, warmup_step=1, warmup_from=date(2026, 3, 1))
+        for s in pool
+    ]
+    books = {s.id: SenderBook(s) for s in pool}
+    held: dict[str, list[datetime]] = {s.id: [] for s in pool}
+    for _ in range(data.draw(st.integers(1, 4))):
+        now += timedelta(days=data.draw(st.integers(0, 9)), hours=data.draw(st.integers(0, 23)))
+        policy = data.draw(policies(now))
+        count = data.draw(st.integers(1, 30))
+        assigned: list[str | None] = [
+            data.draw(st.sampled_from([s.id for s in pool])) for _ in range(count)
+        ]
+        try:
+            sends = plan_with_senders(policy, assigned, books, now=now)
+        except DomainError:
+            continue  # no sending day in reach: the books are as they were
+        for sid, at in zip(assigned, sends, strict=True):
+            assert sid is not None
+            held[sid].append(at)
+        for sid, ats in held.items():
+            gone = data.draw(st.sets(st.integers(0, max(0, len(ats) - 1)), max_size=len(ats)))
+            for i in sorted(gone, reverse=True):
+                books[sid].remove(ats.pop(i))
+    for sender in pool:
+        assert sender.warmup_start is not None and sender.warmup_from is not None
+        book = books[sender.id]
+        counts = Counter(at.astimezone(sender.zone).date() for at in held[sender.id])
+        assert set(counts) <= set(book.sending)
+        for day, n in counts.items():
+            assert n <= sender.cap_on(day, book.sending), (sender, day, n, book.sending)
+        ramp = [d for d in book.sending if d >= sender.warmup_from]
+        if ramp:
+            assert counts[ramp[0]] <= sender.warmup_start
+
 
 _ACTIONS = ("campaign", "campaign", "cancel_some", "cancel", "cancel", "pause_resume", "wait")
 
