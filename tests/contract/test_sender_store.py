@@ -360,6 +360,40 @@ def test_days_are_the_bookings_own_and_usage_skips_empty_days(store: Store) -> N
     assert usage(store) == []
 
 
+def test_a_day_that_held_a_booking_stays_a_sending_day(store: Store) -> None:
+    store.add_sender(sender())
+    store.add_sender(sender("s2", "bob@example.com"))
+    day = [T0.date() + timedelta(days=n) for n in range(8)]
+    store.book([booking("c1-0", 0), booking("c1-1", 60 * 24), booking("c1-2", 60 * 48)])
+    store.mark_sent("c1-0")
+    store.release(["c1-1"])
+    store.book([booking("c1-2", 60 * 72)])  # moved off day 2
+    assert usage(store, days=8) == [SenderDay(day[0], 0, 1), SenderDay(day[3], 1, 0)]
+    assert store.sending_days("s1", since=day[0]) == day[:4]
+    assert store.sending_days("s1", since=day[2]) == day[2:4]
+    assert store.sending_days("s2", since=day[0]) == []
+    # refused calls leave no day behind: a taken slot, a full day, tasks refused with theirs
+    with pytest.raises(Overbooked):
+        store.book([booking("c2-0", 60 * 24 * 5), booking("c2-1", 60 * 72)])
+    with pytest.raises(Overbooked):
+        store.book([booking("c3-0", 60 * 24 * 6, cap=1), booking("c3-1", 60 * 24 * 6 + 1, cap=1)])
+    store.create_campaign(campaign("c4"), recipients(2))
+    tasks = [make_task("c4", i) for i in range(2)]
+    with pytest.raises(Overbooked):
+        store.insert_tasks(
+            tasks,
+            at=T0,
+            bookings=[booking(t.id, 60 * 24 * 7 + i, cap=1) for i, t in enumerate(tasks)],
+        )
+    running = make_task("c4", 0, state=TaskState.RUNNING)
+    with pytest.raises(IllegalTransition):
+        store.insert_tasks([running], at=T0, bookings=[booking(running.id, 60 * 24 * 7)])
+    assert store.sending_days("s1", since=day[0]) == day[:4]
+    store.release(["c1-2"])
+    store.remove_sender("s1")
+    assert store.sending_days("s1", since=day[0]) == []
+
+
 def test_sticky_senders_remember_the_first_sender(store: Store) -> None:
     store.add_sender(sender())
     store.add_sender(sender("s2", "bob@example.com"))

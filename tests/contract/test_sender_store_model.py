@@ -73,6 +73,7 @@ class BookingRules(RuleBasedStateMachine):
         for sid in SENDERS:
             self.store.add_sender(Sender(id=sid, email=f"{sid}@example.com", timezone="UTC"))
         self.held: dict[str, Held] = {}
+        self.sending: set[tuple[str, date]] = set()  # days that have held a booking
 
     def _day_counts(self) -> dict[tuple[str, date], int]:
         counts: dict[tuple[str, date], int] = {}
@@ -110,6 +111,7 @@ class BookingRules(RuleBasedStateMachine):
             return
         assert not refused, (calls, self.held)
         self.held = after
+        self.sending |= {(h.sender, h.day) for h in after.values()}
 
     @rule(tasks=st.lists(st.sampled_from(TASKS), max_size=3))
     def release(self, tasks: list[str]) -> None:
@@ -141,6 +143,8 @@ class BookingRules(RuleBasedStateMachine):
             assert got == want
             times = self.store.booked_times(sid, since=T0, until=T0 + timedelta(days=3))
             assert times == sorted(_booking("x-0", sid, h.slot, 1).at for h in mine)
+            held = sorted(d for s, d in self.sending if s == sid)
+            assert self.store.sending_days(sid, since=DAY0) == held
         for task in TASKS:
             booking = self.store.booking_of(task)
             model = self.held.get(task)

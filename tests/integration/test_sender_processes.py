@@ -3,8 +3,9 @@ overbooked (issue 13): on SQLite (one file, two processes), PostgreSQL, and Dyna
 
 Each process plans over the sender's books as it read them and books chunk by chunk; when the
 other booked first, its booking is refused whole (Overbooked) and it plans that chunk again.
-Afterwards, per sender-local day, the planned sends stay within the cap, any two are at least
-the minimum gap apart, the store's day counts match the tasks, and every task holds its slot.
+Afterwards, per sender-local day, the planned sends stay within the cap and the warm-up's ramp
+(counted over the sending days the store ends with), any two are at least the minimum gap
+apart, the store's day counts match the tasks, and every task holds its slot.
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ def test_two_processes_provisioning_at_once_never_overbook_a_sender(
             daily_cap=CAP,
             min_gap_seconds=GAP,
             timezone="America/New_York",
+            warmup_start=2,
+            warmup_step=3,
         )
         cids = [
             app.campaigns.create(
@@ -150,10 +153,15 @@ def test_two_processes_provisioning_at_once_never_overbook_a_sender(
         assert {t.state for t in tasks} == {TaskState.PENDING}
         per_day = Counter(t.send_at.astimezone(sender.zone).date() for t in tasks)
         assert max(per_day.values()) <= CAP, (per_day, replanned)
+        store = cast(SenderStore, app.store)
+        assert sender.warmup_from is not None
+        sending = store.sending_days(sender.id, since=sender.warmup_from)
+        assert per_day[sending[0]] <= 2, (per_day, sending, replanned)
+        for day, n in per_day.items():
+            assert n <= sender.cap_on(day, sending), (day, per_day, sending, replanned)
         times = sorted(t.send_at for t in tasks)
         gaps = [b - a for a, b in itertools.pairwise(times)]
         assert min(gaps) >= timedelta(seconds=GAP)
-        store = cast(SenderStore, app.store)
         first, last = min(per_day), max(per_day)
         usage = {
             d.day: d.planned + d.sent

@@ -128,7 +128,7 @@ def test_add_list_show_update_remove(cli: CliRunner) -> None:
     assert code == 1 and "not found" in err
 
 
-def test_warm_up_ramps_the_cap_by_calendar_day(cli: CliRunner) -> None:
+def test_warm_up_ramps_the_cap_per_sending_day(cli: CliRunner, store: SenderStore) -> None:
     added = run_json(
         cli, "sender", "add", "--email", "new@example.com", "--daily-cap", "10",
         "--warmup-start", "2", "--warmup-step", "3",
@@ -139,7 +139,16 @@ def test_warm_up_ramps_the_cap_by_calendar_day(cli: CliRunner) -> None:
     assert [d["date"] for d in usage[:2]] == [
         today.isoformat(), (today + timedelta(days=1)).isoformat(),
     ]  # fmt: skip
-    assert [d["cap"] for d in usage[:5]] == [2, 5, 8, 10, 10]
+    assert {d["cap"] for d in usage} == {2}  # no sending day yet: any day would be the first
+    _book(store, added["id"], 1, 2, cap=2)
+    _book(store, added["id"], 3, 5, cap=5)
+    usage = run_json(cli, "sender", "show", added["id"])["usage"]
+    # tomorrow is the first sending day; the day after it counts one, and so on
+    assert [d["cap"] for d in usage[:7]] == [2, 2, 5, 5, 8, 8, 8]
+    code, out, _ = run(cli, "sender", "show", added["id"])
+    assert code == 0 and "2 +3 per sending day" in out
+    store.release([f"cbook1-{i}" for i in range(2)])  # a cancelled day still counts
+    assert run_json(cli, "sender", "show", added["id"])["usage"][3]["cap"] == 5
     ended = run_json(cli, "sender", "update", added["id"], "--no-warmup")
     assert (ended["warmup_start"], ended["warmup_step"], ended["warmup_from"]) == (None, None, None)
     assert {d["cap"] for d in run_json(cli, "sender", "show", added["id"])["usage"]} == {10}

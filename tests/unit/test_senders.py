@@ -1,4 +1,5 @@
-"""Senders: validation names the field, the warm-up ramps to the cap, credentials are masked."""
+"""Senders: validation names the field, the warm-up ramps per sending day to the cap,
+credentials are masked."""
 
 from __future__ import annotations
 
@@ -76,11 +77,15 @@ def test_masked_transport(url: str | None, shown: str | None) -> None:
     assert masked_transport(url) == shown
 
 
-def test_the_warm_up_ramps_by_calendar_day_up_to_the_cap() -> None:
+def test_the_warm_up_ramps_per_sending_day_up_to_the_cap() -> None:
     s = sender(daily_cap=30, warmup_start=5, warmup_step=10, warmup_from=date(2026, 12, 7))
-    caps = [s.cap_on(date(2026, 12, d)) for d in range(6, 12)]
-    assert caps == [5, 5, 15, 25, 30, 30]
-    assert sender(daily_cap=30).cap_on(date(2026, 12, 7)) == 30
+    # sending on Monday 7th, Tuesday 8th and Monday 14th; the weekend and idle days between
+    sending = [date(2026, 12, 3), date(2026, 12, 7), date(2026, 12, 8), date(2026, 12, 14)]
+    caps = {d: s.cap_on(date(2026, 12, d), sending) for d in (6, 7, 8, 9, 13, 14, 15)}
+    # the 3rd is before the warm-up was set: it does not count
+    assert caps == {6: 5, 7: 5, 8: 15, 9: 25, 13: 25, 14: 25, 15: 30}
+    assert s.cap_on(date(2027, 6, 1), []) == 5  # idle for months: still the first day's
+    assert sender(daily_cap=30).cap_on(date(2026, 12, 7), sending) == 30
 
 
 @settings(max_examples=200, deadline=None)
@@ -88,15 +93,24 @@ def test_the_warm_up_ramps_by_calendar_day_up_to_the_cap() -> None:
     cap=st.integers(1, 500),
     data=st.data(),
     offsets=st.lists(st.integers(-30, 400), min_size=2, max_size=10),
+    sending=st.lists(st.integers(-30, 400), max_size=20, unique=True),
 )
 def test_the_ramp_never_falls_and_never_passes_the_cap(
-    cap: int, data: st.DataObject, offsets: list[int]
+    cap: int, data: st.DataObject, offsets: list[int], sending: list[int]
 ) -> None:
     start = data.draw(st.integers(1, cap))
     step = data.draw(st.integers(1, cap))
     first = date(2026, 3, 1)
     s = sender(daily_cap=cap, warmup_start=start, warmup_step=step, warmup_from=first)
     days = sorted(date.fromordinal(first.toordinal() + o) for o in offsets)
-    caps = [s.cap_on(d) for d in days]
+    held = sorted(date.fromordinal(first.toordinal() + o) for o in sending)
+    caps = [s.cap_on(d, held) for d in days]
     assert caps == sorted(caps)
     assert all(start <= c <= cap for c in caps)
+    for d in days:
+        steps = sum(1 for h in held if first <= h < d)
+        assert s.cap_on(d, held) == min(cap, start + step * steps)
+        # another sending day never lowers a cap
+        extra = data.draw(st.integers(-30, 400))
+        more = sorted({*held, date.fromordinal(first.toordinal() + extra)})
+        assert s.cap_on(d, more) >= s.cap_on(d, held)

@@ -104,14 +104,16 @@ def test_usage_counts_the_bookings_against_the_warm_up_cap(web: Web) -> None:
     sid = _add(web, daily_cap=10, warmup_start=2, warmup_step=3)["id"]
     today = T0.date()
     _book(web, sid, today, 2, cap=2)
-    _book(web, sid, today + timedelta(days=2), 4, cap=8)
+    _book(web, sid, today + timedelta(days=2), 4, cap=5)
     assert web.container.sender_store.mark_sent(f"cbook-{today.isoformat()}-0")
     usage = web.client.get(f"/api/senders/{sid}").json()["usage"]
-    assert usage[:4] == [
+    # the ramp moves on per sending day (the 1st and the 3rd), not per calendar day
+    assert usage[:5] == [
         {"date": "2026-12-01", "planned": 1, "sent": 1, "cap": 2},
         {"date": "2026-12-02", "planned": 0, "sent": 0, "cap": 5},
-        {"date": "2026-12-03", "planned": 4, "sent": 0, "cap": 8},
-        {"date": "2026-12-04", "planned": 0, "sent": 0, "cap": 10},
+        {"date": "2026-12-03", "planned": 4, "sent": 0, "cap": 5},
+        {"date": "2026-12-04", "planned": 0, "sent": 0, "cap": 8},
+        {"date": "2026-12-05", "planned": 0, "sent": 0, "cap": 8},
     ]
     # ending the warm-up: the full cap from today
     ended = web.client.patch(f"/api/senders/{sid}", json={"warmup_start": None})

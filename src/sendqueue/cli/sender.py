@@ -31,8 +31,10 @@ _NAME_HELP = "Display name of the From header."
 _CAP_HELP = "Emails a day at most, counted per local day in the sender's timezone (1..10000)."
 _GAP_HELP = "Seconds between two sends of this sender at least (1..86400)."
 _ZONE_HELP = "IANA timezone of the sender's days [default: SENDQUEUE_DEFAULT_TIMEZONE]"
-_WARMUP_START_HELP = "Warm-up: the cap on its first day (today); needs --warmup-step."
-_WARMUP_STEP_HELP = "Warm-up: how much the cap grows each calendar day, up to --daily-cap."
+_WARMUP_START_HELP = (
+    "Warm-up: the cap on its first sending day (its first day with an email); needs --warmup-step."
+)
+_WARMUP_STEP_HELP = "Warm-up: how much the cap grows per sending day, up to --daily-cap."
 _MAILER_HELP = (
     "Its own transport (smtp://user:password@host:587?security=starttls, ses:REGION, "
     "maildir:PATH) [default: SENDQUEUE_MAILER]"
@@ -56,7 +58,7 @@ def _warmup_text(view: SenderView) -> str:
     if view.warmup_start is None:
         return ""
     since = view.warmup_from.isoformat() if view.warmup_from else "?"
-    return f"{view.warmup_start} +{view.warmup_step}/day from {since}"
+    return f"{view.warmup_start} +{view.warmup_step} per sending day, counted from {since}"
 
 
 def _address_taken(exc: Conflict) -> None:
@@ -194,7 +196,9 @@ def sender_update(
     timezone: Annotated[str | None, typer.Option("--timezone", help="IANA timezone.")] = None,
     warmup_start: Annotated[
         int | None,
-        typer.Option("--warmup-start", help="Restart the warm-up today at this cap."),
+        typer.Option(
+            "--warmup-start", help="Restart the warm-up at this cap (earlier days stop counting)."
+        ),
     ] = None,
     warmup_step: Annotated[
         int | None, typer.Option("--warmup-step", help=_WARMUP_STEP_HELP)

@@ -1,9 +1,11 @@
-"""Capacity-aware planning: a campaign's sends placed where its senders have room (issue 13).
-Pure, no I/O.
+"""Capacity-aware planning: a campaign's sends placed where its senders have room. Pure, no
+I/O.
 
 Several campaigns share a sender's mailbox, so a sender's day holds at most its cap (with the
 warm-up's ramp, :meth:`~sendqueue.domain.senders.Sender.cap_on`) across all of them, and two of
-its sends are never closer than its minimum gap. :class:`SenderBook` is what a sender already
+its sends are never closer than its minimum gap. The ramp counts the sender's sending days: a
+book knows those the store has (:attr:`SenderBook.sending`), and every day a plan books joins
+them, so a plan's later days count its earlier ones. :class:`SenderBook` is what a sender already
 has booked; :func:`plan_with_senders` takes a campaign's slots from the same day grids as
 :func:`~sendqueue.domain.planner.plan` and gives each to a sender that still has room.
 
@@ -31,12 +33,14 @@ The placing itself, written for speed, is :mod:`sendqueue.domain.capacity_walk`.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import cast
 
+from . import capacity_clock as cc
 from . import capacity_walk as cw
 from .errors import InvalidField
 from .planner import _grid_ms
@@ -96,15 +100,25 @@ class SenderBook:
     send holds -> how many hold it (more than one only where bookings made under another
     ``min_gap_seconds`` share a slot of the current one). Keyed by the start rather than the
     slot's index: the planner then looks a snapped instant up as it is."""
+    sending: list[date] = field(default_factory=list)
+    """The sender's sending days (sorted): days that have held a booking, which its warm-up's
+    ramp counts (:meth:`~sendqueue.domain.senders.Sender.cap_on`)."""
 
     @classmethod
     def load(
-        cls, sender: Sender, times: Iterable[datetime], days: Iterable[SenderDay]
+        cls,
+        sender: Sender,
+        times: Iterable[datetime],
+        days: Iterable[SenderDay],
+        sending_days: Iterable[date] = (),
     ) -> SenderBook:
         """The book from the store's reads: ``times`` (``booked_times``: every booked instant,
-        planned or sent) held as slots of the sender's current ``min_gap_seconds``, and
-        ``days`` (``sender_usage``: planned plus sent per local day) as the day counts."""
+        planned or sent) held as slots of the sender's current ``min_gap_seconds``, ``days``
+        (``sender_usage``: planned plus sent per local day) as the day counts, and
+        ``sending_days`` (``sending_days``, needed only with a warm-up) with the days of
+        ``days`` as the sending days."""
         book = cls(sender, {d.day: d.planned + d.sent for d in days if d.planned + d.sent})
+        book.sending = sorted({*sending_days, *book.per_day})
         gap = sender.min_gap_seconds * 1000
         slots = book.slots
         for at in times:
@@ -112,13 +126,33 @@ class SenderBook:
                 slots[start] = slots.get(start, 0) + 1
         return book
 
+    def cap_on(self, day: date) -> int:
+        """The sender's cap on its local ``day``, counting the sending days in this book."""
+        return self.sender.cap_on(day, self.sending)
+
+    def hold(self, day: date) -> bool:
+        """Count ``day`` as a sending day (a plan books it); False when it was one already."""
+        sending = self.sending
+        i = bisect_left(sending, day)
+        if i < len(sending) and sending[i] == day:
+            return False
+        sending.insert(i, day)
+        return True
+
+    def unhold(self, day: date) -> None:
+        """Take back :meth:`hold` (a failed plan's day)."""
+        sending = self.sending
+        i = bisect_left(sending, day)
+        if i < len(sending) and sending[i] == day:
+            del sending[i]
+
     def day_of(self, at: datetime) -> date:
         """The sender's local day of ``at``."""
         return at.astimezone(self.sender.zone).date()
 
     def has_room(self, at: datetime, day: date) -> bool:
         """Whether a send at ``at`` (a slot start) on the sender's ``day`` fits."""
-        if self.per_day.get(day, 0) >= self.sender.cap_on(day):
+        if self.per_day.get(day, 0) >= self.cap_on(day):
             return False
         gap = self.sender.min_gap_seconds * 1000
         return not any(start in self.slots for start in _held(_ms(at), gap))
@@ -127,12 +161,14 @@ class SenderBook:
         """Book a send at ``at``."""
         day = self.day_of(at)
         self.per_day[day] = self.per_day.get(day, 0) + 1
+        self.hold(day)
         for start in _held(_ms(at), self.sender.min_gap_seconds * 1000):
             self.slots[start] = self.slots.get(start, 0) + 1
 
     def remove(self, at: datetime) -> None:
         """Take one booked send at ``at`` out (a re-plan frees the slots of the tasks it moves
-        before planning them again). InvalidField (``at``) when no send holds its slot."""
+        before planning them again). InvalidField (``at``) when no send holds its slot. Its day
+        stays a sending day, as the store keeps it one."""
         held = _held(_ms(at), self.sender.min_gap_seconds * 1000)
         if any(start not in self.slots for start in held):
             raise InvalidField("at", at.isoformat(), f"no send of {self.sender.id} booked there")
@@ -237,8 +273,8 @@ def plan_with_senders(
     if unknown:
         raise InvalidField("senders", unknown, "no such sender in this plan")
     rank = {sender_id: n for n, sender_id in enumerate(first)}
-    days = {name: cw.ZoneDays(load_timezone(name, "zones")) for name in names}
-    days.setdefault(policy.timezone, cw.ZoneDays(policy.zone))
+    days = {name: cc.ZoneDays(load_timezone(name, "zones")) for name in names}
+    days.setdefault(policy.timezone, cc.ZoneDays(policy.zone))
     senders: dict[str | None, cw.Sender] = {}
     lanes: dict[Hashable, cw.Lane] = {}
     by_zone: dict[str, list[cw.Lane]] = {name: [] for name in names}
@@ -252,7 +288,7 @@ def plan_with_senders(
             book = None if sender_id is None else books[sender_id]
             zone_days = None if book is None else days.get(book.sender.timezone)
             if book is not None and zone_days is None:
-                zone_days = days[book.sender.timezone] = cw.ZoneDays(book.sender.zone)
+                zone_days = days[book.sender.timezone] = cc.ZoneDays(book.sender.zone)
             sender = senders[sender_id] = cw.Sender(book, zone_days)
         lane = lanes[key] = cw.Lane(sender, rank[sender_id], size)
         by_zone[name].append(lane)
@@ -260,8 +296,8 @@ def plan_with_senders(
     used = {d.toordinal(): n for d, n in (campaign_per_day or {}).items()}
     campaign = cw.Campaign(days[policy.timezone], policy.per_day, used)
     taken = sorted((b.astimezone(UTC) - _EPOCH) // _ONE_US for b in campaign_booked)
-    near = cw.Near(taken, nominal_spacing(policy) / 2 // _ONE_US)
-    clock = cw.Instants()
+    near = cc.Near(taken, nominal_spacing(policy) / 2 // _ONE_US)
+    clock = cc.Instants()
     try:
         try:
             grids = [

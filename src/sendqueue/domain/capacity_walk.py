@@ -1,4 +1,4 @@
-"""The capacity planner's inner loop and the state it walks (issue 13). Pure, no I/O.
+"""The capacity planner's inner loop and the state it walks. Pure, no I/O.
 
 :func:`~sendqueue.domain.capacity.plan_with_senders` sets this up and reads the result; this
 module places the sends. It is written for speed (docs/performance.md, "Capacity planning"):
@@ -9,8 +9,8 @@ module places the sends. It is written for speed (docs/performance.md, "Capacity
   (``planner._grid_ms``), each slot with the end of its real interval, so "the snapped instant
   is still inside the window" is one comparison.
 - Local days (the campaign's, each sender's) come from a table of ``[start, end)`` stretches
-  per zone, shared by everything in that zone and looked up by bisection once per day, not an
-  ``astimezone`` per send.
+  per zone (:mod:`~sendqueue.domain.capacity_clock`), shared by everything in that zone and
+  looked up by bisection once per day, not an ``astimezone`` per send.
 - A zone's lanes (the recipients waiting for one sender) form a ring. A lane in the ring
   always has room on its sender's day: a full sender dozes (out of every ring) until its turn,
   an event at the first instant whose slot start is on its next day. A lane is granted a
@@ -24,14 +24,14 @@ module places the sends. It is written for speed (docs/performance.md, "Capacity
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
-from zoneinfo import ZoneInfo
 
+from .capacity_clock import Instants, Near, ZoneDays
 from .errors import NoSendingDay
-from .planner import PLANNING_HORIZON_DAYS, _Grid, _offset_ms, _pieces
+from .planner import PLANNING_HORIZON_DAYS, _Grid
 from .policy import SendingPolicy
 
 if TYPE_CHECKING:
@@ -40,59 +40,11 @@ if TYPE_CHECKING:
 __all__: list[str] = []  # internal to sendqueue.domain.capacity
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 _MS_DAY = 86_400_000
 _ONE_MS = timedelta(milliseconds=1)
 #: Later than any instant a plan can reach, in ms (date.max is about 2.5e14 ms).
 NEVER = 1 << 62
 _HORIZON_MS = PLANNING_HORIZON_DAYS * _MS_DAY
-
-
-def _stretch(zone: ZoneInfo, t: int) -> tuple[int, int, int]:
-    """``(start, end, ordinal)``: the stretch of ``t``'s local day around it in which the
-    date is that day's (the whole day, or its piece on one side of an offset change)."""
-    offset = _offset_ms(zone, t)
-    days = (t + offset) // _MS_DAY
-    lo = days * _MS_DAY - offset
-    hi = lo + _MS_DAY
-    if _offset_ms(zone, lo) != offset or _offset_ms(zone, hi - 1) != offset:
-        # the offset changes that day: only the piece with t's offset, where the wall time
-        # (and so the date) follows from the instant
-        for a, b, _ in _pieces(zone, lo, hi):
-            if a <= t < b:
-                lo, hi = a, b
-                break
-    return lo, hi, days + _EPOCH_ORDINAL
-
-
-class ZoneDays:
-    """One zone's local days as a growing table of adjacent stretches: ``starts[i]`` to
-    ``starts[i + 1]`` is local day ``ordinals[i]``. Shared by the campaign and every sender in
-    the zone; instants move forward, so the table mostly grows at its end."""
-
-    __slots__ = ("ordinals", "starts", "zone")
-
-    def __init__(self, zone: ZoneInfo) -> None:
-        self.zone = zone
-        self.starts: list[int] = []
-        self.ordinals: list[int] = []
-
-    def find(self, t: int) -> tuple[int, int, int]:
-        """``(start, end, ordinal)`` of the stretch holding ``t``."""
-        starts = self.starts
-        i = bisect_right(starts, t) - 1
-        if 0 <= i < len(self.ordinals):
-            return starts[i], starts[i + 1], self.ordinals[i]
-        lo, hi, ordinal = _stretch(self.zone, t)
-        if starts and starts[-1] == lo:
-            starts.append(hi)
-            self.ordinals.append(ordinal)
-        elif starts and starts[0] == hi:
-            starts.insert(0, lo)
-            self.ordinals.insert(0, ordinal)
-        else:
-            self.starts, self.ordinals = [lo, hi], [ordinal]
-        return lo, hi, ordinal
 
 
 class Sender:
@@ -108,7 +60,7 @@ class Sender:
         self.book = book
         self.days = days
         self.ready = -NEVER  # a mixed zone skips it before this instant (a slot it was refused)
-        self.undo: list[tuple[date, int | None]] = []
+        self.undo: list[tuple[date, int | None, bool]] = []  # (day, its count, new sending)
         self.day = 0  # the ordinal of the current day
         self.lanes: list[tuple[Zone, Lane]] = []
         if book is None:  # the campaign's own From: no cap, no gap, no day
@@ -141,7 +93,8 @@ class Sender:
         self.flush()
         self.day = ordinal
         day = date.fromordinal(ordinal)
-        self.room = self.room0 = self.book.sender.cap_on(day) - self.book.per_day.get(day, 0)
+        # the ramp counts the days flushed before this one: the plan's own earlier days
+        self.room = self.room0 = self.book.cap_on(day) - self.book.per_day.get(day, 0)
 
     def doze(self) -> None:
         """Its day is full: every lane of it, in every zone, out of the ring until its turn."""
@@ -150,13 +103,14 @@ class Sender:
                 zone.unlink(lane)
 
     def flush(self) -> None:
-        """Write the sends of the current day into the book (undone if the plan fails)."""
+        """Write the sends of the current day into the book, which counts it as a sending day
+        (undone if the plan fails)."""
         used = self.room0 - self.room
         if used and self.book is not None:
             per_day = self.book.per_day
             day = date.fromordinal(self.day)
             before = per_day.get(day)
-            self.undo.append((day, before))
+            self.undo.append((day, before, self.book.hold(day)))
             per_day[day] = (before or 0) + used
             self.room0 = self.room
 
@@ -164,7 +118,9 @@ class Sender:
         """Take a failed plan's day counts out of the book again."""
         if self.book is not None:
             per_day = self.book.per_day
-            for day, before in reversed(self.undo):
+            for day, before, held in reversed(self.undo):
+                if held:
+                    self.book.unhold(day)
                 if before is None:
                     per_day.pop(day, None)
                 else:
@@ -251,27 +207,6 @@ class Campaign:
         self.used[ordinal] = self.used.get(ordinal, 0) + 1
         self.lent += 1
         return True
-
-
-class Near:
-    """The campaign's own booked instants (µs, sorted), kept half the spacing away from."""
-
-    __slots__ = ("half", "taken")
-
-    def __init__(self, taken: list[int], half: int) -> None:
-        self.taken = taken
-        self.half = half
-
-    def __bool__(self) -> bool:
-        return bool(self.taken)
-
-    def __call__(self, at_ms: int) -> bool:
-        """Whether a send at ``at_ms`` would be closer than half the spacing to one of them."""
-        taken, at, half = self.taken, at_ms * 1000, self.half
-        i = bisect_left(taken, at)
-        if i < len(taken) and taken[i] - at < half:
-            return True
-        return i > 0 and at - taken[i - 1] < half
 
 
 class Zone:
@@ -584,30 +519,3 @@ def undo(senders: Iterable[Sender], lanes: Iterable[Lane]) -> None:
             slots.pop((at - _EPOCH) // _ONE_MS, None)
     for sender in senders:
         sender.undo_plan()
-
-
-class Instants:
-    """Ms as aware UTC datetimes, for the sends as they are taken. Building a timedelta costs
-    more than the rest of a send, so a datetime is its UTC midnight plus its offset into the
-    day, both cached (a grid's offsets repeat day after day), and each instant is made once:
-    a uniform zone makes one per slot start, which its lanes share."""
-
-    __slots__ = ("made", "midnights", "offsets")
-
-    def __init__(self) -> None:
-        self.made: dict[int, datetime] = {}
-        self.midnights: dict[int, datetime] = {}
-        self.offsets: dict[int, timedelta] = {}
-
-    def __call__(self, ms: int) -> datetime:
-        at = self.made.get(ms)
-        if at is None:
-            day, into = divmod(ms, _MS_DAY)
-            midnight = self.midnights.get(day)
-            if midnight is None:
-                midnight = self.midnights[day] = _EPOCH + timedelta(days=day)
-            offset = self.offsets.get(into)
-            if offset is None:
-                offset = self.offsets[into] = timedelta(0, 0, 0, into)
-            at = self.made[ms] = midnight + offset
-        return at

@@ -1,13 +1,16 @@
-"""Senders: the mailboxes campaigns send from (issue 13). Pure, no I/O.
+"""Senders: the mailboxes campaigns send from. Pure, no I/O.
 
 A sender is a value, validated on construction: every invalid field raises
 :class:`~sendqueue.domain.errors.InvalidField` naming it. Its daily cap is counted per local day
-in the sender's own timezone, and with a warm-up it ramps: ``warmup_start`` emails on the ramp's
-first day, ``warmup_step`` more on each calendar day after it, up to ``daily_cap``.
+in the sender's own timezone, and with a warm-up it ramps: ``warmup_start`` emails on its first
+sending day, ``warmup_step`` more after each sending day, up to ``daily_cap``
+(:meth:`Sender.cap_on`).
 
-The ramp counts calendar days from ``warmup_from`` (by default the day the sender is added),
-not days on which mail went out: a cap that depended on which earlier days sent would shrink
-when an earlier day's emails were cancelled, and could leave a later day overbooked.
+A *sending day* is a local day, on or after ``warmup_from`` (the day the warm-up was set), that
+has held a booking: it stays one when its emails are cancelled or moved away (the store keeps
+its day row). So the number of sending days before a day only ever grows, and a cap given to a
+booking is never above the cap the final books give that day: cancelling an earlier day cannot
+leave a later day over its ramp. Weekends and idle weeks hold no booking and do not count.
 
 A transport may hold credentials (``smtp://user:secret@host``): :func:`masked_transport` is the
 one form shown outside the store (logs, reprs, the API, the UI).
@@ -16,6 +19,8 @@ one form shown outside the store (logs, reprs, the API, the UI).
 from __future__ import annotations
 
 import secrets
+from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
@@ -233,13 +238,24 @@ class Sender:
         """The sender's timezone, where its days (and so its cap) are counted."""
         return load_timezone(self.timezone)
 
-    def cap_on(self, day: date) -> int:
-        """How many emails the sender may send on its local ``day``: ``daily_cap``, or the
-        warm-up's ramp where it is lower. A day before the ramp's first day gets its start."""
-        if self.warmup_start is None or self.warmup_step is None or self.warmup_from is None:
+    def cap_after(self, steps: int) -> int:
+        """The cap on a day with ``steps`` sending days of the ramp before it: ``daily_cap``,
+        or ``warmup_start + warmup_step * steps`` where that is lower."""
+        if self.warmup_start is None or self.warmup_step is None:
             return self.daily_cap
-        days_in = max(0, (day - self.warmup_from).days)
-        return min(self.daily_cap, self.warmup_start + self.warmup_step * days_in)
+        return min(self.daily_cap, self.warmup_start + self.warmup_step * max(0, steps))
+
+    def cap_on(self, day: date, sending_days: Sequence[date]) -> int:
+        """How many emails the sender may send on its local ``day``, given its sending days
+        (sorted; see the module docstring): the ramp counts those in ``[warmup_from, day)``.
+        A day before ``warmup_from`` gets the ramp's start."""
+        start = self.warmup_from
+        if start is None or self.warmup_start is None:
+            return self.daily_cap
+        if self.warmup_start >= self.daily_cap:
+            return self.daily_cap
+        steps = bisect_left(sending_days, day) - bisect_left(sending_days, start)
+        return self.cap_after(steps)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The :class:`SenderStore` port: senders, and the slots their sends book (issue 13).
+"""The :class:`SenderStore` port: senders, and the slots their sends book.
 
 Every task store is a sender store too, in the same database, so a booking and the task it is
 for live side by side.
@@ -39,8 +39,16 @@ class SenderStore(Protocol):
       booking never moves: booking its task on another slot is refused (Overbooked).
     - :meth:`release` frees the planned bookings of the given tasks (a sent one stays: a sent
       email used its slot); idempotent, unknown task ids are ignored.
-    - Reads go per sender and range (:meth:`booked_times`, :meth:`sender_usage`), through an
-      index, never a scan of every booking.
+    - A day a booking was made on stays one of the sender's *sending days*
+      (:meth:`sending_days`) when its bookings are released or moved away, until the sender
+      is removed; a refused call leaves no day behind (the warm-up's ramp counts these days,
+      and must never count fewer later than a booking's ``cap`` did). On DynamoDB, where a
+      call too large for one transaction commits in parts and ``insert_tasks`` books before
+      it inserts, a call refused after a part committed (or tasks refused after their
+      bookings) leaves the days those bookings held: others may have counted them meanwhile,
+      as after a release.
+    - Reads go per sender and range (:meth:`booked_times`, :meth:`sender_usage`,
+      :meth:`sending_days`), through an index, never a scan of every booking.
     - Sticky senders: the first sender a recipient (its compared address) was booked on is
       remembered, and :meth:`sticky_senders` reads it back, however many campaigns later.
     """
@@ -91,6 +99,11 @@ class SenderStore(Protocol):
 
     def sender_usage(self, sender_id: str, *, since: date, until: date) -> list[SenderDay]:
         """The sender's local days in ``[since, until)`` that have bookings, in day order."""
+        ...
+
+    def sending_days(self, sender_id: str, *, since: date) -> list[date]:
+        """The sender's local days from ``since`` on that have held a booking (planned, sent,
+        or released or moved away since), in day order."""
         ...
 
     def sticky_senders(self, recipients: Collection[str]) -> dict[str, str]:

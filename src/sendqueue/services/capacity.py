@@ -1,4 +1,4 @@
-"""Planning over shared senders, and booking what is planned (issue 13).
+"""Planning over shared senders, and booking what is planned.
 
 A campaign with senders (``Campaign.sender_ids``), or with local time, is planned with
 :func:`~sendqueue.domain.capacity.plan_with_senders` over its senders' books as the store has
@@ -13,7 +13,11 @@ A campaign without senders or local time is planned as before (``plan`` / ``free
 nothing here runs for it.
 
 Books are read per sender and range: from a day before the plan starts (a local day starts at
-most 26 hours before an instant in it) to the end of what the sender has booked.
+most 26 hours before an instant in it) to the end of what the sender has booked; for a sender
+with a warm-up, its sending days from the ramp's restart on as well (one read per sender and
+plan), which the ramp counts. A booking's cap counts the sending days the store had when read
+and the plan's own earlier days: every one of them stays a sending day, so the cap is never
+above the one the final books give the day.
 """
 
 from __future__ import annotations
@@ -115,8 +119,14 @@ class CapacityPlanner:
             days = self._senders.sender_usage(
                 sender.id, since=start.astimezone(sender.zone).date(), until=date(9999, 12, 30)
             )
-            books[sender.id] = SenderBook.load(sender, times, days)
+            books[sender.id] = SenderBook.load(sender, times, days, self._sending_days(sender))
         return books
+
+    def _sending_days(self, sender: Sender) -> list[date]:
+        """The sender's sending days that its warm-up counts (none read without one)."""
+        if sender.warmup_from is None or sender.cap_after(0) >= sender.daily_cap:
+            return []
+        return self._senders.sending_days(sender.id, since=sender.warmup_from)
 
     def campaign_days(
         self, campaign: Campaign, *, since: datetime
@@ -301,8 +311,9 @@ class CapacityPlanner:
         except NotFound:
             return True  # removed: it goes out from the campaign's From, uncounted
         day = task.send_at.astimezone(sender.zone).date()
+        cap = sender.cap_on(day, self._sending_days(sender))
         try:
-            self._senders.book([_booking(task, sender, day)])
+            self._senders.book([_booking(task, sender, day, cap)])
         except Overbooked:
             return False
         return True
@@ -329,11 +340,12 @@ class CapacityPlanner:
         return self._senders.release(task_ids) if task_ids else 0
 
     def _book(self, tasks: Sequence[Task], books: dict[str, SenderBook]) -> None:
-        bookings = [
-            _booking(t, books[t.sender_id].sender, books[t.sender_id].day_of(t.send_at))
-            for t in tasks
-            if t.sender_id is not None
-        ]
+        bookings = []
+        for t in tasks:
+            if t.sender_id is not None:
+                book = books[t.sender_id]
+                day = book.day_of(t.send_at)
+                bookings.append(_booking(t, book.sender, day, book.cap_on(day)))
         if bookings:
             self._senders.book(bookings)
 
@@ -357,12 +369,12 @@ def _bookings_of(
         day = at.astimezone(zones[sid]).date()
         cap = caps.get((sid, day))
         if cap is None:
-            cap = caps[(sid, day)] = books[sid].sender.cap_on(day)
+            cap = caps[(sid, day)] = books[sid].cap_on(day)
         out.append(Booking(sid, at, day, task, campaign_id, key, cap))
     return out
 
 
-def _booking(task: Task, sender: Sender, day: date) -> Booking:
+def _booking(task: Task, sender: Sender, day: date, cap: int) -> Booking:
     return Booking(
         sender_id=sender.id,
         at=task.send_at,
@@ -370,5 +382,5 @@ def _booking(task: Task, sender: Sender, day: date) -> Booking:
         task_id=task.id,
         campaign_id=task.campaign_id,
         recipient=key_of_normalized(task.email),
-        cap=sender.cap_on(day),
+        cap=cap,
     )

@@ -1,5 +1,5 @@
 """Senders as the CLI, the API and the pages act on them: add, read, update, remove, and each
-sender's usage against its cap over the coming days (issue 13).
+sender's usage against its cap over the coming days.
 
 A sender is named by its id or its address wherever a user names one (:meth:`SenderService.get`).
 Its transport may hold credentials: :class:`SenderView` is the one form that leaves this
@@ -53,7 +53,8 @@ _UPDATABLE = frozenset(
 
 @dataclass(frozen=True)
 class DayUsage:
-    """One of a sender's local days: planned and sent emails against the day's cap."""
+    """One of a sender's local days: planned and sent emails against the day's cap (with a
+    warm-up, its ramp after the sending days before it, as if the day were sending next)."""
 
     date: date
     planned: int
@@ -145,7 +146,8 @@ class SenderService:
         reply_to: str | None = None,
     ) -> Sender:
         """Add a sender; InvalidField naming the field for a bad value, Conflict when the
-        address belongs to a sender already. A warm-up starts today (the sender's day)."""
+        address belongs to a sender already. A warm-up is set today (the sender's day): its
+        ramp starts on the first day the sender has an email."""
         zone = timezone or self._default_timezone
         with _transport_masked():
             sender = Sender(
@@ -206,7 +208,8 @@ class SenderService:
 
     def update(self, ref: str, changes: Mapping[str, object]) -> Sender:
         """Change some fields (see ``_UPDATABLE``); a value of None clears an optional one.
-        Setting a warm-up (again) starts its ramp today; clearing it ends it."""
+        Setting a warm-up (again) restarts its ramp (the sending days before today no longer
+        count); clearing it ends it."""
         unknown = sorted(set(changes) - _UPDATABLE)
         if unknown:
             raise InvalidField(
@@ -244,12 +247,14 @@ class SenderService:
                     f"the sender has {plural(sum(d.planned for d in planned), 'planned send')} "
                     "placed by the current value; pause or cancel their campaigns first",
                 )
+        sending = self._sending_days(updated)
         for day in days:
-            if updated.cap_on(day.day) < day.planned + day.sent:
+            cap = updated.cap_on(day.day, sending)
+            if cap < day.planned + day.sent:
                 used = day.planned + day.sent
                 raise InvalidField(
                     "daily_cap" if updated.daily_cap < used else "warmup_start",
-                    updated.cap_on(day.day),
+                    cap,
                     f"{day.day} already has {plural(used, 'email')} planned or sent; "
                     "a lower cap would be passed (pause or cancel campaigns first)",
                 )
@@ -271,13 +276,20 @@ class SenderService:
         today = self._today(sender.timezone)
         until = today + timedelta(days=days)
         found = {d.day: d for d in self._senders.sender_usage(sender.id, since=today, until=until)}
+        sending = self._sending_days(sender)
         out: list[DayUsage] = []
         for n in range(days):
             day = today + timedelta(days=n)
             got = found.get(day)
             planned, sent = (got.planned, got.sent) if got else (0, 0)
-            out.append(DayUsage(day, planned, sent, sender.cap_on(day)))
+            out.append(DayUsage(day, planned, sent, sender.cap_on(day, sending)))
         return out
+
+    def _sending_days(self, sender: Sender) -> list[date]:
+        """The sending days the sender's warm-up counts (none without one)."""
+        if sender.warmup_from is None:
+            return []
+        return self._senders.sending_days(sender.id, since=sender.warmup_from)
 
     def _today(self, zone: str) -> date:
         return self._clock.now().astimezone(load_timezone(zone, "timezone")).date()

@@ -178,5 +178,10 @@ class InMemorySenders:
         ]
 
     @guarded
+    def sending_days(self, sender_id: str, *, since: date) -> list[date]:
+        # a day's counts stay (at zero) when its bookings go: it has held one
+        return sorted(day for sid, day in self._days if sid == sender_id and day >= since)
+
+    @guarded
     def sticky_senders(self, recipients: Collection[str]) -> dict[str, str]:
         return {r: self._sticky[r] for r in recipients if r in self._sticky}

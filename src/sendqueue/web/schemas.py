@@ -200,10 +200,11 @@ class SenderOut(BaseModel):
     daily_cap: int = Field(description="emails a day at most, per local day of its timezone")
     min_gap_seconds: int = Field(description="seconds between two of its sends at least")
     timezone: str = Field(description="the IANA zone its days (and so its cap) are counted in")
-    warmup_start: int | None = Field(description="the warm-up's cap on its first day")
-    warmup_step: int | None = Field(description="how much the cap grows each calendar day")
+    warmup_start: int | None = Field(description="the warm-up's cap on its first sending day")
+    warmup_step: int | None = Field(description="how much the cap grows per sending day")
     warmup_from: str | None = Field(
-        description="the warm-up's first day (the sender's local date)",
+        description="the day the warm-up was set (the sender's local date): its sending days "
+        "(days with an email) from then on count",
         json_schema_extra={"format": "date"},
     )
 

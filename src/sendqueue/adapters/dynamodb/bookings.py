@@ -14,7 +14,8 @@ Items (the table's key layout is in :mod:`~sendqueue.adapters.dynamodb.table`):
   sum, kept because a condition cannot add). A booking adds to it under the condition
   ``attribute_not_exists(total) OR total <= cap - added + freed`` (the call's own bookings of
   that day, and its moves off that day): a full day refuses the write. ``sender_usage`` queries
-  the partition's range.
+  the partition's range; the item stays when its counts go back to zero, which keeps the day
+  one of the sender's sending days (``sending_days``, the warm-up's ramp).
 - ``BK#<task>`` / ``#``: the task's booking (the slot's attributes, ``v`` a version that every
   write of it bumps and is conditional on, and ``fr``, frees still to be made, see below).
   ``booking_of``, ``release`` and ``mark_sent`` start from one consistent read of it.
@@ -445,6 +446,21 @@ class BookingItems(TableClient):
             if planned + sent:
                 out.append(SenderDay(date.fromisoformat(item["sk"]["S"]), planned, sent))
         return out
+
+    def sending_days(self, sender_id: str, *, since: date) -> list[date]:
+        # A day item stays when its bookings go (at zero counts); one is written only by a
+        # committed booking (a phase-1 booking undone later did hold its day meanwhile).
+        with self._errors("read a sender's sending days"):
+            items = self._query(
+                KeyConditionExpression="pk = :pk AND sk >= :low",
+                ExpressionAttributeValues={
+                    ":pk": str_attr(day_pk(sender_id)),
+                    ":low": str_attr(since.isoformat()),
+                },
+                ProjectionExpression="sk",
+                ConsistentRead=True,
+            )
+            return [date.fromisoformat(item["sk"]["S"]) for item in items]
 
     # -- sticky senders ----------------------------------------------------------------------
     def sticky_senders(self, recipients: Collection[str]) -> dict[str, str]:

@@ -553,6 +553,13 @@ class SenderTables(ABC):
         with self._read("read sender usage") as conn:
             return [SenderDay(day, int(p), int(s)) for day, p, s in conn.execute(query)]
 
+    def sending_days(self, sender_id: str, *, since: date) -> list[date]:
+        # A day row stays when its bookings go (at zero counts), and goes in only with a
+        # booking: a refused call rolls its rows back.
+        query = sa.select(_D.day).where(_D.sender_id == sender_id, _D.day >= since).order_by(_D.day)
+        with self._read("read sending days") as conn:
+            return list(conn.execute(query).scalars())
+
     def sticky_senders(self, recipients: Collection[str]) -> dict[str, str]:
         wanted = sorted(set(recipients))
         return self._sticky_rows(wanted) if wanted else {}

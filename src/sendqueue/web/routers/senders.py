@@ -88,10 +88,12 @@ class NewSender(BaseModel):
         None, description="IANA zone of its days; null: SENDQUEUE_DEFAULT_TIMEZONE"
     )
     warmup_start: StrictInt | None = Field(
-        None, description="a warm-up's cap on its first day (today); with warmup_step"
+        None,
+        description="a warm-up's cap on its first sending day (its first day with an email); "
+        "with warmup_step",
     )
     warmup_step: StrictInt | None = Field(
-        None, description="how much the cap grows each calendar day, up to daily_cap"
+        None, description="how much the cap grows per sending day, up to daily_cap"
     )
     transport: str | None = Field(
         None,
@@ -112,7 +114,9 @@ class SenderChanges(BaseModel):
     daily_cap: StrictInt | None = None
     min_gap_seconds: StrictInt | None = None
     timezone: str | None = None
-    warmup_start: StrictInt | None = Field(None, description="a new value restarts the ramp today")
+    warmup_start: StrictInt | None = Field(
+        None, description="a new value restarts the ramp: sending days before today stop counting"
+    )
     warmup_step: StrictInt | None = None
     transport: str | None = Field(None, max_length=2000)
     reply_to: str | None = None
