@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -20,8 +20,9 @@ from sendqueue.adapters.alarm import LoggingAlarm, post_json
 from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
-from sendqueue.adapters.mail.factory import mailer_from_url
-from sendqueue.adapters.mail.url import parse_mailer_url
+from sendqueue.adapters.imap.url import check_imap_url
+from sendqueue.adapters.mail.factory import SenderMailers, mailer_from_url
+from sendqueue.adapters.mail.url import check_mailer_url
 from sendqueue.adapters.parser import IsolatedParser
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
@@ -133,7 +134,7 @@ class Container:
         self._parse_feedback = parse_feedback
         self._zones: dict[str, str] = {}
         self._zones_lock = threading.Lock()
-        self._sender_mailers: dict[str, Mailer] = {}
+        self._sender_mailers = SenderMailers(settings.transport_rules, mailer)
         self.config = ServiceConfig(
             max_attempts=settings.max_attempts,
             retry_backoff=settings.retry_backoff,
@@ -310,16 +311,9 @@ class Container:
         return self._mailer or mailer_from_url(self.settings.mailer)
 
     def mailer_for(self, url: str) -> Mailer:
-        """The mailer of a sender's own transport, one per URL, opened on first use and
-        closed with the container. A test container (built with a mailer) sends every
-        sender's mail through that one."""
-        if self._mailer is not None:
-            return self._mailer
-        with self._zones_lock:
-            mailer = self._sender_mailers.get(url)
-            if mailer is None:
-                mailer = self._sender_mailers[url] = mailer_from_url(url)
-        return mailer
+        """The mailer of a sender's own transport (see :class:`SenderMailers`: one the
+        transport rules refuse fails every send), closed with the container."""
+        return self._sender_mailers.get(url)
 
     # -- services --------------------------------------------------------------------------
     def timezone_of(self, campaign_id: str) -> str:
@@ -352,11 +346,14 @@ class Container:
 
     @cached_property
     def senders(self) -> SenderService:
+        rules = self.settings.transport_rules
         return SenderService(
             self.sender_store,
             self.clock,
             default_timezone=self.config.default_timezone,
-            check_transport=parse_mailer_url,
+            # the worker's own URL checks under the transport rules, when a sender is written
+            check_transport=partial(check_mailer_url, rules=rules, field="transport"),
+            check_imap=partial(check_imap_url, rules=rules, field="imap"),
         )
 
     @cached_property
@@ -485,11 +482,7 @@ class Container:
         alarm = self.__dict__.get("alarm")
         if isinstance(alarm, FlushableAlarm):
             alarm.flush(5.0)
-        for mailer in self._sender_mailers.values():
-            try:
-                mailer.close()
-            except Exception:  # closing must not mask the error that got us here
-                log.exception("closing a sender's mailer failed")
+        self._sender_mailers.close()
         for name in ("feedback_poller", "mailer", "scheduler", "store"):
             if name in self.__dict__:
                 try:

@@ -50,6 +50,7 @@ GROUPS: tuple[Group, ...] = (
             "scheduler_url",
             "execution",
             "mailer",
+            "transport_hosts",
             "default_from",
             "default_timezone",
         ),

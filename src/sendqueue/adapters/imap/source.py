@@ -26,8 +26,9 @@ from typing import Any
 from imapclient import IMAPClient
 from imapclient.exceptions import IMAPClientError
 
-from sendqueue.adapters.imap.url import ImapUrl, parse_imap_url
+from sendqueue.adapters.imap.url import ImapUrl, check_imap_url, parse_imap_url
 from sendqueue.domain.errors import FeedbackUnavailable, InvalidField
+from sendqueue.domain.transports import TransportRules
 from sendqueue.domain.wording import plural
 from sendqueue.ports import FeedbackMessage
 
@@ -78,10 +79,14 @@ class ImapFeedbackSource:
         *,
         field: str = "feedback_imap",
         ssl_context: ssl.SSLContext | None = None,
+        rules: TransportRules | None = None,
     ) -> ImapFeedbackSource:
         """The source an ``imap://`` or ``imaps://`` URL names (see
-        :func:`~sendqueue.adapters.imap.url.parse_imap_url`)."""
-        return cls(parse_imap_url(url, field=field), ssl_context=ssl_context)
+        :func:`~sendqueue.adapters.imap.url.parse_imap_url`); with ``rules`` (a sender's own
+        mailbox), a URL they refuse is an InvalidField naming ``field`` and nothing opens."""
+        if rules is None:
+            return cls(parse_imap_url(url, field=field), ssl_context=ssl_context)
+        return cls(check_imap_url(url, rules, field=field), ssl_context=ssl_context)
 
     def __repr__(self) -> str:
         return f"ImapFeedbackSource({self.name}, security={self._url.security})"

@@ -1,13 +1,20 @@
-"""Building the configured mailer from its URL (``SENDQUEUE_MAILER``)."""
+"""Building the configured mailer from its URL (``SENDQUEUE_MAILER``), and a sender's own."""
 
 from __future__ import annotations
 
+import logging
+import threading
+
 from sendqueue.adapters.mail.maildir import MaildirMailer
 from sendqueue.adapters.mail.smtp import SmtpMailer
-from sendqueue.adapters.mail.url import MaildirUrl, SmtpUrl, parse_mailer_url
-from sendqueue.ports import Mailer
+from sendqueue.adapters.mail.url import MaildirUrl, SmtpUrl, check_mailer_url, parse_mailer_url
+from sendqueue.domain.errors import InvalidField, PermanentMailError
+from sendqueue.domain.transports import TransportRules
+from sendqueue.ports import Mailer, OutgoingMessage
 
-__all__ = ["mailer_from_url"]
+__all__ = ["RefusedTransport", "SenderMailers", "mailer_from_url", "refused_transport"]
+
+log = logging.getLogger(__name__)
 
 
 def mailer_from_url(url: str) -> Mailer:
@@ -30,3 +37,62 @@ def mailer_from_url(url: str) -> Mailer:
     from sendqueue.adapters.mail.ses import SesMailer
 
     return SesMailer.from_url(url)
+
+
+class RefusedTransport:
+    """The mailer of a stored sender transport that the rules refuse (a ``maildir:`` one in
+    production, a host outside the allow-list): every send fails permanently, saying why,
+    and nothing is written or sent."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def send(self, message: OutgoingMessage) -> str:
+        raise PermanentMailError(f"not sent: {self.reason}")
+
+    def close(self) -> None:
+        """Nothing to close: nothing was opened."""
+
+    def __repr__(self) -> str:
+        return f"RefusedTransport({self.reason!r})"
+
+
+def refused_transport(url: str, rules: TransportRules) -> RefusedTransport | None:
+    """A :class:`RefusedTransport` for a sender's transport that ``rules`` refuse (a sender may
+    have been stored before the rules changed), None for one they allow."""
+    try:
+        check_mailer_url(url, rules, field="transport")
+    except InvalidField as exc:
+        return RefusedTransport(f"the sender's transport {exc.value}: {exc.reason}")
+    return None
+
+
+class SenderMailers:
+    """The mailers of the senders' own transports, one per URL, opened on first use under
+    ``rules`` (a refused one fails every send) and closed together. With ``shared`` (a test
+    container's mailer), every allowed sender's mail goes through that one."""
+
+    def __init__(self, rules: TransportRules, shared: Mailer | None = None) -> None:
+        self._rules = rules
+        self._shared = shared
+        self._lock = threading.Lock()
+        self._mailers: dict[str, Mailer] = {}
+
+    def get(self, url: str) -> Mailer:
+        with self._lock:
+            mailer = self._mailers.get(url)
+            if mailer is None:
+                refused = refused_transport(url, self._rules)
+                if refused is None and self._shared is not None:
+                    return self._shared
+                mailer = self._mailers[url] = refused or mailer_from_url(url)
+        return mailer
+
+    def close(self) -> None:
+        with self._lock:
+            mailers, self._mailers = list(self._mailers.values()), {}
+        for mailer in mailers:
+            try:
+                mailer.close()
+            except Exception:  # closing must not mask the error that got us here
+                log.exception("closing a sender's mailer failed")
