@@ -6,6 +6,7 @@ field, with nothing added or changed."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -189,3 +190,32 @@ def test_production_refuses_a_maildir_transport_on_add_and_update(
     assert _error(changed, 422)["field"] == "transport"
     assert web.container.sender_store.get_sender(sid).transport is None
     assert not (tmp_path / "out").exists()
+
+
+def test_a_stored_maildir_transport_fails_its_sends_in_production(
+    make_web: Callable[..., Web], tmp_path: Any
+) -> None:
+    """A sender stored before the rules held (a maildir: transport, then production): its
+    emails fail with a clear error, and no file is written."""
+    web = make_web(
+        environment="production",
+        mailer="smtp://127.0.0.1:2525",
+        api_token=_TOKEN,
+        public_url="https://mail.example.com",
+        secret_key="transport-rules-secret-0123456789abcdef",
+    )
+    web.client.headers.update(_AUTH)
+    sid = web.client.post("/api/senders", json={"email": "anna@example.com"}).json()["id"]
+    outbox = tmp_path / "outbox-of-a-sender"
+    store = web.container.sender_store
+    store.update_sender(replace(store.get_sender(sid), transport=f"maildir:{outbox}"))
+    cid = web.create(2, senders=[sid])["id"]
+    assert web.container.provisioner.provision(cid).status == "done"
+    for _ in range(3):  # a minute apart: the sender's gap
+        web.clock.advance(minutes=1)
+        web.fire_due()
+    tasks = web.client.get(f"/api/campaigns/{cid}/tasks").json()["tasks"]
+    assert [t["state"] for t in tasks] == ["Failed", "Failed"], tasks
+    for task in tasks:
+        assert "maildir:" in task["error"] and "delivers nothing" in task["error"], task
+    assert web.mailer.sent == [] and not outbox.exists()
