@@ -219,3 +219,18 @@ def test_a_stored_maildir_transport_fails_its_sends_in_production(
     for task in tasks:
         assert "maildir:" in task["error"] and "delivers nothing" in task["error"], task
     assert web.mailer.sent == [] and not outbox.exists()
+
+
+@pytest.mark.parametrize("special", ["/", "?", "#", "@", ":", "%zz", "[", "]", "/x?y#z@"])
+def test_no_422_quotes_a_password_whatever_it_holds(web: Web, special: str) -> None:
+    password = f"pw-{special}-Qv9"
+    for field, url in [
+        ("transport", f"smtp://anna:{password}@smtp.example.com:587"),
+        ("imap", f"imaps://anna:{password}@imap.example.com/INBOX"),
+    ]:
+        for body in ({"email": "anna@example.com", field: url}, {field: url}):
+            response = web.client.post("/api/senders", json=body)
+            assert response.status_code in (201, 422), response.text
+            assert "Qv9" not in response.text and password not in response.text, response.text
+            if response.status_code == 201:
+                assert web.client.delete(f"/api/senders/{response.json()['id']}").is_success

@@ -28,7 +28,8 @@ def mask_url(url: str) -> str:
     head, sep, rest = url.partition("://")
     if not sep:  # ses:REGION, maildir:PATH; an "@" there could only be a mistyped smtp: URL
         shown = url.split("?", 1)[0].split("#", 1)[0]
-        return f"{head}:***@{url.rpartition('@')[2]}" if "@" in url else shown
+        scheme = url.split(":", 1)[0]
+        return f"{scheme}:***@{shown.rpartition('@')[2]}" if "@" in shown else shown
     if "@" not in rest:
         after = rest.split("#", 1)[0].split("?", 1)[0]
         authority = after.split("/", 1)[0]

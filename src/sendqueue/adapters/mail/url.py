@@ -8,7 +8,7 @@ No smtplib connection and no boto3 here: the settings validate without the ``aws
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
@@ -53,7 +53,7 @@ class SmtpUrl:
     port: int
     security: Security
     username: str | None
-    password: str | None
+    password: str | None = field(repr=False)
     timeout: float
 
 
