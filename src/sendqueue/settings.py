@@ -20,7 +20,7 @@ from pydantic_settings import SettingsConfigDict
 
 from .adapters.dynamodb.url import DynamoDbUrl, parse_dynamodb_url
 from .adapters.imap.url import check_imap_url
-from .adapters.mail.url import check_mailer_url
+from .adapters.mail.url import UNREADABLE, check_mailer_url
 from .domain.addresses import normalize_sender
 from .domain.errors import InvalidField
 from .domain.policy import load_timezone
@@ -78,7 +78,10 @@ def _check_postgres_url(url: str, variable: str) -> None:
         parts.port  # noqa: B018 - raises for a port that is not a number in 0..65535
         make_url(url)
     except (ValueError, ArgumentError) as exc:
+        # the parsers' own words may quote the netloc or the port (a piece of the password)
         reason = str(exc).split(":", 1)[0] if isinstance(exc, ArgumentError) else str(exc)
+        if isinstance(exc, ValueError) and reason != "Port out of range 0-65535":
+            reason = UNREADABLE
         raise ValueError(
             f"{variable}: not a valid PostgreSQL URL ({reason}); expected "
             "postgresql+psycopg://user:password@host:5432/db"
