@@ -178,3 +178,16 @@ def test_a_signature_file_that_cannot_be_read_names_its_field(
         code, _, err = run(cli, "sender", "add", "--email", "a@example.com", option, str(path))
         assert code == 2 and err.startswith(f"error: {field}: cannot be read"), err
     assert _stored(tmp_path) == []
+
+
+def test_check_fails_a_stored_transport_the_rules_refuse(cli: CliRunner, tmp_path: Path) -> None:
+    """A sender stored before the allow-list was set: ``sendqueue check`` names why its
+    transport is refused, as its sends would fail."""
+    run(cli, "sender", "add", "--email", "anna@example.com", "--mailer", "smtp://anna:pw-9@x.org")
+    env = {"SENDQUEUE_TRANSPORT_HOSTS": "*.example.com"}
+    code, out, _ = run(cli, "check", "--json", "--timeout", "2", env=env)
+    results = {r["part"]: r for r in json.loads(out)}
+    refused = results["sender anna@example.com"]
+    assert code != 0 and refused["status"] == "failed", results
+    assert "x.org is not in SENDQUEUE_TRANSPORT_HOSTS" in refused["detail"], refused
+    assert refused["target"] == "smtp://anna:***@x.org"

@@ -65,6 +65,11 @@ def test_mailbox_signature_and_grant_round_trip_masked(web: Web) -> None:
     assert stored.imap == IMAP and stored.oauth is not None
     assert (stored.oauth.refresh_token, stored.oauth.client_secret) == (REFRESH, CLIENT_SECRET)
 
+    page = web.client.get("/senders").text
+    _clean(page)
+    assert "imaps://anna:***@imap.example.com/INBOX" in page and "text and HTML" in page
+    assert "client-42" in page and "refresh token stored" in page
+
     # a PATCH of one grant field keeps the others; null clears each optional field
     patched = web.client.patch(f"/api/senders/{sid}", json={"oauth": {"refresh_token": "new-1"}})
     assert patched.status_code == 200, patched.text
@@ -83,7 +88,6 @@ def test_mailbox_signature_and_grant_round_trip_masked(web: Web) -> None:
         "signature_text": "",
         "signature_html": None,
     }
-    _clean(web.client.get("/senders").text)
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,10 @@ class RefusedTransport:
     def send(self, message: OutgoingMessage) -> str:
         raise PermanentMailError(f"not sent: {self.reason}")
 
+    def probe(self, timeout: float) -> str:
+        """``sendqueue check``: the transport fails as its sends would, saying why."""
+        raise PermanentMailError(f"refused: {self.reason}")
+
     def close(self) -> None:
         """Nothing to close: nothing was opened."""
 
