@@ -63,7 +63,7 @@ def _shown(url: str) -> Iterator[str]:
         InMemoryTaskStore(),
         FakeClock(T0),
         default_timezone="UTC",
-        check_transport=lambda u: parse_mailer_url(u),
+        check_transport=lambda u, **_: parse_mailer_url(u),
         check_imap=lambda u: parse_imap_url(u, field="imap"),
     )
     for name in ("transport", "imap"):

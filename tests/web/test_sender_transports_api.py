@@ -238,3 +238,20 @@ def test_no_422_quotes_a_password_whatever_it_holds(web: Web, special: str) -> N
             assert "Qv9" not in response.text and password not in response.text, response.text
             if response.status_code == 201:
                 assert web.client.delete(f"/api/senders/{response.json()['id']}").is_success
+
+
+def test_an_oauth_sender_sends_no_token_in_plain_text_to_another_host(web: Web) -> None:
+    """The access token an OAuth sender signs in with is as secret as a password."""
+    plain = "smtp://anna@smtp.example.com:25?security=none"
+    refused = web.client.post(
+        "/api/senders", json={"email": "anna@example.com", "transport": plain, "oauth": GRANT}
+    )
+    error = _error(refused, 422)
+    assert error["field"] == "transport" and "unencrypted" in error["reason"]
+    assert _stored(web) == []
+    # without the grant, no credential goes out: a relay that takes mail unauthenticated
+    sid = web.client.post("/api/senders", json={"email": "anna@example.com", "transport": plain})
+    assert sid.status_code == 201, sid.text
+    changed = web.client.patch(f"/api/senders/{sid.json()['id']}", json={"oauth": GRANT})
+    assert _error(changed, 422)["field"] == "transport"
+    assert web.container.sender_store.get_sender(sid.json()["id"]).oauth is None

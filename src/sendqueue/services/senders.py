@@ -181,7 +181,7 @@ class SenderService:
         clock: Clock,
         *,
         default_timezone: str,
-        check_transport: Callable[[str], object] | None = None,
+        check_transport: Callable[..., object] | None = None,
         check_imap: Callable[[str], object] | None = None,
     ) -> None:
         self._senders = senders
@@ -189,6 +189,7 @@ class SenderService:
         self._default_timezone = default_timezone
         # The adapters' own URL checks under the transport rules (bootstrap passes them): a
         # transport or mailbox the worker or the poll would refuse is refused when written.
+        # ``check_transport(url, oauth=...)`` is told whether the sender signs in with a token.
         self._check_transport = check_transport
         self._check_imap = check_imap
 
@@ -236,7 +237,8 @@ class SenderService:
 
     def _check(self, sender: Sender) -> None:
         if sender.transport is not None and self._check_transport is not None:
-            self._check_transport(sender.transport)
+            # an OAuth sign-in sends a token, as secret as a password
+            self._check_transport(sender.transport, oauth=sender.oauth is not None)
         if sender.imap is not None and self._check_imap is not None:
             self._check_imap(sender.imap)
 

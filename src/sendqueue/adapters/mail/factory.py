@@ -61,11 +61,14 @@ class RefusedTransport:
         return f"RefusedTransport({self.reason!r})"
 
 
-def refused_transport(url: str, rules: TransportRules) -> RefusedTransport | None:
+def refused_transport(
+    url: str, rules: TransportRules, *, oauth: bool = False
+) -> RefusedTransport | None:
     """A :class:`RefusedTransport` for a sender's transport that ``rules`` refuse (a sender may
-    have been stored before the rules changed), None for one they allow."""
+    have been stored before the rules changed), None for one they allow; ``oauth``: the sender
+    signs in with an access token (see :func:`check_mailer_url`)."""
     try:
-        check_mailer_url(url, rules, field="transport")
+        check_mailer_url(url, rules, field="transport", oauth=oauth)
     except InvalidField as exc:
         return RefusedTransport(f"the sender's transport {exc.value}: {exc.reason}")
     return None

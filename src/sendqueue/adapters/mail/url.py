@@ -182,9 +182,12 @@ def parse_mailer_url(url: str) -> MailerUrl:
     )
 
 
-def check_mailer_url(url: str, rules: TransportRules, *, field: str = _FIELD) -> MailerUrl:
+def check_mailer_url(
+    url: str, rules: TransportRules, *, field: str = _FIELD, oauth: bool = False
+) -> MailerUrl:
     """:func:`parse_mailer_url` and then ``rules`` (no maildir: in production, no password in
-    plain text to another machine, only allowed hosts); InvalidField naming ``field``."""
+    plain text to another machine, only allowed hosts); InvalidField naming ``field``. With
+    ``oauth`` the sign-in sends an access token, which counts as a password."""
     try:
         parsed = parse_mailer_url(url)
     except InvalidField as exc:
@@ -198,7 +201,7 @@ def check_mailer_url(url: str, rules: TransportRules, *, field: str = _FIELD) ->
             shown,
             parsed.host,
             port=parsed.port,
-            password=parsed.password is not None,
+            password=parsed.password is not None or oauth,
             encrypted=parsed.security != "none",
         )
     return parsed
