@@ -305,6 +305,34 @@ def _signature_changes(
     return changes
 
 
+RestartWarmupOpt = Annotated[
+    int | None, typer.Option("--warmup-start", help="Restart the warm-up today at this cap.")
+]
+NoWarmupOpt = Annotated[
+    bool, typer.Option("--no-warmup", help="End the warm-up: the full cap from today.")
+]
+NewMailerOpt = Annotated[
+    str | None, typer.Option("--mailer", help="A new transport; '' for the default mailer.")
+]
+NewReplyToOpt = Annotated[
+    str | None, typer.Option("--reply-to", help="A new Reply-To; '' for none.")
+]
+NewImapOpt = Annotated[str | None, typer.Option("--imap", help="A new mailbox URL; '' for none.")]
+NoSignatureOpt = Annotated[
+    bool, typer.Option("--no-signature", help="Remove the signature (text and HTML).")
+]
+NoOAuthOpt = Annotated[
+    bool, typer.Option("--no-oauth", help="Remove the OAuth grant: the URLs' passwords.")
+]
+
+
+def _oauth_changes(oauth: dict[str, str | None], remove: bool) -> dict[str, object]:
+    """The grant's change ``update`` makes: the fields given, or none with ``--no-oauth``."""
+    if remove and oauth:
+        raise InvalidField("oauth", None, "--no-oauth removes the grant; give no --oauth-* with it")
+    return {"oauth": oauth or None} if oauth or remove else {}
+
+
 @sender_app.command("update")
 @handle_errors
 def sender_update(
@@ -314,56 +342,38 @@ def sender_update(
     daily_cap: Annotated[int | None, typer.Option("--daily-cap", help=_CAP_HELP)] = None,
     min_gap: Annotated[int | None, typer.Option("--min-gap", help=_GAP_HELP)] = None,
     timezone: Annotated[str | None, typer.Option("--timezone", help="IANA timezone.")] = None,
-    warmup_start: Annotated[
-        int | None,
-        typer.Option("--warmup-start", help="Restart the warm-up today at this cap."),
-    ] = None,
+    warmup_start: RestartWarmupOpt = None,
     warmup_step: Annotated[
         int | None, typer.Option("--warmup-step", help=_WARMUP_STEP_HELP)
     ] = None,
-    no_warmup: Annotated[
-        bool, typer.Option("--no-warmup", help="End the warm-up: the full cap from today.")
-    ] = False,
-    mailer: Annotated[
-        str | None, typer.Option("--mailer", help="A new transport; '' for the default mailer.")
-    ] = None,
-    reply_to: Annotated[
-        str | None, typer.Option("--reply-to", help="A new Reply-To; '' for none.")
-    ] = None,
-    imap: Annotated[
-        str | None, typer.Option("--imap", help="A new mailbox URL; '' for none.")
-    ] = None,
+    no_warmup: NoWarmupOpt = False,
+    mailer: NewMailerOpt = None,
+    reply_to: NewReplyToOpt = None,
+    imap: NewImapOpt = None,
     signature: SignatureOpt = None,
     signature_file: SignatureFileOpt = None,
     signature_html_file: SignatureHtmlFileOpt = None,
-    no_signature: Annotated[
-        bool, typer.Option("--no-signature", help="Remove the signature (text and HTML).")
-    ] = False,
+    no_signature: NoSignatureOpt = False,
     oauth_token_url: TokenUrlOpt = None,
     oauth_client_id: ClientIdOpt = None,
     oauth_client_secret: ClientSecretOpt = None,
     oauth_refresh_token: RefreshTokenOpt = None,
     oauth_scope: ScopeOpt = None,
-    no_oauth: Annotated[
-        bool, typer.Option("--no-oauth", help="Remove the OAuth grant: the URLs' passwords.")
-    ] = False,
+    no_oauth: NoOAuthOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Change some of a sender's settings; the others stay as they are (the --oauth-* options
     given replace those fields of the grant and keep its others)."""
-    changes: dict[str, object] = {
-        key: value
-        for key, value in {
-            "email": email,
-            "name": name,
-            "daily_cap": daily_cap,
-            "min_gap_seconds": min_gap,
-            "timezone": timezone,
-            "warmup_start": warmup_start,
-            "warmup_step": warmup_step,
-        }.items()
-        if value is not None
+    given = {
+        "email": email,
+        "name": name,
+        "daily_cap": daily_cap,
+        "min_gap_seconds": min_gap,
+        "timezone": timezone,
+        "warmup_start": warmup_start,
+        "warmup_step": warmup_step,
     }
+    changes: dict[str, object] = {key: value for key, value in given.items() if value is not None}
     # '' clears an optional setting
     if mailer is not None:
         changes["transport"] = mailer or None
@@ -383,10 +393,7 @@ def sender_update(
         refresh_token=oauth_refresh_token,
         scope=oauth_scope,
     )
-    if no_oauth and oauth:
-        raise InvalidField("oauth", None, "--no-oauth removes the grant; give no --oauth-* with it")
-    if oauth or no_oauth:
-        changes["oauth"] = oauth or None
+    changes.update(_oauth_changes(oauth, no_oauth))
     if not changes:
         raise InvalidField("changes", None, "nothing to change: give at least one option")
     with container() as c:
