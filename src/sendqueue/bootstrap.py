@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -20,9 +20,10 @@ from sendqueue.adapters.alarm import LoggingAlarm, post_json
 from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
+from sendqueue.adapters.imap.url import check_imap_url
 from sendqueue.adapters.mail.factory import SenderMailers, mailer_from_url
-from sendqueue.adapters.mail.url import parse_mailer_url
-from sendqueue.adapters.oauth import OAuthTokens
+from sendqueue.adapters.mail.url import check_mailer_url
+from sendqueue.adapters.oauth import OAuthTokens, check_token_url
 from sendqueue.adapters.parser import IsolatedParser
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
@@ -317,12 +318,19 @@ class Container:
 
     @cached_property
     def sender_mailers(self) -> SenderMailers:
-        return SenderMailers(lambda: self.mailer, self.settings.mailer, self.oauth_tokens)
+        return SenderMailers(
+            lambda: self.mailer,
+            self.settings.mailer,
+            self.oauth_tokens,
+            self.settings.transport_rules,
+            shared=self._mailer,
+        )
 
     def mailer_for(self, sender: Sender) -> Mailer:
-        """The mailer a sender sends through (:class:`SenderMailers`). A test container (built
-        with a mailer) sends every sender's mail through that one."""
-        return self._mailer or self.sender_mailers.for_sender(sender)
+        """The mailer a sender sends through (:class:`SenderMailers`: a transport the rules
+        refuse fails every send). A test container (built with a mailer) sends every other
+        sender's mail through that one."""
+        return self.sender_mailers.for_sender(sender)
 
     # -- services --------------------------------------------------------------------------
     def timezone_of(self, campaign_id: str) -> str:
@@ -355,11 +363,15 @@ class Container:
 
     @cached_property
     def senders(self) -> SenderService:
+        rules = self.settings.transport_rules
         return SenderService(
             self.sender_store,
             self.clock,
             default_timezone=self.config.default_timezone,
-            check_transport=parse_mailer_url,
+            # the worker's own URL checks under the transport rules, when a sender is written
+            check_transport=partial(check_mailer_url, rules=rules, field="transport"),
+            check_imap=partial(check_imap_url, rules=rules, field="imap"),
+            check_token_url=check_token_url,
         )
 
     @cached_property

@@ -19,11 +19,12 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import SettingsConfigDict
 
 from .adapters.dynamodb.url import DynamoDbUrl, parse_dynamodb_url
-from .adapters.imap.url import parse_imap_url
-from .adapters.mail.url import SmtpUrl, parse_mailer_url
+from .adapters.imap.url import check_imap_url
+from .adapters.mail.url import UNREADABLE, check_mailer_url
 from .domain.addresses import normalize_sender
 from .domain.errors import InvalidField
 from .domain.policy import load_timezone
+from .domain.transports import TransportRules
 from .settings_checks import (
     is_host_name,
     redact_url,
@@ -31,7 +32,7 @@ from .settings_checks import (
     trusted_networks,
 )
 from .settings_errors import load_settings
-from .settings_links import LinkSettings
+from .settings_transport import TransportSettings
 
 __all__ = [
     "DynamoDbUrl",
@@ -44,7 +45,6 @@ __all__ = [
     "trusted_networks",
 ]
 
-_LOOPBACK = {"localhost", "127.0.0.1", "::1", ""}
 # An authserv-id as servers write it: a host name (RFC 8601 allows any value; every real one is
 # a dot-atom without spaces or ";").
 _AUTHSERV_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})")
@@ -78,7 +78,10 @@ def _check_postgres_url(url: str, variable: str) -> None:
         parts.port  # noqa: B018 - raises for a port that is not a number in 0..65535
         make_url(url)
     except (ValueError, ArgumentError) as exc:
+        # the parsers' own words may quote the netloc or the port (a piece of the password)
         reason = str(exc).split(":", 1)[0] if isinstance(exc, ArgumentError) else str(exc)
+        if isinstance(exc, ValueError) and reason != "Port out of range 0-65535":
+            reason = UNREADABLE
         raise ValueError(
             f"{variable}: not a valid PostgreSQL URL ({reason}); expected "
             "postgresql+psycopg://user:password@host:5432/db"
@@ -89,7 +92,7 @@ def _sqlite_url(url: str) -> bool:
     return url.split(":", 1)[0] in {"sqlite", "sqlite+pysqlite"}
 
 
-class Settings(LinkSettings):
+class Settings(TransportSettings):
     """sendqueue's settings. docs/settings.md lists each variable, rendered from these fields
     by :mod:`sendqueue.settings_reference`."""
 
@@ -397,9 +400,9 @@ class Settings(LinkSettings):
     @classmethod
     def _known_mailer(cls, value: str) -> str:
         # The mailer's own parser: a URL accepted here builds a mailer, so no send can
-        # dead-letter for a malformed one.
+        # dead-letter for a malformed one; and never a password in plain text to another host.
         try:
-            parse_mailer_url(value)
+            check_mailer_url(value, TransportRules())
         except InvalidField as exc:
             raise ValueError(f"SENDQUEUE_MAILER: {exc.reason}") from None
         return value
@@ -417,14 +420,9 @@ class Settings(LinkSettings):
         if not value:
             return None
         try:
-            url = parse_imap_url(value)
+            check_imap_url(value, TransportRules())
         except InvalidField as exc:
             raise ValueError(f"SENDQUEUE_FEEDBACK_IMAP: {exc.reason}") from None
-        if url.security == "none" and url.host not in _LOOPBACK:
-            raise ValueError(
-                "SENDQUEUE_FEEDBACK_IMAP: refusing to send a password unencrypted to "
-                f"{url.host}; use security=starttls or imaps://"
-            )
         return value
 
     @field_validator("trusted_authserv")
@@ -529,17 +527,6 @@ class Settings(LinkSettings):
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:
         """Refuse settings that would leak credentials or lose mail."""
-        smtp = parse_mailer_url(self.mailer)
-        if (
-            isinstance(smtp, SmtpUrl)
-            and smtp.password
-            and smtp.security == "none"
-            and smtp.host not in _LOOPBACK
-        ):
-            raise ValueError(
-                "SENDQUEUE_MAILER: refusing to send a password unencrypted to "
-                f"{smtp.host}; use security=starttls or security=tls"
-            )
         if self.api_token is not None and len(self.api_token.get_secret_value()) < 16:
             raise ValueError("SENDQUEUE_API_TOKEN: must be at least 16 characters long")
         if self.api_token is not None:
@@ -557,6 +544,11 @@ class Settings(LinkSettings):
                     "mailer when SENDQUEUE_ENVIRONMENT=production"
                 )
         return self
+
+    @property
+    def transport_rules(self) -> TransportRules:
+        """What the senders' own transports may be (production, the allow-list)."""
+        return TransportRules(self.environment == "production", self.transport_host_patterns)
 
     #: The process may serve the web UI and the API, which the token guards.
     _serves_http: ClassVar[bool] = True

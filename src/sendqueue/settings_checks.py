@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .domain.addresses import parse_mailbox
 from .domain.errors import InvalidField
 from .domain.tokens import MIN_SECRET_LENGTH
+from .domain.transports import mask_url
 
 __all__ = [
     "MAKE_SECRET",
@@ -163,9 +164,14 @@ def trusted_networks(
 def redact_url(url: str, *, path: bool = False) -> str:
     """``url`` with the password replaced by ``***``; with ``path``, also the path and query
     (a webhook URL's path is often its secret)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return mask_url(url)
     if not parts.scheme or not parts.netloc:
         return url
+    if "@" in url.partition("://")[2] and "@" not in parts.netloc:
+        return mask_url(url)  # a raw / ? # in the password: the parts are not the URL's
     netloc = parts.netloc
     if parts.password is not None:
         userinfo, _, host = netloc.rpartition("@")

@@ -50,6 +50,7 @@ GROUPS: tuple[Group, ...] = (
             "scheduler_url",
             "execution",
             "mailer",
+            "transport_hosts",
             "default_from",
             "default_timezone",
         ),
@@ -160,11 +161,13 @@ Besides each line's own bounds: an unknown timezone or database scheme; a mailer
 neither `maildir:`, `smtp://` nor `ses:`; `SENDQUEUE_EXECUTION=procrastinate` without a
 PostgreSQL store; `SENDQUEUE_EXECUTION=eventbridge` without each of its five variables (all
 missing ones are named) or with a SQLite store; a password sent over `security=none` to a
-host that is not loopback; `SENDQUEUE_BOUNCE_ADDRESS` or `SENDQUEUE_FEEDBACK_IMAP` without
+host that is not loopback (in `SENDQUEUE_MAILER` and `SENDQUEUE_FEEDBACK_IMAP` as in a
+sender's own transport and mailbox); a URL whose user or password holds a raw `/`, `?` or
+`#` (percent-encode it); `SENDQUEUE_BOUNCE_ADDRESS` or `SENDQUEUE_FEEDBACK_IMAP` without
 `SENDQUEUE_SECRET_KEY`; and, with `SENDQUEUE_ENVIRONMENT=production`, the Maildir outbox (it
-delivers nothing), a missing API token (except in the Lambda functions, which serve no UI),
-and, in a process that sends, a missing public URL or secret key or a public URL that is not
-`https://`.
+delivers nothing, nor does a sender's `maildir:` transport), a missing API token (except in
+the Lambda functions, which serve no UI), and, in a process that sends, a missing public URL
+or secret key or a public URL that is not `https://`.
 """
 
 _VARIABLE = re.compile(r"\bSENDQUEUE_[A-Z0-9_]+\b")

@@ -253,3 +253,39 @@ def test_the_new_campaign_form_lists_the_senders_and_creates_with_them(
     tasks = api(page, "GET", f"{app.url}/api/campaigns/{cid}/tasks")["tasks"]
     assert sorted(t["sender"] for t in tasks) == sorted([first["email"], second["email"]])
     expect(page.locator("th", has_text="Sender")).to_have_count(1)
+
+
+def test_the_form_adds_a_mailbox_signatures_and_an_oauth_grant_shown_masked(
+    page: Page, shared_sendqueue: Sendqueue
+) -> None:
+    app = shared_sendqueue
+    page.goto(f"{app.url}/senders")
+    email = _unique("grant")
+    page.fill("#s-email", email)
+    page.fill("#s-imap", f"imap://grant:{SECRET}@imap.example.com/INBOX?security=none")
+    page.fill("#s-signature-text", "Grant\nSales")
+    page.fill("#s-signature-html", "<p>Grant</p>")
+    page.fill("#s-oauth-token_url", "https://oauth2.example.com/token")
+    page.fill("#s-oauth-client_id", "client-e2e")
+    page.fill("#s-oauth-refresh_token", f"refresh-{SECRET}")
+    page.click("#sender-add-button")
+    # a password in plain text to another host: refused next to the mailbox's field
+    expect(page.locator("#err-imap")).to_contain_text("unencrypted to imap.example.com:143")
+    expect(page.locator("#s-imap")).to_have_attribute("aria-invalid", "true")
+    assert SECRET not in page.locator("#sender-add").inner_text()
+    listed = api(page, "GET", f"{app.url}/api/senders")["senders"]
+    assert email not in [s["email"] for s in listed]
+
+    page.fill("#s-imap", f"imaps://grant:{SECRET}@imap.example.com/INBOX")
+    page.click("#sender-add-button")
+    page.wait_for_url(re.compile(r"/senders\?added=s[0-9a-f]+"))
+    added = next(s for s in api(page, "GET", f"{app.url}/api/senders")["senders"]
+                 if s["email"] == email)  # fmt: skip
+    assert added["oauth"]["refresh_token"] == "***" and added["signature_text"] == "Grant\nSales"
+    section = page.locator(f"#sender-{added['id']}")
+    expect(section.locator('[data-field="imap"]')).to_have_text(
+        "imaps://grant:***@imap.example.com/INBOX"
+    )
+    expect(section.locator('[data-field="signature"]')).to_have_text("text and HTML")
+    expect(section.locator('[data-field="oauth"]')).to_contain_text("client-e2e")
+    assert SECRET not in page.content()

@@ -14,6 +14,7 @@ from sendqueue.adapters.mail.factory import SenderMailers
 from sendqueue.adapters.oauth import OAuthTokens
 from sendqueue.domain.errors import PermanentMailError, TransientMailError
 from sendqueue.domain.senders import OAuthGrant, Sender
+from sendqueue.domain.transports import TransportRules
 from sendqueue.ports import Mailer, OutgoingMessage, Probe
 from sendqueue.testing import InMemoryTaskStore
 from sendqueue.testing.clock import FakeClock
@@ -59,7 +60,9 @@ class World:
         )
         self.store.add_sender(self.sender)
         self.tokens = OAuthTokens(self.store, self.clock)
-        self.mailers = SenderMailers(RecordingMailer, "maildir:/nonexistent", self.tokens)
+        self.mailers = SenderMailers(
+            RecordingMailer, "maildir:/nonexistent", self.tokens, TransportRules()
+        )
 
     def mailer(self) -> Mailer:
         """The sender's mailer, as the worker gets it (the sender as the store has it)."""

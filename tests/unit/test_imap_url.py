@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from sendqueue.adapters.imap import ImapFeedbackSource, parse_imap_url
 from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.transports import TransportRules
 from sendqueue.settings import Settings
 
 
@@ -137,3 +138,21 @@ def test_the_parse_budget_is_2_seconds_unless_set(monkeypatch: pytest.MonkeyPatc
     for value, seconds in (("0.1", 0.1), ("60", 60.0), ("7.5", 7.5)):
         monkeypatch.setenv("SENDQUEUE_FEEDBACK_PARSE_SECONDS", value)
         assert Settings(_env_file=None).feedback_parse_seconds == seconds
+
+
+def test_a_senders_mailbox_opens_only_under_the_transport_rules() -> None:
+    """The poll of a sender's own mailbox (``from_url(..., rules=...)``): a host outside the
+    allow-list or a plain-text password to another machine is refused naming ``imap``."""
+    rules = TransportRules(hosts=("*.example.com",))
+    opened = ImapFeedbackSource.from_url(
+        "imaps://anna:pw@imap.example.com/INBOX", field="imap", rules=rules
+    )
+    assert opened.name == "imap://anna@imap.example.com:993/INBOX"
+    for url, words in [
+        ("imaps://anna:Zq-9x@imap.other.org/INBOX", "imap.other.org is not in"),
+        ("imap://anna:Zq-9x@imap.example.com/INBOX?security=none", "unencrypted"),
+    ]:
+        with pytest.raises(InvalidField) as raised:
+            ImapFeedbackSource.from_url(url, field="imap", rules=rules)
+        assert raised.value.field == "imap" and words in raised.value.reason
+        assert "Zq-9x" not in str(raised.value)

@@ -70,7 +70,8 @@ def test_add_list_get_update_remove(web: Web) -> None:
         "email": "anna@example.com", "name": "Anna Sales", "reply_to": "replies@example.com",
         "transport": MASKED, "daily_cap": 30, "min_gap_seconds": 120,
         "timezone": "Europe/Berlin", "warmup_start": None, "warmup_step": None,
-        "warmup_from": None,
+        "warmup_from": None, "imap": None, "signature_text": "", "signature_html": None,
+        "oauth": None,
     }  # fmt: skip
     assert len(added["usage"]) == 14
     assert added["usage"][0] == {"date": "2026-12-01", "planned": 0, "sent": 0, "cap": 30}

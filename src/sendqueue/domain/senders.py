@@ -23,12 +23,13 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
 from .addresses import check_header_value, normalize_sender
 from .errors import InvalidField
 from .policy import MAX_PER_DAY, load_timezone
+from .transports import mask_url
 
 __all__ = [
     "DEFAULT_DAILY_CAP",
@@ -71,18 +72,8 @@ def new_sender_id() -> str:
 
 def masked_transport(url: str | None) -> str | None:
     """``url`` with any password replaced by ``***`` (``smtp://user:***@host:587``); the query
-    is dropped too, since a provider may take a key there."""
-    if url is None:
-        return None
-    parts = urlsplit(url)
-    if parts.password is None and not parts.query:
-        return url
-    netloc = parts.netloc
-    if parts.password is not None:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{hostport}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    is dropped too, since a provider may take a key there (:func:`mask_url`)."""
+    return None if url is None else mask_url(url)
 
 
 def _check_transport(url: str | None) -> None:
@@ -99,6 +90,14 @@ def _check_transport(url: str | None) -> None:
             f"the scheme must be one of {', '.join(TRANSPORT_SCHEMES)} "
             "(smtp://user:password@host:587?security=starttls, ses:eu-west-1, maildir:PATH)",
         )
+
+
+def _scheme(url: str) -> str:
+    """The scheme of ``url``, "" for a URL ``urlsplit`` cannot read (``https://[x``)."""
+    try:
+        return urlsplit(url).scheme
+    except ValueError:
+        return ""
 
 
 def _check_text(name: str, value: object, limit: int, *, optional: bool = False) -> None:
@@ -122,7 +121,7 @@ class OAuthGrant:
 
     def __post_init__(self) -> None:
         url = self.token_url
-        if not isinstance(url, str) or urlsplit(url).scheme not in ("https", "http"):
+        if not isinstance(url, str) or _scheme(url) not in ("https", "http"):
             raise InvalidField(
                 "oauth.token_url", None, "expected the provider's token endpoint (https://...)"
             )

@@ -2,8 +2,9 @@
 sender's usage against its cap over the coming days.
 
 A sender is named by its id or its address wherever a user names one (:meth:`SenderService.get`).
-Its transport may hold credentials: :class:`SenderView` is the one form that leaves this
-module, with the transport masked (``smtp://user:***@host:587``).
+Its transport and its mailbox may hold credentials, its OAuth grant holds secrets:
+:class:`SenderView` is the one form that leaves this module, with the URLs masked
+(``smtp://user:***@host:587``) and the grant's secrets as ``***``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from datetime import date, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sendqueue.domain.addresses import normalize_sender
 from sendqueue.domain.errors import InvalidField, NotFound
@@ -20,14 +21,16 @@ from sendqueue.domain.policy import load_timezone
 from sendqueue.domain.senders import (
     DEFAULT_DAILY_CAP,
     DEFAULT_MIN_GAP_SECONDS,
+    OAuthGrant,
     Sender,
     masked_transport,
     new_sender_id,
 )
+from sendqueue.domain.transports import mask_url
 from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, SenderStore
 
-__all__ = ["USAGE_DAYS", "DayUsage", "SenderService", "SenderView"]
+__all__ = ["MASK", "USAGE_DAYS", "DayUsage", "SenderService", "SenderView", "masked_grant"]
 
 #: How many days ahead ``usage`` reports by default (today included).
 USAGE_DAYS = 14
@@ -47,8 +50,14 @@ _UPDATABLE = frozenset(
         "timezone",
         "warmup_start",
         "warmup_step",
+        "imap",
+        "signature_text",
+        "signature_html",
+        "oauth",
     }
 )
+#: What a view shows in place of a secret.
+MASK = "***"
 
 
 @dataclass(frozen=True)
@@ -77,12 +86,19 @@ class SenderView:
     warmup_start: int | None
     warmup_step: int | None
     warmup_from: date | None
+    imap: str | None
+    """Its own mailbox's URL, masked (``imaps://user:***@host:993/INBOX``)."""
+    signature_text: str
+    signature_html: str | None
+    oauth: dict[str, str | None] | None
+    """The grant without its secrets: ``refresh_token`` and a ``client_secret`` as ``***``."""
 
     @classmethod
     def of(cls, sender: Sender) -> SenderView:
-        values = {f.name: getattr(sender, f.name) for f in fields(cls)}
+        values = {f.name: getattr(sender, f.name) for f in fields(cls) if f.name != "oauth"}
         values["transport"] = masked_transport(sender.transport)
-        return cls(**values)
+        values["imap"] = masked_transport(sender.imap)
+        return cls(**values, oauth=masked_grant(sender.oauth))
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly (dates as ISO strings)."""
@@ -92,25 +108,68 @@ class SenderView:
         return out
 
 
+def masked_grant(grant: OAuthGrant | None) -> dict[str, str | None] | None:
+    """An OAuth grant as a view shows it: its secrets as ``***``."""
+    if grant is None:
+        return None
+    return {
+        "token_url": masked_transport(grant.token_url),
+        "client_id": grant.client_id,
+        "scope": grant.scope,
+        "refresh_token": MASK,
+        "client_secret": MASK if grant.client_secret is not None else None,
+    }
+
+
+#: The fields whose errors quote a URL, and the name the user gave it (the adapters' checks
+#: name the setting they share the parser with).
+_URL_FIELDS = {
+    "transport": "transport",
+    "mailer": "transport",
+    "imap": "imap",
+    "feedback_imap": "imap",
+}
+
+
 @contextmanager
-def _transport_masked() -> Iterator[None]:
-    """A bad transport's error as InvalidField ``transport`` with the URL masked: the domain
-    quotes the URL as given for a line break, the mail adapters' check names it ``mailer``, and
-    ``urlsplit`` raises a bare ValueError (``[::1``); none of them may show a password."""
+def _urls_masked() -> Iterator[None]:
+    """A bad URL's error as InvalidField ``transport`` or ``imap`` with the URL masked: the
+    domain quotes a URL as given for a line break, and the adapters' checks name their
+    setting; none of them may show a password."""
     try:
         yield
     except InvalidField as exc:
-        if exc.field not in {"transport", "mailer"}:
+        name = _URL_FIELDS.get(exc.field)
+        if name is None:
             raise
-        shown = exc.value
-        if isinstance(shown, str):
-            try:
-                shown = masked_transport(shown)
-            except ValueError:
-                shown = "***"
-        raise InvalidField("transport", shown, exc.reason) from None
-    except ValueError as exc:
-        raise InvalidField("transport", "***", f"malformed URL: {exc}") from None
+        shown = mask_url(exc.value) if isinstance(exc.value, str) else exc.value
+        raise InvalidField(name, shown, exc.reason) from None
+
+
+def _grant(value: OAuthGrant | Mapping[str, object] | None) -> OAuthGrant | None:
+    """The grant a caller gave: an OAuthGrant, or a mapping of its fields (InvalidField
+    naming ``oauth`` or the field otherwise; never quoting a secret)."""
+    if value is None or isinstance(value, OAuthGrant):
+        return value
+    if not isinstance(value, Mapping):
+        raise InvalidField("oauth", None, "expected token_url, client_id and refresh_token")
+    known = {"token_url", "client_id", "refresh_token", "client_secret", "scope"}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise InvalidField(f"oauth.{unknown[0]}", None, f"unknown; one of {sorted(known)}")
+    return OAuthGrant(
+        token_url=cast(str, value.get("token_url")),
+        client_id=cast(str, value.get("client_id")),
+        refresh_token=cast(str, value.get("refresh_token")),
+        client_secret=cast("str | None", value.get("client_secret") or None),
+        scope=cast("str | None", value.get("scope") or None),
+    )
+
+
+def _merged_grant(grant: OAuthGrant | None, changes: Mapping[str, object]) -> OAuthGrant | None:
+    """``grant`` with the fields ``changes`` gives (a new grant when there was none)."""
+    base: dict[str, object] = dict(grant.as_dict()) if grant is not None else {}
+    return _grant({**base, **changes})
 
 
 class SenderService:
@@ -123,14 +182,20 @@ class SenderService:
         clock: Clock,
         *,
         default_timezone: str,
-        check_transport: Callable[[str], object] | None = None,
+        check_transport: Callable[..., object] | None = None,
+        check_imap: Callable[..., object] | None = None,
+        check_token_url: Callable[[str], object] | None = None,
     ) -> None:
         self._senders = senders
         self._clock = clock
         self._default_timezone = default_timezone
-        # The mail adapters' own URL check (bootstrap passes it): a transport that the
-        # worker could not open is refused when the sender is added, not at its first send.
+        # The adapters' own URL checks under the transport rules (bootstrap passes them): a
+        # transport or mailbox the worker or the poll would refuse is refused when written.
+        # Both are told (``oauth=...``) whether the sender signs in with a token; the token
+        # endpoint's own check refuses a refresh token sent in clear text.
         self._check_transport = check_transport
+        self._check_imap = check_imap
+        self._check_token_url = check_token_url
 
     def add(
         self,
@@ -144,12 +209,16 @@ class SenderService:
         warmup_step: int | None = None,
         transport: str | None = None,
         reply_to: str | None = None,
+        imap: str | None = None,
+        signature_text: str = "",
+        signature_html: str | None = None,
+        oauth: OAuthGrant | Mapping[str, object] | None = None,
     ) -> Sender:
         """Add a sender; InvalidField naming the field for a bad value, Conflict when the
         address belongs to a sender already. A warm-up is set today (the sender's day): its
         ramp starts on the first day the sender has an email."""
         zone = timezone or self._default_timezone
-        with _transport_masked():
+        with _urls_masked():
             sender = Sender(
                 id=new_sender_id(),
                 email=email,
@@ -162,6 +231,10 @@ class SenderService:
                 warmup_start=warmup_start,
                 warmup_step=warmup_step,
                 warmup_from=self._today(zone) if warmup_start is not None else None,
+                imap=imap or None,
+                signature_text=signature_text,
+                signature_html=signature_html or None,
+                oauth=_grant(oauth),
             )
             self._check(sender)
         self._senders.add_sender(sender)
@@ -169,7 +242,12 @@ class SenderService:
 
     def _check(self, sender: Sender) -> None:
         if sender.transport is not None and self._check_transport is not None:
-            self._check_transport(sender.transport)
+            # an OAuth sign-in sends a token, as secret as a password
+            self._check_transport(sender.transport, oauth=sender.oauth is not None)
+        if sender.imap is not None and self._check_imap is not None:
+            self._check_imap(sender.imap, oauth=sender.oauth is not None)
+        if sender.oauth is not None and self._check_token_url is not None:
+            self._check_token_url(sender.oauth.token_url)
 
     def get(self, ref: str) -> Sender:
         """The sender with this id or address; NotFound otherwise."""
@@ -209,7 +287,8 @@ class SenderService:
     def update(self, ref: str, changes: Mapping[str, object]) -> Sender:
         """Change some fields (see ``_UPDATABLE``); a value of None clears an optional one.
         Setting a warm-up (again) restarts its ramp (the sending days before today no longer
-        count); clearing it ends it."""
+        count); clearing it ends it. ``oauth`` as a mapping changes the fields it gives and
+        keeps the grant's others."""
         unknown = sorted(set(changes) - _UPDATABLE)
         if unknown:
             raise InvalidField(
@@ -223,7 +302,14 @@ class SenderService:
             values["warmup_from"] = self._today(zone) if ramp else None
         if values.get("name") is None and "name" in values:
             values["name"] = ""
-        with _transport_masked():
+        if values.get("signature_text", "") is None:
+            values["signature_text"] = ""
+        for name in ("transport", "imap", "signature_html", "reply_to"):
+            if name in values and not values[name]:
+                values[name] = None  # "" clears, as None does
+        with _urls_masked():
+            if isinstance(values.get("oauth"), Mapping):
+                values["oauth"] = _merged_grant(sender.oauth, values["oauth"])
             updated = replace(sender, **values)
             self._check(updated)
         self._check_planned(sender, updated)

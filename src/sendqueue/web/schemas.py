@@ -39,6 +39,7 @@ __all__ = [
     "RetriedCampaign",
     "SenderDetail",
     "SenderList",
+    "SenderOAuth",
     "SenderOut",
     "SenderRemoved",
     "SenderUsageDay",
@@ -186,6 +187,16 @@ class SuppressionImported(BaseModel):
     kept: int = Field(description="rows whose address was listed already (or repeated)")
 
 
+class SenderOAuth(BaseModel):
+    """A sender's OAuth grant as shown: the refresh token and a client secret as ``***``."""
+
+    token_url: str
+    client_id: str
+    scope: str | None
+    refresh_token: str = Field(description="always ***")
+    client_secret: str | None = Field(description="*** when there is one")
+
+
 class SenderOut(BaseModel):
     """A sender (``sender list --json``): its transport masked, never its password."""
 
@@ -207,6 +218,12 @@ class SenderOut(BaseModel):
         "(days with an email) from then on count",
         json_schema_extra={"format": "date"},
     )
+    imap: str | None = Field(
+        description="its own mailbox's URL, masked (imaps://user:***@host:993/INBOX); null: none"
+    )
+    signature_text: str = Field(description="its signature as text (empty: none)")
+    signature_html: str | None = Field(description="its signature's HTML form; null: none")
+    oauth: SenderOAuth | None = Field(description="its OAuth 2.0 grant, secrets as ***")
 
 
 class SenderUsageDay(BaseModel):

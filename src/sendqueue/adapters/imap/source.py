@@ -31,9 +31,10 @@ from typing import Any
 from imapclient import IMAPClient
 from imapclient.exceptions import IMAPClientError, LoginError
 
-from sendqueue.adapters.imap.url import ImapUrl, parse_imap_url
+from sendqueue.adapters.imap.url import ImapUrl, check_imap_url, parse_imap_url
 from sendqueue.domain.errors import FeedbackUnavailable, InvalidField, OAuthTokenError
 from sendqueue.domain.senders import Sender
+from sendqueue.domain.transports import TransportRules
 from sendqueue.domain.wording import plural
 from sendqueue.ports import AccessToken, AccessTokens, FeedbackMessage
 
@@ -94,11 +95,18 @@ class ImapFeedbackSource:
         field: str = "feedback_imap",
         ssl_context: ssl.SSLContext | None = None,
         oauth: AccessToken | None = None,
+        rules: TransportRules | None = None,
     ) -> ImapFeedbackSource:
         """The source an ``imap://`` or ``imaps://`` URL names (see
         :func:`~sendqueue.adapters.imap.url.parse_imap_url`); with ``oauth`` it signs in with
-        XOAUTH2 as the URL's user (none: ``oauth.user``) and needs no password."""
-        parsed = parse_imap_url(url, field=field, oauth=oauth is not None)
+        XOAUTH2 as the URL's user (none: ``oauth.user``) and needs no password. With ``rules``
+        (a sender's own mailbox), a URL they refuse is an InvalidField naming ``field`` and
+        nothing opens."""
+        signed = oauth is not None
+        if rules is None:
+            parsed = parse_imap_url(url, field=field, oauth=signed)
+        else:
+            parsed = check_imap_url(url, rules, field=field, oauth=signed)
         return cls(parsed, ssl_context=ssl_context, oauth=oauth)
 
     @classmethod
@@ -107,15 +115,18 @@ class ImapFeedbackSource:
         sender: Sender,
         tokens: AccessTokens,
         *,
+        rules: TransportRules | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> ImapFeedbackSource:
-        """The source of a sender's own mailbox (its ``imap`` URL; errors name ``imap``),
-        signed in with XOAUTH2 when the sender has ``oauth``, with the URL's password else.
-        ValueError for a sender without a mailbox."""
+        """The source of a sender's own mailbox (its ``imap`` URL, under ``rules``; errors
+        name ``imap``), signed in with XOAUTH2 when the sender has ``oauth``, with the URL's
+        password else. ValueError for a sender without a mailbox."""
         if sender.imap is None:
             raise ValueError(f"sender {sender.email} has no mailbox (imap)")
         oauth = tokens.for_sender(sender) if sender.oauth is not None else None
-        return cls.from_url(sender.imap, field="imap", ssl_context=ssl_context, oauth=oauth)
+        return cls.from_url(
+            sender.imap, field="imap", ssl_context=ssl_context, oauth=oauth, rules=rules
+        )
 
     def __repr__(self) -> str:
         return f"ImapFeedbackSource({self.name}, security={self._url.security})"

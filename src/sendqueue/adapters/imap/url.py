@@ -15,12 +15,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
-from sendqueue.adapters.mail.url import Security, parse_url_query, redact_mailer_url
+from sendqueue.adapters.mail.url import Security, parse_url_query, redact_mailer_url, split_url
 from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.transports import TransportRules
 
-__all__ = ["DEFAULT_IMAP_PORTS", "ImapUrl", "parse_imap_url", "redact_imap_url"]
+__all__ = [
+    "DEFAULT_IMAP_PORTS",
+    "ImapUrl",
+    "check_imap_url",
+    "parse_imap_url",
+    "redact_imap_url",
+]
 
 #: The port used when a URL names none: IMAP (143, STARTTLS or plain) and IMAPS (993).
 DEFAULT_IMAP_PORTS: dict[str, int] = {"starttls": 143, "tls": 993, "none": 143}
@@ -58,11 +65,8 @@ def parse_imap_url(url: str, *, field: str = _FIELD, oauth: bool = False) -> Ima
     never shows the password) for anything else. With ``oauth`` (XOAUTH2 sign-in) the user and
     password may be left out: the password is not used, the user defaults to the sender's."""
     shown = redact_imap_url(url)
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise InvalidField(field, shown, f"malformed URL: {exc}") from exc
+    parts = split_url(url, field)
+    port = parts.port
     if parts.scheme not in {"imap", "imaps"} or not parts.hostname:
         raise InvalidField(field, shown, _EXPECTED)
     if parts.fragment:
@@ -100,3 +104,21 @@ def parse_imap_url(url: str, *, field: str = _FIELD, oauth: bool = False) -> Ima
         folder=folder,
         timeout=timeout,
     )
+
+
+def check_imap_url(
+    url: str, rules: TransportRules, *, field: str = _FIELD, oauth: bool = False
+) -> ImapUrl:
+    """:func:`parse_imap_url` and then ``rules`` (the password, or with ``oauth`` the access
+    token, never in plain text to another machine; only allowed hosts); InvalidField naming
+    ``field``."""
+    parsed = parse_imap_url(url, field=field, oauth=oauth)
+    rules.check_host(
+        field,
+        redact_imap_url(url),
+        parsed.host,
+        port=parsed.port,
+        password=True,
+        encrypted=parsed.security != "none",
+    )
+    return parsed

@@ -1,5 +1,5 @@
 """Building the configured mailer from its URL (``SENDQUEUE_MAILER``), and each sender's
-(:class:`SenderMailers`)."""
+(:class:`SenderMailers`, under the transport rules)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from collections.abc import Callable
 
 from sendqueue.adapters.mail.maildir import MaildirMailer
 from sendqueue.adapters.mail.smtp import SmtpMailer
-from sendqueue.adapters.mail.url import MaildirUrl, SmtpUrl, parse_mailer_url
+from sendqueue.adapters.mail.url import MaildirUrl, SmtpUrl, check_mailer_url, parse_mailer_url
+from sendqueue.domain.errors import InvalidField, PermanentMailError
 from sendqueue.domain.senders import Sender
-from sendqueue.ports import AccessTokens, Mailer
+from sendqueue.domain.transports import TransportRules
+from sendqueue.ports import AccessTokens, Mailer, OutgoingMessage
 
-__all__ = ["SenderMailers", "mailer_from_url"]
+__all__ = ["RefusedTransport", "SenderMailers", "mailer_from_url", "refused_transport"]
 
 log = logging.getLogger(__name__)
 
@@ -40,28 +42,80 @@ def mailer_from_url(url: str) -> Mailer:
     return SesMailer.from_url(url)
 
 
+class RefusedTransport:
+    """The mailer of a stored sender transport that the rules refuse (a ``maildir:`` one in
+    production, a host outside the allow-list): every send fails permanently, saying why,
+    and nothing is written or sent."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def send(self, message: OutgoingMessage) -> str:
+        raise PermanentMailError(f"not sent: {self.reason}")
+
+    def probe(self, timeout: float) -> str:
+        """``sendqueue check``: the transport fails as its sends would, saying why."""
+        raise PermanentMailError(f"refused: {self.reason}")
+
+    def close(self) -> None:
+        """Nothing to close: nothing was opened."""
+
+    def __repr__(self) -> str:
+        return f"RefusedTransport({self.reason!r})"
+
+
+def refused_transport(
+    url: str, rules: TransportRules, *, oauth: bool = False
+) -> RefusedTransport | None:
+    """A :class:`RefusedTransport` for a sender's transport that ``rules`` refuse (a sender may
+    have been stored before the rules changed), None for one they allow; ``oauth``: the sender
+    signs in with an access token (see :func:`check_mailer_url`)."""
+    try:
+        check_mailer_url(url, rules, field="transport", oauth=oauth)
+    except InvalidField as exc:
+        return RefusedTransport(f"the sender's transport {exc.value}: {exc.reason}")
+    return None
+
+
 class SenderMailers:
     """Each sender's mailer, opened at its first send and closed with :meth:`close`.
 
-    A sender without ``oauth`` sends through its own transport (one mailer per URL, shared by
-    the senders naming it) or, without one, through ``default``. A sender with ``oauth`` whose
-    transport (its own, or else ``default_url``) is SMTP gets a mailer of its own that signs in
-    with XOAUTH2 as the URL's user or the sender's address, with the token ``tokens`` hands out;
+    A sender's own transport is checked against ``rules`` first: one they refuse gets a
+    :class:`RefusedTransport`, which fails every send. With ``shared`` (a test container's
+    mailer), every other sender's mail goes through that one. Otherwise a sender without
+    ``oauth`` sends through its own transport (one mailer per URL, shared by the senders
+    naming it) or, without one, through ``default``. A sender with ``oauth`` whose transport
+    (its own, or else ``default_url``) is SMTP gets a mailer of its own that signs in with
+    XOAUTH2 as the URL's user or the sender's address, with the token ``tokens`` hands out;
     over SES or a Maildir, which have no sign-in of the sender's, the grant is not used.
     """
 
     def __init__(
-        self, default: Callable[[], Mailer], default_url: str, tokens: AccessTokens
+        self,
+        default: Callable[[], Mailer],
+        default_url: str,
+        tokens: AccessTokens,
+        rules: TransportRules,
+        shared: Mailer | None = None,
     ) -> None:
         self._default = default
         self._default_url = default_url
         self._tokens = tokens
+        self._rules = rules
+        self._shared = shared
         self._lock = threading.Lock()
         self._mailers: dict[tuple[str, ...], Mailer] = {}
+        self._refused: dict[tuple[str, bool], RefusedTransport | None] = {}
 
     def for_sender(self, sender: Sender) -> Mailer:
         """The mailer ``sender`` (as the store has it now) sends through."""
         url = sender.transport or self._default_url
+        if sender.transport is not None:
+            refused = self._check(sender.transport, oauth=sender.oauth is not None)
+            if refused is not None:
+                return refused
+        if self._shared is not None:
+            return self._shared
         if sender.oauth is not None and url.startswith("smtp:"):
             # Every call: a grant changed in the store replaces the one in use.
             token = self._tokens.for_sender(sender)
@@ -70,6 +124,14 @@ class SenderMailers:
         if sender.transport is None:
             return self._default()
         return self._get((url,), lambda: mailer_from_url(url))
+
+    def _check(self, url: str, *, oauth: bool) -> RefusedTransport | None:
+        """The rules' verdict on a transport, worked out once per URL (the rules are fixed)."""
+        key = (url, oauth)
+        with self._lock:
+            if key not in self._refused:
+                self._refused[key] = refused_transport(url, self._rules, oauth=oauth)
+            return self._refused[key]
 
     def _get(self, key: tuple[str, ...], build: Callable[[], Mailer]) -> Mailer:
         with self._lock:

@@ -3,6 +3,8 @@
 Error mapping (the text of every error names the server, the step, the reply code and the
 server's own message):
 
+- a reply that is not SMTP (no 2xx..5xx code: an HTTP server, another protocol's banner):
+  :class:`TransientMailError` saying so, without the server's bytes;
 - reply codes 4xx (including 421 "closing"), connection refused or reset, timeouts, TLS
   failures, a server that drops the connection: :class:`TransientMailError`;
 - reply codes 5xx (sender or recipient refused, message refused after DATA, authentication
@@ -87,6 +89,11 @@ def _token(oauth: AccessToken, rejected: str | None = None) -> str:
     except OAuthTokenError as exc:
         kind = PermanentMailError if exc.permanent else TransientMailError
         raise kind(str(exc)) from exc
+
+
+def _is_smtp(code: int) -> bool:
+    """Whether a reply code is SMTP's (2xx..5xx); smtplib gives -1 for a line without one."""
+    return 200 <= code <= 599
 
 
 def _by_code(code: int, text: str) -> MailError:
@@ -313,6 +320,8 @@ class SmtpMailer:
                     self.host, self.port, local_hostname=self.local_hostname, timeout=timeout
                 )
         except smtplib.SMTPResponseException as exc:
+            if not _is_smtp(exc.smtp_code):
+                raise self._not_smtp() from None
             reply = f"{exc.smtp_code} {_text(exc.smtp_error)}"
             raise _by_code(exc.smtp_code, f"{where} refused the connection: {reply}") from exc
         except OSError as exc:
@@ -347,6 +356,8 @@ class SmtpMailer:
                     )
                 smtp.login(self.username, self._password or "")
         except smtplib.SMTPResponseException as exc:
+            if not _is_smtp(exc.smtp_code):
+                raise self._not_smtp() from None
             reply = f"{exc.smtp_code} {_text(exc.smtp_error)}"
             raise _by_code(exc.smtp_code, f"{where} {step} failed: {reply}") from exc
         except smtplib.SMTPServerDisconnected as exc:
@@ -385,6 +396,11 @@ class SmtpMailer:
         if self._ssl_context is None:
             self._ssl_context = ssl.create_default_context()
         return self._ssl_context
+
+    def _not_smtp(self) -> TransientMailError:
+        """A server whose replies are not SMTP (an HTTP server, another protocol's banner): its
+        bytes are never quoted, in the task's error or in a log."""
+        return TransientMailError(f"the server at {self.host}:{self.port} did not speak SMTP")
 
     def _connection_error(
         self, exc: OSError, step: str, timeout: float | None = None
@@ -453,4 +469,6 @@ class SmtpMailer:
                 conn.smtp.rset()
             except (smtplib.SMTPException, OSError):
                 self._discard(conn)
+        if not _is_smtp(code):
+            raise self._not_smtp() from None
         raise _by_code(code, f"{what}: {code} {_text(reply)}")

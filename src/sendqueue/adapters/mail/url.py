@@ -8,22 +8,26 @@ No smtplib connection and no boto3 here: the settings validate without the ``aws
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.transports import TransportRules, mask_url
 
 __all__ = [
     "DEFAULT_PORTS",
+    "UNREADABLE",
     "MaildirUrl",
     "MailerUrl",
     "Security",
     "SesUrl",
     "SmtpUrl",
+    "check_mailer_url",
     "parse_mailer_url",
     "parse_url_query",
     "redact_mailer_url",
+    "split_url",
 ]
 
 Security = Literal["starttls", "tls", "none"]
@@ -49,7 +53,7 @@ class SmtpUrl:
     port: int
     security: Security
     username: str | None
-    password: str | None
+    password: str | None = field(repr=False)
     timeout: float
 
 
@@ -65,15 +69,35 @@ MailerUrl = MaildirUrl | SmtpUrl | SesUrl
 
 
 def redact_mailer_url(url: str) -> str:
-    """``url`` with its password replaced, for error messages."""
+    """``url`` with its password replaced, for error messages (:func:`mask_url`: robust to any
+    character a password holds)."""
+    return mask_url(url)
+
+
+#: The reason given for a URL whose user or password cannot be told from its host: never the
+#: parser's own message, which may quote a piece of the password.
+UNREADABLE = (
+    "malformed URL: a port is 1..65535, and the characters / ? # @ : [ ] % in the user and "
+    "the password are percent-encoded (%2F %3F %23 %40 %3A %5B %5D %25)"
+)
+
+
+def split_url(url: str, field: str) -> SplitResult:
+    """``urlsplit(url)`` with its port read, when its user and password end where its host
+    starts; InvalidField naming ``field`` (the URL masked, no parser message) otherwise."""
+    shown = mask_url(url)
+    rest = url.partition("://")[2]
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    if "@" in rest[end:]:  # a raw "/", "?" or "#" in the password, or an "@" after the host
+        raise InvalidField(field, shown, UNREADABLE)
     try:
         parts = urlsplit(url)
-        if parts.password is None:
-            return url
-    except ValueError:
-        return url.split("@", 1)[-1] if "@" in url else url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+        parts.port  # noqa: B018 - raises for a port that is not a number in 0..65535
+    except ValueError as exc:
+        # only this message quotes nothing of the URL (others quote the netloc or the port)
+        fixed = str(exc) == "Port out of range 0-65535"
+        raise InvalidField(field, shown, f"malformed URL: {exc}" if fixed else UNREADABLE) from None
+    return parts
 
 
 def parse_url_query(
@@ -97,11 +121,8 @@ def parse_url_query(
 
 def _smtp(url: str) -> SmtpUrl:
     shown = redact_mailer_url(url)
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise InvalidField(_FIELD, shown, f"malformed URL: {exc}") from exc
+    parts = split_url(url, _FIELD)
+    port = parts.port
     if parts.scheme != "smtp" or not parts.hostname:
         raise InvalidField(_FIELD, shown, "expected smtp://user:pass@host:port?security=...")
     if parts.path not in {"", "/"} or parts.fragment:
@@ -133,9 +154,10 @@ def _smtp(url: str) -> SmtpUrl:
 def _ses(url: str) -> SesUrl:
     rest = url[len("ses:") :]
     region, _, query = rest.partition("?")
+    shown = mask_url(url)
     if region and not _REGION.fullmatch(region):
-        raise InvalidField(_FIELD, url, f"expected ses:REGION, e.g. ses:eu-west-1, got {region!r}")
-    options = parse_url_query(url, query, frozenset({"configuration_set"}), "ses:")
+        raise InvalidField(_FIELD, shown, "expected ses:REGION, e.g. ses:eu-west-1")
+    options = parse_url_query(shown, query, frozenset({"configuration_set"}), "ses:")
     return SesUrl(region or None, options.get("configuration_set") or None)
 
 
@@ -145,7 +167,9 @@ def parse_mailer_url(url: str) -> MailerUrl:
     if url.startswith("maildir:"):
         directory = url[len("maildir:") :]
         if not directory:
-            raise InvalidField(_FIELD, url, "maildir: needs a directory, e.g. maildir:./outbox")
+            raise InvalidField(
+                _FIELD, "maildir:", "maildir: needs a directory, e.g. maildir:./outbox"
+            )
         return MaildirUrl(directory)
     if url.startswith("smtp:"):
         return _smtp(url)
@@ -156,3 +180,28 @@ def parse_mailer_url(url: str) -> MailerUrl:
         redact_mailer_url(url),
         "expected maildir:DIR, smtp://user:pass@host:port?security=... or ses:REGION",
     )
+
+
+def check_mailer_url(
+    url: str, rules: TransportRules, *, field: str = _FIELD, oauth: bool = False
+) -> MailerUrl:
+    """:func:`parse_mailer_url` and then ``rules`` (no maildir: in production, no password in
+    plain text to another machine, only allowed hosts); InvalidField naming ``field``. With
+    ``oauth`` the sign-in sends an access token, which counts as a password."""
+    try:
+        parsed = parse_mailer_url(url)
+    except InvalidField as exc:
+        raise InvalidField(field, exc.value, exc.reason) from None
+    shown = mask_url(url)
+    if isinstance(parsed, MaildirUrl):
+        rules.check_maildir(field, shown)
+    elif isinstance(parsed, SmtpUrl):
+        rules.check_host(
+            field,
+            shown,
+            parsed.host,
+            port=parsed.port,
+            password=parsed.password is not None or oauth,
+            encrypted=parsed.security != "none",
+        )
+    return parsed

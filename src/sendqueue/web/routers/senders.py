@@ -1,9 +1,10 @@
 """``/api/senders``: the mailboxes campaigns send from, thin routes over
 :class:`~sendqueue.services.senders.SenderService` (the one ``sendqueue sender`` uses).
 
-A sender is named by its id or its address (``{ref}``). Its transport may hold a password: a
-response only ever carries :class:`~sendqueue.services.senders.SenderView`'s masked form, and a
-refused body's values are masked too before the error quotes them (:class:`_MaskedRoute`).
+A sender is named by its id or its address (``{ref}``). Its transport and mailbox may hold a
+password, its OAuth grant secrets: a response only ever carries
+:class:`~sendqueue.services.senders.SenderView`'s masked form, and a refused body's values are
+masked too before the error quotes them (:class:`_MaskedRoute`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from sendqueue.domain.errors import Conflict, InvalidField
-from sendqueue.domain.senders import DEFAULT_DAILY_CAP, DEFAULT_MIN_GAP_SECONDS, masked_transport
-from sendqueue.services.senders import MAX_USAGE_DAYS, USAGE_DAYS
+from sendqueue.domain.senders import DEFAULT_DAILY_CAP, DEFAULT_MIN_GAP_SECONDS
+from sendqueue.domain.transports import mask_url
+from sendqueue.services.senders import MASK, MAX_USAGE_DAYS, USAGE_DAYS
 from sendqueue.web.deps import ContainerDep
 from sendqueue.web.errors import HttpProblem
 from sendqueue.web.queries import sender_detail, sender_out
@@ -31,23 +33,34 @@ from sendqueue.web.schemas import (
     error_responses,
 )
 
-__all__ = ["NewSender", "SenderChanges", "router"]
+__all__ = ["NewSender", "OAuthFields", "SenderChanges", "router"]
+
+
+#: The keys whose values are secrets wherever they appear in a body (the OAuth grant's).
+_SECRET_KEYS = frozenset({"refresh_token", "client_secret", "password"})
 
 
 def _masked(value: Any) -> Any:
-    """``value`` with every URL's password masked, in strings, lists and mappings."""
+    """``value`` with every URL's password masked, in strings, lists and mappings, and every
+    secret of a mapping (an OAuth grant's refresh token, its client secret) as ``***``."""
     if isinstance(value, str):
-        if "://" not in value or "@" not in value:
-            return value
-        try:
-            return masked_transport(value)
-        except ValueError:  # not even a URL urlsplit can read (``[::1``)
-            return "***"
+        return mask_url(value) if "://" in value and "@" in value else value
     if isinstance(value, dict):
-        return {key: _masked(item) for key, item in value.items()}
+        return {
+            key: MASK if key in _SECRET_KEYS and item is not None else _masked(item)
+            for key, item in value.items()
+        }
     if isinstance(value, list | tuple):
         return [_masked(item) for item in value]
     return value
+
+
+def _masked_input(error: dict[str, Any]) -> Any:
+    """A validation error's input, masked: the whole of it when its field is a secret."""
+    loc = error.get("loc") or ()
+    if loc and loc[-1] in _SECRET_KEYS:
+        return MASK
+    return _masked(error.get("input"))
 
 
 class _MaskedRoute(APIRoute):
@@ -61,7 +74,7 @@ class _MaskedRoute(APIRoute):
             try:
                 return await handler(request)
             except RequestValidationError as exc:
-                errors = [{**e, "input": _masked(e.get("input"))} for e in exc.errors()]
+                errors = [{**e, "input": _masked_input(e)} for e in exc.errors()]
                 raise RequestValidationError(errors) from None
 
         return masked
@@ -70,6 +83,23 @@ class _MaskedRoute(APIRoute):
 router = APIRouter(prefix="/api/senders", tags=["senders"], route_class=_MaskedRoute)
 
 _REF = "{ref:path}"  # an address's local part may hold a slash
+
+
+_IMAP = (
+    "its own mailbox, read for its replies and bounces (imaps://user:password@host:993/INBOX, "
+    "imap://...?security=starttls|tls|none); null: none. Never shown unmasked."
+)
+
+
+class OAuthFields(BaseModel):
+    """A sender's OAuth 2.0 grant (``XOAUTH2``): the secrets are never shown again."""
+
+    model_config = ConfigDict(extra="forbid")
+    token_url: str | None = Field(None, description="the provider's token endpoint (https://)")
+    client_id: str | None = Field(None, description="the app's client id")
+    refresh_token: str | None = Field(None, description="the refresh token; shown as ***")
+    client_secret: str | None = Field(None, description="a confidential client's secret; ***")
+    scope: str | None = Field(None, description="the scope asked for with each access token")
 
 
 class NewSender(BaseModel):
@@ -102,11 +132,18 @@ class NewSender(BaseModel):
         "ses:REGION, maildir:PATH); null: SENDQUEUE_MAILER. Never shown unmasked.",
     )
     reply_to: str | None = Field(None, description="the Reply-To of its emails")
+    imap: str | None = Field(None, max_length=2000, description=_IMAP)
+    signature_text: str = Field("", description="its signature as text")
+    signature_html: str | None = Field(None, description="its signature's HTML form")
+    oauth: OAuthFields | None = Field(
+        None, description="OAuth 2.0 sign-in (token_url, client_id and refresh_token needed)"
+    )
 
 
 class SenderChanges(BaseModel):
     """The body of ``PATCH /api/senders/{ref}``: only the fields given change; null clears
-    ``reply_to``, ``transport`` or the warm-up (both of its fields)."""
+    ``reply_to``, ``transport``, ``imap``, a signature, ``oauth`` or the warm-up (both of its
+    fields)."""
 
     model_config = ConfigDict(extra="forbid")
     email: str | None = Field(None, max_length=320)
@@ -120,6 +157,12 @@ class SenderChanges(BaseModel):
     warmup_step: StrictInt | None = None
     transport: str | None = Field(None, max_length=2000)
     reply_to: str | None = None
+    imap: str | None = Field(None, max_length=2000)
+    signature_text: str | None = None
+    signature_html: str | None = None
+    oauth: OAuthFields | None = Field(
+        None, description="the grant's fields given change, its others stay; null removes it"
+    )
 
 
 def _address_taken(exc: Conflict) -> HttpProblem:
@@ -138,7 +181,10 @@ def add_sender(body: NewSender, c: ContainerDep, response: Response) -> SenderDe
     """Add a sender; 422 naming the field for a bad value (nothing is stored), 409 when the
     address belongs to a sender already."""
     try:
-        sender = c.senders.add(**body.model_dump())
+        values = body.model_dump()
+        if body.oauth is not None:
+            values["oauth"] = body.oauth.model_dump(exclude_none=True)
+        sender = c.senders.add(**values)
     except Conflict as exc:
         raise _address_taken(exc) from None
     response.headers["Location"] = f"/api/senders/{sender.id}"
@@ -162,6 +208,8 @@ def get_sender(
 def update_sender(ref: str, body: SenderChanges, c: ContainerDep) -> SenderDetail:
     """Change the fields given; a bad one is a 422 naming it and nothing changes."""
     changes = body.model_dump(exclude_unset=True)
+    if body.oauth is not None:  # only the grant's fields given
+        changes["oauth"] = body.oauth.model_dump(exclude_unset=True)
     if not changes:
         raise InvalidField("body", {}, "give at least one field to change")
     if "warmup_start" in changes and changes["warmup_start"] is None:

@@ -13,7 +13,8 @@
   const pageError = document.getElementById("senders-error");
   const formError = document.getElementById("sender-form-error");
   const NUMBERS = ["daily_cap", "min_gap_seconds", "warmup_start", "warmup_step"];
-  const OPTIONAL = ["name", "timezone", "reply_to", "transport", "warmup_start", "warmup_step"];
+  const OPTIONAL = ["name", "timezone", "reply_to", "transport", "warmup_start", "warmup_step",
+    "imap", "signature_text", "signature_html"];
 
   function clearErrors() {
     for (const node of form.querySelectorAll("[data-error-for]")) {
@@ -53,9 +54,23 @@
    * as numbers, and a number input the browser could not read refused here, by its name. */
   function body() {
     const data = {};
-    for (const input of form.querySelectorAll("input[name]")) {
+    for (const input of form.querySelectorAll("input[name], textarea[name]")) {
       const name = input.name;
       const text = input.value.trim();
+      if (name.startsWith("oauth.")) {
+        // the grant's fields as one object, sent only when one of them is filled in
+        if (text) {
+          data.oauth = data.oauth || {};
+          data.oauth[name.slice("oauth.".length)] = text;
+        }
+        continue;
+      }
+      if (input.tagName === "TEXTAREA") {
+        if (text) {
+          data[name] = input.value;
+        }
+        continue;
+      }
       if (NUMBERS.includes(name)) {
         if (input.validity && input.validity.badInput) {
           return { error: [name, "expected a whole number"] };
