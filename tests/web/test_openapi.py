@@ -66,7 +66,10 @@ def test_the_views_are_in_the_schema_with_their_json_names(web: Web) -> None:
     assert set(schemas["SuppressionView"]["properties"]) == {"email", "reason", "task_id", "at"}
     assert set(schemas["SenderDetail"]["properties"]) == {
         "id", "email", "name", "reply_to", "transport", "daily_cap", "min_gap_seconds",
-        "timezone", "warmup_start", "warmup_step", "warmup_from", "usage",
+        "timezone", "warmup_start", "warmup_step", "warmup_from", "usage", "mailbox",
+    }  # fmt: skip
+    assert set(schemas["SenderMailbox"]["properties"]) == {
+        "mailbox", "polled_at", "messages_read", "last_error",
     }  # fmt: skip
 
 

@@ -22,7 +22,13 @@ from sendqueue.domain.feedback import MailboxState
 from sendqueue.domain.senders import Sender, masked_transport
 from sendqueue.ports import FeedbackSource, FeedbackStore, SenderStore
 
-__all__ = ["PolledMailbox", "SenderMailboxes", "mask_secrets", "sender_mailbox_key"]
+__all__ = [
+    "PolledMailbox",
+    "SenderMailboxes",
+    "mailbox_dict",
+    "mask_secrets",
+    "sender_mailbox_key",
+]
 
 #: What replaces a secret in an error kept or shown.
 MASK = "***"
@@ -39,6 +45,16 @@ def mask_secrets(text: str, secrets: Iterable[str]) -> str:
     for secret in sorted((s for s in secrets if s), key=len, reverse=True):
         text = text.replace(secret, MASK)
     return text
+
+
+def mailbox_dict(state: MailboxState) -> dict[str, object]:
+    """A mailbox's state as ``sender show --json`` and the API show it (times in ISO 8601)."""
+    return {
+        "mailbox": state.mailbox,
+        "polled_at": state.polled_at.isoformat() if state.polled_at else None,
+        "messages_read": state.messages_read,
+        "last_error": state.last_error,
+    }
 
 
 @dataclass(frozen=True)
