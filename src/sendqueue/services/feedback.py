@@ -190,8 +190,8 @@ class FeedbackService:
         """The email an authenticated reply without a signed id answers: the newest sent (else
         Pending) to its From, of the sender whose mailbox it was read in when there is one
         that wrote to it (else of any sender)."""
-        for states in ((TaskState.FINISHED,), (TaskState.PENDING,)):
-            if sender_id is not None:
+        if sender_id is not None:
+            for states in ((TaskState.FINISHED,), (TaskState.PENDING,)):
                 found = self._feedback.tasks_for(key, states=states, limit=100)
                 mine = [t for t in found if t.sender_id == sender_id]
                 if mine:

@@ -196,7 +196,7 @@ class FeedbackPoller:
         error: str | None = box.error
         if box.source is not None:
             try:
-                if not self._mailbox(box, report):
+                if not self._mailbox(box, box.source, report):
                     return  # busy: another poller's pass is the one kept
             except (FeedbackUnavailable, Conflict) as exc:
                 error = str(exc)
@@ -227,10 +227,9 @@ class FeedbackPoller:
             at=self._clock.now(),
         )
 
-    def _mailbox(self, box: PolledMailbox, report: PollReport) -> bool:
+    def _mailbox(self, box: PolledMailbox, source: FeedbackSource, report: PollReport) -> bool:
         """Read the mailbox from its cursor on; False when another poller holds it."""
-        name, source = box.key, box.source
-        assert source is not None
+        name = box.key
         if not self._lease(name):
             report.busy.append(name)
             return False
