@@ -10,12 +10,13 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from sendqueue import bootstrap_feedback
 from sendqueue.adapters.alarm import LoggingAlarm, post_json
 from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
@@ -24,10 +25,8 @@ from sendqueue.adapters.imap.url import check_imap_url
 from sendqueue.adapters.mail.factory import SenderMailers, mailer_from_url
 from sendqueue.adapters.mail.url import check_mailer_url
 from sendqueue.adapters.oauth import OAuthTokens, check_token_url
-from sendqueue.adapters.parser import IsolatedParser
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
-from sendqueue.domain.reports import parse_feedback
 from sendqueue.domain.senders import Sender
 from sendqueue.domain.wording import plural
 from sendqueue.ports import (
@@ -36,7 +35,6 @@ from sendqueue.ports import (
     Dispatcher,
     Events,
     FeedbackSource,
-    FeedbackStore,
     FlushableAlarm,
     Mailer,
     Scheduler,
@@ -49,6 +47,7 @@ from sendqueue.services.config import ServiceConfig
 from sendqueue.services.feedback import FeedbackService
 from sendqueue.services.feedback_poll import FeedbackParser, FeedbackPoller
 from sendqueue.services.importing import ImportLimits
+from sendqueue.services.mailboxes import SenderMailboxes
 from sendqueue.services.provisioning import Provisioner
 from sendqueue.services.reconciler import Reconciler
 from sendqueue.services.scheduling import ScheduleWriter
@@ -124,6 +123,7 @@ class Container:
         events: Events | None = None,
         feedback_sources: list[FeedbackSource] | None = None,
         parse_feedback: FeedbackParser | None = None,
+        open_mailbox: Callable[[Sender], FeedbackSource] | None = None,
     ) -> None:
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
@@ -133,7 +133,8 @@ class Container:
         self._alarm = alarm
         self._events = events
         self._feedback_sources = feedback_sources
-        self._parse_feedback = parse_feedback
+        self.parse_feedback = parse_feedback
+        self.open_mailbox = open_mailbox
         self._zones: dict[str, str] = {}
         self._zones_lock = threading.Lock()
         self.config = ServiceConfig(
@@ -437,44 +438,21 @@ class Container:
 
     @cached_property
     def feedback(self) -> FeedbackService:
-        """Applies bounces, complaints, replies and unsubscribes (the task store keeps what
-        it needs); the schedules of the tasks it cancels are deleted through the writer."""
-        return FeedbackService(
-            self.store,
-            cast(FeedbackStore, self.store),
-            self.suppressions,
-            self.clock,
-            # lazy: the scheduler is opened only when a cancel has schedules to delete
-            delete_schedules=lambda names: self.writer.delete_many(names),
-            suppress_replies=self.settings.suppress_replies,
-        )
+        return bootstrap_feedback.feedback_service(self)
 
     @cached_property
     def feedback_sources(self) -> list[FeedbackSource]:
-        """The feedback mailboxes: SENDQUEUE_FEEDBACK_IMAP, serving bounces and replies alike
-        (per-sender mailboxes come with issue 13); none when it is unset."""
         if self._feedback_sources is not None:
             return self._feedback_sources
-        if self.settings.feedback_imap is None:
-            return []
-        from sendqueue.adapters.imap import ImapFeedbackSource
+        return bootstrap_feedback.feedback_sources(self)
 
-        return [ImapFeedbackSource.from_url(self.settings.feedback_imap)]
+    @cached_property
+    def mailboxes(self) -> SenderMailboxes:
+        return bootstrap_feedback.sender_mailboxes(self)
 
     @cached_property
     def feedback_poller(self) -> FeedbackPoller:
-        """Parses in a child process within SENDQUEUE_FEEDBACK_PARSE_SECONDS per message (in
-        this process only with a parser the caller injected, as tests do)."""
-        seconds = self.settings.feedback_parse_seconds
-        return FeedbackPoller(
-            self.store,
-            cast(FeedbackStore, self.store),
-            self.feedback,
-            self.feedback_sources,
-            self._parse_feedback or IsolatedParser(parse_feedback, seconds=seconds),
-            self.clock,
-            self.config,
-        )
+        return bootstrap_feedback.feedback_poller(self)
 
     @cached_property
     def setup_check(self) -> SetupCheck:
@@ -519,6 +497,7 @@ def bootstrap(
     events: Events | None = None,
     feedback_sources: list[FeedbackSource] | None = None,
     parse_feedback: FeedbackParser | None = None,
+    open_mailbox: Callable[[Sender], FeedbackSource] | None = None,
 ) -> Container:
     """Build the container from settings (read from the environment when not given; refused
     ones raise :class:`~sendqueue.domain.errors.InvalidSettings`)."""
@@ -532,6 +511,7 @@ def bootstrap(
         events=events,
         feedback_sources=feedback_sources,
         parse_feedback=parse_feedback,
+        open_mailbox=open_mailbox,
     )
 
 

@@ -100,10 +100,11 @@ def _start_feedback_loop(
     on_feedback: Callable[[PollReport], None] | None,
 ) -> threading.Thread | None:
     """Poll the feedback mailboxes every ``interval`` seconds in a daemon thread that sleeps
-    on ``stop``; None when no mailbox is configured."""
-    if not app.feedback_sources:
-        return None
+    on ``stop``; None when there is none: no feedback mailbox and no store of senders to read
+    theirs from (each pass reads the senders, so one given a mailbox later is polled then)."""
     poller = app.feedback_poller
+    if not poller.configured:
+        return None
 
     def feedback_loop() -> None:
         while not stop.is_set():

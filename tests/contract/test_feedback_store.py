@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from sendqueue.domain.errors import InvalidField, StoreUnavailable
-from sendqueue.domain.feedback import UNVERIFIED_NOTE, outcome_note
+from sendqueue.domain.feedback import UNVERIFIED_NOTE, MailboxState, outcome_note
 from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
 from sendqueue.domain.models import TaskChanges
 from sendqueue.ports import FeedbackStore, TaskStore
@@ -341,6 +341,50 @@ def test_a_feedback_cursor_only_moves_forward_within_one_uidvalidity(store: Stor
     assert store.feedback_cursor(box) == (7, 500)
 
 
+# --- mailbox states ---------------------------------------------------------------------------
+
+
+def test_a_mailbox_pass_is_kept_counted_and_its_error_cleared(store: Store) -> None:
+    box = "sender:s0123456789ab:imap://a@127.0.0.1:143/INBOX"
+    assert store.mailbox_states([box]) == {}
+    # A first pass that failed: its state, and still no cursor.
+    store.record_mailbox_pass(box, at=T0, messages=0, error="connecting failed: refused")
+    assert store.mailbox_states([box]) == {
+        box: MailboxState(box, T0, 0, "connecting failed: refused")
+    }
+    assert store.feedback_cursor(box) is None
+    # A position saved, then a pass that read 3: the error is cleared, the count added up.
+    store.save_feedback_cursor(box, 7, 30)
+    later = T0 + timedelta(minutes=1)
+    store.record_mailbox_pass(box, at=later, messages=3, error=None)
+    got = store.mailbox_states([box, "never-polled"])
+    assert got == {box: MailboxState(box, later, 3, None)}
+    polled = got[box].polled_at
+    assert polled is not None and is_utc(polled)
+    store.record_mailbox_pass(box, at=later + timedelta(minutes=1), messages=2, error=None)
+    assert store.mailbox_states([box])[box].messages_read == 5
+    # The state never moves the position, and the position keeps the state.
+    assert store.feedback_cursor(box) == (7, 30)
+    store.save_feedback_cursor(box, 7, 40)
+    store.save_feedback_cursor(box, 8, 1)
+    assert store.feedback_cursor(box) == (8, 1)
+    assert store.mailbox_states([box])[box].messages_read == 5
+    # An error again keeps the count; mailboxes are separate.
+    store.record_mailbox_pass(box, at=later, messages=0, error="timed out after 30s")
+    other = "imap://bounces@127.0.0.1:143/INBOX"
+    store.record_mailbox_pass(other, at=T0, messages=1, error=None)
+    assert store.mailbox_states([box, other]) == {
+        box: MailboxState(box, later, 5, "timed out after 30s"),
+        other: MailboxState(other, T0, 1, None),
+    }
+    assert store.mailbox_states([]) == {}
+
+
+def test_a_cursor_alone_has_no_mailbox_state(store: Store) -> None:
+    store.save_feedback_cursor("box", 7, 1)
+    assert store.mailbox_states(["box"]) == {}
+
+
 # --- counts and round trips -------------------------------------------------------------------
 
 
@@ -391,6 +435,8 @@ def test_unreachable_backend_raises_store_unavailable(backend: Backend) -> None:
         lambda: store.record_soft_bounce("a@example.com", "k", at=T0, since=T0),
         lambda: store.feedback_cursor("box"),
         lambda: store.save_feedback_cursor("box", 1, 1),
+        lambda: store.record_mailbox_pass("box", at=T0, messages=1, error=None),
+        lambda: store.mailbox_states(["box"]),
         lambda: store.count_outcomes("c1"),
     ]
     for call in calls:

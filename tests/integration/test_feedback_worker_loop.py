@@ -1,5 +1,6 @@
-"""The worker process polls the feedback mailbox every interval when one is configured (the
-first time at start), keeps going after a failed pass, and stops with the worker."""
+"""The worker process polls the feedback mailbox and the senders' own mailboxes every interval
+(the first time at start), keeps going after a failed pass, picks up a sender given a mailbox
+while it runs, and stops with the worker."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sendqueue.bootstrap import Container, bootstrap
+from sendqueue.domain.senders import Sender
 from sendqueue.ports import FeedbackSource
 from sendqueue.services.feedback_poll import PollReport
 from sendqueue.settings import Settings
@@ -53,16 +55,20 @@ def test_the_worker_polls_every_interval_and_stops_with_the_worker(tmp_path: Pat
         app.close()
 
 
-def test_without_a_mailbox_the_worker_does_not_poll(tmp_path: Path) -> None:
-    app = _app(tmp_path, None)
+def test_a_sender_given_a_mailbox_later_is_polled_without_a_restart(tmp_path: Path) -> None:
+    box = InMemoryMailbox("imap://ann@127.0.0.1:143/INBOX")
+    box.add(b"From: a@example.org\r\nSubject: hi\r\nPrecedence: bulk\r\n\r\nnews\r\n")
+    app = bootstrap(_app(tmp_path, None).settings, open_mailbox=lambda sender: box)
+    reports: list[PollReport] = []
+    kwargs: dict[str, Any] = {"feedback_interval": 0.05, "on_feedback": reports.append}
     try:
-        with running_worker(app):
-            # the reconciler's thread starts after the poller's would have
-            wait_until(
-                lambda: any(t.name == "reconciler" for t in threading.enumerate()),
-                what="the reconciler thread",
-            )
-            assert app.feedback_sources == []
-            assert _pollers() == []
+        with running_worker(app, **kwargs):
+            wait_until(lambda: len(reports) >= 2, what="passes with no mailbox at all")
+            assert app.feedback_sources == [] and reports[0].mailboxes == 0
+            ann = Sender(id="s00000000000a", email="ann@example.com", imap="imap://x:y@h")
+            app.sender_store.add_sender(ann)  # as `sender add` writes it, in another process
+            wait_until(lambda: sum(r.messages for r in reports) >= 1, what="the sender's mailbox")
+            assert len(_pollers()) == 1
+        assert _pollers() == []
     finally:
         app.close()

@@ -5,9 +5,11 @@ into that Maildir.
 Fixtures (registered through ``pytest_plugins`` in tests/conftest.py):
 
 - ``dovecot``: a :class:`Dovecot` on a free 127.0.0.1 port, plaintext login (``ssl = no``,
-  a passwd-file with one user) over a fresh Maildir; its own config file, base_dir and log in a
-  temporary directory, run in the foreground (``dovecot -c CONF -F``) and terminated after the
-  test;
+  a passwd-file with one user, ``bounces``) over a fresh Maildir; its own config file, base_dir
+  and log in a temporary directory, run in the foreground (``dovecot -c CONF -F``) and
+  terminated after the test;
+- ``dovecot_users``: the same with two more users, ``ann`` and ``bob`` (one per sender), each
+  with a Maildir and a password of its own (``Dovecot.users``);
 - ``postfix``: a :class:`Postfix` instance (its own ``config_directory``, ``queue_directory`` and
   ``data_directory``, ``postfix -c DIR start``, ``stop`` after the test) whose smtpd listens on
   a free 127.0.0.1 port and accepts everything from loopback
@@ -40,7 +42,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,7 @@ __all__ = [
     "Postfix",
     "dovecot",
     "dovecot_missing",
+    "dovecot_users",
     "free_port",
     "mail_root",
     "postfix",
@@ -134,9 +137,19 @@ def mail_root() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class MailboxUser:
+    """One passwd-file user of the Dovecot: its name, password and Maildir (its home)."""
+
+    name: str
+    password: str
+    maildir: Path
+
+
 @dataclass
 class Dovecot:
-    """A running Dovecot serving one user's Maildir (its INBOX) over plaintext IMAP."""
+    """A running Dovecot serving each user's Maildir (its INBOX) over plaintext IMAP; ``user``
+    (``bounces``) is the feedback mailbox, ``users`` every user by name, that one included."""
 
     port: int
     user: str
@@ -144,18 +157,26 @@ class Dovecot:
     maildir: Path
     owner: MailUser
     log: Path
+    users: dict[str, MailboxUser] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
         """The SENDQUEUE_FEEDBACK_IMAP of the INBOX."""
-        return f"imap://{self.user}:{self.password}@127.0.0.1:{self.port}/INBOX?security=none"
+        return self.url_of(self.user)
 
-    def client(self) -> object:
-        """A logged-in imapclient.IMAPClient (the caller logs out)."""
+    def url_of(self, user: str, *, password: str | None = None) -> str:
+        """The IMAP URL of ``user``'s INBOX (with another ``password``, for a wrong one)."""
+        secret = self.users[user].password if password is None else password
+        return f"imap://{user}:{secret}@127.0.0.1:{self.port}/INBOX?security=none"
+
+    def client(self, user: str | None = None) -> object:
+        """A logged-in imapclient.IMAPClient of ``user`` (default: ``bounces``); the caller
+        logs out."""
         from imapclient import IMAPClient
 
+        who = self.users[user or self.user]
         client = IMAPClient("127.0.0.1", port=self.port, ssl=False, timeout=10)
-        client.login(self.user, self.password)
+        client.login(who.name, who.password)
         return client
 
     def deliver(self, raw: bytes) -> Path:
@@ -184,7 +205,7 @@ default_login_user = {login}
 first_valid_uid = 1
 first_valid_gid = 1
 log_path = {root}/dovecot.log
-mail_location = maildir:{maildir}:LAYOUT=fs
+mail_location = maildir:~:LAYOUT=fs
 {oauth2}passdb {{
   driver = passwd-file
   args = scheme=PLAIN username_format=%u {root}/passwd
@@ -226,6 +247,25 @@ def dovecot(mail_root: Path) -> Iterator[Dovecot]:
         yield server
 
 
+@pytest.fixture
+def dovecot_users(mail_root: Path) -> Iterator[Dovecot]:
+    """Dovecot as ``dovecot`` serves it, with the users ``ann`` and ``bob`` besides."""
+    reason = dovecot_missing()
+    if reason:
+        _missing(reason)
+    with running_dovecot(mail_root, extra_users=("ann", "bob")) as server:
+        yield server
+
+
+def _maildir(path: Path, owner: MailUser) -> Path:
+    """An empty Maildir at ``path``, owned by the mail user."""
+    for sub in ("cur", "new", "tmp"):
+        (path / sub).mkdir(parents=True)
+    for made in (path, *(path / sub for sub in ("cur", "new", "tmp"))):
+        os.chown(made, owner.uid, owner.gid)
+    return path
+
+
 # No delay after a refused token (the tests refuse some on purpose): no failure delay, and no
 # auth penalty (Dovecot's documented switch: the anvil-auth-penalty listener disabled).
 _OAUTH2_PASSDB = """\
@@ -244,25 +284,36 @@ passdb {{
 
 
 @contextlib.contextmanager
-def running_dovecot(mail_root: Path, *, tokeninfo_url: str | None = None) -> Iterator[Dovecot]:
+def running_dovecot(
+    mail_root: Path, *, extra_users: tuple[str, ...] = (), tokeninfo_url: str | None = None
+) -> Iterator[Dovecot]:
     """Dovecot on a free loopback port over a fresh Maildir under ``mail_root`` (a directory
     the unprivileged processes can traverse, as the ``mail_root`` fixture makes), terminated on
-    the way out. Check :func:`dovecot_missing` first. With ``tokeninfo_url`` it also takes
+    the way out; ``bounces`` owns ``mail_root/Maildir``, each of ``extra_users``
+    ``mail_root/Maildir-<user>``, each with a password of its own. Check
+    :func:`dovecot_missing` first. With ``tokeninfo_url`` it also takes
     ``AUTHENTICATE XOAUTH2`` (Dovecot's oauth2 passdb), asking that URL, with the token
     appended, whether the token is current and whose (its JSON ``email`` is the user)."""
     owner = _mail_user()
     root = mail_root / "dovecot"
-    maildir = mail_root / "Maildir"
-    for sub in ("cur", "new", "tmp"):
-        (maildir / sub).mkdir(parents=True)
-    for path in (maildir, *(maildir / sub for sub in ("cur", "new", "tmp"))):
-        os.chown(path, owner.uid, owner.gid)
+    users = {
+        name: MailboxUser(
+            name,
+            f"{name}-" + os.urandom(6).hex(),
+            _maildir(mail_root / ("Maildir" if name == "bounces" else f"Maildir-{name}"), owner),
+        )
+        for name in ("bounces", *extra_users)
+    }
+    maildir = users["bounces"].maildir
     root.mkdir()
     root.chmod(0o755)
     port = free_port()
-    password = "feedback-" + os.urandom(6).hex()
+    password = users["bounces"].password
     (root / "passwd").write_text(
-        f"bounces:{{PLAIN}}{password}:{owner.uid}:{owner.gid}::{maildir}\n"
+        "".join(
+            f"{u.name}:{{PLAIN}}{u.password}:{owner.uid}:{owner.gid}::{u.maildir}\n"
+            for u in users.values()
+        )
     )
     internal_group = grp.getgrgid(pwd.getpwnam(owner.internal_user).pw_gid).gr_name
     if tokeninfo_url is not None:
@@ -276,7 +327,6 @@ def running_dovecot(mail_root: Path, *, tokeninfo_url: str | None = None) -> Ite
             oauth2=_OAUTH2_PASSDB.format(root=root) if tokeninfo_url else "",
             root=root,
             port=port,
-            maildir=maildir,
             internal=owner.internal_user,
             internal_group=internal_group,
             login=owner.login_user,
@@ -289,7 +339,7 @@ def running_dovecot(mail_root: Path, *, tokeninfo_url: str | None = None) -> Ite
         )
     try:
         _wait_for_port(port, process, log)
-        yield Dovecot(port, "bounces", password, maildir, owner, log)
+        yield Dovecot(port, "bounces", password, maildir, owner, log, users)
     finally:
         process.terminate()
         try:

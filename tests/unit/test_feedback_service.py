@@ -16,6 +16,7 @@ from sendqueue.domain.feedback import (
     SOFT_BOUNCE_LIMIT,
     Feedback,
     FeedbackKind,
+    Proof,
     task_id_from_message_id,
 )
 from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
@@ -72,8 +73,17 @@ class World:
         self.store.create_campaign(campaign, [])
         return cid
 
-    def task(self, cid: str, position: int, email: str, *, sent: bool) -> Task:
-        task = replace(bare_task(cid, position, T0 + timedelta(minutes=position)), email=email)
+    def task(
+        self, cid: str, position: int, email: str, *, sent: bool, sender: str | None = None
+    ) -> Task:
+        """Task ``position`` of ``cid`` to ``email``, from ``sender`` (an id in ``SENDERS``;
+        None: the campaign's From)."""
+        task = replace(
+            bare_task(cid, position, T0 + timedelta(minutes=position)),
+            email=email,
+            sender_id=sender,
+            sender=SENDERS[sender] if sender else None,
+        )
         self.store.insert_tasks([task], at=T0)
         if sent:
             self.store.transition(task.id, TaskState.PENDING, TaskState.RUNNING, at=T0)
@@ -95,6 +105,8 @@ class World:
 
 
 C1, C2, C3 = "c00000000000a", "c00000000000b", "c00000000000c"
+SA, SB = "s00000000000a", "s00000000000b"
+SENDERS = {SA: "a@example.com", SB: "b@example.com"}
 
 
 @pytest.fixture
@@ -259,6 +271,58 @@ def test_sender_scope_spares_a_campaign_that_opted_out(world: World) -> None:
     spared = world.task(C2, 0, "ann@example.com", sent=False)
     assert world.service.apply(Feedback(K.REPLY, T0, task_id=sent.id)).cancelled == ()
     assert world.state(spared.id).state is TaskState.PENDING
+
+
+def test_sender_scope_cancels_only_the_emails_of_the_mailbox_that_sent_the_answered_one(
+    world: World,
+) -> None:
+    # Campaigns made with --sender and no --from share the default From: the scope follows
+    # each email's own sender, not its campaign's From.
+    world.campaign(C1, from_addr="news@example.com")  # sender A
+    world.campaign(C2, from_addr="news@example.com")  # sender B
+    world.campaign(C3, from_addr="B <b@example.com>")  # no senders: B's address as its From
+    world.task(C1, 0, "ann@example.com", sent=True, sender=SA)
+    answered = world.task(C2, 0, "ann@example.com", sent=True, sender=SB)
+    from_a = world.task(C1, 1, "ann@example.com", sent=False, sender=SA)
+    from_b = world.task(C2, 1, "ann@example.com", sent=False, sender=SB)
+    from_b_address = world.task(C3, 1, "ann@example.com", sent=False)
+    applied = world.service.apply(Feedback(K.REPLY, T0, task_id=answered.id))
+    assert set(applied.cancelled) == {from_b.id, from_b_address.id}
+    assert world.state(from_b.id).reason == REPLIED_REASON
+    assert world.state(from_a.id).state is TaskState.PENDING
+    # A reply to A's email (a campaign From shared with B) now cancels A's only.
+    assert world.service.apply(Feedback(K.REPLY, T0, task_id=f"{C1}-0")).cancelled == (from_a.id,)
+
+
+def test_sender_scope_without_senders_still_follows_the_campaigns_from(world: World) -> None:
+    world.campaign(C1)
+    world.campaign(C2, from_addr="other@example.com")
+    sent = world.task(C1, 0, "ann@example.com", sent=True)
+    same_from = world.task(C1, 1, "ann@example.com", sent=False)
+    via_sender = world.task(C2, 1, "ann@example.com", sent=False, sender=SA)
+    assert world.service.apply(Feedback(K.REPLY, T0, task_id=sent.id)).cancelled == (same_from.id,)
+    assert world.state(via_sender.id).state is TaskState.PENDING
+
+
+def test_an_authenticated_reply_in_a_senders_mailbox_answers_that_senders_email(
+    world: World,
+) -> None:
+    world.campaign(C1, from_addr="news@example.com")
+    world.campaign(C2, from_addr="news@example.com")
+    from_b = world.task(C2, 0, "ann@example.com", sent=True, sender=SB)
+    from_a = world.task(C1, 1, "ann@example.com", sent=True, sender=SA)  # the newest sent
+    next_a = world.task(C1, 2, "ann@example.com", sent=False, sender=SA)
+    next_b = world.task(C2, 3, "ann@example.com", sent=False, sender=SB)
+    reply = Feedback(
+        K.REPLY, T0, recipient="ann@example.com", proof=Proof.AUTHENTICATED, to=("b@example.com",)
+    )
+    # Read in the feedback mailbox: the newest email is A's, and B's address is not its.
+    assert world.service.apply(reply).unverified
+    applied = world.service.apply(replace(reply, mailbox_sender=SB))
+    assert applied.task_id == from_b.id and applied.cancelled == (next_b.id,)
+    assert world.state(from_b.id).outcome is TaskOutcome.REPLIED
+    assert world.state(from_a.id).outcome is TaskOutcome.ACCEPTED
+    assert world.state(next_a.id).state is TaskState.PENDING
 
 
 def test_the_senders_own_message_in_the_thread_is_no_reply(world: World) -> None:

@@ -68,10 +68,13 @@ def test_the_views_are_in_the_schema_with_their_json_names(web: Web) -> None:
     assert set(schemas["SenderDetail"]["properties"]) == {
         "id", "email", "name", "reply_to", "transport", "daily_cap", "min_gap_seconds",
         "timezone", "warmup_start", "warmup_step", "warmup_from", "usage", "imap",
-        "signature_text", "signature_html", "oauth",
+        "signature_text", "signature_html", "oauth", "mailbox",
     }  # fmt: skip
     assert set(schemas["SenderOAuth"]["properties"]) == {
         "token_url", "client_id", "scope", "refresh_token", "client_secret",
+    }  # fmt: skip
+    assert set(schemas["SenderMailbox"]["properties"]) == {
+        "mailbox", "polled_at", "messages_read", "last_error",
     }  # fmt: skip
 
 

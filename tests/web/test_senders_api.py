@@ -4,12 +4,14 @@ changed, CSRF like every other write, and the senders and local time of a new ca
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import date, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from sendqueue.domain.senders import Booking
+from sendqueue.ports import FeedbackStore
 from tests.support.app import T0
 from tests.web.conftest import Web
 from tests.web.test_api import _error
@@ -71,7 +73,7 @@ def test_add_list_get_update_remove(web: Web) -> None:
         "transport": MASKED, "daily_cap": 30, "min_gap_seconds": 120,
         "timezone": "Europe/Berlin", "warmup_start": None, "warmup_step": None,
         "warmup_from": None, "imap": None, "signature_text": "", "signature_html": None,
-        "oauth": None,
+        "oauth": None, "mailbox": None,
     }  # fmt: skip
     assert len(added["usage"]) == 14
     assert added["usage"][0] == {"date": "2026-12-01", "planned": 0, "sent": 0, "cap": 30}
@@ -373,3 +375,33 @@ def test_the_preview_of_a_new_campaign_plans_over_its_senders(web: Web) -> None:
     # The campaign allows 10 a day; the sender's cap of 2 spreads the 5 over three days.
     assert sum(days.values()) == 5 and max(days.values()) == 2
     assert web.client.get(f"/api/senders/{anna}").json()["usage"][0]["planned"] == 0
+
+
+def test_a_senders_mailbox_state_shows_in_the_api_and_the_page_with_no_password(
+    web: Web,
+) -> None:
+    sid = _add(web)["id"]
+    store = web.container.sender_store
+    imap = f"imap://anna:{SECRET}@127.0.0.1:1143/INBOX?security=none"
+    store.update_sender(replace(store.get_sender(sid), imap=imap))
+    shown = "imap://anna@127.0.0.1:1143/INBOX"
+    got = web.client.get(f"/api/senders/{sid}").json()["mailbox"]
+    assert got == {"mailbox": shown, "polled_at": None, "messages_read": 0, "last_error": None}
+    key = f"sender:{sid}:{shown}"
+    feedback = cast(FeedbackStore, web.container.store)
+    feedback.record_mailbox_pass(key, at=T0, messages=4, error=None)
+    feedback.record_mailbox_pass(
+        key, at=T0 + timedelta(minutes=1), messages=0, error=f"{shown}: timed out after 30s"
+    )
+    response = web.client.get(f"/api/senders/{sid}")
+    assert SECRET not in response.text
+    assert response.json()["mailbox"] == {
+        "mailbox": shown,
+        "polled_at": (T0 + timedelta(minutes=1)).isoformat(),
+        "messages_read": 4,
+        "last_error": f"{shown}: timed out after 30s",
+    }
+    page = web.client.get("/senders")
+    assert page.status_code == 200 and SECRET not in page.text
+    assert "4 messages read in all" in page.text
+    assert f"{shown}: timed out after 30s" in page.text

@@ -31,13 +31,17 @@ _LABELS = {"unverified": "unverified replies (noted, nothing changed)"}
 @feedback_app.command("poll")
 @handle_errors
 def feedback_poll(as_json: JsonOpt = False) -> None:
-    """Read the feedback mailbox once: apply every new bounce, complaint and reply, and print
-    the counts ("skipped": messages whose parse failed or ran out of
-    SENDQUEUE_FEEDBACK_PARSE_SECONDS; left alone, not read again). Exits 3 when a mailbox
-    cannot be read."""
+    """Read the feedback mailbox and every sender's own mailbox once: apply every new bounce,
+    complaint and reply, and print the counts ("skipped": messages whose parse failed or ran
+    out of SENDQUEUE_FEEDBACK_PARSE_SECONDS; left alone, not read again). Exits 3 when a
+    mailbox cannot be read (the others are read all the same)."""
     with container() as c:
-        if not c.feedback_sources:
-            fail(2, "SENDQUEUE_FEEDBACK_IMAP is not set: there is no feedback mailbox to poll")
+        if not c.feedback_sources and not c.mailboxes.current():
+            fail(
+                2,
+                "SENDQUEUE_FEEDBACK_IMAP is not set and no sender has a mailbox (imap): "
+                "there is no mailbox to poll",
+            )
         report = c.feedback_poller.poll()
     if as_json:
         print_json(report.as_dict())

@@ -17,8 +17,10 @@ from rich.text import Text
 
 from sendqueue.cli.common import JsonOpt, container, fail, handle_errors, out, print_json
 from sendqueue.domain.errors import Conflict, InvalidField
+from sendqueue.domain.feedback import MailboxState
 from sendqueue.domain.senders import DEFAULT_DAILY_CAP, DEFAULT_MIN_GAP_SECONDS, Sender
 from sendqueue.domain.wording import plural
+from sendqueue.services.mailboxes import mailbox_dict
 from sendqueue.services.senders import USAGE_DAYS, DayUsage, SenderView
 
 __all__ = ["sender_app", "sender_dict", "usage_rows"]
@@ -248,6 +250,21 @@ def sender_list(as_json: JsonOpt = False) -> None:
     out.print(table)
 
 
+def _mailbox_lines(state: MailboxState | None) -> list[str]:
+    """The sender's own mailbox as ``show`` prints it: its last pass, messages, last error."""
+    if state is None:
+        return ["mailbox: none (replies are read from the feedback mailbox only)"]
+    if state.polled_at is None:
+        lines = [f"mailbox: {state.mailbox}, not read yet"]
+    else:
+        polled = state.polled_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+        read = plural(state.messages_read, "message")
+        lines = [f"mailbox: {state.mailbox}, last read {polled}, {read} read in all"]
+    if state.last_error:
+        lines.append(f"mailbox error: {state.last_error}")
+    return lines
+
+
 @sender_app.command("show")
 @handle_errors
 def sender_show(
@@ -259,9 +276,11 @@ def sender_show(
     with container() as c:
         sender = c.senders.get(ref)
         usage = c.senders.usage(sender.id, days=days)
+        mailbox = c.mailboxes.states_of([sender]).get(sender.id)
     view = SenderView.of(sender)
     if as_json:
-        print_json({**view.as_dict(), "usage": usage_rows(usage)})
+        shown = mailbox_dict(mailbox) if mailbox else None
+        print_json({**view.as_dict(), "usage": usage_rows(usage), "mailbox": shown})
         return
     out.print(f"{view.email} ({view.id})" + (f" {view.name}" if view.name else ""), markup=False)
     out.print(
@@ -276,6 +295,8 @@ def sender_show(
         out.print(f"reply-to: {view.reply_to}", markup=False)
     for line in _profile_lines(view):
         out.print(line, markup=False)
+    for line in _mailbox_lines(mailbox):
+        out.print(line, markup=False, soft_wrap=True)
     table = Table(title=f"usage over {plural(len(usage), 'day')} ({view.timezone})")
     for col in ("date", "planned", "sent", "cap", "free"):
         table.add_column(col, justify="left" if col == "date" else "right")

@@ -31,6 +31,7 @@ __all__ = [
     "UNVERIFIED_REPLY",
     "Feedback",
     "FeedbackKind",
+    "MailboxState",
     "Proof",
     "StopOnReply",
     "TaskOutcome",
@@ -138,6 +139,9 @@ class Feedback:
     key: str | None = None
     proof: Proof = Proof.TRUSTED
     to: tuple[str, ...] = ()
+    mailbox_sender: str | None = None
+    """The id of the sender whose own mailbox the message was read from (None: the feedback
+    mailbox, or no mailbox): a reply there written to that sender was written to us."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, FeedbackKind):
@@ -147,6 +151,18 @@ class Feedback:
         if self.task_id is None and not self.recipient:
             raise InvalidField("task_id", None, "feedback names a task or a recipient")
         object.__setattr__(self, "at", utc(self.at))
+
+
+@dataclass(frozen=True)
+class MailboxState:
+    """What the passes over one mailbox saw: when the last one ended (``polled_at``), how many
+    messages all of them read (``messages_read``), and the last one's error (None: it went
+    through), its credentials masked."""
+
+    mailbox: str
+    polled_at: datetime | None = None
+    messages_read: int = 0
+    last_error: str | None = None
 
 
 #: The change-log note of an unverified reply noted on an ``accepted`` email.

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from sendqueue.domain.feedback import MailboxState
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task
 
@@ -41,6 +42,11 @@ class FeedbackStore(Protocol):
     - ``feedback_cursor`` is the position saved for a mailbox: its UIDVALIDITY and the highest
       UID processed, or None. ``save_feedback_cursor`` only moves forward within one
       UIDVALIDITY (a lower UID is ignored); another UIDVALIDITY replaces the position.
+    - ``record_mailbox_pass`` keeps what one pass over a mailbox saw: ``polled_at`` becomes
+      ``at``, ``messages`` is added to ``messages_read`` (cumulative), and ``last_error``
+      becomes ``error`` (None clears it). It never moves the mailbox's position, and a mailbox
+      with a pass but no position yet (its first pass failed) has no cursor (None).
+      ``mailbox_states`` reads back the states of the named mailboxes that have one, by name.
     - ``count_outcomes`` counts a campaign's tasks per outcome (outcomes with no task left out;
       {} for an unknown campaign).
     - An unreachable backend raises :class:`~sendqueue.domain.errors.StoreUnavailable`.
@@ -76,6 +82,16 @@ class FeedbackStore(Protocol):
 
     def count_outcomes(self, campaign_id: str) -> dict[TaskOutcome, int]:
         """The campaign's tasks per outcome."""
+        ...
+
+    def record_mailbox_pass(
+        self, mailbox: str, *, at: datetime, messages: int, error: str | None
+    ) -> None:
+        """Keep one pass's time, messages read and error (see the contract)."""
+        ...
+
+    def mailbox_states(self, mailboxes: Collection[str]) -> dict[str, MailboxState]:
+        """The kept state of each of ``mailboxes`` that has one."""
         ...
 
 

@@ -179,25 +179,37 @@ class FeedbackService:
         if item.proof is Proof.SIGNED and task is not None and named == key:
             return self._reply(item, task, key)
         own = task if task is not None and named == key else None
-        if item.proof is Proof.AUTHENTICATED and self._written_to_us(item, own, named):
-            return self._reply(item, own, named)
+        if item.proof is Proof.AUTHENTICATED:
+            answered = own or self._answered(named, item.mailbox_sender)
+            if self._written_to_us(item, answered):
+                # read in a sender's own mailbox: the reply answers that sender's email
+                return self._reply(item, own or (answered if item.mailbox_sender else None), named)
         return self._unverified(item, own, named)
 
-    def _written_to_us(self, item: Feedback, task: Task | None, key: str) -> bool:
+    def _answered(self, key: str, sender_id: str | None) -> Task | None:
+        """The email an authenticated reply without a signed id answers: the newest sent (else
+        Pending) to its From, of the sender whose mailbox it was read in when there is one
+        that wrote to it (else of any sender)."""
+        if sender_id is not None:
+            for states in ((TaskState.FINISHED,), (TaskState.PENDING,)):
+                found = self._feedback.tasks_for(key, states=states, limit=100)
+                mine = [t for t in found if t.sender_id == sender_id]
+                if mine:
+                    return mine[0]
+        return self._newest(key, (TaskState.FINISHED,)) or self._newest(key, (TaskState.PENDING,))
+
+    def _written_to_us(self, item: Feedback, task: Task | None) -> bool:
         """Whether an authenticated reply's To or Cc names the From or Reply-To of the email it
-        answers (else of the address's newest sent or Pending one): DKIM proves a domain signed
-        the message, not that it was written to us."""
-        if task is None:
-            task = self._newest(key, (TaskState.FINISHED,)) or self._newest(
-                key, (TaskState.PENDING,)
-            )
+        answers (its campaign's, or its sender's address and Reply-To): DKIM proves a domain
+        signed the message, not that it was written to us."""
         if task is None or not item.to:
             return False
         campaign = self._store.get_campaign(task.campaign_id)
         ours = {campaign.from_addr, campaign.reply_to, task.sender}
         if task.sender_id is not None:
             with suppress(NotFound):  # a sender removed since: its address is in task.sender
-                ours.add(cast(SenderStore, self._store).get_sender(task.sender_id).reply_to)
+                sender = cast(SenderStore, self._store).get_sender(task.sender_id)
+                ours |= {sender.email, sender.reply_to}
         ours_keys = {_sender_key(a) for a in ours if a}
         return any(_sender_key(a) in ours_keys for a in item.to)
 
@@ -220,13 +232,16 @@ class FeedbackService:
             if not pending:
                 return Applied(item.kind, ignored="not a reply to an email sendqueue sent")
             task = self._newest(key, (TaskState.FINISHED,))
-        campaign_id = task.campaign_id if task is not None else pending[0].campaign_id
-        campaign = self._store.get_campaign(campaign_id)
-        if item.recipient and _sender_key(item.recipient) == _sender_key(campaign.from_addr):
+        answered = task if task is not None else pending[0]
+        campaign = self._store.get_campaign(answered.campaign_id)
+        if item.recipient and _sender_key(item.recipient) in {
+            _sender_key(campaign.from_addr),
+            _sender_key(answered.sender or campaign.from_addr),
+        }:
             # the sender writing in its own thread (a follow-up by hand, a copy to itself)
             return Applied(item.kind, ignored="a message from the campaign's own sender")
         outcome_set = self._set_outcome(item, task)
-        in_scope = self._reply_scope(campaign)
+        in_scope = self._reply_scope(campaign, answered)
         cancelled = self._cancel([t for t in pending if in_scope(t)], REPLIED_REASON)
         suppressed = (
             self._suppress(key, SuppressionReason.REPLIED, task)
@@ -241,25 +256,35 @@ class FeedbackService:
             cancelled=cancelled,
         )
 
-    def _reply_scope(self, campaign: Campaign) -> Callable[[Task], bool]:
-        """Which of the address's Pending tasks a reply to ``campaign`` cancels."""
+    def _reply_scope(self, campaign: Campaign, answered: Task) -> Callable[[Task], bool]:
+        """Which of the address's Pending tasks a reply to ``answered`` (of ``campaign``)
+        cancels. With ``sender``: those that go out from the mailbox that sent the answered
+        email (the same sender, or the same address: a task's sender, else its campaign's
+        From), in campaigns neither completed, cancelled nor set to ``off``."""
         scope = campaign.stop_on_reply
         if scope is StopOnReply.OFF:
             return lambda task: False
         if scope is StopOnReply.CAMPAIGN:
             return lambda task: task.campaign_id == campaign.id
-        sender = _sender_key(campaign.from_addr)
-        same_sender: dict[str, bool] = {campaign.id: True}
+        sender_id = answered.sender_id
+        sender = _sender_key(answered.sender or campaign.from_addr)
+        # campaign id -> its From when its tasks may be cancelled (None: final, or opted out)
+        froms: dict[str, str | None] = {campaign.id: campaign.from_addr}
 
         def in_scope(task: Task) -> bool:
-            if task.campaign_id not in same_sender:
+            if task.campaign_id not in froms:
                 other = self._store.get_campaign(task.campaign_id)
-                same_sender[task.campaign_id] = (
+                stops = (
                     other.state not in _FINAL_CAMPAIGN
                     and other.stop_on_reply is not StopOnReply.OFF  # it opted out of stopping
-                    and _sender_key(other.from_addr) == sender
                 )
-            return same_sender[task.campaign_id]
+                froms[task.campaign_id] = other.from_addr if stops else None
+            from_addr = froms[task.campaign_id]
+            if from_addr is None:
+                return False
+            if sender_id is not None and task.sender_id == sender_id:
+                return True
+            return _sender_key(task.sender or from_addr) == sender
 
         return in_scope
 

@@ -26,8 +26,14 @@ pass: every effect is idempotent (an outcome is written once, the list keeps its
 cancel is a compare-and-set, and a transient bounce is kept once per message key), so that is
 harmless. A new UIDVALIDITY (the mailbox was re-created) starts from its first message, for the
 same reason: feedback is keyed by the message's content (:func:`content_key`), not its UID, so
-a transient bounce read again under new UIDs is not counted again. Per-sender mailboxes
-(issue 13) do not exist yet: the one configured mailbox serves bounces, complaints and replies.
+a transient bounce read again under new UIDs is not counted again.
+
+Besides the feedback mailbox, every pass reads the senders' own mailboxes as the store has them
+then (``mailboxes``, :meth:`~sendqueue.services.mailboxes.SenderMailboxes.current`); feedback
+read from one carries its sender (``Feedback.mailbox_sender``). One mailbox failing (a bad
+login, an unreachable host, a timeout) is reported and the pass goes on with the others. Each
+pass over a mailbox is kept (:meth:`FeedbackStore.record_mailbox_pass`): when, how many
+messages, and its error with the credentials masked, or none.
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Collection, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -45,6 +51,7 @@ from sendqueue.domain.feedback import Feedback, FeedbackKind
 from sendqueue.ports import Clock, FeedbackMessage, FeedbackSource, FeedbackStore, TaskStore
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.feedback import FeedbackService
+from sendqueue.services.mailboxes import PolledMailbox, mask_secrets
 
 __all__ = [
     "BATCH",
@@ -148,6 +155,7 @@ class FeedbackPoller:
         config: ServiceConfig,
         *,
         batch: int = BATCH,
+        mailboxes: Callable[[], Sequence[PolledMailbox]] | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be at least 1")
@@ -159,28 +167,48 @@ class FeedbackPoller:
         self._clock = clock
         self._config = config
         self._batch = batch
+        self._mailboxes = mailboxes
         self._owner = f"feedback-{uuid.uuid4().hex[:12]}"
 
     @property
     def configured(self) -> bool:
-        """Whether there is any mailbox to poll."""
-        return bool(self._sources)
+        """Whether there may be a mailbox to poll: the feedback mailbox, or the senders' (read
+        from the store at each pass)."""
+        return bool(self._sources) or self._mailboxes is not None
 
     def poll(self) -> PollReport:
         """One pass over every mailbox. A mailbox that cannot be read is reported in
-        ``errors`` (the others are still read); an unreachable store raises."""
+        ``errors`` and kept as its state (the others are still read); an unreachable store
+        raises."""
         report = PollReport()
-        for source in self._sources:
-            try:
-                self._mailbox(source, report)
-            except (FeedbackUnavailable, Conflict) as exc:
-                report.errors.append(f"{source.name}: {exc}")
-                log.warning("feedback mailbox %s: %s", source.name, exc)
-            finally:
-                source.close()
+        boxes = [PolledMailbox(source.name, source) for source in self._sources]
+        if self._mailboxes is not None:
+            boxes += self._mailboxes()
+        for box in boxes:
+            self._one(box, report)
         if report.messages:
             log.info("feedback poll: %s", report.as_dict())
         return report
+
+    def _one(self, box: PolledMailbox, report: PollReport) -> None:
+        """Read one mailbox, and keep its pass: when, how many messages, which error."""
+        read = report.messages
+        error: str | None = box.error
+        if box.source is not None:
+            try:
+                if not self._mailbox(box, box.source, report):
+                    return  # busy: another poller's pass is the one kept
+            except (FeedbackUnavailable, Conflict) as exc:
+                error = str(exc)
+            finally:
+                box.source.close()
+        if error is not None:
+            error = mask_secrets(error, box.secrets)
+            report.errors.append(f"{box.key}: {error}")
+            log.warning("feedback mailbox %s: %s", box.key, error)
+        self._cursors.record_mailbox_pass(
+            box.key, at=self._clock.now(), messages=report.messages - read, error=error
+        )
 
     def close(self) -> None:
         """Close the sources and the parser (when it holds anything)."""
@@ -199,11 +227,12 @@ class FeedbackPoller:
             at=self._clock.now(),
         )
 
-    def _mailbox(self, source: FeedbackSource, report: PollReport) -> None:
-        name = source.name
+    def _mailbox(self, box: PolledMailbox, source: FeedbackSource, report: PollReport) -> bool:
+        """Read the mailbox from its cursor on; False when another poller holds it."""
+        name = box.key
         if not self._lease(name):
             report.busy.append(name)
-            return
+            return False
         try:
             report.mailboxes += 1
             cursor = self._cursors.feedback_cursor(name)
@@ -217,7 +246,7 @@ class FeedbackPoller:
                         cursor[0],
                         uidvalidity,
                     )
-                count, last = self._batch_of(name, messages, report)
+                count, last = self._batch_of(box, messages, report)
                 if last is not None:
                     self._cursors.save_feedback_cursor(name, uidvalidity, last)
                     cursor = (uidvalidity, last)
@@ -225,21 +254,22 @@ class FeedbackPoller:
                     self._cursors.save_feedback_cursor(name, uidvalidity, 0)
                     cursor = (uidvalidity, 0)
                 if count < self._batch:
-                    return
+                    return True
                 self._renew(name)
         finally:
             self._store.release_lease(lease_name(name), self._owner)
 
     def _batch_of(
-        self, name: str, messages: Iterator[FeedbackMessage], report: PollReport
+        self, box: PolledMailbox, messages: Iterator[FeedbackMessage], report: PollReport
     ) -> tuple[int, int | None]:
         """Parse and apply each message as the source hands it over (none is kept): how many
         there were and the last one's UID."""
+        name = box.key
         count, last = 0, None
         renewed = self._clock.now()
         half = self._config.feedback_lease_seconds / 2
         for message in messages:
-            self._message(message, name, report)
+            self._message(message, box, report)
             count, last = count + 1, message.uid
             # A batch of messages that each take their whole parse budget can outlast the
             # lease: it is renewed within the batch too, once half its time has gone.
@@ -252,7 +282,7 @@ class FeedbackPoller:
         if not self._lease(name):  # lost: another poller took over
             raise Conflict(f"the lease of {name} was taken over; stopping this pass")
 
-    def _message(self, message: FeedbackMessage, mailbox: str, report: PollReport) -> None:
+    def _message(self, message: FeedbackMessage, box: PolledMailbox, report: PollReport) -> None:
         """Parse and apply one message. Its key (mailbox, UIDVALIDITY, UID) names it in the
         log; its content key (:func:`content_key`, not its UID) keys its feedback, so a
         re-created mailbox counts nothing twice."""
@@ -262,7 +292,7 @@ class FeedbackPoller:
             items = self._parse(
                 message.raw,
                 received_at=self._clock.now(),
-                key=content_key(mailbox, message.raw),
+                key=content_key(box.key, message.raw),
                 bounce_address=config.bounce_address,
                 secret=config.secret_key,
                 trusted_authserv=config.trusted_authserv,
@@ -278,6 +308,8 @@ class FeedbackPoller:
             report.not_feedback += 1
             return
         for item in items:
+            if box.sender_id is not None:  # read from a sender's own mailbox
+                item = replace(item, mailbox_sender=box.sender_id)
             applied = self._service.apply(item)
             if applied.ignored is not None:
                 report.ignored += 1

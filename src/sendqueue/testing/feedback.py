@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from datetime import datetime
 
-from sendqueue.domain.feedback import UNVERIFIED_NOTE, outcome_note
+from sendqueue.domain.feedback import UNVERIFIED_NOTE, MailboxState, outcome_note
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task, check_limit, utc
 from sendqueue.domain.suppression import key_of_normalized
@@ -34,6 +34,7 @@ class InMemoryFeedback:
         self._tasks_of_address: dict[str, set[str]] = {}
         self._soft_bounces: dict[str, dict[str, datetime]] = {}
         self._cursors: dict[str, tuple[int, int]] = {}
+        self._mailbox_states: dict[str, MailboxState] = {}
 
     def _index_task(self, task: Task) -> None:
         self._tasks_of_address.setdefault(key_of_normalized(task.email), set()).add(task.id)
@@ -105,6 +106,19 @@ class InMemoryFeedback:
         if current is not None and current[0] == uidvalidity and current[1] >= uid:
             return
         self._cursors[mailbox] = (uidvalidity, uid)
+
+    @guarded
+    def record_mailbox_pass(
+        self, mailbox: str, *, at: datetime, messages: int, error: str | None
+    ) -> None:
+        before = self._mailbox_states.get(mailbox, MailboxState(mailbox))
+        self._mailbox_states[mailbox] = MailboxState(
+            mailbox, utc(at), before.messages_read + messages, error
+        )
+
+    @guarded
+    def mailbox_states(self, mailboxes: Collection[str]) -> dict[str, MailboxState]:
+        return {m: self._mailbox_states[m] for m in mailboxes if m in self._mailbox_states}
 
     @guarded
     def count_outcomes(self, campaign_id: str) -> dict[TaskOutcome, int]:

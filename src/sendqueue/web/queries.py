@@ -20,6 +20,7 @@ from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.senders import Sender
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.campaigns import PlanSummary, iter_tasks
+from sendqueue.services.mailboxes import SenderMailboxes, mailbox_dict
 from sendqueue.services.senders import USAGE_DAYS, SenderService, SenderView
 from sendqueue.services.views import (
     CampaignView,
@@ -35,6 +36,7 @@ from sendqueue.web.schemas import (
     PlanSend,
     PlanZone,
     SenderDetail,
+    SenderMailbox,
     SenderOut,
     SenderUsageDay,
 )
@@ -89,11 +91,18 @@ def sender_out(sender: Sender) -> SenderOut:
 
 
 def sender_detail(
-    senders: SenderService, sender: Sender, *, days: int = USAGE_DAYS
+    senders: SenderService,
+    sender: Sender,
+    *,
+    days: int = USAGE_DAYS,
+    mailboxes: SenderMailboxes | None = None,
 ) -> SenderDetail:
-    """A sender with its usage per local day from today (``sender show --json``)."""
+    """A sender with its usage per local day from today (``sender show --json``), and with
+    ``mailboxes`` its own mailbox's state."""
     usage = senders.usage(sender.id, days=days)
+    state = mailboxes.states_of([sender]).get(sender.id) if mailboxes is not None else None
     return SenderDetail(
+        mailbox=SenderMailbox.model_validate(mailbox_dict(state)) if state else None,
         **SenderView.of(sender).as_dict(),
         usage=[
             SenderUsageDay(date=d.date.isoformat(), planned=d.planned, sent=d.sent, cap=d.cap)

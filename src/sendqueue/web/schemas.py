@@ -39,6 +39,7 @@ __all__ = [
     "RetriedCampaign",
     "SenderDetail",
     "SenderList",
+    "SenderMailbox",
     "SenderOAuth",
     "SenderOut",
     "SenderRemoved",
@@ -233,10 +234,23 @@ class SenderUsageDay(BaseModel):
     cap: int = Field(description="the day's cap (the warm-up's, where it is lower)")
 
 
+class SenderMailbox(BaseModel):
+    """A sender's own mailbox as the feedback poll last saw it."""
+
+    mailbox: str = Field(description="its IMAP URL without the password")
+    polled_at: IsoTime | None = Field(description="when its last pass ended; null: not yet")
+    messages_read: int = Field(description="messages read from it, every pass added up")
+    last_error: str | None = Field(
+        description="why its last pass failed, credentials masked; null: it went through"
+    )
+
+
 class SenderDetail(SenderOut):
-    """A sender with its usage per local day from today (``sender show --json``)."""
+    """A sender with its usage per local day from today (``sender show --json``), and its
+    own mailbox's state (null: it has none)."""
 
     usage: list[SenderUsageDay]
+    mailbox: SenderMailbox | None = None
 
 
 class SenderList(BaseModel):

@@ -9,8 +9,10 @@
   the tasks themselves consistently and keeps those in the wanted states.
 - A soft bounce is a conditional put (``attribute_not_exists``: the same key kept once) of an
   item in the address's own partition, then a count of that partition since a time.
-- A mailbox cursor is a put conditional on moving forward (or another UIDVALIDITY); a failed
-  condition means a newer position is already stored.
+- A mailbox cursor is an update conditional on moving forward (or another UIDVALIDITY); a
+  failed condition means a newer position is already stored. The same item keeps the
+  mailbox's pass state (``pa`` polled at, ``mr`` messages read, added to; ``le`` the last
+  error); a pass before any position writes UIDVALIDITY 0 (no server uses it), read as none.
 - ``count_outcomes`` reads the ``oc`` attribute of the campaign's Finished tasks (the
   ``by_state`` index): only a sent task has an outcome.
 """
@@ -29,12 +31,13 @@ from sendqueue.adapters.dynamodb.client import TableClient, error_code
 from sendqueue.adapters.dynamodb.codec import (
     PendingEntry,
     num_attr,
+    parse_time,
     str_attr,
     task_from_item,
     time_key,
 )
 from sendqueue.adapters.dynamodb.tasks import task_put
-from sendqueue.domain.feedback import UNVERIFIED_NOTE, outcome_note
+from sendqueue.domain.feedback import UNVERIFIED_NOTE, MailboxState, outcome_note
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task, check_limit, utc
 from sendqueue.domain.suppression import key_of_normalized
@@ -170,19 +173,17 @@ class FeedbackItems(TableClient):
     def feedback_cursor(self, mailbox: str) -> tuple[int, int] | None:
         with self._errors("read a feedback cursor"):
             item = self._get(_CURSOR, mailbox)
-        return None if item is None else (int(item["uv"]["N"]), int(item["uid"]["N"]))
+        if item is None or int(item["uv"]["N"]) == 0:  # 0: a pass was kept, no position yet
+            return None
+        return int(item["uv"]["N"]), int(item["uid"]["N"])
 
     def save_feedback_cursor(self, mailbox: str, uidvalidity: int, uid: int) -> None:
         with self._errors("save a feedback cursor"):
             try:
-                self._db.put_item(
+                self._db.update_item(
                     TableName=self._table,
-                    Item={
-                        "pk": str_attr(_CURSOR),
-                        "sk": str_attr(mailbox),
-                        "uv": num_attr(uidvalidity),
-                        "uid": num_attr(uid),
-                    },
+                    Key={"pk": str_attr(_CURSOR), "sk": str_attr(mailbox)},
+                    UpdateExpression="SET uv = :uv, #uid = :uid",
                     # Forward only within one UIDVALIDITY; another one replaces the position.
                     ConditionExpression="attribute_not_exists(pk) OR uv <> :uv OR #uid < :uid",
                     ExpressionAttributeNames={"#uid": "uid"},
@@ -191,6 +192,44 @@ class FeedbackItems(TableClient):
             except ClientError as exc:
                 if error_code(exc) != "ConditionalCheckFailedException":
                     raise  # a failed condition: as far or further already
+
+    def record_mailbox_pass(
+        self, mailbox: str, *, at: datetime, messages: int, error: str | None
+    ) -> None:
+        values: dict[str, Any] = {
+            ":at": str_attr(time_key(at)),
+            ":n": num_attr(messages),
+            ":zero": num_attr(0),
+        }
+        update = "SET pa = :at, uv = if_not_exists(uv, :zero), #uid = if_not_exists(#uid, :zero)"
+        if error is None:
+            update += " REMOVE le"
+        else:
+            update += ", le = :le"
+            values[":le"] = str_attr(error)
+        with self._errors("record a mailbox's pass"):
+            self._db.update_item(
+                TableName=self._table,
+                Key={"pk": str_attr(_CURSOR), "sk": str_attr(mailbox)},
+                UpdateExpression=update + " ADD mr :n",
+                ExpressionAttributeNames={"#uid": "uid"},
+                ExpressionAttributeValues=values,
+            )
+
+    def mailbox_states(self, mailboxes: Collection[str]) -> dict[str, MailboxState]:
+        keys = [(_CURSOR, name) for name in sorted(set(mailboxes))]
+        with self._errors("read mailbox states"):
+            items = self._batch_get(keys) if keys else []
+        return {
+            item["sk"]["S"]: MailboxState(
+                item["sk"]["S"],
+                parse_time(item["pa"]["S"]),
+                int(item.get("mr", {"N": "0"})["N"]),
+                item["le"]["S"] if "le" in item else None,
+            )
+            for item in items
+            if "pa" in item
+        }
 
     def backfill_address_keys(self) -> int:
         """Give every task item written before the ``by_address`` index existed its ``ga``

@@ -8,6 +8,9 @@
 - Soft bounces are insert-or-keep on their primary key (address, message key), then a count.
 - A mailbox cursor is one upsert whose ``WHERE`` lets it move only forward within one
   UIDVALIDITY, so two pollers saving at once keep the higher position.
+- A mailbox's pass state (migration 0008) lives on its cursor row: an upsert that adds to
+  ``messages_read``. A row made by a pass before any position (its first pass failed) has
+  UIDVALIDITY 0, which no server uses (RFC 3501: a non-zero number), and reads as no cursor.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from sqlalchemy.engine import Connection
 
 from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
-from sendqueue.domain.feedback import UNVERIFIED_NOTE, outcome_note
+from sendqueue.domain.feedback import UNVERIFIED_NOTE, MailboxState, outcome_note
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task, check_limit, utc
 
@@ -135,7 +138,9 @@ class FeedbackTables(ABC):
         query = sa.select(_C.uidvalidity, _C.uid).where(_C.mailbox == mailbox)
         with self._read("read a feedback cursor") as conn:
             found = conn.execute(query).first()
-        return None if found is None else (int(found[0]), int(found[1]))
+        if found is None or int(found[0]) == 0:  # 0: a pass was kept, no position yet
+            return None
+        return int(found[0]), int(found[1])
 
     def save_feedback_cursor(self, mailbox: str, uidvalidity: int, uid: int) -> None:
         statement = self._insert(tables.feedback_cursors).values(
@@ -151,6 +156,35 @@ class FeedbackTables(ABC):
         )
         with self._write("save a feedback cursor") as conn:
             conn.execute(statement)
+
+    def record_mailbox_pass(
+        self, mailbox: str, *, at: datetime, messages: int, error: str | None
+    ) -> None:
+        state = {"polled_at": utc(at), "last_error": error}
+        statement = self._insert(tables.feedback_cursors).values(
+            mailbox=mailbox, uidvalidity=0, uid=0, messages_read=messages, **state
+        )
+        statement = statement.on_conflict_do_update(
+            index_elements=[_C.mailbox],
+            set_={**state, "messages_read": _C.messages_read + messages},
+        )
+        with self._write("record a mailbox's pass") as conn:
+            conn.execute(statement)
+
+    def mailbox_states(self, mailboxes: Collection[str]) -> dict[str, MailboxState]:
+        names = sorted(set(mailboxes))
+        if not names:
+            return {}
+        query = sa.select(_C.mailbox, _C.polled_at, _C.messages_read, _C.last_error).where(
+            _C.mailbox.in_(names), _C.polled_at.is_not(None)
+        )
+        with self._read("read mailbox states") as conn:
+            return {
+                row.mailbox: MailboxState(
+                    row.mailbox, row.polled_at, int(row.messages_read), row.last_error
+                )
+                for row in conn.execute(query)
+            }
 
     def count_outcomes(self, campaign_id: str) -> dict[TaskOutcome, int]:
         """One count per outcome on the campaign's rows (its ``campaign_id`` indexes)."""

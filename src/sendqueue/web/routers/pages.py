@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import zoneinfo
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -343,11 +344,24 @@ def senders_page(request: Request, c: ContainerDep, added: str | None = None) ->
     """Every sender with its usage against its cap over the coming days (a chart and the same
     numbers as a table), a form to add one and a remove button each."""
     try:
-        details = [sender_detail(c.senders, sender) for sender in c.senders.all()]
+        details = [
+            sender_detail(c.senders, sender, mailboxes=c.mailboxes) for sender in c.senders.all()
+        ]
         rows: list[dict[str, Any]] = []
         for detail in details:
             usage = [d.model_dump() for d in detail.usage]
-            rows.append({"sender": detail, "usage": usage, "chart": usage_chart(usage)})
+            polled = detail.mailbox.polled_at if detail.mailbox else None
+            rows.append(
+                {
+                    "sender": detail,
+                    "usage": usage,
+                    "chart": usage_chart(usage),
+                    # the mailbox's last pass, on the sender's own wall clock
+                    "polled": human_time(datetime.fromisoformat(polled), detail.timezone)
+                    if polled
+                    else "",
+                }
+            )
         just_added = next((d for d in details if added and d.id == added), None)
         return render(
             request,

@@ -188,7 +188,7 @@ def add_sender(body: NewSender, c: ContainerDep, response: Response) -> SenderDe
     except Conflict as exc:
         raise _address_taken(exc) from None
     response.headers["Location"] = f"/api/senders/{sender.id}"
-    return sender_detail(c.senders, sender)
+    return sender_detail(c.senders, sender, mailboxes=c.mailboxes)
 
 
 @router.get(f"/{_REF}", responses=error_responses(*READ_ERRORS, 404))
@@ -201,7 +201,7 @@ def get_sender(
 ) -> SenderDetail:
     """One sender with its planned and sent emails against its cap, per local day from today
     (its own timezone)."""
-    return sender_detail(c.senders, c.senders.get(ref), days=days)
+    return sender_detail(c.senders, c.senders.get(ref), days=days, mailboxes=c.mailboxes)
 
 
 @router.patch(f"/{_REF}", responses=error_responses(*WRITE_ERRORS, 404, 409))
@@ -220,7 +220,7 @@ def update_sender(ref: str, body: SenderChanges, c: ContainerDep) -> SenderDetai
         sender = c.senders.update(ref, changes)
     except Conflict as exc:
         raise _address_taken(exc) from None
-    return sender_detail(c.senders, sender)
+    return sender_detail(c.senders, sender, mailboxes=c.mailboxes)
 
 
 @router.delete(f"/{_REF}", responses=error_responses(*WRITE_ERRORS, 404, 409))
