@@ -5,9 +5,11 @@ secret of the settings. Apart from :mod:`sendqueue.bootstrap` only to keep each 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from sendqueue.adapters.public_url import HEALTH_PATH, PublicUrlProbe
+from sendqueue.bootstrap_feedback import open_sender_mailbox
 from sendqueue.services.checks import CheckedParts, SetupCheck, url_secrets
 from sendqueue.settings import Settings, redact_url
 
@@ -57,6 +59,7 @@ def setup_check(c: Container) -> SetupCheck:
         transport=c.mailer_for,
         mailboxes=lambda: c.feedback_sources,
         no_mailbox="SENDQUEUE_FEEDBACK_IMAP is not set (bounces and replies are not read)",
+        sender_mailbox=partial(open_sender_mailbox, c),
         public_url=public,
         public_url_target=f"{s.public_url}{HEALTH_PATH}" if s.public_url else "",
     )

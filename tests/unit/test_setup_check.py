@@ -53,6 +53,7 @@ def _parts(
     mailer: Mailer | None = None,
     transports: dict[str, Mailer] | None = None,
     mailboxes: Sequence[FeedbackSource] = (),
+    sender_boxes: dict[str, FeedbackSource] | None = None,
     public_url: Probe | str = "SENDQUEUE_PUBLIC_URL is not set",
     scheduler: FakeScheduler | None = None,
 ) -> CheckedParts:
@@ -70,6 +71,7 @@ def _parts(
         transport=transport,
         mailboxes=lambda: list(mailboxes),
         no_mailbox="SENDQUEUE_FEEDBACK_IMAP is not set",
+        sender_mailbox=lambda sender: (sender_boxes or {})[sender.id],
         public_url=public_url,
         public_url_target="https://mail.example.com/healthz",
     )
@@ -178,6 +180,26 @@ def test_a_sender_with_oauth_is_checked_and_its_grant_masked() -> None:
     sender = next(r for r in results if r.part == "sender a@example.com")
     assert (sender.target, sender.status) == ("the configured mailer, with oauth", "failed")
     assert sender.detail == "token *** refused for ***"
+
+
+def test_each_sender_mailbox_is_tried_and_its_password_masked() -> None:
+    store = InMemoryTaskStore()
+    store.add_sender(Sender(id="s1", email="a@example.com", imap="imaps://a:box-Pw1@imap.a.test"))
+    store.add_sender(Sender(id="s2", email="b@example.com", imap="imaps://b:box-Pw2@imap.b.test"))
+    store.add_sender(Sender(id="s3", email="c@example.com"))  # no mailbox: no line
+    boxes: dict[str, FeedbackSource] = {
+        "s1": _Probed(_ok("signed in as a, INBOX: 3 messages")),
+        "s2": _Probed(_raises(InfrastructureError("LOGIN b box-Pw2 refused"))),
+    }
+
+    results = SetupCheck(_parts(store, sender_boxes=boxes)).run()
+
+    lines = {r.part: r for r in results if r.part.startswith("mailbox of")}
+    assert set(lines) == {"mailbox of a@example.com", "mailbox of b@example.com"}
+    ok, failed = lines["mailbox of a@example.com"], lines["mailbox of b@example.com"]
+    assert (ok.status, ok.target) == ("ok", "imaps://a:***@imap.a.test")
+    assert (failed.status, failed.detail) == ("failed", "LOGIN b *** refused")
+    assert not any(r.part == "sender c@example.com" for r in results)
 
 
 def test_the_parts_are_tried_at_once() -> None:

@@ -6,8 +6,10 @@ The parts, in the order they are reported:
   and the list of senders;
 - the execution layer: its :class:`~sendqueue.ports.Probe` when it has one (EventBridge: the
   schedule group), else one cheap read (``get`` of a schedule name that is never created);
-- the mailer, and every sender with a transport of its own: signed in and out, no mail sent;
-- the feedback mailboxes: signed in, the folder opened read-only;
+- the mailer, and every sender with a transport or an OAuth sign-in of its own: signed in and
+  out, no mail sent;
+- the feedback mailbox, and every sender's own mailbox: signed in, the folder opened
+  read-only;
 - the public URL: one GET of the health route.
 
 A part that is not configured, or cannot be tried from here, is ``not checked`` with the reason;
@@ -83,6 +85,7 @@ class CheckedParts:
     transport: Callable[[Sender], Mailer]
     mailboxes: Callable[[], Sequence[FeedbackSource]]
     no_mailbox: str
+    sender_mailbox: Callable[[Sender], FeedbackSource]
     public_url: Probe | str
     public_url_target: str
 
@@ -118,6 +121,7 @@ class SetupCheck:
             ("mailer", p.mailer_target, lambda: _probe(p.mailer(), timeout)),
             *self._sender_jobs(senders, timeout),
             *self._mailbox_jobs(timeout),
+            *self._sender_mailbox_jobs(senders, timeout),
         ]
         if isinstance(p.public_url, str):
             entries.append(CheckResult("public URL", "", "not checked", p.public_url))
@@ -135,22 +139,22 @@ class SetupCheck:
     # -- the parts -------------------------------------------------------------------------
 
     def _store(self) -> tuple[CheckResult, list[Sender] | None]:
-        """The store's result, and each sender with a transport or an OAuth sign-in of its own
-        (None when the store could not be read)."""
+        """The store's result, and each sender with a transport, a mailbox or an OAuth sign-in
+        of its own (None when the store could not be read)."""
         p = self._parts
         found: list[Sender] = []
 
         def read() -> str:
             last = p.store().last_change_id()
             senders = p.senders().list_senders()
-            found.extend(s for s in senders if s.transport or s.oauth)
+            found.extend(s for s in senders if s.transport or s.oauth or s.imap)
             return f"answered: {plural(len(senders), 'sender')}, last change #{last}"
 
         result = self._one("task store", p.store_target, read)
         if result.status != "ok":
             return result, None
         for sender in found:
-            self._secrets |= url_secrets(sender.transport)
+            self._secrets |= url_secrets(sender.transport) | url_secrets(sender.imap)
             if sender.oauth is not None:
                 self._secrets |= {sender.oauth.refresh_token, sender.oauth.client_secret or ""}
         return result, found
@@ -185,7 +189,26 @@ class SetupCheck:
                 partial(self._transport, s, timeout),
             )
             for s in senders
+            if s.transport or s.oauth
         ]
+
+    def _sender_mailbox_jobs(
+        self, senders: list[Sender] | None, timeout: float
+    ) -> list[_Job | CheckResult]:
+        """Each sender's own mailbox: signed in, the folder opened read-only, as the feedback
+        mailbox is (a store that did not answer is said once, by the senders' line)."""
+        return [
+            (
+                f"mailbox of {s.email}",
+                masked_transport(s.imap) or "",
+                partial(self._box, s, timeout),
+            )
+            for s in senders or ()
+            if s.imap
+        ]
+
+    def _box(self, sender: Sender, timeout: float) -> str:
+        return _probe(self._parts.sender_mailbox(sender), timeout)
 
     def _transport(self, sender: Sender, timeout: float) -> str:
         return _probe(self._parts.transport(sender), timeout)
