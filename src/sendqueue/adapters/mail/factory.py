@@ -117,6 +117,8 @@ class SenderMailers:
         if self._shared is not None:
             return self._shared
         if sender.oauth is not None and url.startswith("smtp:"):
+            if sender.transport is None and (refused := self._configured_refused()) is not None:
+                return refused
             # Every call: a grant changed in the store replaces the one in use.
             token = self._tokens.for_sender(sender)
             key = ("oauth", sender.id, sender.email, url)
@@ -132,6 +134,19 @@ class SenderMailers:
             if key not in self._refused:
                 self._refused[key] = refused_transport(url, self._rules, oauth=oauth)
             return self._refused[key]
+
+    def _configured_refused(self) -> RefusedTransport | None:
+        """The configured mailer's verdict for an OAuth sender without a transport: it may be
+        plain text to a relay that takes no password, and an access token is one. Only that
+        rule applies (the allow-list is not SENDQUEUE_MAILER's)."""
+        try:
+            check_mailer_url(self._default_url, TransportRules(), oauth=True)
+        except InvalidField as exc:
+            return RefusedTransport(
+                f"the configured mailer {exc.value} (SENDQUEUE_MAILER), signed in to with the "
+                f"sender's oauth access token: {exc.reason}"
+            )
+        return None
 
     def _get(self, key: tuple[str, ...], build: Callable[[], Mailer]) -> Mailer:
         with self._lock:
