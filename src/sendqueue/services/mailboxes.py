@@ -70,8 +70,21 @@ class PolledMailbox:
     secrets: tuple[str, ...] = ()
 
 
+def _echoed_forms(secret: str) -> set[str]:
+    """``secret`` as a server's error may give it back: as it is, quoted as IMAP sends it (a
+    backslash before each backslash and double quote), and each of those as a Python bytes
+    repr writes it (the IMAP library quotes the server's reply that way: backslashes doubled
+    again, single quotes escaped or not, non-ASCII as hex escapes)."""
+    forms = {secret, secret.replace("\\", "\\\\").replace('"', '\\"')}
+    for form in list(forms):
+        escaped = repr(form.encode("utf-8", "surrogatepass") + b"'\"")[2:-4]
+        forms |= {escaped, escaped.replace("\\'", "'")}
+    return forms
+
+
 def _secrets_of(sender: Sender) -> tuple[str, ...]:
-    """The sender's passwords and tokens, as given and percent-decoded."""
+    """The sender's passwords and tokens, as given and percent-decoded, in every form a
+    server's error may echo them in (:func:`_echoed_forms`)."""
     found: list[str] = []
     try:
         password = urlsplit(sender.imap or "").password
@@ -81,7 +94,7 @@ def _secrets_of(sender: Sender) -> tuple[str, ...]:
         found += [password, unquote(password)]
     if sender.oauth is not None:
         found += [sender.oauth.refresh_token, sender.oauth.client_secret or ""]
-    return tuple(s for s in found if s)
+    return tuple(sorted({form for s in found if s for form in _echoed_forms(s)}))
 
 
 def _shown(url: str) -> str:
