@@ -84,3 +84,25 @@ def test_an_echoed_login_shows_no_part_of_the_password(
     assert state.last_error is not None and "refused" in state.last_error
     for text in (state.last_error, *report.errors, caplog.text):
         assert "Zq8Wx4" not in text, text
+
+
+def test_the_feedback_mailbox_s_echoed_login_shows_no_part_of_its_password(
+    echoing_imap: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    password = 'quo"te-Zq8Wx4'
+    url = f"imap://fb:{quote(password, safe='')}@127.0.0.1:{echoing_imap}/INBOX?security=none"
+    clock = FakeClock(T0)
+    app = bootstrap(
+        Settings(_env_file=None, feedback_imap=url, secret_key="Hq3vN8xLr2Tp6Wd9Ks4Bz7Jm1Fy5Gc0Ae"),
+        clock=clock,
+        store=InMemoryTaskStore(),
+        scheduler=FakeScheduler(clock, seed=1),
+        mailer=RecordingMailer(),
+        parse_feedback=lambda raw, **_: [],
+    )
+
+    report = app.feedback_poller.poll()
+
+    assert report.errors and "refused" in report.errors[0]
+    for text in (*report.errors, caplog.text):
+        assert "Zq8Wx4" not in text, text

@@ -156,6 +156,7 @@ class FeedbackPoller:
         *,
         batch: int = BATCH,
         mailboxes: Callable[[], Sequence[PolledMailbox]] | None = None,
+        source_secrets: Sequence[str] = (),
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be at least 1")
@@ -168,6 +169,8 @@ class FeedbackPoller:
         self._config = config
         self._batch = batch
         self._mailboxes = mailboxes
+        #: What is masked out of the errors of ``sources`` (their passwords, as echoed).
+        self._source_secrets = tuple(source_secrets)
         self._owner = f"feedback-{uuid.uuid4().hex[:12]}"
 
     @property
@@ -181,7 +184,8 @@ class FeedbackPoller:
         ``errors`` and kept as its state (the others are still read); an unreachable store
         raises."""
         report = PollReport()
-        boxes = [PolledMailbox(source.name, source) for source in self._sources]
+        secrets = self._source_secrets
+        boxes = [PolledMailbox(s.name, s, secrets=secrets) for s in self._sources]
         if self._mailboxes is not None:
             boxes += self._mailboxes()
         for box in boxes:
