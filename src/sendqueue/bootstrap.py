@@ -22,8 +22,7 @@ from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.adapters.imap.url import check_imap_url
-from sendqueue.adapters.mail.factory import SenderMailers, mailer_from_url
-from sendqueue.adapters.mail.url import check_mailer_url
+from sendqueue.adapters.mail.factory import SenderMailers, check_sender_transport, mailer_from_url
 from sendqueue.adapters.oauth import OAuthTokens, check_token_url
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
@@ -370,7 +369,9 @@ class Container:
             self.clock,
             default_timezone=self.config.default_timezone,
             # the worker's own URL checks under the transport rules, when a sender is written
-            check_transport=partial(check_mailer_url, rules=rules, field="transport"),
+            check_transport=partial(
+                check_sender_transport, rules=rules, configured=self.settings.mailer
+            ),
             check_imap=partial(check_imap_url, rules=rules, field="imap"),
             check_token_url=check_token_url,
         )

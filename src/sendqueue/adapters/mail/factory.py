@@ -15,7 +15,13 @@ from sendqueue.domain.senders import Sender
 from sendqueue.domain.transports import TransportRules
 from sendqueue.ports import AccessTokens, Mailer, OutgoingMessage
 
-__all__ = ["RefusedTransport", "SenderMailers", "mailer_from_url", "refused_transport"]
+__all__ = [
+    "RefusedTransport",
+    "SenderMailers",
+    "check_sender_transport",
+    "mailer_from_url",
+    "refused_transport",
+]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +83,30 @@ def refused_transport(
     return None
 
 
+def check_sender_transport(
+    url: str | None, rules: TransportRules, configured: str, *, oauth: bool = False
+) -> None:
+    """A sender's transport under ``rules`` (InvalidField naming ``transport``). A sender with
+    ``oauth`` and no transport signs in to the ``configured`` mailer (SENDQUEUE_MAILER) with
+    its access token: when that is SMTP in plain text to another machine (a relay that takes
+    mail without a password), InvalidField naming ``oauth``. Only that rule applies to it (the
+    allow-list is not SENDQUEUE_MAILER's)."""
+    if url is not None:
+        check_mailer_url(url, rules, field="transport", oauth=oauth)
+        return
+    if not oauth or not configured.startswith("smtp:"):
+        return
+    try:
+        check_mailer_url(configured, TransportRules(), oauth=True)
+    except InvalidField as exc:
+        raise InvalidField(
+            "oauth",
+            f"the configured mailer {exc.value} (SENDQUEUE_MAILER)",
+            f"signing in to it with the sender's access token: {exc.reason}; give the sender "
+            "a transport of its own",
+        ) from None
+
+
 class SenderMailers:
     """Each sender's mailer, opened at its first send and closed with :meth:`close`.
 
@@ -136,16 +166,12 @@ class SenderMailers:
             return self._refused[key]
 
     def _configured_refused(self) -> RefusedTransport | None:
-        """The configured mailer's verdict for an OAuth sender without a transport: it may be
-        plain text to a relay that takes no password, and an access token is one. Only that
-        rule applies (the allow-list is not SENDQUEUE_MAILER's)."""
+        """The configured mailer's verdict for an OAuth sender without a transport
+        (:func:`check_sender_transport`)."""
         try:
-            check_mailer_url(self._default_url, TransportRules(), oauth=True)
+            check_sender_transport(None, self._rules, self._default_url, oauth=True)
         except InvalidField as exc:
-            return RefusedTransport(
-                f"the configured mailer {exc.value} (SENDQUEUE_MAILER), signed in to with the "
-                f"sender's oauth access token: {exc.reason}"
-            )
+            return RefusedTransport(f"{exc.value}: {exc.reason}")
         return None
 
     def _get(self, key: tuple[str, ...], build: Callable[[], Mailer]) -> Mailer:
