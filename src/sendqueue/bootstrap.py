@@ -21,7 +21,7 @@ from sendqueue.adapters.alarm import LoggingAlarm, post_json
 from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
-from sendqueue.adapters.imap.url import check_imap_url
+from sendqueue.adapters.imap.url import MAX_SENDER_TIMEOUT, check_imap_url
 from sendqueue.adapters.mail.factory import SenderMailers, check_sender_transport, mailer_from_url
 from sendqueue.adapters.oauth import OAuthTokens, check_token_url
 from sendqueue.adapters.sql import SqlTaskStore, open_store
@@ -372,7 +372,9 @@ class Container:
             check_transport=partial(
                 check_sender_transport, rules=rules, configured=self.settings.mailer
             ),
-            check_imap=partial(check_imap_url, rules=rules, field="imap"),
+            check_imap=partial(
+                check_imap_url, rules=rules, field="imap", max_timeout=MAX_SENDER_TIMEOUT
+            ),
             check_token_url=check_token_url,
         )
 

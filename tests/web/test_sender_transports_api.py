@@ -287,3 +287,12 @@ def test_a_422_from_the_body_s_shape_quotes_no_secret(
     assert _error(response, 422)["field"] == field
     _clean(response.text)
     assert _stored(web) == []
+
+
+def test_a_mailbox_timeout_over_two_minutes_is_refused_naming_imap(web: Web) -> None:
+    slow = f"imaps://anna:{SECRET}@imap.example.com/INBOX?timeout=3600"
+    response = web.client.post("/api/senders", json={"email": "anna@example.com", "imap": slow})
+    error = _error(response, 422)
+    assert error["field"] == "imap" and "at most 120 seconds" in error["reason"]
+    _clean(response.text)
+    assert _stored(web) == []
