@@ -153,6 +153,7 @@ class Container:
             bounce_address=settings.bounce_address,
             secret_key=settings.secret_key.get_secret_value() if settings.secret_key else None,
             trusted_authserv=settings.trusted_authserv_ids,
+            sender_mailbox_authserv=settings.sender_mailbox_authserv_ids,
             feedback_interval=settings.feedback_interval,
         )
 

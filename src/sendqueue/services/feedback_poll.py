@@ -292,6 +292,11 @@ class FeedbackPoller:
         re-created mailbox counts nothing twice."""
         report.messages += 1
         config = self._config
+        # a sender's mailbox may be at another server, which keeps a header forged with the
+        # feedback mailbox server's id: its own ids are trusted there
+        trusted = (
+            config.trusted_authserv if box.sender_id is None else config.sender_mailbox_authserv
+        )
         try:
             items = self._parse(
                 message.raw,
@@ -299,7 +304,7 @@ class FeedbackPoller:
                 key=content_key(box.key, message.raw),
                 bounce_address=config.bounce_address,
                 secret=config.secret_key,
-                trusted_authserv=config.trusted_authserv,
+                trusted_authserv=trusted,
             )
         except FeedbackUnavailable:
             raise  # the parser cannot run at all: the pass stops before its cursor moves
