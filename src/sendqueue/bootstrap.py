@@ -21,9 +21,8 @@ from sendqueue.adapters.alarm import LoggingAlarm, post_json
 from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
-from sendqueue.adapters.imap.url import check_imap_url
-from sendqueue.adapters.mail.factory import SenderMailers, mailer_from_url
-from sendqueue.adapters.mail.url import check_mailer_url
+from sendqueue.adapters.imap.url import MAX_SENDER_TIMEOUT, check_imap_url
+from sendqueue.adapters.mail.factory import SenderMailers, check_sender_transport, mailer_from_url
 from sendqueue.adapters.oauth import OAuthTokens, check_token_url
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
@@ -154,6 +153,7 @@ class Container:
             bounce_address=settings.bounce_address,
             secret_key=settings.secret_key.get_secret_value() if settings.secret_key else None,
             trusted_authserv=settings.trusted_authserv_ids,
+            sender_mailbox_authserv=settings.sender_mailbox_authserv_ids,
             feedback_interval=settings.feedback_interval,
         )
 
@@ -370,8 +370,12 @@ class Container:
             self.clock,
             default_timezone=self.config.default_timezone,
             # the worker's own URL checks under the transport rules, when a sender is written
-            check_transport=partial(check_mailer_url, rules=rules, field="transport"),
-            check_imap=partial(check_imap_url, rules=rules, field="imap"),
+            check_transport=partial(
+                check_sender_transport, rules=rules, configured=self.settings.mailer
+            ),
+            check_imap=partial(
+                check_imap_url, rules=rules, field="imap", max_timeout=MAX_SENDER_TIMEOUT
+            ),
             check_token_url=check_token_url,
         )
 

@@ -16,7 +16,7 @@ from sendqueue.domain.senders import Sender
 from sendqueue.ports import FeedbackSource, FeedbackStore
 from sendqueue.services.feedback import FeedbackService
 from sendqueue.services.feedback_poll import FeedbackPoller
-from sendqueue.services.mailboxes import SenderMailboxes
+from sendqueue.services.mailboxes import SenderMailboxes, url_secrets
 
 if TYPE_CHECKING:
     from sendqueue.bootstrap import Container
@@ -90,4 +90,5 @@ def feedback_poller(c: Container) -> FeedbackPoller:
         c.clock,
         c.config,
         mailboxes=c.mailboxes.current,
+        source_secrets=url_secrets(c.settings.feedback_imap),
     )

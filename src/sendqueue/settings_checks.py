@@ -170,7 +170,7 @@ def redact_url(url: str, *, path: bool = False) -> str:
         return mask_url(url)
     if not parts.scheme or not parts.netloc:
         return url
-    if "@" in url.partition("://")[2] and "@" not in parts.netloc:
+    if url.partition("://")[2].count("@") > parts.netloc.count("@"):
         return mask_url(url)  # a raw / ? # in the password: the parts are not the URL's
     netloc = parts.netloc
     if parts.password is not None:

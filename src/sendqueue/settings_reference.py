@@ -67,6 +67,7 @@ GROUPS: tuple[Group, ...] = (
             "bounce_address",
             "feedback_",
             "trusted_authserv",
+            "sender_mailbox_authserv",
             "suppress_replies",
         ),
     ),

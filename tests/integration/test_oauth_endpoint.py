@@ -189,3 +189,49 @@ def test_a_refresh_token_is_never_posted_in_clear_text_off_loopback() -> None:
 )
 def test_https_and_loopback_token_urls_are_taken(url: str) -> None:
     check_token_url(url)
+
+
+@pytest.fixture
+def dripping_endpoint() -> Iterator[str]:
+    """An endpoint that answers one byte of its headers every 0.1 s, for ever: no read ever
+    waits long enough for the per-read timeout."""
+    stop = threading.Event()
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def drip() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 100_000:
+                if stop.wait(0.1):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}/token"
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_an_endpoint_dripping_its_answer_is_cut_off_at_the_deadline(dripping_endpoint: str) -> None:
+    grant = OAuthGrant(dripping_endpoint, CLIENT_ID, "rt-1")
+    result: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            redeem(grant, WHO, timeout=0.5, deadline=1.0)
+        except BaseException as exc:  # handed to the test's thread
+            result.append(exc)
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    thread.join(5.0)
+
+    assert not thread.is_alive(), "redeem still reading after 5 s"
+    assert isinstance(result[0], OAuthTokenError), result
+    assert "did not answer within 1s" in str(result[0]) and result[0].permanent is False

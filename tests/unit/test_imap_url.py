@@ -156,3 +156,24 @@ def test_a_senders_mailbox_opens_only_under_the_transport_rules() -> None:
             ImapFeedbackSource.from_url(url, field="imap", rules=rules)
         assert raised.value.field == "imap" and words in raised.value.reason
         assert "Zq-9x" not in str(raised.value)
+
+
+@pytest.mark.parametrize("timeout", ["121", "86400", "1e9"])
+def test_a_senders_mailbox_may_not_stall_the_poll_longer_than_two_minutes(timeout: str) -> None:
+    """The mailboxes are read one after another: a silent server holds the pass for up to its
+    timeout, so a sender's own mailbox takes at most 120 s (the feedback mailbox is the
+    operator's setting and may take more)."""
+    url = f"imaps://anna:Zq-9x@imap.example.com/INBOX?timeout={timeout}"
+    with pytest.raises(InvalidField) as raised:
+        ImapFeedbackSource.from_url(url, field="imap", rules=TransportRules())
+    assert raised.value.field == "imap" and "at most 120" in raised.value.reason
+    assert "Zq-9x" not in str(raised.value)
+    assert parse_imap_url(url).timeout == float(timeout)
+    allowed = url.replace(f"timeout={timeout}", "timeout=120")
+    assert ImapFeedbackSource.from_url(allowed, field="imap", rules=TransportRules())
+
+
+def test_the_feedback_mailbox_may_take_longer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SENDQUEUE_FEEDBACK_IMAP", "imaps://fb:pw@imap.example.com/?timeout=600")
+    monkeypatch.setenv("SENDQUEUE_SECRET_KEY", secrets.token_urlsafe(32))
+    assert Settings(_env_file=None).feedback_imap is not None

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from sendqueue.adapters.oauth import Granted, OAuthTokens, renew_margin
+from sendqueue.adapters.oauth.tokens import MAX_LIFETIME
 from sendqueue.domain.errors import OAuthTokenError
 from sendqueue.domain.senders import OAuthGrant, Sender
 from sendqueue.testing import InMemoryTaskStore
@@ -185,3 +186,14 @@ def test_no_token_in_a_repr_and_a_sender_without_oauth_is_refused() -> None:
     assert "at-1" not in repr(token) and "rt-1" not in repr(token)
     with pytest.raises(ValueError, match=r"news@example\.com has no oauth"):
         tokens.for_sender(replace(SENDER, oauth=None))
+
+
+@pytest.mark.parametrize("expires_in", [1e308, float("inf"), 10.0**30])
+def test_an_endpoint_s_absurd_lifetime_is_capped_not_a_crash(expires_in: float) -> None:
+    endpoint = Endpoint(expires_in=expires_in)
+    tokens, _, clock = _tokens(endpoint)
+    token = tokens.for_sender(SENDER)
+
+    assert token.get() == "at-1"
+    clock.advance(MAX_LIFETIME)
+    assert token.get() == "at-2"  # renewed within the cap however long the endpoint said

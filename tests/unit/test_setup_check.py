@@ -256,3 +256,17 @@ def test_a_layer_with_a_probe_is_tried_with_it() -> None:
         "not checked",
         "no AWS credentials in this environment",
     )
+
+
+def test_a_public_client_s_grant_leaves_every_detail_readable() -> None:
+    """A grant without a client secret (a public client) masks nothing more than its token."""
+    store = InMemoryTaskStore()
+    grant = OAuthGrant("https://login.example.com/token", "app", "rt-Secret-1")
+    store.add_sender(Sender(id="s1", email="a@example.com", oauth=grant))
+    leaky = _Probed(_raises(InfrastructureError("token rt-Secret-1 refused")))
+
+    results = SetupCheck(_parts(store, transports={"s1": leaky})).run()
+
+    details = {r.part: r.detail for r in results}
+    assert details["sender a@example.com"] == "token *** refused"
+    assert all("***" not in r.detail for r in results if r.part != "sender a@example.com")

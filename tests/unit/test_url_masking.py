@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import suppress
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sendqueue.adapters.imap.source import ImapFeedbackSource
@@ -100,6 +100,7 @@ def test_no_view_error_or_repr_shows_any_piece_of_the_password(password: str, fo
 
 @settings(max_examples=100, deadline=None)
 @given(PASSWORDS, st.sampled_from(FORMS[:4]))
+@example("@/ж", FORMS[0])  # an "@" then a "/" in the password: the netloc ends at the "/"
 def test_no_settings_error_shows_any_piece_of_the_password(password: str, form: str) -> None:
     url = form.format(password)
     for text in _settings_errors(url, password):

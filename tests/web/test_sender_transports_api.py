@@ -267,3 +267,32 @@ def test_an_oauth_sender_sends_no_token_in_plain_text_to_another_host(web: Web) 
     changed = web.client.patch(f"/api/senders/{sid.json()['id']}", json={"oauth": GRANT})
     assert _error(changed, 422)["field"] == "transport"
     assert web.container.sender_store.get_sender(sid.json()["id"]).oauth is None
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"oauth": REFRESH}, "oauth"),  # the token given as the grant itself
+        ({"oauth": [REFRESH]}, "oauth"),
+        ({"oauth": {**GRANT, "refreshToken": REFRESH}}, "oauth.refreshToken"),  # misspelt key
+        ({"oauth": {**GRANT, "access_token": REFRESH}}, "oauth.access_token"),
+        ({"imap": f"anna:{SECRET}@imap.example.com/" + "x" * 2000}, "imap"),  # no scheme
+        ({"transport": f"smtp://anna:{SECRET}/" + "x" * 2000}, "transport"),  # no "@"
+    ],
+)
+def test_a_422_from_the_body_s_shape_quotes_no_secret(
+    web: Web, body: dict[str, Any], field: str
+) -> None:
+    response = web.client.post("/api/senders", json={"email": "anna@example.com", **body})
+    assert _error(response, 422)["field"] == field
+    _clean(response.text)
+    assert _stored(web) == []
+
+
+def test_a_mailbox_timeout_over_two_minutes_is_refused_naming_imap(web: Web) -> None:
+    slow = f"imaps://anna:{SECRET}@imap.example.com/INBOX?timeout=3600"
+    response = web.client.post("/api/senders", json={"email": "anna@example.com", "imap": slow})
+    error = _error(response, 422)
+    assert error["field"] == "imap" and "at most 120 seconds" in error["reason"]
+    _clean(response.text)
+    assert _stored(web) == []

@@ -156,7 +156,8 @@ class SetupCheck:
         for sender in found:
             self._secrets |= url_secrets(sender.transport) | url_secrets(sender.imap)
             if sender.oauth is not None:
-                self._secrets |= {sender.oauth.refresh_token, sender.oauth.client_secret or ""}
+                grant = sender.oauth
+                self._secrets |= {s for s in (grant.refresh_token, grant.client_secret) if s}
         return result, found
 
     def _scheduler(self, timeout: float) -> str:

@@ -44,8 +44,11 @@ class ServiceConfig:
     #: SENDQUEUE_SECRET_KEY, which signs the VERP addresses, the unsubscribe links and the
     #: Message-IDs
     secret_key: str | None = field(default=None, repr=False)
-    #: the authserv-ids whose Authentication-Results prove a reply's From
+    #: the authserv-ids whose Authentication-Results prove a reply's From (the feedback
+    #: mailbox's), and those trusted in the senders' own mailboxes (another server may keep a
+    #: header forged with the feedback mailbox server's id)
     trusted_authserv: frozenset[str] = frozenset()
+    sender_mailbox_authserv: frozenset[str] = frozenset()
     #: seconds between two polls of the feedback mailboxes (the worker process)
     feedback_interval: float = 60.0
     #: seconds a poll of one mailbox holds its lease (renewed after every batch)

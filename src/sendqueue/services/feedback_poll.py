@@ -156,6 +156,7 @@ class FeedbackPoller:
         *,
         batch: int = BATCH,
         mailboxes: Callable[[], Sequence[PolledMailbox]] | None = None,
+        source_secrets: Sequence[str] = (),
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be at least 1")
@@ -168,6 +169,8 @@ class FeedbackPoller:
         self._config = config
         self._batch = batch
         self._mailboxes = mailboxes
+        #: What is masked out of the errors of ``sources`` (their passwords, as echoed).
+        self._source_secrets = tuple(source_secrets)
         self._owner = f"feedback-{uuid.uuid4().hex[:12]}"
 
     @property
@@ -181,7 +184,8 @@ class FeedbackPoller:
         ``errors`` and kept as its state (the others are still read); an unreachable store
         raises."""
         report = PollReport()
-        boxes = [PolledMailbox(source.name, source) for source in self._sources]
+        secrets = self._source_secrets
+        boxes = [PolledMailbox(s.name, s, secrets=secrets) for s in self._sources]
         if self._mailboxes is not None:
             boxes += self._mailboxes()
         for box in boxes:
@@ -288,6 +292,11 @@ class FeedbackPoller:
         re-created mailbox counts nothing twice."""
         report.messages += 1
         config = self._config
+        # a sender's mailbox may be at another server, which keeps a header forged with the
+        # feedback mailbox server's id: its own ids are trusted there
+        trusted = (
+            config.trusted_authserv if box.sender_id is None else config.sender_mailbox_authserv
+        )
         try:
             items = self._parse(
                 message.raw,
@@ -295,7 +304,7 @@ class FeedbackPoller:
                 key=content_key(box.key, message.raw),
                 bounce_address=config.bounce_address,
                 secret=config.secret_key,
-                trusted_authserv=config.trusted_authserv,
+                trusted_authserv=trusted,
             )
         except FeedbackUnavailable:
             raise  # the parser cannot run at all: the pass stops before its cursor moves

@@ -28,6 +28,7 @@ __all__ = [
     "mailbox_dict",
     "mask_secrets",
     "sender_mailbox_key",
+    "url_secrets",
 ]
 
 #: What replaces a secret in an error kept or shown.
@@ -70,18 +71,38 @@ class PolledMailbox:
     secrets: tuple[str, ...] = ()
 
 
-def _secrets_of(sender: Sender) -> tuple[str, ...]:
-    """The sender's passwords and tokens, as given and percent-decoded."""
-    found: list[str] = []
+def _echoed_forms(secret: str) -> set[str]:
+    """``secret`` as a server's error may give it back: as it is, quoted as IMAP sends it (a
+    backslash before each backslash and double quote), and each of those as a Python bytes
+    repr writes it (the IMAP library quotes the server's reply that way: backslashes doubled
+    again, single quotes escaped or not, non-ASCII as hex escapes)."""
+    forms = {secret, secret.replace("\\", "\\\\").replace('"', '\\"')}
+    for form in list(forms):
+        escaped = repr(form.encode("utf-8", "surrogatepass") + b"'\"")[2:-4]
+        forms |= {escaped, escaped.replace("\\'", "'")}
+    return forms
+
+
+def url_secrets(url: str | None, *more: str | None) -> tuple[str, ...]:
+    """The password of a mailbox ``url`` (as given and percent-decoded) and ``more`` secrets,
+    in every form a server's error may echo them in (:func:`_echoed_forms`), for
+    :func:`mask_secrets`."""
+    found: list[str | None] = list(more)
     try:
-        password = urlsplit(sender.imap or "").password
+        password = urlsplit(url or "").password
     except ValueError:
         password = None
     if password:
         found += [password, unquote(password)]
-    if sender.oauth is not None:
-        found += [sender.oauth.refresh_token, sender.oauth.client_secret or ""]
-    return tuple(s for s in found if s)
+    return tuple(sorted({form for s in found if s for form in _echoed_forms(s)}))
+
+
+def _secrets_of(sender: Sender) -> tuple[str, ...]:
+    """The sender's mailbox password and OAuth secrets (:func:`url_secrets`)."""
+    grant = sender.oauth
+    if grant is None:
+        return url_secrets(sender.imap)
+    return url_secrets(sender.imap, grant.refresh_token, grant.client_secret)
 
 
 def _shown(url: str) -> str:

@@ -241,9 +241,11 @@ class SenderService:
         return sender
 
     def _check(self, sender: Sender) -> None:
-        if sender.transport is not None and self._check_transport is not None:
-            # an OAuth sign-in sends a token, as secret as a password
-            self._check_transport(sender.transport, oauth=sender.oauth is not None)
+        oauth = sender.oauth is not None
+        if (sender.transport is not None or oauth) and self._check_transport is not None:
+            # an OAuth sign-in sends a token, as secret as a password: to its own transport,
+            # or (None) to the configured mailer
+            self._check_transport(sender.transport, oauth=oauth)
         if sender.imap is not None and self._check_imap is not None:
             self._check_imap(sender.imap, oauth=sender.oauth is not None)
         if sender.oauth is not None and self._check_token_url is not None:

@@ -31,7 +31,12 @@ from typing import Any
 from imapclient import IMAPClient
 from imapclient.exceptions import IMAPClientError, LoginError
 
-from sendqueue.adapters.imap.url import ImapUrl, check_imap_url, parse_imap_url
+from sendqueue.adapters.imap.url import (
+    MAX_SENDER_TIMEOUT,
+    ImapUrl,
+    check_imap_url,
+    parse_imap_url,
+)
 from sendqueue.domain.errors import FeedbackUnavailable, InvalidField, OAuthTokenError
 from sendqueue.domain.senders import Sender
 from sendqueue.domain.transports import TransportRules
@@ -100,13 +105,15 @@ class ImapFeedbackSource:
         """The source an ``imap://`` or ``imaps://`` URL names (see
         :func:`~sendqueue.adapters.imap.url.parse_imap_url`); with ``oauth`` it signs in with
         XOAUTH2 as the URL's user (none: ``oauth.user``) and needs no password. With ``rules``
-        (a sender's own mailbox), a URL they refuse is an InvalidField naming ``field`` and
-        nothing opens."""
+        (a sender's own mailbox), a URL they refuse, or whose timeout is over
+        :data:`~sendqueue.adapters.imap.url.MAX_SENDER_TIMEOUT`, is an InvalidField naming
+        ``field`` and nothing opens."""
         signed = oauth is not None
         if rules is None:
             parsed = parse_imap_url(url, field=field, oauth=signed)
         else:
-            parsed = check_imap_url(url, rules, field=field, oauth=signed)
+            limit = MAX_SENDER_TIMEOUT
+            parsed = check_imap_url(url, rules, field=field, oauth=signed, max_timeout=limit)
         return cls(parsed, ssl_context=ssl_context, oauth=oauth)
 
     @classmethod

@@ -23,6 +23,7 @@ from sendqueue.domain.transports import TransportRules
 
 __all__ = [
     "DEFAULT_IMAP_PORTS",
+    "MAX_SENDER_TIMEOUT",
     "ImapUrl",
     "check_imap_url",
     "parse_imap_url",
@@ -33,6 +34,8 @@ __all__ = [
 DEFAULT_IMAP_PORTS: dict[str, int] = {"starttls": 143, "tls": 993, "none": 143}
 _SECURITIES = ("starttls", "tls", "none")
 _FIELD = "feedback_imap"
+#: The longest ``timeout`` a sender's own mailbox may take (:func:`check_imap_url`).
+MAX_SENDER_TIMEOUT = 120.0
 _EXPECTED = "expected imap://user:pass@host:143/INBOX?security=starttls|tls|none or imaps://"
 
 
@@ -107,12 +110,25 @@ def parse_imap_url(url: str, *, field: str = _FIELD, oauth: bool = False) -> Ima
 
 
 def check_imap_url(
-    url: str, rules: TransportRules, *, field: str = _FIELD, oauth: bool = False
+    url: str,
+    rules: TransportRules,
+    *,
+    field: str = _FIELD,
+    oauth: bool = False,
+    max_timeout: float | None = None,
 ) -> ImapUrl:
     """:func:`parse_imap_url` and then ``rules`` (the password, or with ``oauth`` the access
-    token, never in plain text to another machine; only allowed hosts); InvalidField naming
-    ``field``."""
+    token, never in plain text to another machine; only allowed hosts) and, given
+    ``max_timeout`` (a sender's mailbox: :data:`MAX_SENDER_TIMEOUT`), a ``timeout`` of at most
+    that; InvalidField naming ``field``."""
     parsed = parse_imap_url(url, field=field, oauth=oauth)
+    if max_timeout is not None and parsed.timeout > max_timeout:
+        raise InvalidField(
+            field,
+            redact_imap_url(url),
+            f"timeout must be at most {max_timeout:g} seconds: the mailboxes are read one "
+            "after another, and a silent server holds the others back for up to its timeout",
+        )
     rules.check_host(
         field,
         redact_imap_url(url),

@@ -15,7 +15,13 @@ from sendqueue.domain.senders import Sender
 from sendqueue.domain.transports import TransportRules
 from sendqueue.ports import AccessTokens, Mailer, OutgoingMessage
 
-__all__ = ["RefusedTransport", "SenderMailers", "mailer_from_url", "refused_transport"]
+__all__ = [
+    "RefusedTransport",
+    "SenderMailers",
+    "check_sender_transport",
+    "mailer_from_url",
+    "refused_transport",
+]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +83,30 @@ def refused_transport(
     return None
 
 
+def check_sender_transport(
+    url: str | None, rules: TransportRules, configured: str, *, oauth: bool = False
+) -> None:
+    """A sender's transport under ``rules`` (InvalidField naming ``transport``). A sender with
+    ``oauth`` and no transport signs in to the ``configured`` mailer (SENDQUEUE_MAILER) with
+    its access token: when that is SMTP in plain text to another machine (a relay that takes
+    mail without a password), InvalidField naming ``oauth``. Only that rule applies to it (the
+    allow-list is not SENDQUEUE_MAILER's)."""
+    if url is not None:
+        check_mailer_url(url, rules, field="transport", oauth=oauth)
+        return
+    if not oauth or not configured.startswith("smtp:"):
+        return
+    try:
+        check_mailer_url(configured, TransportRules(), oauth=True)
+    except InvalidField as exc:
+        raise InvalidField(
+            "oauth",
+            f"the configured mailer {exc.value} (SENDQUEUE_MAILER)",
+            f"signing in to it with the sender's access token: {exc.reason}; give the sender "
+            "a transport of its own",
+        ) from None
+
+
 class SenderMailers:
     """Each sender's mailer, opened at its first send and closed with :meth:`close`.
 
@@ -117,6 +147,8 @@ class SenderMailers:
         if self._shared is not None:
             return self._shared
         if sender.oauth is not None and url.startswith("smtp:"):
+            if sender.transport is None and (refused := self._configured_refused()) is not None:
+                return refused
             # Every call: a grant changed in the store replaces the one in use.
             token = self._tokens.for_sender(sender)
             key = ("oauth", sender.id, sender.email, url)
@@ -132,6 +164,15 @@ class SenderMailers:
             if key not in self._refused:
                 self._refused[key] = refused_transport(url, self._rules, oauth=oauth)
             return self._refused[key]
+
+    def _configured_refused(self) -> RefusedTransport | None:
+        """The configured mailer's verdict for an OAuth sender without a transport
+        (:func:`check_sender_transport`)."""
+        try:
+            check_sender_transport(None, self._rules, self._default_url, oauth=True)
+        except InvalidField as exc:
+            return RefusedTransport(f"{exc.value}: {exc.reason}")
+        return None
 
     def _get(self, key: tuple[str, ...], build: Callable[[], Mailer]) -> Mailer:
         with self._lock:

@@ -3,7 +3,9 @@
 
 urllib rather than an HTTP client library, as for the alarm webhook and the public URL probe:
 one POST with a timeout needs nothing more (httpx is only a dev dependency). Redirects are
-not followed: a refresh token is posted to the configured endpoint and nowhere else.
+not followed: a refresh token is posted to the configured endpoint and nowhere else. Each
+network step has :data:`TIMEOUT`, the whole request :data:`DEADLINE` (its socket is shut then:
+an endpoint that drips its answer never lets a single read time out); at most 64 KiB is read.
 
 Errors (:class:`~sendqueue.domain.errors.OAuthTokenError`) name the sender, the ``oauth``
 field and the endpoint (without its query), with the endpoint's ``error`` and
@@ -15,11 +17,15 @@ connection failures, an answer that is not the JSON of a token.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import http.client
 import ipaddress
 import json
 import re
+import socket
 import ssl
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -29,10 +35,13 @@ from urllib.parse import urlencode, urlsplit
 from sendqueue.domain.errors import InvalidField, OAuthTokenError
 from sendqueue.domain.senders import OAuthGrant
 
-__all__ = ["TIMEOUT", "Granted", "check_token_url", "endpoint_name", "redeem"]
+__all__ = ["DEADLINE", "TIMEOUT", "Granted", "check_token_url", "endpoint_name", "redeem"]
 
-#: Seconds the token endpoint has to answer.
+#: Seconds each network step (connecting, each read) may take.
 TIMEOUT = 10.0
+#: Seconds the whole request may take: an endpoint that drips its answer a byte at a time
+#: never lets one read time out, so its connection is shut at this deadline.
+DEADLINE = 30.0
 #: The most of an answer read: a token answer is a few kilobytes.
 _MAX_BODY = 65_536
 #: The most of the endpoint's error_description quoted.
@@ -45,6 +54,75 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
     def redirect_request(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+
+class _Watch:
+    """The sockets of one request, shut down (so that a read blocked on one ends) when the
+    request's deadline passes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self.expired = False
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if not self.expired:
+                return
+        _shut(sock)
+
+    def expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class _WatchedHttp(http.client.HTTPConnection):
+    def __init__(self, *args: Any, watch: _Watch, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._watch = watch
+
+    def connect(self) -> None:
+        super().connect()
+        self._watch.add(self.sock)
+
+
+class _WatchedHttps(http.client.HTTPSConnection):
+    def __init__(self, *args: Any, watch: _Watch, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._watch = watch
+
+    def connect(self) -> None:
+        super().connect()
+        self._watch.add(self.sock)
+
+
+class _HttpHandler(urllib.request.HTTPHandler):
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self._watch = watch
+
+    def http_open(self, req: Any) -> Any:
+        return self.do_open(functools.partial(_WatchedHttp, watch=self._watch), req)
+
+
+class _HttpsHandler(urllib.request.HTTPSHandler):
+    def __init__(self, watch: _Watch, context: ssl.SSLContext | None) -> None:
+        super().__init__(context=context)
+        self._watch = watch
+        self._ssl_context = context
+
+    def https_open(self, req: Any) -> Any:
+        connection = functools.partial(_WatchedHttps, watch=self._watch)
+        return self.do_open(connection, req, context=self._ssl_context)
 
 
 @dataclass(frozen=True)
@@ -93,10 +171,12 @@ def redeem(
     who: str,
     *,
     timeout: float = TIMEOUT,
+    deadline: float = DEADLINE,
     ssl_context: ssl.SSLContext | None = None,
 ) -> Granted:
     """POST the refresh-token grant to ``grant.token_url`` and return its answer; raises
-    :class:`OAuthTokenError` (its message starts with ``who``, the sender) otherwise."""
+    :class:`OAuthTokenError` (its message starts with ``who``, the sender) otherwise.
+    ``timeout`` bounds each network step, ``deadline`` the whole request."""
     try:
         check_token_url(grant.token_url)
     except InvalidField as exc:
@@ -120,10 +200,14 @@ def redeem(
             "User-Agent": "sendqueue",
         },
     )
+    watch = _Watch()
     opener = urllib.request.build_opener(
-        _NoRedirect(), urllib.request.HTTPSHandler(context=ssl_context)
+        _NoRedirect(), _HttpHandler(watch), _HttpsHandler(watch, ssl_context)
     )
     where = f"{who}: the token endpoint {endpoint_name(grant.token_url)}"
+    timer = threading.Timer(deadline, watch.expire)
+    timer.daemon = True
+    timer.start()
     try:
         with opener.open(request, timeout=timeout) as answer:
             status, body = answer.status, answer.read(_MAX_BODY)
@@ -131,7 +215,14 @@ def redeem(
         with exc:
             status, body = exc.code, exc.read(_MAX_BODY)
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        if watch.expired:
+            late = f"{where} did not answer within {deadline:g}s"
+            raise OAuthTokenError(late, permanent=False) from exc
         raise OAuthTokenError(f"{where} {_unreachable(exc, timeout)}", permanent=False) from exc
+    finally:
+        timer.cancel()
+    if watch.expired:  # cut off mid-answer: what was read is not the whole of it
+        raise OAuthTokenError(f"{where} did not answer within {deadline:g}s", permanent=False)
     secrets = (grant.refresh_token, grant.client_secret)
     if status != 200:
         raise _refused(where, status, body, secrets)

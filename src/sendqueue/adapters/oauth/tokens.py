@@ -26,13 +26,16 @@ from sendqueue.domain.errors import InfrastructureError, NotFound, OAuthTokenErr
 from sendqueue.domain.senders import OAuthGrant, Sender
 from sendqueue.ports import Clock, SenderStore
 
-__all__ = ["DEFAULT_LIFETIME", "OAuthTokens", "SenderToken", "renew_margin"]
+__all__ = ["DEFAULT_LIFETIME", "MAX_LIFETIME", "OAuthTokens", "SenderToken", "renew_margin"]
 
 log = logging.getLogger(__name__)
 
 #: Seconds a token is taken to live when the endpoint says nothing (``expires_in`` is only
 #: recommended by RFC 6749); a server that refuses it earlier gets a new one at once.
 DEFAULT_LIFETIME = 600.0
+#: The longest a token is kept, whatever ``expires_in`` the endpoint gave (a day; providers give
+#: an hour or two): a huge or infinite lifetime must neither overflow the clock nor pin a token.
+MAX_LIFETIME = 86_400.0
 #: The refresh tokens a sender's grant rotated away from that are remembered (as digests), so
 #: a stale copy of the sender (the worker caches senders for a moment) is not taken for a
 #: grant set anew.
@@ -121,7 +124,7 @@ class SenderToken:
             self._grant = replace(self._grant, refresh_token=granted.refresh_token)
             self._unsaved = (granted.refresh_token, old)
             self._save()
-        lifetime = granted.expires_in or DEFAULT_LIFETIME
+        lifetime = min(granted.expires_in or DEFAULT_LIFETIME, MAX_LIFETIME)
         self._token = granted.access_token
         self._renew_at = now + timedelta(seconds=lifetime - renew_margin(lifetime))
         return granted.access_token

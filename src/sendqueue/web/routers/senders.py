@@ -55,12 +55,26 @@ def _masked(value: Any) -> Any:
     return value
 
 
+#: The fields of a grant that are no secret; any other value under ``oauth`` (a secret, a
+#: misspelt key such as ``refreshToken``, the token given as the grant itself) is never quoted.
+_GRANT_SHOWN = frozenset({"token_url", "client_id", "scope"})
+#: The fields holding a URL with a password: quoted masked, whatever their shape.
+_URL_KEYS = frozenset({"transport", "imap"})
+
+
 def _masked_input(error: dict[str, Any]) -> Any:
-    """A validation error's input, masked: the whole of it when its field is a secret."""
-    loc = error.get("loc") or ()
+    """A validation error's input, masked: the whole of it when its field is a secret or is
+    under ``oauth`` other than a grant's public field; a URL field's by :func:`mask_url`,
+    even when it does not look like a URL (no ``://`` or no ``@``)."""
+    loc = tuple(error.get("loc") or ())
+    value = error.get("input")
     if loc and loc[-1] in _SECRET_KEYS:
         return MASK
-    return _masked(error.get("input"))
+    if "oauth" in loc and loc[-1] not in _GRANT_SHOWN:
+        return MASK
+    if loc and loc[-1] in _URL_KEYS and isinstance(value, str):
+        return mask_url(value)
+    return _masked(value)
 
 
 class _MaskedRoute(APIRoute):
