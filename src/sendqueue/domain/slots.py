@@ -25,7 +25,9 @@ from .errors import InvalidField, NoSendingDay
 from .planner import next_window_instant, plan
 from .policy import SendingPolicy
 
-__all__ = ["free_slots", "in_policy", "nominal_spacing"]
+__all__ = ["free_slots", "in_policy", "into_slot", "nominal_spacing"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 #: Grid slots examined beyond the first batch's estimate; each further batch is twice as large.
 _FIRST_BATCH = 64
@@ -122,3 +124,23 @@ def _near(taken: Sequence[datetime], slot: datetime, gap: timedelta) -> bool:
     if i < len(taken) and taken[i] - slot < gap:
         return True
     return i > 0 and slot - taken[i - 1] < gap
+
+
+def into_slot(send_at: datetime, precision: float) -> timedelta:
+    """How far ``send_at`` lies into its ``precision``-second firing slot (zero when exact).
+
+    Under EventBridge (60 s) an invocation may come anywhere in the minute of the schedule's
+    ``at()`` time, so one from the start of send_at's minute is on time, not early. Sending then
+    never leaves the campaign's windows: their bounds are whole local minutes (so is every zone
+    offset in use since 1972, and so the UTC minute is the local one), and a planned send_at in
+    ``[start, end)`` has its minute's start in it too. A send moves only within its minute, so
+    each day's count is the planned one; the order of sends within one minute may change, as
+    EventBridge's own firing already does. The one planned bound that need not be a whole minute
+    is the campaign's start (``policy.start`` with seconds): its first sends may go out up to
+    59 s before it, never before its minute. The state machine (tests/reliability) checks "never
+    sent before its send time" on the exact embedded layer (precision 0): unchanged there.
+    """
+    if precision <= 0:
+        return timedelta(0)
+    step = round(precision * 1_000_000)
+    return timedelta(microseconds=((send_at - _EPOCH) // timedelta(microseconds=1)) % step)

@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import cast
 
 from sendqueue.domain.addresses import message_id_for
@@ -53,7 +53,7 @@ from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
 from sendqueue.domain.sender_fields import SenderFields, fill_sender
 from sendqueue.domain.senders import Sender
-from sendqueue.domain.slots import in_policy, nominal_spacing
+from sendqueue.domain.slots import in_policy, into_slot, nominal_spacing
 from sendqueue.domain.suppression import Suppression, suppressed_reason
 from sendqueue.domain.tokens import verp_address
 from sendqueue.domain.unsubscribe import personalize
@@ -84,29 +84,6 @@ __all__ = [
 
 #: How early an invocation may arrive (clock skew between hosts) and still send.
 EARLY_TOLERANCE = timedelta(seconds=1)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _into_slot(send_at: datetime, precision: float) -> timedelta:
-    """How far ``send_at`` lies into its ``precision``-second firing slot (zero when exact).
-
-    Under EventBridge (60 s) an invocation may come anywhere in the minute of the schedule's
-    ``at()`` time, so one from the start of send_at's minute is on time, not early. Sending then
-    never leaves the campaign's windows: their bounds are whole local minutes (so is every zone
-    offset in use since 1972, and so the UTC minute is the local one), and a planned send_at in
-    ``[start, end)`` has its minute's start in it too. A send moves only within its minute, so
-    each day's count is the planned one; the order of sends within one minute may change, as
-    EventBridge's own firing already does. The one planned bound that need not be a whole minute
-    is the campaign's start (``policy.start`` with seconds): its first sends may go out up to
-    59 s before it, never before its minute. The state machine (tests/reliability) checks "never
-    sent before its send time" on the exact embedded layer (precision 0): unchanged there.
-    """
-    if precision <= 0:
-        return timedelta(0)
-    step = round(precision * 1_000_000)
-    return timedelta(microseconds=((send_at - _EPOCH) // timedelta(microseconds=1)) % step)
-
-
 #: How long the worker reuses a campaign it read (sender, policy) while the campaign is
 #: sending; the state that decides a send is read fresh after every claim.
 CAMPAIGN_CACHE_SECONDS = 1.0
@@ -265,7 +242,7 @@ class SendWorker:
             log.info("task %s is %s: skipped", task_id, task.state.value)
             return False
         early = task.send_at - self._clock.now()
-        if early > EARLY_TOLERANCE + _into_slot(task.send_at, self._config.firing_precision):
+        if early > EARLY_TOLERANCE + into_slot(task.send_at, self._config.firing_precision):
             # Earlier than the layer ever fires (before the start of send_at's firing slot,
             # the minute under EventBridge): an invocation this early is a stray one (a
             # manual or duplicated fire). Sending now could mean sending at night. The task's
