@@ -16,7 +16,7 @@ from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from sendqueue import bootstrap_feedback
+from sendqueue import bootstrap_feedback, bootstrap_webhooks
 from sendqueue.adapters.alarm import LoggingAlarm, post_json
 from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
@@ -55,6 +55,7 @@ from sendqueue.services.senders import SenderService
 from sendqueue.services.suppression import SuppressionService
 from sendqueue.services.templates import TemplateLimits
 from sendqueue.services.unsubscribe import UnsubscribeService
+from sendqueue.services.webhooks import WebhookDelivery, WebhookService
 from sendqueue.services.worker import SendWorker
 from sendqueue.settings import Settings, load_settings
 
@@ -453,6 +454,14 @@ class Container:
     @cached_property
     def feedback_poller(self) -> FeedbackPoller:
         return bootstrap_feedback.feedback_poller(self)
+
+    @cached_property
+    def webhook_delivery(self) -> WebhookDelivery:
+        return bootstrap_webhooks.webhook_delivery(self)
+
+    @cached_property
+    def webhooks(self) -> WebhookService:
+        return bootstrap_webhooks.webhook_service(self)
 
     @cached_property
     def setup_check(self) -> SetupCheck:
