@@ -177,7 +177,7 @@ def test_add_shows_the_secret_once_and_refuses_bad_fields(world: World) -> None:
         ({"url": "http://x", "campaigns": [""]}, "campaigns"),
     ):
         with pytest.raises(InvalidField) as caught:
-            world.service.add(**kwargs)  # type: ignore[arg-type]
+            world.service.add(**kwargs)
         assert caught.value.field == field
     assert len(world.service.list()) == 1
 
