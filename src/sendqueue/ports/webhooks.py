@@ -32,7 +32,7 @@ class WebhookStore(Protocol):
     - ``update_endpoint`` sets the given fields (an unknown key is ``InvalidField("changes")``)
       and returns the endpoint as stored, or None for an unknown id (nothing written).
     - ``remove_endpoint`` deletes the endpoint and its delivery log; False when unknown.
-    - ``record_deliveries`` appends attempts to the delivery log (all or nothing).
+    - ``record_deliveries`` appends attempts to the delivery log.
     - ``deliveries`` reads one endpoint's log newest first, at most ``limit`` (an unknown
       endpoint reads as []); ``failed_since`` the distinct event ids of its failed attempts at
       or after ``since``, oldest attempt first.
