@@ -116,9 +116,9 @@ class HttpWebhookTransport:
         deadline = started + self._timeout
         try:
             conn.request("POST", target, body=body, headers={**headers, "user-agent": "sendqueue"})
-            response = conn.getresponse()
-            _drain(response, deadline)
-            status = response.status
+            with conn.getresponse() as response:
+                _drain(response, deadline)
+                status = response.status
         except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
             raise WebhookDeliveryFailed(_short(exc)) from None
         finally:
