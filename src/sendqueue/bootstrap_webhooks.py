@@ -37,6 +37,8 @@ def webhook_delivery(c: Container) -> WebhookDelivery:
             retry_base=s.webhook_retry_base,
             retry_cap=s.webhook_retry_cap,
             give_up_after=s.webhook_give_up_after,
+            # a killed worker's endpoints are taken over a few timeouts later
+            lease_seconds=3 * s.webhook_timeout + 5,
         ),
     )
 

@@ -48,8 +48,6 @@ __all__ = ["DeliveryPolicy", "PassReport", "WebhookDelivery"]
 
 log = logging.getLogger(__name__)
 
-LEASE_SECONDS = 120.0
-
 
 @dataclass(frozen=True)
 class DeliveryPolicy:
@@ -59,6 +57,9 @@ class DeliveryPolicy:
     retry_cap: float = 3600.0
     give_up_after: float = 86400.0
     batch: int = 500
+    lease_seconds: float = 35.0
+    """How long an endpoint's lease holds without renewal: a killed worker's endpoints are
+    taken over after it. Renewed during a pass at a third of it."""
 
 
 @dataclass
@@ -104,15 +105,14 @@ class WebhookDelivery:
                 break
             if not endpoint.enabled or (endpoint.retry_at is not None and now < endpoint.retry_at):
                 continue
-            lease = f"webhook:{endpoint.id}"
-            if not self._tasks.acquire_lease(
-                lease, self._owner, ttl_seconds=LEASE_SECONDS, at=self._clock.now()
-            ):
+            lease = _Lease(self._tasks, self._clock, f"webhook:{endpoint.id}", self._owner)
+            lease.ttl = self._policy.lease_seconds
+            if not lease.renew():
                 continue
             try:
-                self._endpoint_pass(endpoint, report, stop)
+                self._endpoint_pass(endpoint, report, stop, lease)
             finally:
-                self._tasks.release_lease(lease, self._owner)
+                lease.release()
         self._prune(now)
         return report
 
@@ -149,7 +149,11 @@ class WebhookDelivery:
         return self._tasks.get_tasks(ids) if ids else {}
 
     def _endpoint_pass(
-        self, endpoint: WebhookEndpoint, report: PassReport, stop: threading.Event | None
+        self,
+        endpoint: WebhookEndpoint,
+        report: PassReport,
+        stop: threading.Event | None,
+        lease: _Lease,
     ) -> None:
         # Read again under the lease: another process may have moved it meanwhile.
         current = self._store.get_endpoint(endpoint.id)
@@ -165,7 +169,7 @@ class WebhookDelivery:
         cursor = current.cursor
         try:
             for entry, event in events:
-                if stop is not None and stop.is_set():
+                if (stop is not None and stop.is_set()) or not lease.hold():
                     break
                 if event is None or not current.wants(event.type, entry.campaign_id):
                     cursor = entry.id
@@ -250,3 +254,31 @@ class WebhookDelivery:
             return
         self._pruned_at = now
         self._store.prune_deliveries(now - timedelta(days=DELIVERY_LOG_DAYS))
+
+
+class _Lease:
+    """An endpoint's store lease, renewed at a third of its time (monotonic clock)."""
+
+    ttl = 35.0
+
+    def __init__(self, tasks: TaskStore, clock: Clock, name: str, owner: str) -> None:
+        self._tasks = tasks
+        self._clock = clock
+        self._name = name
+        self._owner = owner
+        self._renewed = 0.0
+
+    def renew(self) -> bool:
+        at = self._clock.now()
+        held = self._tasks.acquire_lease(self._name, self._owner, ttl_seconds=self.ttl, at=at)
+        self._renewed = time.monotonic()
+        return held
+
+    def hold(self) -> bool:
+        """Still ours: renewed when a third of its time has passed."""
+        if time.monotonic() - self._renewed < self.ttl / 3:
+            return True
+        return self.renew()
+
+    def release(self) -> None:
+        self._tasks.release_lease(self._name, self._owner)
