@@ -36,11 +36,14 @@ def _receive(port_file: str, log: str) -> None:
     lock = threading.Lock()
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as real receivers answer
+
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", "0")))
             with lock:
                 out.write(f"{self.headers['webhook-id']} {time.time():.6f}\n")
             self.send_response(204)
+            self.send_header("content-length", "0")
             self.end_headers()
 
         def log_message(self, *args: object) -> None:
