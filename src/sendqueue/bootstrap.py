@@ -16,7 +16,7 @@ from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from sendqueue import bootstrap_feedback
+from sendqueue import bootstrap_feedback, bootstrap_webhooks
 from sendqueue.adapters.alarm import LoggingAlarm, post_json
 from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
@@ -54,6 +54,7 @@ from sendqueue.services.senders import SenderService
 from sendqueue.services.suppression import SuppressionService
 from sendqueue.services.templates import TemplateLimits
 from sendqueue.services.unsubscribe import UnsubscribeService
+from sendqueue.services.webhooks import WebhookDelivery, WebhookService
 from sendqueue.services.worker import SendWorker
 from sendqueue.settings import Settings, load_settings
 
@@ -249,7 +250,7 @@ class Container:
         return EmbeddedScheduler(
             self.settings.scheduler_url,
             clock=self.clock,
-            alarm=self.alarm,
+            alarm=bootstrap_webhooks.dead_letter_log(self, self.alarm),
             concurrency=self.settings.worker_concurrency,
             retry_backoff=self.settings.scheduler_retry_backoff,
             lease_seconds=self.settings.scheduler_lease,
@@ -263,7 +264,7 @@ class Container:
         return ProcrastinateScheduler(
             s.database_url,
             clock=self.clock,
-            alarm=self.alarm,
+            alarm=bootstrap_webhooks.dead_letter_log(self, self.alarm),
             concurrency=s.worker_concurrency,
             retry_backoff=s.scheduler_retry_backoff,
             poll_interval=s.poll_interval,
@@ -457,6 +458,14 @@ class Container:
     @cached_property
     def feedback_poller(self) -> FeedbackPoller:
         return bootstrap_feedback.feedback_poller(self)
+
+    @cached_property
+    def webhook_delivery(self) -> WebhookDelivery:
+        return bootstrap_webhooks.webhook_delivery(self)
+
+    @cached_property
+    def webhooks(self) -> WebhookService:
+        return bootstrap_webhooks.webhook_service(self)
 
     @cached_property
     def setup_check(self) -> SetupCheck:

@@ -1,5 +1,5 @@
 """The AWS Lambda entry points: ``send_handler``, ``provision_handler``, ``reconcile_handler``,
-``alarm_handler`` and ``feedback_handler``.
+``alarm_handler``, ``feedback_handler`` and ``webhooks_handler``.
 
 All five go through the same composition root: the first invocation in a Lambda execution
 environment builds one :class:`~sendqueue.bootstrap.Container` from the environment
@@ -47,6 +47,12 @@ Events:
   named in ``batchItemFailures``, so SQS delivers only it again and, after the queue's
   ``maxReceiveCount``, moves it to the feedback dead-letter queue; applying feedback twice has
   the effect of once.
+- **webhooks**: any event (the template's one-minute schedule); delivers webhook events
+  (:class:`~sendqueue.services.webhooks.WebhookDelivery` passes, each endpoint under its store
+  lease) for :data:`WEBHOOK_RUN_SECONDS`, or until 15 s before the timeout, then returns: the
+  next run continues from each endpoint's cursor. A pass that fails is logged and the next one
+  tries again; the invocation fails only when its last pass did (Lambda's retries, then the
+  webhooks dead-letter queue).
 
 Each handler returns a small JSON-friendly summary (the feedback handler: SQS's partial batch
 response).
@@ -57,6 +63,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -68,6 +75,7 @@ from sendqueue.services.provisioning import Continuation, ProvisionReport
 from sendqueue.settings import LambdaControlSettings, LambdaSettings, load_settings
 
 __all__ = [
+    "WEBHOOK_RUN_SECONDS",
     "LambdaContext",
     "alarm_document",
     "alarm_handler",
@@ -77,6 +85,7 @@ __all__ = [
     "reconcile_handler",
     "send_handler",
     "use",
+    "webhooks_handler",
 ]
 
 log = logging.getLogger(__name__)
@@ -384,3 +393,37 @@ def feedback_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[s
             failures.append({"itemIdentifier": message_id})
     log.info("feedback: %d records, %s, %d failed", len(records), dict(counts), len(failures))
     return {"batchItemFailures": failures}
+
+
+# -- webhooks ------------------------------------------------------------------------------
+#: How long one webhooks invocation delivers (its schedule runs it every minute).
+WEBHOOK_RUN_SECONDS = 50.0
+
+
+def webhooks_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """Deliver webhook events for about a minute (see the module docstring)."""
+    c = container(LambdaControlSettings)
+    left = _time_left(context)
+    delivery = c.webhook_delivery
+    wait = c.settings.webhook_poll_interval
+    totals: Counter[str] = Counter()
+    deadline = time.monotonic() + min(WEBHOOK_RUN_SECONDS, max(0.0, left() - 15.0))
+    failed: Exception | None = None
+    while True:
+        try:
+            report = delivery.run_pass()
+        except Exception as exc:  # the next pass tries again; the last one's failure raises
+            log.exception("webhooks: a delivery pass failed")
+            failed, full = exc, False
+        else:
+            failed, full = None, report.full
+            totals.update(
+                delivered=report.delivered, failed=report.failed, disabled=report.disabled
+            )
+        if time.monotonic() >= deadline:
+            break
+        if not full:
+            time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+    if failed is not None:
+        raise failed
+    return {"status": "handled", **{k: totals[k] for k in ("delivered", "failed", "disabled")}}

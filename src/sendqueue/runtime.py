@@ -1,5 +1,5 @@
-"""Running a worker process: the dispatcher, the send workers, the periodic reconciler and the
-periodic poll of the feedback mailbox (when one is configured)."""
+"""Running a worker process: the dispatcher, the send workers, the periodic reconciler, the
+periodic poll of the feedback mailbox (when one is configured) and the webhook deliveries."""
 
 from __future__ import annotations
 
@@ -47,12 +47,14 @@ def run_worker(
     The dispatcher runs in this thread; the reconciler in a daemon thread that sleeps on
     ``stop`` so shutdown is immediate. In-flight sends finish before this returns. With a
     feedback mailbox configured, another daemon thread polls it every ``feedback_interval``
-    seconds (SENDQUEUE_FEEDBACK_INTERVAL), the first time at start.
+    seconds (SENDQUEUE_FEEDBACK_INTERVAL), the first time at start. Webhook deliveries run in
+    their own daemon thread (:func:`_start_webhook_loop`), never on the send path.
     """
     interval = reconcile_interval or app.settings.reconcile_interval
     feedback = _start_feedback_loop(
         app, stop, feedback_interval or app.config.feedback_interval, on_feedback
     )
+    webhooks = _start_webhook_loop(app, stop)
     dispatcher = app.dispatcher
     announce_unsubscribe_links(app)
     # Before the first missed schedule fires: emails missed while no worker ran are moved to
@@ -70,6 +72,7 @@ def run_worker(
         finally:
             stop.set()
             _join(feedback)
+            _join(webhooks)
         return
 
     def reconcile_loop() -> None:
@@ -91,6 +94,7 @@ def run_worker(
         stop.set()
         thread.join(timeout=30)
         _join(feedback)
+        _join(webhooks)
 
 
 def _start_feedback_loop(
@@ -118,6 +122,30 @@ def _start_feedback_loop(
                 break
 
     thread = threading.Thread(target=feedback_loop, name="feedback-poll", daemon=True)
+    thread.start()
+    return thread
+
+
+def _start_webhook_loop(app: Container, stop: threading.Event) -> threading.Thread:
+    """Deliver webhook events in a daemon thread: a pass every SENDQUEUE_WEBHOOK_POLL_INTERVAL
+    seconds, at once again while a pass read a full batch (a backlog drains at full speed).
+    Each endpoint is held under its store lease during its pass, so several workers share the
+    endpoints and never deliver one endpoint's events out of order."""
+    delivery = app.webhook_delivery
+    interval = app.settings.webhook_poll_interval
+
+    def webhook_loop() -> None:
+        while not stop.is_set():
+            wait = interval
+            try:
+                if delivery.run_pass(stop).full:
+                    wait = 0.0
+            except Exception:  # a failed pass must not kill the worker; the next one retries
+                log.exception("webhook delivery pass failed")
+            if stop.wait(wait):
+                break
+
+    thread = threading.Thread(target=webhook_loop, name="webhooks", daemon=True)
     thread.start()
     return thread
 

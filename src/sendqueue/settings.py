@@ -32,7 +32,7 @@ from .settings_checks import (
     trusted_networks,
 )
 from .settings_errors import load_settings
-from .settings_transport import TransportSettings
+from .settings_webhooks import WebhookSettings
 
 __all__ = [
     "DynamoDbUrl",
@@ -92,7 +92,7 @@ def _sqlite_url(url: str) -> bool:
     return url.split(":", 1)[0] in {"sqlite", "sqlite+pysqlite"}
 
 
-class Settings(TransportSettings):
+class Settings(WebhookSettings):
     """sendqueue's settings. docs/settings.md lists each variable, rendered from these fields
     by :mod:`sendqueue.settings_reference`."""
 

@@ -24,6 +24,7 @@ from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, schedule_group
 from sendqueue.ports import Schedule
+from sendqueue.services.webhooks import WebhookDelivery
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from tests.aws.test_ses_mailer import sent_messages
@@ -38,6 +39,7 @@ from tests.support.aws import (
     world,
 )
 from tests.support.eventbridge_player import EventBridgePlayer, FakeContext
+from tests.unit.test_webhooks import Receiver
 
 TABLE = "sendqueue"
 PROVISION_ARN = f"arn:aws:lambda:{REGION}:123456789012:function:sendqueue-provision"
@@ -472,3 +474,20 @@ def test_the_container_is_built_once_from_the_environment(
         built = lambda_handlers.container()
         lambda_handlers.use()
         built.close()
+
+
+def test_the_webhooks_function_delivers_the_events_made_since_its_last_run(aws: Aws) -> None:
+    receiver = Receiver()
+    store: Any = aws.app.store
+    aws.app.__dict__["webhook_delivery"] = WebhookDelivery(store, store, receiver, aws.clock)
+    endpoint = aws.app.webhooks.add("https://hooks.example.com/in").endpoint
+    cid = aws.create_campaign(3)
+    lambda_handlers.provision_handler({"campaignId": cid}, FakeContext(PROVISION_ARN, 900_000))
+    aws.app.campaigns.cancel_task(f"{cid}-1")
+    # 15.2 s left: it delivers for 0.2 s (15 s are kept for the rest of the invocation)
+    report = lambda_handlers.webhooks_handler({}, FakeContext(PROVISION_ARN, 15_200))
+    assert report == {"status": "handled", "delivered": 1, "failed": 0, "disabled": 0}
+    assert [b["type"] for _, _, b in receiver.got] == ["email.cancelled"]
+    assert aws.app.webhooks.get(endpoint.id).cursor == aws.app.store.last_change_id()
+    again = lambda_handlers.webhooks_handler({}, FakeContext(PROVISION_ARN, 15_000))
+    assert again["delivered"] == 0 and len(receiver.got) == 1

@@ -59,6 +59,7 @@ HANDLERS = {
     "ProvisionFunction": "sendqueue.lambda_handlers.provision_handler",
     "ReconcileFunction": "sendqueue.lambda_handlers.reconcile_handler",
     "FeedbackFunction": "sendqueue.lambda_handlers.feedback_handler",
+    "WebhooksFunction": "sendqueue.lambda_handlers.webhooks_handler",
 }
 #: What the mailer is with the default parameters: SES in the stack's region, naming the
 #: configuration set the stack makes (its bounces and complaints reach the feedback function).
@@ -427,18 +428,42 @@ def test_the_alarm_email_subscription_is_optional(sam: dict[str, Any]) -> None:
 
 # -- the reconcile schedule -----------------------------------------------------------------------
 def test_the_reconciler_runs_every_30_minutes_outside_the_sends_group(cfn: dict[str, Any]) -> None:
+    schedules = _of_type(cfn, "AWS::Scheduler::Schedule")
+    assert set(schedules) == {"ReconcileSchedule", "WebhooksSchedule"}
+    _check_own_schedule(cfn, schedules["ReconcileSchedule"], "ReconcileFunction", 30)
+
+
+def _check_own_schedule(
+    cfn: dict[str, Any], schedule: dict[str, Any], function: str, minutes: int
+) -> None:
+    """A schedule of the stack's own: every ``minutes``, outside the sends' group, as a role
+    that may invoke ``function`` and nothing else."""
     resolve = Resolver(cfn, PARAMETERS)
-    schedules = list(_of_type(cfn, "AWS::Scheduler::Schedule").values())
-    assert len(schedules) == 1
-    props = resolve(schedules[0]["Properties"])
-    assert props["ScheduleExpression"] == "rate(30 minutes)"
-    assert props["Target"]["Arn"] == resolve.get_att("ReconcileFunction", "Arn")
+    props = resolve(schedule["Properties"])
+    assert props["ScheduleExpression"] == (
+        f"rate({minutes} minutes)" if minutes > 1 else "rate(1 minute)"
+    )
+    assert props["Target"]["Arn"] == resolve.get_att(function, "Arn")
     # Not in the dedicated group: the reconciler reads everything there as a send schedule.
     assert props.get("GroupName", "default") != resolve.ref("ScheduleGroup")
-    role = cfn["Resources"][schedules[0]["Properties"]["Target"]["RoleArn"]["Fn::GetAtt"][0]]
+    role = cfn["Resources"][schedule["Properties"]["Target"]["RoleArn"]["Fn::GetAtt"][0]]
     assert _grants(_statements(role, resolve)) == {
-        ("lambda:InvokeFunction", resolve.get_att("ReconcileFunction", "Arn"))
+        ("lambda:InvokeFunction", resolve.get_att(function, "Arn"))
     }
+
+
+def test_webhooks_run_every_minute_and_dead_letter_failed_runs(cfn: dict[str, Any]) -> None:
+    schedules = _of_type(cfn, "AWS::Scheduler::Schedule")
+    _check_own_schedule(cfn, schedules["WebhooksSchedule"], "WebhooksFunction", 1)
+    resolve = Resolver(cfn, PARAMETERS)
+    (config,) = (
+        c
+        for c in _of_type(cfn, "AWS::Lambda::EventInvokeConfig").values()
+        if resolve(c["Properties"]["FunctionName"]) == resolve.ref("WebhooksFunction")
+    )
+    destination = resolve(config["Properties"]["DestinationConfig"]["OnFailure"]["Destination"])
+    assert destination == resolve.get_att("WebhooksDeadLetterQueue", "Arn")
+    assert destination != resolve.get_att("DeadLetterQueue", "Arn")
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -565,6 +590,8 @@ SCHEDULER_NEEDS = {
     "ReconcileFunction": {"CreateSchedule", "GetSchedule", "DeleteSchedule", "ListSchedules"},
     # the schedules of the Pending emails a bounce or a complaint cancels
     "FeedbackFunction": {"DeleteSchedule"},
+    # webhooks read the change log and write endpoints and their log: no schedule
+    "WebhooksFunction": set(),
 }
 LOGS = {"logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"}
 
@@ -610,6 +637,10 @@ def test_each_function_may_do_what_its_code_calls_and_no_more(
         want |= {
             (f"sqs:{a}", queue) for a in ("ReceiveMessage", "DeleteMessage", "GetQueueAttributes")
         }
+    if function == "WebhooksFunction":
+        # the delivery log is appended and pruned in batches; failed runs go to its own queue
+        want.add(("dynamodb:BatchWriteItem", table))
+        want.add(("sqs:SendMessage", resolve.get_att("WebhooksDeadLetterQueue", "Arn")))
     if function == "ProvisionFunction":
         want.add(("lambda:InvokeFunction", own_arn))  # the continuation, and nothing else
     if function == "ReconcileFunction":

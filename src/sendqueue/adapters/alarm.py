@@ -139,6 +139,18 @@ class LoggingAlarm:
             self.mail.add(pause)
         self._enqueue(f"auto-pause of {pause.campaign_id}", auto_pause_document(pause))
 
+    def webhook_disabled(self, endpoint_id: str, url: str, reason: str) -> None:
+        """:class:`~sendqueue.ports.webhooks.WebhookAlarm`: an endpoint was disabled."""
+        host = webhook_host(url)
+        log.error("webhook %s (%s) disabled: %s", endpoint_id, host, reason)
+        document: dict[str, object] = {
+            "event": "webhook_disabled",
+            "endpoint_id": endpoint_id,
+            "host": host,
+            "reason": reason,
+        }
+        self._enqueue(f"webhook {endpoint_id} disabled", document)
+
     def _enqueue(self, what: str, document: dict[str, object]) -> None:
         if self.webhook_url is None:
             return

@@ -20,6 +20,7 @@ from sendqueue.cli import (
     setup,
     suppression,
     task,
+    webhook,
     worker,
 )
 from sendqueue.cli.common import err, out, use_config, widen_help
@@ -39,6 +40,7 @@ app.add_typer(dlq.dlq_app, name="dlq")
 app.add_typer(sender.sender_app, name="sender")
 app.add_typer(suppression.suppression_app, name="suppression")
 app.add_typer(feedback.feedback_app, name="feedback")
+app.add_typer(webhook.webhook_app, name="webhook")
 app.add_typer(db.db_app, name="db")
 
 

@@ -18,6 +18,7 @@
         ├── FeedbackUnavailable     the feedback mailbox (IMAP) could not be read
         ├── FeedbackParseFailed     one feedback message's parser failed, timed out or died
         ├── OAuthTokenError         a sender's OAuth token endpoint gave no access token
+        ├── WebhookDeliveryFailed   a webhook endpoint did not answer 2xx (or was refused)
         └── MailError               the mail provider refused or failed
             ├── TransientMailError  4xx, connection errors, timeouts: try again later
             └── PermanentMailError  5xx: do not try again
@@ -54,6 +55,7 @@ __all__ = [
     "StoreUnavailable",
     "Throttled",
     "TransientMailError",
+    "WebhookDeliveryFailed",
 ]
 
 
@@ -197,6 +199,17 @@ class OAuthTokenError(InfrastructureError):
     def __init__(self, message: str, *, permanent: bool) -> None:
         super().__init__(message)
         self.permanent = permanent
+
+
+class WebhookDeliveryFailed(InfrastructureError):
+    """A webhook delivery failed: a refused target, no connection, a timeout or a non-2xx
+    answer. The message is short and safe to log (never the response body); ``status`` is the
+    HTTP status when one came back."""
+
+    def __init__(self, reason: str, *, status: int | None = None) -> None:
+        self.reason = reason
+        self.status = status
+        super().__init__(reason)
 
 
 class MailError(InfrastructureError):

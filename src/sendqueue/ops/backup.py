@@ -66,6 +66,8 @@ _STORE_TABLES = (
     "sender_bookings",
     "sender_days",
     "sender_contacts",
+    "webhook_endpoints",
+    "webhook_deliveries",
 )
 _SCHEDULER_TABLES = ("schedules", "dead_letters")
 

@@ -77,6 +77,9 @@ class MigrationReport:
     senders: int = 0
     bookings: int = 0
     """Sender bookings (planned and sent) copied."""
+    webhooks: int = 0
+    """Webhook endpoints copied, with their secrets and cursors (change ids are copied as
+    they are, so each resumes where it was); their delivery logs stay behind."""
     pending: int = 0
     schedules_created: int = 0
     schedule_errors: list[str] = field(default_factory=list)
@@ -154,6 +157,7 @@ def _copy(
     report.soft_bounces = _copy_soft_bounces(source, target, batch)
     report.feedback_cursors = _copy_feedback_cursors(source, target)
     report.senders, report.bookings = _copy_senders(source, target, batch)
+    report.webhooks = _copy_webhooks(source, target)
     # Ids were copied as they were; new ids must exceed them (migration 0004's rebase).
     target.execute(sa.text("SELECT sq_change_log_rebase()"))
 
@@ -177,6 +181,16 @@ def _copy_soft_bounces(source: sa.Connection, target: sa.Connection, batch: int)
         insert = postgresql.insert(table).values(rows).on_conflict_do_nothing()
         added += len(target.execute(insert.returning(table.c.email)).all())
     return added
+
+
+def _copy_webhooks(source: sa.Connection, target: sa.Connection) -> int:
+    """The webhook endpoints, insert-or-keep by id; how many were new there."""
+    table = schema.webhook_endpoints
+    rows = [dict(row._mapping) for row in source.execute(sa.select(table))]
+    if not rows:
+        return 0
+    insert = postgresql.insert(table).values(rows).on_conflict_do_nothing()
+    return len(target.execute(insert.returning(table.c.id)).all())
 
 
 def _copy_feedback_cursors(source: sa.Connection, target: sa.Connection) -> int:

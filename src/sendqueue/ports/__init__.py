@@ -20,6 +20,9 @@ the contract tests in ``tests/contract`` check, against the in-memory fakes in
   pauses a campaign after too many failures in a row.
 - :class:`Events` hears what happened (sends, dead letters, alarms, repairs), for the metrics.
 - :class:`Clock` tells the time, so tests can run on a fake one.
+- :class:`~sendqueue.ports.webhooks.WebhookStore` keeps webhook endpoints, their delivery
+  positions and the delivery log (every task store keeps them too);
+  :class:`~sendqueue.ports.webhooks.WebhookTransport` POSTs one signed delivery.
 - :class:`~sendqueue.ports.senders.SenderStore` keeps senders and the slots their sends book
   (every task store keeps them too).
 - :class:`~sendqueue.ports.oauth.AccessTokens` hands out each sender's OAuth 2.0
@@ -67,6 +70,13 @@ from sendqueue.ports.scheduler import (
     Target,
 )
 from sendqueue.ports.senders import SenderStore
+from sendqueue.ports.webhooks import (
+    EndpointChanges,
+    WebhookAlarm,
+    WebhookResponse,
+    WebhookStore,
+    WebhookTransport,
+)
 
 __all__ = [
     "AccessToken",
@@ -76,6 +86,7 @@ __all__ = [
     "Clock",
     "CreateArgs",
     "Dispatcher",
+    "EndpointChanges",
     "Events",
     "FeedbackMessage",
     "FeedbackSource",
@@ -93,6 +104,10 @@ __all__ = [
     "SuppressionList",
     "Target",
     "TaskStore",
+    "WebhookAlarm",
+    "WebhookResponse",
+    "WebhookStore",
+    "WebhookTransport",
 ]
 
 

@@ -45,6 +45,7 @@ from sendqueue.testing.feedback import InMemoryFeedback
 from sendqueue.testing.guard import guarded as _guarded
 from sendqueue.testing.senders import InMemorySenders
 from sendqueue.testing.suppressions import InMemorySuppressions
+from sendqueue.testing.webhooks import InMemoryWebhooks
 
 __all__ = ["InMemoryTaskStore"]
 
@@ -61,9 +62,10 @@ def _utc_or_none(value: datetime | None) -> datetime | None:
     return None if value is None else utc(value)
 
 
-class InMemoryTaskStore(InMemorySuppressions, InMemoryFeedback, InMemorySenders):
+class InMemoryTaskStore(InMemorySuppressions, InMemoryFeedback, InMemorySenders, InMemoryWebhooks):
     """:class:`~sendqueue.ports.TaskStore`, :class:`~sendqueue.ports.SuppressionList` and
-    :class:`~sendqueue.ports.FeedbackStore` in memory; thread-safe, one lock.
+    :class:`~sendqueue.ports.FeedbackStore` and the webhooks' store in memory; thread-safe, one
+    lock.
 
     :meth:`set_available` simulates an outage: while unavailable, every method raises
     :class:`~sendqueue.domain.errors.StoreUnavailable`, as a real store does when its database
@@ -74,6 +76,7 @@ class InMemoryTaskStore(InMemorySuppressions, InMemoryFeedback, InMemorySenders)
         InMemorySuppressions.__init__(self)
         InMemoryFeedback.__init__(self)
         InMemorySenders.__init__(self)
+        InMemoryWebhooks.__init__(self)
         self._lock = threading.RLock()
         self._available = True
         self._campaigns: dict[str, Campaign] = {}

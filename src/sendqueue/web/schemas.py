@@ -7,6 +7,7 @@ prints; the models here wrap or extend them.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -17,7 +18,9 @@ from sendqueue.services.views import (
     IsoTime,
     SuppressionView,
     TaskView,
+    iso,
 )
+from sendqueue.services.webhooks import DeliveryView, WebhookCreated, WebhookView
 
 __all__ = [
     "READ_ERRORS",
@@ -27,6 +30,8 @@ __all__ = [
     "CampaignWithTimeline",
     "CreatedCampaign",
     "DeadLetterList",
+    "DeliveryList",
+    "DeliveryOut",
     "ErrorBody",
     "ErrorInfo",
     "Health",
@@ -50,6 +55,10 @@ __all__ = [
     "SuppressionRemoved",
     "TaskPage",
     "TimelineDay",
+    "WebhookList",
+    "WebhookOut",
+    "WebhookRemoved",
+    "WebhookWithSecret",
     "error_responses",
 ]
 
@@ -262,6 +271,80 @@ class SenderRemoved(BaseModel):
     email: str
 
 
+class WebhookOut(BaseModel):
+    """A webhook endpoint (``webhook list --json``): its secret masked."""
+
+    id: str = Field(description="wh_ and 16 hex digits")
+    url: str
+    event_types: list[str] = Field(description="the event types it receives; empty: all")
+    campaign_ids: list[str] = Field(description="the campaigns it hears about; empty: all")
+    enabled: bool
+    disabled_reason: str | None = Field(description="why it is disabled; null when enabled")
+    created_at: IsoTime
+    secret: str | None = Field(description="masked: whsec_*** and its last 4 characters")
+    previous_secret_expires_at: IsoTime | None = Field(
+        description="until when the previous secret signs too (after a rotation); null: none"
+    )
+    cursor: int = Field(description="the change-log id delivered up to")
+    attempts: int = Field(description="failed attempts of the event at its head (0: none)")
+    retry_at: IsoTime | None = Field(description="when its head event is tried again")
+    failing_since: IsoTime | None = Field(description="since when its head event fails")
+
+    @classmethod
+    def of(cls, view: WebhookView) -> WebhookOut:
+        return cls(
+            **{
+                **asdict(view),
+                "created_at": iso(view.created_at),
+                "previous_secret_expires_at": iso(view.previous_secret_expires_at),
+                "retry_at": iso(view.retry_at),
+                "failing_since": iso(view.failing_since),
+            }
+        )
+
+
+class WebhookList(BaseModel):
+    webhooks: list[WebhookOut]
+
+
+class WebhookWithSecret(WebhookOut):
+    """An endpoint just added or rotated: ``signing_secret`` is shown this once."""
+
+    signing_secret: str = Field(
+        description="whsec_ and base64; store it now, it is not shown again"
+    )
+
+    @classmethod
+    def created(cls, made: WebhookCreated) -> WebhookWithSecret:
+        return cls(**WebhookOut.of(made.endpoint).model_dump(), signing_secret=made.secret)
+
+
+class WebhookRemoved(BaseModel):
+    removed: str = Field(description="the id of the endpoint deleted")
+
+
+class DeliveryOut(BaseModel):
+    """One delivery attempt from the log (kept 7 days)."""
+
+    event_id: str
+    event_type: str
+    at: IsoTime
+    attempt: int = Field(description="1 for the first try of the event")
+    latency_ms: int
+    status: int | None = Field(description="the HTTP status; null when none came back")
+    error: str | None = Field(description="a short reason (never the response body); null: ok")
+    redelivery: bool = Field(description="asked for by a user (redeliver)")
+    ok: bool
+
+    @classmethod
+    def of(cls, view: DeliveryView) -> DeliveryOut:
+        return cls(**{**asdict(view), "at": iso(view.at)})
+
+
+class DeliveryList(BaseModel):
+    deliveries: list[DeliveryOut]
+
+
 class ErrorInfo(BaseModel):
     """The inside of every error response (docs/api.md, "Errors")."""
 
@@ -292,7 +375,7 @@ class Health(BaseModel):
 _ERROR_TEXT = {
     401: "no or wrong token (`WWW-Authenticate: Bearer`)",
     403: "CSRF token missing or wrong (session cookie requests)",
-    404: "unknown campaign, task, dead letter, suppressed address or sender",
+    404: "unknown campaign, task, dead letter, suppressed address, sender or webhook",
     409: "illegal transition or conflict (an address taken, a sender with planned emails)",
     413: "body or CSV larger than SENDQUEUE_MAX_UPLOAD_BYTES",
     415: "not the body's documented media type",

@@ -77,6 +77,7 @@ from sendqueue.adapters.dynamodb.table import (
     WRITERS,
 )
 from sendqueue.adapters.dynamodb.tasks import TaskItems
+from sendqueue.adapters.dynamodb.webhooks import WebhookItems
 from sendqueue.domain.errors import (
     Conflict,
     InvalidField,
@@ -102,7 +103,9 @@ from sendqueue.domain.senders import Booking
 __all__ = ["DynamoDbTaskStore"]
 
 
-class DynamoDbTaskStore(TaskItems, SuppressionItems, FeedbackItems, SenderItems, BookingItems):
+class DynamoDbTaskStore(
+    TaskItems, SuppressionItems, FeedbackItems, SenderItems, BookingItems, WebhookItems
+):
     """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`,
     :mod:`~sendqueue.adapters.dynamodb.suppressions`; :class:`~sendqueue.ports.FeedbackStore`,
     :mod:`~sendqueue.adapters.dynamodb.feedback`; :class:`~sendqueue.ports.SenderStore`,

@@ -33,6 +33,9 @@ key attributes are the contract with the template and must stay stable:
 ``BK#<task id>``    ``#``        the task's booking: the slot's attributes, ``v`` its version,
                                  ``fr`` old slots still to free (a large move, in JSON)
 ``ST#<address>``    ``#``        the first sender a recipient was booked on: ``sid``
+``webhook``         id           a webhook endpoint: one attribute per field, each its JSON
+``WD#<endpoint>``   time#seq     one delivery attempt: ``ev``, ``et``, ``at``, ``n``, ``ms``,
+                                 ``sc`` (status), ``er`` (error), ``rd`` (redelivery)
 ==================  ===========  ==============================================================
 
 The sender items need no index: every read of them is a query of one partition's sort-key

@@ -43,6 +43,7 @@ from sendqueue.adapters.sql.schema import WRITE, UtcDateTime, create_store_engin
 from sendqueue.adapters.sql.senders import SenderTables
 from sendqueue.adapters.sql.sidetables import SideTables
 from sendqueue.adapters.sql.suppressions import SuppressionTables
+from sendqueue.adapters.sql.webhooks import WebhookTables
 from sendqueue.domain.errors import Conflict, InvalidField, NotFound
 from sendqueue.domain.lifecycle import (
     CampaignState,
@@ -67,7 +68,7 @@ from sendqueue.domain.senders import Booking
 __all__ = ["SqlTaskStore"]
 
 
-class SqlTaskStore(SideTables, SuppressionTables, FeedbackTables, SenderTables):
+class SqlTaskStore(SideTables, SuppressionTables, FeedbackTables, SenderTables, WebhookTables):
     """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`,
     :class:`~sendqueue.ports.FeedbackStore`, :class:`~sendqueue.ports.SenderStore`) over a SQL
     database; one subclass per dialect.

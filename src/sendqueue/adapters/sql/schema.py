@@ -44,6 +44,8 @@ __all__ = [
     "sqlite_text",
     "suppressions",
     "tasks",
+    "webhook_deliveries",
+    "webhook_endpoints",
 ]
 
 BUSY_TIMEOUT_SECONDS = 30.0
@@ -377,6 +379,58 @@ sender_contacts = sa.Table(
     metadata,
     sa.Column("recipient", sa.Text, primary_key=True),
     sa.Column("sender_id", sa.String(200), nullable=False),
+)
+
+
+#: Webhook endpoints (migration 0009): where events go, their signing secrets (stored as
+#: made: they sign every delivery) and their delivery position (``cursor``, the change-log id
+#: delivered up to, and the head event's failures).
+webhook_endpoints = sa.Table(
+    "webhook_endpoints",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("event_types", _json(), nullable=False),
+    sa.Column("campaign_ids", _json(), nullable=False),
+    sa.Column("enabled", sa.Boolean, nullable=False),
+    sa.Column("disabled_reason", sa.Text, nullable=True),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("secret", sa.Text, nullable=False),
+    sa.Column("previous_secret", sa.Text, nullable=True),
+    sa.Column("previous_secret_expires_at", UtcDateTime, nullable=True),
+    sa.Column("cursor", sa.BigInteger, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("retry_at", UtcDateTime, nullable=True),
+    sa.Column("failing_since", UtcDateTime, nullable=True),
+)
+
+#: The delivery log (migration 0009): one row per attempt, read per endpoint newest first,
+#: pruned by time.
+webhook_deliveries = sa.Table(
+    "webhook_deliveries",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column(
+        "endpoint_id",
+        sa.String(64),
+        sa.ForeignKey("webhook_endpoints.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("event_id", sa.String(64), nullable=False),
+    sa.Column("event_type", sa.String(64), nullable=False),
+    sa.Column("at", UtcDateTime, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("latency_ms", sa.Integer, nullable=False),
+    sa.Column("status", sa.Integer, nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("redelivery", sa.Boolean, nullable=False),
+    sa.Index("ix_webhook_deliveries_endpoint_id_id", "endpoint_id", "id"),
+    sa.Index("ix_webhook_deliveries_at", "at"),
 )
 
 

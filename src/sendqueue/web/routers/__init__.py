@@ -16,6 +16,7 @@ from sendqueue.web.routers import (
     suppressions,
     tasks,
     unsubscribe,
+    webhooks,
 )
 
 __all__ = ["ROUTERS"]
@@ -28,6 +29,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     dead_letters.router,
     suppressions.router,
     senders.router,
+    webhooks.router,
     pages.router,
     auth.router,
     unsubscribe.router,

@@ -1,0 +1,211 @@
+"""The webhooks' store on SQL (:class:`WebhookTables`, a base of
+:class:`~sendqueue.adapters.sql.base.SqlTaskStore`): the same statements on both databases.
+
+Endpoints are one row each (filters as JSON lists), changed with one ``UPDATE ... RETURNING``;
+the delivery log is appended in one multi-row INSERT, read through its index (endpoint, id)
+newest first and pruned through its index on ``at``. Removing an endpoint deletes its log in
+the same transaction.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from sendqueue.adapters.sql import rows
+from sendqueue.adapters.sql import schema as tables
+from sendqueue.domain.errors import Conflict
+from sendqueue.domain.models import check_limit, utc
+from sendqueue.domain.webhooks import (
+    DEAD_LETTER,
+    DeliveryRecord,
+    EndpointChanges,
+    WebhookEndpoint,
+    checked_endpoint_changes,
+)
+
+__all__ = ["WebhookTables"]
+
+_E = tables.webhook_endpoints.c
+_D = tables.webhook_deliveries.c
+
+
+def _endpoint(row: Any) -> WebhookEndpoint:
+    m = row._mapping
+    return WebhookEndpoint(
+        id=m["id"],
+        url=m["url"],
+        created_at=m["created_at"],
+        secret=m["secret"],
+        event_types=tuple(m["event_types"] or ()),
+        campaign_ids=tuple(m["campaign_ids"] or ()),
+        enabled=bool(m["enabled"]),
+        disabled_reason=m["disabled_reason"],
+        previous_secret=m["previous_secret"],
+        previous_secret_expires_at=m["previous_secret_expires_at"],
+        cursor=int(m["cursor"]),
+        attempts=int(m["attempts"]),
+        retry_at=m["retry_at"],
+        failing_since=m["failing_since"],
+    )
+
+
+def _values(values: dict[str, Any]) -> dict[str, Any]:
+    for key in ("event_types", "campaign_ids"):
+        if key in values:
+            values[key] = list(values[key])
+    return values
+
+
+def _record(row: Any) -> DeliveryRecord:
+    m = row._mapping
+    return DeliveryRecord(
+        endpoint_id=m["endpoint_id"],
+        event_id=m["event_id"],
+        event_type=m["event_type"],
+        at=m["at"],
+        attempt=int(m["attempt"]),
+        latency_ms=int(m["latency_ms"]),
+        status=m["status"],
+        error=m["error"],
+        redelivery=bool(m["redelivery"]),
+    )
+
+
+class WebhookTables(ABC):
+    """:class:`~sendqueue.ports.webhooks.WebhookStore` over the store's transactions."""
+
+    @abstractmethod
+    def _write(self, action: str) -> AbstractContextManager[Connection]:
+        """A write transaction (see SqlTaskStore)."""
+
+    @abstractmethod
+    def _read(self, action: str) -> AbstractContextManager[Connection]:
+        """A read-only connection (see SqlTaskStore)."""
+
+    @abstractmethod
+    def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
+        """Append change-log rows inside the caller's transaction (see SqlTaskStore)."""
+
+    def log_dead_letter(self, task_id: str, error: str, *, at: datetime) -> bool:
+        T = tables.tasks.c
+        query = sa.select(T.campaign_id, T.state).where(T.id == task_id)
+        with self._write("log a dead letter") as conn:
+            found = conn.execute(query).first()
+            if found is None:
+                return False
+            entry = rows.log_row(
+                found.campaign_id, task_id, found.state, DEAD_LETTER, utc(at), error[:500]
+            )
+            self._log(conn, [entry])
+        return True
+
+    def add_endpoint(self, endpoint: WebhookEndpoint) -> None:
+        values = _values(
+            {
+                "id": endpoint.id,
+                "url": endpoint.url,
+                "event_types": endpoint.event_types,
+                "campaign_ids": endpoint.campaign_ids,
+                "enabled": endpoint.enabled,
+                "disabled_reason": endpoint.disabled_reason,
+                "created_at": utc(endpoint.created_at),
+                "secret": endpoint.secret,
+                "previous_secret": endpoint.previous_secret,
+                "previous_secret_expires_at": endpoint.previous_secret_expires_at,
+                "cursor": endpoint.cursor,
+                "attempts": endpoint.attempts,
+                "retry_at": endpoint.retry_at,
+                "failing_since": endpoint.failing_since,
+            }
+        )
+        with self._write("add a webhook endpoint") as conn:
+            found = conn.execute(sa.select(_E.id).where(_E.id == endpoint.id)).first()
+            if found is not None:
+                raise Conflict(f"webhook {endpoint.id!r} already exists")
+            conn.execute(sa.insert(tables.webhook_endpoints).values(values))
+
+    def get_endpoint(self, endpoint_id: str) -> WebhookEndpoint | None:
+        query = sa.select(tables.webhook_endpoints).where(_E.id == endpoint_id)
+        with self._read("get a webhook endpoint") as conn:
+            row = conn.execute(query).first()
+        return None if row is None else _endpoint(row)
+
+    def list_endpoints(self) -> list[WebhookEndpoint]:
+        query = sa.select(tables.webhook_endpoints).order_by(_E.created_at, _E.id)
+        with self._read("list webhook endpoints") as conn:
+            return [_endpoint(row) for row in conn.execute(query)]
+
+    def update_endpoint(self, endpoint_id: str, changes: EndpointChanges) -> WebhookEndpoint | None:
+        values = _values(checked_endpoint_changes(changes))
+        if not values:
+            return self.get_endpoint(endpoint_id)
+        statement = (
+            sa.update(tables.webhook_endpoints)
+            .where(_E.id == endpoint_id)
+            .values(values)
+            .returning(tables.webhook_endpoints)
+        )
+        with self._write("update a webhook endpoint") as conn:
+            row = conn.execute(statement).first()
+        return None if row is None else _endpoint(row)
+
+    def remove_endpoint(self, endpoint_id: str) -> bool:
+        with self._write("remove a webhook endpoint") as conn:
+            conn.execute(sa.delete(tables.webhook_deliveries).where(_D.endpoint_id == endpoint_id))
+            gone = conn.execute(
+                sa.delete(tables.webhook_endpoints).where(_E.id == endpoint_id).returning(_E.id)
+            ).first()
+        return gone is not None
+
+    def record_deliveries(self, records: Sequence[DeliveryRecord]) -> None:
+        if not records:
+            return
+        rows = [
+            {
+                "endpoint_id": r.endpoint_id,
+                "event_id": r.event_id,
+                "event_type": r.event_type,
+                "at": utc(r.at),
+                "attempt": r.attempt,
+                "latency_ms": r.latency_ms,
+                "status": r.status,
+                "error": r.error,
+                "redelivery": r.redelivery,
+            }
+            for r in records
+        ]
+        with self._write("record webhook deliveries") as conn:
+            conn.execute(sa.insert(tables.webhook_deliveries), rows)
+
+    def deliveries(self, endpoint_id: str, *, limit: int = 100) -> list[DeliveryRecord]:
+        check_limit(limit)
+        query = (
+            sa.select(tables.webhook_deliveries)
+            .where(_D.endpoint_id == endpoint_id)
+            .order_by(_D.id.desc())
+            .limit(limit)
+        )
+        with self._read("read webhook deliveries") as conn:
+            return [_record(row) for row in conn.execute(query)]
+
+    def failed_since(self, endpoint_id: str, since: datetime) -> list[str]:
+        query = (
+            sa.select(_D.event_id, sa.func.min(_D.id).label("first"))
+            .where(_D.endpoint_id == endpoint_id, _D.at >= utc(since), _D.error.is_not(None))
+            .group_by(_D.event_id)
+            .order_by("first")
+        )
+        with self._read("read failed webhook deliveries") as conn:
+            return [row.event_id for row in conn.execute(query)]
+
+    def prune_deliveries(self, before: datetime) -> int:
+        statement = sa.delete(tables.webhook_deliveries).where(_D.at < utc(before))
+        with self._write("prune webhook deliveries") as conn:
+            return int(conn.execute(statement).rowcount or 0)

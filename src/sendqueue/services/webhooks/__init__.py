@@ -1,0 +1,26 @@
+"""Webhooks: events out of the change log, signed per Standard Webhooks, delivered in order and
+at least once. :class:`WebhookService` holds the endpoints' use cases, :class:`WebhookDelivery`
+the delivery loop's pass (docs/webhooks.md)."""
+
+from sendqueue.services.webhooks.delivery import DeliveryPolicy, PassReport, WebhookDelivery
+from sendqueue.services.webhooks.endpoints import MAX_REDELIVER, WebhookService
+from sendqueue.services.webhooks.views import (
+    MASKED_SECRET,
+    DeliveryView,
+    WebhookCreated,
+    WebhookView,
+    mask_secret,
+)
+
+__all__ = [
+    "MASKED_SECRET",
+    "MAX_REDELIVER",
+    "DeliveryPolicy",
+    "DeliveryView",
+    "PassReport",
+    "WebhookCreated",
+    "WebhookDelivery",
+    "WebhookService",
+    "WebhookView",
+    "mask_secret",
+]

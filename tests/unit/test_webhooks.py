@@ -1,0 +1,362 @@
+"""Webhooks on the fakes: the events a change log makes, Standard Webhooks signatures (checked
+with hmac per the spec: the ``standardwebhooks`` package is not installed here), the
+endpoints' use cases, and the delivery pass (order, head-of-line blocking, back-off, disable,
+redelivery with the same ids)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from sendqueue.domain.errors import InvalidField, NotFound, WebhookDeliveryFailed
+from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
+from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter
+from sendqueue.domain.webhook_safety import signature_header, verify
+from sendqueue.domain.webhooks import EventType, backoff, event_id, event_of
+from sendqueue.ports.webhooks import WebhookResponse
+from sendqueue.services.webhooks import DeliveryPolicy, WebhookDelivery, WebhookService
+from sendqueue.services.webhooks.dead_letters import DeadLetterLog
+from sendqueue.testing.alarm import RecordingAlarm
+from sendqueue.testing.clock import FakeClock
+from sendqueue.testing.store import InMemoryTaskStore
+from sendqueue.testing.tasks import bare_task
+from tests.support.app import T0, open_policy
+
+CID = "c00000000000a"
+
+
+class Receiver:
+    """A WebhookTransport that records what it got and fails while ``down``."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, dict[str, str], dict[str, object]]] = []
+        self.down = False
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> WebhookResponse:
+        if self.down:
+            raise WebhookDeliveryFailed("HTTP 503 (not 2xx)", status=503)
+        self.got.append((url, dict(headers), json.loads(body)))
+        return WebhookResponse(200, 1)
+
+    @property
+    def ids(self) -> list[str]:
+        return [h["webhook-id"] for _, h, _ in self.got]
+
+
+class Alarm:
+    def __init__(self) -> None:
+        self.disabled: list[tuple[str, str]] = []
+
+    def webhook_disabled(self, endpoint_id: str, url: str, reason: str) -> None:
+        self.disabled.append((endpoint_id, reason))
+
+
+class World:
+    def __init__(self) -> None:
+        self.clock = FakeClock(T0)
+        self.store = InMemoryTaskStore()
+        self.receiver = Receiver()
+        self.alarm = Alarm()
+        self.delivery = WebhookDelivery(
+            self.store,
+            self.store,
+            self.receiver,
+            self.clock,
+            alarm=self.alarm,
+            policy=DeliveryPolicy(retry_base=5, retry_cap=60, give_up_after=600),
+        )
+        self.service = WebhookService(
+            self.store, self.store, self.clock, self.delivery, production=False
+        )
+        campaign = Campaign(
+            id=CID,
+            name="c",
+            policy=open_policy(),
+            from_addr="a@example.com",
+            state=CampaignState.ACTIVE,
+        )
+        self.store.create_campaign(campaign, [])
+
+    def send(self, position: int) -> None:
+        task = bare_task(CID, position, T0)
+        self.store.insert_tasks([task], at=T0)
+        self.store.transition(task.id, TaskState.PENDING, TaskState.RUNNING, at=T0)
+        self.store.transition(
+            task.id,
+            TaskState.RUNNING,
+            TaskState.FINISHED,
+            at=T0,
+            changes={"sent_at": T0, "message_id": f"<m{position}@x>"},
+        )
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+def entry(
+    to: str, *, frm: str | None = "Running", task: str | None = "t", note: str | None = None
+) -> ChangeLogEntry:
+    return ChangeLogEntry(7, CID, task, frm, to, T0, note)
+
+
+@pytest.mark.parametrize(
+    ("change", "kind"),
+    [
+        (entry("Finished"), EventType.EMAIL_SENT),
+        (entry("Failed", note="550 no"), EventType.EMAIL_FAILED),
+        (entry("Cancelled", frm="Pending", note="suppressed"), EventType.EMAIL_CANCELLED),
+        (entry("Finished", frm="Finished", note="outcome: bounced"), EventType.EMAIL_BOUNCED),
+        (entry("Finished", frm="Finished", note="outcome: replied"), EventType.EMAIL_REPLIED),
+        (
+            entry("Finished", frm="Finished", note="outcome: unsubscribed"),
+            EventType.EMAIL_UNSUBSCRIBED,
+        ),
+        (
+            entry("Finished", frm="Finished", note="outcome: complained"),
+            EventType.EMAIL_COMPLAINED,
+        ),
+        (entry("completed", frm="active", task=None), EventType.CAMPAIGN_COMPLETED),
+        (entry("paused", frm="active", task=None), EventType.CAMPAIGN_PAUSED),
+    ],
+)
+def test_change_log_entries_map_to_event_types(change: ChangeLogEntry, kind: EventType) -> None:
+    event = event_of(change)
+    assert event is not None
+    assert event.type is kind
+    assert event.id == "evt_7"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        entry("Running", frm="Pending"),
+        entry("Pending", frm="Running"),
+        entry("Pending", frm="Pending", note="moved: x"),
+        entry("progress", frm=None, task=None),
+        entry("Finished", frm="Finished", note="outcome: accepted (unverified reply)"),
+    ],
+)
+def test_other_changes_make_no_event(change: ChangeLogEntry) -> None:
+    assert event_of(change) is None
+
+
+def test_signature_follows_the_standard_webhooks_spec() -> None:
+    key = b"0123456789abcdef01234567"
+    secret = "whsec_" + base64.b64encode(key).decode()
+    body = b'{"a":1}'
+    expected = base64.b64encode(
+        hmac.new(key, b"evt_1.1700000000." + body, hashlib.sha256).digest()
+    ).decode()
+    header = signature_header([secret], "evt_1", 1700000000, body)
+    assert header == f"v1,{expected}"
+    assert verify(secret, "evt_1", 1700000000, body, header)
+    assert not verify(secret, "evt_1", 1700000001, body, header)
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    assert [backoff(n, base=5, cap=60) for n in range(6)] == [0, 5, 10, 20, 40, 60]
+
+
+def test_add_shows_the_secret_once_and_refuses_bad_fields(world: World) -> None:
+    created = world.service.add("http://hooks.example.com/in", events=["email.sent"])
+    assert created.secret.startswith("whsec_")
+    assert len(base64.b64decode(created.secret[6:])) >= 24
+    shown = world.service.get(created.endpoint.id)
+    assert created.secret not in repr(shown)
+    assert shown.secret is not None and shown.secret.startswith("whsec_***")
+    for kwargs, field in (
+        ({"url": "ftp://x"}, "url"),
+        ({"url": "http://x", "events": ["email.nope"]}, "events"),
+        ({"url": "http://x", "campaigns": [""]}, "campaigns"),
+    ):
+        with pytest.raises(InvalidField) as caught:
+            world.service.add(**kwargs)
+        assert caught.value.field == field
+    assert len(world.service.list()) == 1
+
+
+def test_production_refuses_http(world: World) -> None:
+    service = WebhookService(world.store, world.store, world.clock, world.delivery, production=True)
+    with pytest.raises(InvalidField, match="https"):
+        service.add("http://hooks.example.com/in")
+    assert service.add("https://hooks.example.com/in").endpoint.url.startswith("https")
+
+
+def test_events_arrive_in_order_signed_with_their_change_ids(world: World) -> None:
+    created = world.service.add("http://hooks.example.com/in")
+    for position in range(3):
+        world.send(position)
+    report = world.delivery.run_pass()
+    assert report.delivered == 3
+    assert [body["type"] for _, _, body in world.receiver.got] == ["email.sent"] * 3
+    data = world.receiver.got[0][2]["data"]
+    assert isinstance(data, dict)
+    assert data["recipient"] == "r0@example.com"
+    assert data["message_id"] == "<m0@x>"
+    assert data["outcome"] == "accepted"
+    for _, headers, body in world.receiver.got:
+        raw = json.dumps(body, separators=(",", ":")).encode()
+        assert verify(
+            created.secret,
+            headers["webhook-id"],
+            int(headers["webhook-timestamp"]),
+            raw,
+            headers["webhook-signature"],
+        )
+    assert world.delivery.run_pass().delivered == 0
+
+
+def test_a_failing_head_blocks_the_rest_then_all_arrive_once_in_order(world: World) -> None:
+    endpoint = world.service.add("http://hooks.example.com/in").endpoint
+    world.receiver.down = True
+    world.send(0)
+    world.send(1)
+    world.delivery.run_pass()
+    state = world.service.get(endpoint.id)
+    assert state.attempts == 1
+    assert state.retry_at == T0 + timedelta(seconds=5)
+    world.delivery.run_pass()  # before retry_at: nothing tried
+    assert world.service.get(endpoint.id).attempts == 1
+    world.clock.advance(5)
+    world.delivery.run_pass()
+    assert world.service.get(endpoint.id).retry_at == T0 + timedelta(seconds=15)
+    world.receiver.down = False
+    world.clock.advance(10)
+    assert world.delivery.run_pass().delivered == 2
+    ids = world.receiver.ids
+    assert ids == sorted(ids, key=lambda i: int(i[4:]))
+    log = world.service.deliveries(endpoint.id)
+    assert [d.ok for d in log][:2] == [True, True]
+    assert [d.attempt for d in log if d.event_id == ids[0]] == [3, 2, 1]
+
+
+def test_an_endpoint_failing_past_the_limit_is_disabled_and_the_alarm_says_so(
+    world: World,
+) -> None:
+    endpoint = world.service.add("http://hooks.example.com/in").endpoint
+    world.receiver.down = True
+    world.send(0)
+    for _ in range(30):
+        world.delivery.run_pass()
+        world.clock.advance(60)
+    view = world.service.get(endpoint.id)
+    assert not view.enabled
+    assert view.disabled_reason is not None and "503" in view.disabled_reason
+    assert [d[0] for d in world.alarm.disabled] == [endpoint.id]
+    world.receiver.down = False
+    world.send(1)
+    world.delivery.run_pass()
+    assert world.receiver.got == []
+    world.service.update(endpoint.id, enabled=True)
+    world.delivery.run_pass()
+    assert len(world.receiver.got) == 2
+
+
+def test_filters_skip_other_types_and_campaigns(world: World) -> None:
+    world.service.add("http://a.example.com/", events=["campaign.paused"])
+    world.service.add("http://b.example.com/", campaigns=["c0000000000ff"])
+    world.send(0)
+    world.store.set_campaign_state(CID, [CampaignState.ACTIVE], CampaignState.PAUSED, at=T0)
+    world.delivery.run_pass()
+    assert [(u, b["type"]) for u, _, b in world.receiver.got] == [
+        ("http://a.example.com/", "campaign.paused")
+    ]
+
+
+def test_redelivery_sends_the_same_ids_out_of_band(world: World) -> None:
+    endpoint = world.service.add("http://hooks.example.com/in").endpoint
+    world.send(0)
+    world.delivery.run_pass()
+    first = world.receiver.ids[0]
+    again = world.service.redeliver(endpoint.id, event_ids=[first])
+    assert [d.event_id for d in again] == [first]
+    assert again[0].redelivery
+    assert world.receiver.ids == [first, first]
+    assert world.service.get(endpoint.id).cursor == int(first[4:])
+    with pytest.raises(InvalidField) as caught:
+        world.service.redeliver(endpoint.id, event_ids=["evt_1"])  # a claim makes no event
+    assert caught.value.field == "events"
+    with pytest.raises(InvalidField):
+        world.service.redeliver(endpoint.id)
+
+
+def test_failed_since_redelivers_the_failed_events(world: World) -> None:
+    endpoint = world.service.add("http://hooks.example.com/in").endpoint
+    world.receiver.down = True
+    world.send(0)
+    world.delivery.run_pass()
+    world.receiver.down = False
+    sent = world.service.redeliver(endpoint.id, failed_since=T0)
+    assert [d.ok for d in sent] == [True]
+    assert world.receiver.ids == [sent[0].event_id]
+
+
+def test_rotation_signs_with_both_secrets_for_a_day(world: World) -> None:
+    created = world.service.add("http://hooks.example.com/in")
+    rotated = world.service.rotate_secret(created.endpoint.id)
+    assert rotated.secret != created.secret
+    world.send(0)
+    world.delivery.run_pass()
+    _, headers, body = world.receiver.got[0]
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    signature = headers["webhook-signature"]
+    assert len(signature.split()) == 2
+    for secret in (created.secret, rotated.secret):
+        assert verify(
+            secret, headers["webhook-id"], int(headers["webhook-timestamp"]), raw, signature
+        )
+    world.clock.advance(86401)
+    world.store.set_outcome(f"{CID}-0", TaskOutcome.BOUNCED, detail="5.1.1", at=world.clock.now())
+    world.delivery.run_pass()
+    assert world.receiver.got[1][2]["type"] == "email.bounced"
+    assert len(world.receiver.got[1][1]["webhook-signature"].split()) == 1
+
+
+def test_remove_and_unknown_ids(world: World) -> None:
+    endpoint = world.service.add("http://hooks.example.com/in").endpoint
+    world.service.remove(endpoint.id)
+    for call in (
+        lambda: world.service.get(endpoint.id),
+        lambda: world.service.remove(endpoint.id),
+        lambda: world.service.update(endpoint.id, url="http://x.example.com"),
+        lambda: world.service.deliveries(endpoint.id),
+    ):
+        with pytest.raises(NotFound):
+            call()
+
+
+def test_an_event_id_is_the_change_id() -> None:
+    assert event_id(42) == "evt_42"
+    event = event_of(replace(entry("Finished"), id=42))
+    assert event is not None
+    assert event.id == "evt_42"
+
+
+def test_a_dead_letter_becomes_a_dead_letter_event_and_the_alarm_still_goes_out(
+    world: World,
+) -> None:
+    world.service.add("http://hooks.example.com/in")
+    task = bare_task(CID, 0, T0)
+    world.store.insert_tasks([task], at=T0)
+    recorded = RecordingAlarm()
+    alarm = DeadLetterLog(recorded, lambda: world.store, world.clock)
+    letter = DeadLetter("dl1", "sq-x.0", "sq-c", {"task_id": task.id}, "store down", 3, T0)
+    alarm.raise_alarm(letter)
+    alarm.raise_alarm(replace(letter, id="dl2", payload={"task_id": "nope-1"}))
+    assert [x.id for x in recorded.letters] == ["dl1", "dl2"]
+    world.delivery.run_pass()
+    assert [(b["type"], b["data"]["reason"]) for _, _, b in world.receiver.got] == [  # type: ignore[index]
+        ("dead_letter", "store down")
+    ]
+    world.store.set_available(False)
+    alarm.raise_alarm(replace(letter, id="dl3"))  # the store is down: the alarm goes out
+    assert [x.id for x in recorded.letters][-1] == "dl3"

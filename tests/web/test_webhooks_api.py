@@ -1,0 +1,101 @@
+"""``/api/webhooks`` on real SQLite files: add (the secret once), list, get, update, remove,
+rotate, redeliver and the delivery log; errors name the field and change nothing; the secret
+is masked in every other answer."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from sendqueue.domain.lifecycle import TaskState
+from sendqueue.services.webhooks import WebhookDelivery
+from tests.unit.test_webhooks import Receiver
+from tests.web.conftest import Web
+from tests.web.test_api import _error
+
+URL = "http://hooks.example.com/in"
+
+
+def _receiver(web: Web) -> Receiver:
+    """Deliveries of this container go to an in-process receiver."""
+    receiver = Receiver()
+    store = cast(Any, web.container.store)
+    web.container.__dict__["webhook_delivery"] = WebhookDelivery(store, store, receiver, web.clock)
+    return receiver
+
+
+def _add(web: Web, **body: Any) -> dict[str, Any]:
+    response = web.client.post("/api/webhooks", json={"url": URL, **body})
+    assert response.status_code == 201, response.text
+    data: dict[str, Any] = response.json()
+    assert response.headers["location"] == f"/api/webhooks/{data['id']}"
+    return data
+
+
+def test_add_list_get_update_remove(web: Web) -> None:
+    made = _add(web, events=["email.sent", "email.failed"])
+    secret = made["signing_secret"]
+    assert secret.startswith("whsec_") and made["secret"].startswith("whsec_***")
+    assert made["id"].startswith("wh_") and made["enabled"]
+    listed = web.client.get("/api/webhooks")
+    assert [w["id"] for w in listed.json()["webhooks"]] == [made["id"]]
+    one = web.client.get(f"/api/webhooks/{made['id']}")
+    for response in (listed, one):
+        assert secret not in response.text and secret[6:] not in response.text
+    assert one.json()["event_types"] == ["email.sent", "email.failed"]
+    changed = web.client.patch(
+        f"/api/webhooks/{made['id']}", json={"enabled": False, "campaigns": ["c1"]}
+    )
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["enabled"] is False
+    assert changed.json()["disabled_reason"] == "disabled by a user"
+    assert changed.json()["campaign_ids"] == ["c1"]
+    assert web.client.delete(f"/api/webhooks/{made['id']}").json() == {"removed": made["id"]}
+    _error(web.client.get(f"/api/webhooks/{made['id']}"), 404)
+
+
+def test_bad_input_names_the_field_and_stores_nothing(web: Web) -> None:
+    for body, field in (
+        ({"url": "ftp://x.example.com"}, "url"),
+        ({"url": URL, "events": ["email.nope"]}, "events"),
+        ({"url": URL, "campaigns": [" "]}, "campaigns"),
+    ):
+        error = _error(web.client.post("/api/webhooks", json=body), 422)
+        assert error["field"] == field
+    _error(web.client.post("/api/webhooks", json={"url": URL, "secret": "x"}), 422)
+    assert web.client.get("/api/webhooks").json() == {"webhooks": []}
+    made = _add(web)
+    error = _error(web.client.patch(f"/api/webhooks/{made['id']}", json={"url": "gopher://x"}), 422)
+    assert error["field"] == "url"
+    assert web.client.get(f"/api/webhooks/{made['id']}").json()["url"] == URL
+    _error(web.client.patch(f"/api/webhooks/{made['id']}", json={}), 422)
+
+
+def test_rotate_redeliver_and_the_log(web: Web) -> None:
+    receiver = _receiver(web)
+    made = _add(web)
+    rotated = web.client.post(f"/api/webhooks/{made['id']}/rotate-secret")
+    assert rotated.status_code == 200, rotated.text
+    assert rotated.json()["signing_secret"] != made["signing_secret"]
+    assert rotated.json()["previous_secret_expires_at"] is not None
+    cid = web.active(1)
+    store = web.container.store
+    at = web.clock.now()
+    assert store.transition(f"{cid}-0", TaskState.PENDING, TaskState.CANCELLED, at=at, note="x")
+    web.container.webhook_delivery.run_pass()
+    assert [b["type"] for _, _, b in receiver.got] == ["email.cancelled"]
+    assert cast(dict[str, Any], receiver.got[0][2]["data"])["reason"] == "x"
+    event = receiver.ids[0]
+    again = web.client.post(f"/api/webhooks/{made['id']}/redeliver", json={"events": [event]})
+    assert again.status_code == 200, again.text
+    assert [d["event_id"] for d in again.json()["deliveries"]] == [event]
+    assert receiver.ids == [event, event]
+    log = web.client.get(f"/api/webhooks/{made['id']}/deliveries").json()["deliveries"]
+    assert [(d["event_id"], d["redelivery"], d["ok"]) for d in log] == [
+        (event, True, True),
+        (event, False, True),
+    ]
+    error = _error(
+        web.client.post(f"/api/webhooks/{made['id']}/redeliver", json={"events": ["nope"]}), 422
+    )
+    assert error["field"] == "events"
+    _error(web.client.post("/api/webhooks/wh_0/redeliver", json={"events": [event]}), 404)
