@@ -402,6 +402,7 @@ def webhooks_page(request: Request, c: ContainerDep) -> Response:
             log=None,
             event_types=event_types(),
             campaigns=_campaign_choices(c),
+            poll_ms=round(c.settings.ui_poll_interval * 1000),
         )
     except _PAGE_ERRORS as exc:
         return error_page(request, exc)
@@ -425,6 +426,7 @@ def webhook_page(
             log=log,
             event_types=event_types(),
             campaigns=_campaign_choices(c),
+            poll_ms=round(c.settings.ui_poll_interval * 1000),
         )
     except _PAGE_ERRORS as exc:
         return error_page(request, exc)

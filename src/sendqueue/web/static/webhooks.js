@@ -73,6 +73,20 @@
     }
   }
 
+  // Deliveries happen in the worker: while the page is visible and nobody is working in its
+  // lists (focus or an open filter form there), draw them again every poll interval.
+  const pollMs = Number(list.dataset.pollMs) || 5000;
+  function busy() {
+    const active = document.activeElement;
+    const lists = [document.getElementById("webhooks"), document.getElementById("delivery-log")];
+    return lists.some((node) => node && (node.contains(active) || node.querySelector("details[open]")));
+  }
+  window.setInterval(() => {
+    if (!document.hidden && !busy()) {
+      refresh();
+    }
+  }, pollMs);
+
   function card(id) {
     return document.getElementById("webhook-" + id);
   }
@@ -180,7 +194,7 @@
   };
 
   async function redeliver(body) {
-    const id = list.querySelector("[data-webhook-id]").dataset.webhookId;
+    const id = document.querySelector("#webhooks [data-webhook-id]").dataset.webhookId;
     const sent = await sq.api("POST", "/api/webhooks/" + encodeURIComponent(id) + "/redeliver", body);
     const ok = sent.deliveries.filter((d) => d.ok).length;
     return "Redelivered " + sq.plural(sent.deliveries.length, "event") + ": " + ok + " delivered, " +
