@@ -38,6 +38,7 @@ from bench import (
     stream,
     suppressions,
     throughput,
+    webhooks,
 )
 from bench.common import (
     ROOT,
@@ -64,6 +65,7 @@ BENCHMARKS = (
     "changelog",
     "feedback",
     "feedback_parse",
+    "webhooks",
 )
 
 
@@ -135,6 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="API during a hostile poll: most seconds timed during (30)")  # fmt: skip
     g.add_argument("--feedback-bytes", type=int, default=feedback_parse.SIZE,
                    help="feedback parse: bytes per hostile message (1 MiB)")  # fmt: skip
+    g.add_argument("--webhook-events", type=int, default=5_000, help="webhooks: backlog drained")
+    g.add_argument("--webhook-rate", type=float, default=1_000.0, help="webhooks: events/s made")
+    g.add_argument("--webhook-seconds", type=float, default=10.0, help="webhooks: seconds made")
     return p.parse_args(argv)
 
 
@@ -366,6 +371,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     if "imports" in chosen:
         attempt("imports", lambda: imports.run((args.import_rows[0], args.import_rows[1])))
+    if "webhooks" in chosen:
+        attempt(
+            "webhooks",
+            lambda: webhooks.run(
+                events=args.webhook_events, rate=args.webhook_rate, seconds=args.webhook_seconds
+            ),
+        )
     if "suppressions" in chosen:
         sizes = (args.suppression_rows[0], args.suppression_rows[1])
         attempt("suppressions", lambda: suppressions.run(sizes))

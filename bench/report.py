@@ -222,6 +222,25 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         )
     if "suppressions" in b:
         rows += _suppression_rows(b["suppressions"])
+    if "webhooks" in b:
+        w = b["webhooks"]
+        rows.append(
+            (
+                "15 webhooks: backlog drained, events/s (SQLite, local receiver)",
+                f"{w['drain']['drain_per_s']:,.0f}",
+                f"made at {w['drain']['making_per_s']:,.0f}/s",
+                f"{w['drain']['ratio']:.2f}x",
+            )
+        )
+        lag = w["lag"]
+        rows.append(
+            (
+                f"15 webhooks: lag at {lag['rate']:,.0f} events/s, p50 / p99 (s)",
+                f"{lag['lag_p50_s']:.2f} / {lag['lag_p99_s']:.2f}",
+                "target p99 <= 1 s",
+                f"{lag['lost']} lost",
+            )
+        )
     return rows
 
 

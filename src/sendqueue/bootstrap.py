@@ -250,7 +250,7 @@ class Container:
         return EmbeddedScheduler(
             self.settings.scheduler_url,
             clock=self.clock,
-            alarm=self.alarm,
+            alarm=bootstrap_webhooks.dead_letter_log(self, self.alarm),
             concurrency=self.settings.worker_concurrency,
             retry_backoff=self.settings.scheduler_retry_backoff,
             lease_seconds=self.settings.scheduler_lease,
@@ -264,7 +264,7 @@ class Container:
         return ProcrastinateScheduler(
             s.database_url,
             clock=self.clock,
-            alarm=self.alarm,
+            alarm=bootstrap_webhooks.dead_letter_log(self, self.alarm),
             concurrency=s.worker_concurrency,
             retry_backoff=s.scheduler_retry_backoff,
             poll_interval=s.poll_interval,

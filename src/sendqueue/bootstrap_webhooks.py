@@ -7,13 +7,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from sendqueue.adapters.webhooks import HttpWebhookTransport
+from sendqueue.ports import Alarm
 from sendqueue.ports.webhooks import WebhookAlarm, WebhookStore, WebhookTransport
 from sendqueue.services.webhooks import DeliveryPolicy, WebhookDelivery, WebhookService
+from sendqueue.services.webhooks.dead_letters import DeadLetterLog
 
 if TYPE_CHECKING:
     from sendqueue.bootstrap import Container
 
-__all__ = ["webhook_delivery", "webhook_service", "webhook_transport"]
+__all__ = ["dead_letter_log", "webhook_delivery", "webhook_service", "webhook_transport"]
+
+
+def dead_letter_log(c: Container, alarm: Alarm) -> Alarm:
+    """The alarm, logging each dead letter's task to the change log first (``dead_letter``
+    events; see :mod:`sendqueue.services.webhooks.dead_letters`)."""
+    return DeadLetterLog(alarm, lambda: cast(WebhookStore, c.store), c.clock)
 
 
 def webhook_transport(c: Container) -> WebhookTransport:

@@ -10,10 +10,23 @@ from typing import Protocol, cast
 import pytest
 
 from sendqueue.domain.errors import Conflict, InvalidField
-from sendqueue.domain.webhooks import DeliveryRecord, EndpointChanges, WebhookEndpoint
+from sendqueue.domain.webhooks import (
+    DEAD_LETTER,
+    DeliveryRecord,
+    EndpointChanges,
+    WebhookEndpoint,
+)
 from sendqueue.ports import TaskStore
 from sendqueue.ports.webhooks import WebhookStore
-from tests.contract.test_task_store import T0, Backend, backend, is_utc
+from tests.contract.test_task_store import (
+    T0,
+    Backend,
+    backend,
+    campaign,
+    is_utc,
+    make_task,
+    recipients,
+)
 
 __all__ = ["backend"]  # the fixture: every store of the TaskStore contract
 
@@ -154,3 +167,18 @@ def test_remove_deletes_the_endpoint_and_its_log(store: Store) -> None:
     assert not store.remove_endpoint("wh_1")
     store.add_endpoint(endpoint())
     assert store.deliveries("wh_1") == []
+
+
+def test_a_dead_letter_is_logged_as_a_change_of_its_task(store: Store) -> None:
+    store.create_campaign(campaign(), recipients(1))
+    store.insert_tasks([make_task("c1", 0)], at=T0)
+    before = store.last_change_id()
+    assert store.log_dead_letter("c1-0", "boom " * 200, at=T0 + timedelta(minutes=1))
+    entries = store.changes_after(before)
+    assert [(e.task_id, e.from_state, e.to_state) for e in entries] == [
+        ("c1-0", "Pending", DEAD_LETTER)
+    ]
+    assert entries[0].campaign_id == "c1" and entries[0].note == ("boom " * 200)[:500]
+    assert entries[0].at == T0 + timedelta(minutes=1)
+    assert not store.log_dead_letter("c1-9", "boom", at=T0)
+    assert store.last_change_id() == entries[0].id

@@ -134,3 +134,35 @@ def test_a_redirect_is_a_failure_and_bodies_are_never_quoted() -> None:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_kept_alive_connection_carries_the_next_delivery_and_a_closed_one_is_replaced() -> None:
+    peers: list[int] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            peers.append(self.client_address[1])
+            self.send_response(204)
+            self.send_header("content-length", "0")
+            if self.headers.get("x-close"):
+                self.send_header("connection", "close")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    transport = HttpWebhookTransport(AllowList.parse("127.0.0.1"))
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/"
+    try:
+        for headers in ({}, {"x-close": "1"}, {}, {}):
+            assert transport.post(url, b"{}", headers).status == 204
+        assert peers[0] == peers[1] != peers[2] == peers[3]
+    finally:
+        transport.close()
+        httpd.shutdown()
+        httpd.server_close()

@@ -17,11 +17,13 @@ import pytest
 
 from sendqueue.domain.errors import InvalidField, NotFound, WebhookDeliveryFailed
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
-from sendqueue.domain.models import Campaign, ChangeLogEntry
+from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter
 from sendqueue.domain.webhook_safety import signature_header, verify
 from sendqueue.domain.webhooks import EventType, backoff, event_id, event_of
 from sendqueue.ports.webhooks import WebhookResponse
 from sendqueue.services.webhooks import DeliveryPolicy, WebhookDelivery, WebhookService
+from sendqueue.services.webhooks.dead_letters import DeadLetterLog
+from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore
 from sendqueue.testing.tasks import bare_task
@@ -337,3 +339,24 @@ def test_an_event_id_is_the_change_id() -> None:
     event = event_of(replace(entry("Finished"), id=42))
     assert event is not None
     assert event.id == "evt_42"
+
+
+def test_a_dead_letter_becomes_a_dead_letter_event_and_the_alarm_still_goes_out(
+    world: World,
+) -> None:
+    world.service.add("http://hooks.example.com/in")
+    task = bare_task(CID, 0, T0)
+    world.store.insert_tasks([task], at=T0)
+    recorded = RecordingAlarm()
+    alarm = DeadLetterLog(recorded, lambda: world.store, world.clock)
+    letter = DeadLetter("dl1", "sq-x.0", "sq-c", {"task_id": task.id}, "store down", 3, T0)
+    alarm.raise_alarm(letter)
+    alarm.raise_alarm(replace(letter, id="dl2", payload={"task_id": "nope-1"}))
+    assert [x.id for x in recorded.letters] == ["dl1", "dl2"]
+    world.delivery.run_pass()
+    assert [(b["type"], b["data"]["reason"]) for _, _, b in world.receiver.got] == [  # type: ignore[index]
+        ("dead_letter", "store down")
+    ]
+    world.store.set_available(False)
+    alarm.raise_alarm(replace(letter, id="dl3"))  # the store is down: the alarm goes out
+    assert [x.id for x in recorded.letters][-1] == "dl3"

@@ -31,6 +31,7 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.models import ChangeLogEntry, Task, utc
 
 __all__ = [
+    "DEAD_LETTER",
     "DELIVERY_LOG_DAYS",
     "MAX_URL_LENGTH",
     "PREVIOUS_SECRET_VALID",
@@ -54,6 +55,8 @@ __all__ = [
 
 #: How long the previous secret still signs after a rotation.
 PREVIOUS_SECRET_VALID = timedelta(hours=24)
+#: The change log's ``to_state`` of a dead letter (``WebhookStore.log_dead_letter``).
+DEAD_LETTER = "dead_letter"
 #: How long the delivery log keeps an attempt.
 DELIVERY_LOG_DAYS = 7
 MAX_URL_LENGTH = 2000
@@ -292,7 +295,7 @@ def _type_of(entry: ChangeLogEntry) -> EventType | None:
             return EventType.CAMPAIGN_PAUSED
         return None
     to = entry.to_state
-    if to == "dead_letter":
+    if to == DEAD_LETTER:
         return EventType.DEAD_LETTER
     if to == "Finished":
         if entry.from_state == "Finished":

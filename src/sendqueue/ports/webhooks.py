@@ -37,6 +37,11 @@ class WebhookStore(Protocol):
       endpoint reads as []); ``failed_since`` the distinct event ids of its failed attempts at
       or after ``since``, oldest attempt first.
     - ``prune_deliveries`` deletes every attempt before ``before``; returns how many.
+    - ``log_dead_letter`` appends a change-log entry for a task whose invocation was
+      dead-lettered (its campaign, ``from_state`` its state now, ``to_state``
+      :data:`~sendqueue.domain.webhooks.DEAD_LETTER`, ``note`` the error cut to 500
+      characters) in one transaction with the read of the task; False, nothing logged, for an
+      unknown task.
     - An unreachable backend raises :class:`~sendqueue.domain.errors.StoreUnavailable`.
     """
 
@@ -59,6 +64,8 @@ class WebhookStore(Protocol):
     def failed_since(self, endpoint_id: str, since: datetime) -> list[str]: ...
 
     def prune_deliveries(self, before: datetime) -> int: ...
+
+    def log_dead_letter(self, task_id: str, error: str, *, at: datetime) -> bool: ...
 
 
 @dataclass(frozen=True)

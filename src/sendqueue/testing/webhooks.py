@@ -4,13 +4,14 @@ store (it shares the store's lock and its simulated outages)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
 from sendqueue.domain.errors import Conflict
-from sendqueue.domain.models import check_limit, utc
+from sendqueue.domain.models import Task, check_limit, utc
 from sendqueue.domain.webhooks import (
+    DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
     WebhookEndpoint,
@@ -26,6 +27,9 @@ class InMemoryWebhooks:
 
     _lock: threading.RLock
     _available: bool
+    _tasks: dict[str, Task]
+    # The task store's change-log append (campaign, task, from, to, at, note).
+    _append: Callable[[str, str | None, str | None, str, datetime, str | None], None]
 
     def __init__(self) -> None:
         self._endpoints: dict[str, WebhookEndpoint] = {}
@@ -88,3 +92,11 @@ class InMemoryWebhooks:
         pruned = len(self._deliveries) - len(kept)
         self._deliveries = kept
         return pruned
+
+    @guarded
+    def log_dead_letter(self, task_id: str, error: str, *, at: datetime) -> bool:
+        task = self._tasks.get(task_id)
+        if task is None:
+            return False
+        self._append(task.campaign_id, task_id, task.state.value, DEAD_LETTER, utc(at), error[:500])
+        return True

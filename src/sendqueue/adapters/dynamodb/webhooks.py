@@ -23,10 +23,17 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from sendqueue.adapters.dynamodb.client import TableClient, error_code
-from sendqueue.adapters.dynamodb.codec import num_attr, parse_time, str_attr, time_key
+from sendqueue.adapters.dynamodb.codec import (
+    PendingEntry,
+    num_attr,
+    parse_time,
+    str_attr,
+    time_key,
+)
 from sendqueue.domain.errors import Conflict
 from sendqueue.domain.models import check_limit, utc
 from sendqueue.domain.webhooks import (
+    DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
     WebhookEndpoint,
@@ -226,6 +233,28 @@ class WebhookItems(TableClient):
             for endpoint in self.list_endpoints():
                 pruned += self._delete_log(endpoint.id, time_key(utc(before)))
         return pruned
+
+    def log_dead_letter(self, task_id: str, error: str, *, at: datetime) -> bool:
+        at = utc(at)
+
+        def build() -> tuple[list[dict[str, Any]], list[PendingEntry]] | None:
+            item = self._get(f"T#{task_id}", "#", projection="gc, st")
+            if item is None:
+                return None
+            state = item["st"]["S"]
+            check = {
+                "ConditionCheck": {
+                    "TableName": self._table,
+                    "Key": {"pk": str_attr(f"T#{task_id}"), "sk": str_attr("#")},
+                    "ConditionExpression": "st = :st",
+                    "ExpressionAttributeValues": {":st": str_attr(state)},
+                }
+            }
+            entry = (item["gc"]["S"], task_id, state, DEAD_LETTER, at, error[:500])
+            return [check], [entry]
+
+        with self._errors("log a dead letter"):
+            return self._with_log(build)
 
     def _delete_log(self, endpoint_id: str, before: str | None) -> int:
         condition = "pk = :pk" if before is None else "pk = :pk AND sk < :before"

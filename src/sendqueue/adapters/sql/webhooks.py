@@ -10,7 +10,7 @@ the same transaction.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
@@ -18,10 +18,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.domain.errors import Conflict
 from sendqueue.domain.models import check_limit, utc
 from sendqueue.domain.webhooks import (
+    DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
     WebhookEndpoint,
@@ -86,6 +88,23 @@ class WebhookTables(ABC):
     @abstractmethod
     def _read(self, action: str) -> AbstractContextManager[Connection]:
         """A read-only connection (see SqlTaskStore)."""
+
+    @abstractmethod
+    def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
+        """Append change-log rows inside the caller's transaction (see SqlTaskStore)."""
+
+    def log_dead_letter(self, task_id: str, error: str, *, at: datetime) -> bool:
+        T = tables.tasks.c
+        query = sa.select(T.campaign_id, T.state).where(T.id == task_id)
+        with self._write("log a dead letter") as conn:
+            found = conn.execute(query).first()
+            if found is None:
+                return False
+            entry = rows.log_row(
+                found.campaign_id, task_id, found.state, DEAD_LETTER, utc(at), error[:500]
+            )
+            self._log(conn, [entry])
+        return True
 
     def add_endpoint(self, endpoint: WebhookEndpoint) -> None:
         values = _values(

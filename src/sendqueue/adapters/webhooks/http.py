@@ -4,8 +4,10 @@ The URL's host is resolved here (a literal IP as itself), every address it resol
 checked against :func:`~sendqueue.domain.webhook_safety.refusal` (one refused answer refuses
 the delivery), and the connection is made to the first checked address: a second resolution
 (DNS rebinding) never decides where the bytes go. TLS verifies the certificate for the URL's
-host name (SNI and ``Host`` carry the name). Redirects are not followed (a 3xx is a failure),
-the response body is read to at most 64 KB and dropped, and every failure is a
+host name (SNI and ``Host`` carry the name). A connection the server keeps alive carries the
+next delivery to the same origin for up to a minute (then the name is checked again).
+Redirects are not followed (a 3xx is a failure), the response body is read to at most 64 KB
+and dropped, and every failure is a
 :class:`~sendqueue.domain.errors.WebhookDeliveryFailed` with a short reason.
 """
 
@@ -15,6 +17,7 @@ import http.client
 import ipaddress
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
@@ -23,10 +26,19 @@ from sendqueue.domain.errors import WebhookDeliveryFailed
 from sendqueue.domain.webhook_safety import AllowList, refusal
 from sendqueue.ports.webhooks import WebhookResponse
 
-__all__ = ["MAX_BODY", "HttpWebhookTransport", "Resolver", "system_resolver"]
+__all__ = [
+    "KEEP_ALIVE_SECONDS",
+    "MAX_BODY",
+    "HttpWebhookTransport",
+    "Resolver",
+    "system_resolver",
+]
 
 #: The most of a response body read (then dropped).
 MAX_BODY = 64 * 1024
+
+#: How long a kept-alive connection is reused; then the name is resolved and checked again.
+KEEP_ALIVE_SECONDS = 60.0
 
 #: ``(host, port) -> addresses``: the DNS lookup, injectable for tests.
 Resolver = Callable[[str, int], list[str]]
@@ -44,6 +56,7 @@ class _PinnedHTTPConnection(http.client.HTTPConnection):
     def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
         super().__init__(host, port, timeout=timeout)
         self._address = address
+        self.opened_at = time.monotonic()
 
     def connect(self) -> None:
         self.sock = socket.create_connection((self._address, self.port), self.timeout)
@@ -80,6 +93,9 @@ class HttpWebhookTransport:
         self._timeout = timeout
         self._resolve = resolve
         self._tls = tls or ssl.create_default_context()
+        self._lock = threading.Lock()
+        # One idle connection per origin (scheme://host:port), with when it was opened.
+        self._idle: dict[str, _PinnedHTTPConnection] = {}
 
     def checked_address(self, url: str) -> tuple[str, int, str]:
         """``(host, port, address to connect to)``, or WebhookDeliveryFailed saying why not."""
@@ -104,40 +120,100 @@ class HttpWebhookTransport:
         return host, port, addresses[0]
 
     def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> WebhookResponse:
-        host, port, address = self.checked_address(url)
         parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        sent = {**headers, "user-agent": "sendqueue"}
+        key = f"{parts.scheme}://{parts.netloc}"
+        idle = self._take(key)
+        if idle is not None:
+            try:
+                return self._exchange(idle, key, target, body, sent, reused=True)
+            except _Stale:
+                pass  # the server closed it meanwhile: a fresh connection, checked again
+        host, port, address = self.checked_address(url)
         conn: _PinnedHTTPConnection
         if parts.scheme == "https":
             conn = _PinnedHTTPSConnection(host, port, address, self._timeout, self._tls)
         else:
             conn = _PinnedHTTPConnection(host, port, address, self._timeout)
+        return self._exchange(conn, key, target, body, sent, reused=False)
+
+    def _exchange(
+        self,
+        conn: _PinnedHTTPConnection,
+        key: str,
+        target: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        reused: bool,
+    ) -> WebhookResponse:
         started = time.monotonic()
         deadline = started + self._timeout
+        keep = False
         try:
-            conn.request("POST", target, body=body, headers={**headers, "user-agent": "sendqueue"})
+            conn.request("POST", target, body=body, headers=dict(headers))
             with conn.getresponse() as response:
-                _drain(response, deadline)
+                drained = _drain(response, deadline)
                 status = response.status
-        except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
-            raise WebhookDeliveryFailed(_short(exc)) from None
-        finally:
+                keep = drained and not response.will_close
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
             conn.close()
+            if reused:
+                raise _Stale from None
+            raise WebhookDeliveryFailed(_short(exc)) from None
+        except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
+            conn.close()
+            raise WebhookDeliveryFailed(_short(exc)) from None
         latency = int((time.monotonic() - started) * 1000)
+        if keep and 200 <= status < 300:
+            self._keep(key, conn)
+        else:
+            conn.close()
         if not 200 <= status < 300:
             kind = "redirect not followed" if 300 <= status < 400 else "not 2xx"
             raise WebhookDeliveryFailed(f"HTTP {status} ({kind})", status=status)
         return WebhookResponse(status, latency)
 
+    def _take(self, key: str) -> _PinnedHTTPConnection | None:
+        """An idle kept-alive connection to the URL's origin, made to an address checked when
+        it was opened, at most :data:`KEEP_ALIVE_SECONDS` ago."""
+        with self._lock:
+            conn = self._idle.pop(key, None)
+        if conn is not None and time.monotonic() - conn.opened_at > KEEP_ALIVE_SECONDS:
+            conn.close()
+            return None
+        return conn
 
-def _drain(response: http.client.HTTPResponse, deadline: float) -> None:
-    # At most MAX_BODY bytes, within the delivery's time; the rest is never read.
+    def _keep(self, key: str, conn: _PinnedHTTPConnection) -> None:
+        with self._lock:
+            old = self._idle.pop(key, None)
+            self._idle[key] = conn
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        """Close the idle connections."""
+        with self._lock:
+            idle, self._idle = list(self._idle.values()), {}
+        for conn in idle:
+            conn.close()
+
+
+class _Stale(Exception):
+    """A kept-alive connection the server had closed: nothing was answered on it."""
+
+
+def _drain(response: http.client.HTTPResponse, deadline: float) -> bool:
+    """Read at most MAX_BODY bytes, within the delivery's time, and drop them; whether the
+    body ended (the connection can then carry the next delivery)."""
     left = MAX_BODY
     while left > 0 and time.monotonic() < deadline:
         chunk = response.read(min(left, 16384))
         if not chunk:
-            return
+            return True
         left -= len(chunk)
+    return False
 
 
 def _short(exc: BaseException) -> str:

@@ -100,10 +100,15 @@ class WebhookDelivery:
         """One pass over every enabled endpoint whose retry time has come."""
         report = PassReport()
         now = self._clock.now()
-        for endpoint in self._store.list_endpoints():
+        endpoints = self._store.list_endpoints()
+        # One read says whether anything is new: an idle pass takes no lease (no write).
+        end = self._tasks.last_change_id() if endpoints else 0
+        for endpoint in endpoints:
             if stop is not None and stop.is_set():
                 break
-            if not endpoint.enabled or (endpoint.retry_at is not None and now < endpoint.retry_at):
+            if not endpoint.enabled or endpoint.cursor >= end:
+                continue
+            if endpoint.retry_at is not None and now < endpoint.retry_at:
                 continue
             lease = _Lease(self._tasks, self._clock, f"webhook:{endpoint.id}", self._owner)
             lease.ttl = self._policy.lease_seconds
