@@ -2,11 +2,11 @@
 realistic data.
 
 The data (tests/e2e/realistic.py) has long names, addresses and subjects, a local-time campaign
-over two senders with emails in every state, a completed campaign, a draft, suppressions and
-dead letters, webhooks and a delivery log. On each page: nothing scrolls sideways (neither the page nor any list, table,
-chart or card in it), names and subjects wrap only between words, lists are stacks of cards on
-the phone, and axe finds nothing serious. A row the live script redraws reads as the one the
-server rendered.
+over two senders with emails in every state, a completed campaign, a draft, suppressions, dead
+letters, webhooks and a delivery log. On each page: nothing scrolls sideways (neither the page
+nor any list, table, chart or card in it), names and subjects wrap only between words, lists
+are stacks of cards on the phone, and axe finds nothing serious. A row the live script
+redraws reads as the one the server rendered.
 """
 
 from __future__ import annotations
