@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from sendqueue.domain.webhooks import DeliveryRecord
+from sendqueue.ports.webhooks import WebhookStore
 from tests.web.conftest import Web
 
 HTML = {"Accept": "text/html,application/xhtml+xml"}
@@ -20,9 +21,14 @@ def _hook(web: Web, **body: Any) -> dict[str, Any]:
     return made
 
 
+def _log(web: Web) -> WebhookStore:
+    """The store's delivery log (every task store is a WebhookStore)."""
+    return cast(WebhookStore, web.container.store)
+
+
 def _record(web: Web, hook: str, count: int, *, start: int = 0, days_ago: float = 0) -> None:
     at = web.clock.now() - timedelta(days=days_ago)
-    web.container.store.record_deliveries(
+    _log(web).record_deliveries(
         [
             DeliveryRecord(hook, f"evt_{start + i}", "email.sent", at, 1, 40 + i, 200)
             for i in range(count)
@@ -33,7 +39,7 @@ def _record(web: Web, hook: str, count: int, *, start: int = 0, days_ago: float 
 def test_the_list_shows_each_endpoint_masked_with_its_last_delivery(web: Web) -> None:
     made = _hook(web, events=["email.sent"])
     quiet = _hook(web)
-    web.container.store.record_deliveries(
+    _log(web).record_deliveries(
         [
             DeliveryRecord(
                 made["id"], "evt_7", "email.sent", web.clock.now(), 1, 812, 503, "HTTP 503"
