@@ -150,9 +150,21 @@ def test_rotating_shows_the_new_secret_once_and_removing_asks_first(
     expect(page.locator("#secret-panel")).to_be_hidden()
     assert next(h for h in _hooks(page, app) if h["id"] == made["id"])["secret"] == made["secret"]
 
-    card.locator('[data-action="rotate"]').click()
-    page.click("#confirm-ok")
+    # by keyboard: Enter on the button, Escape keeps it, then Tab to the confirmation
+    rotate = card.locator('[data-action="rotate"]')
+    rotate.focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#confirm-dialog")).to_be_visible()
+    page.keyboard.press("Escape")
+    expect(page.locator("#confirm-dialog")).to_be_hidden()
+    expect(rotate).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("#confirm-dialog")).to_be_visible()
+    page.keyboard.press("Tab")
+    expect(page.locator("#confirm-ok")).to_be_focused()
+    page.keyboard.press("Enter")
     expect(page.locator("#secret-panel")).to_be_visible()
+    expect(page.locator("#secret-panel")).to_be_focused()
     new = page.locator("#secret-value").inner_text()
     assert SECRET.fullmatch(new) and new != made["signing_secret"]
     masked = "whsec_***" + new[-4:]
@@ -160,6 +172,7 @@ def test_rotating_shows_the_new_secret_once_and_removing_asks_first(
     expect(card.locator('[data-field="secret"]')).to_contain_text("the previous one signs too")
     page.click("#secret-done")
     expect(page.locator("#secret-panel")).to_be_hidden()
+    expect(page.locator("#w-url")).to_be_focused()
     assert new not in page.content()
     page.reload()
     assert new not in page.content()
