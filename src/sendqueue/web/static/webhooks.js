@@ -2,7 +2,9 @@
  * filters, enable or disable it, rotate its secret and remove it (both after a confirmation),
  * redeliver one event or every failed one. The API does the checking; errors show next to
  * their field. After a change the page's lists are fetched again as the server draws them
- * (#webhooks, #delivery-log), so a signing secret stays only in the panel that shows it. */
+ * (#webhooks, #delivery-log: the page's own HTML, escaped by Jinja, parsed by DOMParser into an
+ * inert document where no script runs; never innerHTML), so a signing secret stays only in
+ * the panel that shows it. */
 (function () {
   "use strict";
 
@@ -187,7 +189,8 @@
       }
       await sq.api("DELETE", "/api/webhooks/" + encodeURIComponent(section.dataset.webhookId));
       if (document.getElementById("delivery-log")) {
-        location.assign("/webhooks");
+        location.assign("/webhooks"); // its own page is gone with it
+        return null;
       }
       return "Webhook " + section.dataset.url + " removed.";
     },
