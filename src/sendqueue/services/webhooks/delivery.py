@@ -110,8 +110,8 @@ class WebhookDelivery:
                 continue
             if endpoint.retry_at is not None and now < endpoint.retry_at:
                 continue
-            lease = _Lease(self._tasks, self._clock, f"webhook:{endpoint.id}", self._owner)
-            lease.ttl = self._policy.lease_seconds
+            name = f"webhook:{endpoint.id}"
+            lease = _Lease(self._tasks, self._clock, name, self._owner, self._policy.lease_seconds)
             if not lease.renew():
                 continue
             try:
@@ -264,9 +264,8 @@ class WebhookDelivery:
 class _Lease:
     """An endpoint's store lease, renewed at a third of its time (monotonic clock)."""
 
-    ttl = 35.0
-
-    def __init__(self, tasks: TaskStore, clock: Clock, name: str, owner: str) -> None:
+    def __init__(self, tasks: TaskStore, clock: Clock, name: str, owner: str, ttl: float) -> None:
+        self.ttl = ttl
         self._tasks = tasks
         self._clock = clock
         self._name = name
