@@ -40,8 +40,8 @@ class WebhookStore(Protocol):
     - ``log_dead_letter`` appends a change-log entry for a task whose invocation was
       dead-lettered (its campaign, ``from_state`` its state now, ``to_state``
       :data:`~sendqueue.domain.webhooks.DEAD_LETTER`, ``note`` the error cut to 500
-      characters) in one transaction with the read of the task; False, nothing logged, for an
-      unknown task.
+      characters); False, nothing logged, for an unknown task. SQL reads the task in the
+      entry's transaction; DynamoDB logs the state it read just before.
     - An unreachable backend raises :class:`~sendqueue.domain.errors.StoreUnavailable`.
     """
 
