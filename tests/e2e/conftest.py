@@ -235,7 +235,9 @@ class Sendqueue:
 _RUNNING: list[Sendqueue] = []
 
 
-def _launch(home: Path, mailer_url: str | None, token: str | None) -> Sendqueue:
+def _launch(
+    home: Path, mailer_url: str | None, token: str | None, extra: dict[str, str] | None = None
+) -> Sendqueue:
     home.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENDQUEUE_")}
     env.update(
@@ -254,6 +256,7 @@ def _launch(home: Path, mailer_url: str | None, token: str | None) -> Sendqueue:
     )
     if token:
         env["SENDQUEUE_API_TOKEN"] = token
+    env.update(extra or {})
     app = Sendqueue(home, env)
     _RUNNING.append(app)
     try:
@@ -277,12 +280,18 @@ def _save_logs(node: pytest.Item, app: Sendqueue) -> None:
 
 @pytest.fixture
 def sendqueue(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Sendqueue]]:
-    """``sendqueue(mailer_url=None, token=None)`` starts a web app of its own (a Maildir
-    outbox unless a mailer URL is given); ``.start_worker()`` adds a worker process."""
+    """``sendqueue(mailer_url=None, token=None, env=None)`` starts a web app of its own (a
+    Maildir outbox unless a mailer URL is given; ``env`` adds SENDQUEUE_* settings);
+    ``.start_worker()`` adds a worker process with the same settings."""
     started: list[Sendqueue] = []
 
-    def start(mailer_url: str | None = None, *, token: str | None = None) -> Sendqueue:
-        app = _launch(tmp_path / f"sq{len(started)}", mailer_url, token)
+    def start(
+        mailer_url: str | None = None,
+        *,
+        token: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Sendqueue:
+        app = _launch(tmp_path / f"sq{len(started)}", mailer_url, token, env)
         started.append(app)
         return app
 

@@ -8,7 +8,9 @@ a worker or the feedback poller would have written, through its store's own file
   addresses and subjects, its emails Pending, Running, Finished (accepted, bounced, replied),
   Failed (a long SMTP error), Cancelled (suppressed) and moved by a retry;
 - a completed campaign, every email sent; a draft;
-- suppressed addresses (one from a bounce, with its email) and dead letters.
+- suppressed addresses (one from a bounce, with its email) and dead letters;
+- two webhooks: one with a long URL and filters, its deliveries (answered, refused with a long
+  error, timed out, redelivered) written in the store as the worker would; one disabled.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from sendqueue.adapters.sql import open_store
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import TaskChanges
 from sendqueue.domain.suppression import Suppression, SuppressionReason
+from sendqueue.domain.webhooks import DeliveryRecord
+from sendqueue.ports.webhooks import WebhookStore
 from tests.e2e.conftest import Sendqueue, api, provision
 from tests.e2e.test_pages import _dead_letters
 
@@ -72,6 +76,8 @@ class Seeded:
     draft: str
     """A campaign not provisioned."""
     senders: tuple[str, ...]
+    webhook: str
+    """The webhook with filters and a delivery log."""
 
     @property
     def email(self) -> str:
@@ -155,7 +161,45 @@ def seed(page: Page, app: Sendqueue) -> Seeded:
         error="StoreUnavailable: connection to server at 10.0.3.17 port 5432 failed: "
         "Connection timed out; is the server running on that host and accepting connections?",
     )
-    return Seeded(local=local, completed=completed, draft=draft, senders=senders)
+    webhook = _webhooks(page, app, local)
+    return Seeded(local=local, completed=completed, draft=draft, senders=senders, webhook=webhook)
+
+
+WEBHOOK_ERROR = (
+    "HTTP 503 from hooks.crm.example-company.com: the endpoint answered with a server error "
+    "(Service Unavailable)"
+)
+
+
+def _webhooks(page: Page, app: Sendqueue, campaign: str) -> str:
+    """Two endpoints; the first one's deliveries in its log. Its id."""
+    url = f"{app.url}/api/webhooks"
+    hook = api(
+        page, "POST", url,
+        data={
+            "url": "https://hooks.crm.example-company.com/integrations/sendqueue/events?"
+            "account=example-company-europe",
+            "events": ["email.sent", "email.bounced", "email.replied", "email.unsubscribed"],
+            "campaigns": [campaign],
+        },
+    )["id"]  # fmt: skip
+    other = api(page, "POST", url, data={"url": "https://example.org/hook"})["id"]
+    api(page, "PATCH", f"{url}/{other}", data={"enabled": False})
+    now = datetime.now(UTC)
+    records = [
+        DeliveryRecord(hook, "evt_101", "email.sent", now - timedelta(hours=3), 1, 143, 200),
+        DeliveryRecord(hook, "evt_102", "email.bounced", now - timedelta(hours=2), 1, 2310, 503,
+                       WEBHOOK_ERROR),
+        DeliveryRecord(hook, "evt_102", "email.bounced", now - timedelta(hours=1), 2, 10000,
+                       None, "timed out after 10 s"),
+        DeliveryRecord(hook, "evt_102", "email.bounced", now, 1, 88, 204, redelivery=True),
+    ]  # fmt: skip
+    store = open_store(app.database_url)
+    try:
+        cast(WebhookStore, store).record_deliveries(records)
+    finally:
+        store.close()
+    return str(hook)
 
 
 def _as_a_worker(app: Sendqueue, local: str, completed: str) -> None:

@@ -55,6 +55,8 @@ def page_paths(seeded: Seeded) -> dict[str, str]:
         "senders": "/senders",
         "suppressions": "/suppressions",
         "dead-letters": "/dead-letters",
+        "webhooks": "/webhooks",
+        "webhook": f"/webhooks/{seeded.webhook}",
         "not-found": "/campaigns/cnotacampaign",
     }
 

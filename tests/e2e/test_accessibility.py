@@ -12,13 +12,15 @@ import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from playwright.sync_api import expect
 
 from sendqueue.adapters.sql import open_store
 from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.webhooks import DeliveryRecord
+from sendqueue.ports.webhooks import WebhookStore
 from tests.conftest import missing
 from tests.e2e.conftest import Sendqueue, api, provision
 from tests.e2e.test_pages import _dead_letters
@@ -108,6 +110,41 @@ def _csv(rows: list[str]) -> FilePayload:
     return {"name": "r.csv", "mimeType": "text/csv", "buffer": ("\n".join(rows) + "\n").encode()}
 
 
+def _audit_webhooks(page: Page, app: Sendqueue, found: dict[str, list[dict[str, Any]]]) -> None:
+    """The Webhooks page empty, with a refused URL, with the secret shown; an endpoint's page
+    with a delivery log of an attempt that worked and one that failed (written in the store's
+    own file, as the worker would)."""
+    page.goto(f"{app.url}/webhooks")
+    _audit(page, "webhooks (none)", found)
+    page.fill("#w-url", "not a url")
+    page.click("#webhook-add-button")
+    expect(page.locator("#err-add-url")).to_be_visible()
+    _audit(page, "webhooks (errors)", found)
+    page.fill("#w-url", "https://hooks.example.com/sendqueue/a-rather-long-path-of-an-endpoint")
+    page.check('#webhook-add input[value="email.sent"]')
+    page.check('#webhook-add input[name="campaigns"]')
+    page.click("#webhook-add-button")
+    expect(page.locator("#secret-panel")).to_be_visible()
+    expect(page.locator("#webhooks [data-webhook-id]")).to_have_count(1)
+    _audit(page, "webhooks (secret shown)", found)
+    hid = page.locator("#webhooks [data-webhook-id]").get_attribute("data-webhook-id") or ""
+    now = datetime.now(UTC)
+    store = open_store(app.database_url)
+    try:
+        cast(WebhookStore, store).record_deliveries(
+            [
+                DeliveryRecord(hid, "evt_1", "email.sent", now, 1, 812, 500, "HTTP 500"),
+                DeliveryRecord(hid, "evt_1", "email.sent", now, 2, 95, 204),
+            ]
+        )
+    finally:
+        store.close()
+    page.goto(f"{app.url}/webhooks/{hid}")
+    expect(page.locator("#deliveries tbody tr")).to_have_count(2)
+    page.locator("summary").click()
+    _audit(page, "webhook (delivery log)", found)
+
+
 @pytest.mark.parametrize(("size", "scheme"), VARIANTS, ids=[f"{s}-{c}" for s, c in VARIANTS])
 def test_every_page_has_no_serious_violation(
     page: Page, sendqueue: Callable[..., Sendqueue], axe_script: Path, size: str, scheme: str
@@ -190,6 +227,8 @@ def test_every_page_has_no_serious_violation(
     page.goto(f"{app.url}/campaigns/new")
     expect(page.locator('#f-senders input[name="senders"]')).to_have_count(1)
     _audit(page, "new (senders)", found)
+
+    _audit_webhooks(page, app, found)
 
     response = page.goto(f"{app.url}/campaigns/cnotacampaign")
     assert response is not None and response.status == 404

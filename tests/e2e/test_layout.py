@@ -2,11 +2,11 @@
 realistic data.
 
 The data (tests/e2e/realistic.py) has long names, addresses and subjects, a local-time campaign
-over two senders with emails in every state, a completed campaign, a draft, suppressions and
-dead letters. On each page: nothing scrolls sideways (neither the page nor any list, table,
-chart or card in it), names and subjects wrap only between words, lists are stacks of cards on
-the phone, and axe finds nothing serious. A row the live script redraws reads as the one the
-server rendered.
+over two senders with emails in every state, a completed campaign, a draft, suppressions, dead
+letters, webhooks and a delivery log. On each page: nothing scrolls sideways (neither the page
+nor any list, table, chart or card in it), names and subjects wrap only between words, lists
+are stacks of cards on the phone, and axe finds nothing serious. A row the live script
+redraws reads as the one the server rendered.
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ def test_every_page_fits_its_screen_and_stays_accessible(
     lists = {(name, s["id"]): s for name, listed in shapes.items() for s in listed if s["rows"]}
     assert {name for name, _ in lists} >= {
         "campaigns", "campaign", "campaign-completed", "new", "suppressions", "dead-letters",
+        "webhook",
     }  # fmt: skip
     for where, shape in lists.items():
         if width < 640:  # a stack of cards, with no header row

@@ -1,6 +1,6 @@
 """HTML pages of the web UI: ``/`` (also ``/campaigns``), ``/campaigns/new``, ``/campaigns/{id}``,
-``/campaigns/{id}/emails/{task_id}``, ``/dead-letters``, ``/suppressions``, ``/senders`` (the
-login page is :mod:`sendqueue.web.routers.auth`'s).
+``/campaigns/{id}/emails/{task_id}``, ``/dead-letters``, ``/suppressions``, ``/senders``,
+``/webhooks`` and ``/webhooks/{id}`` (the login page is :mod:`sendqueue.web.routers.auth`'s).
 
 Routes are thin: they read the store and the scheduler through the Container (and timelines
 through the cache the API shares) and render a template (:mod:`sendqueue.web.rendering`). The
@@ -43,6 +43,12 @@ from sendqueue.web.queries import next_send_at, sender_detail, sender_out
 from sendqueue.web.rendering import error_page, render
 from sendqueue.web.task_rows import task_details, task_row
 from sendqueue.web.times import human_time
+from sendqueue.web.webhook_rows import (
+    delivery_page,
+    endpoint_row,
+    endpoint_rows,
+    event_types,
+)
 
 __all__ = ["PAGE_SIZE", "router"]
 
@@ -371,6 +377,56 @@ def senders_page(request: Request, c: ContainerDep, added: str | None = None) ->
             added=just_added,
             default_timezone=c.settings.default_timezone,
             timezones=_timezones(),
+        )
+    except _PAGE_ERRORS as exc:
+        return error_page(request, exc)
+
+
+def _campaign_choices(c: Container) -> list[dict[str, str]]:
+    """The campaigns a webhook's filter offers, by name."""
+    found = sorted(c.store.list_campaigns(), key=lambda campaign: (campaign.name, campaign.id))
+    return [{"id": campaign.id, "name": campaign.name} for campaign in found]
+
+
+@router.get("/webhooks", response_class=HTMLResponse, name="page_webhooks")
+def webhooks_page(request: Request, c: ContainerDep) -> Response:
+    """Every webhook endpoint with its filters, state and last delivery, a form to add one;
+    each one's controls (filters, enable/disable, rotate its secret, remove)."""
+    try:
+        zone = c.settings.default_timezone
+        return render(
+            request,
+            "webhooks.html",
+            title="Webhooks",
+            rows=endpoint_rows(c.webhooks, zone),
+            log=None,
+            event_types=event_types(),
+            campaigns=_campaign_choices(c),
+            poll_ms=round(c.settings.ui_poll_interval * 1000),
+        )
+    except _PAGE_ERRORS as exc:
+        return error_page(request, exc)
+
+
+@router.get("/webhooks/{endpoint_id}", response_class=HTMLResponse, name="page_webhook")
+def webhook_page(
+    request: Request, endpoint_id: str, c: ContainerDep, page: str | None = None
+) -> Response:
+    """One endpoint with its controls and its delivery log of the last 7 days, a page at a
+    time, with "Redeliver" for one event or every failed one."""
+    try:
+        zone = c.settings.default_timezone
+        view = c.webhooks.get(endpoint_id)
+        log = delivery_page(c.webhooks, view.id, _int_param(page, 1), c.clock.now(), zone)
+        return render(
+            request,
+            "webhooks.html",
+            title=f"Webhook {view.url}",
+            rows=[endpoint_row(c.webhooks, view, zone)],
+            log=log,
+            event_types=event_types(),
+            campaigns=_campaign_choices(c),
+            poll_ms=round(c.settings.ui_poll_interval * 1000),
         )
     except _PAGE_ERRORS as exc:
         return error_page(request, exc)
