@@ -12,18 +12,17 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from functools import cached_property, partial
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from sendqueue import bootstrap_feedback, bootstrap_webhooks
+from sendqueue import bootstrap_feedback, bootstrap_senders, bootstrap_webhooks
 from sendqueue.adapters.alarm import LoggingAlarm, post_json
 from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
-from sendqueue.adapters.imap.url import MAX_SENDER_TIMEOUT, check_imap_url
-from sendqueue.adapters.mail.factory import SenderMailers, check_sender_transport, mailer_from_url
-from sendqueue.adapters.oauth import OAuthTokens, check_token_url
+from sendqueue.adapters.mail.factory import SenderMailers, mailer_from_url
+from sendqueue.adapters.oauth import OAuthTokens
 from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.senders import Sender
@@ -320,13 +319,12 @@ class Container:
 
     @cached_property
     def sender_mailers(self) -> SenderMailers:
-        return SenderMailers(
-            lambda: self.mailer,
-            self.settings.mailer,
-            self.oauth_tokens,
-            self.settings.transport_rules,
-            shared=self._mailer,
-        )
+        return bootstrap_senders.sender_mailers(self)
+
+    @property
+    def injected_mailer(self) -> Mailer | None:
+        """The mailer the container was built with (tests), or None."""
+        return self._mailer
 
     def mailer_for(self, sender: Sender) -> Mailer:
         """The mailer a sender sends through (:class:`SenderMailers`: a transport the rules
@@ -365,20 +363,7 @@ class Container:
 
     @cached_property
     def senders(self) -> SenderService:
-        rules = self.settings.transport_rules
-        return SenderService(
-            self.sender_store,
-            self.clock,
-            default_timezone=self.config.default_timezone,
-            # the worker's own URL checks under the transport rules, when a sender is written
-            check_transport=partial(
-                check_sender_transport, rules=rules, configured=self.settings.mailer
-            ),
-            check_imap=partial(
-                check_imap_url, rules=rules, field="imap", max_timeout=MAX_SENDER_TIMEOUT
-            ),
-            check_token_url=check_token_url,
-        )
+        return bootstrap_senders.sender_service(self)
 
     @cached_property
     def suppression(self) -> SuppressionService:
