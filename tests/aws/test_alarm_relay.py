@@ -90,6 +90,7 @@ def test_email_and_webhook_are_both_subscribed_to_the_alarm_topic(sam: dict[str,
         "ReconcileErrorsAlarm",
         "AutoPauseAlarm",
         "FeedbackDeadLetterAlarm",
+        "WebhooksDeadLetterAlarm",
     }
     for alarm in alarms.values():
         assert resolve(alarm["Properties"]["AlarmActions"]) == [topic]

@@ -102,6 +102,9 @@ REQUESTS: dict[str, dict[str, Any]] = {
     "/u/{token}": {"data": {"List-Unsubscribe": "One-Click"}},
     "/api/senders": {"json": {"email": "ada@example.com"}},
     "/api/senders/{ref:path}": {"json": {"daily_cap": 5}},
+    "/api/webhooks": {"json": {"url": "https://hooks.example.com/sendqueue"}},
+    "/api/webhooks/{endpoint_id}": {"json": {"enabled": False}},
+    "/api/webhooks/{endpoint_id}/redeliver": {"json": {"events": ["evt_1"]}},
 }
 
 
