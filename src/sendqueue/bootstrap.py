@@ -537,7 +537,7 @@ def upgrade_store_schema(settings: Settings) -> str | None:
     """Apply the task store's migrations to ``settings.database_url``; the revision it is at.
 
     DynamoDB has no schema revisions: its table is the template's, and the upgrade gives task
-    items of older releases the address key of the ``by_address`` index (issue 14)."""
+    items of older releases the address key of the ``by_address`` index."""
     if settings.database_url.startswith("dynamodb:"):
         from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 

@@ -350,7 +350,7 @@ class TaskStore(Protocol):
 
 
 class SuppressionList(Protocol):
-    """The global suppression list: addresses never to send to (issue 14). Every task store
+    """The global suppression list: addresses never to send to. Every task store
     implements it, in the same database, so the send path reads it without another service.
 
     Contract:

@@ -1,4 +1,4 @@
-"""The plan of a stored campaign, as its preview shows it (issue 13: each recipient's zone).
+"""The plan of a stored campaign, as its preview shows it (each recipient's zone too).
 
 A campaign without local time is planned by :func:`~sendqueue.domain.planner.plan`, every
 window read in the campaign's timezone: its summary has one :class:`ZoneDays`, the campaign's

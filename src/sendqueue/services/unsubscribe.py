@@ -1,4 +1,4 @@
-"""The one-click unsubscribe (issue 14): what the public ``/u/<token>`` routes call.
+"""The one-click unsubscribe: what the public ``/u/<token>`` routes call.
 
 :meth:`UnsubscribeService.look_up` checks a token and says whose it is (the confirmation page);
 :meth:`UnsubscribeService.unsubscribe` applies it through the feedback service: the task's

@@ -1,5 +1,5 @@
-"""The feedback mailbox read over IMAP (issue 14): :class:`ImapFeedbackSource`, built from a
-``SENDQUEUE_FEEDBACK_IMAP`` URL (:func:`parse_imap_url`)."""
+"""The feedback mailboxes read over IMAP: :class:`ImapFeedbackSource`, built from the
+``SENDQUEUE_FEEDBACK_IMAP`` URL or a sender's ``imap`` URL (:func:`parse_imap_url`)."""
 
 from __future__ import annotations
 
