@@ -45,6 +45,6 @@ def test_two_procrastinate_workers_deliver_every_event_once_in_order(
     assert all(r.get("ok") for r in records)
     # an event made after ``expected`` was read (a late change) may arrive too: the ones read
     # all arrive, once each first, in the order they were made
-    made = set(expected)
-    assert [i for i in _first_arrivals(receiver.ids()) if i in made] == expected
+    wanted = set(expected)
+    assert [i for i in _first_arrivals(receiver.ids()) if i in wanted] == expected
     assert {r["type"] for r in records} >= {"email.sent", "campaign.completed"}
