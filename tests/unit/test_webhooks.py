@@ -1,5 +1,5 @@
 """Webhooks on the fakes: the events a change log makes, Standard Webhooks signatures (checked
-with hmac per the spec: the ``standardwebhooks`` package is not installed here), the
+with hmac per the spec and with the ``standardwebhooks`` library), the
 endpoints' use cases, and the delivery pass (order, head-of-line blocking, back-off, disable,
 redelivery with the same ids)."""
 
@@ -9,16 +9,18 @@ import base64
 import hashlib
 import hmac
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from sendqueue.domain.errors import InvalidField, NotFound, WebhookDeliveryFailed
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter
-from sendqueue.domain.webhook_safety import signature_header, verify
+from sendqueue.domain.webhook_safety import signature_header, signed_headers, verify
 from sendqueue.domain.webhooks import EventType, backoff, event_id, event_of
 from sendqueue.ports.webhooks import WebhookResponse
 from sendqueue.services.webhooks import DeliveryPolicy, WebhookDelivery, WebhookService
@@ -160,6 +162,19 @@ def test_signature_follows_the_standard_webhooks_spec() -> None:
     assert header == f"v1,{expected}"
     assert verify(secret, "evt_1", 1700000000, body, header)
     assert not verify(secret, "evt_1", 1700000001, body, header)
+
+
+def test_the_standardwebhooks_library_verifies_a_delivery_during_a_rotation() -> None:
+    old, new = ("whsec_" + base64.b64encode(k).decode() for k in (b"o" * 24, b"n" * 24))
+    body = b'{"type":"email.sent"}'
+    now = int(time.time())
+    headers = signed_headers([new, old], "evt_7", now, body)
+    for secret in (old, new):
+        assert Webhook(secret).verify(body, headers) == {"type": "email.sent"}
+    with pytest.raises(WebhookVerificationError):
+        Webhook("whsec_" + base64.b64encode(b"x" * 24).decode()).verify(body, headers)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(new).verify(body + b" ", headers)
 
 
 def test_backoff_doubles_up_to_the_cap() -> None:
