@@ -3,6 +3,8 @@ store: memory, SQLite, PostgreSQL and DynamoDB on moto (the TaskStore contract's
 
 from __future__ import annotations
 
+import base64
+import string
 from dataclasses import replace
 from datetime import timedelta
 from typing import Protocol, cast
@@ -15,6 +17,7 @@ from sendqueue.domain.webhooks import (
     DeliveryRecord,
     EndpointChanges,
     WebhookEndpoint,
+    delivery_cursor,
 )
 from sendqueue.ports import TaskStore
 from sendqueue.ports.webhooks import WebhookStore
@@ -29,6 +32,8 @@ from tests.contract.test_task_store import (
 )
 
 __all__ = ["backend"]  # the fixture: every store of the TaskStore contract
+
+_B64 = string.ascii_uppercase + string.ascii_lowercase + string.digits + "-_"
 
 
 class Store(TaskStore, WebhookStore, Protocol):
@@ -135,6 +140,77 @@ def test_the_delivery_log_reads_newest_first_per_endpoint(store: Store) -> None:
     assert [r.error for r in store.deliveries("wh_2")] == ["HTTP 500 (not 2xx)"]
     assert store.deliveries("wh_3") == []
     store.record_deliveries([])
+
+
+def _walk(
+    store: Store, eid: str, size: int, before: str | None = None
+) -> list[list[DeliveryRecord]]:
+    """Every page of the endpoint's log from ``before`` on, each one's last cursor the next
+    page's ``before``, until a page comes back short."""
+    pages = []
+    while True:
+        page = store.deliveries(eid, limit=size, before=before)
+        pages.append(page)
+        if len(page) < size:
+            return pages
+        before = page[-1].cursor
+
+
+def test_the_log_pages_by_cursor_each_attempt_once_newest_first(store: Store) -> None:
+    store.add_endpoint(endpoint("wh_1"))
+    store.add_endpoint(endpoint("wh_2"))
+    # 250 attempts, seven at a time at one instant (so instants are shared across the page
+    # boundaries at 150 and 50), logged in batches between another endpoint's attempts
+    made = [record("wh_1", n, minutes=n // 7) for n in range(250)]
+    for start in range(0, 250, 50):
+        store.record_deliveries(made[start : start + 50])
+        store.record_deliveries([record("wh_2", 1000 + start, minutes=start // 7)])
+    pages = _walk(store, "wh_1", 100)
+    assert [len(p) for p in pages] == [100, 100, 50]
+    walked = [r for p in pages for r in p]
+    assert walked == made[::-1]  # every attempt once, newest first (equality ignores cursors)
+    cursors = [r.cursor for r in walked]
+    assert all(isinstance(c, str) and c for c in cursors) and len(set(cursors)) == 250
+    assert store.deliveries("wh_1", limit=10, before=walked[-1].cursor) == []
+    # a cursor stays put while newer attempts are logged: the same older page after them
+    store.record_deliveries([record("wh_1", n, minutes=40) for n in range(250, 260)])
+    again = store.deliveries("wh_1", limit=100, before=pages[0][-1].cursor)
+    assert [r.event_id for r in again] == [r.event_id for r in pages[1]]
+    assert [r.cursor for r in again] == [r.cursor for r in pages[1]]
+    assert [r.event_id for r in store.deliveries("wh_1", limit=3)] == [
+        "evt_259",
+        "evt_258",
+        "evt_257",
+    ]
+
+
+def _non_canonical(cursor: str) -> str | None:
+    """The same bytes with the unused low bits of the last character set (None: it has none)."""
+    if len(cursor) % 4 not in (2, 3):
+        return None
+    return cursor[:-1] + _B64[_B64.index(cursor[-1]) | 1]
+
+
+def test_a_cursor_not_of_this_log_is_refused_naming_before(store: Store) -> None:
+    store.add_endpoint(endpoint("wh_1"))
+    store.add_endpoint(endpoint("wh_2"))
+    store.record_deliveries([record("wh_1", n) for n in range(3)] + [record("wh_2", 9)])
+    own = store.deliveries("wh_1")[1].cursor
+    other = store.deliveries("wh_2")[0].cursor  # another endpoint's
+    assert own is not None and other is not None
+    kind, _, key = base64.urlsafe_b64decode(own + "==").decode().split(":", 2)
+    foreign = [delivery_cursor(k, "wh_1", key) for k in ("sql", "dynamodb", "memory") if k != kind]
+    forged = [
+        delivery_cursor(kind, "wh_1", key)
+        for key in ("", "0", "-1", "x", "9" * 20, "1 OR 1=1", "2026-12-01T08:00:00#", key + " ")
+    ]
+    bad = ["", "nope!", "not base64", own + "=", own + "==", "A" * 401, other, _non_canonical(own)]
+    for cursor in [c for c in bad if c is not None] + foreign + forged:
+        for limit in (0, 10):
+            with pytest.raises(InvalidField) as caught:
+                store.deliveries("wh_1", limit=limit, before=cursor)
+            assert caught.value.field == "before", cursor
+    assert [r.event_id for r in store.deliveries("wh_1", before=own)] == ["evt_0"]
 
 
 def test_failed_since_lists_failed_events_once_oldest_first(store: Store) -> None:

@@ -112,8 +112,8 @@ def _csv(rows: list[str]) -> FilePayload:
 
 def _audit_webhooks(page: Page, app: Sendqueue, found: dict[str, list[dict[str, Any]]]) -> None:
     """The Webhooks page empty, with a refused URL, with the secret shown; an endpoint's page
-    with a delivery log of an attempt that worked and one that failed (written in the store's
-    own file, as the worker would)."""
+    with a delivery log of attempts that worked and one that failed (written in the store's
+    own file, as the worker would), and its page of older attempts."""
     page.goto(f"{app.url}/webhooks")
     _audit(page, "webhooks (none)", found)
     page.fill("#w-url", "not a url")
@@ -132,7 +132,8 @@ def _audit_webhooks(page: Page, app: Sendqueue, found: dict[str, list[dict[str, 
     store = open_store(app.database_url)
     try:
         cast(WebhookStore, store).record_deliveries(
-            [
+            [DeliveryRecord(hid, f"evt_{n}", "email.sent", now, 1, 40, 204) for n in range(2, 30)]
+            + [
                 DeliveryRecord(hid, "evt_1", "email.sent", now, 1, 812, 500, "HTTP 500"),
                 DeliveryRecord(hid, "evt_1", "email.sent", now, 2, 95, 204),
             ]
@@ -140,9 +141,14 @@ def _audit_webhooks(page: Page, app: Sendqueue, found: dict[str, list[dict[str, 
     finally:
         store.close()
     page.goto(f"{app.url}/webhooks/{hid}")
-    expect(page.locator("#deliveries tbody tr")).to_have_count(2)
+    expect(page.locator("#deliveries tbody tr")).to_have_count(25)
     page.locator("summary").click()
     _audit(page, "webhook (delivery log)", found)
+    page.get_by_role("link", name="Older attempts").click()
+    expect(page.locator("#deliveries tbody tr")).to_have_count(5)
+    expect(page.get_by_role("link", name="Newest attempts")).to_be_visible()
+    expect(page.locator("#older-attempts")).to_have_count(0)
+    _audit(page, "webhook (older attempts)", found)
 
 
 @pytest.mark.parametrize(("size", "scheme"), VARIANTS, ids=[f"{s}-{c}" for s, c in VARIANTS])

@@ -21,7 +21,7 @@ from sendqueue.domain.errors import InvalidField, NotFound, WebhookDeliveryFaile
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter
 from sendqueue.domain.webhook_safety import signature_header, signed_headers, verify
-from sendqueue.domain.webhooks import EventType, backoff, event_id, event_of
+from sendqueue.domain.webhooks import DeliveryRecord, EventType, backoff, event_id, event_of
 from sendqueue.ports.webhooks import WebhookResponse
 from sendqueue.services.webhooks import DeliveryPolicy, WebhookDelivery, WebhookService
 from sendqueue.services.webhooks.dead_letters import DeadLetterLog
@@ -249,7 +249,7 @@ def test_a_failing_head_blocks_the_rest_then_all_arrive_once_in_order(world: Wor
     assert world.delivery.run_pass().delivered == 2
     ids = world.receiver.ids
     assert ids == sorted(ids, key=lambda i: int(i[4:]))
-    log = world.service.deliveries(endpoint.id)
+    log = world.service.deliveries(endpoint.id).deliveries
     assert [d.ok for d in log][:2] == [True, True]
     assert [d.attempt for d in log if d.event_id == ids[0]] == [3, 2, 1]
 
@@ -334,6 +334,33 @@ def test_rotation_signs_with_both_secrets_for_a_day(world: World) -> None:
     world.delivery.run_pass()
     assert world.receiver.got[1][2]["type"] == "email.bounced"
     assert len(world.receiver.got[1][1]["webhook-signature"].split()) == 1
+
+
+def test_the_log_is_read_a_page_at_a_time_and_next_is_none_on_the_last(world: World) -> None:
+    endpoint = world.service.add("http://hooks.example.com/in").endpoint
+    world.store.record_deliveries(
+        [DeliveryRecord(endpoint.id, f"evt_{n}", "email.sent", T0, 1, 5, 200) for n in range(4)]
+    )
+    first = world.service.deliveries(endpoint.id, limit=2)
+    assert [d.event_id for d in first.deliveries] == ["evt_3", "evt_2"] and first.next
+    last = world.service.deliveries(endpoint.id, limit=2, before=first.next)
+    # a full last page says so: no cursor to an empty page
+    assert [d.event_id for d in last.deliveries] == ["evt_1", "evt_0"] and last.next is None
+    assert world.service.deliveries(endpoint.id, limit=4).next is None
+    nothing = world.service.deliveries(endpoint.id, limit=0, before=first.next)
+    assert nothing.deliveries == [] and nothing.next is None
+    # with since, the log ends at its first attempt before it
+    world.store.record_deliveries(
+        [
+            DeliveryRecord(endpoint.id, "evt_9", "email.sent", T0 - timedelta(days=8), 1, 5, 200),
+            DeliveryRecord(endpoint.id, "evt_10", "email.sent", T0, 1, 5, 200),
+        ]
+    )
+    recent = world.service.deliveries(endpoint.id, limit=1, since=T0)
+    assert [d.event_id for d in recent.deliveries] == ["evt_10"] and recent.next is None
+    with pytest.raises(InvalidField) as caught:
+        world.service.deliveries(endpoint.id, before="evt_3")
+    assert caught.value.field == "before"
 
 
 def test_remove_and_unknown_ids(world: World) -> None:

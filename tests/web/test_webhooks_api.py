@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any, cast
 
 from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.webhooks import DeliveryRecord
+from sendqueue.ports.webhooks import WebhookStore
 from sendqueue.services.webhooks import WebhookDelivery
 from tests.unit.test_webhooks import Receiver
 from tests.web.conftest import Web
@@ -99,3 +101,28 @@ def test_rotate_redeliver_and_the_log(web: Web) -> None:
     )
     assert error["field"] == "events"
     _error(web.client.post("/api/webhooks/wh_0/redeliver", json={"events": [event]}), 404)
+
+
+def test_the_log_pages_with_before_and_next(web: Web) -> None:
+    made = _add(web)
+    other = _add(web)
+    at = web.clock.now()
+    log = cast(WebhookStore, web.container.store)
+    log.record_deliveries(
+        [DeliveryRecord(made["id"], f"evt_{n}", "email.sent", at, 1, 9, 200) for n in range(5)]
+        + [DeliveryRecord(other["id"], "evt_9", "email.sent", at, 1, 9, 200)]
+    )
+    url = f"/api/webhooks/{made['id']}/deliveries"
+    first = web.client.get(url, params={"limit": 2}).json()
+    assert [d["event_id"] for d in first["deliveries"]] == ["evt_4", "evt_3"]
+    second = web.client.get(url, params={"limit": 2, "before": first["next"]}).json()
+    assert [d["event_id"] for d in second["deliveries"]] == ["evt_2", "evt_1"]
+    last = web.client.get(url, params={"limit": 2, "before": second["next"]}).json()
+    assert [d["event_id"] for d in last["deliveries"]] == ["evt_0"] and last["next"] is None
+    assert web.client.get(url).json()["next"] is None  # all of it on one page
+    theirs = log.deliveries(other["id"])[0].cursor
+    assert theirs is not None
+    for bad in ("nope", first["next"] + "=", theirs, "", "A" * 401):
+        error = _error(web.client.get(url, params={"before": bad}), 422)
+        assert error["field"] == "before", (bad, error)
+    _error(web.client.get("/api/webhooks/wh_0/deliveries", params={"before": "x"}), 404)

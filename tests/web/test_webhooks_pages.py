@@ -62,17 +62,28 @@ def test_the_list_shows_each_endpoint_masked_with_its_last_delivery(web: Web) ->
 def test_the_delivery_log_pages_through_the_last_seven_days_newest_first(web: Web) -> None:
     hook = _hook(web)["id"]
     _record(web, hook, 3, start=100, days_ago=8)  # older than the log keeps
-    _record(web, hook, 30, start=0)
+    _record(web, hook, 50, start=0)  # all at one instant: the cursor tells them apart
     first = web.client.get(f"/webhooks/{hook}").text
-    events = re.findall(r'<tr data-event-id="(evt_\d+)"', first)
-    assert events == [f"evt_{i}" for i in range(29, 4, -1)]
-    assert 'href="?page=2">Older<' in first and ">Newer<" not in first
-    assert 'data-action="redeliver-failed" hidden' in first  # nothing failed
-    second = web.client.get(f"/webhooks/{hook}?page=2").text
-    assert re.findall(r'<tr data-event-id="(evt_\d+)"', second) == [
-        f"evt_{i}" for i in range(4, -1, -1)
+    assert re.findall(r'<tr data-event-id="(evt_\d+)"', first) == [
+        f"evt_{i}" for i in range(49, 24, -1)
     ]
-    assert 'href="?page=1">Newer<' in second and ">Older<" not in second
+    older = re.search(r'<a class="button" id="older-attempts" href="\?before=([\w-]+)">', first)
+    assert older is not None and "Newest attempts" not in first
+    assert 'data-action="redeliver-failed" hidden' in first  # nothing failed
+    second = web.client.get(f"/webhooks/{hook}?before={older[1]}").text
+    assert re.findall(r'<tr data-event-id="(evt_\d+)"', second) == [
+        f"evt_{i}" for i in range(24, -1, -1)
+    ]
+    # the attempts past the 7 days, not yet pruned, are not a page of their own
+    assert f'href="/webhooks/{hook}">Newest attempts<' in second and "older-attempts" not in second
+    assert "25 attempts shown, older than the previous page" in second
+
+
+def test_a_cursor_not_of_the_log_is_the_bad_request_page(web: Web) -> None:
+    hook = _hook(web)["id"]
+    response = web.client.get(f"/webhooks/{hook}?before=nope", headers=HTML)
+    assert response.status_code == 400 and "text/html" in response.headers["content-type"]
+    assert "before: is not a cursor of this webhook" in response.text
 
 
 def test_an_unknown_endpoint_is_the_not_found_page(web: Web) -> None:

@@ -6,6 +6,7 @@ output shows it masked (``whsec_***`` and its last 4 characters), as the API doe
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any
@@ -14,7 +15,14 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from sendqueue.cli.common import JsonOpt, container, handle_errors, out, print_json
+from sendqueue.cli.common import (
+    JsonOpt,
+    container,
+    given_config,
+    handle_errors,
+    out,
+    print_json,
+)
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.models import utc
 from sendqueue.domain.webhooks import EventType
@@ -230,9 +238,25 @@ def webhook_redeliver(
 def webhook_deliveries(
     endpoint_id: IdArg,
     limit: Annotated[int, typer.Option("--limit", help="How many, newest first.")] = 50,
+    before: Annotated[
+        str | None,
+        typer.Option(
+            "--before", help="A cursor: the attempts older than it (printed after a page)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The endpoint's delivery log, newest first (7 days are kept)."""
+    """The endpoint's delivery log, newest first (7 days are kept), a page at a time; the
+    command for the next page follows it (--json: its cursor is ``next``)."""
     with container() as c:
-        views = c.webhooks.deliveries(endpoint_id, limit=limit)
-    _print_deliveries(views, as_json, plural(len(views), "attempt"))
+        page = c.webhooks.deliveries(endpoint_id, limit=limit, before=before)
+    if as_json:
+        print_json({"deliveries": [delivery_dict(v) for v in page.deliveries], "next": page.next})
+        return
+    _print_deliveries(page.deliveries, False, plural(len(page.deliveries), "attempt"))
+    if page.next is not None:
+        config = given_config()
+        args = ["webhook", "deliveries", endpoint_id, "--limit", str(limit), "--before", page.next]
+        command = shlex.join(["sendqueue", *(["--config", config] if config else []), *args])
+        # never wrapped, so that it can be copied whole
+        out.print(f"older attempts: {command}", markup=False, soft_wrap=True)

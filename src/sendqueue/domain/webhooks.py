@@ -11,7 +11,8 @@
   the change-log entry (a snapshot of the change); recipient, sender and message id from the
   task read at delivery time, which never change once the task is sent. The body is therefore
   the same on every attempt.
-- :class:`DeliveryRecord`: one attempt as the delivery log keeps it (7 days).
+- :class:`DeliveryRecord`: one attempt as the delivery log keeps it (7 days), with the opaque
+  cursor the log is paged by (:func:`delivery_cursor`, :func:`delivery_cursor_key`).
 
 ``sequence.stopped`` is not an event type: sequences do not exist yet.
 """
@@ -19,16 +20,18 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import enum
 import json
+import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
 from sendqueue.domain.errors import InvalidField
-from sendqueue.domain.models import ChangeLogEntry, Task, utc
+from sendqueue.domain.models import MAX_CURSOR, ChangeLogEntry, Task, utc
 
 __all__ = [
     "DEAD_LETTER",
@@ -46,6 +49,9 @@ __all__ = [
     "check_event_types",
     "check_url",
     "checked_endpoint_changes",
+    "delivery_cursor",
+    "delivery_cursor_id",
+    "delivery_cursor_key",
     "event_body",
     "event_id",
     "event_of",
@@ -251,7 +257,8 @@ class WebhookEvent:
 class DeliveryRecord:
     """One delivery attempt as the log keeps it. ``status`` is the HTTP status when one came
     back; ``error`` a short sanitized reason (None on success). ``attempt`` counts from 1;
-    ``redelivery`` marks one asked for by a user."""
+    ``redelivery`` marks one asked for by a user. ``cursor`` is its opaque place in the log,
+    set by the store that read it (None on an attempt not yet stored); equality ignores it."""
 
     endpoint_id: str
     event_id: str
@@ -262,10 +269,64 @@ class DeliveryRecord:
     status: int | None = None
     error: str | None = None
     redelivery: bool = False
+    cursor: str | None = field(default=None, compare=False)
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+#: Unpadded urlsafe base64, and no longer than any cursor a store makes.
+_CURSOR_TEXT = re.compile(r"[A-Za-z0-9_-]{1,400}")
+_CURSOR_ID = re.compile(r"[1-9][0-9]{0,18}")
+
+
+def delivery_cursor(store: str, endpoint_id: str, key: str) -> str:
+    """The opaque cursor of one attempt in an endpoint's log: the unpadded urlsafe base64 of
+    the store's kind, the endpoint and the store's own unique key of the attempt (a row id, a
+    sort key), so a cursor of another store or endpoint is told apart and refused."""
+    raw = f"{store}:{endpoint_id}:{key}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def delivery_cursor_key(cursor: str, *, store: str, endpoint_id: str, key: re.Pattern[str]) -> str:
+    """The store's key inside ``cursor``, made by :func:`delivery_cursor` for this store and
+    endpoint and matching ``key`` in full; anything else is InvalidField naming ``before``."""
+    raw = _decoded(cursor)
+    prefix = f"{store}:{endpoint_id}:"
+    found = raw[len(prefix) :] if raw is not None and raw.startswith(prefix) else None
+    # the canonical spelling only, so that an attempt has one cursor
+    if (
+        found is None
+        or not key.fullmatch(found)
+        or delivery_cursor(store, endpoint_id, found) != cursor
+    ):
+        raise _bad_cursor(cursor)
+    return found
+
+
+def delivery_cursor_id(cursor: str, *, store: str, endpoint_id: str) -> int:
+    """The row id or position inside the cursor of a store whose keys are positive integers
+    (at most :data:`~sendqueue.domain.models.MAX_CURSOR`); InvalidField naming ``before``
+    otherwise."""
+    value = int(delivery_cursor_key(cursor, store=store, endpoint_id=endpoint_id, key=_CURSOR_ID))
+    if value > MAX_CURSOR:
+        raise _bad_cursor(cursor)
+    return value
+
+
+def _decoded(cursor: str) -> str | None:
+    if not _CURSOR_TEXT.fullmatch(cursor):
+        return None
+    try:
+        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _bad_cursor(cursor: str) -> InvalidField:
+    reason = "is not a cursor of this webhook's delivery log (use a page's `next`)"
+    return InvalidField("before", cursor, reason)
 
 
 def event_id(change_id: int) -> str:

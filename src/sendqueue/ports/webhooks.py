@@ -34,8 +34,13 @@ class WebhookStore(Protocol):
     - ``remove_endpoint`` deletes the endpoint and its delivery log; False when unknown.
     - ``record_deliveries`` appends attempts to the delivery log.
     - ``deliveries`` reads one endpoint's log newest first, at most ``limit`` (an unknown
-      endpoint reads as []); ``failed_since`` the distinct event ids of its failed attempts at
-      or after ``since``, oldest attempt first.
+      endpoint reads as []), each attempt with its opaque ``cursor``; with ``before`` (such a
+      cursor) only the attempts strictly older than that one. Paging is by the store's unique
+      key of an attempt (SQL: the row id; DynamoDB: the sort key; the fake: its position),
+      never by time alone, so attempts of the same instant are each read once. A cursor of
+      another store or endpoint, or no cursor at all, is ``InvalidField("before")``.
+      ``failed_since`` reads the distinct event ids of its failed attempts at or after
+      ``since``, oldest attempt first.
     - ``prune_deliveries`` deletes every attempt before ``before``; returns how many.
     - ``log_dead_letter`` appends a change-log entry for a task whose invocation was
       dead-lettered (its campaign, ``from_state`` its state now, ``to_state``
@@ -59,7 +64,9 @@ class WebhookStore(Protocol):
 
     def record_deliveries(self, records: Sequence[DeliveryRecord]) -> None: ...
 
-    def deliveries(self, endpoint_id: str, *, limit: int = 100) -> list[DeliveryRecord]: ...
+    def deliveries(
+        self, endpoint_id: str, *, limit: int = 100, before: str | None = None
+    ) -> list[DeliveryRecord]: ...
 
     def failed_since(self, endpoint_id: str, since: datetime) -> list[str]: ...
 

@@ -3,6 +3,7 @@ store (it shares the store's lock and its simulated outages)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -16,10 +17,16 @@ from sendqueue.domain.webhooks import (
     EndpointChanges,
     WebhookEndpoint,
     checked_endpoint_changes,
+    delivery_cursor,
+    delivery_cursor_id,
 )
 from sendqueue.testing.guard import guarded
 
 __all__ = ["InMemoryWebhooks"]
+
+_CURSOR_KIND = "memory"
+#: Positions of logged attempts, increasing in write order (never reused, as SQL row ids).
+_POSITIONS = itertools.count(1)
 
 
 class InMemoryWebhooks:
@@ -68,13 +75,28 @@ class InMemoryWebhooks:
 
     @guarded
     def record_deliveries(self, records: Sequence[DeliveryRecord]) -> None:
-        self._deliveries.extend(replace(r, at=utc(r.at)) for r in records)
+        # a stored attempt's ``cursor`` holds its bare position; reads hand out the opaque one
+        self._deliveries.extend(
+            replace(r, at=utc(r.at), cursor=str(next(_POSITIONS))) for r in records
+        )
 
     @guarded
-    def deliveries(self, endpoint_id: str, *, limit: int = 100) -> list[DeliveryRecord]:
+    def deliveries(
+        self, endpoint_id: str, *, limit: int = 100, before: str | None = None
+    ) -> list[DeliveryRecord]:
         check_limit(limit)
-        found = [d for d in self._deliveries if d.endpoint_id == endpoint_id]
-        return found[::-1][:limit]
+        below = None
+        if before is not None:
+            below = delivery_cursor_id(before, store=_CURSOR_KIND, endpoint_id=endpoint_id)
+        found = [
+            d
+            for d in reversed(self._deliveries)
+            if d.endpoint_id == endpoint_id and (below is None or int(d.cursor or 0) < below)
+        ][:limit]
+        return [
+            replace(d, cursor=delivery_cursor(_CURSOR_KIND, endpoint_id, d.cursor or ""))
+            for d in found
+        ]
 
     @guarded
     def failed_since(self, endpoint_id: str, since: datetime) -> list[str]:

@@ -20,7 +20,7 @@ from sendqueue.services.views import (
     TaskView,
     iso,
 )
-from sendqueue.services.webhooks import DeliveryView, WebhookCreated, WebhookView
+from sendqueue.services.webhooks import DeliveryPage, DeliveryView, WebhookCreated, WebhookView
 
 __all__ = [
     "READ_ERRORS",
@@ -32,6 +32,7 @@ __all__ = [
     "DeadLetterList",
     "DeliveryList",
     "DeliveryOut",
+    "DeliveryPageOut",
     "ErrorBody",
     "ErrorInfo",
     "Health",
@@ -343,6 +344,18 @@ class DeliveryOut(BaseModel):
 
 class DeliveryList(BaseModel):
     deliveries: list[DeliveryOut]
+
+
+class DeliveryPageOut(DeliveryList):
+    """A page of an endpoint's delivery log, newest first."""
+
+    next: str | None = Field(
+        description="the cursor of the next, older page (pass it as `before`); null at the end"
+    )
+
+    @classmethod
+    def of(cls, page: DeliveryPage) -> DeliveryPageOut:
+        return cls(deliveries=[DeliveryOut.of(d) for d in page.deliveries], next=page.next)
 
 
 class ErrorInfo(BaseModel):

@@ -1,5 +1,6 @@
 """What the Webhooks page shows: each endpoint with its last delivery (:func:`endpoint_rows`),
-and one endpoint's delivery log of the last 7 days a page at a time (:func:`delivery_page`).
+and one endpoint's delivery log of the last 7 days a page at a time (:func:`delivery_page`,
+paged by the log's cursors: "Older attempts" carries the cursor of the next page).
 
 Both read through :class:`~sendqueue.services.webhooks.WebhookService`, so secrets arrive
 masked; times are shown in ``SENDQUEUE_DEFAULT_TIMEZONE`` with the zone's abbreviation.
@@ -18,7 +19,6 @@ from sendqueue.web.times import human_time
 
 __all__ = [
     "LOG_PAGE_SIZE",
-    "MAX_LOG_ROWS",
     "delivery_page",
     "delivery_row",
     "endpoint_row",
@@ -28,8 +28,6 @@ __all__ = [
 
 #: Attempts in one page of the delivery log.
 LOG_PAGE_SIZE = 25
-#: The newest attempts the log can page through (the API's largest ``limit``).
-MAX_LOG_ROWS = 1000
 
 
 def event_types() -> list[str]:
@@ -53,7 +51,7 @@ def delivery_row(view: DeliveryView, zone: str) -> dict[str, Any]:
 
 def endpoint_row(service: WebhookService, view: WebhookView, zone: str) -> dict[str, Any]:
     """An endpoint with its last attempt (None when it has had none) and its times as text."""
-    last = service.deliveries(view.id, limit=1)
+    last = service.deliveries(view.id, limit=1).deliveries
     return {
         "hook": view,
         "last": delivery_row(last[0], zone) if last else None,
@@ -70,22 +68,21 @@ def endpoint_rows(service: WebhookService, zone: str) -> list[dict[str, Any]]:
 
 
 def delivery_page(
-    service: WebhookService, endpoint_id: str, page: int, now: datetime, zone: str
+    service: WebhookService, endpoint_id: str, before: str | None, now: datetime, zone: str
 ) -> dict[str, Any]:
-    """Page ``page`` (from 1) of the endpoint's attempts of the last 7 days, newest first:
-    ``rows``, ``page``, ``more`` (a next page exists), ``failed`` (a failed attempt is on the
-    log, so "Redeliver failed" has something to send) and ``failed_since`` (the ISO start
-    of the 7 days, the body of that redelivery)."""
-    last_page = MAX_LOG_ROWS // LOG_PAGE_SIZE
-    page = min(max(1, page), last_page)
+    """A page of the endpoint's attempts of the last 7 days, newest first: the
+    :data:`LOG_PAGE_SIZE` older than the cursor ``before`` (None: the newest). ``rows``,
+    ``before``, ``next`` (the cursor of the older page; None at the end), ``size``,
+    ``failed`` (a failed attempt is on the page, so "Redeliver all failed" has something to
+    send) and ``failed_since`` (the ISO start of the 7 days, the body of that redelivery)."""
     since = now - timedelta(days=DELIVERY_LOG_DAYS)
-    wanted = min(MAX_LOG_ROWS, page * LOG_PAGE_SIZE + 1)
-    recent = [d for d in service.deliveries(endpoint_id, limit=wanted) if d.at >= since]
-    shown = recent[(page - 1) * LOG_PAGE_SIZE : page * LOG_PAGE_SIZE]
+    page = service.deliveries(endpoint_id, limit=LOG_PAGE_SIZE, before=before, since=since)
+    recent = page.deliveries
     return {
-        "rows": [delivery_row(d, zone) for d in shown],
-        "page": page,
-        "more": len(recent) > page * LOG_PAGE_SIZE and page < last_page,
+        "rows": [delivery_row(d, zone) for d in recent],
+        "before": before,
+        "next": page.next,
+        "size": LOG_PAGE_SIZE,
         "failed": any(not d.ok for d in recent),
         "failed_since": iso(since),
     }

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -38,6 +39,8 @@ from sendqueue.domain.webhooks import (
     EndpointChanges,
     WebhookEndpoint,
     checked_endpoint_changes,
+    delivery_cursor,
+    delivery_cursor_key,
 )
 
 __all__ = ["WebhookItems"]
@@ -62,6 +65,9 @@ _TIMES = frozenset({"created_at", "previous_secret_expires_at", "retry_at", "fai
 #: Makes two attempts logged in the same microsecond distinct and in write order.
 _SEQUENCE = itertools.count()
 _PROCESS = os.urandom(3).hex()
+#: The delivery log's cursors name sort keys: the attempt's time_key, ``#``, process, sequence.
+_CURSOR_KIND = "dynamodb"
+_SORT_KEY = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}#[0-9a-f]{6}\d{12,}")
 
 
 def _log_pk(endpoint_id: str) -> str:
@@ -118,6 +124,7 @@ def _record(endpoint_id: str, item: dict[str, Any]) -> DeliveryRecord:
         status=int(item["sc"]["N"]) if "sc" in item else None,
         error=item["er"]["S"] if "er" in item else None,
         redelivery=bool(item["rd"]["BOOL"]),
+        cursor=delivery_cursor(_CURSOR_KIND, endpoint_id, item["sk"]["S"]),
     )
 
 
@@ -197,20 +204,30 @@ class WebhookItems(TableClient):
             for start in range(0, len(items), 25):
                 self._batch_write(items[start : start + 25])
 
-    def deliveries(self, endpoint_id: str, *, limit: int = 100) -> list[DeliveryRecord]:
+    def deliveries(
+        self, endpoint_id: str, *, limit: int = 100, before: str | None = None
+    ) -> list[DeliveryRecord]:
         check_limit(limit)
+        condition = "pk = :pk"
+        values = {":pk": str_attr(_log_pk(endpoint_id))}
+        if before is not None:
+            key = delivery_cursor_key(
+                before, store=_CURSOR_KIND, endpoint_id=endpoint_id, key=_SORT_KEY
+            )
+            condition += " AND sk < :before"
+            values[":before"] = str_attr(key)
         if limit == 0:
             return []
         with self._errors("read webhook deliveries"):
-            page = self._db.query(
-                TableName=self._table,
-                KeyConditionExpression="pk = :pk",
-                ExpressionAttributeValues={":pk": str_attr(_log_pk(endpoint_id))},
+            # pages of ``limit`` until it is reached (a page stops at 1 MB)
+            items = self._query(
+                KeyConditionExpression=condition,
+                ExpressionAttributeValues=values,
                 ScanIndexForward=False,
                 Limit=limit,
                 ConsistentRead=True,
             )
-        return [_record(endpoint_id, dict(item)) for item in page.get("Items", [])]
+            return [_record(endpoint_id, item) for item in itertools.islice(items, limit)]
 
     def failed_since(self, endpoint_id: str, since: datetime) -> list[str]:
         out: dict[str, None] = {}

@@ -28,12 +28,16 @@ from sendqueue.domain.webhooks import (
     EndpointChanges,
     WebhookEndpoint,
     checked_endpoint_changes,
+    delivery_cursor,
+    delivery_cursor_id,
 )
 
 __all__ = ["WebhookTables"]
 
 _E = tables.webhook_endpoints.c
 _D = tables.webhook_deliveries.c
+#: The delivery log's cursors name SQL row ids (the same on SQLite and PostgreSQL).
+_CURSOR_KIND = "sql"
 
 
 def _endpoint(row: Any) -> WebhookEndpoint:
@@ -75,6 +79,7 @@ def _record(row: Any) -> DeliveryRecord:
         status=m["status"],
         error=m["error"],
         redelivery=bool(m["redelivery"]),
+        cursor=delivery_cursor(_CURSOR_KIND, m["endpoint_id"], str(m["id"])),
     )
 
 
@@ -184,7 +189,9 @@ class WebhookTables(ABC):
         with self._write("record webhook deliveries") as conn:
             conn.execute(sa.insert(tables.webhook_deliveries), rows)
 
-    def deliveries(self, endpoint_id: str, *, limit: int = 100) -> list[DeliveryRecord]:
+    def deliveries(
+        self, endpoint_id: str, *, limit: int = 100, before: str | None = None
+    ) -> list[DeliveryRecord]:
         check_limit(limit)
         query = (
             sa.select(tables.webhook_deliveries)
@@ -192,6 +199,9 @@ class WebhookTables(ABC):
             .order_by(_D.id.desc())
             .limit(limit)
         )
+        if before is not None:
+            row_id = delivery_cursor_id(before, store=_CURSOR_KIND, endpoint_id=endpoint_id)
+            query = query.where(_D.id < row_id)
         with self._read("read webhook deliveries") as conn:
             return [_record(row) for row in conn.execute(query)]
 

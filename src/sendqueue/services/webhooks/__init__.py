@@ -6,6 +6,7 @@ from sendqueue.services.webhooks.delivery import DeliveryPolicy, PassReport, Web
 from sendqueue.services.webhooks.endpoints import MAX_REDELIVER, WebhookService
 from sendqueue.services.webhooks.views import (
     MASKED_SECRET,
+    DeliveryPage,
     DeliveryView,
     WebhookCreated,
     WebhookView,
@@ -15,6 +16,7 @@ from sendqueue.services.webhooks.views import (
 __all__ = [
     "MASKED_SECRET",
     "MAX_REDELIVER",
+    "DeliveryPage",
     "DeliveryPolicy",
     "DeliveryView",
     "PassReport",

@@ -20,12 +20,18 @@ Contract:
   ids, the endpoint's cursor and retry state untouched, each attempt logged as a redelivery.
   An event id that names no event (no such change, or a change that makes no event) is
   InvalidField naming ``events`` and nothing is sent.
-- ``deliveries(id, limit=)``: the delivery log, newest first (7 days are kept).
+- ``deliveries(id, limit=, before=, since=)``: a page of the delivery log, newest first (7
+  days are kept): at most ``limit`` attempts older than the cursor ``before`` (None: from the
+  newest), and ``next``, the cursor of the page after it, None when no older attempt is left.
+  With ``since`` the log ends at its first attempt before that time (the Webhooks page hides
+  those older than 7 days that wait for their prune). A cursor not of this endpoint's log is
+  InvalidField naming ``before``.
 """
 
 from __future__ import annotations
 
 import builtins
+import itertools
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -46,7 +52,12 @@ from sendqueue.domain.webhooks import (
 from sendqueue.ports import Clock, TaskStore
 from sendqueue.ports.webhooks import EndpointChanges, WebhookStore
 from sendqueue.services.webhooks.delivery import WebhookDelivery
-from sendqueue.services.webhooks.views import DeliveryView, WebhookCreated, WebhookView
+from sendqueue.services.webhooks.views import (
+    DeliveryPage,
+    DeliveryView,
+    WebhookCreated,
+    WebhookView,
+)
 
 __all__ = ["MAX_REDELIVER", "WebhookService"]
 
@@ -167,10 +178,26 @@ class WebhookService:
             self._store.record_deliveries(records)
         return [DeliveryView.of(r) for r in records]
 
-    def deliveries(self, endpoint_id: str, *, limit: int = 100) -> builtins.list[DeliveryView]:
+    def deliveries(
+        self,
+        endpoint_id: str,
+        *,
+        limit: int = 100,
+        before: str | None = None,
+        since: datetime | None = None,
+    ) -> DeliveryPage:
         check_limit(limit)
         self._require(endpoint_id)
-        return [DeliveryView.of(r) for r in self._store.deliveries(endpoint_id, limit=limit)]
+        # one attempt more than asked for says whether an older page exists
+        found = self._store.deliveries(endpoint_id, limit=limit + 1, before=before)
+        if since is not None:
+            found = list(itertools.takewhile(lambda r: r.at >= since, found))
+        page = found[:limit]
+        more = len(found) > limit and bool(page)
+        return DeliveryPage(
+            deliveries=[DeliveryView.of(r) for r in page],
+            next=page[-1].cursor if more else None,
+        )
 
     def _event(self, value: str) -> WebhookEvent:
         change_id = change_id_of(value)

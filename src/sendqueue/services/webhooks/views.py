@@ -1,6 +1,6 @@
 """What the webhooks' use cases return: an endpoint with its secret masked
 (:class:`WebhookView`), the secret once (:class:`WebhookCreated`), one delivery attempt
-(:class:`DeliveryView`)."""
+(:class:`DeliveryView`) and a page of the delivery log (:class:`DeliveryPage`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ from datetime import datetime
 
 from sendqueue.domain.webhooks import DeliveryRecord, WebhookEndpoint
 
-__all__ = ["MASKED_SECRET", "DeliveryView", "WebhookCreated", "WebhookView", "mask_secret"]
+__all__ = [
+    "MASKED_SECRET",
+    "DeliveryPage",
+    "DeliveryView",
+    "WebhookCreated",
+    "WebhookView",
+    "mask_secret",
+]
 
 MASKED_SECRET = "whsec_***"
 
@@ -98,3 +105,12 @@ class DeliveryView:
             redelivery=record.redelivery,
             ok=record.ok,
         )
+
+
+@dataclass(frozen=True)
+class DeliveryPage:
+    """A page of an endpoint's delivery log, newest first."""
+
+    deliveries: list[DeliveryView]
+    next: str | None
+    """The cursor of the next, older page (``before``); None when this page is the last."""

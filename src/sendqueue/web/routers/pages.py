@@ -410,14 +410,15 @@ def webhooks_page(request: Request, c: ContainerDep) -> Response:
 
 @router.get("/webhooks/{endpoint_id}", response_class=HTMLResponse, name="page_webhook")
 def webhook_page(
-    request: Request, endpoint_id: str, c: ContainerDep, page: str | None = None
+    request: Request, endpoint_id: str, c: ContainerDep, before: str | None = None
 ) -> Response:
     """One endpoint with its controls and its delivery log of the last 7 days, a page at a
-    time, with "Redeliver" for one event or every failed one."""
+    time (``before``: the cursor of "Older attempts"), with "Redeliver" for one event or every
+    failed one. A cursor not of this log is the 400 page."""
     try:
         zone = c.settings.default_timezone
         view = c.webhooks.get(endpoint_id)
-        log = delivery_page(c.webhooks, view.id, _int_param(page, 1), c.clock.now(), zone)
+        log = delivery_page(c.webhooks, view.id, before or None, c.clock.now(), zone)
         return render(
             request,
             "webhooks.html",

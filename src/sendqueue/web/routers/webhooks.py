@@ -22,6 +22,7 @@ from sendqueue.web.schemas import (
     WRITE_ERRORS,
     DeliveryList,
     DeliveryOut,
+    DeliveryPageOut,
     WebhookList,
     WebhookOut,
     WebhookRemoved,
@@ -137,7 +138,15 @@ def deliveries(
     endpoint_id: str,
     c: ContainerDep,
     limit: Annotated[int, Query(ge=1, le=1000, description="newest first")] = 100,
-) -> DeliveryList:
-    """The endpoint's delivery log, newest first (7 days are kept)."""
-    views = c.webhooks.deliveries(endpoint_id, limit=limit)
-    return DeliveryList(deliveries=[DeliveryOut.of(d) for d in views])
+    before: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=400,
+            description="the cursor: `next` of the previous page (attempts older than it)",
+        ),
+    ] = None,
+) -> DeliveryPageOut:
+    """A page of the endpoint's delivery log, newest first (7 days are kept), and `next`, the
+    cursor of the older page; 422 naming `before` for a cursor not of this endpoint's log."""
+    return DeliveryPageOut.of(c.webhooks.deliveries(endpoint_id, limit=limit, before=before))
