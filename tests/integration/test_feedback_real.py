@@ -8,7 +8,6 @@ and the bounces and replies seen.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import os
 import secrets
@@ -30,6 +29,7 @@ from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
 from tests.support.app import LENIENT_LATENESS, T0, open_policy
+from tests.support.feedback_mail import message
 from tests.support.mailservers import BOUNCE_DOMAIN, Dovecot, Postfix
 
 SECRET = secrets.token_hex(20)
@@ -112,17 +112,12 @@ def _flags(dovecot: Dovecot) -> dict[int, tuple[bytes, ...]]:
         client.logout()
 
 
-def _append(dovecot: Dovecot, raw: str) -> None:
+def _append(dovecot: Dovecot, raw: bytes) -> None:
     client = cast(Any, dovecot.client())
     try:
-        client.append("INBOX", raw.replace("\n", "\r\n").encode())
+        client.append("INBOX", raw)
     finally:
         client.logout()
-
-
-def _message(headers: dict[str, str], body: str) -> str:
-    headers = {"Date": email.utils.formatdate(), **headers}
-    return "".join(f"{k}: {v}\n" for k, v in headers.items()) + "\n" + body + "\n"
 
 
 def test_a_real_bounce_and_a_reply_reach_their_tasks_through_postfix_and_dovecot(
@@ -199,7 +194,7 @@ def _replies(
     assert replier.message_id is not None
     _append(
         dovecot,
-        _message(
+        message(
             {
                 "From": "R <r@sink.example>",
                 "To": SENDER,
@@ -226,7 +221,7 @@ def _replies(
     # An out-of-office from o (who has a Pending email) and a newsletter: left alone.
     _append(
         dovecot,
-        _message(
+        message(
             {
                 "From": "O <o@sink.example>",
                 "To": SENDER,
@@ -240,7 +235,7 @@ def _replies(
     )
     _append(
         dovecot,
-        _message(
+        message(
             {
                 "From": "Shop <deals@shop.example>",
                 "To": "bounces@bounce.example",
@@ -270,12 +265,10 @@ def test_two_pollers_on_one_mailbox_read_each_message_once(
         for n in range(60):
             client.append(
                 "INBOX",
-                _message(
+                message(
                     {"From": f"shop{n}@shop.example", "Subject": f"deal {n}", "Precedence": "bulk"},
                     "Buy now.",
-                )
-                .replace("\n", "\r\n")
-                .encode(),
+                ),
             )
     finally:
         client.logout()

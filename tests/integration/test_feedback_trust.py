@@ -10,7 +10,6 @@ authenticated, still stops that recipient's emails.
 
 from __future__ import annotations
 
-import email.utils
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,6 +27,7 @@ from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler
 from tests.support.app import LENIENT_LATENESS, T0, open_policy
+from tests.support.feedback_mail import arf_report, dsn_report, message
 from tests.support.mailservers import Dovecot
 
 SECRET = "feedback-trust-test-key-0123456789abcdef"
@@ -59,9 +59,7 @@ class World:
         return task.message_id
 
     def deliver(self, headers: dict[str, str], body: str = "hello") -> None:
-        headers = {"Date": email.utils.formatdate(), **headers}
-        text = "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n" + body + "\r\n"
-        self.dovecot.deliver(text.encode())
+        self.dovecot.deliver(message(headers, body))
 
 
 def _app(store: SqlTaskStore, dovecot: Dovecot, **extra: object) -> Container:
@@ -209,56 +207,14 @@ def test_a_reply_that_a_trusted_server_authenticated_is_applied_others_are_not(
     assert world.task(f"{world.sent}-1")[1] is TaskOutcome.REPLIED
 
 
-_Report = tuple[dict[str, str], str]
-
-
-def _dsn(recipient: str, message_id: str) -> _Report:
-    headers = {
-        "From": "MAILER-DAEMON@mx.evil.example",
-        "To": "news@shop.example",
-        "Subject": "Undelivered Mail Returned to Sender",
-        "MIME-Version": "1.0",
-        "Content-Type": 'multipart/report; report-type=delivery-status; boundary="b"',
-    }
-    return headers, (
-        "--b\r\nContent-Type: text/plain\r\n\r\nCould not be delivered.\r\n"
-        "--b\r\nContent-Type: message/delivery-status\r\n\r\nReporting-MTA: dns; mx\r\n\r\n"
-        f"Final-Recipient: rfc822; {recipient}\r\nAction: failed\r\nStatus: 5.1.1\r\n"
-        "Diagnostic-Code: smtp; 550 5.1.1 user unknown\r\n"
-        "--b\r\nContent-Type: text/rfc822-headers\r\n\r\n"
-        f"From: {SENDER}\r\nTo: {recipient}\r\nMessage-ID: {message_id}\r\n--b--"
-    )
-
-
-def _arf(recipient: str, message_id: str) -> _Report:
-    headers = {
-        "From": "fbl@isp.evil.example",
-        "To": "news@shop.example",
-        "Subject": "Abuse report",
-        "MIME-Version": "1.0",
-        "Content-Type": 'multipart/report; report-type=feedback-report; boundary="b"',
-    }
-    return headers, (
-        "--b\r\nContent-Type: text/plain\r\n\r\nA complaint.\r\n"
-        "--b\r\nContent-Type: message/feedback-report\r\n\r\nFeedback-Type: abuse\r\n"
-        f"User-Agent: evil/1.0\r\nVersion: 1\r\nOriginal-Rcpt-To: <{recipient}>\r\n"
-        "--b\r\nContent-Type: text/rfc822-headers\r\n\r\n"
-        f"From: {SENDER}\r\nTo: {recipient}\r\nMessage-ID: {message_id}\r\n--b--"
-    )
-
-
-def _deliver_report(world: World, report: _Report) -> None:
-    world.deliver(*report)
-
-
 def test_forged_dsns_and_arf_reports_without_verp_change_nothing(world: World) -> None:
     guessed = f"<{world.sent}-1@shop.example>"
-    _deliver_report(world, _dsn(VICTIM, guessed))
-    _deliver_report(world, _dsn("never-mailed@example.com", "<x@y.example>"))
-    _deliver_report(world, _arf("ceo@competitor.example", guessed))
+    world.dovecot.deliver(dsn_report(VICTIM, guessed, sender=SENDER))
+    world.dovecot.deliver(dsn_report("never-mailed@example.com", "<x@y.example>", sender=SENDER))
+    world.dovecot.deliver(arf_report("ceo@competitor.example", guessed, sender=SENDER))
     # the attacker's own genuine id, naming the victim as the one that bounced or complained
-    _deliver_report(world, _dsn(VICTIM, world.attacker_id))
-    _deliver_report(world, _arf(VICTIM, world.attacker_id))
+    world.dovecot.deliver(dsn_report(VICTIM, world.attacker_id, sender=SENDER))
+    world.dovecot.deliver(arf_report(VICTIM, world.attacker_id, sender=SENDER))
     report = world.app.feedback_poller.poll()
     assert report.messages == 5
     assert (report.bounces, report.complaints) == (0, 0)
@@ -269,7 +225,7 @@ def test_forged_dsns_and_arf_reports_without_verp_change_nothing(world: World) -
 def test_a_genuine_dsn_without_verp_is_proven_by_its_signed_message_id(world: World) -> None:
     victim = world.store.get_task(f"{world.sent}-1")
     assert victim is not None and victim.message_id is not None
-    _deliver_report(world, _dsn(VICTIM, victim.message_id))
+    world.dovecot.deliver(dsn_report(VICTIM, victim.message_id, sender=SENDER))
     report = world.app.feedback_poller.poll()
     assert report.bounces == 1
     assert world.task(f"{world.sent}-1")[1] is TaskOutcome.BOUNCED

@@ -6,7 +6,6 @@ show``, and does not stop the other's reply."""
 
 from __future__ import annotations
 
-import email.utils
 import json
 import os
 import subprocess
@@ -27,6 +26,7 @@ from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler
 from tests.support.app import LENIENT_LATENESS, T0, open_policy
+from tests.support.feedback_mail import message
 from tests.support.mailservers import Dovecot
 
 SECRET = "k" * 8 + "0123456789abcdef" * 2
@@ -85,15 +85,20 @@ def _task_to(store: SqlTaskStore, cid: str) -> Task:
 
 def _reply(dovecot: Dovecot, user: str, to: str, message_id: str) -> None:
     """The recipient's answer to ``message_id``, appended to ``user``'s INBOX over IMAP."""
-    raw = (
-        f"From: Rita <{RECIPIENT}>\r\nTo: {to}\r\nSubject: Re: Hello\r\n"
-        f"Date: {email.utils.formatdate()}\r\n"
-        f"Message-ID: <re-{os.urandom(4).hex()}@example.org>\r\n"
-        f"In-Reply-To: {message_id}\r\nReferences: {message_id}\r\n\r\nThanks, not now.\r\n"
+    raw = message(
+        {
+            "From": f"Rita <{RECIPIENT}>",
+            "To": to,
+            "Subject": "Re: Hello",
+            "Message-ID": f"<re-{os.urandom(4).hex()}@example.org>",
+            "In-Reply-To": message_id,
+            "References": message_id,
+        },
+        "Thanks, not now.",
     )
     client = cast(Any, dovecot.client(user))
     try:
-        client.append("INBOX", raw.encode())
+        client.append("INBOX", raw)
     finally:
         client.logout()
 

@@ -12,112 +12,26 @@ library and records the ids, and ``sendqueue worker`` processes sending a campai
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
 from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
-from sendqueue.domain.webhooks import event_of
 from sendqueue.ports import FeedbackStore
 from sendqueue.services.demo import demo_csv, demo_policy
 from sendqueue.services.importing import Templates
+from tests.support import worker_proc
 from tests.support.real import all_final, real_app, wait_until
 from tests.support.smtp import SmtpSink
+from tests.support.webhook_e2e import Receiver, expected_events, first_arrivals, worker_env
 
-ROOT = Path(__file__).resolve().parents[2]
 OUTAGE_SECONDS = 120.0
 
 pytestmark = pytest.mark.slow
-
-
-class Receiver:
-    """The receiver process (tests/support/webhook_receiver.py), restartable on its port."""
-
-    def __init__(self, tmp_path: Path, secret: str) -> None:
-        self.log = tmp_path / "received.jsonl"
-        self.secret = secret
-        self.port = 0
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self, *, hang_first: bool = False) -> None:
-        args = ["--port", str(self.port), "--secret", self.secret, "--log", str(self.log)]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.webhook_receiver", *args]
-            + (["--hang-first"] if hang_first else []),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().split()
-        assert line[0] == "PORT", line
-        self.port = int(line[1])
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def records(self) -> list[dict[str, Any]]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
-
-    def ids(self) -> list[str]:
-        return [r["id"] for r in self.records() if r.get("ok")]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-
-def _env(tmp_path: Path, sink: SmtpSink) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENDQUEUE_")}
-    env.update(
-        SENDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'store.db'}",
-        SENDQUEUE_SCHEDULER_URL=f"sqlite:///{tmp_path / 'scheduler.db'}",
-        SENDQUEUE_MAILER=sink.url(),
-        SENDQUEUE_WEBHOOK_ALLOW_HOSTS="127.0.0.1",
-        SENDQUEUE_WEBHOOK_RETRY_BASE="0.5",
-        SENDQUEUE_WEBHOOK_RETRY_CAP="4",
-        SENDQUEUE_WEBHOOK_POLL_INTERVAL="0.1",
-        SENDQUEUE_WEBHOOK_TIMEOUT="2",
-        SENDQUEUE_RECONCILE_INTERVAL="3600",
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-    )
-    return env
-
-
-def _worker(env: dict[str, str]) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.worker_proc"],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "READY"
-    return proc
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0 and "STOPPED" in out
 
 
 def _campaign(app: Container, count: int, interval: float) -> str:
@@ -129,19 +43,6 @@ def _campaign(app: Container, count: int, interval: float) -> str:
     ).campaign.id
     assert app.provisioner.provision(cid).status == "done"
     return cid
-
-
-def _expected(app: Container, after: int) -> list[str]:
-    """The ids of every event made after change ``after``, in the order made."""
-    entries = app.store.changes_after(after, limit=10_000)
-    return [event.id for e in entries if (event := event_of(e)) is not None]
-
-
-def _first_arrivals(ids: list[str]) -> list[str]:
-    seen: dict[str, None] = {}
-    for i in ids:
-        seen.setdefault(i)
-    return list(seen)
 
 
 @pytest.mark.timeout(480)
@@ -159,7 +60,7 @@ def test_a_receiver_outage_loses_nothing_and_keeps_the_order(
     cid = _campaign(app, 16, 2.5)
     cancelled = app.campaigns.cancel_task(f"{cid}-15")
     assert cancelled.state is TaskState.CANCELLED
-    worker = _worker(_env(tmp_path, smtp_sink))
+    worker = worker_proc.start(worker_env(tmp_path, smtp_sink.url()))
     try:
         wait_until(lambda: len(receiver.ids()) >= 3, 60, "the first events")
         receiver.kill()
@@ -175,15 +76,15 @@ def test_a_receiver_outage_loses_nothing_and_keeps_the_order(
         sent = app.store.list_tasks(cid, state=TaskState.FINISHED, limit=1)[0]
         feedback = cast(FeedbackStore, app.store)
         assert feedback.set_outcome(sent.id, TaskOutcome.REPLIED, detail="re", at=app.clock.now())
-        expected = _expected(app, start)
+        expected = expected_events(app, start)
         wait_until(lambda: set(expected) <= set(receiver.ids()), 120, "every event")
     finally:
-        _stop(worker)
+        worker_proc.stop(worker)
         receiver.kill()
     records = receiver.records()
     assert all(r.get("ok") for r in records), [r for r in records if not r.get("ok")]
     ids = receiver.ids()
-    assert _first_arrivals(ids) == expected  # nothing lost, nothing extra, in order
+    assert first_arrivals(ids) == expected  # nothing lost, nothing extra, in order
     types = {r["type"] for r in records}
     assert {
         "email.sent",
@@ -205,9 +106,9 @@ def test_a_worker_killed_mid_delivery_delivers_the_event_after_its_restart(
     receiver.start(hang_first=True)
     app.webhooks.update(made.endpoint.id, url=receiver.url)
     start = app.webhooks.get(made.endpoint.id).cursor
-    env = _env(tmp_path, smtp_sink)
+    env = worker_env(tmp_path, smtp_sink.url())
     cid = _campaign(app, 3, 1.0)
-    worker = _worker(env)
+    worker = worker_proc.start(env)
 
     def hung() -> str | None:
         return next((r["hung"] for r in receiver.records() if "hung" in r), None)
@@ -218,14 +119,14 @@ def test_a_worker_killed_mid_delivery_delivers_the_event_after_its_restart(
     assert worker.returncode == -signal.SIGKILL
     if worker.stdout is not None:
         worker.stdout.close()
-    worker = _worker(env)
+    worker = worker_proc.start(env)
     try:
         wait_until(lambda: all_final(app, cid), 60, "every task final")
         wait_until(lambda: hung() in receiver.ids(), 60, "the killed delivery again")
-        expected = _expected(app, start)
+        expected = expected_events(app, start)
         wait_until(lambda: set(expected) <= set(receiver.ids()), 60, "every event")
     finally:
-        _stop(worker)
+        worker_proc.stop(worker)
         receiver.kill()
-    assert _first_arrivals(receiver.ids()) == expected
+    assert first_arrivals(receiver.ids()) == expected
     assert receiver.ids()[0] == hung()

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_procrastinate import _app, _campaign, _env, _fleet
-from tests.integration.test_webhooks_e2e import Receiver, _expected, _first_arrivals
 from tests.support.real import all_final, wait_until
 from tests.support.smtp import SmtpSink
+from tests.support.webhook_e2e import Receiver, expected_events, first_arrivals
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.xdist_group("many-connections")]
 
@@ -36,7 +36,7 @@ def test_two_procrastinate_workers_deliver_every_event_once_in_order(
             cid = _campaign(app, 20, 0.3)
             assert app.provisioner.provision(cid).status == "done"
             wait_until(lambda: all_final(app, cid), 90, "every task final")
-            expected = _expected(app, start)
+            expected = expected_events(app, start)
             wait_until(lambda: set(expected) <= set(receiver.ids()), 60, "every event")
     finally:
         receiver.kill()
@@ -46,5 +46,5 @@ def test_two_procrastinate_workers_deliver_every_event_once_in_order(
     # an event made after ``expected`` was read (a late change) may arrive too: the ones read
     # all arrive, once each first, in the order they were made
     wanted = set(expected)
-    assert [i for i in _first_arrivals(receiver.ids()) if i in wanted] == expected
+    assert [i for i in first_arrivals(receiver.ids()) if i in wanted] == expected
     assert {r["type"] for r in records} >= {"email.sent", "campaign.completed"}

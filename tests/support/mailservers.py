@@ -13,10 +13,13 @@ Fixtures (registered through ``pytest_plugins`` in tests/conftest.py):
 - ``postfix``: a :class:`Postfix` instance (its own ``config_directory``, ``queue_directory`` and
   ``data_directory``, ``postfix -c DIR start``, ``stop`` after the test) whose smtpd listens on
   a free 127.0.0.1 port and accepts everything from loopback
-  (``smtpd_reject_unlisted_recipient = no``). ``transport_maps`` sends
-  ``bad.example`` to ``error:5.1.1 user unknown`` (accepted, then bounced: the DSN is real) and
-  ``sink.example`` to ``discard:`` (delivered nowhere); mail to ``bounce.example`` (the VERP
-  bounce addresses) is delivered by Postfix's ``virtual`` agent into the Dovecot Maildir.
+  (``smtpd_reject_unlisted_recipient = no``), but for ``reject.example``, refused at RCPT with
+  ``550 5.1.1`` (``check_recipient_access``: no DSN, the sender sees the refusal).
+  ``transport_maps`` sends ``bad.example`` to ``error:5.1.1 user unknown`` (accepted, then
+  bounced: the DSN is real) and ``sink.example`` to ``discard:`` (delivered nowhere); mail to
+  ``bounce.example`` (the VERP bounce addresses, the feedback mailbox) is delivered by
+  Postfix's ``virtual`` agent into the Dovecot Maildir. :meth:`Postfix.submit` mails a message
+  through it, as the outside world would (a reply, an abuse report).
 
 Privileges: Postfix's master must start as root (it drops to ``mail_owner=postfix`` itself), so
 the ``postfix`` fixture needs root, the ``postfix`` user and the ``postdrop`` group, as CI has.
@@ -37,6 +40,7 @@ import grp
 import os
 import pwd
 import shutil
+import smtplib
 import socket
 import subprocess
 import tempfile
@@ -65,6 +69,8 @@ POSTFIX = Path("/usr/sbin/postfix")
 ERROR_DOMAIN = "bad.example"
 #: Mail to this domain is accepted and discarded.
 SINK_DOMAIN = "sink.example"
+#: Mail to this domain is refused at RCPT with 550 5.1.1.
+REJECT_DOMAIN = "reject.example"
 #: The domain of the VERP bounce addresses: delivered into the Dovecot Maildir.
 BOUNCE_DOMAIN = "bounce.example"
 
@@ -365,6 +371,11 @@ class Postfix:
         )
         return out.returncode == 0 and not out.stdout.strip()
 
+    def submit(self, raw: bytes, *, mail_from: str, to: str) -> None:
+        """Mail ``raw`` to ``to`` through this Postfix's smtpd (from loopback: accepted)."""
+        with smtplib.SMTP("127.0.0.1", self.port, timeout=10) as smtp:
+            smtp.sendmail(mail_from, [to], raw)
+
 
 def _postconf_default(name: str) -> str:
     out = subprocess.run(
@@ -423,6 +434,7 @@ def postfix(dovecot: Dovecot, mail_root: Path) -> Iterator[Postfix]:
     (conf / "transport").write_text(
         f"{ERROR_DOMAIN} error:5.1.1 user unknown\n{SINK_DOMAIN} discard:\n"
     )
+    (conf / "recipient_access").write_text(f"{REJECT_DOMAIN} 550 5.1.1 user unknown\n")
     main = {
         "compatibility_level": "3.6",
         "config_directory": conf,
@@ -442,7 +454,10 @@ def postfix(dovecot: Dovecot, mail_root: Path) -> Iterator[Postfix]:
         "inet_protocols": "ipv4",
         "mynetworks": "127.0.0.0/8",
         "smtpd_relay_restrictions": "permit_mynetworks, reject",
-        "smtpd_recipient_restrictions": "permit_mynetworks, reject",
+        "smtpd_recipient_restrictions": (
+            f"check_recipient_access texthash:{conf / 'recipient_access'}, "
+            "permit_mynetworks, reject"
+        ),
         "smtpd_reject_unlisted_recipient": "no",
         "transport_maps": f"texthash:{conf / 'transport'}",
         "virtual_mailbox_domains": BOUNCE_DOMAIN,

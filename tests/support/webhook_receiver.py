@@ -5,9 +5,11 @@ Run as ``python -m tests.support.webhook_receiver --port P --secret whsec_... --
 every POST verifies the Standard Webhooks signature with the ``standardwebhooks`` library,
 as a receiver would (the timestamp within 5 minutes, one of the ``v1,`` signatures matching
 ``{webhook-id}.{webhook-timestamp}.{body}``). A verified delivery is appended to the log as
-one JSON line (``{"id", "type", "ok": true}``, fsynced) and answered 204; a bad one is logged with
-``"ok": false`` and answered 400. With ``--hang-first`` the first request is logged as
-``{"hung": id}`` and never answered.
+one JSON line (``{"id", "type", "data", "ok": true}``: the event's id, type and ``data``,
+fsynced) and answered 204; a bad one is logged with ``"ok": false`` and answered 400. With
+``--hang-first`` the first request is logged as ``{"hung": id}`` and never answered.
+
+:class:`tests.support.webhook_e2e.Receiver` is a test's handle on this process.
 """
 
 from __future__ import annotations
@@ -60,7 +62,14 @@ def main() -> None:
                 threading.Event().wait()
             ok = verified(args.secret, headers, body)
             document = json.loads(body) if ok else {}
-            write({"id": headers.get("webhook-id"), "type": document.get("type"), "ok": ok})
+            write(
+                {
+                    "id": headers.get("webhook-id"),
+                    "type": document.get("type"),
+                    "data": document.get("data"),
+                    "ok": ok,
+                }
+            )
             self.send_response(204 if ok else 400)
             self.end_headers()
 

@@ -1,26 +1,41 @@
-"""A real ``sendqueue worker`` process with a kill point, for crash tests.
+"""A real ``sendqueue worker`` process with a kill point and a store fault, for crash tests.
 
-Run as ``python -m tests.support.worker_proc [--hold-at claim|accepted] [--nth N]``; settings
-come from the SENDQUEUE_* environment like the real worker. At the N-th claim (Pending ->
-Running written) or the N-th SMTP accept (before Finished is written), it prints
-``HOLD <point> <task id>`` and blocks, so the test can SIGKILL it exactly there.
+Run as ``python -m tests.support.worker_proc [--hold-at claim|accepted] [--nth N]
+[--unreadable TASK_ID ...]``; settings come from the SENDQUEUE_* environment like the real
+worker. At the N-th claim (Pending -> Running written) or the N-th SMTP accept (before Finished
+is written), it prints ``HOLD <point> <task id>`` and blocks, so the test can SIGKILL it exactly
+there. A send of an ``--unreadable`` task finds the store unavailable when it reads the task,
+every time, as in an outage only that invocation meets: the execution layer retries it and then
+dead-letters it.
+
+:func:`start` runs it (after ``READY``), :func:`stop` ends it with SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
+import subprocess
 import sys
 import threading
-from typing import Any
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any, cast
 
 from sendqueue.adapters.mail.factory import mailer_from_url
 from sendqueue.adapters.sql import open_store
 from sendqueue.bootstrap import bootstrap
+from sendqueue.domain.errors import StoreUnavailable
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.ports import Mailer, OutgoingMessage, TaskStore
+from sendqueue.domain.models import Task
+from sendqueue.domain.suppression import Suppression
+from sendqueue.ports import Mailer, OutgoingMessage, SuppressionList, TaskStore
 from sendqueue.runtime import run_worker
 from sendqueue.settings import Settings
+
+__all__ = ["start", "stop"]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Hold:
@@ -42,9 +57,16 @@ class _Hold:
 
 
 class HoldingStore:
-    def __init__(self, inner: TaskStore, hold: _Hold) -> None:
+    def __init__(self, inner: TaskStore, hold: _Hold, unreadable: Collection[str] = ()) -> None:
         self.inner = inner
         self.hold = hold
+        self.unreadable = frozenset(unreadable)
+
+    def task_and_suppression(self, task_id: str) -> tuple[Task | None, Suppression | None]:
+        """The send's first read (``SuppressionList.task_and_suppression``)."""
+        if task_id in self.unreadable:
+            raise StoreUnavailable(f"reading task {task_id}: the store did not answer")
+        return cast(SuppressionList, self.inner).task_and_suppression(task_id)
 
     def transition(self, task_id: str, expected: TaskState, new: TaskState, **kw: Any) -> Any:
         result = self.inner.transition(task_id, expected, new, **kw)
@@ -74,10 +96,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hold-at", choices=["claim", "accepted"], default=None)
     parser.add_argument("--nth", type=int, default=1)
+    parser.add_argument("--unreadable", action="append", default=[], metavar="TASK_ID")
     args = parser.parse_args()
     settings = Settings()
     hold = _Hold(args.hold_at, args.nth)
-    store = HoldingStore(open_store(settings.database_url), hold)
+    store = HoldingStore(open_store(settings.database_url), hold, args.unreadable)
     mailer = HoldingMailer(mailer_from_url(settings.mailer), hold)
     app = bootstrap(settings, store=store, mailer=mailer)
     stop = threading.Event()
@@ -88,6 +111,29 @@ def main() -> None:
     app.close()
     sys.stdout.write("STOPPED\n")
     sys.stdout.flush()
+
+
+def start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """This module as a worker process with ``env`` and ``args``, once it printed READY."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.worker_proc", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "READY"
+    return proc
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, then wait for a clean exit (in-flight sends finish)."""
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "STOPPED" in out
 
 
 if __name__ == "__main__":

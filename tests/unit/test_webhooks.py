@@ -17,19 +17,33 @@ from datetime import timedelta
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from sendqueue.domain.errors import InvalidField, NotFound, WebhookDeliveryFailed
+from sendqueue.domain.errors import (
+    InvalidField,
+    NotFound,
+    PermanentMailError,
+    WebhookDeliveryFailed,
+)
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter
 from sendqueue.domain.webhook_safety import signature_header, signed_headers, verify
-from sendqueue.domain.webhooks import DeliveryRecord, EventType, backoff, event_id, event_of
+from sendqueue.domain.webhooks import (
+    DeliveryRecord,
+    EventType,
+    backoff,
+    event_body,
+    event_id,
+    event_of,
+)
 from sendqueue.ports.webhooks import WebhookResponse
 from sendqueue.services.webhooks import DeliveryPolicy, WebhookDelivery, WebhookService
 from sendqueue.services.webhooks.dead_letters import DeadLetterLog
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
+from sendqueue.testing.mailer import RecordingMailer
+from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
 from sendqueue.testing.tasks import bare_task
-from tests.support.app import T0, open_policy
+from tests.support.app import T0, csv_bytes, fake_app, open_policy
 
 CID = "c00000000000a"
 
@@ -402,3 +416,32 @@ def test_a_dead_letter_becomes_a_dead_letter_event_and_the_alarm_still_goes_out(
     world.store.set_available(False)
     alarm.raise_alarm(replace(letter, id="dl3"))  # the store is down: the alarm goes out
     assert [x.id for x in recorded.letters][-1] == "dl3"
+
+
+def test_an_email_failed_event_says_why_from_the_worker_and_the_reconciler() -> None:
+    clock = FakeClock(T0)
+    mailer = RecordingMailer()
+    app = fake_app(clock=clock, mailer=mailer, stale_policy="fail", stale_after=900)
+    cid = app.campaigns.create(
+        name="f", recipients=csv_bytes(2), policy=open_policy(), from_addr="a@example.com"
+    ).campaign.id
+    assert app.provisioner.provision(cid).status == "done"
+    refused, lost = app.store.list_tasks(cid)
+    # a worker claimed the second and died; the first is refused for good
+    app.store.transition(lost.id, TaskState.PENDING, TaskState.RUNNING, at=clock.now(),
+                         changes={"claimed_at": clock.now(), "attempts": 1})  # fmt: skip
+    mailer.fail_next(PermanentMailError("550 5.1.1 no such user"))
+    clock.advance(hours=1)
+    scheduler = app.scheduler
+    assert isinstance(scheduler, FakeScheduler)
+    scheduler.fire_due(app.invoke)
+    assert app.reconciler.run().stale_failed == 1
+    reasons = {}
+    for change in app.store.changes_after(0, limit=100):
+        event = event_of(change)
+        if event is not None and event.type is EventType.EMAIL_FAILED:
+            body = json.loads(event_body(event, app.store.get_task(change.task_id or "")))
+            reasons[body["data"]["task_id"]] = body["data"]["reason"]
+    assert reasons.keys() == {refused.id, lost.id}
+    assert reasons[refused.id] == "permanent: 550 5.1.1 no such user"
+    assert reasons[lost.id].startswith("stale: outcome unknown: the worker did not finish")

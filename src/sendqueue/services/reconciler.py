@@ -391,7 +391,7 @@ class Reconciler:
             )
             if self._still_stale(task) and self._store.transition(
                 task.id, TaskState.RUNNING, TaskState.FAILED, at=now,
-                changes={"error": why}, note="stale",
+                changes={"error": why}, note=f"stale: {why}",  # the email.failed reason
             ):  # fmt: skip
                 report.stale_failed += 1
                 self._campaigns.replanner.capacity.release([task.id])

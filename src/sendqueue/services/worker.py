@@ -504,12 +504,14 @@ class SendWorker:
 
     def _failed(self, campaign: Campaign, task: Task, error: str) -> bool:
         """Record a failure (auto-pausing after too many in a row); True unless it paused."""
+        error = error[:2000]
         done = self._store.transition(
             task.id,
             TaskState.RUNNING,
             TaskState.FAILED,
             at=self._clock.now(),
-            changes={"error": error[:2000]},
+            changes={"error": error},
+            note=error,  # the change's note is the email.failed event's reason
         )
         if task.sender_id is not None:
             self._capacity.release([task.id])  # nothing went out: the slot is free again
