@@ -37,7 +37,9 @@ def _env(tmp_path: Path, sink: SmtpSink, policy: str) -> dict[str, str]:
         SENDQUEUE_SCHEDULER_URL=f"sqlite:///{tmp_path / 'scheduler.db'}",
         SENDQUEUE_MAILER=sink.url(),
         SENDQUEUE_STALE_POLICY=policy,
-        SENDQUEUE_STALE_AFTER="2",
+        # long enough that the first victim's task is not yet recovered (and claimed again)
+        # when the second victim starts, even on a loaded machine
+        SENDQUEUE_STALE_AFTER="8",
         SENDQUEUE_RECONCILE_INTERVAL="1",
         SENDQUEUE_RECONCILE_LEASE="2",
         SENDQUEUE_SCHEDULER_LEASE="3",
@@ -81,7 +83,7 @@ def test_killed_workers_lose_nothing_under_retry_and_duplicate_nothing_under_fai
 ) -> None:
     rng = random.Random(f"crash-{policy}")
     env = _env(tmp_path, smtp_sink, policy)
-    app = real_app(tmp_path, smtp_sink.url(), stale_policy=policy, stale_after=2)
+    app = real_app(tmp_path, smtp_sink.url(), stale_policy=policy, stale_after=8)
     cid = app.campaigns.create(
         name="crash",
         recipients=demo_csv(COUNT),

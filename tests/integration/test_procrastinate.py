@@ -265,7 +265,8 @@ def test_a_killed_workers_stalled_work_completes_under_the_stale_policy(
     count = 150
     timing = {
         "SENDQUEUE_STALE_POLICY": policy,
-        "SENDQUEUE_STALE_AFTER": "5",
+        # well above a send's time on a loaded machine: only the victim's sends go stale
+        "SENDQUEUE_STALE_AFTER": "10",
         "SENDQUEUE_RECONCILE_INTERVAL": "2",
         "SENDQUEUE_RECONCILE_LEASE": "3",
         "SENDQUEUE_SCHEDULER_LEASE": "4",
