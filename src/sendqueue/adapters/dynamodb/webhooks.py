@@ -11,7 +11,7 @@
   and batch-deletes. Removing an endpoint deletes its partition too.
 - A relayed dead letter is the marker item (``DL#<letter id>``, ``#``), put only if absent in
   the same TransactWriteItems as the log item holding its ``dead_letter`` entry: up to 49
-  letters per transaction. The markers are read first in one BatchGetItem per 100, so letters
+  letters per transaction. Each group's markers are read first (one BatchGetItem), so letters
   relayed before cost a read and no write; a marker that appears meanwhile (another relay won)
   fails the transaction's condition, and the group is read again and written without it.
 """
@@ -261,16 +261,16 @@ class WebhookItems(TableClient):
         for letter in letters:
             given.setdefault(letter.letter_id, letter)
         logged: set[str] = set()
+        todo = list(given.values())
         with self._errors("relay dead letters"):
-            fresh = self._unrelayed(list(given.values()))
-            for start in range(0, len(fresh), _RELAY_GROUP):
-                group = _Group(fresh[start : start + _RELAY_GROUP], [])
+            for start in range(0, len(todo), _RELAY_GROUP):
+                group = _Group(todo[start : start + _RELAY_GROUP], [])
                 self._with_log(partial(self._relay_group, group))
                 logged.update(group.logged)
         return [letter_id for letter_id in given if letter_id in logged]
 
     def _unrelayed(self, letters: list[RelayedLetter]) -> list[RelayedLetter]:
-        """The letters that have no marker yet (one consistent batch read per 100)."""
+        """The letters that have no marker yet (consistent batch reads)."""
         keys = [(_marker_pk(r.letter_id), "#") for r in letters]
         known = {item["pk"]["S"] for item in self._batch_get(keys, projection="pk, sk")}
         return [r for r in letters if _marker_pk(r.letter_id) not in known]
