@@ -42,6 +42,7 @@ from sendqueue.ports import (
 )
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.config import ServiceConfig
+from sendqueue.services.dead_letters import DeadLetterQueue
 from sendqueue.services.feedback import FeedbackService
 from sendqueue.services.feedback_poll import FeedbackParser, FeedbackPoller
 from sendqueue.services.importing import ImportLimits
@@ -53,7 +54,7 @@ from sendqueue.services.senders import SenderService
 from sendqueue.services.suppression import SuppressionService
 from sendqueue.services.templates import TemplateLimits
 from sendqueue.services.unsubscribe import UnsubscribeService
-from sendqueue.services.webhooks import WebhookDelivery, WebhookService
+from sendqueue.services.webhooks import DeadLetterRelay, WebhookDelivery, WebhookService
 from sendqueue.services.worker import SendWorker
 from sendqueue.settings import Settings, load_settings
 
@@ -443,6 +444,14 @@ class Container:
     @cached_property
     def feedback_poller(self) -> FeedbackPoller:
         return bootstrap_feedback.feedback_poller(self)
+
+    @cached_property
+    def dead_letter_relay(self) -> DeadLetterRelay:
+        return bootstrap_webhooks.dead_letter_relay(self)
+
+    @cached_property
+    def dead_letter_queue(self) -> DeadLetterQueue:
+        return bootstrap_webhooks.dead_letter_queue(self)
 
     @cached_property
     def webhook_delivery(self) -> WebhookDelivery:

@@ -1,6 +1,7 @@
 """The composition root's part for webhooks: the HTTP transport under the allow-list, the
-delivery loop's pass and the endpoints' service. Apart from :mod:`sendqueue.bootstrap` only to
-keep each module short; the container's ``webhook_delivery`` and ``webhooks`` are the way in."""
+dead-letter relay (and the alarm that runs it), the delivery loop's pass and the endpoints'
+service. Apart from :mod:`sendqueue.bootstrap` only to keep each module short; the container's
+``dead_letter_relay``, ``webhook_delivery`` and ``webhooks`` are the way in."""
 
 from __future__ import annotations
 
@@ -9,19 +10,47 @@ from typing import TYPE_CHECKING, cast
 from sendqueue.adapters.webhooks import HttpWebhookTransport
 from sendqueue.ports import Alarm
 from sendqueue.ports.webhooks import WebhookAlarm, WebhookStore, WebhookTransport
-from sendqueue.services.webhooks import DeliveryPolicy, WebhookDelivery, WebhookService
-from sendqueue.services.webhooks.dead_letters import DeadLetterLog
+from sendqueue.services.dead_letters import DeadLetterQueue
+from sendqueue.services.webhooks import (
+    DeadLetterLog,
+    DeadLetterRelay,
+    DeliveryPolicy,
+    WebhookDelivery,
+    WebhookService,
+)
 
 if TYPE_CHECKING:
     from sendqueue.bootstrap import Container
 
-__all__ = ["dead_letter_log", "webhook_delivery", "webhook_service", "webhook_transport"]
+__all__ = [
+    "dead_letter_log",
+    "dead_letter_queue",
+    "dead_letter_relay",
+    "webhook_delivery",
+    "webhook_service",
+    "webhook_transport",
+]
+
+
+def dead_letter_relay(c: Container) -> DeadLetterRelay:
+    """Copies the execution layer's dead letters into the change log, once per letter id
+    (``dead_letter`` events; see :mod:`sendqueue.services.webhooks.dead_letters`). The
+    scheduler and the store are opened at first use: the scheduler's own alarm runs it."""
+    return DeadLetterRelay(
+        lambda: c.scheduler,
+        lambda: cast(WebhookStore, c.store),
+        interval=c.settings.dead_letter_relay_interval,
+    )
 
 
 def dead_letter_log(c: Container, alarm: Alarm) -> Alarm:
-    """The alarm, logging each dead letter's task to the change log first (``dead_letter``
-    events; see :mod:`sendqueue.services.webhooks.dead_letters`)."""
-    return DeadLetterLog(alarm, lambda: cast(WebhookStore, c.store), c.clock)
+    """The alarm, relaying each dead letter into the change log first."""
+    return DeadLetterLog(alarm, c.dead_letter_relay)
+
+
+def dead_letter_queue(c: Container) -> DeadLetterQueue:
+    """Redrives that relay each letter before removing it."""
+    return DeadLetterQueue(c.scheduler, c.dead_letter_relay.relay)
 
 
 def webhook_transport(c: Container) -> WebhookTransport:
@@ -41,6 +70,7 @@ def webhook_delivery(c: Container) -> WebhookDelivery:
         webhook_transport(c),
         c.clock,
         alarm=alarm if isinstance(alarm, WebhookAlarm) else None,
+        relay=c.dead_letter_relay,
         policy=DeliveryPolicy(
             retry_base=s.webhook_retry_base,
             retry_cap=s.webhook_retry_cap,

@@ -47,11 +47,15 @@ Events:
   named in ``batchItemFailures``, so SQS delivers only it again and, after the queue's
   ``maxReceiveCount``, moves it to the feedback dead-letter queue; applying feedback twice has
   the effect of once.
-- **webhooks**: any event (the template's one-minute schedule); delivers webhook events
-  (:class:`~sendqueue.services.webhooks.WebhookDelivery` passes, each endpoint under its store
-  lease) for :data:`WEBHOOK_RUN_SECONDS`, or until 15 s before the timeout, then returns: the
-  next run continues from each endpoint's cursor. A pass that fails is logged and the next one
-  tries again; the invocation fails only when its last pass did (Lambda's retries, then the
+- **webhooks**: any event (the template's one-minute schedule); first relays the SQS
+  dead-letter queue's letters into the change log
+  (:class:`~sendqueue.services.webhooks.DeadLetterRelay`, once per letter id: on AWS no process
+  sees a send fail for good, so this is where ``dead_letter`` events are made), then delivers
+  webhook events (:class:`~sendqueue.services.webhooks.WebhookDelivery` passes, each endpoint
+  under its store lease, each relaying again every SENDQUEUE_DEAD_LETTER_RELAY_INTERVAL) for
+  :data:`WEBHOOK_RUN_SECONDS`, or until 15 s before the timeout, then returns: the next run
+  continues from each endpoint's cursor. A pass that fails is logged and the next one tries
+  again; the invocation fails only when its last pass did (Lambda's retries, then the
   webhooks dead-letter queue).
 
 Each handler returns a small JSON-friendly summary (the feedback handler: SQS's partial batch
@@ -404,6 +408,10 @@ def webhooks_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[s
     """Deliver webhook events for about a minute (see the module docstring)."""
     c = container(LambdaControlSettings)
     left = _time_left(context)
+    try:
+        c.dead_letter_relay.run(force=True)
+    except Exception:  # the passes below relay again; delivering goes on meanwhile
+        log.exception("webhooks: relaying the dead letters failed")
     delivery = c.webhook_delivery
     wait = c.settings.webhook_poll_interval
     totals: Counter[str] = Counter()

@@ -43,6 +43,13 @@ class WebhookSettings(TransportSettings):
     webhook_timeout: float = Field(
         10.0, ge=0.1, le=60, description="seconds one webhook delivery may take"
     )
+    dead_letter_relay_interval: float = Field(
+        5.0,
+        ge=0.1,
+        le=3600,
+        description="seconds between two reads of the dead-letter queue by the webhook "
+        "deliveries, which copy letters not yet in the change log there (dead_letter events)",
+    )
 
     @field_validator("webhook_allow_hosts")
     @classmethod

@@ -111,7 +111,9 @@ def test_dead_letters_of_both_kinds_are_read_and_redriven(
     assert first.error == "AWS.Lambda.ServiceException: rate exceeded"
     assert (second.schedule_name, second.attempts) == ("sq-c1-1.0", 3)
     assert second.error == "StoreUnavailable: down"
-    # Reading leaves the letters in the queue.
+    # Reading leaves the letters in the queue, one at a time too.
+    assert scheduler.dead_letter(from_lambda) == second
+    assert scheduler.dead_letter("no-such-message") is None
     assert len(scheduler.dead_letters()) == 2
 
     redriven = scheduler.redrive(from_scheduler)
@@ -120,6 +122,7 @@ def test_dead_letters_of_both_kinds_are_read_and_redriven(
     assert dict(redriven.payload) == {"kind": "send", "task_id": "c1-0"}
     assert scheduler.get("sq-c1-0.0") == redriven
     assert [letter.id for letter in scheduler.dead_letters()] == [from_lambda]
+    assert scheduler.dead_letter(from_scheduler) is None
     with pytest.raises(NotFound):
         scheduler.redrive(from_scheduler)
 

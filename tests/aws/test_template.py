@@ -641,6 +641,10 @@ def test_each_function_may_do_what_its_code_calls_and_no_more(
         # the delivery log is appended and pruned in batches; failed runs go to its own queue
         want.add(("dynamodb:BatchWriteItem", table))
         want.add(("sqs:SendMessage", resolve.get_att("WebhooksDeadLetterQueue", "Arn")))
+        # the dead-letter relay peeks at the sends' dead-letter queue (the reads of
+        # dead_letters(), which SQS authorises per single action) and deletes nothing
+        dlq = resolve.get_att("DeadLetterQueue", "Arn")
+        want |= {(f"sqs:{a}", dlq) for a in ("ReceiveMessage", "ChangeMessageVisibility")}
     if function == "ProvisionFunction":
         want.add(("lambda:InvokeFunction", own_arn))  # the continuation, and nothing else
     if function == "ReconcileFunction":

@@ -459,6 +459,7 @@ def test_redrive_turns_a_dead_letter_into_a_schedule_due_now(
     scheduler.create("sq-r", "camp", local(clock), BERLIN, {"task_id": "r"}, "tok", max_retries=0)
     fire(Recorder(fail=lambda _: True))
     [letter] = scheduler.dead_letters()
+    assert scheduler.dead_letter(letter.id) == letter
     clock.advance(7200)
 
     redriven = scheduler.redrive(letter.id)
@@ -472,6 +473,7 @@ def test_redrive_turns_a_dead_letter_into_a_schedule_due_now(
     assert redriven.at_local == local(clock)
     assert scheduler.get("sq-r") == redriven
     assert scheduler.dead_letters() == []
+    assert scheduler.dead_letter(letter.id) is None
     with pytest.raises(NotFound):
         scheduler.redrive(letter.id)
 
@@ -482,6 +484,7 @@ def test_redrive_turns_a_dead_letter_into_a_schedule_due_now(
 
 
 def test_redrive_of_an_unknown_letter_is_not_found(scheduler: Scheduler) -> None:
+    assert scheduler.dead_letter("dl-nope") is None
     with pytest.raises(NotFound):
         scheduler.redrive("dl-nope")
 

@@ -1,10 +1,12 @@
 """The WebhookStore contract (sendqueue.ports.webhooks.WebhookStore), run against every task
-store: memory, SQLite, PostgreSQL and DynamoDB on moto (the TaskStore contract's backends)."""
+store: memory, SQLite, PostgreSQL and DynamoDB on moto (the TaskStore contract's backends).
+The dead-letter relay is held to "once per letter id", across handles and racing threads."""
 
 from __future__ import annotations
 
 import base64
 import string
+import threading
 from dataclasses import replace
 from datetime import timedelta
 from typing import Protocol, cast
@@ -12,10 +14,12 @@ from typing import Protocol, cast
 import pytest
 
 from sendqueue.domain.errors import Conflict, InvalidField
+from sendqueue.domain.models import ChangeLogEntry
 from sendqueue.domain.webhooks import (
     DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
+    RelayedLetter,
     WebhookEndpoint,
     delivery_cursor,
 )
@@ -245,16 +249,100 @@ def test_remove_deletes_the_endpoint_and_its_log(store: Store) -> None:
     assert store.deliveries("wh_1") == []
 
 
-def test_a_dead_letter_is_logged_as_a_change_of_its_task(store: Store) -> None:
+def letter(n: int, task: str = "c1-0", *, error: str = "boom", minutes: int = 1) -> RelayedLetter:
+    return RelayedLetter(f"dl-{n:04d}", task, error, T0 + timedelta(minutes=minutes))
+
+
+def dead_letter_entries(store: Store, after: int) -> list[ChangeLogEntry]:
+    return [e for e in store.changes_after(after, limit=10_000) if e.to_state == DEAD_LETTER]
+
+
+def test_a_relayed_dead_letter_is_logged_as_a_change_of_its_task(store: Store) -> None:
     store.create_campaign(campaign(), recipients(1))
     store.insert_tasks([make_task("c1", 0)], at=T0)
     before = store.last_change_id()
-    assert store.log_dead_letter("c1-0", "boom " * 200, at=T0 + timedelta(minutes=1))
+    relayed = [letter(1, error="boom " * 200), letter(2, "c1-9")]  # c1-9: no such task
+    assert store.relay_dead_letters(relayed) == ["dl-0001"]
     entries = store.changes_after(before)
     assert [(e.task_id, e.from_state, e.to_state) for e in entries] == [
         ("c1-0", "Pending", DEAD_LETTER)
     ]
     assert entries[0].campaign_id == "c1" and entries[0].note == ("boom " * 200)[:500]
-    assert entries[0].at == T0 + timedelta(minutes=1)
-    assert not store.log_dead_letter("c1-9", "boom", at=T0)
+    assert entries[0].at == T0 + timedelta(minutes=1)  # when it failed, not when relayed
     assert store.last_change_id() == entries[0].id
+    assert store.relay_dead_letters([]) == []
+
+
+def test_relaying_a_letter_twice_makes_one_change_log_entry(backend: Backend, store: Store) -> None:
+    store.create_campaign(campaign(), recipients(2))
+    store.insert_tasks([make_task("c1", 0), make_task("c1", 1)], at=T0)
+    before = store.last_change_id()
+    assert store.relay_dead_letters([letter(1), letter(1)]) == ["dl-0001"]
+    assert store.relay_dead_letters([letter(1)]) == []
+    # another handle (another process) meets the same letter, and a new one beside it
+    other = cast(Store, backend.handle())
+    assert other.relay_dead_letters([letter(1), letter(2, "c1-1")]) == ["dl-0002"]
+    entries = dead_letter_entries(store, before)
+    assert [e.task_id for e in entries] == ["c1-0", "c1-1"]
+    assert store.last_change_id() == entries[-1].id
+
+
+def test_a_letter_of_an_unknown_task_is_not_looked_at_again(store: Store) -> None:
+    store.create_campaign(campaign(), recipients(1))
+    before = store.last_change_id()
+    assert store.relay_dead_letters([letter(1)]) == []  # the task is not there
+    store.insert_tasks([make_task("c1", 0)], at=T0)
+    assert store.relay_dead_letters([letter(1)]) == []  # its marker was written alone
+    assert dead_letter_entries(store, before) == []
+
+
+def test_many_letters_are_relayed_once_each_in_the_order_given(store: Store) -> None:
+    store.create_campaign(campaign(), recipients(3))
+    store.insert_tasks([make_task("c1", p) for p in range(3)], at=T0)
+    before = store.last_change_id()
+    letters = [letter(n, f"c1-{n % 3}", error=f"e{n}") for n in range(120, 0, -1)]
+    assert store.relay_dead_letters(letters[:7]) == [r.letter_id for r in letters[:7]]
+    assert store.relay_dead_letters(letters) == [r.letter_id for r in letters[7:]]
+    entries = dead_letter_entries(store, before)
+    assert sorted(e.note or "" for e in entries) == sorted(r.error for r in letters)
+    assert [e.note for e in entries[:7]] == [r.error for r in letters[:7]]
+
+
+def test_concurrent_relays_of_the_same_letters_make_one_entry_each(
+    backend: Backend, store: Store
+) -> None:
+    store.create_campaign(campaign(), recipients(2))
+    store.insert_tasks([make_task("c1", 0), make_task("c1", 1)], at=T0)
+    before = store.last_change_id()
+    letters = [letter(n, f"c1-{n % 2}") for n in range(30)]
+    handles = [cast(Store, backend.handle()) for _ in range(3)]
+    barrier = threading.Barrier(len(handles))
+    logged: list[list[str]] = [[] for _ in handles]
+    failures: list[BaseException] = []
+
+    def relay(i: int) -> None:
+        try:
+            barrier.wait(10)
+            # each handle meets the letters in its own order
+            mine = letters[i * 10 :] + letters[: i * 10]
+            logged[i] = handles[i].relay_dead_letters(mine)
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=relay, args=(i,)) for i in range(len(handles))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert failures == []
+    assert sorted(i for ids in logged for i in ids) == sorted(r.letter_id for r in letters)
+    assert len(dead_letter_entries(store, before)) == len(letters)
+
+
+def test_a_relayed_letter_needs_its_ids() -> None:
+    with pytest.raises(InvalidField) as caught:
+        RelayedLetter("", "c1-0", "boom", T0)
+    assert caught.value.field == "letter_id"
+    with pytest.raises(InvalidField) as caught:
+        RelayedLetter("dl-1", "x" * 129, "boom", T0)
+    assert caught.value.field == "task_id"

@@ -1,11 +1,19 @@
 """A real ``sendqueue worker`` process with a kill point and a store fault, for crash tests.
 
-Run as ``python -m tests.support.worker_proc [--hold-at claim|accepted] [--nth N]
+Run as ``python -m tests.support.worker_proc [--hold-at claim|accepted|dead-letter] [--nth N]
 [--unreadable TASK_ID ...]``; settings come from the SENDQUEUE_* environment like the real
 worker. At the N-th claim (Pending -> Running written) or the N-th SMTP accept (before Finished
 is written), it prints ``HOLD <point> <task id>`` and blocks, so the test can SIGKILL it exactly
-there. A send of an ``--unreadable`` task finds the store unavailable when it reads the task,
-every time, as in an outage only that invocation meets: the execution layer retries it and then
+there.
+
+``dead-letter``: every claim fails as if the task store were down, so each send is retried and
+then dead-lettered; at the N-th dead letter, written to the execution layer's storage, it
+prints ``HOLD dead-letter <letter id>`` and blocks before the alarm relays the letter into the
+change log. The relay's first run happens before ``READY`` (no send has failed yet); run it
+with a long SENDQUEUE_DEAD_LETTER_RELAY_INTERVAL so the delivery loop does not run it again.
+
+A send of an ``--unreadable`` task finds the store unavailable when it reads the task, every
+time, as in an outage only that invocation meets: the execution layer retries it and then
 dead-letters it.
 
 :func:`start` runs it (after ``READY``), :func:`stop` ends it with SIGTERM.
@@ -25,11 +33,12 @@ from typing import Any, cast
 from sendqueue.adapters.mail.factory import mailer_from_url
 from sendqueue.adapters.sql import open_store
 from sendqueue.bootstrap import bootstrap
+from sendqueue.domain.alarms import AutoPause
 from sendqueue.domain.errors import StoreUnavailable
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.domain.models import Task
+from sendqueue.domain.models import DeadLetter, Task
 from sendqueue.domain.suppression import Suppression
-from sendqueue.ports import Mailer, OutgoingMessage, SuppressionList, TaskStore
+from sendqueue.ports import Alarm, Mailer, OutgoingMessage, SuppressionList, TaskStore
 from sendqueue.runtime import run_worker
 from sendqueue.settings import Settings
 
@@ -69,6 +78,8 @@ class HoldingStore:
         return cast(SuppressionList, self.inner).task_and_suppression(task_id)
 
     def transition(self, task_id: str, expected: TaskState, new: TaskState, **kw: Any) -> Any:
+        if self.hold.point == "dead-letter" and new is TaskState.RUNNING:
+            raise StoreUnavailable("the task store is down (played by the test)")
         result = self.inner.transition(task_id, expected, new, **kw)
         if result is not None and new is TaskState.RUNNING:
             self.hold.reached("claim", task_id)
@@ -92,9 +103,24 @@ class HoldingMailer:
         self.inner.close()
 
 
+class HoldingAlarm:
+    """The scheduler's alarm (the relay, then the real alarm), held before it starts."""
+
+    def __init__(self, inner: Alarm, hold: _Hold) -> None:
+        self.inner = inner
+        self.hold = hold
+
+    def raise_alarm(self, letter: DeadLetter) -> None:
+        self.hold.reached("dead-letter", letter.id)
+        self.inner.raise_alarm(letter)
+
+    def auto_paused(self, pause: AutoPause) -> None:
+        self.inner.auto_paused(pause)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--hold-at", choices=["claim", "accepted"], default=None)
+    parser.add_argument("--hold-at", choices=["claim", "accepted", "dead-letter"], default=None)
     parser.add_argument("--nth", type=int, default=1)
     parser.add_argument("--unreadable", action="append", default=[], metavar="TASK_ID")
     args = parser.parse_args()
@@ -103,6 +129,10 @@ def main() -> None:
     store = HoldingStore(open_store(settings.database_url), hold, args.unreadable)
     mailer = HoldingMailer(mailer_from_url(settings.mailer), hold)
     app = bootstrap(settings, store=store, mailer=mailer)
+    if args.hold_at == "dead-letter":
+        scheduler: Any = app.scheduler
+        scheduler.alarm = HoldingAlarm(scheduler.alarm, hold)
+        app.dead_letter_relay.run(force=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     sys.stdout.write("READY\n")

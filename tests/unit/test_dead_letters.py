@@ -57,7 +57,12 @@ def test_a_pass_ends_when_every_redriven_schedule_fails_again() -> None:
     queue = StillFailing(2_500, gone={"dl-7"})
     progress: list[tuple[str, str]] = []
 
-    report = redrive_all(queue, on_redriven=lambda letter, name: progress.append((letter, name)))  # type: ignore[arg-type]
+    relayed: list[str] = []
+    report = redrive_all(
+        queue,  # type: ignore[arg-type]
+        relay=lambda letters: relayed.extend(d.id for d in letters),
+        on_redriven=lambda letter, name: progress.append((letter, name)),
+    )
 
     assert queue.redrives == 2_499  # each schedule once, across three pages
     assert report.skipped == ["dl-7"]
@@ -66,3 +71,5 @@ def test_a_pass_ends_when_every_redriven_schedule_fails_again() -> None:
     # the new letters wait for the cause to be fixed; those the pass met are reported
     assert len(queue.letters) == 2_499
     assert report.failed_again and set(report.failed_again) <= set(queue.letters)
+    # every letter this pass met was relayed (its dead_letter event) before it left the queue
+    assert set(report.redriven) | set(report.skipped) <= set(relayed)

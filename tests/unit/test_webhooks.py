@@ -36,7 +36,7 @@ from sendqueue.domain.webhooks import (
 )
 from sendqueue.ports.webhooks import WebhookResponse
 from sendqueue.services.webhooks import DeliveryPolicy, WebhookDelivery, WebhookService
-from sendqueue.services.webhooks.dead_letters import DeadLetterLog
+from sendqueue.services.webhooks.dead_letters import DeadLetterLog, DeadLetterRelay
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
@@ -404,7 +404,8 @@ def test_a_dead_letter_becomes_a_dead_letter_event_and_the_alarm_still_goes_out(
     task = bare_task(CID, 0, T0)
     world.store.insert_tasks([task], at=T0)
     recorded = RecordingAlarm()
-    alarm = DeadLetterLog(recorded, lambda: world.store, world.clock)
+    scheduler = FakeScheduler(world.clock)
+    alarm = DeadLetterLog(recorded, DeadLetterRelay(lambda: scheduler, lambda: world.store))
     letter = DeadLetter("dl1", "sq-x.0", "sq-c", {"task_id": task.id}, "store down", 3, T0)
     alarm.raise_alarm(letter)
     alarm.raise_alarm(replace(letter, id="dl2", payload={"task_id": "nope-1"}))

@@ -1,6 +1,6 @@
 """``/api/webhooks`` on real SQLite files: add (the secret once), list, get, update, remove,
 rotate, redeliver and the delivery log; errors name the field and change nothing; the secret
-is masked in every other answer."""
+is masked in every other answer; a redrive relays its letter (the dead_letter event) first."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.webhooks import DeliveryRecord
 from sendqueue.ports.webhooks import WebhookStore
 from sendqueue.services.webhooks import WebhookDelivery
+from tests.support.app import T0
 from tests.unit.test_webhooks import Receiver
 from tests.web.conftest import Web
 from tests.web.test_api import _error
@@ -126,3 +127,36 @@ def test_the_log_pages_with_before_and_next(web: Web) -> None:
         error = _error(web.client.get(url, params={"before": bad}), 422)
         assert error["field"] == "before", (bad, error)
     _error(web.client.get("/api/webhooks/wh_0/deliveries", params={"before": "x"}), 404)
+
+
+def test_a_redrive_relays_its_letter_first_and_removes_nothing_while_the_store_is_down(
+    make_web: Any,
+) -> None:
+    web = make_web(flaky=True)
+    receiver = _receiver(web)
+    _add(web)
+    cid = web.active(1)
+    [task] = web.container.store.list_tasks(cid)
+    scheduler: Any = web.container.scheduler
+    scheduler.create(
+        "sq-dl", "sq-test", T0.replace(tzinfo=None), "UTC", {"task_id": task.id}, "tok-dl", 0
+    )
+
+    def fail(_: Any) -> None:
+        raise RuntimeError("boom: the target failed")
+
+    web.store.down = True  # the alarm cannot relay the letter: it waits in the queue alone
+    scheduler.fire_due(fail)
+    [letter] = web.client.get("/api/dead-letters").json()["dead_letters"]
+    _error(web.client.post(f"/api/dead-letters/{letter['id']}/redrive"), 503)
+    _error(web.client.post("/api/dead-letters/redrive"), 503)
+    assert [d["id"] for d in web.client.get("/api/dead-letters").json()["dead_letters"]] == [
+        letter["id"]
+    ]
+    web.store.down = False
+    assert web.client.post(f"/api/dead-letters/{letter['id']}/redrive").status_code == 200
+    web.container.webhook_delivery.run_pass()
+    dead = [b for _, _, b in receiver.got if b["type"] == "dead_letter"]
+    assert [(b["data"]["task_id"], b["data"]["reason"]) for b in dead] == [  # type: ignore[index]
+        (task.id, "RuntimeError: boom: the target failed")
+    ]

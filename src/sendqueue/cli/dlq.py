@@ -11,7 +11,6 @@ from rich.table import Table
 from sendqueue.cli.common import JsonOpt, container, handle_errors, out, print_json
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.wording import plural
-from sendqueue.services.dead_letters import redrive_all
 from sendqueue.services.views import dead_letter_dict
 
 __all__ = ["dlq_app"]
@@ -49,16 +48,16 @@ def dlq_redrive(
     letter_id: Annotated[str | None, typer.Argument(help="Dead letter id.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Redrive every dead letter.")] = False,
 ) -> None:
-    """Turn dead letters back into schedules due now."""
+    """Turn dead letters back into schedules due now (each relayed to the change log first, so
+    it keeps its dead_letter webhook event)."""
     if bool(letter_id) == all_:
         raise InvalidField("id", letter_id, "give one dead-letter id, or --all")
     with container() as c:
         if not all_:
-            schedule = c.scheduler.redrive(letter_id or "")
+            schedule = c.dead_letter_queue.redrive(letter_id or "")
             out.print(f"redriven {letter_id} as {schedule.name}", markup=False)
             return
-        report = redrive_all(
-            c.scheduler,
+        report = c.dead_letter_queue.redrive_all(
             on_redriven=lambda letter, name: out.print(
                 f"redriven {letter} as {name}", markup=False
             ),

@@ -13,6 +13,8 @@
   the same on every attempt.
 - :class:`DeliveryRecord`: one attempt as the delivery log keeps it (7 days), with the opaque
   cursor the log is paged by (:func:`delivery_cursor`, :func:`delivery_cursor_key`).
+- :class:`RelayedLetter`: a dead letter as the change log records it (the ``dead_letter``
+  event), copied there from the execution layer's dead-letter storage, once per letter id.
 
 ``sequence.stopped`` is not an event type: sequences do not exist yet.
 """
@@ -31,16 +33,18 @@ from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
 from sendqueue.domain.errors import InvalidField
-from sendqueue.domain.models import MAX_CURSOR, ChangeLogEntry, Task, utc
+from sendqueue.domain.models import MAX_CURSOR, ChangeLogEntry, DeadLetter, Task, utc
 
 __all__ = [
     "DEAD_LETTER",
     "DELIVERY_LOG_DAYS",
+    "MAX_LETTER_ID_LENGTH",
     "MAX_URL_LENGTH",
     "PREVIOUS_SECRET_VALID",
     "DeliveryRecord",
     "EndpointChanges",
     "EventType",
+    "RelayedLetter",
     "WebhookEndpoint",
     "WebhookEvent",
     "backoff",
@@ -61,8 +65,12 @@ __all__ = [
 
 #: How long the previous secret still signs after a rotation.
 PREVIOUS_SECRET_VALID = timedelta(hours=24)
-#: The change log's ``to_state`` of a dead letter (``WebhookStore.log_dead_letter``).
+#: The change log's ``to_state`` of a dead letter (``WebhookStore.relay_dead_letters``).
 DEAD_LETTER = "dead_letter"
+#: The longest dead-letter id a store keeps a relay marker for (an SQS message id has 36).
+MAX_LETTER_ID_LENGTH = 128
+#: A dead letter's error as the change log keeps it (its ``note``).
+_NOTE_LENGTH = 500
 #: How long the delivery log keeps an attempt.
 DELIVERY_LOG_DAYS = 7
 MAX_URL_LENGTH = 2000
@@ -327,6 +335,37 @@ def _decoded(cursor: str) -> str | None:
 def _bad_cursor(cursor: str) -> InvalidField:
     reason = "is not a cursor of this webhook's delivery log (use a page's `next`)"
     return InvalidField("before", cursor, reason)
+
+
+@dataclass(frozen=True)
+class RelayedLetter:
+    """A dead letter as the change log records it: the letter's id (the relay's idempotency
+    key), its task, its error (cut to 500 characters) and when it failed (the entry's time,
+    so relaying it late or twice gives the same entry)."""
+
+    letter_id: str
+    task_id: str
+    error: str
+    at: datetime
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.letter_id) <= MAX_LETTER_ID_LENGTH:
+            reason = f"must be 1 to {MAX_LETTER_ID_LENGTH} characters"
+            raise InvalidField("letter_id", self.letter_id, reason)
+        if not 1 <= len(self.task_id) <= MAX_LETTER_ID_LENGTH:
+            reason = f"must be 1 to {MAX_LETTER_ID_LENGTH} characters"
+            raise InvalidField("task_id", self.task_id, reason)
+        object.__setattr__(self, "error", self.error[:_NOTE_LENGTH])
+        object.__setattr__(self, "at", utc(self.at))
+
+    @classmethod
+    def of(cls, letter: DeadLetter) -> RelayedLetter | None:
+        """What ``letter`` puts in the change log, or None for a letter of no task (a control
+        schedule's, such as a provisioning continuation)."""
+        task_id = letter.payload.get("task_id")
+        if not task_id:
+            return None
+        return cls(letter.id, task_id, letter.error, letter.failed_at)
 
 
 def event_id(change_id: int) -> str:

@@ -68,6 +68,7 @@ _STORE_TABLES = (
     "sender_contacts",
     "webhook_endpoints",
     "webhook_deliveries",
+    "dead_letter_relays",
 )
 _SCHEDULER_TABLES = ("schedules", "dead_letters")
 

@@ -70,6 +70,8 @@ class Scheduler(Protocol):
     - After an invocation that returns, the schedule is deleted. One that raises is retried
       ``max_retries`` times with backoff, then removed and recorded as a dead letter, and the
       alarm is raised. Delivery is at-least-once: a target may run twice for one schedule.
+    - ``dead_letters`` lists the letters oldest first, at most ``limit``; ``dead_letter`` reads
+      one by id (None if there is none).
     - ``redrive`` turns a dead letter back into a schedule due now and removes the letter.
     - Backend failures raise SchedulerError; rate limits raise Throttled.
     """
@@ -97,6 +99,8 @@ class Scheduler(Protocol):
     ) -> list[Schedule]: ...
 
     def dead_letters(self, *, limit: int = 1000) -> builtins.list[DeadLetter]: ...
+
+    def dead_letter(self, dead_letter_id: str) -> DeadLetter | None: ...
 
     def redrive(self, dead_letter_id: str) -> Schedule:
         """Re-create the dead letter's schedule, due now. NotFound if unknown."""

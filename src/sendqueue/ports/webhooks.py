@@ -9,7 +9,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from sendqueue.domain.webhooks import DeliveryRecord, EndpointChanges, WebhookEndpoint
+from sendqueue.domain.webhooks import (
+    DeliveryRecord,
+    EndpointChanges,
+    RelayedLetter,
+    WebhookEndpoint,
+)
 
 __all__ = [
     "EndpointChanges",
@@ -42,11 +47,16 @@ class WebhookStore(Protocol):
       ``failed_since`` reads the distinct event ids of its failed attempts at or after
       ``since``, oldest attempt first.
     - ``prune_deliveries`` deletes every attempt before ``before``; returns how many.
-    - ``log_dead_letter`` appends a change-log entry for a task whose invocation was
-      dead-lettered (its campaign, ``from_state`` its state now, ``to_state``
-      :data:`~sendqueue.domain.webhooks.DEAD_LETTER`, ``note`` the error cut to 500
-      characters); False, nothing logged, for an unknown task. SQL reads the task in the
-      entry's transaction; DynamoDB logs the state it read just before.
+    - ``relay_dead_letters`` copies dead letters into the change log, once per letter id: a
+      letter relayed before (by this process or any other) is left alone; for each other one a
+      marker keyed by its id and its entry are written in one transaction (the task's
+      campaign, ``from_state`` the task's state now, ``to_state``
+      :data:`~sendqueue.domain.webhooks.DEAD_LETTER`, ``note`` the error, ``at`` its failure
+      time). A letter of an unknown task gets its marker alone (no entry, not looked at
+      again). Returns the ids of the letters whose entries this call wrote, in the order
+      given. Two calls racing on one letter write one entry. SQL writes every marker and
+      entry of a call in one transaction, reading the tasks in it; DynamoDB up to 49 letters
+      per TransactWriteItems, logging the states it read just before.
     - An unreachable backend raises :class:`~sendqueue.domain.errors.StoreUnavailable`.
     """
 
@@ -72,7 +82,7 @@ class WebhookStore(Protocol):
 
     def prune_deliveries(self, before: datetime) -> int: ...
 
-    def log_dead_letter(self, task_id: str, error: str, *, at: datetime) -> bool: ...
+    def relay_dead_letters(self, letters: Sequence[RelayedLetter]) -> list[str]: ...
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,11 @@ class FakeScheduler:
         with self._lock:
             return [stored.letter for stored in self._letters.values()][:limit]
 
+    def dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
+        with self._lock:
+            stored = self._letters.get(dead_letter_id)
+            return stored.letter if stored is not None else None
+
     def redrive(self, dead_letter_id: str) -> Schedule:
         now = self.clock.now()
         with self._lock:

@@ -15,6 +15,7 @@ from sendqueue.domain.webhooks import (
     DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
+    RelayedLetter,
     WebhookEndpoint,
     checked_endpoint_changes,
     delivery_cursor,
@@ -41,6 +42,8 @@ class InMemoryWebhooks:
     def __init__(self) -> None:
         self._endpoints: dict[str, WebhookEndpoint] = {}
         self._deliveries: list[DeliveryRecord] = []
+        # Dead letters relayed into the change log: letter id -> task id.
+        self._relayed: dict[str, str] = {}
 
     @guarded
     def add_endpoint(self, endpoint: WebhookEndpoint) -> None:
@@ -116,9 +119,16 @@ class InMemoryWebhooks:
         return pruned
 
     @guarded
-    def log_dead_letter(self, task_id: str, error: str, *, at: datetime) -> bool:
-        task = self._tasks.get(task_id)
-        if task is None:
-            return False
-        self._append(task.campaign_id, task_id, task.state.value, DEAD_LETTER, utc(at), error[:500])
-        return True
+    def relay_dead_letters(self, letters: Sequence[RelayedLetter]) -> list[str]:
+        logged: list[str] = []
+        for letter in letters:
+            if letter.letter_id in self._relayed:
+                continue
+            self._relayed[letter.letter_id] = letter.task_id
+            task = self._tasks.get(letter.task_id)
+            if task is None:
+                continue
+            state = task.state.value
+            self._append(task.campaign_id, task.id, state, DEAD_LETTER, letter.at, letter.error)
+            logged.append(letter.letter_id)
+        return logged

@@ -36,6 +36,8 @@ key attributes are the contract with the template and must stay stable:
 ``webhook``         id           a webhook endpoint: one attribute per field, each its JSON
 ``WD#<endpoint>``   time#seq     one delivery attempt: ``ev``, ``et``, ``at``, ``n``, ``ms``,
                                  ``sc`` (status), ``er`` (error), ``rd`` (redelivery)
+``DL#<letter id>``  ``#``        a dead letter relayed into the change log (its ``dead_letter``
+                                 entry written in the same transaction): ``task``, ``at``
 ==================  ===========  ==============================================================
 
 The sender items need no index: every read of them is a query of one partition's sort-key

@@ -9,6 +9,11 @@
   ``<attempt time>#<sequence>``: newest first is a backwards query with a limit, "failed
   since" a range query; pruning queries each endpoint's partition below a time (keys only)
   and batch-deletes. Removing an endpoint deletes its partition too.
+- A relayed dead letter is the marker item (``DL#<letter id>``, ``#``), put only if absent in
+  the same TransactWriteItems as the log item holding its ``dead_letter`` entry: up to 49
+  letters per transaction. Each group's markers are read first (one BatchGetItem), so letters
+  relayed before cost a read and no write; a marker that appears meanwhile (another relay won)
+  fails the transaction's condition, and the group is read again and written without it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import json
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -37,6 +44,7 @@ from sendqueue.domain.webhooks import (
     DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
+    RelayedLetter,
     WebhookEndpoint,
     checked_endpoint_changes,
     delivery_cursor,
@@ -46,6 +54,8 @@ from sendqueue.domain.webhooks import (
 __all__ = ["WebhookItems"]
 
 _PK = "webhook"
+#: Letters per relay transaction: their markers and one log item (DynamoDB takes 100 items).
+_RELAY_GROUP = 49
 _FIELDS = (
     "url",
     "created_at",
@@ -92,6 +102,18 @@ def _decode(item: dict[str, Any]) -> WebhookEndpoint:
             value = tuple(value)
         values[name] = value
     return WebhookEndpoint(**values)
+
+
+def _marker_pk(letter_id: str) -> str:
+    return f"DL#{letter_id}"
+
+
+@dataclass
+class _Group:
+    """One relay transaction's letters, and which of them it logged."""
+
+    letters: list[RelayedLetter]
+    logged: list[str]
 
 
 def _record_item(record: DeliveryRecord) -> dict[str, Any]:
@@ -251,20 +273,59 @@ class WebhookItems(TableClient):
                 pruned += self._delete_log(endpoint.id, time_key(utc(before)))
         return pruned
 
-    def log_dead_letter(self, task_id: str, error: str, *, at: datetime) -> bool:
-        at = utc(at)
+    def relay_dead_letters(self, letters: Sequence[RelayedLetter]) -> list[str]:
+        given: dict[str, RelayedLetter] = {}
+        for letter in letters:
+            given.setdefault(letter.letter_id, letter)
+        logged: set[str] = set()
+        todo = list(given.values())
+        with self._errors("relay dead letters"):
+            for start in range(0, len(todo), _RELAY_GROUP):
+                group = _Group(todo[start : start + _RELAY_GROUP], [])
+                self._with_log(partial(self._relay_group, group))
+                logged.update(group.logged)
+        return [letter_id for letter_id in given if letter_id in logged]
 
-        def build() -> tuple[list[dict[str, Any]], list[PendingEntry]] | None:
-            item = self._get(f"T#{task_id}", "#", projection="gc, st")
-            if item is None:
-                return None
-            # The state as read (a race moves only the entry's from_state, never its task).
-            state = item["st"]["S"]
-            entry = (item["gc"]["S"], task_id, state, DEAD_LETTER, at, error[:500])
-            return [], [entry]
+    def _unrelayed(self, letters: list[RelayedLetter]) -> list[RelayedLetter]:
+        """The letters that have no marker yet (consistent batch reads)."""
+        keys = [(_marker_pk(r.letter_id), "#") for r in letters]
+        known = {item["pk"]["S"] for item in self._batch_get(keys, projection="pk, sk")}
+        return [r for r in letters if _marker_pk(r.letter_id) not in known]
 
-        with self._errors("log a dead letter"):
-            return self._with_log(build)
+    def _relay_group(self, group: _Group) -> tuple[list[dict[str, Any]], list[PendingEntry]] | None:
+        """``_with_log``'s build: the markers of the group's letters still unrelayed, and the
+        entries of those whose task exists (its state as read now)."""
+        letters = self._unrelayed(group.letters)
+        group.logged = []
+        if not letters:
+            return None
+        task_keys = sorted({(f"T#{r.task_id}", "#") for r in letters})
+        found = self._batch_get(task_keys, projection="pk, sk, gc, st")
+        tasks = {item["pk"]["S"].removeprefix("T#"): item for item in found}
+        writes: list[dict[str, Any]] = []
+        entries: list[PendingEntry] = []
+        for r in letters:
+            marker = {
+                "pk": str_attr(_marker_pk(r.letter_id)),
+                "sk": str_attr("#"),
+                "task": str_attr(r.task_id),
+                "at": str_attr(time_key(r.at)),
+            }
+            writes.append(
+                {
+                    "Put": {
+                        "TableName": self._table,
+                        "Item": marker,
+                        "ConditionExpression": "attribute_not_exists(pk)",
+                    }
+                }
+            )
+            task = tasks.get(r.task_id)
+            if task is not None:
+                state = task["st"]["S"]
+                entries.append((task["gc"]["S"], r.task_id, state, DEAD_LETTER, r.at, r.error))
+                group.logged.append(r.letter_id)
+        return writes, entries
 
     def _delete_log(self, endpoint_id: str, before: str | None) -> int:
         condition = "pk = :pk" if before is None else "pk = :pk AND sk < :before"

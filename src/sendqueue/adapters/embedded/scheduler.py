@@ -305,6 +305,10 @@ class EmbeddedScheduler(Dispatcher):
         rows = self._read("SELECT * FROM dead_letters ORDER BY seq LIMIT ?", (limit,))
         return [row_to_letter(row) for row in rows]
 
+    def dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
+        rows = self._read("SELECT * FROM dead_letters WHERE id = ?", (dead_letter_id,))
+        return row_to_letter(rows[0]) if rows else None
+
     def redrive(self, dead_letter_id: str) -> Schedule:
         """Re-create the letter's schedule, due now, with a fresh token; remove the letter.
 

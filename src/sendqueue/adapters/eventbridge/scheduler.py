@@ -399,6 +399,12 @@ class EventBridgeScheduler:
         letters = [self._letter(m)[0] for m in self._peek()]
         return sorted(letters, key=lambda letter: (letter.failed_at, letter.id))[:limit]
 
+    def dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
+        for message in self._peek():
+            if message["MessageId"] == dead_letter_id:
+                return self._letter(message)[0]
+        return None
+
     def redrive(self, dead_letter_id: str) -> Schedule:
         """Re-create the letter's schedule due now (a new token), then delete the message.
 

@@ -29,6 +29,7 @@ import builtins
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from sendqueue.adapters import scheduler_rules as rules
 from sendqueue.adapters.alarm import LoggingAlarm
@@ -209,12 +210,19 @@ class ProcrastinateScheduler:
 
     def dead_letters(self, *, limit: int = 1000) -> builtins.list[DeadLetter]:
         rules.check_limit(limit)
-        with self._jobs.tx("list dead letters") as conn:
+        return self._letters("ORDER BY seq LIMIT %(limit)s", {"limit": limit})
+
+    def dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
+        found = self._letters("WHERE id = %(id)s", {"id": dead_letter_id})
+        return found[0] if found else None
+
+    def _letters(self, where: str, params: dict[str, Any]) -> builtins.list[DeadLetter]:
+        with self._jobs.tx("read dead letters") as conn:
             rows = self._jobs.rows(
                 conn,
                 "SELECT id, schedule_name, grp, payload, error, attempts, failed_at "
-                "FROM sendqueue_dead_letters ORDER BY seq LIMIT %(limit)s",
-                {"limit": limit},
+                f"FROM sendqueue_dead_letters {where}",
+                params,
             )
         return [
             DeadLetter(

@@ -31,6 +31,7 @@ __all__ = [
     "change_log",
     "counters",
     "create_store_engine",
+    "dead_letter_relays",
     "feedback_cursors",
     "leases",
     "metadata",
@@ -431,6 +432,17 @@ webhook_deliveries = sa.Table(
     sa.Column("redelivery", sa.Boolean, nullable=False),
     sa.Index("ix_webhook_deliveries_endpoint_id_id", "endpoint_id", "id"),
     sa.Index("ix_webhook_deliveries_at", "at"),
+)
+
+#: Dead letters relayed into the change log (migration 0010), one row per letter id, written
+#: in the transaction of the letter's ``dead_letter`` entry: the relay's idempotency key. Kept
+#: for good: a letter id is never reused, and a row is a few dozen bytes per dead letter.
+dead_letter_relays = sa.Table(
+    "dead_letter_relays",
+    metadata,
+    sa.Column("letter_id", sa.String(128), primary_key=True),
+    sa.Column("task_id", sa.String(128), nullable=False),
+    sa.Column("failed_at", UtcDateTime, nullable=False),
 )
 
 

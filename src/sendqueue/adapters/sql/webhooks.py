@@ -5,6 +5,11 @@ Endpoints are one row each (filters as JSON lists), changed with one ``UPDATE ..
 the delivery log is appended in one multi-row INSERT, read through its index (endpoint, id)
 newest first and pruned through its index on ``at``. Removing an endpoint deletes its log in
 the same transaction.
+
+Dead letters are relayed in one transaction per call: ``INSERT ... ON CONFLICT DO NOTHING
+RETURNING`` of their markers (``dead_letter_relays``) says which are new (a concurrent relay
+of the same letter waits on its primary key, then keeps the first row), and only those get
+their change-log entries, in the same transaction.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -26,6 +31,7 @@ from sendqueue.domain.webhooks import (
     DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
+    RelayedLetter,
     WebhookEndpoint,
     checked_endpoint_changes,
     delivery_cursor,
@@ -38,6 +44,8 @@ _E = tables.webhook_endpoints.c
 _D = tables.webhook_deliveries.c
 #: The delivery log's cursors name SQL row ids (the same on SQLite and PostgreSQL).
 _CURSOR_KIND = "sql"
+_R = tables.dead_letter_relays.c
+_T = tables.tasks.c
 
 
 def _endpoint(row: Any) -> WebhookEndpoint:
@@ -86,6 +94,8 @@ def _record(row: Any) -> DeliveryRecord:
 class WebhookTables(ABC):
     """:class:`~sendqueue.ports.webhooks.WebhookStore` over the store's transactions."""
 
+    _insert: ClassVar[Any]
+
     @abstractmethod
     def _write(self, action: str) -> AbstractContextManager[Connection]:
         """A write transaction (see SqlTaskStore)."""
@@ -98,18 +108,49 @@ class WebhookTables(ABC):
     def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
         """Append change-log rows inside the caller's transaction (see SqlTaskStore)."""
 
-    def log_dead_letter(self, task_id: str, error: str, *, at: datetime) -> bool:
-        T = tables.tasks.c
-        query = sa.select(T.campaign_id, T.state).where(T.id == task_id)
-        with self._write("log a dead letter") as conn:
-            found = conn.execute(query).first()
-            if found is None:
-                return False
-            entry = rows.log_row(
-                found.campaign_id, task_id, found.state, DEAD_LETTER, utc(at), error[:500]
-            )
-            self._log(conn, [entry])
-        return True
+    def relay_dead_letters(self, letters: Sequence[RelayedLetter]) -> list[str]:
+        given: dict[str, RelayedLetter] = {}
+        for letter in letters:
+            given.setdefault(letter.letter_id, letter)
+        if not given:
+            return []
+        # In letter-id order: two relays lock the markers' keys in one order.
+        markers = [
+            {"letter_id": r.letter_id, "task_id": r.task_id, "failed_at": r.at}
+            for r in sorted(given.values(), key=lambda r: r.letter_id)
+        ]
+        with self._write("relay dead letters") as conn:
+            new: set[str] = set()
+            for chunk in rows.chunks(markers):
+                statement = (
+                    self._insert(tables.dead_letter_relays)
+                    .values(list(chunk))
+                    .on_conflict_do_nothing(index_elements=[_R.letter_id])
+                    .returning(_R.letter_id)
+                )
+                new.update(conn.execute(statement).scalars())
+            fresh = [r for r in given.values() if r.letter_id in new]
+            found = self._task_states(conn, sorted({r.task_id for r in fresh}))
+            logged = [r for r in fresh if r.task_id in found]
+            entries = [
+                rows.log_row(
+                    found[r.task_id][0], r.task_id, found[r.task_id][1], DEAD_LETTER, r.at, r.error
+                )
+                for r in logged
+            ]
+            if entries:
+                self._log(conn, entries)
+        return [r.letter_id for r in logged]
+
+    @staticmethod
+    def _task_states(conn: Connection, task_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """Task id -> (campaign, state) of those that exist, read in the caller's transaction."""
+        found: dict[str, tuple[str, str]] = {}
+        for chunk in rows.chunks(task_ids):
+            query = sa.select(_T.id, _T.campaign_id, _T.state).where(_T.id.in_(chunk))
+            for row in conn.execute(query):
+                found[row.id] = (row.campaign_id, row.state)
+        return found
 
     def add_endpoint(self, endpoint: WebhookEndpoint) -> None:
         values = _values(

@@ -12,6 +12,11 @@ reason, and the alarm says so. Every attempt goes to the delivery log (kept 7 da
 The cursor is saved after each batch and at a failure, so a process killed mid-batch
 delivers the batch's delivered events again after its restart: at least once, with the same
 ``webhook-id`` (the event id is the change id's).
+
+Before it reads, a pass runs the dead-letter relay (throttled by the relay itself), so the
+``dead_letter`` events of letters no alarm relayed are in the change log it reads
+(:mod:`sendqueue.services.webhooks.dead_letters`). A relay that fails is logged and the pass
+goes on: the next one tries again.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from sendqueue.domain.errors import WebhookDeliveryFailed
+from sendqueue.domain.errors import SchedulerError, StoreUnavailable, WebhookDeliveryFailed
 from sendqueue.domain.models import ChangeLogEntry, Task
 from sendqueue.domain.webhook_safety import signed_headers
 from sendqueue.domain.webhooks import (
@@ -43,6 +48,7 @@ from sendqueue.ports.webhooks import (
     WebhookStore,
     WebhookTransport,
 )
+from sendqueue.services.webhooks.dead_letters import DeadLetterRelay
 
 __all__ = ["DeliveryPolicy", "PassReport", "WebhookDelivery"]
 
@@ -86,6 +92,7 @@ class WebhookDelivery:
         alarm: WebhookAlarm | None = None,
         policy: DeliveryPolicy | None = None,
         owner: str | None = None,
+        relay: DeadLetterRelay | None = None,
     ) -> None:
         self._store = store
         self._tasks = tasks
@@ -95,9 +102,12 @@ class WebhookDelivery:
         self._policy = policy or DeliveryPolicy()
         self._owner = owner or f"webhooks-{uuid.uuid4().hex[:12]}"
         self._pruned_at: datetime | None = None
+        self._relay = relay
 
     def run_pass(self, stop: threading.Event | None = None) -> PassReport:
-        """One pass over every enabled endpoint whose retry time has come."""
+        """One pass over every enabled endpoint whose retry time has come (the dead-letter
+        relay first)."""
+        self._relay_dead_letters()
         report = PassReport()
         now = self._clock.now()
         endpoints = self._store.list_endpoints()
@@ -120,6 +130,16 @@ class WebhookDelivery:
                 lease.release()
         self._prune(now)
         return report
+
+    def _relay_dead_letters(self) -> None:
+        if self._relay is None:
+            return
+        try:
+            self._relay.run()
+        except (SchedulerError, StoreUnavailable) as exc:
+            log.warning("dead letters not relayed this pass (the next one tries again): %s", exc)
+        except Exception:  # delivering what the change log holds goes on
+            log.exception("dead letters not relayed this pass (the next one tries again)")
 
     def send(
         self,

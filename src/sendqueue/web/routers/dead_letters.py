@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from sendqueue.services.dead_letters import redrive_all as redrive_all_letters
 from sendqueue.services.views import DeadLetterView
 from sendqueue.web.deps import ContainerDep
 from sendqueue.web.schemas import (
@@ -28,8 +27,9 @@ def dead_letters(c: ContainerDep) -> DeadLetterList:
 
 @router.post("/redrive", responses=error_responses(*WRITE_ERRORS))
 def redrive_all(c: ContainerDep) -> Redriven:
-    """Turn every dead letter back into a schedule due now (those redriven meanwhile skipped)."""
-    report = redrive_all_letters(c.scheduler)
+    """Turn every dead letter back into a schedule due now (those redriven meanwhile skipped),
+    each relayed to the change log first (its ``dead_letter`` webhook event)."""
+    report = c.dead_letter_queue.redrive_all()
     return Redriven(
         redriven=report.redriven,
         schedules=report.schedules,
@@ -40,6 +40,7 @@ def redrive_all(c: ContainerDep) -> Redriven:
 
 @router.post("/{letter_id}/redrive", responses=error_responses(*WRITE_ERRORS, 404))
 def redrive_one(letter_id: str, c: ContainerDep) -> Redriven:
-    """Turn one dead letter back into a schedule due now."""
-    schedule = c.scheduler.redrive(letter_id)
+    """Turn one dead letter back into a schedule due now, relayed to the change log first (its
+    ``dead_letter`` webhook event)."""
+    schedule = c.dead_letter_queue.redrive(letter_id)
     return Redriven(redriven=[letter_id], schedules=[schedule.name])
