@@ -6,6 +6,8 @@ the delivery), and the connection is made to the first checked address: a second
 (DNS rebinding) never decides where the bytes go. TLS verifies the certificate for the URL's
 host name (SNI and ``Host`` carry the name). A connection the server keeps alive carries the
 next delivery to the same origin for up to a minute (then the name is checked again).
+The timeout bounds the whole exchange (connecting, TLS, sending, the answer's status, headers
+and body), not each read, so a receiver that drips its answer cannot hold a delivery longer.
 Redirects are not followed (a 3xx is a failure), the response body is read to at most 64 KB
 and dropped, and every failure is a
 :class:`~sendqueue.domain.errors.WebhookDeliveryFailed` with a short reason.
@@ -13,18 +15,24 @@ and dropped, and every failure is a
 
 from __future__ import annotations
 
+import functools
 import http.client
+import io
 import ipaddress
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from sendqueue.domain.errors import WebhookDeliveryFailed
 from sendqueue.domain.webhook_safety import AllowList, refusal
 from sendqueue.ports.webhooks import WebhookResponse
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 __all__ = [
     "KEEP_ALIVE_SECONDS",
@@ -50,17 +58,68 @@ def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A socket's bytes, each read allowed only the time left to the exchange. Like
+    ``sock.makefile``, it keeps the socket open until it is closed itself."""
+
+    def __init__(self, sock: socket.socket, left: Callable[[], float]) -> None:
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)
+        self._left = left
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int | None:
+        self._sock.settimeout(self._left())
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    """An answer read through :class:`_DeadlineReader` (status line, headers and body)."""
+
+    def __init__(
+        self, sock: socket.socket, *args: Any, left: Callable[[], float], **kwargs: Any
+    ) -> None:
+        super().__init__(sock, *args, **kwargs)
+        plain, self.fp = self.fp, io.BufferedReader(_DeadlineReader(sock, left))
+        plain.close()
+
+
 class _PinnedHTTPConnection(http.client.HTTPConnection):
-    """An HTTP connection to ``address``, whatever its host name resolves to now."""
+    """An HTTP connection to ``address``, whatever its host name resolves to now; each
+    exchange on it ends by its ``deadline`` (monotonic seconds)."""
 
     def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
         super().__init__(host, port, timeout=timeout)
         self._address = address
         self.opened_at = time.monotonic()
+        self.deadline = self.opened_at + timeout
+        # http.client builds each answer with response_class(sock, method=...)
+        self.response_class = functools.partial(  # type: ignore[assignment]
+            _DeadlineResponse, left=self.time_left
+        )
+
+    def time_left(self) -> float:
+        """Seconds left before the deadline; TimeoutError when none."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        return left
 
     def connect(self) -> None:
-        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+        self.sock = socket.create_connection((self._address, self.port), self.time_left())
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, data: Any) -> None:
+        if self.sock is not None:
+            self.sock.settimeout(self.time_left())
+        super().send(data)
 
 
 class _PinnedHTTPSConnection(_PinnedHTTPConnection):
@@ -74,6 +133,7 @@ class _PinnedHTTPSConnection(_PinnedHTTPConnection):
 
     def connect(self) -> None:
         super().connect()
+        self.sock.settimeout(self.time_left())  # the handshake, in all
         self.sock = self._context.wrap_socket(self.sock, server_hostname=self.host)
 
 
@@ -149,12 +209,12 @@ class HttpWebhookTransport:
         reused: bool,
     ) -> WebhookResponse:
         started = time.monotonic()
-        deadline = started + self._timeout
+        conn.deadline = started + self._timeout
         keep = False
         try:
             conn.request("POST", target, body=body, headers=dict(headers))
             with conn.getresponse() as response:
-                drained = _drain(response, deadline)
+                drained = _drain(response)
                 status = response.status
                 keep = drained and not response.will_close
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
@@ -204,15 +264,19 @@ class _Stale(Exception):
     """A kept-alive connection the server had closed: nothing was answered on it."""
 
 
-def _drain(response: http.client.HTTPResponse, deadline: float) -> bool:
+def _drain(response: http.client.HTTPResponse) -> bool:
     """Read at most MAX_BODY bytes, within the delivery's time, and drop them; whether the
-    body ended (the connection can then carry the next delivery)."""
+    body ended (the connection can then carry the next delivery). The status has come: a
+    body still arriving at the deadline is not waited for."""
     left = MAX_BODY
-    while left > 0 and time.monotonic() < deadline:
-        chunk = response.read(min(left, 16384))
-        if not chunk:
-            return True
-        left -= len(chunk)
+    try:
+        while left > 0:
+            chunk = response.read(min(left, 16384))
+            if not chunk:
+                return True
+            left -= len(chunk)
+    except TimeoutError:
+        pass
     return False
 
 

@@ -1,0 +1,144 @@
+"""Hostile receivers against the webhooks' HTTP transport, as raw socket servers on 127.0.0.1:
+one that drips its status line, headers or body a byte at a time, one that answers
+``100 Continue`` without end, one that is not HTTP at all. A delivery takes at most its
+timeout in all (not per read)."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import trustme
+
+from sendqueue.adapters.webhooks import HttpWebhookTransport
+from sendqueue.domain.errors import WebhookDeliveryFailed
+from sendqueue.domain.webhook_safety import AllowList
+
+Behaviour = Callable[[socket.socket], None]
+TIMEOUT = 1.0
+
+
+@pytest.fixture
+def receiver() -> Iterator[Callable[[Behaviour], str]]:
+    """``start(behaviour)``: a one-connection server that reads the request and then does
+    ``behaviour`` with the connection; the URL to post to."""
+    servers: list[socket.socket] = []
+    stop = threading.Event()
+
+    def start(behaviour: Behaviour) -> str:
+        server = socket.create_server(("127.0.0.1", 0))
+        servers.append(server)
+
+        def run() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                with contextlib.suppress(OSError):  # the client hung up on it
+                    behaviour(conn)
+                stop.wait(5)
+
+        threading.Thread(target=run, daemon=True).start()
+        return f"http://127.0.0.1:{server.getsockname()[1]}/in"
+
+    yield start
+    stop.set()
+    for server in servers:
+        server.close()
+
+
+def _drip(data: bytes, every: float = 0.2) -> Behaviour:
+    def behaviour(conn: socket.socket) -> None:
+        for byte in data:
+            conn.sendall(bytes([byte]))
+            time.sleep(every)
+
+    return behaviour
+
+
+def _post(url: str) -> tuple[WebhookDeliveryFailed | None, float]:
+    transport = HttpWebhookTransport(AllowList.parse("127.0.0.1"), timeout=TIMEOUT)
+    started = time.monotonic()
+    try:
+        transport.post(url, b"{}", {"content-type": "application/json"})
+    except WebhookDeliveryFailed as exc:
+        return exc, time.monotonic() - started
+    finally:
+        transport.close()
+    return None, time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        pytest.param(_drip(b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 60), id="status-and-headers"),
+        pytest.param(_drip(b"HTTP/1.1 100 Continue\r\n\r\n" * 10, every=0.01), id="100-continue"),
+    ],
+)
+def test_a_dripping_receiver_fails_within_the_timeout(
+    receiver: Callable[[Behaviour], str], behaviour: Behaviour
+) -> None:
+    failed, took = _post(receiver(behaviour))
+    assert failed is not None and failed.reason == "timed out"
+    assert took < TIMEOUT + 0.5
+
+
+def test_a_2xx_whose_body_drips_is_delivered_within_the_timeout(
+    receiver: Callable[[Behaviour], str],
+) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"
+
+    def behaviour(conn: socket.socket) -> None:
+        conn.sendall(head)
+        _drip(b"x" * 100)(conn)
+
+    failed, took = _post(receiver(behaviour))
+    assert failed is None  # the 200 came; the rest of its body is not waited for
+    assert took < TIMEOUT + 0.5
+
+
+def test_https_answers_are_read_the_same_way_and_the_name_is_verified() -> None:
+    ca = trustme.CA()
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("hooks.test").configure_cert(served)
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(200)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.socket = served.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    names = {"hooks.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]}
+    transport = HttpWebhookTransport(
+        AllowList.parse("127.0.0.1"),
+        timeout=TIMEOUT,
+        resolve=lambda host, _: names[host],
+        tls=trusting,
+    )
+    try:
+        for _ in range(2):  # the second one on the kept-alive connection
+            assert transport.post(f"https://hooks.test:{port}/in", b"{}", {}).status == 200
+        with pytest.raises(WebhookDeliveryFailed, match="certificate"):
+            transport.post(f"https://other.test:{port}/in", b"{}", {})
+    finally:
+        transport.close()
+        httpd.shutdown()
+        httpd.server_close()
