@@ -1,7 +1,7 @@
 """Hostile receivers against the webhooks' HTTP transport, as raw socket servers on 127.0.0.1:
 one that drips its status line, headers or body a byte at a time, one that answers
 ``100 Continue`` without end, one that is not HTTP at all. A delivery takes at most its
-timeout in all (not per read)."""
+timeout in all (not per read), and a failure's reason never quotes what the receiver sent."""
 
 from __future__ import annotations
 
@@ -142,3 +142,13 @@ def test_https_answers_are_read_the_same_way_and_the_name_is_verified() -> None:
         transport.close()
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_receiver_that_is_not_http_is_not_quoted(receiver: Callable[[Behaviour], str]) -> None:
+    def behaviour(conn: socket.socket) -> None:
+        conn.sendall(b"220 internal.example ESMTP token=s3cr3t-banner\r\n")
+
+    failed, _ = _post(receiver(behaviour))
+    assert failed is not None
+    assert "s3cr3t" not in failed.reason and "internal.example" not in failed.reason
+    assert failed.reason.startswith("BadStatusLine")

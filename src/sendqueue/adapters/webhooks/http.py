@@ -281,9 +281,15 @@ def _drain(response: http.client.HTTPResponse) -> bool:
 
 
 def _short(exc: BaseException) -> str:
-    """A failure in one line of at most 120 printable characters (never a response body)."""
+    """A failure in one line of at most 120 printable characters, never quoting the receiver
+    (its body, or the first line of an answer that is not HTTP)."""
     if isinstance(exc, TimeoutError | socket.timeout):
         return "timed out"
+    if isinstance(exc, http.client.BadStatusLine | http.client.UnknownProtocol) and not isinstance(
+        exc, http.client.RemoteDisconnected
+    ):
+        # their text is the receiver's first line: whatever it is, it is not shown
+        return f"{type(exc).__name__}: the answer is not HTTP"
     text = f"{type(exc).__name__}: {exc}"
     cleaned = "".join(ch if ch.isprintable() else " " for ch in text)
     return cleaned[:120]
