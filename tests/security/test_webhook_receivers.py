@@ -18,7 +18,14 @@ import trustme
 
 from sendqueue.adapters.webhooks import HttpWebhookTransport
 from sendqueue.domain.errors import WebhookDeliveryFailed
+from sendqueue.domain.lifecycle import CampaignState
+from sendqueue.domain.models import Campaign
 from sendqueue.domain.webhook_safety import AllowList
+from sendqueue.domain.webhooks import WebhookEndpoint, new_secret
+from sendqueue.services.webhooks import WebhookDelivery
+from sendqueue.testing.clock import FakeClock
+from sendqueue.testing.store import InMemoryTaskStore
+from tests.support.app import T0, open_policy
 
 Behaviour = Callable[[socket.socket], None]
 TIMEOUT = 1.0
@@ -152,3 +159,51 @@ def test_a_receiver_that_is_not_http_is_not_quoted(receiver: Callable[[Behaviour
     assert failed is not None
     assert "s3cr3t" not in failed.reason and "internal.example" not in failed.reason
     assert failed.reason.startswith("BadStatusLine")
+
+
+def test_a_stored_url_that_cannot_be_sent_fails_its_endpoint_alone() -> None:
+    """An endpoint stored with a URL no request line can carry (a non-ASCII path, before such
+    URLs were refused) fails its own attempts; the other endpoints still get theirs."""
+    got: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            got.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    store = InMemoryTaskStore()
+    transport = HttpWebhookTransport(AllowList.parse("127.0.0.1"), timeout=TIMEOUT)
+    delivery = WebhookDelivery(store, store, transport, FakeClock(T0))
+    try:
+        for n, path in enumerate(("/caf\u00e9", "/a\x7fb", "/in")):
+            store.add_endpoint(WebhookEndpoint(f"wh_{n}", base + path, T0, new_secret()))
+        store.create_campaign(
+            Campaign(
+                id="c1",
+                name="c",
+                policy=open_policy(),
+                from_addr="a@example.com",
+                state=CampaignState.ACTIVE,
+            ),
+            [],
+        )
+        store.set_campaign_state("c1", [CampaignState.ACTIVE], CampaignState.PAUSED, at=T0)
+        report = delivery.run_pass()
+    finally:
+        transport.close()
+        httpd.shutdown()
+        httpd.server_close()
+    assert got == ["/in"]
+    assert (report.delivered, report.failed) == (1, 2)
+    for bad in ("wh_0", "wh_1"):
+        (attempt,) = store.deliveries(bad)
+        assert attempt.error is not None and "URL" in attempt.error
+        assert "caf" not in attempt.error and "a\x7fb" not in attempt.error  # no path quoted

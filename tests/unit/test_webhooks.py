@@ -213,6 +213,23 @@ def test_add_shows_the_secret_once_and_refuses_bad_fields(world: World) -> None:
     assert len(world.service.list()) == 1
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://hooks.example.com/caf\u00e9", "ASCII"),
+        ("http://hooks.example.com/in?who=\u00e9", "ASCII"),
+        ("http://hooks.example.com/a\x7fb", "control"),
+        ("http://hooks.example.com/a\u0085b", "control"),
+        ("http://hooks.example.com/a\u200bb", "control"),
+    ],
+)
+def test_a_url_no_http_request_can_carry_is_refused(world: World, url: str, reason: str) -> None:
+    with pytest.raises(InvalidField, match=reason) as caught:
+        world.service.add(url)
+    assert caught.value.field == "url"
+    assert world.service.list() == []
+
+
 def test_production_refuses_http(world: World) -> None:
     service = WebhookService(world.store, world.store, world.clock, world.delivery, production=True)
     with pytest.raises(InvalidField, match="https"):

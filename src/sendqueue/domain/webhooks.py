@@ -115,7 +115,8 @@ def new_secret() -> str:
 
 def check_url(url: str, *, production: bool) -> str:
     """The endpoint's URL, stripped: ``https`` (``http`` too outside production), a host, no
-    credentials, no fragment. InvalidField naming ``url`` otherwise. Whether its address may be
+    credentials, no fragment, no space or control character, ASCII after the host.
+    InvalidField naming ``url`` otherwise. Whether its address may be
     reached is the delivery adapter's check (literal IPs and DNS answers both)."""
     url = url.strip()
     if not url or len(url) > MAX_URL_LENGTH:
@@ -136,8 +137,12 @@ def check_url(url: str, *, production: bool) -> str:
         raise InvalidField("url", url, "must not carry credentials")
     if parts.fragment:
         raise InvalidField("url", url, "must not have a #fragment")
-    if any(ch.isspace() or ord(ch) < 32 for ch in url):
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
         raise InvalidField("url", url, "must not contain spaces or control characters")
+    if not (parts.path + parts.query).isascii():
+        # an HTTP request line is ASCII: http.client could never send it
+        reason = "must be ASCII after the host: percent-encode the rest (é is %C3%A9)"
+        raise InvalidField("url", url, reason)
     return url
 
 

@@ -19,13 +19,14 @@ import functools
 import http.client
 import io
 import ipaddress
+import re
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from sendqueue.domain.errors import WebhookDeliveryFailed
 from sendqueue.domain.webhook_safety import AllowList, refusal
@@ -159,11 +160,14 @@ class HttpWebhookTransport:
 
     def checked_address(self, url: str) -> tuple[str, int, str]:
         """``(host, port, address to connect to)``, or WebhookDeliveryFailed saying why not."""
-        parts = urlsplit(url)
+        parts = _split(url)
         host = parts.hostname or ""
         if parts.scheme not in ("http", "https") or not host:
             raise WebhookDeliveryFailed("not an http(s) URL with a host")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            raise WebhookDeliveryFailed("invalid URL: its port is not 0 to 65535") from None
         try:
             addresses = [str(ipaddress.ip_address(host))]
         except ValueError:
@@ -180,8 +184,8 @@ class HttpWebhookTransport:
         return host, port, addresses[0]
 
     def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> WebhookResponse:
-        parts = urlsplit(url)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        parts = _split(url)
+        target = _request_target(parts)
         sent = {**headers, "user-agent": "sendqueue"}
         key = f"{parts.scheme}://{parts.netloc}"
         idle = self._take(key)
@@ -258,6 +262,26 @@ class HttpWebhookTransport:
             idle, self._idle = list(self._idle.values()), {}
         for conn in idle:
             conn.close()
+
+
+#: What a request line may not carry: http.client sends it as ASCII, without controls or spaces.
+_UNSENDABLE = re.compile(r"[^\x21-\x7e]")
+
+
+def _split(url: str) -> SplitResult:
+    try:
+        return urlsplit(url)
+    except ValueError:
+        raise WebhookDeliveryFailed("invalid URL: it does not parse") from None
+
+
+def _request_target(parts: SplitResult) -> str:
+    """The path and query to request, or WebhookDeliveryFailed (which does not quote them:
+    a URL's path often carries a secret)."""
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if _UNSENDABLE.search(target):
+        raise WebhookDeliveryFailed("invalid URL: its path or query is not printable ASCII")
+    return target
 
 
 class _Stale(Exception):
