@@ -104,6 +104,19 @@ def test_the_connection_goes_to_the_checked_address_with_the_name_as_host(
     assert resolve.asked == ["receiver.internal"]
 
 
+def test_a_non_ascii_host_is_looked_up_and_named_in_its_idna_2008_form(
+    server: tuple[int, list[str]],
+) -> None:
+    """A URL stored with a U-label host goes to that domain's IDNA 2008 name, never to the one
+    Python's IDNA 2003 codec makes of it (faß.example -> fass.example, another domain)."""
+    port, hosts = server
+    resolve = _resolver({"xn--fa-hia.example": ["127.0.0.1"], "fass.example": ["127.0.0.1"]})
+    transport = HttpWebhookTransport(AllowList.parse("127.0.0.1"), resolve=resolve)
+    assert transport.post(f"http://faß.example:{port}/in", b"{}", {}).status == 204
+    assert resolve.asked == ["xn--fa-hia.example"]
+    assert hosts == [f"xn--fa-hia.example:{port}"]
+
+
 def test_loopback_is_refused_unless_allowed(server: tuple[int, list[str]]) -> None:
     port, hosts = server
     with pytest.raises(WebhookDeliveryFailed, match="loopback"):

@@ -230,6 +230,18 @@ def test_a_url_no_http_request_can_carry_is_refused(world: World, url: str, reas
     assert world.service.list() == []
 
 
+def test_a_non_ascii_host_is_stored_in_its_idna_2008_form(world: World) -> None:
+    """Python's idna codec (which sockets, http.client and ssl use for a str host) is IDNA
+    2003: it would send faß.example's events to fass.example, another domain."""
+    made = world.service.add("https://Faß.example:8443/in?x=1")
+    assert made.endpoint.url == "https://xn--fa-hia.example:8443/in?x=1"
+    changed = world.service.update(made.endpoint.id, url="http://\u03c0\u03c2.example/")
+    assert changed.url == "http://xn--1xae.example/"
+    with pytest.raises(InvalidField, match="IDNA 2008") as caught:
+        world.service.add("https://a\u0301\u0301\u05d0.example/in")
+    assert caught.value.field == "url"
+
+
 def test_production_refuses_http(world: World) -> None:
     service = WebhookService(world.store, world.store, world.clock, world.delivery, production=True)
     with pytest.raises(InvalidField, match="https"):

@@ -1,9 +1,10 @@
 """POSTing a webhook delivery over http.client, to an address checked first.
 
-The URL's host is resolved here (a literal IP as itself), every address it resolves to is
-checked against :func:`~sendqueue.domain.webhook_safety.refusal` (one refused answer refuses
-the delivery), and the connection is made to the first checked address: a second resolution
-(DNS rebinding) never decides where the bytes go. TLS verifies the certificate for the URL's
+The URL's host is resolved here (a literal IP as itself; a non-ASCII name in its IDNA 2008
+form, never Python's IDNA 2003 codec's), every address it resolves to is checked against
+:func:`~sendqueue.domain.webhook_safety.refusal` (one refused answer refuses the delivery),
+and the connection is made to the first checked address: a second resolution (DNS
+rebinding) never decides where the bytes go. TLS verifies the certificate for the URL's
 host name (SNI and ``Host`` carry the name). A connection the server keeps alive carries the
 next delivery to the same origin for up to a minute (then the name is checked again).
 The timeout bounds the whole exchange (connecting, TLS, sending, the answer's status, headers
@@ -28,7 +29,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, urlsplit
 
-from sendqueue.domain.errors import WebhookDeliveryFailed
+from sendqueue.domain.addresses import ascii_domain
+from sendqueue.domain.errors import InvalidField, WebhookDeliveryFailed
 from sendqueue.domain.webhook_safety import AllowList, refusal
 from sendqueue.ports.webhooks import WebhookResponse
 
@@ -164,6 +166,11 @@ class HttpWebhookTransport:
         host = parts.hostname or ""
         if parts.scheme not in ("http", "https") or not host:
             raise WebhookDeliveryFailed("not an http(s) URL with a host")
+        if not host.isascii():  # stored before check_url made it ASCII
+            try:
+                host = ascii_domain("url", host, url)
+            except InvalidField as exc:
+                raise WebhookDeliveryFailed(f"invalid URL: {exc.reason}") from None
         try:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError:
