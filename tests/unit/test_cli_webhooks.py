@@ -53,6 +53,7 @@ def test_bad_options_name_the_field_and_store_nothing(cli: CliRunner) -> None:
     for args, field in (
         (("--url", "ftp://x.example.com"), "url"),
         (("--url", "http://x.example.com", "--event", "email.nope"), "events"),
+        (("--url", "http://x.example.com", "--campaign", "c0123456789ab"), "campaigns"),
     ):
         code, _, err = run(cli, "webhook", "add", *args)
         assert code == 2 and f"{field}:" in err

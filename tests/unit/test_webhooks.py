@@ -242,6 +242,20 @@ def test_a_non_ascii_host_is_stored_in_its_idna_2008_form(world: World) -> None:
     assert caught.value.field == "url"
 
 
+def test_a_campaign_filter_names_campaigns_that_exist(world: World) -> None:
+    """A mistyped campaign id made an endpoint that heard nothing, and its cursor moved past
+    the campaign's events, so fixing the filter later could not bring them back."""
+    with pytest.raises(InvalidField, match="no campaign") as caught:
+        world.service.add("http://hooks.example.com/in", campaigns=[CID, "c0000000000fe"])
+    assert (caught.value.field, caught.value.value) == ("campaigns", "c0000000000fe")
+    assert world.service.list() == []
+    made = world.service.add("http://hooks.example.com/in", campaigns=[f" {CID} "]).endpoint
+    assert made.campaign_ids == [CID]
+    with pytest.raises(InvalidField, match="no campaign"):
+        world.service.update(made.id, campaigns=["C00000000000A"], enabled=False)
+    assert world.service.get(made.id) == made
+
+
 def test_production_refuses_http(world: World) -> None:
     service = WebhookService(world.store, world.store, world.clock, world.delivery, production=True)
     with pytest.raises(InvalidField, match="https"):
@@ -320,8 +334,10 @@ def test_an_endpoint_failing_past_the_limit_is_disabled_and_the_alarm_says_so(
 
 
 def test_filters_skip_other_types_and_campaigns(world: World) -> None:
+    other = Campaign(id="c0000000000ff", name="o", policy=open_policy(), from_addr="a@x.com")
+    world.store.create_campaign(other, [])
     world.service.add("http://a.example.com/", events=["campaign.paused"])
-    world.service.add("http://b.example.com/", campaigns=["c0000000000ff"])
+    world.service.add("http://b.example.com/", campaigns=[other.id])
     world.send(0)
     world.store.set_campaign_state(CID, [CampaignState.ACTIVE], CampaignState.PAUSED, at=T0)
     world.delivery.run_pass()
