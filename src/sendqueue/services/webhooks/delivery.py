@@ -12,7 +12,9 @@ reason, and the alarm says so. Every attempt goes to the delivery log (kept 7 da
 The cursor is saved after each batch and at a failure, so a process killed mid-batch
 delivers the batch's delivered events again after its restart: at least once, with the same
 ``webhook-id`` (the event id is the change id's). An endpoint posts for at most
-``turn`` seconds in a pass (then its place is saved and the next endpoint's turn comes).
+``turn`` seconds in a pass (then its place is saved and the next endpoint's turn comes), and
+a worker that lost an endpoint's lease mid-batch stops and saves nothing: the worker that took
+the lease over owns the cursor.
 """
 
 from __future__ import annotations
@@ -179,7 +181,9 @@ class WebhookDelivery:
         turn_ends = time.monotonic() + self._policy.turn
         try:
             for entry, event in events:
-                if (stop is not None and stop.is_set()) or not lease.hold():
+                if not lease.hold():
+                    return  # another worker took it over: its cursor is that worker's now
+                if stop is not None and stop.is_set():
                     break
                 if time.monotonic() >= turn_ends:
                     report.full = True  # the other endpoints' turns, then this one's again
