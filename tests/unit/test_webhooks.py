@@ -256,6 +256,18 @@ def test_a_campaign_filter_names_campaigns_that_exist(world: World) -> None:
     assert world.service.get(made.id) == made
 
 
+def test_no_repr_shows_a_secret(world: World) -> None:
+    """An endpoint or a just-made secret in a log line, a failed assertion or a debugger's
+    view shows no secret (as a sender's transport and an unsubscribe key)."""
+    made = world.service.add("http://hooks.example.com/in")
+    rotated = world.service.rotate_secret(made.endpoint.id)
+    stored = world.store.get_endpoint(made.endpoint.id)
+    assert stored is not None and stored.previous_secret == made.secret
+    for value in (stored, made, rotated):
+        for secret in (made.secret, rotated.secret):
+            assert secret[6:] not in repr(value)
+
+
 def test_production_refuses_http(world: World) -> None:
     service = WebhookService(world.store, world.store, world.clock, world.delivery, production=True)
     with pytest.raises(InvalidField, match="https"):

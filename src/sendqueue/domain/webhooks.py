@@ -187,12 +187,12 @@ class WebhookEndpoint:
     id: str
     url: str
     created_at: datetime
-    secret: str
+    secret: str = field(repr=False)  # never in a log line
     event_types: tuple[str, ...] = ()
     campaign_ids: tuple[str, ...] = ()
     enabled: bool = True
     disabled_reason: str | None = None
-    previous_secret: str | None = None
+    previous_secret: str | None = field(default=None, repr=False)
     previous_secret_expires_at: datetime | None = None
     cursor: int = 0
     attempts: int = 0
