@@ -405,6 +405,13 @@ def test_rotation_signs_with_both_secrets_for_a_day(world: World) -> None:
     world.delivery.run_pass()
     assert world.receiver.got[1][2]["type"] == "email.bounced"
     assert len(world.receiver.got[1][1]["webhook-signature"].split()) == 1
+    # two rotations within a day: the last two secrets sign, the first one no longer (the docs)
+    again = world.service.rotate_secret(created.endpoint.id)
+    world.clock.advance(3600)
+    last = world.service.rotate_secret(created.endpoint.id)
+    endpoint = world.store.get_endpoint(created.endpoint.id)
+    assert endpoint is not None
+    assert endpoint.signing_secrets(world.clock.now()) == [last.secret, again.secret]
 
 
 def test_the_log_is_read_a_page_at_a_time_and_next_is_none_on_the_last(world: World) -> None:
