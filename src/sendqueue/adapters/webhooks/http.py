@@ -3,14 +3,14 @@
 The URL's host is resolved here (a literal IP as itself; a non-ASCII name in its IDNA 2008
 form, never Python's IDNA 2003 codec's), every address it resolves to is checked against
 :func:`~sendqueue.domain.webhook_safety.refusal` (one refused answer refuses the delivery),
-and the connection is made to the first checked address: a second resolution (DNS
-rebinding) never decides where the bytes go. TLS verifies the certificate for the URL's
-host name (SNI and ``Host`` carry the name). A connection the server keeps alive carries the
-next delivery to the same origin for up to a minute (then the name is checked again).
-The timeout bounds the whole exchange (connecting, TLS, sending, the answer's status, headers
-and body), not each read, so a receiver that drips its answer cannot hold a delivery longer.
-Redirects are not followed (a 3xx is a failure), the response body is read to at most 64 KB
-and dropped, and every failure is a
+and the connection is made to the checked addresses, in the resolver's order, the first that
+accepts it: a second resolution (DNS rebinding) never decides where the bytes go. TLS
+verifies the certificate for the URL's host name (SNI and ``Host`` carry the name). A
+connection the server keeps alive carries the next delivery to the same origin for up to a
+minute (then the name is checked again). The timeout bounds the whole exchange (connecting,
+TLS, sending, the answer's status, headers and body), not each read, so a receiver that
+drips its answer cannot hold a delivery longer. Redirects are not followed (a 3xx is a
+failure), the response body is read to at most 64 KB and dropped, and every failure is a
 :class:`~sendqueue.domain.errors.WebhookDeliveryFailed` with a short reason.
 """
 
@@ -95,12 +95,12 @@ class _DeadlineResponse(http.client.HTTPResponse):
 
 
 class _PinnedHTTPConnection(http.client.HTTPConnection):
-    """An HTTP connection to ``address``, whatever its host name resolves to now; each
-    exchange on it ends by its ``deadline`` (monotonic seconds)."""
+    """An HTTP connection to the first of ``addresses`` that accepts it, whatever its host name
+    resolves to now; each exchange on it ends by its ``deadline`` (monotonic seconds)."""
 
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+    def __init__(self, host: str, port: int, addresses: list[str], timeout: float) -> None:
         super().__init__(host, port, timeout=timeout)
-        self._address = address
+        self._addresses = addresses
         self.opened_at = time.monotonic()
         self.deadline = self.opened_at + timeout
         # http.client builds each answer with response_class(sock, method=...)
@@ -116,7 +116,15 @@ class _PinnedHTTPConnection(http.client.HTTPConnection):
         return left
 
     def connect(self) -> None:
-        self.sock = socket.create_connection((self._address, self.port), self.time_left())
+        failure: OSError = ConnectionError("no address")
+        for address in self._addresses:  # as socket.create_connection does with a name's
+            try:
+                self.sock = socket.create_connection((address, self.port), self.time_left())
+                break
+            except OSError as exc:
+                failure = exc
+        else:
+            raise failure
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def send(self, data: Any) -> None:
@@ -129,9 +137,9 @@ class _PinnedHTTPSConnection(_PinnedHTTPConnection):
     """The same over TLS, the certificate checked for the host name (SNI included)."""
 
     def __init__(
-        self, host: str, port: int, address: str, timeout: float, context: ssl.SSLContext
+        self, host: str, port: int, addresses: list[str], timeout: float, context: ssl.SSLContext
     ) -> None:
-        super().__init__(host, port, address, timeout)
+        super().__init__(host, port, addresses, timeout)
         self._context = context
 
     def connect(self) -> None:
@@ -160,8 +168,9 @@ class HttpWebhookTransport:
         # One idle connection per origin (scheme://host:port), with when it was opened.
         self._idle: dict[str, _PinnedHTTPConnection] = {}
 
-    def checked_address(self, url: str) -> tuple[str, int, str]:
-        """``(host, port, address to connect to)``, or WebhookDeliveryFailed saying why not."""
+    def checked_addresses(self, url: str) -> tuple[str, int, list[str]]:
+        """``(host, port, the addresses to connect to)``, or WebhookDeliveryFailed saying why
+        not (one refused address refuses them all)."""
         parts = _split(url)
         host = parts.hostname or ""
         if parts.scheme not in ("http", "https") or not host:
@@ -188,7 +197,7 @@ class HttpWebhookTransport:
             why = refusal(host, address, self._allow)
             if why is not None:
                 raise WebhookDeliveryFailed(f"refused: {why}")
-        return host, port, addresses[0]
+        return host, port, addresses
 
     def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> WebhookResponse:
         parts = _split(url)
@@ -201,12 +210,12 @@ class HttpWebhookTransport:
                 return self._exchange(idle, key, target, body, sent, reused=True)
             except _Stale:
                 pass  # the server closed it meanwhile: a fresh connection, checked again
-        host, port, address = self.checked_address(url)
+        host, port, addresses = self.checked_addresses(url)
         conn: _PinnedHTTPConnection
         if parts.scheme == "https":
-            conn = _PinnedHTTPSConnection(host, port, address, self._timeout, self._tls)
+            conn = _PinnedHTTPSConnection(host, port, addresses, self._timeout, self._tls)
         else:
-            conn = _PinnedHTTPConnection(host, port, address, self._timeout)
+            conn = _PinnedHTTPConnection(host, port, addresses, self._timeout)
         return self._exchange(conn, key, target, body, sent, reused=False)
 
     def _exchange(
