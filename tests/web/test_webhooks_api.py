@@ -72,6 +72,10 @@ def test_bad_input_names_the_field_and_stores_nothing(web: Web) -> None:
     assert error["field"] == "url"
     assert web.client.get(f"/api/webhooks/{made['id']}").json()["url"] == URL
     _error(web.client.patch(f"/api/webhooks/{made['id']}", json={}), 422)
+    redo = f"/api/webhooks/{made['id']}/redeliver"
+    error = _error(web.client.post(redo, json={"failed_since": "2026-12-01T08:00"}), 422)
+    assert error["field"] == "failed_since"
+    assert error["reason"] == "must be a time with its offset, e.g. 2026-12-04T10:00Z"
 
 
 def test_rotate_redeliver_and_the_log(web: Web) -> None:
