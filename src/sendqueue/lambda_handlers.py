@@ -53,7 +53,8 @@ Events:
   sees a send fail for good, so this is where ``dead_letter`` events are made), then delivers
   webhook events (:class:`~sendqueue.services.webhooks.WebhookDelivery` passes, each endpoint
   under its store lease, each relaying again every SENDQUEUE_DEAD_LETTER_RELAY_INTERVAL) for
-  :data:`WEBHOOK_RUN_SECONDS`, or until 15 s before the timeout, then returns: the next run
+  :data:`WEBHOOK_RUN_SECONDS`, or until 15 s before the timeout, then returns: a pass still
+  posting then stops before its next event and saves each endpoint's place, and the next run
   continues from each endpoint's cursor. A pass that fails is logged and the next one tries
   again; the invocation fails only when its last pass did (Lambda's retries, then the
   webhooks dead-letter queue).
@@ -415,23 +416,33 @@ def webhooks_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[s
     delivery = c.webhook_delivery
     wait = c.settings.webhook_poll_interval
     totals: Counter[str] = Counter()
-    deadline = time.monotonic() + min(WEBHOOK_RUN_SECONDS, max(0.0, left() - 15.0))
+    run = min(WEBHOOK_RUN_SECONDS, max(0.0, left() - 15.0))
+    deadline = time.monotonic() + run
+    # Stops a pass between two events: a long batch to a slow receiver would otherwise run
+    # into the timeout before its endpoint's cursor is saved, and the next run repeat it.
+    stop = threading.Event()
+    timer = threading.Timer(run, stop.set)
+    timer.daemon = True
+    timer.start()
     failed: Exception | None = None
-    while True:
-        try:
-            report = delivery.run_pass()
-        except Exception as exc:  # the next pass tries again; the last one's failure raises
-            log.exception("webhooks: a delivery pass failed")
-            failed, full = exc, False
-        else:
-            failed, full = None, report.full
-            totals.update(
-                delivered=report.delivered, failed=report.failed, disabled=report.disabled
-            )
-        if time.monotonic() >= deadline:
-            break
-        if not full:
-            time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+    try:
+        while True:
+            try:
+                report = delivery.run_pass(stop)
+            except Exception as exc:  # the next pass tries again; the last one's failure raises
+                log.exception("webhooks: a delivery pass failed")
+                failed, full = exc, False
+            else:
+                failed, full = None, report.full
+                totals.update(
+                    delivered=report.delivered, failed=report.failed, disabled=report.disabled
+                )
+            if stop.is_set() or time.monotonic() >= deadline:
+                break
+            if not full:
+                stop.wait(min(wait, max(0.0, deadline - time.monotonic())))
+    finally:
+        timer.cancel()
     if failed is not None:
         raise failed
     return {"status": "handled", **{k: totals[k] for k in ("delivered", "failed", "disabled")}}

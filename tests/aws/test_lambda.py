@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,7 +24,9 @@ from sendqueue.adapters.mail.ses import SesMailer
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, schedule_group
+from sendqueue.domain.webhooks import event_id, event_of
 from sendqueue.ports import Schedule
+from sendqueue.ports.webhooks import WebhookResponse
 from sendqueue.services.webhooks import WebhookDelivery
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
@@ -491,3 +494,38 @@ def test_the_webhooks_function_delivers_the_events_made_since_its_last_run(aws: 
     assert aws.app.webhooks.get(endpoint.id).cursor == aws.app.store.last_change_id()
     again = lambda_handlers.webhooks_handler({}, FakeContext(PROVISION_ARN, 15_000))
     assert again["delivered"] == 0 and len(receiver.got) == 1
+
+
+def test_the_webhooks_function_stops_at_its_deadline_mid_batch_and_keeps_its_place(
+    aws: Aws,
+) -> None:
+    """A run stops posting when its time is up, even in the middle of an endpoint's batch,
+    and saves the endpoint's place: the next run goes on from there. (It posted the whole
+    batch first, so a slow receiver ran it into the function's timeout before the cursor was
+    saved, and every run sent the same events again.)"""
+
+    class SlowReceiver(Receiver):
+        def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> WebhookResponse:
+            time.sleep(0.1)
+            return super().post(url, body, headers)
+
+    receiver = SlowReceiver()
+    store: Any = aws.app.store
+    aws.app.__dict__["webhook_delivery"] = WebhookDelivery(store, store, receiver, aws.clock)
+    endpoint = aws.app.webhooks.add("https://hooks.example.com/in").endpoint
+    cid = aws.create_campaign(30)
+    lambda_handlers.provision_handler({"campaignId": cid}, FakeContext(PROVISION_ARN, 900_000))
+    aws.app.campaigns.cancel(cid)
+    made = [c for c in store.changes_after(endpoint.cursor, limit=500) if event_of(c)]
+    assert len(made) == 30
+    # 16 s left: it delivers for 1 s (15 s are kept for the rest of the invocation)
+    first = lambda_handlers.webhooks_handler({}, FakeContext(PROVISION_ARN, 16_000))
+    delivered = first["delivered"]
+    assert delivered < 30
+    place = made[delivered - 1].id if delivered else endpoint.cursor
+    assert aws.app.webhooks.get(endpoint.id).cursor == place
+    for _ in range(10):
+        if len(receiver.got) == 30:
+            break
+        lambda_handlers.webhooks_handler({}, FakeContext(PROVISION_ARN, 16_000))
+    assert receiver.ids == [event_id(c.id) for c in made]  # each once, in order

@@ -173,6 +173,13 @@ def test_rotating_shows_the_new_secret_once_and_removing_asks_first(
     page.click("#secret-done")
     expect(page.locator("#secret-panel")).to_be_hidden()
     expect(page.locator("#w-url")).to_be_focused()
+
+    # a second rotation within the day says that the first secret stops signing
+    card.locator('[data-action="rotate"]').click()
+    expect(page.locator("#confirm-message")).to_contain_text(
+        "The secret the last rotation replaced stops signing now."
+    )
+    page.click('#confirm-dialog button[value="cancel"]')
     assert new not in page.content()
     page.reload()
     assert new not in page.content()

@@ -104,6 +104,36 @@ def test_the_connection_goes_to_the_checked_address_with_the_name_as_host(
     assert resolve.asked == ["receiver.internal"]
 
 
+def test_an_address_that_refuses_is_followed_by_the_next_checked_one(
+    server: tuple[int, list[str]],
+) -> None:
+    """A name with several addresses (round-robin DNS, IPv6 and IPv4) is reached on the first
+    that accepts the connection, each of them checked; one dead server fails nothing."""
+    port, hosts = server
+    resolve = _resolver({"receiver.internal": ["127.0.0.2", "127.0.0.1"]})
+    transport = HttpWebhookTransport(AllowList.parse("receiver.internal"), resolve=resolve)
+    assert transport.post(f"http://receiver.internal:{port}/in", b"{}", {}).status == 204
+    assert hosts == [f"receiver.internal:{port}"]
+    refused = _resolver({"mixed.example": ["127.0.0.2", "10.0.0.1"]})
+    with pytest.raises(WebhookDeliveryFailed, match="private"):
+        HttpWebhookTransport(AllowList.parse("127.0.0.0/8"), resolve=refused).post(
+            f"http://mixed.example:{port}/in", b"{}", {}
+        )
+
+
+def test_a_non_ascii_host_is_looked_up_and_named_in_its_idna_2008_form(
+    server: tuple[int, list[str]],
+) -> None:
+    """A URL stored with a U-label host goes to that domain's IDNA 2008 name, never to the one
+    Python's IDNA 2003 codec makes of it (faß.example -> fass.example, another domain)."""
+    port, hosts = server
+    resolve = _resolver({"xn--fa-hia.example": ["127.0.0.1"], "fass.example": ["127.0.0.1"]})
+    transport = HttpWebhookTransport(AllowList.parse("127.0.0.1"), resolve=resolve)
+    assert transport.post(f"http://faß.example:{port}/in", b"{}", {}).status == 204
+    assert resolve.asked == ["xn--fa-hia.example"]
+    assert hosts == [f"xn--fa-hia.example:{port}"]
+
+
 def test_loopback_is_refused_unless_allowed(server: tuple[int, list[str]]) -> None:
     port, hosts = server
     with pytest.raises(WebhookDeliveryFailed, match="loopback"):

@@ -53,11 +53,22 @@ def test_bad_options_name_the_field_and_store_nothing(cli: CliRunner) -> None:
     for args, field in (
         (("--url", "ftp://x.example.com"), "url"),
         (("--url", "http://x.example.com", "--event", "email.nope"), "events"),
+        (("--url", "http://x.example.com", "--campaign", "c0123456789ab"), "campaigns"),
     ):
         code, _, err = run(cli, "webhook", "add", *args)
         assert code == 2 and f"{field}:" in err
     assert run_json(cli, "webhook", "list") == []
     made = run_json(cli, "webhook", "add", "--url", "http://hooks.example.com/in")
+    for both, field in (
+        (["--event", "email.sent", "--all-events"], "events"),
+        (["--campaign", "c0123456789ab", "--all-campaigns", "--disable"], "campaigns"),
+    ):
+        code, _, err = run(cli, "webhook", "update", made["id"], *both)
+        assert code == 2 and f"{field}:" in err, err
+    assert run_json(cli, "webhook", "show", made["id"])["enabled"] is True
+    for limit in ("0", "-1", "1001"):
+        code, _, err = run(cli, "webhook", "deliveries", made["id"], "--limit", limit)
+        assert code == 2 and "--limit" in err, err
     code, _, err = run(cli, "webhook", "redeliver", made["id"], "evt_99")
     assert code == 2 and "events:" in err
     code, _, err = run(cli, "webhook", "redeliver", made["id"], "--failed-since", "yesterday")

@@ -213,6 +213,61 @@ def test_add_shows_the_secret_once_and_refuses_bad_fields(world: World) -> None:
     assert len(world.service.list()) == 1
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://hooks.example.com/caf\u00e9", "ASCII"),
+        ("http://hooks.example.com/in?who=\u00e9", "ASCII"),
+        ("http://hooks.example.com/a\x7fb", "control"),
+        ("http://hooks.example.com/a\u0085b", "control"),
+        ("http://hooks.example.com/a\u200bb", "control"),
+    ],
+)
+def test_a_url_no_http_request_can_carry_is_refused(world: World, url: str, reason: str) -> None:
+    with pytest.raises(InvalidField, match=reason) as caught:
+        world.service.add(url)
+    assert caught.value.field == "url"
+    assert world.service.list() == []
+
+
+def test_a_non_ascii_host_is_stored_in_its_idna_2008_form(world: World) -> None:
+    """Python's idna codec (which sockets, http.client and ssl use for a str host) is IDNA
+    2003: it would send faß.example's events to fass.example, another domain."""
+    made = world.service.add("https://Faß.example:8443/in?x=1")
+    assert made.endpoint.url == "https://xn--fa-hia.example:8443/in?x=1"
+    changed = world.service.update(made.endpoint.id, url="http://\u03c0\u03c2.example/")
+    assert changed.url == "http://xn--1xae.example/"
+    with pytest.raises(InvalidField, match="IDNA 2008") as caught:
+        world.service.add("https://a\u0301\u0301\u05d0.example/in")
+    assert caught.value.field == "url"
+
+
+def test_a_campaign_filter_names_campaigns_that_exist(world: World) -> None:
+    """A mistyped campaign id made an endpoint that heard nothing, and its cursor moved past
+    the campaign's events, so fixing the filter later could not bring them back."""
+    with pytest.raises(InvalidField, match="no campaign") as caught:
+        world.service.add("http://hooks.example.com/in", campaigns=[CID, "c0000000000fe"])
+    assert (caught.value.field, caught.value.value) == ("campaigns", "c0000000000fe")
+    assert world.service.list() == []
+    made = world.service.add("http://hooks.example.com/in", campaigns=[f" {CID} "]).endpoint
+    assert made.campaign_ids == [CID]
+    with pytest.raises(InvalidField, match="no campaign"):
+        world.service.update(made.id, campaigns=["C00000000000A"], enabled=False)
+    assert world.service.get(made.id) == made
+
+
+def test_no_repr_shows_a_secret(world: World) -> None:
+    """An endpoint or a just-made secret in a log line, a failed assertion or a debugger's
+    view shows no secret (as a sender's transport and an unsubscribe key)."""
+    made = world.service.add("http://hooks.example.com/in")
+    rotated = world.service.rotate_secret(made.endpoint.id)
+    stored = world.store.get_endpoint(made.endpoint.id)
+    assert stored is not None and stored.previous_secret == made.secret
+    for value in (stored, made, rotated):
+        for secret in (made.secret, rotated.secret):
+            assert secret[6:] not in repr(value)
+
+
 def test_production_refuses_http(world: World) -> None:
     service = WebhookService(world.store, world.store, world.clock, world.delivery, production=True)
     with pytest.raises(InvalidField, match="https"):
@@ -291,8 +346,10 @@ def test_an_endpoint_failing_past_the_limit_is_disabled_and_the_alarm_says_so(
 
 
 def test_filters_skip_other_types_and_campaigns(world: World) -> None:
+    other = Campaign(id="c0000000000ff", name="o", policy=open_policy(), from_addr="a@x.com")
+    world.store.create_campaign(other, [])
     world.service.add("http://a.example.com/", events=["campaign.paused"])
-    world.service.add("http://b.example.com/", campaigns=["c0000000000ff"])
+    world.service.add("http://b.example.com/", campaigns=[other.id])
     world.send(0)
     world.store.set_campaign_state(CID, [CampaignState.ACTIVE], CampaignState.PAUSED, at=T0)
     world.delivery.run_pass()
@@ -348,6 +405,13 @@ def test_rotation_signs_with_both_secrets_for_a_day(world: World) -> None:
     world.delivery.run_pass()
     assert world.receiver.got[1][2]["type"] == "email.bounced"
     assert len(world.receiver.got[1][1]["webhook-signature"].split()) == 1
+    # two rotations within a day: the last two secrets sign, the first one no longer (the docs)
+    again = world.service.rotate_secret(created.endpoint.id)
+    world.clock.advance(3600)
+    last = world.service.rotate_secret(created.endpoint.id)
+    endpoint = world.store.get_endpoint(created.endpoint.id)
+    assert endpoint is not None
+    assert endpoint.signing_secrets(world.clock.now()) == [last.secret, again.secret]
 
 
 def test_the_log_is_read_a_page_at_a_time_and_next_is_none_on_the_last(world: World) -> None:

@@ -45,13 +45,14 @@ def test_add_list_get_update_remove(web: Web) -> None:
     for response in (listed, one):
         assert secret not in response.text and secret[6:] not in response.text
     assert one.json()["event_types"] == ["email.sent", "email.failed"]
+    cid = web.create()["id"]
     changed = web.client.patch(
-        f"/api/webhooks/{made['id']}", json={"enabled": False, "campaigns": ["c1"]}
+        f"/api/webhooks/{made['id']}", json={"enabled": False, "campaigns": [cid]}
     )
     assert changed.status_code == 200, changed.text
     assert changed.json()["enabled"] is False
     assert changed.json()["disabled_reason"] == "disabled by a user"
-    assert changed.json()["campaign_ids"] == ["c1"]
+    assert changed.json()["campaign_ids"] == [cid]
     assert web.client.delete(f"/api/webhooks/{made['id']}").json() == {"removed": made["id"]}
     _error(web.client.get(f"/api/webhooks/{made['id']}"), 404)
 
@@ -61,6 +62,7 @@ def test_bad_input_names_the_field_and_stores_nothing(web: Web) -> None:
         ({"url": "ftp://x.example.com"}, "url"),
         ({"url": URL, "events": ["email.nope"]}, "events"),
         ({"url": URL, "campaigns": [" "]}, "campaigns"),
+        ({"url": URL, "campaigns": ["c0123456789ab"]}, "campaigns"),
     ):
         error = _error(web.client.post("/api/webhooks", json=body), 422)
         assert error["field"] == field
@@ -71,6 +73,10 @@ def test_bad_input_names_the_field_and_stores_nothing(web: Web) -> None:
     assert error["field"] == "url"
     assert web.client.get(f"/api/webhooks/{made['id']}").json()["url"] == URL
     _error(web.client.patch(f"/api/webhooks/{made['id']}", json={}), 422)
+    redo = f"/api/webhooks/{made['id']}/redeliver"
+    error = _error(web.client.post(redo, json={"failed_since": "2026-12-01T08:00"}), 422)
+    assert error["field"] == "failed_since"
+    assert error["reason"] == "must be a time with its offset, e.g. 2026-12-04T10:00Z"
 
 
 def test_rotate_redeliver_and_the_log(web: Web) -> None:

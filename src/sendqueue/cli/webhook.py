@@ -149,6 +149,10 @@ def webhook_update(
     as_json: JsonOpt = False,
 ) -> None:
     """Change what is given; nothing changes if any option is invalid."""
+    if event and all_events:
+        raise InvalidField("events", event, "give --event or --all-events, not both")
+    if campaign and all_campaigns:
+        raise InvalidField("campaigns", campaign, "give --campaign or --all-campaigns, not both")
     events = [] if all_events else event
     campaigns = [] if all_campaigns else campaign
     if url is None and events is None and campaigns is None and enable is None:
@@ -237,7 +241,9 @@ def webhook_redeliver(
 @handle_errors
 def webhook_deliveries(
     endpoint_id: IdArg,
-    limit: Annotated[int, typer.Option("--limit", help="How many, newest first.")] = 50,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=1000, help="How many, newest first.")
+    ] = 50,
     before: Annotated[
         str | None,
         typer.Option(

@@ -30,8 +30,9 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
+from sendqueue.domain.addresses import ascii_domain
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.models import MAX_CURSOR, ChangeLogEntry, DeadLetter, Task, utc
 
@@ -123,8 +124,9 @@ def new_secret() -> str:
 
 def check_url(url: str, *, production: bool) -> str:
     """The endpoint's URL, stripped: ``https`` (``http`` too outside production), a host, no
-    credentials, no fragment. InvalidField naming ``url`` otherwise. Whether its address may be
-    reached is the delivery adapter's check (literal IPs and DNS answers both)."""
+    credentials, no fragment, no space or control character, ASCII after the host; a
+    non-ASCII host in its IDNA 2008 form. InvalidField naming ``url`` otherwise. Whether its
+    address may be reached is the delivery adapter's check (literal IPs and DNS answers)."""
     url = url.strip()
     if not url or len(url) > MAX_URL_LENGTH:
         raise InvalidField("url", url, f"must be 1 to {MAX_URL_LENGTH} characters")
@@ -144,8 +146,17 @@ def check_url(url: str, *, production: bool) -> str:
         raise InvalidField("url", url, "must not carry credentials")
     if parts.fragment:
         raise InvalidField("url", url, "must not have a #fragment")
-    if any(ch.isspace() or ord(ch) < 32 for ch in url):
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
         raise InvalidField("url", url, "must not contain spaces or control characters")
+    if not (parts.path + parts.query).isascii():
+        # an HTTP request line is ASCII: http.client could never send it
+        reason = "must be ASCII after the host: percent-encode the rest (é is %C3%A9)"
+        raise InvalidField("url", url, reason)
+    if not parts.hostname.isascii():
+        # stored as IDNA 2008 A-labels: the idna codec a socket would use is IDNA 2003
+        host = ascii_domain("url", parts.hostname, url)
+        netloc = host if parts.port is None else f"{host}:{parts.port}"
+        url = urlunsplit(parts._replace(netloc=netloc))
     return url
 
 
@@ -184,12 +195,12 @@ class WebhookEndpoint:
     id: str
     url: str
     created_at: datetime
-    secret: str
+    secret: str = field(repr=False)  # never in a log line
     event_types: tuple[str, ...] = ()
     campaign_ids: tuple[str, ...] = ()
     enabled: bool = True
     disabled_reason: str | None = None
-    previous_secret: str | None = None
+    previous_secret: str | None = field(default=None, repr=False)
     previous_secret_expires_at: datetime | None = None
     cursor: int = 0
     attempts: int = 0

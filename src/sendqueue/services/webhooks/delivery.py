@@ -11,7 +11,10 @@ reason, and the alarm says so. Every attempt goes to the delivery log (kept 7 da
 
 The cursor is saved after each batch and at a failure, so a process killed mid-batch
 delivers the batch's delivered events again after its restart: at least once, with the same
-``webhook-id`` (the event id is the change id's).
+``webhook-id`` (the event id is the change id's). An endpoint posts for at most
+``turn`` seconds in a pass (then its place is saved and the next endpoint's turn comes), and
+a worker that lost an endpoint's lease mid-batch stops and saves nothing: the worker that took
+the lease over owns the cursor.
 
 Before it reads, a pass runs the dead-letter relay (throttled by the relay itself), so the
 ``dead_letter`` events of letters no alarm relayed are in the change log it reads
@@ -66,6 +69,9 @@ class DeliveryPolicy:
     lease_seconds: float = 35.0
     """How long an endpoint's lease holds without renewal: a killed worker's endpoints are
     taken over after it. Renewed during a pass at a third of it."""
+    turn: float = 10.0
+    """Seconds one endpoint may post for in a pass before the next endpoint's turn (its place
+    saved, the pass reports ``full``), so a slow receiver does not hold up the others."""
 
 
 @dataclass
@@ -192,9 +198,15 @@ class WebhookDelivery:
         tasks = self.tasks_of([e for e, ev in events if ev is not None])
         records: list[DeliveryRecord] = []
         cursor = current.cursor
+        turn_ends = time.monotonic() + self._policy.turn
         try:
             for entry, event in events:
-                if (stop is not None and stop.is_set()) or not lease.hold():
+                if not lease.hold():
+                    return  # another worker took it over: its cursor is that worker's now
+                if stop is not None and stop.is_set():
+                    break
+                if time.monotonic() >= turn_ends:
+                    report.full = True  # the other endpoints' turns, then this one's again
                     break
                 if event is None or not current.wants(event.type, entry.campaign_id):
                     cursor = entry.id

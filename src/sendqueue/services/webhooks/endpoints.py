@@ -4,7 +4,8 @@
 Contract:
 
 - ``add(url, events=, campaigns=)`` checks every field first (InvalidField naming ``url``,
-  ``events`` or ``campaigns``; nothing stored on a refusal) and stores an enabled endpoint
+  ``events`` or ``campaigns``, which must name campaigns that exist; nothing stored on a
+  refusal) and stores an enabled endpoint
   whose cursor is the change log's current end: it receives the events made from then on.
   It returns :class:`WebhookCreated`, the only time the secret is shown in clear.
 - ``list()``, ``get(id)``: :class:`WebhookView` (secrets masked); an unknown id is NotFound.
@@ -92,7 +93,7 @@ class WebhookService:
             created_at=self._clock.now(),
             secret=new_secret(),
             event_types=check_event_types(list(events)),
-            campaign_ids=check_campaign_ids(list(campaigns)),
+            campaign_ids=self._campaigns(campaigns),
             cursor=self._tasks.last_change_id(),
         )
         self._store.add_endpoint(endpoint)
@@ -120,7 +121,7 @@ class WebhookService:
         if events is not None:
             changes["event_types"] = check_event_types(list(events))
         if campaigns is not None:
-            changes["campaign_ids"] = check_campaign_ids(list(campaigns))
+            changes["campaign_ids"] = self._campaigns(campaigns)
         if enabled is True and not endpoint.enabled:
             changes.update(
                 {
@@ -206,6 +207,17 @@ class WebhookService:
         if event is None:
             raise InvalidField("events", value, "names no event")
         return event
+
+    def _campaigns(self, ids: Sequence[str]) -> tuple[str, ...]:
+        """The filter's campaign ids, each a campaign's (InvalidField naming ``campaigns``):
+        a mistyped one would hear nothing, and the cursor would move past what it missed."""
+        checked = check_campaign_ids(list(ids))
+        for campaign_id in checked:
+            try:
+                self._tasks.get_campaign(campaign_id)
+            except NotFound:
+                raise InvalidField("campaigns", campaign_id, "names no campaign") from None
+        return checked
 
     def _require(self, endpoint_id: str) -> WebhookEndpoint:
         endpoint = self._store.get_endpoint(endpoint_id)

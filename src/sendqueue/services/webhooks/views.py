@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sendqueue.domain.webhooks import DeliveryRecord, WebhookEndpoint
@@ -75,7 +75,7 @@ class WebhookCreated:
     """An endpoint just added or rotated, with its new secret in clear: shown this once."""
 
     endpoint: WebhookView
-    secret: str
+    secret: str = field(repr=False)  # shown by whoever asked for it, never in a log line
 
 
 @dataclass(frozen=True)

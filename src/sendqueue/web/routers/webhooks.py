@@ -127,8 +127,9 @@ def redeliver(endpoint_id: str, body: Redelivery, c: ContainerDep) -> DeliveryLi
     if body.failed_since is not None:
         try:
             since = utc(body.failed_since)
-        except ValueError as exc:
-            raise InvalidField("failed_since", str(body.failed_since), str(exc)) from None
+        except ValueError:
+            reason = "must be a time with its offset, e.g. 2026-12-04T10:00Z"
+            raise InvalidField("failed_since", str(body.failed_since), reason) from None
     sent = c.webhooks.redeliver(endpoint_id, event_ids=body.events, failed_since=since)
     return DeliveryList(deliveries=[DeliveryOut.of(d) for d in sent])
 

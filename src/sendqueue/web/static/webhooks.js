@@ -171,8 +171,12 @@
       return section.dataset.url + (enable ? " enabled; its missed events follow in order." : " disabled.");
     },
     async rotate(section) {
-      const question = "Rotate the signing secret of " + section.dataset.url + "? The new one " +
+      let question = "Rotate the signing secret of " + section.dataset.url + "? The new one " +
         "is shown once; the old one keeps signing beside it for 24 hours.";
+      if (section.dataset.previousSigns === "true") {
+        // at most two secrets sign: the one already signing beside the current one goes
+        question += " The secret the last rotation replaced stops signing now.";
+      }
       if (!(await sq.confirm(question, "Rotate secret"))) {
         return null;
       }

@@ -1,0 +1,209 @@
+"""Hostile receivers against the webhooks' HTTP transport, as raw socket servers on 127.0.0.1:
+one that drips its status line, headers or body a byte at a time, one that answers
+``100 Continue`` without end, one that is not HTTP at all. A delivery takes at most its
+timeout in all (not per read), and a failure's reason never quotes what the receiver sent."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import trustme
+
+from sendqueue.adapters.webhooks import HttpWebhookTransport
+from sendqueue.domain.errors import WebhookDeliveryFailed
+from sendqueue.domain.lifecycle import CampaignState
+from sendqueue.domain.models import Campaign
+from sendqueue.domain.webhook_safety import AllowList
+from sendqueue.domain.webhooks import WebhookEndpoint, new_secret
+from sendqueue.services.webhooks import WebhookDelivery
+from sendqueue.testing.clock import FakeClock
+from sendqueue.testing.store import InMemoryTaskStore
+from tests.support.app import T0, open_policy
+
+Behaviour = Callable[[socket.socket], None]
+TIMEOUT = 1.0
+
+
+@pytest.fixture
+def receiver() -> Iterator[Callable[[Behaviour], str]]:
+    """``start(behaviour)``: a one-connection server that reads the request and then does
+    ``behaviour`` with the connection; the URL to post to."""
+    servers: list[socket.socket] = []
+    stop = threading.Event()
+
+    def start(behaviour: Behaviour) -> str:
+        server = socket.create_server(("127.0.0.1", 0))
+        servers.append(server)
+
+        def run() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                with contextlib.suppress(OSError):  # the client hung up on it
+                    behaviour(conn)
+                stop.wait(5)
+
+        threading.Thread(target=run, daemon=True).start()
+        return f"http://127.0.0.1:{server.getsockname()[1]}/in"
+
+    yield start
+    stop.set()
+    for server in servers:
+        server.close()
+
+
+def _drip(data: bytes, every: float = 0.2) -> Behaviour:
+    def behaviour(conn: socket.socket) -> None:
+        for byte in data:
+            conn.sendall(bytes([byte]))
+            time.sleep(every)
+
+    return behaviour
+
+
+def _post(url: str) -> tuple[WebhookDeliveryFailed | None, float]:
+    transport = HttpWebhookTransport(AllowList.parse("127.0.0.1"), timeout=TIMEOUT)
+    started = time.monotonic()
+    try:
+        transport.post(url, b"{}", {"content-type": "application/json"})
+    except WebhookDeliveryFailed as exc:
+        return exc, time.monotonic() - started
+    finally:
+        transport.close()
+    return None, time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        pytest.param(_drip(b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 60), id="status-and-headers"),
+        pytest.param(_drip(b"HTTP/1.1 100 Continue\r\n\r\n" * 10, every=0.01), id="100-continue"),
+    ],
+)
+def test_a_dripping_receiver_fails_within_the_timeout(
+    receiver: Callable[[Behaviour], str], behaviour: Behaviour
+) -> None:
+    failed, took = _post(receiver(behaviour))
+    assert failed is not None and failed.reason == "timed out"
+    assert took < TIMEOUT + 0.5
+
+
+def test_a_2xx_whose_body_drips_is_delivered_within_the_timeout(
+    receiver: Callable[[Behaviour], str],
+) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"
+
+    def behaviour(conn: socket.socket) -> None:
+        conn.sendall(head)
+        _drip(b"x" * 100)(conn)
+
+    failed, took = _post(receiver(behaviour))
+    assert failed is None  # the 200 came; the rest of its body is not waited for
+    assert took < TIMEOUT + 0.5
+
+
+def test_https_answers_are_read_the_same_way_and_the_name_is_verified() -> None:
+    ca = trustme.CA()
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("hooks.test").configure_cert(served)
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(200)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.socket = served.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    names = {"hooks.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]}
+    transport = HttpWebhookTransport(
+        AllowList.parse("127.0.0.1"),
+        timeout=TIMEOUT,
+        resolve=lambda host, _: names[host],
+        tls=trusting,
+    )
+    try:
+        for _ in range(2):  # the second one on the kept-alive connection
+            assert transport.post(f"https://hooks.test:{port}/in", b"{}", {}).status == 200
+        with pytest.raises(WebhookDeliveryFailed, match="certificate"):
+            transport.post(f"https://other.test:{port}/in", b"{}", {})
+    finally:
+        transport.close()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_receiver_that_is_not_http_is_not_quoted(receiver: Callable[[Behaviour], str]) -> None:
+    def behaviour(conn: socket.socket) -> None:
+        conn.sendall(b"220 internal.example ESMTP token=s3cr3t-banner\r\n")
+
+    failed, _ = _post(receiver(behaviour))
+    assert failed is not None
+    assert "s3cr3t" not in failed.reason and "internal.example" not in failed.reason
+    assert failed.reason.startswith("BadStatusLine")
+
+
+def test_a_stored_url_that_cannot_be_sent_fails_its_endpoint_alone() -> None:
+    """An endpoint stored with a URL no request line can carry (a non-ASCII path, before such
+    URLs were refused) fails its own attempts; the other endpoints still get theirs."""
+    got: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            got.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    store = InMemoryTaskStore()
+    transport = HttpWebhookTransport(AllowList.parse("127.0.0.1"), timeout=TIMEOUT)
+    delivery = WebhookDelivery(store, store, transport, FakeClock(T0))
+    try:
+        for n, path in enumerate(("/caf\u00e9", "/a\x7fb", "/in")):
+            store.add_endpoint(WebhookEndpoint(f"wh_{n}", base + path, T0, new_secret()))
+        store.create_campaign(
+            Campaign(
+                id="c1",
+                name="c",
+                policy=open_policy(),
+                from_addr="a@example.com",
+                state=CampaignState.ACTIVE,
+            ),
+            [],
+        )
+        store.set_campaign_state("c1", [CampaignState.ACTIVE], CampaignState.PAUSED, at=T0)
+        report = delivery.run_pass()
+    finally:
+        transport.close()
+        httpd.shutdown()
+        httpd.server_close()
+    assert got == ["/in"]
+    assert (report.delivered, report.failed) == (1, 2)
+    for bad in ("wh_0", "wh_1"):
+        (attempt,) = store.deliveries(bad)
+        assert attempt.error is not None and "URL" in attempt.error
+        assert "caf" not in attempt.error and "a\x7fb" not in attempt.error  # no path quoted
