@@ -143,12 +143,16 @@ def _exercise(operation: Any, targets: _Targets, seen: Counter[int]) -> None:
 
     @given(case=operation.as_strategy(), aim=st.data())
     @settings(
-        max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,  # the same examples every run: CI never meets a rare draw first
+        suppress_health_check=list(HealthCheck),
     )
     def run(case: Any, aim: st.DataObject) -> None:
         params = case.path_parameters or {}
         if "campaign_id" in params and not stream and aim.draw(st.booleans()):
-            params["campaign_id"] = aim.draw(st.sampled_from(sorted(tasks)))
+            params["campaign_id"] = aim.draw(st.sampled_from(list(tasks)))  # made in a fixed order
             if "task_id" in params and tasks[params["campaign_id"]]:
                 params["task_id"] = aim.draw(st.sampled_from(tasks[params["campaign_id"]]))
         if "letter_id" in params and letters and aim.draw(st.booleans()):
