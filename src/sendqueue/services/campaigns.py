@@ -1,6 +1,6 @@
 """Campaign use cases: create, preview, cancel, pause, resume, retry-failed, cancel one task.
 
-Every control follows design.md: a campaign state change is a compare-and-set in the store,
+Every control keeps the same rules: a campaign state change is a compare-and-set in the store,
 tasks move only along the lifecycle table, and schedules follow the tasks (deleted on pause and
 cancel, re-planned from now on resume and retry-failed). A crash between two steps leaves
 nothing the reconciler cannot repair.
