@@ -140,7 +140,8 @@ class CampaignService:
         """Check a new campaign without writing anything.
 
         The recipients come either as a CSV (``recipients``: bytes, a path or a binary stream)
-        or as mappings (``rows``, see :func:`parse_recipient_rows`). ``stop_on_reply`` is a
+        or as mappings (``rows``, see
+        :func:`~sendqueue.services.import_rows.parse_recipient_rows`). ``stop_on_reply`` is a
         :class:`StopOnReply` or its spelling in any case; ``unsubscribe_footer`` a bool;
         ``senders`` names senders by id or address (InvalidField ``senders`` for an unknown
         one); ``local_time`` a bool. Raises InvalidField / InvalidInput.
