@@ -47,7 +47,7 @@ __all__ = [
 
 #: The settings file a command reads when none is named (and ``init`` writes).
 DEFAULT_CONFIG = Path("sendqueue.env")
-#: Read when there is no DEFAULT_CONFIG, as before the settings file existed.
+#: Read when there is no DEFAULT_CONFIG: the Settings class's own ``env_file``.
 FALLBACK_CONFIG = Path(".env")
 _PREFIX = "SENDQUEUE_"
 _VARIABLE = re.compile(r"SENDQUEUE_[A-Z0-9_]+")

@@ -1,4 +1,4 @@
-"""The settings of the unsubscribe links (issue 14): the public URL, the signing key (or the
+"""The settings of the unsubscribe links: the public URL, the signing key (or the
 AWS Secrets Manager secret that holds it) and the mailto: alternative. A base of
 :class:`sendqueue.settings.Settings`, read with the same ``SENDQUEUE_`` prefix; kept apart so
 that each settings module stays readable."""

@@ -347,7 +347,7 @@ def atheris_target(data: bytes) -> None:
                 rest, templates=Templates(subject="Hi {{ name }}", body="b"), limits=LIMITS
             )
         elif mode == 1:
-            from sendqueue.services.importing import parse_recipient_rows
+            from sendqueue.services.import_rows import parse_recipient_rows
 
             rows = json.loads(rest.decode("utf-8", "replace"))
             parse_recipient_rows(rows, templates=Templates(subject="s", body="b"), limits=LIMITS)

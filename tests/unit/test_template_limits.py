@@ -14,11 +14,11 @@ import pytest
 
 from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.services import template_sandbox
+from sendqueue.services.import_rows import parse_recipient_rows
 from sendqueue.services.importing import (
     ImportLimits,
     TemplateLimits,
     Templates,
-    parse_recipient_rows,
     parse_recipients,
 )
 from sendqueue.services.templates import compile_templates

@@ -1,4 +1,4 @@
-"""The send worker's rules (design.md), on fakes and a fake clock."""
+"""The send worker's rules (its module docstring), on fakes and a fake clock."""
 
 from __future__ import annotations
 

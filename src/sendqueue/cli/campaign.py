@@ -35,7 +35,7 @@ from sendqueue.cli.render import (
 )
 from sendqueue.domain.errors import InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
-from sendqueue.domain.models import check_cursor
+from sendqueue.domain.models import Campaign, check_cursor
 from sendqueue.domain.planner import per_zone_day_summary
 from sendqueue.domain.wording import plural
 from sendqueue.services.importing import Templates
@@ -48,67 +48,77 @@ __all__ = ["campaign_app"]
 campaign_app = typer.Typer(help="Create, inspect and control campaigns.", no_args_is_help=True)
 
 
+# The options only `campaign create` takes.
+RecipientsOpt = Annotated[
+    Path, typer.Option("--recipients", help="CSV file: email, name, subject, body, html, ...")
+]
+StartOpt = Annotated[
+    str | None, typer.Option("--start", help="Earliest send, ISO-8601 [default: provisioning]")
+]
+FromOpt = Annotated[
+    str | None, typer.Option("--from", help="From address [default: SENDQUEUE_DEFAULT_FROM]")
+]
+ReplyToOpt = Annotated[str | None, typer.Option("--reply-to", help="Reply-To address.")]
+SubjectOpt = Annotated[
+    str | None, typer.Option("--subject", help="Subject template (Jinja2, {{ name }} ...).")
+]
+BodyFileOpt = Annotated[Path | None, typer.Option("--body-file", help="Text body template file.")]
+HtmlFileOpt = Annotated[Path | None, typer.Option("--html-file", help="HTML body template file.")]
+StopOnReplyOpt = Annotated[
+    str,
+    typer.Option(
+        "--stop-on-reply",
+        help="When a recipient replies, cancel their unsent emails in every active campaign "
+        "of this sender (sender), in this campaign only (campaign), or none (off).",
+    ),
+]
+FooterOpt = Annotated[
+    bool,
+    typer.Option(
+        "--unsubscribe-footer/--no-unsubscribe-footer",
+        help="Add a one-line unsubscribe footer to every email.",
+    ),
+]
+SenderOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--sender",
+        help="A sender (id or address, see `sendqueue sender list`) to spread the emails "
+        "across, within its daily cap (repeatable) [default: --from sends, no cap]",
+    ),
+]
+LocalTimeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--local-time",
+        help="Read the windows in each recipient's own timezone (the CSV's 'timezone' "
+        "column; the campaign's zone where it is empty).",
+    ),
+]
+
+
 @campaign_app.command("create")
 @handle_errors
 def campaign_create(
     name: Annotated[str, typer.Option("--name", help="Campaign name.")],
-    recipients: Annotated[
-        Path, typer.Option("--recipients", help="CSV file: email, name, subject, body, html, ...")
-    ],
+    recipients: RecipientsOpt,
     timezone: TimezoneOpt = None,
     per_day: PerDayOpt = 20,
     weekdays: WeekdaysOpt = "mon-fri",
     window: WindowOpt = None,
-    start: Annotated[
-        str | None, typer.Option("--start", help="Earliest send, ISO-8601 [default: provisioning]")
-    ] = None,
+    start: StartOpt = None,
     skip_date: SkipOpt = None,
     jitter: JitterOpt = 0,
     seed: SeedOpt = 0,
-    from_addr: Annotated[
-        str | None, typer.Option("--from", help="From address [default: SENDQUEUE_DEFAULT_FROM]")
-    ] = None,
-    reply_to: Annotated[str | None, typer.Option("--reply-to", help="Reply-To address.")] = None,
-    subject: Annotated[
-        str | None, typer.Option("--subject", help="Subject template (Jinja2, {{ name }} ...).")
-    ] = None,
-    body_file: Annotated[
-        Path | None, typer.Option("--body-file", help="Text body template file.")
-    ] = None,
-    html_file: Annotated[
-        Path | None, typer.Option("--html-file", help="HTML body template file.")
-    ] = None,
-    stop_on_reply: Annotated[
-        str,
-        typer.Option(
-            "--stop-on-reply",
-            help="When a recipient replies, cancel their unsent emails in every active campaign "
-            "of this sender (sender), in this campaign only (campaign), or none (off).",
-        ),
-    ] = "sender",
-    unsubscribe_footer: Annotated[
-        bool,
-        typer.Option(
-            "--unsubscribe-footer/--no-unsubscribe-footer",
-            help="Add a one-line unsubscribe footer to every email.",
-        ),
-    ] = False,
-    sender: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--sender",
-            help="A sender (id or address, see `sendqueue sender list`) to spread the emails "
-            "across, within its daily cap (repeatable) [default: --from sends, no cap]",
-        ),
-    ] = None,
-    local_time: Annotated[
-        bool,
-        typer.Option(
-            "--local-time",
-            help="Read the windows in each recipient's own timezone (the CSV's 'timezone' "
-            "column; the campaign's zone where it is empty).",
-        ),
-    ] = False,
+    from_addr: FromOpt = None,
+    reply_to: ReplyToOpt = None,
+    subject: SubjectOpt = None,
+    body_file: BodyFileOpt = None,
+    html_file: HtmlFileOpt = None,
+    stop_on_reply: StopOnReplyOpt = "sender",
+    unsubscribe_footer: FooterOpt = False,
+    sender: SenderOpt = None,
+    local_time: LocalTimeOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Import a CSV of recipients as a new draft campaign (all or nothing)."""
@@ -151,18 +161,23 @@ def campaign_create(
         if as_json:
             print_json(data)
             return
-        out.print(
-            f"created campaign [bold]{campaign.id}[/] ({campaign.name}): "
-            f"{plural(campaign.recipient_count, 'recipient')}, "
-            f"{plural(created.imported.duplicates, 'duplicate')} dropped"
-        )
-        out.print(f"policy: {campaign.policy.describe(local_time=campaign.local_time)}")
-        out.print(_options_line(data))
-        out.print(_senders_line(c, data), markup=False)
-        out.print(
-            f"next: sendqueue campaign preview {campaign.id}  |  "
-            f"sendqueue campaign provision {campaign.id}"
-        )
+        _print_created(c, campaign, created.imported.duplicates, data)
+
+
+def _print_created(c: Container, campaign: Campaign, duplicates: int, data: dict[str, Any]) -> None:
+    """What ``campaign create`` prints of the campaign it made, and what to do next."""
+    out.print(
+        f"created campaign [bold]{campaign.id}[/] ({campaign.name}): "
+        f"{plural(campaign.recipient_count, 'recipient')}, "
+        f"{plural(duplicates, 'duplicate')} dropped"
+    )
+    out.print(f"policy: {campaign.policy.describe(local_time=campaign.local_time)}")
+    out.print(_options_line(data))
+    out.print(_senders_line(c, data), markup=False)
+    out.print(
+        f"next: sendqueue campaign preview {campaign.id}  |  "
+        f"sendqueue campaign provision {campaign.id}"
+    )
 
 
 def _options_line(data: dict[str, Any]) -> str:

@@ -258,13 +258,47 @@ def plan_with_senders(
         return []
     zone_names = [] if zones is None else [z or policy.timezone for z in zones]
     names = [policy.timezone] if zones is None else list(dict.fromkeys(zone_names))
-
-    # Lanes: one per (zone, sender), ranked by the sender's first recipient. Counted (Counter
-    # runs in C) rather than a queue of recipient indexes each: a lane's sends go to its
-    # recipients in order, which the end matches up by the same keys.
     keys: Sequence[Hashable] = (
         assignments if zones is None else list(zip(zone_names, assignments, strict=True))
     )
+    senders, lanes, by_zone, days = _lanes(policy, assignments, books, keys, names, zones)
+    used = {d.toordinal(): n for d, n in (campaign_per_day or {}).items()}
+    campaign = cw.Campaign(days[policy.timezone], policy.per_day, used)
+    taken = sorted((b.astimezone(UTC) - _EPOCH) // _ONE_US for b in campaign_booked)
+    near = cc.Near(taken, nominal_spacing(policy) / 2 // _ONE_US)
+    try:
+        _walk_zones(policy, names, by_zone, campaign, near, now=now, count=count)
+    except BaseException:
+        cw.undo(senders.values(), lanes.values())
+        raise
+    for lane in lanes.values():
+        lane.count()
+    for sender in senders.values():
+        sender.flush()
+    sends = {key: iter(lane.placed) for key, lane in lanes.items()}
+    # recipient i gets the next send of its lane; map() keeps the per-recipient steps in C
+    return list(map(next, map(sends.__getitem__, keys)))
+
+
+def _lanes(
+    policy: SendingPolicy,
+    assignments: Sequence[str | None],
+    books: Mapping[str, SenderBook],
+    keys: Sequence[Hashable],
+    names: list[str],
+    zones: Sequence[str | None] | None,
+) -> tuple[
+    dict[str | None, cw.Sender],
+    dict[Hashable, cw.Lane],
+    dict[str, list[cw.Lane]],
+    dict[str, cc.ZoneDays],
+]:
+    """The plan's senders, its lanes by key (``keys[i]``: recipient ``i``'s sender id, or its
+    zone and sender id), the lanes of each zone, and the local days of every zone involved.
+
+    One lane per (zone, sender), ranked by the sender's first recipient. Counted (Counter runs
+    in C) rather than a queue of recipient indexes each: a lane's sends go to its recipients
+    in order, which the caller matches up by the same keys."""
     sizes = Counter(keys)
     first: dict[str | None, None] = dict.fromkeys(
         cast("Iterable[str | None]", sizes) if zones is None else assignments
@@ -292,44 +326,43 @@ def plan_with_senders(
             sender = senders[sender_id] = cw.Sender(book, zone_days)
         lane = lanes[key] = cw.Lane(sender, rank[sender_id], size)
         by_zone[name].append(lane)
+    return senders, lanes, by_zone, days
 
-    used = {d.toordinal(): n for d, n in (campaign_per_day or {}).items()}
-    campaign = cw.Campaign(days[policy.timezone], policy.per_day, used)
-    taken = sorted((b.astimezone(UTC) - _EPOCH) // _ONE_US for b in campaign_booked)
-    near = cc.Near(taken, nominal_spacing(policy) / 2 // _ONE_US)
+
+def _walk_zones(
+    policy: SendingPolicy,
+    names: list[str],
+    by_zone: dict[str, list[cw.Lane]],
+    campaign: cw.Campaign,
+    near: cc.Near,
+    *,
+    now: datetime,
+    count: int,
+) -> None:
+    """Place every lane's sends: each zone's grid walked in time order with the others'.
+    InvalidField (``assignments``) when the plan would leave the supported date range."""
     clock = cc.Instants()
     try:
-        try:
-            grids = [
-                cw.Zone(_grid_ms(_in_zone(policy, name), now), sorted(by_zone[name], key=_rank))
-                for name in names
-            ]
-            # Each zone is walked on while its next slot is the earliest of all (up to the next
-            # zone's), so a zone's run of slots costs one heap step, not one per slot.
-            heap = [(z.next_at, n) for n, z in enumerate(grids)]
-            heapq.heapify(heap)
-            while heap:
-                _, n = heapq.heappop(heap)
-                zone = grids[n]
-                limit = heap[0][0] if heap else cw.NEVER
-                if cw.walk(zone, campaign, limit, near, clock, policy):
-                    heapq.heappush(heap, (zone.next_at, n))
-        except OverflowError as exc:
-            raise InvalidField(
-                "assignments",
-                count,
-                "the plan would leave the supported date range (years 1 to 9999)",
-            ) from exc
-    except BaseException:
-        cw.undo(senders.values(), lanes.values())
-        raise
-    for lane in lanes.values():
-        lane.count()
-    for sender in senders.values():
-        sender.flush()
-    sends = {key: iter(lane.placed) for key, lane in lanes.items()}
-    # recipient i gets the next send of its lane; map() keeps the per-recipient steps in C
-    return list(map(next, map(sends.__getitem__, keys)))
+        grids = [
+            cw.Zone(_grid_ms(_in_zone(policy, name), now), sorted(by_zone[name], key=_rank))
+            for name in names
+        ]
+        # Each zone is walked on while its next slot is the earliest of all (up to the next
+        # zone's), so a zone's run of slots costs one heap step, not one per slot.
+        heap = [(z.next_at, n) for n, z in enumerate(grids)]
+        heapq.heapify(heap)
+        while heap:
+            _, n = heapq.heappop(heap)
+            zone = grids[n]
+            limit = heap[0][0] if heap else cw.NEVER
+            if cw.walk(zone, campaign, limit, near, clock, policy):
+                heapq.heappush(heap, (zone.next_at, n))
+    except OverflowError as exc:
+        raise InvalidField(
+            "assignments",
+            count,
+            "the plan would leave the supported date range (years 1 to 9999)",
+        ) from exc
 
 
 def _rank(lane: cw.Lane) -> int:

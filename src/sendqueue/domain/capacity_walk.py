@@ -318,6 +318,39 @@ class Zone:
         return soonest
 
 
+class _Pass:
+    """What :func:`walk` carries from one pass of its hot loop to the next: where it is on the
+    grid, the ring as the hot loop sees it, the campaign's count of the current day, and the
+    next instant it must stop at. A pass reads these into locals and writes them back."""
+
+    __slots__ = (
+        "alarm", "at", "base", "c_end", "c_used", "cur", "ends", "fast_end", "iv_end", "j",
+        "made", "ng", "nring", "skip", "slots", "step", "stop", "t", "when",
+    )  # fmt: skip
+
+    def __init__(self, z: Zone, c: Campaign, near: Near, limit: int) -> None:
+        self.base, self.slots, self.ends, self.j = z.base, z.slots, z.ends, z.j
+        self.cur, self.nring = z.cur, z.nring
+        self.ng = z.cur.sender.ng  # the one gap of a uniform zone
+        self.step = timedelta(milliseconds=-self.ng)
+        self.c_end = c.end
+        self.c_used = c.used.get(c.ordinal, 0) + c.lent if c.ordinal else 0
+        self.fast_end = -NEVER if near else c.end  # below it: on the campaign's day, no check
+        self.alarm = z.alarm()
+        self.iv_end = self.base + self.ends[self.j]  # the end of the slot's real interval
+        self.skip = 0  # an instant before which no lane can take a slot: jumped to
+        self.t = self.at = -NEVER
+        self.when, self.made = _EPOCH, 0  # a datetime (uniform: of the slot start taken), its ms
+        self.stop = self.next_stop(limit, c.per_day)
+
+    def next_stop(self, limit: int, per_day: int) -> int:
+        """:func:`_stop` of where the walk is."""
+        return _stop(
+            limit, self.alarm, self.c_end, self.iv_end, per_day - self.c_used, self.nring,
+            self.j, self.slots, self.base,
+        )  # fmt: skip
+
+
 def walk(
     z: Zone, c: Campaign, limit: int, near: Near, clock: Instants, policy: SendingPolicy
 ) -> bool:
@@ -333,150 +366,169 @@ def walk(
 
     It comes twice. Where every lane's sender has the same gap (``z.uniform``, the usual case)
     consecutive slots snap to the same slot start, so the snapped instant, its window check
-    and its datetime are worked out once per slot start, not once per lane tried; otherwise
-    once per lane. The two loops differ in that alone.
+    and its datetime are worked out once per slot start, not once per lane tried
+    (:func:`_uniform_pass`); otherwise once per lane (:func:`_mixed_pass`). The two loops
+    differ in that alone. Between passes, one thing that is due is seen to at a time.
     """
-    base, slots, ends, j = z.base, z.slots, z.ends, z.j
-    uniform = z.uniform
-    cur, nring = z.cur, z.nring
-    ng = cur.sender.ng  # the one gap of a uniform zone
-    per_day = c.per_day
-    c_end = c.end
-    c_used = c.used.get(c.ordinal, 0) + c.lent if c.ordinal else 0
-    fast_end = -NEVER if near else c_end  # below it: on the campaign's day, nothing to check
-    alarm = z.alarm()
-    iv_end = base + ends[j]  # the end of the current slot's real interval
-    skip = 0  # an instant before which no lane can take a slot: jumped to below
-    t = at = -NEVER
-    when, made = _EPOCH, 0  # a datetime (uniform: of the slot start taken), and its ms
-    gap = -ng
-    step = timedelta(milliseconds=gap)
-    stop = _stop(limit, alarm, c_end, iv_end, per_day - c_used, nring, j, slots, base)
+    w = _Pass(z, c, near, limit)
+    run = _uniform_pass if z.uniform else _mixed_pass
     while True:
-        ended = False
-        if uniform:
-            # The campaign's count is not kept per send here: every slot this loop looks at
-            # is taken, but for one it breaks at (a window's end) and at most one that no lane
-            # could take (`miss`), so the count follows from the slots passed.
-            first, miss = j, 0
-            for j in range(j, len(slots)):  # noqa: B020 - j goes on where the last pass stopped
-                t = base + slots[j]
-                if t >= stop:
-                    break
-                if t > at:  # a new slot start (the same for every lane)
-                    at = t // ng * ng
-                    if at >= iv_end:  # none can take this slot, nor a later one of its window
-                        skip, stop = iv_end, t
-                        at = -NEVER  # not taken: the next pass makes its slot afresh
-                        break
-                    # mostly the next slot start: a datetime plus a ready timedelta is cheaper
-                    when = when + step if at - made == gap else clock(at)
-                    made = at
-                lane = cur
-                while True:
-                    sender = lane.sender
-                    if at not in sender.slots and (at < fast_end or c.admit(at, near)):
-                        lane.push(when)
-                        sender.slots[at] = 1
-                        cur = lane.next
-                        lane.budget -= 1
-                        if not lane.budget and (changed := z.spent(lane, cur)):
-                            if changed < 0:
-                                z.j = j + 1
-                                c.used[c.ordinal] = c_used + j + 1 - first - c.lent
-                                return False
-                            cur, nring, alarm = z.cur, z.nring, z.alarm()
-                            stop = t  # the ring changed
-                        break
-                    lane = lane.next
-                    if lane is cur:
-                        # every lane refused `at` (a taken slot, the campaign's day, its booked
-                        # sends): so they do every slot up to it
-                        skip, stop, miss = min(at + 1, alarm), t, 1
-                        break
-            else:
-                j = len(slots)
-                ended = True
-            c_used += j - first - miss
-        else:
-            for j in range(j, len(slots)):  # noqa: B020 - j goes on where the last pass stopped
-                t = base + slots[j]
-                if t >= stop:
-                    break
-                lane = cur
-                while True:
-                    sender = lane.sender
-                    if t >= sender.ready:
-                        ng = sender.ng
-                        at = t // ng * ng
-                        if at >= iv_end:
-                            pass  # past this slot's window, for this sender's gap
-                        elif at not in sender.slots and (at < fast_end or c.admit(at, near)):
-                            lane.push(clock(at))
-                            sender.slots[at] = 1
-                            c_used += 1
-                            cur = lane.next
-                            lane.budget -= 1
-                            if not lane.budget and (changed := z.spent(lane, cur)):
-                                if changed < 0:
-                                    z.j = j + 1
-                                    c.used[c.ordinal] = c_used - c.lent
-                                    return False
-                                cur, nring, alarm = z.cur, z.nring, z.alarm()
-                                stop = t
-                            break
-                        else:
-                            sender.ready = at + 1  # refused: so is every slot up to it
-                    lane = lane.next
-                    if lane is cur:
-                        soonest = z.soonest(lane, nring, alarm)
-                        if soonest > t + 1:
-                            skip, stop = soonest, t
-                        break
-            else:
-                ended = True
+        ended = run(w, z, c, near, clock)
+        if ended is None:
+            return False
         if ended:
-            # this day's grid is used up: the next sending day
-            base, day, j = next(z.grid)
-            slots, ends = day.slots, day.ends
-            iv_end = base + ends[j]
-            skip = 0
-            placed = c.placed + c_used - c.entry
-            if placed != c.since[0]:
-                c.since = (placed, base + slots[j])
-            elif base + slots[j] - c.since[1] > _HORIZON_MS:
-                raise NoSendingDay(_no_slot_reason(policy, c.since[1]))
-            stop = _stop(limit, alarm, c_end, iv_end, per_day - c_used, nring, j, slots, base)
-            continue
-        # something is due at slot j (instant t): one thing at a time, then on from slot j
-        if t > limit:
-            z.base, z.slots, z.ends, z.j, z.cur = base, slots, ends, j, cur
-            c.used[c.ordinal] = c_used - c.lent
+            _next_day(w, z, c, limit, policy)
+        elif w.t > limit:
+            z.base, z.slots, z.ends, z.j, z.cur = w.base, w.slots, w.ends, w.j, w.cur
+            c.used[c.ordinal] = w.c_used - c.lent
             return True
-        if skip:
-            j = bisect_left(slots, skip - base, j)
-            skip = 0
-            if j < len(slots):
-                iv_end = base + ends[j]
-        elif t >= alarm:
-            z.cur = cur
-            z.turns(t)
-            cur, nring, alarm = z.cur, z.nring, z.alarm()
-        elif t >= c_end:
-            c_used = c.move(t, c_used)
-            c_end = c.end
-            fast_end = -NEVER if near else c_end
-        elif c_used >= per_day:
-            j = bisect_left(slots, c_end - base, j)  # the campaign's day is full: to its end
-        elif not nring:
-            skip = alarm  # every lane dozes: on to the next event
-        elif t >= iv_end:
-            iv_end = base + ends[j]
-        stop = (
-            t
-            if skip
-            else _stop(limit, alarm, c_end, iv_end, per_day - c_used, nring, j, slots, base)
-        )
+        else:
+            _due(w, z, c, near, limit)
+
+
+def _uniform_pass(w: _Pass, z: Zone, c: Campaign, near: Near, clock: Instants) -> bool | None:
+    """The slots from ``w.j`` up to ``w.stop`` of a zone whose senders share one gap. True:
+    the day's grid is used up; False: stopped at ``w.t``; None: nobody is waiting any more.
+
+    The campaign's count is not kept per send here: every slot this loop looks at is taken,
+    but for one it breaks at (a window's end) and at most one that no lane could take
+    (``miss``), so the count follows from the slots passed."""
+    base, slots, j, stop, iv_end, t = w.base, w.slots, w.j, w.stop, w.iv_end, w.t
+    cur, fast_end, alarm = w.cur, w.fast_end, w.alarm
+    at, when, made, ng, step = w.at, w.when, w.made, w.ng, w.step
+    gap = -ng
+    first, miss, ended = j, 0, False
+    for j in range(j, len(slots)):  # noqa: B020 - j goes on where the last pass stopped
+        t = base + slots[j]
+        if t >= stop:
+            break
+        if t > at:  # a new slot start (the same for every lane)
+            at = t // ng * ng
+            if at >= iv_end:  # none can take this slot, nor a later one of its window
+                w.skip, stop = iv_end, t
+                at = -NEVER  # not taken: the next pass makes its slot afresh
+                break
+            # mostly the next slot start: a datetime plus a ready timedelta is cheaper
+            when = when + step if at - made == gap else clock(at)
+            made = at
+        lane = cur
+        while True:
+            sender = lane.sender
+            if at not in sender.slots and (at < fast_end or c.admit(at, near)):
+                lane.push(when)
+                sender.slots[at] = 1
+                cur = lane.next
+                lane.budget -= 1
+                if not lane.budget and (changed := z.spent(lane, cur)):
+                    if changed < 0:
+                        z.j = j + 1
+                        c.used[c.ordinal] = w.c_used + j + 1 - first - c.lent
+                        return None
+                    cur, w.nring, alarm = z.cur, z.nring, z.alarm()
+                    stop = t  # the ring changed
+                break
+            lane = lane.next
+            if lane is cur:
+                # every lane refused `at` (a taken slot, the campaign's day, its booked
+                # sends): so they do every slot up to it
+                w.skip, stop, miss = min(at + 1, alarm), t, 1
+                break
+    else:
+        j = len(slots)
+        ended = True
+    w.c_used += j - first - miss
+    w.j, w.stop, w.t, w.cur, w.alarm = j, stop, t, cur, alarm
+    w.at, w.when, w.made = at, when, made
+    return ended
+
+
+def _mixed_pass(w: _Pass, z: Zone, c: Campaign, near: Near, clock: Instants) -> bool | None:
+    """:func:`_uniform_pass` for a zone whose senders' gaps differ: each lane tried snaps the
+    slot to its own sender's slot start, and a sender refused a slot start is skipped until
+    it (``ready``)."""
+    base, slots, j, stop, iv_end, t = w.base, w.slots, w.j, w.stop, w.iv_end, w.t
+    cur, fast_end, alarm, nring, c_used = w.cur, w.fast_end, w.alarm, w.nring, w.c_used
+    ended = False
+    for j in range(j, len(slots)):  # noqa: B020 - j goes on where the last pass stopped
+        t = base + slots[j]
+        if t >= stop:
+            break
+        lane = cur
+        while True:
+            sender = lane.sender
+            if t >= sender.ready:
+                ng = sender.ng
+                at = t // ng * ng
+                if at >= iv_end:
+                    pass  # past this slot's window, for this sender's gap
+                elif at not in sender.slots and (at < fast_end or c.admit(at, near)):
+                    lane.push(clock(at))
+                    sender.slots[at] = 1
+                    c_used += 1
+                    cur = lane.next
+                    lane.budget -= 1
+                    if not lane.budget and (changed := z.spent(lane, cur)):
+                        if changed < 0:
+                            z.j = j + 1
+                            c.used[c.ordinal] = c_used - c.lent
+                            return None
+                        cur, nring, alarm = z.cur, z.nring, z.alarm()
+                        stop = t
+                    break
+                else:
+                    sender.ready = at + 1  # refused: so is every slot up to it
+            lane = lane.next
+            if lane is cur:
+                soonest = z.soonest(lane, nring, alarm)
+                if soonest > t + 1:
+                    w.skip, stop = soonest, t
+                break
+    else:
+        ended = True
+    w.j, w.stop, w.t, w.cur, w.alarm, w.nring, w.c_used = j, stop, t, cur, alarm, nring, c_used
+    return ended
+
+
+def _next_day(w: _Pass, z: Zone, c: Campaign, limit: int, policy: SendingPolicy) -> None:
+    """The day's grid is used up: on to the zone's next sending day. NoSendingDay when no
+    recipient got a slot for the whole horizon."""
+    base, day, j = next(z.grid)
+    w.base, w.slots, w.ends, w.j = base, day.slots, day.ends, j
+    w.iv_end = base + day.ends[j]
+    w.skip = 0
+    placed = c.placed + w.c_used - c.entry
+    if placed != c.since[0]:
+        c.since = (placed, base + day.slots[j])
+    elif base + day.slots[j] - c.since[1] > _HORIZON_MS:
+        raise NoSendingDay(_no_slot_reason(policy, c.since[1]))
+    w.stop = w.next_stop(limit, c.per_day)
+
+
+def _due(w: _Pass, z: Zone, c: Campaign, near: Near, limit: int) -> None:
+    """Something is due at slot ``w.j`` (instant ``w.t``): see to one thing, the first of a
+    jump, the next event, the campaign's next day, its day being full, every lane dozing and
+    the slot's interval ending; the walk then goes on from slot ``w.j``."""
+    t, base, slots = w.t, w.base, w.slots
+    if w.skip:
+        w.j = bisect_left(slots, w.skip - base, w.j)
+        w.skip = 0
+        if w.j < len(slots):
+            w.iv_end = base + w.ends[w.j]
+    elif t >= w.alarm:
+        z.cur = w.cur
+        z.turns(t)
+        w.cur, w.nring, w.alarm = z.cur, z.nring, z.alarm()
+    elif t >= w.c_end:
+        w.c_used = c.move(t, w.c_used)
+        w.c_end = c.end
+        w.fast_end = -NEVER if near else c.end
+    elif w.c_used >= c.per_day:
+        w.j = bisect_left(slots, w.c_end - base, w.j)  # the campaign's day is full: to its end
+    elif not w.nring:
+        w.skip = w.alarm  # every lane dozes: on to the next event
+    elif t >= w.iv_end:
+        w.iv_end = base + w.ends[w.j]
+    w.stop = t if w.skip else w.next_stop(limit, c.per_day)
 
 
 def _stop(

@@ -134,11 +134,11 @@ class Campaign:
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     updated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     stop_on_reply: StopOnReply = StopOnReply.SENDER
-    """Which Pending emails of a recipient a reply cancels (issue 14)."""
+    """Which Pending emails of a recipient a reply cancels."""
     unsubscribe_footer: bool = False
-    """Whether every email gets a one-line unsubscribe footer (issue 14)."""
+    """Whether every email gets a one-line unsubscribe footer."""
     sender_ids: tuple[str, ...] = ()
-    """The senders its recipients are spread across (issue 13); empty: ``from_addr`` is an
+    """The senders its recipients are spread across; empty: ``from_addr`` is an
     implicit sender with no cap."""
     local_time: bool = False
     """Whether windows, weekdays and skip dates are read in each recipient's zone."""

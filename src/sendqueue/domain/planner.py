@@ -484,7 +484,7 @@ def _exact_intervals(
 
     Cached: the worker checks every send against its policy (:func:`next_window_instant`), and
     the zone's offsets, sampled over the day, cost about a fifth of a send's CPU when
-    worked out each time (docs/performance-history.md, issue 16)."""
+    worked out each time (docs/performance-history.md)."""
     lo = day_ms + windows[0].start_minute * _MS_MINUTE - _MARGIN_MS
     hi = day_ms + windows[-1].end_minute * _MS_MINUTE + _MARGIN_MS
     found: list[tuple[int, int]] = []

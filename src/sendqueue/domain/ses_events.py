@@ -1,5 +1,5 @@
 """Amazon SES bounce and complaint events as :class:`~sendqueue.domain.feedback.Feedback`
-(issue 14, the AWS feedback function). Pure, no I/O.
+(what the AWS feedback function reads). Pure, no I/O.
 
 SES publishes one JSON document per event: through a configuration set's event destination
 (``"eventType": "Bounce" | "Complaint"``) or an identity's feedback notifications

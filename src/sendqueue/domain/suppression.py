@@ -1,6 +1,6 @@
 """The suppression list's records: addresses that must not be sent to, and why.
 
-One global list, compared case-insensitively (issue 14). An entry's address is kept in its
+One global list, compared case-insensitively. An entry's address is kept in its
 compared form, :func:`suppression_key`: the address as email-validator normalises it
 (:mod:`sendqueue.domain.addresses` checks it first), then case-folded whole (``casefold``, not
 ``lower``, which spells a Greek final sigma two ways and keeps "ß" apart from "SS"). Pure, no

@@ -1,4 +1,4 @@
-"""Bounces that are no RFC 3464 report (issue 14), for :mod:`sendqueue.domain.reports`.
+"""Bounces that are no RFC 3464 report, for :mod:`sendqueue.domain.reports`.
 
 Older Exim ("This message was created automatically by mail delivery software"), qmail ("Hi.
 This is the qmail-send program") and similar mail systems return a plain-text message: an

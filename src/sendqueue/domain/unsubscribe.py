@@ -1,4 +1,4 @@
-"""One-click unsubscribe (issue 14, RFC 8058 and RFC 2369): the link, the headers, the footer.
+"""One-click unsubscribe (RFC 8058 and RFC 2369): the link, the headers, the footer.
 
 Every email carries ``List-Unsubscribe: <PUBLIC_URL/u/TOKEN>`` (plus ``<mailto:...>`` when an
 unsubscribe mailbox is set) and ``List-Unsubscribe-Post: List-Unsubscribe=One-Click``; the

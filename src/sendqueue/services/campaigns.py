@@ -1,6 +1,6 @@
 """Campaign use cases: create, preview, cancel, pause, resume, retry-failed, cancel one task.
 
-Every control follows design.md: a campaign state change is a compare-and-set in the store,
+Every control keeps the same rules: a campaign state change is a compare-and-set in the store,
 tasks move only along the lifecycle table, and schedules follow the tasks (deleted on pause and
 cancel, re-planned from now on resume and retry-failed). A crash between two steps leaves
 nothing the reconciler cannot repair.
@@ -140,7 +140,8 @@ class CampaignService:
         """Check a new campaign without writing anything.
 
         The recipients come either as a CSV (``recipients``: bytes, a path or a binary stream)
-        or as mappings (``rows``, see :func:`parse_recipient_rows`). ``stop_on_reply`` is a
+        or as mappings (``rows``, see
+        :func:`~sendqueue.services.import_rows.parse_recipient_rows`). ``stop_on_reply`` is a
         :class:`StopOnReply` or its spelling in any case; ``unsubscribe_footer`` a bool;
         ``senders`` names senders by id or address (InvalidField ``senders`` for an unknown
         one); ``local_time`` a bool. Raises InvalidField / InvalidInput.

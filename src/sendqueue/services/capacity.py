@@ -9,7 +9,7 @@ re-plan by :meth:`~sendqueue.ports.SenderStore.book`. When another process booke
 planned again, a bounded number of times: that is how two campaigns provisioned at once by two
 processes share a sender without overbooking it.
 
-A campaign without senders or local time is planned as before (``plan`` / ``free_slots``):
+A campaign without senders or local time is planned by ``plan`` / ``free_slots`` alone:
 nothing here runs for it.
 
 Books are read per sender and range: from a day before the plan starts (a local day starts at

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from sendqueue.domain.models import Recipient
+from sendqueue.services.import_rows import parse_recipient_rows
 from sendqueue.services.importing import (
     ImportLimits,
     RowImporter,
     Templates,
     compile_templates,
-    parse_recipient_rows,
     stream_recipients,
 )
 

@@ -57,7 +57,7 @@ import os
 import re
 import sys
 import zoneinfo
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -84,7 +84,6 @@ __all__ = [
     "TemplateLimits",
     "Templates",
     "compile_templates",
-    "parse_recipient_rows",
     "parse_recipients",
     "stream_recipients",
 ]
@@ -105,6 +104,8 @@ _NO_TEMPLATES = Templates()
 _NUL_REASON = "contains the NUL character (U+0000), which no email may carry"
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 _LINE_SEPARATORS = frozenset("\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+#: Reports a problem of the row being checked: its field, the value and why.
+_Fail = Callable[[str, object, str], None]
 
 
 @dataclass(frozen=True)
@@ -173,104 +174,6 @@ def stream_recipients(
         csv.field_size_limit(wanted)
     with text_lines(source, limits.max_bytes) as lines:
         yield from importer.recipients_of(csv.reader(lines, strict=True))
-
-
-def parse_recipient_rows(
-    rows: Sequence[Mapping[str, object]],
-    *,
-    templates: Templates = _NO_TEMPLATES,
-    limits: ImportLimits = ImportLimits(),
-    max_errors: int = 50,
-) -> ImportResult:
-    """Render and validate recipients given as mappings (the API's JSON), by the CSV rules.
-
-    Each mapping is one row: its keys are the columns (``email`` required; ``name``,
-    ``subject``, ``body``, ``html``, ``timezone`` optional; every other key a template
-    variable), and a
-    missing key is an empty cell. Values are text; numbers are taken as their text and
-    ``None`` as empty; anything else (a list, a mapping, a boolean) is a problem of that row
-    and key. Unlike a CSV file, an empty row is not skipped: it is a row without an address.
-    Row numbers count the first recipient as row 2, as if the rows came from a CSV file with a
-    header. A problem with the rows as a whole (none at all, too many, a key that is empty or
-    repeats another ignoring case, too many keys) raises one :class:`InvalidField` naming
-    ``recipients``; row problems raise :class:`InvalidInput` as :func:`parse_recipients` does.
-    """
-    if isinstance(rows, str | bytes) or not isinstance(rows, Sequence):
-        raise InvalidField("recipients", _clip(repr(rows)), "expected a list of objects")
-    if not rows:
-        raise InvalidField("recipients", 0, "no recipients; give at least one")
-    if len(rows) > limits.max_rows:
-        raise InvalidField(
-            "recipients", len(rows), f"more than {limits.max_rows} rows; send fewer at once"
-        )
-    compiled = compile_templates(templates, limits.templates)
-    # The columns are the keys of all rows in order of first appearance, ``email`` first, so a
-    # row without an address is that row's problem rather than a bad header.
-    columns: dict[str, None] = {"email": None}
-    for row in rows:
-        if isinstance(row, Mapping):
-            for key in row:
-                if not isinstance(key, str):
-                    raise InvalidField("recipients", _clip(repr(key)), "keys must be text")
-                columns.setdefault(key, None)
-    names = list(columns)
-    blank = [""] * len(names)
-    early: list[InvalidField] = []
-
-    def cells_of(number: int, row: object) -> list[str]:
-        """The row as CSV cells; a row with a problem found here becomes a blank record,
-        which the importer skips (its row number still counts), so it is reported once."""
-        if not isinstance(row, Mapping):
-            early.append(InvalidField("row", _clip(repr(row)), "expected an object", row=number))
-            return blank
-        cells: list[str] = []
-        bad = False
-        for name in names:
-            value = row.get(name)
-            if value is None:
-                cells.append("")
-            elif isinstance(value, str):
-                cells.append(value)
-            elif isinstance(value, int | float) and not isinstance(value, bool):
-                cells.append(str(value))
-            else:
-                early.append(InvalidField(name, _clip(repr(value)), "expected text", row=number))
-                bad = True
-                cells.append("")
-        if not bad and not "".join(cells).strip():
-            early.append(InvalidField("email", "", "empty; every row needs an address", row=number))
-            bad = True
-        return blank if bad else cells
-
-    def records() -> Iterator[list[str]]:
-        yield names
-        for index, row in enumerate(rows):
-            yield cells_of(index + 2, row)
-
-    importer = RowImporter(compiled, limits, max(0, max_errors))
-    problems: list[InvalidField] = []
-    total = 0
-    try:
-        result = importer.run(records())
-    except InvalidInput as exc:
-        problems, total = exc.errors, exc.total
-    except InvalidField as exc:
-        if early and importer.rows == 0:
-            pass  # every row was bad before the importer saw it: report those problems
-        elif exc.field in {"header", "file"}:
-            # The CSV wording names a header or a file; here that is the list as a whole.
-            raise InvalidField("recipients", exc.value, exc.reason) from exc
-        else:
-            raise
-    else:
-        if not early:
-            return result
-    found = sorted([*early, *problems], key=lambda e: e.row or 0)
-    raise InvalidInput(
-        f"{importer.bad_rows + len({e.row for e in early})} of {len(rows)} rows are invalid",
-        found[: max(0, max_errors)],
-        total=total + len(early),
-    )
 
 
 # --- checking -------------------------------------------------------------------------------
@@ -439,8 +342,45 @@ class RowImporter:
             self._report(errors)
             return None
         limits = self.limits
+        email = self._email(cells[header.email].strip(), record, fail)
+        if email is None:
+            return None  # a repeated address: dropped and counted, nothing else checked
+        name = cells[header.name] if header.name is not None else ""
+        if len(name) > limits.max_name_chars:
+            fail("name", name, f"longer than {limits.max_name_chars} characters")
+        elif (why := _header_problem(name)) is not None:
+            fail("name", name, why)
+        timezone = self._timezone(header, cells, fail)
+        variables = {column: cells[index] for index, column in header.extras}
+        for column, value in variables.items():
+            if len(value) > limits.max_field_chars:
+                fail(column, value, f"longer than {limits.max_field_chars} characters")
+            elif "\x00" in value:
+                fail(column, value, _NUL_REASON)
+        row = {**variables, "email": email, "name": name}
+        if header.timezone is not None:
+            row["timezone"] = timezone or ""
+        subject, body, html = self._parts(header, cells, row, fail)
+        self._check_parts(subject, body, html, fail)
+        if errors:
+            self._report(errors)
+            return None
+        if self.problems:
+            # The import has already failed; building recipients would only cost memory.
+            return None
+        # No errors means every part rendered.
+        assert subject is not None
+        assert body is not None
+        self.count += 1
+        if timezone is not None:
+            self.zoned += 1
+        return Recipient(
+            self.count - 1, email, name, subject, body, html or None, variables, timezone
+        )
 
-        email = cells[header.email].strip()
+    def _email(self, email: str, record: int, fail: _Fail) -> str | None:
+        """The row's address, normalized (as given when it is reported with ``fail``); None
+        when it repeats an earlier row's, which drops the row."""
         if not email:
             fail("email", email, "empty; every row needs an address")
         elif (why := _header_problem(email)) is not None:
@@ -460,22 +400,13 @@ class RowImporter:
                         self.duplicate_rows.append(record)
                     return None
                 self.seen.add(key)
+        return email
 
-        name = cells[header.name] if header.name is not None else ""
-        if len(name) > limits.max_name_chars:
-            fail("name", name, f"longer than {limits.max_name_chars} characters")
-        elif (why := _header_problem(name)) is not None:
-            fail("name", name, why)
-
-        timezone = self._timezone(header, cells, fail)
-
-        variables = {column: cells[index] for index, column in header.extras}
-        for column, value in variables.items():
-            if len(value) > limits.max_field_chars:
-                fail(column, value, f"longer than {limits.max_field_chars} characters")
-            elif "\x00" in value:
-                fail(column, value, _NUL_REASON)
-
+    def _parts(
+        self, header: _Header, cells: list[str], row: dict[str, str], fail: _Fail
+    ) -> tuple[str | None, str | None, str | None]:
+        """The subject, body and html of the row: its cell, else its template rendered with
+        the row's values (``row``); None for a template that failed (reported with ``fail``)."""
         context: dict[str, object] | None = None
 
         def part(field_: str, index: int | None, template: Template | None) -> str | None:
@@ -484,9 +415,6 @@ class RowImporter:
             if cell or template is None:
                 return cell
             if context is None:
-                row = {**variables, "email": email, "name": name}
-                if header.timezone is not None:
-                    row["timezone"] = timezone or ""
                 context = {**row, "row": row}
             try:
                 return self.templates.render(field_, context)
@@ -505,7 +433,14 @@ class RowImporter:
             html = part("html", header.html, self.templates.html)
         finally:
             self.templates.end_row()
+        return subject, body, html
 
+    def _check_parts(
+        self, subject: str | None, body: str | None, html: str | None, fail: _Fail
+    ) -> None:
+        """Report (with ``fail``) a subject that is empty, too long or no header, a body or
+        html that is too long or holds a NUL, and a row with neither body nor html."""
+        limits = self.limits
         if subject is not None:
             if not subject.strip():
                 fail("subject", subject, "empty; give a subject column or --subject")
@@ -521,25 +456,7 @@ class RowImporter:
         if body is not None and html is not None and not body.strip() and not html.strip():
             fail("body", body, "empty; give a body or an html part (column, or --body-file)")
 
-        if errors:
-            self._report(errors)
-            return None
-        if self.problems:
-            # The import has already failed; building recipients would only cost memory.
-            return None
-        # No errors means every part rendered.
-        assert subject is not None
-        assert body is not None
-        self.count += 1
-        if timezone is not None:
-            self.zoned += 1
-        return Recipient(
-            self.count - 1, email, name, subject, body, html or None, variables, timezone
-        )
-
-    def _timezone(
-        self, header: _Header, cells: list[str], fail: Callable[[str, object, str], None]
-    ) -> str | None:
+    def _timezone(self, header: _Header, cells: list[str], fail: _Fail) -> str | None:
         """The row's ``timezone`` cell, trimmed, or None when empty or missing; an unknown
         zone is reported (with ``fail``) and gives None."""
         if header.timezone is None:

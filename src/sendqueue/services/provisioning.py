@@ -82,6 +82,91 @@ class _OutOfTime(Exception):
     pass
 
 
+class _Lease:
+    """One run's provisioning lease of a campaign: taken at the start, renewed as the chunks
+    go by, released at the end. :meth:`tick`, before every chunk, also ends a run whose time
+    is spent (:class:`_OutOfTime`)."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        clock: Clock,
+        campaign_id: str,
+        ttl: float,
+        *,
+        deadline: float | None,
+        time_left: Callable[[], float] | None,
+        margin: float,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._campaign_id = campaign_id
+        self._name = f"provision:{campaign_id}"
+        self._owner = secrets.token_hex(8)
+        self._ttl = ttl
+        self._deadline = deadline
+        self._time_left = time_left
+        self._margin = margin
+        self._renewed = clock.now()  # when the lease was last taken or renewed
+
+    def take(self) -> bool:
+        """False when another process holds it."""
+        return self._store.acquire_lease(
+            self._name, self._owner, ttl_seconds=self._ttl, at=self._renewed
+        )
+
+    def tick(self) -> None:
+        # Renewed once a third of it has passed, not with every chunk (one write less per
+        # chunk): at every chunk the lease still has two thirds of its time left.
+        now = self._clock.now()
+        if (now - self._renewed).total_seconds() >= self._ttl / 3:
+            if not self._store.acquire_lease(
+                self._name, self._owner, ttl_seconds=self._ttl, at=now
+            ):
+                raise Conflict(f"lost the provisioning lease of {self._campaign_id}")
+            self._renewed = now
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            raise _OutOfTime
+        if self._time_left is not None and self._time_left() <= self._margin:
+            raise _OutOfTime
+
+    def release(self) -> None:
+        self._store.release_lease(self._name, self._owner)
+
+
+def _tasks_of(
+    campaign: Campaign,
+    recipients: list[Recipient],
+    sends: list[datetime],
+    tokens: str,
+    now: datetime,
+    listed: Mapping[str, Suppression],
+) -> list[Task]:
+    """A chunk's tasks of a campaign planned in one go (``sends`` by position), with the
+    tokens drawn for the chunk; those of listed addresses to insert Cancelled."""
+    tasks = [
+        Task(
+            id=task_id(campaign.id, r.position),
+            campaign_id=campaign.id,
+            position=r.position,
+            email=r.email,
+            name=r.name,
+            subject=r.subject,
+            text=r.text,
+            html=r.html,
+            send_at=sends[r.position],
+            token=tokens[32 * i : 32 * i + 32],
+            created_at=now,
+            updated_at=now,
+            timezone=r.timezone,
+        )
+        for i, r in enumerate(recipients)
+    ]
+    if listed:
+        tasks = [_cancel_if_listed(t, listed) for t in tasks]
+    return tasks
+
+
 #: Hands the rest of a run that spent its time to another process: called with the campaign id
 #: and the checkpoint just saved, after the provisioning lease is released. It raises when the
 #: hand-over failed (the caller's retry, or the reconciler, then resumes from the checkpoint).
@@ -149,79 +234,79 @@ class Provisioner:
         report = ProvisionReport(campaign_id, "done", total=campaign.recipient_count)
         if campaign.state is not CampaignState.PROVISIONING:
             return report  # already provisioned: nothing to do
-        owner = secrets.token_hex(8)
-        lease = f"provision:{campaign_id}"
-        renewed = self._clock.now()  # when the lease was last taken or renewed, see tick()
-        if not self._store.acquire_lease(
-            lease, owner, ttl_seconds=self._config.provision_lease_seconds, at=renewed
-        ):
+        lease = _Lease(
+            self._store, self._clock, campaign_id, self._config.provision_lease_seconds,
+            deadline=deadline, time_left=time_left, margin=margin,
+        )  # fmt: skip
+        if not lease.take():
             report.status = "busy"
             report.errors.append("another process is provisioning this campaign")
             return report
         try:
-            checkpoint = dict(campaign.checkpoint or {})
-            if "plan_start" not in checkpoint:
-                checkpoint = {"phase": "tasks", "plan_start": self._clock.now().isoformat()}
-                self._store.save_checkpoint(campaign_id, checkpoint, at=self._clock.now())
-
-            ttl = self._config.provision_lease_seconds
-
-            def tick() -> None:
-                # Renewed once a third of it has passed, not with every chunk (one write less
-                # per chunk): at every chunk the lease still has two thirds of its time left.
-                nonlocal renewed
-                now = self._clock.now()
-                if (now - renewed).total_seconds() >= ttl / 3:
-                    if not self._store.acquire_lease(lease, owner, ttl_seconds=ttl, at=now):
-                        raise Conflict(f"lost the provisioning lease of {campaign_id}")
-                    renewed = now
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise _OutOfTime
-                if time_left is not None and time_left() <= margin:
-                    raise _OutOfTime
-
-            try:
-                if checkpoint["phase"] == "tasks":
-                    self._create_tasks(campaign, checkpoint, report, tick, progress)
-                    # Schedules were created with the tasks up to "scheduled" (all of them
-                    # unless a scheduler call failed, or an older run began without it).
-                    scheduled = int(str(checkpoint.get("scheduled", -1)))
-                    checkpoint = {**checkpoint, "phase": "schedules", "after": scheduled}
-                    self._store.save_checkpoint(campaign_id, checkpoint, at=self._clock.now())
-                if not self._create_schedules(campaign, checkpoint, report, tick, progress):
-                    report.status = "stopped"
-                    return report
-            except _OutOfTime:
-                report.status = "continued"  # handed on below, once the lease is released
-                return report
-            done = {
-                "phase": "done",
-                "plan_start": checkpoint["plan_start"],
-                "finished_at": self._clock.now().isoformat(),
-            }
-            report.suppressed = self._suppressions.count_suppressed_tasks(campaign_id)
-            note = f"provisioned {plural(report.total, 'email')}"
-            if report.suppressed:
-                note += f", {report.suppressed} suppressed"
-            self._store.save_checkpoint(campaign_id, done, at=self._clock.now(), note=note)
-            self._store.set_campaign_state(
-                campaign_id,
-                {CampaignState.PROVISIONING},
-                CampaignState.ACTIVE,
-                at=self._clock.now(),
-                reason="provisioned",
-            )
-            if report.suppressed:
-                # Every email may have been suppressed: then nothing fires to complete it (the
-                # reconciler would, up to an interval later).
-                complete_if_done(self._store, campaign_id, at=self._clock.now())
+            self._run(campaign, report, lease.tick, progress)
             return report
         finally:
             report.seconds = time.monotonic() - started
-            self._store.release_lease(lease, owner)
+            lease.release()
             if report.status == "continued":
                 # After the release: a continuation that starts at once must not find it busy.
                 self._continue_later(campaign_id, continuation or self._continuation)
+
+    def _run(
+        self,
+        campaign: Campaign,
+        report: ProvisionReport,
+        tick: Callable[[], None],
+        progress: Callable[[ProvisionProgress], None] | None,
+    ) -> None:
+        """Both phases from the checkpoint on, then the campaign made active. A run cut short
+        says why in ``report.status``: ``continued`` (out of time, handed on by the caller
+        once the lease is released) or ``stopped`` (schedule writes failed)."""
+        checkpoint = dict(campaign.checkpoint or {})
+        if "plan_start" not in checkpoint:
+            checkpoint = {"phase": "tasks", "plan_start": self._clock.now().isoformat()}
+            self._store.save_checkpoint(campaign.id, checkpoint, at=self._clock.now())
+        try:
+            if checkpoint["phase"] == "tasks":
+                self._create_tasks(campaign, checkpoint, report, tick, progress)
+                # Schedules were created with the tasks up to "scheduled" (all of them unless
+                # a scheduler call failed, or an older run began without it).
+                scheduled = int(str(checkpoint.get("scheduled", -1)))
+                checkpoint = {**checkpoint, "phase": "schedules", "after": scheduled}
+                self._store.save_checkpoint(campaign.id, checkpoint, at=self._clock.now())
+            if not self._create_schedules(campaign, checkpoint, report, tick, progress):
+                report.status = "stopped"
+                return
+        except _OutOfTime:
+            report.status = "continued"
+            return
+        self._activate(campaign.id, checkpoint, report)
+
+    def _activate(
+        self, campaign_id: str, checkpoint: dict[str, object], report: ProvisionReport
+    ) -> None:
+        """Every task and schedule exists: the last checkpoint, and the campaign active."""
+        done = {
+            "phase": "done",
+            "plan_start": checkpoint["plan_start"],
+            "finished_at": self._clock.now().isoformat(),
+        }
+        report.suppressed = self._suppressions.count_suppressed_tasks(campaign_id)
+        note = f"provisioned {plural(report.total, 'email')}"
+        if report.suppressed:
+            note += f", {report.suppressed} suppressed"
+        self._store.save_checkpoint(campaign_id, done, at=self._clock.now(), note=note)
+        self._store.set_campaign_state(
+            campaign_id,
+            {CampaignState.PROVISIONING},
+            CampaignState.ACTIVE,
+            at=self._clock.now(),
+            reason="provisioned",
+        )
+        if report.suppressed:
+            # Every email may have been suppressed: then nothing fires to complete it (the
+            # reconciler would, up to an interval later).
+            complete_if_done(self._store, campaign_id, at=self._clock.now())
 
     def _begin(self, campaign_id: str) -> Campaign:
         campaign = self._store.get_campaign(campaign_id)
@@ -258,7 +343,6 @@ class Provisioner:
         run: PlannedRun | None = None
         after = int(str(checkpoint.get("after", -1)))
         chunk = self._config.provision_chunk
-        total = campaign.recipient_count
         # Each chunk's schedules are created right after its tasks while every chunk before it
         # has its schedules too ("scheduled" == "after" in the checkpoint); once a chunk's
         # scheduler calls fail, or when resuming a checkpoint without "scheduled", the rest is
@@ -282,53 +366,66 @@ class Provisioner:
                 )
                 report.rebooked = run.rebooked
             else:
-                tasks = [
-                    Task(
-                        id=task_id(campaign.id, r.position),
-                        campaign_id=campaign.id,
-                        position=r.position,
-                        email=r.email,
-                        name=r.name,
-                        subject=r.subject,
-                        text=r.text,
-                        html=r.html,
-                        send_at=sends[r.position],
-                        token=tokens[32 * i : 32 * i + 32],
-                        created_at=now,
-                        updated_at=now,
-                        timezone=r.timezone,
-                    )
-                    for i, r in enumerate(recipients)
-                ]
-                if listed:
-                    tasks = [_cancel_if_listed(t, listed) for t in tasks]
+                tasks = _tasks_of(campaign, recipients, sends, tokens, now, listed)
                 inserted = self._store.insert_tasks(tasks, at=now)
             report.tasks_created += inserted
             last = recipients[-1].position
             if with_schedules:
-                if inserted < len(tasks):
-                    # Some existed already (a resumed run): schedule what the store holds, with
-                    # its tokens, not the tasks built here, which were not stored.
-                    stored = self._store.list_tasks(
-                        campaign.id, state=TaskState.PENDING, after=after, limit=chunk
-                    )
-                    tasks = [t for t in stored if t.position <= last]
-                pending = [t for t in tasks if t.state is TaskState.PENDING]
-                with_schedules = self._schedule_chunk(campaign.id, pending, report)
+                with_schedules = self._schedule_inserted(
+                    campaign, tasks, inserted, report, after, last
+                )
             after = last
-            done = after + 1
-            checkpoint.update(after=after)
-            note = f"tasks {done}/{total}"
-            if with_schedules:
-                checkpoint.update(scheduled=after)
-                note += f", schedules {done}/{total}"
-            self._store.save_checkpoint(campaign.id, checkpoint, at=now, note=note)
-            if progress:
-                progress(ProvisionProgress(campaign.id, "tasks", done, total))
-                if with_schedules:
-                    progress(ProvisionProgress(campaign.id, "schedules", done, total))
+            self._chunk_done(campaign, checkpoint, after, with_schedules, now, progress)
             if len(recipients) < chunk:
                 return
+
+    def _schedule_inserted(
+        self,
+        campaign: Campaign,
+        tasks: list[Task],
+        inserted: int,
+        report: ProvisionReport,
+        after: int,
+        last: int,
+    ) -> bool:
+        """Create the schedules of the chunk just written (``tasks``: its positions after
+        ``after`` up to ``last``), as :meth:`_schedule_chunk` does."""
+        if inserted < len(tasks):
+            # Some existed already (a resumed run): schedule what the store holds, with its
+            # tokens, not the tasks built here, which were not stored.
+            stored = self._store.list_tasks(
+                campaign.id,
+                state=TaskState.PENDING,
+                after=after,
+                limit=self._config.provision_chunk,
+            )
+            tasks = [t for t in stored if t.position <= last]
+        pending = [t for t in tasks if t.state is TaskState.PENDING]
+        return self._schedule_chunk(campaign.id, pending, report)
+
+    def _chunk_done(
+        self,
+        campaign: Campaign,
+        checkpoint: dict[str, object],
+        after: int,
+        with_schedules: bool,
+        now: datetime,
+        progress: Callable[[ProvisionProgress], None] | None,
+    ) -> None:
+        """The checkpoint of a chunk whose tasks (and, ``with_schedules``, schedules) are
+        written up to position ``after``, and its progress."""
+        done = after + 1
+        total = campaign.recipient_count
+        checkpoint.update(after=after)
+        note = f"tasks {done}/{total}"
+        if with_schedules:
+            checkpoint.update(scheduled=after)
+            note += f", schedules {done}/{total}"
+        self._store.save_checkpoint(campaign.id, checkpoint, at=now, note=note)
+        if progress:
+            progress(ProvisionProgress(campaign.id, "tasks", done, total))
+            if with_schedules:
+                progress(ProvisionProgress(campaign.id, "schedules", done, total))
 
     def _insert_planned(
         self,

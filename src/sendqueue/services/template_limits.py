@@ -7,7 +7,7 @@ from jinja2.exceptions import SecurityError
 # Longest integer (in bits) a template may make or compute with: just above the longest Python
 # will print in decimal (4300 digits, about 14,300 bits), far beyond any real template's, and
 # small enough that the slowest operation on such numbers (a division) takes under a
-# millisecond. Unbounded, ``a*a`` squared ten times took minutes and ~100 MB for one row.
+# millisecond. Unbounded, a few repeated squarings cost one row minutes and much memory.
 MAX_INT_BITS = 16_384
 
 

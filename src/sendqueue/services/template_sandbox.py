@@ -343,7 +343,7 @@ class BoundedSandbox(SandboxedEnvironment):
         if kind in (str, bytes) and name not in ("format", "format_map"):
             # Any other text method (upper, strip, split, ...) makes at most a copy of its
             # text, or a list of its pieces: what it returns counts toward the row's text, so
-            # copies kept in variables (1,990 ``s.upper()`` held 195 MB) are bounded too.
+            # copies kept in variables are bounded too.
             method = value
 
             @wraps(method)
@@ -359,13 +359,13 @@ class BoundedSandbox(SandboxedEnvironment):
         if isinstance(value, str | bytes):
             self._check(len(value), what)
         elif isinstance(value, list | tuple):
-            # A piece is an object of its own: ~50 bytes however short (300 splits of a
-            # 66,000-character text into 33,000 words held 684 MB); it counts as that many.
+            # A piece is an object of its own, ~50 bytes however short: it counts as that
+            # many characters, so many short pieces cost what they take.
             self._check(self._text(value) + _PIECE_COST * len(value), what)
 
     def sliced(self, value: Any) -> Any:
         """``s[1:]`` copies (Jinja compiles a slice inline, past ``getitem``): the copy counts
-        toward the row's text (1,990 kept slices of a 100,000-character text held 168 MB)."""
+        toward the row's text, so slices kept in variables are bounded too."""
         self._charge_copy(value, "a slice")
         return value
 

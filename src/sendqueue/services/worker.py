@@ -1,6 +1,6 @@
 """The send worker: what a schedule invokes at a task's send time.
 
-Rules (design.md):
+Rules:
 
 - A task that is not Pending (Finished, Cancelled, Failed, Running) is skipped, and the
   invocation returns normally: raising would only make the execution layer retry into the
@@ -40,10 +40,8 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import cast
 
-from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.alarms import AutoPause, auto_pause_reason
 from sendqueue.domain.errors import (
-    InvalidField,
     NotFound,
     PermanentMailError,
     SchedulerError,
@@ -51,12 +49,9 @@ from sendqueue.domain.errors import (
 )
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task, new_token
-from sendqueue.domain.sender_fields import SenderFields, fill_sender
 from sendqueue.domain.senders import Sender
 from sendqueue.domain.slots import in_policy, into_slot, nominal_spacing
 from sendqueue.domain.suppression import Suppression, suppressed_reason
-from sendqueue.domain.tokens import verp_address
-from sendqueue.domain.unsubscribe import personalize
 from sendqueue.domain.wording import plural
 from sendqueue.ports import (
     Alarm,
@@ -64,13 +59,13 @@ from sendqueue.ports import (
     Events,
     Mailer,
     NoEvents,
-    OutgoingMessage,
     SuppressionList,
     TaskStore,
 )
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.capacity import policy_for
 from sendqueue.services.config import ServiceConfig
+from sendqueue.services.outgoing import outgoing_message
 from sendqueue.services.replanning import FIRING_SLACK, RETRY_LEASE_WAIT
 from sendqueue.services.scheduling import ScheduleWriter
 
@@ -163,8 +158,7 @@ class SendWorker:
 
     def _forget(self, campaign_id: str) -> None:
         """Drop what the worker keeps about a campaign with nothing left to send: a worker
-        process lives through many campaigns, and its memory must not grow with each (the
-        soak's RSS measurement found ~2 kB kept per campaign)."""
+        process lives through many campaigns, and its memory must not grow with each."""
         with self._lock:
             self._campaigns_seen.pop(campaign_id, None)
             self._failures_in_a_row.pop(campaign_id, None)
@@ -228,19 +222,48 @@ class SendWorker:
 
     def _send(self, payload: Mapping[str, str]) -> bool:
         """Handle one invocation; False when it was skipped (nothing sent or recorded)."""
-        task_id = payload.get("task_id", "")
-        # The task and its address's suppression entry, in one read where the store can.
+        token = payload.get("token")
+        found = self._due_task(payload.get("task_id", ""), token)
+        if found is None:
+            return False
+        task, listed = found
+        campaign = self._campaign(task.campaign_id)
+        if campaign.state not in SENDING_STATES:
+            log.info("task %s: campaign %s is %s, skipped", task.id, campaign.id, campaign.state)
+            return False
+        now = self._clock.now()
+        if listed is not None:
+            self._cancel_suppressed(task, listed, now)
+            return False
+        if self._overdue(campaign, task, now):
+            self._catch_up(campaign, task, now)
+            return True
+        claimed = self._claim(task, token, now)
+        if claimed is None or not self._still_sending(task, now):
+            return False
+        if claimed.sender_id is not None and not self._holds_booking(campaign, claimed, now):
+            return True
+        # (a provisioning campaign, not re-planned until provisioned, sends as it was planned)
+        spaced = self._config.space_late_sends and campaign.state is CampaignState.ACTIVE
+        if spaced and self._late(task, now) and self._too_close(campaign, claimed, now):
+            return True
+        self._send_claimed(campaign, claimed)
+        return True
+
+    def _due_task(self, task_id: str, token: str | None) -> tuple[Task, Suppression | None] | None:
+        """The invoked task with its address's suppression entry (in one read where the store
+        can), when it is Pending under the invocation's token and not invoked before its
+        layer ever fires; None: skipped, and logged why."""
         task, listed = self._suppressions.task_and_suppression(task_id)
         if task is None:
             log.warning("schedule for unknown task %r: skipped", task_id)
-            return False
-        token = payload.get("token")
+            return None
         if token is not None and token != task.token:
             log.info("task %s: stale schedule (token changed), skipped", task_id)
-            return False
+            return None
         if task.state is not TaskState.PENDING:
             log.info("task %s is %s: skipped", task_id, task.state.value)
-            return False
+            return None
         early = task.send_at - self._clock.now()
         if early > EARLY_TOLERANCE + into_slot(task.send_at, self._config.firing_precision):
             # Earlier than the layer ever fires (before the start of send_at's firing slot,
@@ -252,18 +275,12 @@ class SendWorker:
                 task_id,
                 early.total_seconds(),
             )
-            return False
-        campaign = self._campaign(task.campaign_id)
-        if campaign.state not in SENDING_STATES:
-            log.info("task %s: campaign %s is %s, skipped", task_id, campaign.id, campaign.state)
-            return False
-        now = self._clock.now()
-        if listed is not None:
-            self._cancel_suppressed(task, listed, now)
-            return False
-        if self._overdue(campaign, task, now):
-            self._catch_up(campaign, task, now)
-            return True
+            return None
+        return task, listed
+
+    def _claim(self, task: Task, token: str | None, now: datetime) -> Task | None:
+        """Pending -> Running, the conditional write that makes this invocation the one that
+        sends; None when another one claimed it, or it was moved before the claim."""
         claimed = self._store.transition(
             task.id,
             TaskState.PENDING,
@@ -272,8 +289,8 @@ class SendWorker:
             changes={"claimed_at": now, "attempts": task.attempts + 1},
         )
         if claimed is None:
-            log.info("task %s was claimed by another invocation", task_id)
-            return False
+            log.info("task %s was claimed by another invocation", task.id)
+            return None
         if token is not None and claimed.token != token:
             # Moved between the read above and the claim (a move is a compare-and-set on
             # Pending and the old token; the claim on the state only): this invocation is
@@ -283,30 +300,33 @@ class SendWorker:
                 changes={"attempts": task.attempts, "claimed_at": task.claimed_at},
                 note="moved before its claim: its stale schedule skipped",
             )  # fmt: skip
-            log.info("task %s: moved before its claim, stale schedule skipped", task_id)
-            return False
-        # A pause or cancel may have landed between the campaign read (perhaps cached) and the
-        # claim: this fresh read after the claim is what stops sends, so give the task back.
+            log.info("task %s: moved before its claim, stale schedule skipped", task.id)
+            return None
+        return claimed
+
+    def _still_sending(self, task: Task, now: datetime) -> bool:
+        """Whether the campaign still sends, read fresh after the claim: a pause or cancel
+        may have landed since the campaign was read (perhaps cached), and this read is what
+        stops sends. If not, the task is given back (and cancelled with its campaign)."""
         state = self._store.campaign_state(task.campaign_id)
-        if state not in SENDING_STATES:
+        if state in SENDING_STATES:
+            return True
+        self._store.transition(
+            task.id, TaskState.RUNNING, TaskState.PENDING, at=now, note="campaign not active"
+        )
+        if state is CampaignState.CANCELLED:
+            # The cancel's sweep of Pending tasks ran while this one was Running.
             self._store.transition(
-                task.id, TaskState.RUNNING, TaskState.PENDING, at=now, note="campaign not active"
-            )
-            if state is CampaignState.CANCELLED:
-                # The cancel's sweep of Pending tasks ran while this one was Running.
-                self._store.transition(
-                    task.id, TaskState.PENDING, TaskState.CANCELLED, at=now,
-                    note="campaign cancelled",
-                )  # fmt: skip
-                if task.sender_id is not None:
-                    self._capacity.release([task.id])
-            return False
-        if claimed.sender_id is not None and not self._holds_booking(campaign, claimed, now):
-            return True
-        # (a provisioning campaign, not re-planned until provisioned, sends as it was planned)
-        spaced = self._config.space_late_sends and campaign.state is CampaignState.ACTIVE
-        if spaced and self._late(task, now) and self._too_close(campaign, claimed, now):
-            return True
+                task.id, TaskState.PENDING, TaskState.CANCELLED, at=now,
+                note="campaign cancelled",
+            )  # fmt: skip
+            if task.sender_id is not None:
+                self._capacity.release([task.id])
+        return False
+
+    def _send_claimed(self, campaign: Campaign, claimed: Task) -> None:
+        """Send the claimed task and record its outcome, counted among this process's sends
+        of the campaign while it is under way."""
         self._emit("claimed", claimed)
         with self._lock:
             self._sending[campaign.id] = self._sending.get(campaign.id, 0) + 1
@@ -320,7 +340,6 @@ class SendWorker:
         # outcome) runs the check.
         if final and not others:
             self._complete_if_done(campaign.id)
-        return True
 
     def _holds_booking(self, campaign: Campaign, claimed: Task, now: datetime) -> bool:
         """Whether the claimed task holds its sender slot (booking it again if it lost it,
@@ -422,42 +441,13 @@ class SendWorker:
     def _deliver(self, campaign: Campaign, task: Task) -> bool:
         """Send and record the outcome; True when the task ended final (Finished, Failed) and
         the campaign may be done."""
-        headers = {"X-Sendqueue-Task": task.id}
-        links = self._config.unsubscribe
-        url = None
-        if links is not None:
-            try:
-                url = links.url(task.id)
-                headers.update(links.headers(task.id))
-            except InvalidField as exc:  # an id sendqueue did not make: send, and say so
-                url = None
-                log.error("task %s: sent without an unsubscribe link: %s", task.id, exc)
-        reply_to, mailer = campaign.reply_to, self._mailer
+        mailer = self._mailer
         sender = self._sender(task.sender_id) if task.sender_id is not None else None
-        fields = SenderFields.of_from(campaign.from_addr)
-        if sender is not None:
-            fields, reply_to = SenderFields.of_sender(sender), sender.reply_to or reply_to
-            own = sender.transport is not None or sender.oauth is not None
-            if own and self._mailer_for is not None:
-                mailer = self._mailer_for(sender)
-        signed = fill_sender(task.subject, task.text, task.html, fields)
-        parts = personalize(
-            signed.subject, signed.text, signed.html, url, footer=campaign.unsubscribe_footer
-        )
-        message = OutgoingMessage(
-            message_id=message_id_for(task.id, fields.email, self._config.secret_key),
-            from_addr=fields.email,
-            from_name=fields.name,
-            reply_to=reply_to,
-            to_addr=task.email,
-            to_name=task.name,
-            subject=parts.subject,
-            text=parts.text,
-            html=parts.html,
-            date=self._clock.now(),
-            headers=headers,
-            envelope_from=self._envelope_from(task),
-        )
+        # A sender with a transport or an OAuth sign-in of its own sends through its mailer.
+        own = sender is not None and (sender.transport is not None or sender.oauth is not None)
+        if sender is not None and own and self._mailer_for is not None:
+            mailer = self._mailer_for(sender)
+        message = outgoing_message(self._config, campaign, task, sender, self._clock.now())
         try:
             accepted_id = mailer.send(message)
         except PermanentMailError as exc:
@@ -489,18 +479,6 @@ class SendWorker:
         if done is not None:
             self._emit("finished", done)
         return True
-
-    def _envelope_from(self, task: Task) -> str | None:
-        """The task's VERP bounce address, so a DSN names its task (None: no bounce address
-        configured, the From is the envelope sender)."""
-        config = self._config
-        if config.bounce_address is None or config.secret_key is None:
-            return None
-        try:
-            return verp_address(config.bounce_address, task.id, config.secret_key)
-        except InvalidField as exc:  # an id sendqueue did not make: send, and say so
-            log.error("task %s: sent without a VERP envelope sender: %s", task.id, exc)
-            return None
 
     def _failed(self, campaign: Campaign, task: Task, error: str) -> bool:
         """Record a failure (auto-pausing after too many in a row); True unless it paused."""

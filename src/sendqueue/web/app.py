@@ -21,7 +21,7 @@ import signal
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from urllib.parse import urlsplit
 
 import anyio.to_thread
@@ -76,36 +76,18 @@ def create_app(
     adds the address it binds).
     """
     settings = container.settings
-    token = settings.api_token.get_secret_value() if settings.api_token is not None else None
     if stream is None:
         threshold = settings.stream_lag_threshold
         stream = StreamConfig(lag_threshold=threshold, status_interval=min(1.0, threshold / 2))
     broker = ChangeBroker(container.store, stream)
     provisioning = BackgroundProvisioning(container)
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        stop = threading.Event()
-        worker: threading.Thread | None = None
-        if start_worker:
-            worker = threading.Thread(
-                target=_run_worker,
-                args=(container, stop, reconcile_interval),
-                name="sendqueue-worker",
-                daemon=True,
-            )
-            worker.start()
-        try:
-            yield
-        finally:
-            await broker.close()
-            stop.set()
-            if worker is not None:
-                await anyio.to_thread.run_sync(worker.join, _WORKER_STOP_TIMEOUT)
-                if worker.is_alive():
-                    log.error("the worker did not stop within %.0f s", _WORKER_STOP_TIMEOUT)
-            await anyio.to_thread.run_sync(provisioning.join, _PROVISION_STOP_TIMEOUT)
-
+    lifespan = _lifespan(
+        container,
+        broker,
+        provisioning,
+        start_worker=start_worker,
+        reconcile_interval=reconcile_interval,
+    )
     # FastAPI's viewers load their scripts from a CDN with no integrity check: not in
     # production, where only the schema (/openapi.json) is served.
     viewers = settings.environment != "production"
@@ -130,6 +112,53 @@ def create_app(
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    _install_middlewares(app, container, extra_hosts)
+    return app
+
+
+def _lifespan(
+    container: Container,
+    broker: ChangeBroker,
+    provisioning: BackgroundProvisioning,
+    *,
+    start_worker: bool,
+    reconcile_interval: float | None,
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the worker thread runs while the app does (with ``start_worker``);
+    at shutdown the live streams end, the worker stops (in-flight sends finish) and background
+    provisioning is waited for a few seconds (its threads are daemons, resumable)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+        worker: threading.Thread | None = None
+        if start_worker:
+            worker = threading.Thread(
+                target=_run_worker,
+                args=(container, stop, reconcile_interval),
+                name="sendqueue-worker",
+                daemon=True,
+            )
+            worker.start()
+        try:
+            yield
+        finally:
+            await broker.close()
+            stop.set()
+            if worker is not None:
+                await anyio.to_thread.run_sync(worker.join, _WORKER_STOP_TIMEOUT)
+                if worker.is_alive():
+                    log.error("the worker did not stop within %.0f s", _WORKER_STOP_TIMEOUT)
+            await anyio.to_thread.run_sync(provisioning.join, _PROVISION_STOP_TIMEOUT)
+
+    return lifespan
+
+
+def _install_middlewares(app: FastAPI, container: Container, extra_hosts: Iterable[str]) -> None:
+    """The security middlewares (:func:`install_security`), then the body timeout around
+    them all."""
+    settings = container.settings
+    token = settings.api_token.get_secret_value() if settings.api_token is not None else None
     throttle = AuthThrottle(
         max_failures=settings.auth_max_failures,
         window=settings.auth_failure_window,
@@ -151,7 +180,6 @@ def create_app(
         timeout=settings.http_body_timeout,
         public_timeout=settings.http_public_body_timeout,
     )
-    return app
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -9,8 +9,8 @@ the caller's cursor (UIDVALIDITY and the highest UID processed), not the mailbox
 Memory: :meth:`ImapFeedbackSource.fetch` reads the UIDs and their ``RFC822.SIZE`` at once,
 and the bodies as its iterator goes, in FETCHes of at most :data:`FETCH_BYTES` (the sizes,
 each up to :data:`MAX_MESSAGE_BYTES`, added up; at least one message each), handing each
-message over and letting it go. A poll of 200 messages of 1 MiB held them all at once before
-(about 400 MB); now it holds a FETCH's worth and the message being read.
+message over and letting it go, so a poll holds a FETCH's worth and the message being read,
+never the whole batch (docs/performance.md, benchmark 11).
 
 Sign-in: LOGIN with the URL's user and password, or, for a sender with ``oauth``
 (:meth:`ImapFeedbackSource.for_sender`), ``AUTHENTICATE XOAUTH2`` with its access token; a

@@ -21,9 +21,8 @@ at all raises :class:`~sendqueue.domain.errors.FeedbackUnavailable`: that is no 
 fault, and none is skipped for it.
 
 The child runs :data:`NICE` steps nicer than its parent: when the machine's cores are busy, the
-parent's web requests get the CPU first (measured, docs/performance.md: with two loaded cores
-a parse at the same priority still doubled the API's median). The budget is wall time, so a
-starved child gets less of it; a genuine message takes milliseconds of CPU.
+parent's web requests get the CPU first (docs/performance.md, benchmark 12). The budget is wall
+time, so a starved child gets less of it; a genuine message takes milliseconds of CPU.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The fire loop of a worker process: ``sendqueue.fire`` jobs claimed in batches, ahead of time.
 
-Why not procrastinate's own worker for these jobs (docs/performance-history.md, issue 16):
-it fetches one job per round trip from one asyncio task, so a process cannot fetch faster than
-one fetch's latency allows (16-41 ms each against 1.8 ms of server time: the loop thread shares
-the GIL with the sending threads), and it finishes each job with a transaction of its own. So:
+Not procrastinate's own worker (docs/decisions/0002-procrastinate-fire-loop.md): it fetches
+one job per round trip from one asyncio task, whose thread shares the GIL with the sending
+threads, and finishes each job in a transaction of its own, so a process could fire no faster
+than one fetch's latency allows. So:
 
 - **One dispatcher thread** on a connection of its own. One statement per round
   (:meth:`~.jobs.Jobs.settle_and_claim`) deletes the jobs that succeeded since the last round,
@@ -18,8 +18,8 @@ the GIL with the sending threads), and it finishes each job with a transaction o
   more than it can start soon: a job held here is a job another worker cannot take.
 - **``concurrency`` fire threads** run the target. When one ends a job it takes the next due
   held job itself, without waiting for the dispatcher to wake and hand it over. A failure is
-  decided and recorded there (retry with backoff, dead letter and alarm), as before; a
-  success is only noted, and the dispatcher deletes it in its next round.
+  decided and recorded there (retry with backoff, dead letter and alarm); a success is
+  only noted, and the dispatcher deletes it in its next round.
 - **A listener thread** (LISTEN on procrastinate's ``procrastinate_any_queue_v1`` channel)
   wakes the dispatcher when a job is deferred, and notes abort requests: a job deleted after
   it was claimed ahead, before its due instant, does not fire.

@@ -452,7 +452,7 @@ class Jobs:
                 conn, query=sql.queries["unregister_worker"], worker_id=worker_id
             )
 
-    # ----------------------------------------------------------------- the fire loop (issue 16)
+    # ------------------------------------------------------------------------- the fire loop
     # The statements of :mod:`~sendqueue.adapters.procrastinate.firing`, each one round trip
     # on the fire loop's own connection. Raw SQL: procrastinate's fetch takes one job per call
     # and compares with the database's now(); its finish takes one job and raises for a job

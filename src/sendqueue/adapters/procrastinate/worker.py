@@ -2,9 +2,9 @@
 
 - ``sendqueue.fire`` jobs run in the fire loop (:mod:`~sendqueue.adapters.procrastinate.firing`:
   claimed in batches ahead of their due instant, fired on ``concurrency`` threads, deleted in
-  batches; why: docs/performance-history.md, issue 16). A successful job is deleted. A failed one is
-  retried ``max_retries`` times (a per-schedule argument) with the shared exponential,
-  jittered backoff (:func:`~sendqueue.adapters.scheduler_rules.retry_delay`) through
+  batches; why: docs/decisions/0002-procrastinate-fire-loop.md). A successful job is deleted.
+  A failed one is retried ``max_retries`` times (a per-schedule argument) with the shared
+  exponential, jittered backoff (:func:`~sendqueue.adapters.scheduler_rules.retry_delay`) through
   procrastinate's retry function; the last failure is written to ``sendqueue_dead_letters``,
   the job ends ``failed`` in procrastinate, and the alarm is raised. A schedule deleted while
   its invocation ran (abort requested) is neither retried nor dead-lettered.

@@ -1,12 +1,12 @@
 """The PostgreSQL store's fast-path connections: psycopg connections in autocommit mode,
 opened by the engine and kept between calls, at most ``idle_max`` of them idle.
 
-Not ``psycopg_pool.ConnectionPool``: it was as fast on the send benchmark, but callers would see
-a change (docs/performance.md, "SQL store: why the code looks this way"). It opens connections
-in background workers, so a database that refuses connections makes a caller wait for the
-pool's timeout instead of failing at once; it bounds the connections in use (callers queue)
-where this bounds only the idle ones; a retry after the server ended every session can draw
-another dead idle connection; and a closed pool cannot reopen.
+Not ``psycopg_pool.ConnectionPool``, whose failures callers would see
+(docs/decisions/0003-postgres-fast-path-pool.md): it opens connections in background
+workers, so a database that refuses connections makes a caller wait for the pool's timeout
+instead of failing at once; it bounds the connections in use (callers queue) where this bounds
+only the idle ones; a retry after the server ended every session can draw another dead idle
+connection; and a closed pool cannot reopen.
 tests/integration/test_pg_store_connections.py pins each of these.
 
 No pre-ping: a connection the server dropped is noticed by the first statement on it. Reads

@@ -53,7 +53,7 @@ _UNNEST_CHUNK_SIZE = 5000
 #: Change-log entries a reader may return: ids below the horizon, i.e. of transactions older
 #: than the statement snapshot's xmin, which have all ended. Ids are ordered by (writing
 #: transaction, rank in it), so nothing can commit behind a reader's cursor (migration 0004;
-#: docs/performance.md, "Issue 16: the change log without a global lock").
+#: docs/performance-history.md, "the change log without a global lock").
 _SETTLED = tables.change_log.c.id < sa.func.sq_change_log_horizon()
 
 #: A task state change in one statement: the CAS UPDATE, then the change-log INSERT of the row

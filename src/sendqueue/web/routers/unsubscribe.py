@@ -1,4 +1,4 @@
-"""The one-click unsubscribe routes (issue 14, RFC 8058): ``/u/<token>``, open to everyone.
+"""The one-click unsubscribe routes (RFC 8058): ``/u/<token>``, open to everyone.
 
 - ``POST /u/<token>`` with the form body ``List-Unsubscribe=One-Click`` (what a mail provider
   posts, and what the confirmation page's button posts) unsubscribes at once: 200 and the

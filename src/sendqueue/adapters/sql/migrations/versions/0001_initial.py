@@ -30,6 +30,12 @@ def _json() -> sa.JSON:
 
 
 def upgrade() -> None:
+    _campaigns_and_recipients()
+    _tasks()
+    _change_log_and_leases()
+
+
+def _campaigns_and_recipients() -> None:
     op.create_table(
         "campaigns",
         sa.Column("id", sa.String(64), nullable=False),
@@ -66,6 +72,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("campaign_id", "position", name="pk_recipients"),
     )
 
+
+def _tasks() -> None:
     op.create_table(
         "tasks",
         sa.Column("id", sa.String(200), nullable=False),
@@ -103,6 +111,8 @@ def upgrade() -> None:
     op.create_index("ix_tasks_state_send_at_id", "tasks", ["state", "send_at", "id"])
     op.create_index("ix_tasks_state_claimed_at", "tasks", ["state", "claimed_at"])
 
+
+def _change_log_and_leases() -> None:
     op.create_table(
         "change_log",
         sa.Column(

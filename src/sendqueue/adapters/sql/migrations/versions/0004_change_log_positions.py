@@ -20,7 +20,7 @@ PostgreSQL only (SQLite serialises its writers and keeps plain autoincrement ids
 
 Limits (``sq_change_log_id()`` raises past them): 4,194,304 entries per transaction; xid + base
 below 2**41 (2.2e12 transactions of the cluster), so ids stay within a signed 64-bit integer.
-Why: docs/performance.md, "Issue 16: the change log without a global lock".
+Why: docs/performance-history.md, "the change log without a global lock".
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Revises: 0004
 Create Date: 2026-12-01
 
 ``tasks.reason`` (NULL for existing rows: nobody said why) and the ``suppressions`` table: one
-row per address in its compared form, with its reason, the task it came from and when (issue 14).
+row per address in its compared form, with its reason, the task it came from and when.
 """
 
 from __future__ import annotations

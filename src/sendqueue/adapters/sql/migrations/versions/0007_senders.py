@@ -1,4 +1,4 @@
-"""Senders: mailboxes, the slots their sends book, and who sent to whom (issue 13).
+"""Senders: mailboxes, the slots their sends book, and who sent to whom.
 
 Revision ID: 0007
 Revises: 0006
