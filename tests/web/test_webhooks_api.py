@@ -73,6 +73,11 @@ def test_bad_input_names_the_field_and_stores_nothing(web: Web) -> None:
     assert error["field"] == "url"
     assert web.client.get(f"/api/webhooks/{made['id']}").json()["url"] == URL
     _error(web.client.patch(f"/api/webhooks/{made['id']}", json={}), 422)
+    for name in ("enabled", "url", "events", "campaigns"):  # null would change nothing
+        patch = {name: None, "enabled": False} if name != "enabled" else {name: None}
+        error = _error(web.client.patch(f"/api/webhooks/{made['id']}", json=patch), 422)
+        assert error["field"] == name, (name, error)
+    assert web.client.get(f"/api/webhooks/{made['id']}").json()["enabled"] is True
     redo = f"/api/webhooks/{made['id']}/redeliver"
     error = _error(web.client.post(redo, json={"failed_since": "2026-12-01T08:00"}), 422)
     assert error["field"] == "failed_since"

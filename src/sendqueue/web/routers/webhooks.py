@@ -96,6 +96,9 @@ def update_webhook(endpoint_id: str, body: WebhookChanges, c: ContainerDep) -> W
     """Change the fields given; a bad one is a 422 naming it and nothing changes."""
     if not body.model_fields_set:
         raise InvalidField("body", {}, "give at least one field to change")
+    for name in sorted(body.model_fields_set):
+        if getattr(body, name) is None:  # null would change nothing: leave the field out
+            raise InvalidField(name, None, "must not be null (leave it out to keep it)")
     view = c.webhooks.update(
         endpoint_id,
         url=body.url,
