@@ -1,27 +1,37 @@
-"""POSTing a webhook delivery over http.client, to an address checked first.
+"""POSTing a webhook delivery to an address checked first.
 
 The URL's host is resolved here (a literal IP as itself), every address it resolves to is
 checked against :func:`~sendqueue.domain.webhook_safety.refusal` (one refused answer refuses
 the delivery), and the connection is made to the first checked address: a second resolution
 (DNS rebinding) never decides where the bytes go. TLS verifies the certificate for the URL's
 host name (SNI and ``Host`` carry the name). A connection the server keeps alive carries the
-next delivery to the same origin for up to a minute (then the name is checked again).
-Redirects are not followed (a 3xx is a failure), the response body is read to at most 64 KB
-and dropped, and every failure is a
-:class:`~sendqueue.domain.errors.WebhookDeliveryFailed` with a short reason.
+next delivery to the same origin for up to a minute, still to the address checked when it was
+opened (then the name is resolved and checked again). Redirects are not followed (a 3xx is a
+failure), the response body is read to at most 64 KB and dropped, and every failure is a
+:class:`~sendqueue.domain.errors.WebhookDeliveryFailed` with a short reason. The HTTP/1.1
+exchange itself is :mod:`sendqueue.adapters.webhooks.wire`.
 """
 
 from __future__ import annotations
 
-import http.client
 import ipaddress
 import socket
 import ssl
+import string
 import threading
 import time
 from collections.abc import Callable, Mapping
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from urllib.parse import quote, urlsplit
 
+from sendqueue.adapters.webhooks.wire import (
+    MAX_BODY,
+    Disconnected,
+    ProtocolError,
+    Wire,
+    request_head,
+    request_line,
+)
 from sendqueue.domain.errors import WebhookDeliveryFailed
 from sendqueue.domain.webhook_safety import AllowList, refusal
 from sendqueue.ports.webhooks import WebhookResponse
@@ -34,14 +44,14 @@ __all__ = [
     "system_resolver",
 ]
 
-#: The most of a response body read (then dropped).
-MAX_BODY = 64 * 1024
-
 #: How long a kept-alive connection is reused; then the name is resolved and checked again.
 KEEP_ALIVE_SECONDS = 60.0
 
 #: ``(host, port) -> addresses``: the DNS lookup, injectable for tests.
 Resolver = Callable[[str, int], list[str]]
+
+# Printable ASCII stays as written in a request target; anything else is percent-encoded.
+_TARGET_SAFE = string.punctuation
 
 
 def system_resolver(host: str, port: int) -> list[str]:
@@ -50,35 +60,30 @@ def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-class _PinnedHTTPConnection(http.client.HTTPConnection):
-    """An HTTP connection to ``address``, whatever its host name resolves to now."""
+@dataclass(frozen=True)
+class _Route:
+    """What a URL says about where and how to post, parsed once per URL."""
 
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self._address = address
+    origin: str
+    tls: bool
+    host: str
+    port: int
+    line: str
+    """The request line and Host header (:func:`~sendqueue.adapters.webhooks.wire.request_line`)."""
+
+
+class _Connection:
+    """A connection to the address checked when it was opened, and when that was."""
+
+    __slots__ = ("opened_at", "wire")
+
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
         self.opened_at = time.monotonic()
-
-    def connect(self) -> None:
-        self.sock = socket.create_connection((self._address, self.port), self.timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class _PinnedHTTPSConnection(_PinnedHTTPConnection):
-    """The same over TLS, the certificate checked for the host name (SNI included)."""
-
-    def __init__(
-        self, host: str, port: int, address: str, timeout: float, context: ssl.SSLContext
-    ) -> None:
-        super().__init__(host, port, address, timeout)
-        self._context = context
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock = self._context.wrap_socket(self.sock, server_hostname=self.host)
 
 
 class HttpWebhookTransport:
-    """:class:`~sendqueue.ports.webhooks.WebhookTransport` over http.client (see the module
+    """:class:`~sendqueue.ports.webhooks.WebhookTransport` over sockets (see the module
     docstring). ``resolve`` and ``tls`` are injectable for tests."""
 
     def __init__(
@@ -94,16 +99,14 @@ class HttpWebhookTransport:
         self._resolve = resolve
         self._tls = tls or ssl.create_default_context()
         self._lock = threading.Lock()
-        # One idle connection per origin (scheme://host:port), with when it was opened.
-        self._idle: dict[str, _PinnedHTTPConnection] = {}
+        # One idle connection per origin (scheme://host:port).
+        self._idle: dict[str, _Connection] = {}
+        self._routes: dict[str, _Route] = {}
 
     def checked_address(self, url: str) -> tuple[str, int, str]:
         """``(host, port, address to connect to)``, or WebhookDeliveryFailed saying why not."""
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        if parts.scheme not in ("http", "https") or not host:
-            raise WebhookDeliveryFailed("not an http(s) URL with a host")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        route = self._route(url)
+        host, port = route.host, route.port
         try:
             addresses = [str(ipaddress.ip_address(host))]
         except ValueError:
@@ -120,106 +123,137 @@ class HttpWebhookTransport:
         return host, port, addresses[0]
 
     def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> WebhookResponse:
-        parts = urlsplit(url)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        sent = {**headers, "user-agent": "sendqueue"}
-        key = f"{parts.scheme}://{parts.netloc}"
-        idle = self._take(key)
+        route = self._route(url)
+        try:
+            head = request_head(route.line, {**headers, "user-agent": "sendqueue"}, len(body))
+        except ProtocolError as exc:
+            raise WebhookDeliveryFailed(str(exc)) from None
+        request = head + body
+        idle = self._take(route.origin)
         if idle is not None:
             try:
-                return self._exchange(idle, key, target, body, sent, reused=True)
+                return self._exchange(idle, route, request)
             except _Stale:
                 pass  # the server closed it meanwhile: a fresh connection, checked again
-        host, port, address = self.checked_address(url)
-        conn: _PinnedHTTPConnection
-        if parts.scheme == "https":
-            conn = _PinnedHTTPSConnection(host, port, address, self._timeout, self._tls)
-        else:
-            conn = _PinnedHTTPConnection(host, port, address, self._timeout)
-        return self._exchange(conn, key, target, body, sent, reused=False)
+        _, _, address = self.checked_address(url)
+        return self._exchange(None, route, request, address=address)
+
+    def _route(self, url: str) -> _Route:
+        route = self._routes.get(url)
+        if route is not None:
+            return route
+        try:
+            parts = urlsplit(url)
+            port_given = parts.port
+        except ValueError as exc:
+            raise WebhookDeliveryFailed(f"not a valid URL: {_short(exc)}") from None
+        host = parts.hostname or ""
+        if parts.scheme not in ("http", "https") or not host:
+            raise WebhookDeliveryFailed("not an http(s) URL with a host")
+        tls = parts.scheme == "https"
+        port = port_given or (443 if tls else 80)
+        try:
+            name = host if host.isascii() else host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise WebhookDeliveryFailed(f"not a valid host name: {_short(exc)}") from None
+        shown = f"[{name}]" if ":" in name else name  # an IPv6 literal keeps its brackets
+        target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+                       safe=_TARGET_SAFE)  # fmt: skip
+        route = _Route(
+            origin=f"{parts.scheme}://{parts.netloc}",
+            tls=tls,
+            host=host,
+            port=port,
+            line=request_line(target, shown if port == (443 if tls else 80) else f"{shown}:{port}"),
+        )
+        with self._lock:
+            if len(self._routes) >= 1000:
+                self._routes.clear()
+            self._routes[url] = route
+        return route
 
     def _exchange(
-        self,
-        conn: _PinnedHTTPConnection,
-        key: str,
-        target: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        *,
-        reused: bool,
+        self, conn: _Connection | None, route: _Route, request: bytes, *, address: str = ""
     ) -> WebhookResponse:
+        """One request and its answer on ``conn`` (kept alive), or on a new connection to the
+        checked ``address``. A kept-alive connection found closed is _Stale."""
         started = time.monotonic()
         deadline = started + self._timeout
-        keep = False
+        reused = conn is not None
         try:
-            conn.request("POST", target, body=body, headers=dict(headers))
-            with conn.getresponse() as response:
-                drained = _drain(response, deadline)
-                status = response.status
-                keep = drained and not response.will_close
-        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-            conn.close()
+            if conn is None:
+                conn = _Connection(self._connect(route, address, deadline))
+            answer = conn.wire.exchange(request, deadline)
+        except (Disconnected, BrokenPipeError, ConnectionResetError) as exc:
+            if conn is not None:
+                conn.wire.close()
             if reused:
                 raise _Stale from None
-            raise WebhookDeliveryFailed(_short(exc)) from None
-        except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
-            conn.close()
+            reason = "the server closed the connection" if isinstance(exc, Disconnected) else None
+            raise WebhookDeliveryFailed(reason or _short(exc)) from None
+        except (OSError, ProtocolError) as exc:
+            if conn is not None:
+                conn.wire.close()
             raise WebhookDeliveryFailed(_short(exc)) from None
         latency = int((time.monotonic() - started) * 1000)
-        if keep and 200 <= status < 300:
-            self._keep(key, conn)
+        status = answer.status
+        if answer.reusable and 200 <= status < 300:
+            self._keep(route.origin, conn)
         else:
-            conn.close()
+            conn.wire.close()
         if not 200 <= status < 300:
             kind = "redirect not followed" if 300 <= status < 400 else "not 2xx"
             raise WebhookDeliveryFailed(f"HTTP {status} ({kind})", status=status)
         return WebhookResponse(status, latency)
 
-    def _take(self, key: str) -> _PinnedHTTPConnection | None:
-        """An idle kept-alive connection to the URL's origin, made to an address checked when
-        it was opened, at most :data:`KEEP_ALIVE_SECONDS` ago."""
+    def _connect(self, route: _Route, address: str, deadline: float) -> Wire:
+        """A socket to ``address`` (never a new lookup), TLS checked for the URL's host."""
+        left = max(deadline - time.monotonic(), 0.001)
+        sock = socket.create_connection((address, route.port), left)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if route.tls:
+                sock = self._tls.wrap_socket(sock, server_hostname=route.host)
+        except BaseException:
+            sock.close()
+            raise
+        return Wire(sock)
+
+    def _take(self, origin: str) -> _Connection | None:
+        """An idle kept-alive connection to the origin, made to an address checked when it was
+        opened, at most :data:`KEEP_ALIVE_SECONDS` ago."""
         with self._lock:
-            conn = self._idle.pop(key, None)
+            conn = self._idle.pop(origin, None)
         if conn is not None and time.monotonic() - conn.opened_at > KEEP_ALIVE_SECONDS:
-            conn.close()
+            conn.wire.close()
             return None
         return conn
 
-    def _keep(self, key: str, conn: _PinnedHTTPConnection) -> None:
+    def _keep(self, origin: str, conn: _Connection) -> None:
         with self._lock:
-            old = self._idle.pop(key, None)
-            self._idle[key] = conn
+            old = self._idle.pop(origin, None)
+            self._idle[origin] = conn
         if old is not None:
-            old.close()
+            old.wire.close()
 
     def close(self) -> None:
         """Close the idle connections."""
         with self._lock:
             idle, self._idle = list(self._idle.values()), {}
         for conn in idle:
-            conn.close()
+            conn.wire.close()
 
 
 class _Stale(Exception):
     """A kept-alive connection the server had closed: nothing was answered on it."""
 
 
-def _drain(response: http.client.HTTPResponse, deadline: float) -> bool:
-    """Read at most MAX_BODY bytes, within the delivery's time, and drop them; whether the
-    body ended (the connection can then carry the next delivery)."""
-    left = MAX_BODY
-    while left > 0 and time.monotonic() < deadline:
-        chunk = response.read(min(left, 16384))
-        if not chunk:
-            return True
-        left -= len(chunk)
-    return False
-
-
 def _short(exc: BaseException) -> str:
     """A failure in one line of at most 120 printable characters (never a response body)."""
     if isinstance(exc, TimeoutError | socket.timeout):
         return "timed out"
+    if isinstance(exc, ProtocolError):
+        return f"bad answer: {exc}"
     text = f"{type(exc).__name__}: {exc}"
     cleaned = "".join(ch if ch.isprintable() else " " for ch in text)
     return cleaned[:120]
