@@ -10,10 +10,13 @@ from typing import Protocol, cast
 import pytest
 
 from sendqueue.domain.errors import Conflict, InvalidField
+from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.models import TaskChanges
 from sendqueue.domain.webhooks import (
     DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
+    EventTask,
     WebhookEndpoint,
 )
 from sendqueue.ports import TaskStore
@@ -182,3 +185,19 @@ def test_a_dead_letter_is_logged_as_a_change_of_its_task(store: Store) -> None:
     assert entries[0].at == T0 + timedelta(minutes=1)
     assert not store.log_dead_letter("c1-9", "boom", at=T0)
     assert store.last_change_id() == entries[0].id
+
+
+def test_event_tasks_read_recipient_sender_and_message_id_as_stored_now(store: Store) -> None:
+    store.create_campaign(campaign(), recipients(3))
+    store.insert_tasks([make_task("c1", 0), make_task("c1", 1, sender="anna@example.com")], at=T0)
+    assert store.event_tasks(["c1-0", "c1-1", "c1-9"]) == {
+        "c1-0": EventTask("r0@example.com", None, None),
+        "c1-1": EventTask("r1@example.com", "anna@example.com", None),
+    }
+    store.transition("c1-0", TaskState.PENDING, TaskState.RUNNING, at=T0)
+    changes: TaskChanges = {"message_id": "<c1-0@example.com>", "sent_at": T0}
+    store.transition("c1-0", TaskState.RUNNING, TaskState.FINISHED, at=T0, changes=changes)
+    assert store.event_tasks({"c1-0"}) == {
+        "c1-0": EventTask("r0@example.com", None, "<c1-0@example.com>")
+    }
+    assert store.event_tasks([]) == {}

@@ -9,8 +9,8 @@
   change id, so it is the same on every retry and every redelivery.
 - :func:`event_body`: the JSON an endpoint receives. Type, state, outcome and reason come from
   the change-log entry (a snapshot of the change); recipient, sender and message id from the
-  task read at delivery time, which never change once the task is sent. The body is therefore
-  the same on every attempt.
+  task read at delivery time (:class:`EventTask`), which never change once the task is sent.
+  The body is therefore the same on every attempt.
 - :class:`DeliveryRecord`: one attempt as the delivery log keeps it (7 days).
 
 ``sequence.stopped`` is not an event type: sequences do not exist yet.
@@ -37,6 +37,7 @@ __all__ = [
     "PREVIOUS_SECRET_VALID",
     "DeliveryRecord",
     "EndpointChanges",
+    "EventTask",
     "EventType",
     "WebhookEndpoint",
     "WebhookEvent",
@@ -250,6 +251,20 @@ class WebhookEvent:
         return event_id(self.change.id)
 
 
+@dataclass(frozen=True, slots=True)
+class EventTask:
+    """What an event's body says of its task, read when the event is delivered: the
+    recipient, the sender (None: the campaign's From) and the Message-ID (None until sent)."""
+
+    email: str
+    sender: str | None
+    message_id: str | None
+
+    @classmethod
+    def of(cls, task: Task) -> EventTask:
+        return cls(task.email, task.sender, task.message_id)
+
+
 @dataclass(frozen=True)
 class DeliveryRecord:
     """One delivery attempt as the log keeps it. ``status`` is the HTTP status when one came
@@ -311,9 +326,9 @@ def _type_of(entry: ChangeLogEntry) -> EventType | None:
     return None
 
 
-def event_body(event: WebhookEvent, task: Task | None) -> bytes:
-    """The JSON body of ``event`` (compact, keys in a fixed order); ``task`` is the event's
-    task as stored now, or None (a campaign event, or a task since deleted)."""
+def event_body(event: WebhookEvent, task: EventTask | None) -> bytes:
+    """The JSON body of ``event`` (compact, keys in a fixed order); ``task`` is what the store
+    holds of the event's task now, or None (a campaign event, or a task since deleted)."""
     entry = event.change
     data: dict[str, object] = {
         "campaign_id": entry.campaign_id,

@@ -4,12 +4,17 @@ goes out (:class:`WebhookTransport`) and the alarm a disabled endpoint raises
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from sendqueue.domain.webhooks import DeliveryRecord, EndpointChanges, WebhookEndpoint
+from sendqueue.domain.webhooks import (
+    DeliveryRecord,
+    EndpointChanges,
+    EventTask,
+    WebhookEndpoint,
+)
 
 __all__ = [
     "EndpointChanges",
@@ -42,6 +47,10 @@ class WebhookStore(Protocol):
       :data:`~sendqueue.domain.webhooks.DEAD_LETTER`, ``note`` the error cut to 500
       characters); False, nothing logged, for an unknown task. SQL reads the task in the
       entry's transaction; DynamoDB logs the state it read just before.
+    - ``event_tasks`` reads what event bodies say of some tasks (recipient, sender,
+      Message-ID), as current as ``TaskStore.get_tasks`` reads them, by id (an unknown id is
+      left out), in one batch of reads: a delivery pass asks for the tasks of up to 500
+      events at once.
     - An unreachable backend raises :class:`~sendqueue.domain.errors.StoreUnavailable`.
     """
 
@@ -66,6 +75,8 @@ class WebhookStore(Protocol):
     def prune_deliveries(self, before: datetime) -> int: ...
 
     def log_dead_letter(self, task_id: str, error: str, *, at: datetime) -> bool: ...
+
+    def event_tasks(self, task_ids: Collection[str]) -> dict[str, EventTask]: ...
 
 
 @dataclass(frozen=True)

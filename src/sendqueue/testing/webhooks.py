@@ -4,7 +4,7 @@ store (it shares the store's lock and its simulated outages)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -14,6 +14,7 @@ from sendqueue.domain.webhooks import (
     DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
+    EventTask,
     WebhookEndpoint,
     checked_endpoint_changes,
 )
@@ -92,6 +93,10 @@ class InMemoryWebhooks:
         pruned = len(self._deliveries) - len(kept)
         self._deliveries = kept
         return pruned
+
+    @guarded
+    def event_tasks(self, task_ids: Collection[str]) -> dict[str, EventTask]:
+        return {i: EventTask.of(self._tasks[i]) for i in task_ids if i in self._tasks}
 
     @guarded
     def log_dead_letter(self, task_id: str, error: str, *, at: datetime) -> bool:

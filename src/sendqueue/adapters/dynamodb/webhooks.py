@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -28,6 +28,7 @@ from sendqueue.adapters.dynamodb.codec import (
     num_attr,
     parse_time,
     str_attr,
+    task_from_item,
     time_key,
 )
 from sendqueue.domain.errors import Conflict
@@ -36,6 +37,7 @@ from sendqueue.domain.webhooks import (
     DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
+    EventTask,
     WebhookEndpoint,
     checked_endpoint_changes,
 )
@@ -248,6 +250,13 @@ class WebhookItems(TableClient):
 
         with self._errors("log a dead letter"):
             return self._with_log(build)
+
+    def event_tasks(self, task_ids: Collection[str]) -> dict[str, EventTask]:
+        """BatchGetItem of the task items, as ``get_tasks`` reads them."""
+        keys = [(f"T#{i}", "#") for i in dict.fromkeys(task_ids)]  # no duplicate keys: refused
+        with self._errors("read the tasks of webhook events"):
+            items = self._batch_get(keys)
+        return {t.id: EventTask.of(t) for t in (task_from_item(item)[0] for item in items)}
 
     def _delete_log(self, endpoint_id: str, before: str | None) -> int:
         condition = "pk = :pk" if before is None else "pk = :pk AND sk < :before"
