@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sendqueue.domain.lifecycle import CampaignState
 from tests.integration.test_procrastinate import _app, _campaign, _env, _fleet
 from tests.integration.test_webhooks_e2e import Receiver, _expected, _first_arrivals
 from tests.support.real import all_final, wait_until
@@ -35,7 +36,15 @@ def test_two_procrastinate_workers_deliver_every_event_once_in_order(
         with _fleet(tmp_path, postgres_url, [env, env]):
             cid = _campaign(app, 20, 0.3)
             assert app.provisioner.provision(cid).status == "done"
-            wait_until(lambda: all_final(app, cid), 90, "every task final")
+            # the completion is logged after the last send: wait for it, so it is among the
+            # events read below (faster deliveries could otherwise end the wait before it)
+            wait_until(
+                lambda: (
+                    all_final(app, cid) and app.store.campaign_state(cid) is CampaignState.COMPLETED
+                ),
+                90,
+                "every task final and the campaign completed",
+            )
             expected = _expected(app, start)
             wait_until(lambda: set(expected) <= set(receiver.ids()), 60, "every event")
     finally:
