@@ -143,6 +143,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--webhook-backlog-seconds", type=int, default=600,
                    help="webhooks: the backlog is this many seconds of events at the rate "
                         "(600: the target's 10 minutes)")  # fmt: skip
+    g.add_argument("--webhook-poll", type=float, default=webhooks.POLL,
+                   help="webhooks: the delivery loop's poll interval, seconds (0.05; the "
+                        "product's default is 0.5)")  # fmt: skip
     g.add_argument("--webhook-requests", type=int, default=20_000,
                    help="webhooks: requests sent to each receiver alone")  # fmt: skip
     return p.parse_args(argv)
@@ -385,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                 backlog_seconds=args.webhook_backlog_seconds,
                 emails=args.emails,
                 concurrency=args.concurrency,
+                poll=args.webhook_poll,
                 requests=args.webhook_requests,
             ),
         )

@@ -62,7 +62,8 @@ __all__ = ["LAG_TARGET", "POLL", "run"]
 
 #: The lag's p99 at the stated rate, in seconds.
 LAG_TARGET = 1.0
-#: The delivery loop's poll interval in every scenario (SENDQUEUE_WEBHOOK_POLL_INTERVAL).
+#: The delivery loop's poll interval in every scenario (SENDQUEUE_WEBHOOK_POLL_INTERVAL; the
+#: product's default is 0.5 s, whose wait alone can take half the lag's target).
 POLL = 0.05
 #: How often the event maker counts the sends' events (seconds).
 _TAIL_EVERY = 0.02
@@ -182,14 +183,14 @@ def _window(
     }
 
 
-def _lag_target(lag: dict[str, Any], rate: float) -> dict[str, Any]:
+def _lag_target(lag: dict[str, Any], rate: float, poll: float) -> dict[str, Any]:
     held = (
         lag["lost"] == 0 and lag["in_order"] and lag["badly_signed"] == 0
         and lag["made_per_s"] >= 0.98 * rate
     )  # fmt: skip
     return {
         "name": f"webhooks at {rate:,.0f} events/s while the send benchmark runs: lag p99 <= "
-        f"{LAG_TARGET:g} s, every event delivered in order",
+        f"{LAG_TARGET:g} s, every event delivered in order (poll {poll:g} s)",
         "value": lag["lag_p99_s"],
         "limit": LAG_TARGET,
         "unit": "s",
@@ -224,7 +225,7 @@ def run(
     )
     out["lag_p99_ratio"] = with_sends["lag_p99_s"] / out["lag_alone"]["lag_p99_s"]
     out["backlog"] = webhook_backlog.run(rate=int(rate), seconds=backlog_seconds, poll=poll)
-    out["targets"] = [_lag_target(with_sends, rate), out["backlog"].pop("target")]
+    out["targets"] = [_lag_target(with_sends, rate, poll), out["backlog"].pop("target")]
     return out
 
 
