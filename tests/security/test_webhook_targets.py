@@ -196,3 +196,57 @@ def test_a_kept_alive_connection_carries_the_next_delivery_and_a_closed_one_is_r
         transport.close()
         httpd.shutdown()
         httpd.server_close()
+
+
+@pytest.mark.parametrize(
+    ("certified", "delivered"), [("receiver.internal", True), ("other", False)]
+)
+def test_https_goes_to_the_checked_address_and_verifies_the_certificate_for_the_name(
+    certified: str, delivered: bool
+) -> None:
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    hosts: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            hosts.append(self.headers["host"])
+            self.send_response(204)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(certified).configure_cert(server_tls)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.socket = server_tls.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    resolve = _resolver({"receiver.internal": ["127.0.0.1"]})
+    transport = HttpWebhookTransport(
+        AllowList.parse("receiver.internal"), resolve=resolve, tls=client_tls
+    )
+    url = f"https://receiver.internal:{httpd.server_address[1]}/in"
+    try:
+        if delivered:
+            for _ in range(2):  # the second on the kept-alive connection
+                assert transport.post(url, b"{}", {}).status == 204
+            assert hosts == [f"receiver.internal:{httpd.server_address[1]}"] * 2
+            assert resolve.asked == ["receiver.internal"]
+        else:
+            with pytest.raises(WebhookDeliveryFailed, match="CERTIFICATE_VERIFY_FAILED"):
+                transport.post(url, b"{}", {})
+            assert hosts == []
+    finally:
+        transport.close()
+        httpd.shutdown()
+        httpd.server_close()
