@@ -137,9 +137,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="API during a hostile poll: most seconds timed during (30)")  # fmt: skip
     g.add_argument("--feedback-bytes", type=int, default=feedback_parse.SIZE,
                    help="feedback parse: bytes per hostile message (1 MiB)")  # fmt: skip
-    g.add_argument("--webhook-events", type=int, default=5_000, help="webhooks: backlog drained")
     g.add_argument("--webhook-rate", type=float, default=1_000.0, help="webhooks: events/s made")
-    g.add_argument("--webhook-seconds", type=float, default=10.0, help="webhooks: seconds made")
+    g.add_argument("--webhook-seconds", type=float, default=10.0,
+                   help="webhooks: seconds of events made with no sends beside them")  # fmt: skip
+    g.add_argument("--webhook-backlog-seconds", type=int, default=600,
+                   help="webhooks: the backlog is this many seconds of events at the rate "
+                        "(600: the target's 10 minutes)")  # fmt: skip
+    g.add_argument("--webhook-poll", type=float, default=webhooks.POLL,
+                   help="webhooks: the delivery loop's poll interval, seconds (0.05; the "
+                        "product's default is 0.5)")  # fmt: skip
+    g.add_argument("--webhook-requests", type=int, default=20_000,
+                   help="webhooks: requests sent to each receiver alone")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -375,7 +383,13 @@ def main(argv: list[str] | None = None) -> int:
         attempt(
             "webhooks",
             lambda: webhooks.run(
-                events=args.webhook_events, rate=args.webhook_rate, seconds=args.webhook_seconds
+                rate=args.webhook_rate,
+                seconds=args.webhook_seconds,
+                backlog_seconds=args.webhook_backlog_seconds,
+                emails=args.emails,
+                concurrency=args.concurrency,
+                poll=args.webhook_poll,
+                requests=args.webhook_requests,
             ),
         )
     if "suppressions" in chosen:

@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.common import ROOT
 
-__all__ = ["Fleet", "Usage", "process_cpu_seconds", "sigterm_exits"]
+__all__ = ["Fleet", "Usage", "machine_ticks", "process_cpu_seconds", "sigterm_exits"]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 #: The line ``sendqueue worker`` logs once its container is built, before it dispatches.
@@ -42,7 +42,7 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15)
 
 
-def _machine_ticks() -> tuple[int, int]:
+def machine_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs since boot."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
@@ -173,7 +173,7 @@ class Usage:
 
     def start(self) -> Usage:
         self._cpu0 = {name: process_cpu_seconds(pid) or 0.0 for name, pid in self.workers.items()}
-        self._machine0 = _machine_ticks()
+        self._machine0 = machine_ticks()
         self._t0 = time.monotonic()
         self._thread.start()
         return self
@@ -222,7 +222,7 @@ class Usage:
     def stop(self) -> dict[str, Any]:
         """Stop sampling; the figures since :meth:`start`."""
         wall = time.monotonic() - self._t0
-        busy1, total1 = _machine_ticks()
+        busy1, total1 = machine_ticks()
         cpu = {
             name: (process_cpu_seconds(pid) or self._cpu0[name]) - self._cpu0[name]
             for name, pid in self.workers.items()

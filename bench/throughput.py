@@ -133,9 +133,13 @@ def child_sendqueue(
     concurrency: int,
     execution: str = "embedded",
     workers: int = 1,
+    handshake: bool = False,
 ) -> Any:
     """``workers``: worker processes in all (this one and ``workers - 1`` extra ones, started
-    together once each is set up; procrastinate only)."""
+    together once each is set up; procrastinate only). ``handshake`` (benchmark 15 runs this
+    beside its webhook events): print ``ready`` once set up and start on the line ``go``; once
+    every email is sent, print the result and keep the worker running (its webhook deliveries
+    with it) until the line ``stop``."""
     from bench.pgqueuer_proto import enqueue_campaign
     from bench.sendpath import task_times, wait_sent
     from sendqueue.bootstrap import bootstrap
@@ -168,6 +172,9 @@ def child_sendqueue(
     extra_args = [
         "worker", str(port), "0", str(concurrency), "--store", store_url, "--execution", execution
     ]  # fmt: skip
+    if handshake:
+        print("ready", flush=True)
+        wait_for_line(sys.stdin, "go")
     with extra_workers("bench.throughput", extra_args, workers - 1) as extras:
         cpu = cpu_seconds()
         started = datetime.now(UTC)
@@ -175,21 +182,25 @@ def child_sendqueue(
         worker.start()
         wait_sent(app, cid, time.monotonic() + 600)
         cpu = cpu_seconds() - cpu
+        _, sent = task_times(app, cid)
+        if len(sent) != emails:
+            raise AssertionError(f"only {len(sent)} of {emails} emails finished")
+        seconds = max(sent.values()) - started.timestamp()
+        result = {
+            "seconds": seconds,
+            "per_second": emails / seconds,
+            "cpu_s": cpu,
+            "started": started.timestamp(),
+            "parked_at_start": parked,
+        }
+        if handshake:
+            print(json.dumps(result), flush=True)
+            wait_for_line(sys.stdin, "stop")
         stop.set()
         worker.join(60)
-        extra_cpu = sum(r["cpu_s"] for r in extras.stop())
-    _, sent = task_times(app, cid)
+        result["extra_workers_cpu_s"] = sum(r["cpu_s"] for r in extras.stop())
     app.close()
-    if len(sent) != emails:
-        raise AssertionError(f"only {len(sent)} of {emails} emails finished")
-    seconds = max(sent.values()) - started.timestamp()
-    return {
-        "seconds": seconds,
-        "per_second": emails / seconds,
-        "cpu_s": cpu,
-        "extra_workers_cpu_s": extra_cpu,
-        "parked_at_start": parked,
-    }
+    return result
 
 
 def _promote_backlog(app: Any, store_url: str) -> int:
@@ -362,6 +373,7 @@ def main() -> None:
         "--execution", choices=["embedded", "procrastinate", "pgqueuer"], default="embedded"
     )
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--handshake", action="store_true", help="ready / go / stop on stdio")
     args = parser.parse_args()
     if args.side == "raw":
         result = child_raw(args.port, args.emails, args.concurrency)
@@ -375,8 +387,9 @@ def main() -> None:
             home = Path(tmp)
             url = args.store or f"sqlite:///{home / 'store.db'}"
             result = child_sendqueue(
-                url, home, args.port, args.emails, args.concurrency, args.execution, args.workers
-            )
+                url, home, args.port, args.emails, args.concurrency, args.execution, args.workers,
+                handshake=args.handshake,
+            )  # fmt: skip
     print(json.dumps(result))
 
 

@@ -54,7 +54,7 @@ def dead_letter_queue(c: Container) -> DeadLetterQueue:
 
 
 def webhook_transport(c: Container) -> WebhookTransport:
-    """POSTs over http.client to checked addresses (SENDQUEUE_WEBHOOK_ALLOW_HOSTS)."""
+    """POSTs to checked addresses (SENDQUEUE_WEBHOOK_ALLOW_HOSTS), a connection kept per origin."""
     s = c.settings
     return HttpWebhookTransport(s.webhook_allow_list, timeout=s.webhook_timeout)
 

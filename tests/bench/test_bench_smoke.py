@@ -33,6 +33,7 @@ from bench import (
     stream,
     suppressions,
     throughput,
+    webhooks,
 )
 
 # One xdist group with tests/integration/test_procrastinate.py: both open many PostgreSQL
@@ -415,6 +416,37 @@ def test_stream() -> None:
     for key in ("p50_s", "p95_s", "server_cpu_percent_of_one_core"):
         _summary(result[key])
     _targets(result)
+
+
+def test_webhooks_lag_beside_the_send_benchmark_and_the_backlog() -> None:
+    result = webhooks.run(
+        rate=100, seconds=1, backlog_seconds=2, emails=30, concurrency=2, requests=50
+    )
+    for kind in ("lean", "threading"):
+        receiver = result["receivers"][kind]
+        assert receiver["per_second"] > 0 and receiver["logged_signed"] == 50
+    for name in ("lag_alone", "lag_with_sends"):
+        lag = result[name]
+        assert lag["events"] > 0 and lag["delivered"] == lag["events"] and lag["lost"] == 0
+        assert lag["in_order"] and lag["badly_signed"] == 0 and lag["caught_up"]
+        assert 0 <= lag["lag_p50_s"] <= lag["lag_p99_s"] <= lag["lag_max_s"]
+    loaded = result["lag_with_sends"]
+    assert loaded["by_type"]["email.sent"] == 30  # the sends' own events are in the window
+    assert loaded["by_type"]["email.cancelled"] == loaded["cancelled"]
+    assert result["sends_alone"]["per_second"] > 0 and result["sends_ratio"] > 0
+    beside = result["sends_beside_events"]  # the same writes, no endpoint: nothing delivered
+    assert beside["sends"]["per_second"] > 0 and beside["by_type"]["email.sent"] == 30
+    assert "delivered" not in beside and result["sends_beside_events_ratio"] > 0
+    backlog = result["backlog"]
+    assert backlog["events"] == 200 and backlog["delivered"] == 200 and backlog["in_order"]
+    assert backlog["attempts_logged"] == backlog["requests"] and backlog["attempts_failed"] == 0
+    assert [t["unit"] for t in result["targets"]] == ["s", "x"]
+    _targets(result)
+    table = render_markdown(
+        {"machine": _MACHINE, "benchmarks": {"webhooks": result}, "targets": result["targets"]}
+    )
+    assert "| 15 webhooks: backlog of 200 events (2 s made at 100/s) drained, events/s |" in table
+    assert "| 15 webhooks at 100 events/s, lag p50 / p99 s: while the send benchmark runs" in table
 
 
 def test_suppression_import() -> None:

@@ -14,11 +14,13 @@ from typing import Protocol, cast
 import pytest
 
 from sendqueue.domain.errors import Conflict, InvalidField
-from sendqueue.domain.models import ChangeLogEntry
+from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.models import ChangeLogEntry, TaskChanges
 from sendqueue.domain.webhooks import (
     DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
+    EventTask,
     RelayedLetter,
     WebhookEndpoint,
     delivery_cursor,
@@ -346,3 +348,19 @@ def test_a_relayed_letter_needs_its_ids() -> None:
     with pytest.raises(InvalidField) as caught:
         RelayedLetter("dl-1", "x" * 129, "boom", T0)
     assert caught.value.field == "task_id"
+
+
+def test_event_tasks_read_recipient_sender_and_message_id_as_stored_now(store: Store) -> None:
+    store.create_campaign(campaign(), recipients(3))
+    store.insert_tasks([make_task("c1", 0), make_task("c1", 1, sender="anna@example.com")], at=T0)
+    assert store.event_tasks(["c1-0", "c1-1", "c1-9"]) == {
+        "c1-0": EventTask("r0@example.com", None, None),
+        "c1-1": EventTask("r1@example.com", "anna@example.com", None),
+    }
+    store.transition("c1-0", TaskState.PENDING, TaskState.RUNNING, at=T0)
+    changes: TaskChanges = {"message_id": "<c1-0@example.com>", "sent_at": T0}
+    store.transition("c1-0", TaskState.RUNNING, TaskState.FINISHED, at=T0, changes=changes)
+    assert store.event_tasks({"c1-0"}) == {
+        "c1-0": EventTask("r0@example.com", None, "<c1-0@example.com>")
+    }
+    assert store.event_tasks([]) == {}

@@ -95,14 +95,19 @@ def test_a_dripping_receiver_fails_within_the_timeout(
     assert took < TIMEOUT + 0.5
 
 
+@pytest.mark.parametrize(
+    ("head", "body"),
+    [
+        pytest.param(b"Content-Length: 100000\r\n", b"x" * 100, id="content-length"),
+        pytest.param(b"Transfer-Encoding: chunked\r\n", b"1\r\nx\r\n" * 100, id="chunked"),
+    ],
+)
 def test_a_2xx_whose_body_drips_is_delivered_within_the_timeout(
-    receiver: Callable[[Behaviour], str],
+    receiver: Callable[[Behaviour], str], head: bytes, body: bytes
 ) -> None:
-    head = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"
-
     def behaviour(conn: socket.socket) -> None:
-        conn.sendall(head)
-        _drip(b"x" * 100)(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\n" + head + b"\r\n")
+        _drip(body)(conn)
 
     failed, took = _post(receiver(behaviour))
     assert failed is None  # the 200 came; the rest of its body is not waited for
@@ -149,6 +154,43 @@ def test_https_answers_are_read_the_same_way_and_the_name_is_verified() -> None:
         transport.close()
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_an_https_receiver_that_drips_its_answer_fails_within_the_timeout() -> None:
+    """The deadline holds over TLS too: the handshake done, every read of the answer gets
+    only the time left."""
+    ca = trustme.CA()
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("hooks.test").configure_cert(served)
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def run() -> None:
+        raw, _ = server.accept()
+        with served.wrap_socket(raw, server_side=True) as conn:
+            conn.recv(65536)
+            with contextlib.suppress(OSError):
+                _drip(b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 60)(conn)
+            stop.wait(5)
+
+    threading.Thread(target=run, daemon=True).start()
+    transport = HttpWebhookTransport(
+        AllowList.parse("127.0.0.1"),
+        timeout=TIMEOUT,
+        resolve=lambda host, _: ["127.0.0.1"],
+        tls=trusting,
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(WebhookDeliveryFailed, match="timed out"):
+            transport.post(f"https://hooks.test:{server.getsockname()[1]}/in", b"{}", {})
+        assert time.monotonic() - started < TIMEOUT + 0.5
+    finally:
+        stop.set()
+        transport.close()
+        server.close()
 
 
 def test_a_receiver_that_is_not_http_is_not_quoted(receiver: Callable[[Behaviour], str]) -> None:

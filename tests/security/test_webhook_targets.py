@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from sendqueue.adapters.webhooks import HttpWebhookTransport
+from sendqueue.adapters.webhooks import http as webhook_http
 from sendqueue.domain.errors import InvalidField, WebhookDeliveryFailed
 from sendqueue.domain.webhook_safety import AllowList, refusal
 
@@ -192,6 +194,104 @@ def test_a_kept_alive_connection_carries_the_next_delivery_and_a_closed_one_is_r
         for headers in ({}, {"x-close": "1"}, {}, {}):
             assert transport.post(url, b"{}", headers).status == 204
         assert peers[0] == peers[1] != peers[2] == peers[3]
+    finally:
+        transport.close()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_kept_alive_connection_is_pinned_until_it_expires_then_the_name_is_checked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DNS rebinding through keep-alive: while the connection lives, the name's new answer is
+    not asked for (the bytes go to the address checked); once the connection has expired, the
+    name is resolved and checked again, and a private answer is refused."""
+    peers: list[int] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            peers.append(self.client_address[1])
+            self.send_response(204)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    resolve = _resolver({"receiver.internal": ["127.0.0.1"]})
+    transport = HttpWebhookTransport(AllowList.parse("127.0.0.0/8"), resolve=resolve)
+    url = f"http://receiver.internal:{port}/in"
+    try:
+        assert transport.post(url, b"{}", {}).status == 204
+        resolve.answers["receiver.internal"] = ["10.0.0.1"]  # rebound to a private address
+        assert transport.post(url, b"{}", {}).status == 204  # the same connection, pinned
+        assert resolve.asked == ["receiver.internal"]
+        monkeypatch.setattr(webhook_http, "KEEP_ALIVE_SECONDS", 0.0)
+        time.sleep(0.01)
+        with pytest.raises(WebhookDeliveryFailed, match="private"):
+            transport.post(url, b"{}", {})
+        assert resolve.asked == ["receiver.internal"] * 2
+        assert len(peers) == 2 and peers[0] == peers[1]
+    finally:
+        transport.close()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.mark.parametrize(
+    ("certified", "delivered"), [("receiver.internal", True), ("other", False)]
+)
+def test_https_goes_to_the_checked_address_and_verifies_the_certificate_for_the_name(
+    certified: str, delivered: bool
+) -> None:
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    hosts: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            hosts.append(self.headers["host"])
+            self.send_response(204)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(certified).configure_cert(server_tls)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.socket = server_tls.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    resolve = _resolver({"receiver.internal": ["127.0.0.1"]})
+    transport = HttpWebhookTransport(
+        AllowList.parse("receiver.internal"), resolve=resolve, tls=client_tls
+    )
+    url = f"https://receiver.internal:{httpd.server_address[1]}/in"
+    try:
+        if delivered:
+            for _ in range(2):  # the second on the kept-alive connection
+                assert transport.post(url, b"{}", {}).status == 204
+            assert hosts == [f"receiver.internal:{httpd.server_address[1]}"] * 2
+            assert resolve.asked == ["receiver.internal"]
+        else:
+            with pytest.raises(WebhookDeliveryFailed, match="CERTIFICATE_VERIFY_FAILED"):
+                transport.post(url, b"{}", {})
+            assert hosts == []
     finally:
         transport.close()
         httpd.shutdown()

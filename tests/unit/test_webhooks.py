@@ -28,6 +28,7 @@ from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter
 from sendqueue.domain.webhook_safety import signature_header, signed_headers, verify
 from sendqueue.domain.webhooks import (
     DeliveryRecord,
+    EventTask,
     EventType,
     backoff,
     event_body,
@@ -505,7 +506,8 @@ def test_an_email_failed_event_says_why_from_the_worker_and_the_reconciler() -> 
     for change in app.store.changes_after(0, limit=100):
         event = event_of(change)
         if event is not None and event.type is EventType.EMAIL_FAILED:
-            body = json.loads(event_body(event, app.store.get_task(change.task_id or "")))
+            task = app.store.get_task(change.task_id or "")
+            body = json.loads(event_body(event, EventTask.of(task) if task else None))
             reasons[body["data"]["task_id"]] = body["data"]["reason"]
     assert reasons.keys() == {refused.id, lost.id}
     assert reasons[refused.id] == "permanent: 550 5.1.1 no such user"

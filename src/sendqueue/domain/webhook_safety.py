@@ -14,6 +14,7 @@ a name resolves to, and connects to the address it checked.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -36,8 +37,10 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
+@functools.lru_cache(maxsize=256)
 def secret_key(secret: str) -> bytes:
-    """The HMAC key of a ``whsec_`` secret (InvalidField naming ``secret`` otherwise)."""
+    """The HMAC key of a ``whsec_`` secret (InvalidField naming ``secret`` otherwise); the
+    keys of recent secrets are kept, since every delivery signs with them."""
     if not secret.startswith(_PREFIX):
         raise InvalidField("secret", "whsec_…", "must start with whsec_")
     try:

@@ -9,8 +9,8 @@
   change id, so it is the same on every retry and every redelivery.
 - :func:`event_body`: the JSON an endpoint receives. Type, state, outcome and reason come from
   the change-log entry (a snapshot of the change); recipient, sender and message id from the
-  task read at delivery time, which never change once the task is sent. The body is therefore
-  the same on every attempt.
+  task read at delivery time (:class:`EventTask`), which never change once the task is sent.
+  The body is therefore the same on every attempt.
 - :class:`DeliveryRecord`: one attempt as the delivery log keeps it (7 days), with the opaque
   cursor the log is paged by (:func:`delivery_cursor`, :func:`delivery_cursor_key`).
 - :class:`RelayedLetter`: a dead letter as the change log records it (the ``dead_letter``
@@ -44,6 +44,7 @@ __all__ = [
     "PREVIOUS_SECRET_VALID",
     "DeliveryRecord",
     "EndpointChanges",
+    "EventTask",
     "EventType",
     "RelayedLetter",
     "WebhookEndpoint",
@@ -76,6 +77,9 @@ _NOTE_LENGTH = 500
 DELIVERY_LOG_DAYS = 7
 MAX_URL_LENGTH = 2000
 _EVENT_PREFIX = "evt_"
+# One encoder for every body (json.dumps would build one per call); a body is a tree of plain
+# values, so the check for cycles is left out.
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
 
 
 class EventType(enum.StrEnum):
@@ -149,7 +153,7 @@ def check_url(url: str, *, production: bool) -> str:
     if any(ch.isspace() or not ch.isprintable() for ch in url):
         raise InvalidField("url", url, "must not contain spaces or control characters")
     if not (parts.path + parts.query).isascii():
-        # an HTTP request line is ASCII: http.client could never send it
+        # an HTTP request line is ASCII: the transport could never send it
         reason = "must be ASCII after the host: percent-encode the rest (é is %C3%A9)"
         raise InvalidField("url", url, reason)
     if not parts.hostname.isascii():
@@ -270,6 +274,20 @@ class WebhookEvent:
     @property
     def id(self) -> str:
         return event_id(self.change.id)
+
+
+@dataclass(frozen=True, slots=True)
+class EventTask:
+    """What an event's body says of its task, read when the event is delivered: the
+    recipient, the sender (None: the campaign's From) and the Message-ID (None until sent)."""
+
+    email: str
+    sender: str | None
+    message_id: str | None
+
+    @classmethod
+    def of(cls, task: Task) -> EventTask:
+        return cls(task.email, task.sender, task.message_id)
 
 
 @dataclass(frozen=True)
@@ -419,9 +437,9 @@ def _type_of(entry: ChangeLogEntry) -> EventType | None:
     return None
 
 
-def event_body(event: WebhookEvent, task: Task | None) -> bytes:
-    """The JSON body of ``event`` (compact, keys in a fixed order); ``task`` is the event's
-    task as stored now, or None (a campaign event, or a task since deleted)."""
+def event_body(event: WebhookEvent, task: EventTask | None) -> bytes:
+    """The JSON body of ``event`` (compact, keys in a fixed order); ``task`` is what the store
+    holds of the event's task now, or None (a campaign event, or a task since deleted)."""
     entry = event.change
     data: dict[str, object] = {
         "campaign_id": entry.campaign_id,
@@ -440,7 +458,7 @@ def event_body(event: WebhookEvent, task: Task | None) -> bytes:
         "timestamp": entry.at.isoformat().replace("+00:00", "Z"),
         "data": data,
     }
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    return _JSON.encode(document).encode()
 
 
 def _outcome(kind: EventType) -> str | None:

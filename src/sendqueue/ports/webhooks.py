@@ -4,7 +4,7 @@ goes out (:class:`WebhookTransport`) and the alarm a disabled endpoint raises
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 from sendqueue.domain.webhooks import (
     DeliveryRecord,
     EndpointChanges,
+    EventTask,
     RelayedLetter,
     WebhookEndpoint,
 )
@@ -57,6 +58,10 @@ class WebhookStore(Protocol):
       given. Two calls racing on one letter write one entry. SQL writes every marker and
       entry of a call in one transaction, reading the tasks in it; DynamoDB up to 49 letters
       per TransactWriteItems, logging the states it read just before.
+    - ``event_tasks`` reads what event bodies say of some tasks (recipient, sender,
+      Message-ID), as current as ``TaskStore.get_tasks`` reads them, by id (an unknown id is
+      left out), in one batch of reads: a delivery pass asks for the tasks of up to 500
+      events at once.
     - An unreachable backend raises :class:`~sendqueue.domain.errors.StoreUnavailable`.
     """
 
@@ -83,6 +88,8 @@ class WebhookStore(Protocol):
     def prune_deliveries(self, before: datetime) -> int: ...
 
     def relay_dead_letters(self, letters: Sequence[RelayedLetter]) -> list[str]: ...
+
+    def event_tasks(self, task_ids: Collection[str]) -> dict[str, EventTask]: ...
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -15,6 +15,7 @@ from sendqueue.domain.webhooks import (
     DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
+    EventTask,
     RelayedLetter,
     WebhookEndpoint,
     checked_endpoint_changes,
@@ -132,3 +133,7 @@ class InMemoryWebhooks:
             self._append(task.campaign_id, task.id, state, DEAD_LETTER, letter.at, letter.error)
             logged.append(letter.letter_id)
         return logged
+
+    @guarded
+    def event_tasks(self, task_ids: Collection[str]) -> dict[str, EventTask]:
+        return {i: EventTask.of(self._tasks[i]) for i in task_ids if i in self._tasks}

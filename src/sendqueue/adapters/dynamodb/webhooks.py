@@ -22,7 +22,7 @@ import itertools
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -36,6 +36,7 @@ from sendqueue.adapters.dynamodb.codec import (
     num_attr,
     parse_time,
     str_attr,
+    task_from_item,
     time_key,
 )
 from sendqueue.domain.errors import Conflict
@@ -44,6 +45,7 @@ from sendqueue.domain.webhooks import (
     DEAD_LETTER,
     DeliveryRecord,
     EndpointChanges,
+    EventTask,
     RelayedLetter,
     WebhookEndpoint,
     checked_endpoint_changes,
@@ -326,6 +328,13 @@ class WebhookItems(TableClient):
                 entries.append((task["gc"]["S"], r.task_id, state, DEAD_LETTER, r.at, r.error))
                 group.logged.append(r.letter_id)
         return writes, entries
+
+    def event_tasks(self, task_ids: Collection[str]) -> dict[str, EventTask]:
+        """BatchGetItem of the task items, as ``get_tasks`` reads them."""
+        keys = [(f"T#{i}", "#") for i in dict.fromkeys(task_ids)]  # no duplicate keys: refused
+        with self._errors("read the tasks of webhook events"):
+            items = self._batch_get(keys)
+        return {t.id: EventTask.of(t) for t in (task_from_item(item)[0] for item in items)}
 
     def _delete_log(self, endpoint_id: str, before: str | None) -> int:
         condition = "pk = :pk" if before is None else "pk = :pk AND sk < :before"

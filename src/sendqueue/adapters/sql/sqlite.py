@@ -1,8 +1,9 @@
 """The task store on SQLite, the embedded default: :class:`SqliteTaskStore`.
 
 The send path's statements (a task, a campaign's state, whether anything is left, the claim and
-the finish with their change-log rows: seven per send) run on a ``sqlite3`` connection of the
-calling thread's own, and bulk inserts on the driver's ``executemany``; everything else goes
+the finish with their change-log rows: seven per send) and the change log's pages (the live
+stream's and the webhook deliveries' reads) run on a ``sqlite3`` connection of the calling
+thread's own, and bulk inserts on the driver's ``executemany``; everything else goes
 through SQLAlchemy Core (:class:`~sendqueue.adapters.sql.base.SqlTaskStore`). Why:
 docs/performance.md, "SQL store: why the code looks this way".
 """
@@ -36,7 +37,7 @@ from sendqueue.adapters.sql.rows import (
 from sendqueue.adapters.sql.schema import UtcDateTime, sqlite_text
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import Recipient, Task, check_cursor, check_limit
+from sendqueue.domain.models import ChangeLogEntry, Recipient, Task, check_cursor, check_limit
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import key_of_normalized
 
@@ -61,6 +62,8 @@ _INSERT_TASK = (
     " ON CONFLICT DO NOTHING"
 )
 
+_LOG_COLUMNS = "id, campaign_id, task_id, from_state, to_state, at, note"
+
 #: Values per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
 _IN_LIMIT = 900
 
@@ -68,6 +71,11 @@ _IN_LIMIT = 900
 def _time(value: str | None) -> datetime | None:
     """Read what :func:`~sendqueue.adapters.sql.schema.sqlite_text` wrote."""
     return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+def _when(value: str) -> datetime:
+    """:func:`_time` of a column that is never NULL."""
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
 
 
 def _task(row: Sequence[Any]) -> Task:
@@ -501,3 +509,24 @@ class SqliteTaskStore(SqlTaskStore):
                 (campaign_id, TaskState.PENDING.value, TaskState.RUNNING.value),
             ).fetchall()
         return bool(found)
+
+    # change log ------------------------------------------------------------------------------
+
+    def changes_after(
+        self, after_id: int, *, campaign_id: str | None = None, limit: int = 1000
+    ) -> list[ChangeLogEntry]:
+        # The driver's statement: the live stream and every webhook delivery pass read the log
+        # page after page, and SQLAlchemy's row processing cost more than the query.
+        check_limit(limit)
+        check_cursor(after_id, field="after_id")
+        sql = f"SELECT {_LOG_COLUMNS} FROM change_log WHERE id > ?"
+        params: tuple[object, ...] = (after_id,)
+        if campaign_id is not None:
+            sql += " AND campaign_id = ?"
+            params += (campaign_id,)
+        with self._fast_read("read change log") as db:
+            found = db.execute(sql + " ORDER BY id LIMIT ?", (*params, limit)).fetchall()
+        return [
+            ChangeLogEntry(id_, campaign, task, before, after, _when(at), note)
+            for id_, campaign, task, before, after, at, note in found
+        ]

@@ -33,11 +33,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sendqueue.domain.errors import SchedulerError, StoreUnavailable, WebhookDeliveryFailed
-from sendqueue.domain.models import ChangeLogEntry, Task
+from sendqueue.domain.models import ChangeLogEntry
 from sendqueue.domain.webhook_safety import signed_headers
 from sendqueue.domain.webhooks import (
     DELIVERY_LOG_DAYS,
     DeliveryRecord,
+    EventTask,
     WebhookEndpoint,
     WebhookEvent,
     backoff,
@@ -151,7 +152,7 @@ class WebhookDelivery:
         self,
         endpoint: WebhookEndpoint,
         event: WebhookEvent,
-        task: Task | None,
+        task: EventTask | None,
         attempt: int,
         *,
         redelivery: bool = False,
@@ -174,10 +175,10 @@ class WebhookDelivery:
             endpoint.id, event.id, event.type.value, at, attempt, latency, status, error, redelivery
         )
 
-    def tasks_of(self, entries: Sequence[ChangeLogEntry]) -> dict[str, Task]:
-        """The tasks of some entries, in one read."""
+    def tasks_of(self, entries: Sequence[ChangeLogEntry]) -> dict[str, EventTask]:
+        """What the bodies of some entries' events say of their tasks, in one read."""
         ids = {e.task_id for e in entries if e.task_id is not None}
-        return self._tasks.get_tasks(ids) if ids else {}
+        return self._store.event_tasks(ids) if ids else {}
 
     def _endpoint_pass(
         self,
