@@ -54,9 +54,14 @@ def dead_letter_queue(c: Container) -> DeadLetterQueue:
 
 
 def webhook_transport(c: Container) -> WebhookTransport:
-    """POSTs to checked addresses (SENDQUEUE_WEBHOOK_ALLOW_HOSTS), a connection kept per origin."""
+    """POSTs to checked addresses (SENDQUEUE_WEBHOOK_ALLOW_HOSTS), a connection kept per origin;
+    https only in production, also for a URL stored before."""
     s = c.settings
-    return HttpWebhookTransport(s.webhook_allow_list, timeout=s.webhook_timeout)
+    return HttpWebhookTransport(
+        s.webhook_allow_list,
+        timeout=s.webhook_timeout,
+        https_only=s.environment == "production",
+    )
 
 
 def webhook_delivery(c: Container) -> WebhookDelivery:

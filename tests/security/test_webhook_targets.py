@@ -58,6 +58,15 @@ def test_a_name_resolving_to_a_private_address_is_refused() -> None:
     assert resolve.asked == ["hooks.example.com"]
 
 
+def test_in_production_an_http_url_stored_before_is_refused_unresolved() -> None:
+    resolve = _resolver({})
+    transport = HttpWebhookTransport(AllowList.parse("127.0.0.1"), resolve=resolve, https_only=True)
+    for url in ("http://hooks.example.com/in", "http://127.0.0.1:9/in"):
+        with pytest.raises(WebhookDeliveryFailed, match="only https in production"):
+            transport.post(url, b"{}", {})
+    assert resolve.asked == []  # refused before any lookup or connection
+
+
 def test_the_allow_list_admits_hosts_ips_and_networks() -> None:
     allow = AllowList.parse("receiver.internal, 127.0.0.1, 10.0.0.0/8")
     assert refusal("127.0.0.1", "127.0.0.1", allow) is None

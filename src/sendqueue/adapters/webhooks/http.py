@@ -102,8 +102,11 @@ class HttpWebhookTransport:
         timeout: float = 10.0,
         resolve: Resolver = system_resolver,
         tls: ssl.SSLContext | None = None,
+        https_only: bool = False,
     ) -> None:
+        """``https_only`` (production) refuses an http URL stored before it was set."""
         self._allow = allow or AllowList()
+        self._https_only = https_only
         self._timeout = timeout
         self._resolve = resolve
         self._tls = tls or ssl.create_default_context()
@@ -163,6 +166,8 @@ class HttpWebhookTransport:
             except InvalidField as exc:
                 raise WebhookDeliveryFailed(f"invalid URL: {exc.reason}") from None
         tls = parts.scheme == "https"
+        if self._https_only and not tls:
+            raise WebhookDeliveryFailed("refused: only https in production (update the URL)")
         try:
             port = parts.port or (443 if tls else 80)
         except ValueError:
