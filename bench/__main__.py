@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                     stores[label] = "postgres"
                     executions[label] = "procrastinate"
                     workers[label] = n
-                if not pgq_reason:  # issue 16's measured alternative, beside the layers
+                if not pgq_reason:  # the measured pgqueuer alternative, beside the layers
                     label = "pgqueuer prototype, PostgreSQL store"
                     stores[label] = "postgres"
                     executions[label] = "pgqueuer"

@@ -1,4 +1,4 @@
-"""Benchmark 10, the capacity-aware planner (issue 13): 100,000 sends across 100 senders, with
+"""Benchmark 10, the capacity-aware planner: 100,000 sends across 100 senders, with
 50,000 bookings already in their books, against :func:`plan` of the same sends per send.
 
 Policy: benchmark 1's (Europe/Berlin, Monday to Friday, 08:00-11:00, 13:00-16:00 and

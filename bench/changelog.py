@@ -1,4 +1,4 @@
-"""Benchmark 8 (issue 16): change-log writes under contention on PostgreSQL.
+"""Benchmark 8: change-log writes under contention on PostgreSQL.
 
 ``writers`` threads (8 by default), each with its own store handle, move their own share of a
 campaign's tasks Pending -> Running -> Finished through ``TaskStore.transition`` (the send
@@ -6,8 +6,8 @@ path's write: one statement, one transaction, one change-log entry). Two variant
 databases, alternated, side by side in one run:
 
 - **before** (the anchor): the same statement with the global transaction-level advisory lock
-  taken right before the change-log INSERT, as the store did before issue 16, so every writer
-  queues on one lock held through its commit;
+  taken right before the change-log INSERT, as the store did before the change log dropped it,
+  so every writer queues on one lock held through its commit;
 - **after**: the store as it is now (no lock; readers wait for settled transactions instead).
 
 During every "after" run a reader tails ``changes_after`` from the last id before the writers
@@ -38,7 +38,7 @@ _CID = "bench"
 _PAGE = 1000
 _POLL_SECONDS = 0.05
 
-#: The global change-log lock's key before issue 16 ("sq" + 2).
+#: The global change-log lock's key, as the store had it ("sq" + 2).
 OLD_LOCK_KEY = 0x7371_0002
 
 #: The "before" anchor: the store's transition statement with the global change-log lock, as
@@ -166,7 +166,7 @@ def measure(url: str, *, writers: int, per_writer: int, locked: bool) -> dict[st
 
 
 def use_locked_statement(store: Any) -> None:
-    """Point ``store``'s transitions at the pre-issue-16 statement (same parameters)."""
+    """Point ``store``'s transitions at the old locked statement (same parameters)."""
     from sendqueue.adapters.sql import postgres as pg
     from sendqueue.adapters.sql.rows import TASK_COLUMNS, task_from_row
 

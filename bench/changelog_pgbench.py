@@ -5,14 +5,14 @@ without the lock they are short of CPU (the store's ``transition`` costs about 0
 Python a call), so its ratio says as much about the client's CPU as about the lock. Here
 ``pgbench`` (C, a fraction of that CPU) runs the same shape of write, one statement a
 transaction: a compare-and-set UPDATE of one task row and its change-log INSERT, with and
-without the pre-issue-16 global advisory lock taken between them, as bench 8's anchor does.
+without the old global advisory lock taken between them, as bench 8's anchor does.
 Each transaction flips a random task between Pending and Running (the id function and its
 horizon are the store's own: the change log's column default).
 
     python -m bench.changelog_pgbench [--clients 8] [--seconds 20] [--repeats 3] [--tasks 4000]
 
 Needs ``pgbench`` (PostgreSQL's client package) on PATH or under /usr/lib/postgresql/*/bin.
-A measurement beside bench 8, not a target of its own (docs/performance-history.md, issue 16).
+A measurement beside bench 8, not a target of its own (docs/performance-history.md).
 """
 
 from __future__ import annotations

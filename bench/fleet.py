@@ -1,4 +1,4 @@
-"""Benchmark 9: the procrastinate execution layer as a fleet of worker processes (issue 16).
+"""Benchmark 9: the procrastinate execution layer as a fleet of worker processes.
 
 Each row starts N real ``sendqueue worker`` processes (:class:`bench.fleetproc.Fleet`, the
 command's entry point with SENDQUEUE_* settings), waits until every one has logged its start,
@@ -53,7 +53,7 @@ from sendqueue.settings import Settings
 __all__ = ["DEFAULT_WORKERS", "run"]
 
 DEFAULT_WORKERS = (1, 2, 4)
-#: issue 16's targets (benchmarks, not tests)
+#: The fleet targets (benchmarks, not tests)
 ONE_WORKER_VS_RAW = 0.6
 TWO_WORKERS_VS_ONE = 1.6
 P99_LIMIT_MS = 1000.0
@@ -283,7 +283,7 @@ def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
 
 def _ratios(out: dict[str, Any]) -> None:
     """Each throughput row against the raw loop (the mean of its two runs) and against one
-    process of its layer and waiting set; then issue 16's targets."""
+    process of its layer and waiting set; then the fleet targets."""
     raw = sum(out["raw_per_second"]) / len(out["raw_per_second"])
     rows = out["rows"]
     for row in rows:

@@ -1,5 +1,5 @@
-"""A pgqueuer prototype of the send path (issue 16's "measured alternative"), and the queues
-alone with a no-op job.
+"""A pgqueuer prototype of the send path (the measured alternative to procrastinate), and the
+queues alone with a no-op job.
 
 Not a layer: a measurement. :class:`PgqueuerWorker` is one worker process's loop as a
 pgqueuer deployment would run it: pgqueuer's ``QueueManager`` on one asyncpg connection

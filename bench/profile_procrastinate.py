@@ -11,7 +11,7 @@ whole target. ``--execution pgqueuer`` runs the same child on the pgqueuer proto
 the embedded layer. Prints one JSON line: the run's figures and, per call, count, mean, p50,
 p99 and total seconds. Works on any checkout of the layer (what is absent is not timed), so
 the code before and after a change can be compared by putting its ``src`` first on
-``PYTHONPATH``. The figures in docs/performance-history.md (issue 16) come
+``PYTHONPATH``. The profile figures in docs/performance-history.md come
 from this and from py-spy and pg_stat_statements.
 """
 

@@ -7,7 +7,7 @@ store is PostgreSQL (the execution layer stays embedded). The procrastinate vari
 schedules in PostgreSQL too, as procrastinate jobs (due within the horizon) and parked rows
 (beyond it), written with ``create_many``; it also measures, at the small size, the same
 provisioning with one ``create`` at a time on ``provision_concurrency`` threads (what it did
-before issue 16).
+before ``create_many``).
 
 Baseline: the physical limit, ``executemany`` of the equivalent rows (one task row per
 recipient, one schedule row per task, the same tables and indexes) into the same two files,

@@ -73,7 +73,7 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 )
                 rows.append(
                     (
-                        f"{small}, one create at a time, as before issue 16): rows/s",
+                        f"{small}, one create at a time, as before create_many): rows/s",
                         _m(p["one_at_a_time_per_second"]),
                         raw_small,
                         f"{p['one_at_a_time_ratio']:.2f}x",
@@ -95,7 +95,7 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         for name, fig in v.items():
             anchor = "EventBridge 60,000 ms; procrastinate poll 5,000 ms"
             if name.startswith("procrastinate"):
-                # its own poll is 0.5 s here; issue 16 sets p99 <= 1 s with 2 workers
+                # its own poll is 0.5 s here; the fleet target is p99 <= 1 s with 2 workers
                 n = int(name.removeprefix("procrastinate").strip("-w") or 1)
                 name = "procrastinate execution layer, PostgreSQL, " + (
                     "1 worker" if n == 1 else f"{n} worker processes"
@@ -158,7 +158,9 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         rows += _queue_rows(b["queues"])
     pgq_reason = results.get("pgqueuer", {}).get("skipped")
     if pgq_reason and ("throughput" in b or "queues" in b):
-        rows.append(("4 pgqueuer prototype (issue 16)", f"skipped: {pgq_reason}", "-", "-"))
+        rows.append(
+            ("4 pgqueuer prototype (the measured alternative)", f"skipped: {pgq_reason}", "-", "-")
+        )
     if "fleet" in b:
         rows += _fleet_rows(b["fleet"])
     if reason and "fleet" in b:
@@ -208,7 +210,7 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             (
                 f"8 change-log writes, {c['writers']} writer threads, PostgreSQL: tx/s",
                 _m(c["after_tx_per_second"]),
-                f"global advisory lock (before issue 16): {_m(c['before_tx_per_second'])}",
+                f"old global advisory lock: {_m(c['before_tx_per_second'])}",
                 f"{c['ratio']:.2f}x",
             )
         )
@@ -382,7 +384,7 @@ _QUEUE_NAMES = {
 
 
 def _queue_rows(q: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """The queues alone (issue 16): no-op jobs/s and client CPU per job, against the fire
+    """The queues alone: no-op jobs/s and client CPU per job, against the fire
     loop."""
     fire = q["queues"]["fire-loop"]["per_second"]
     rows = []

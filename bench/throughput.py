@@ -7,10 +7,10 @@ worker`` runs it: the embedded dispatcher fires each schedule, the worker claims
 ``emails`` over the time from the dispatcher's start to the last task's ``sent_at``.
 
 With ``--execution pgqueuer`` the same send path behind the pgqueuer prototype
-(:mod:`bench.pgqueuer_proto`, issue 16's measured alternative): the tasks provisioned as above
-(their schedules written to an embedded scheduler that nothing runs), a pgqueuer job due now
-for each enqueued in bulk on the store's PostgreSQL database, and one pgqueuer worker
-(``concurrency`` threads) calling the same target.
+(:mod:`bench.pgqueuer_proto`, the measured alternative to procrastinate): the tasks
+provisioned as above (their schedules written to an embedded scheduler that nothing runs), a
+pgqueuer job due now for each enqueued in bulk on the store's PostgreSQL database, and one
+pgqueuer worker (``concurrency`` threads) calling the same target.
 
 With ``--execution procrastinate`` the same on the procrastinate execution layer, as
 ``SENDQUEUE_EXECUTION=procrastinate`` bootstraps it: the task store and procrastinate's jobs on

@@ -1,4 +1,4 @@
-"""The one-click unsubscribe latency (issue 14): POST to the address suppressed and its other
+"""The one-click unsubscribe latency: POST to the address suppressed and its other
 Pending emails cancelled.
 
 ``recipients`` addresses each got an email of a sent campaign and have a Pending email in each

@@ -163,7 +163,7 @@ def test_provisioning_on_procrastinate_beside_one_create_at_a_time() -> None:
             "targets": result["targets"],
         }
     )
-    assert "one create at a time, as before issue 16" in table
+    assert "one create at a time, as before create_many" in table
 
 
 def test_dispatch_against_apscheduler() -> None:
@@ -363,7 +363,7 @@ def test_fleet_embedded_only() -> None:
         ("embedded", 1, "throughput"),
         ("embedded", 1, "dispatch"),
     ]
-    assert result["targets"] == []  # issue 16's targets are the procrastinate layer's
+    assert result["targets"] == []  # the fleet targets are the procrastinate layer's
 
 
 @pytest.mark.postgres
