@@ -1,6 +1,6 @@
 """The house rules of CONTRIBUTING.md that a machine can check, over every file in src/:
 functions at most 80 lines, modules at most 600, no issue numbers, and every page of the docs
-a docstring or comment cites exists."""
+a docstring or comment cites exists; and no issue numbers in bench/ either."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "sendqueue"
+BENCH = ROOT / "bench"
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
 
@@ -110,10 +111,21 @@ def test_no_module_is_longer_than_600_lines() -> None:
     assert not found, "make two modules of each:\n" + "\n".join(found)
 
 
+def _text_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in _TEXT_FILES)
+
+
 def test_no_issue_numbers_in_src() -> None:
-    files = sorted(p for p in SRC.rglob("*") if p.is_file() and p.suffix in _TEXT_FILES)
+    files = _text_files(SRC)
     found = [f"{_where(path)}:{n}" for path in files for n in issue_lines(path)]
     assert not found, "say what the code does and why, not which issue:\n" + "\n".join(found)
+
+
+def test_no_issue_numbers_in_bench() -> None:
+    files = _text_files(BENCH)
+    assert any(path.name == "__main__.py" for path in files)  # the scan reaches the benches
+    found = [f"{_where(path)}:{n}" for path in files for n in issue_lines(path)]
+    assert not found, "say what the bench measures and why, not which issue:\n" + "\n".join(found)
 
 
 def test_every_cited_page_of_the_docs_exists() -> None:
