@@ -195,6 +195,18 @@ def _registered(url: str) -> int:
     return int(_query(url, "SELECT count(*) FROM procrastinate_workers")[0][0])
 
 
+def _busy_backends(url: str) -> int:
+    """Statements still running in the test's database, other than this query's: a killed
+    worker's last statement (a claim, say) still runs to its commit after the kill."""
+    rows = _query(
+        url,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND state <> 'idle' AND pid <> pg_backend_pid() AND backend_type = %s",
+        "client backend",
+    )
+    return int(rows[0][0])
+
+
 def _live_fire_jobs(url: str) -> int:
     rows = _query(
         url,
@@ -286,6 +298,8 @@ def test_a_killed_workers_stalled_work_completes_under_the_stale_policy(
             victim = workers.procs[0]
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(10)
+            # its claims that were under way land first: then Running is what it had in flight
+            wait_until(lambda: _busy_backends(postgres_url) == 0, 30, "the victim's statements")
             in_flight = {
                 t.id for t in app.store.list_tasks(cid, state=TaskState.RUNNING, limit=1000)
             }
