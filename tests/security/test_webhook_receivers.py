@@ -9,6 +9,7 @@ import contextlib
 import http.server
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -249,3 +250,102 @@ def test_a_stored_url_that_cannot_be_sent_fails_its_endpoint_alone() -> None:
         (attempt,) = store.deliveries(bad)
         assert attempt.error is not None and "URL" in attempt.error
         assert "caf" not in attempt.error and "a\x7fb" not in attempt.error  # no path quoted
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 1\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999999999\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0_0\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Length: ¹²³\r\n\r\n".encode("latin-1"),
+        "HTTP/1.1 2²³ OK\r\nContent-Length: 0\r\n\r\n".encode("latin-1"),
+    ],
+    ids=[
+        "te-and-cl",
+        "two-lengths",
+        "negative",
+        "huge",
+        "0x-chunk",
+        "underscore-chunk",
+        "superscript-length",
+        "superscript-status",
+    ],
+)
+def test_an_answer_of_unknown_framing_is_a_failed_attempt_that_quotes_nothing(
+    receiver: Callable[[Behaviour], str], answer: bytes
+) -> None:
+    failed, _ = _post(receiver(lambda conn: conn.sendall(answer)))
+    assert failed is not None, answer
+    assert "¹" not in failed.reason and "²" not in failed.reason and "99999" not in failed.reason
+
+
+class _KeptAlive:
+    """A server keeping connections alive that answers the n-th request (from 1, over all its
+    connections) with ``answers(n, conn)``; counts the requests it read."""
+
+    def __init__(self, answers: Callable[[int, socket.socket], None]) -> None:
+        self.answers = answers
+        self.requests = 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}/in"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.server.accept()
+                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            while conn.recv(65536):  # one request per read: each is small
+                self.requests += 1
+                self.answers(self.requests, conn)
+
+
+def test_bytes_after_an_answer_never_answer_the_next_request() -> None:
+    def answers(n: int, conn: socket.socket) -> None:
+        if n == 1:  # answered twice, the second a moment later
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            time.sleep(0.05)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        else:
+            conn.sendall(b"HTTP/1.1 500 Nope\r\nContent-Length: 0\r\n\r\n")
+
+    server = _KeptAlive(answers)
+    transport = HttpWebhookTransport(AllowList.parse("127.0.0.1"), timeout=TIMEOUT)
+    try:
+        transport.post(server.url, b"{}", {})
+        time.sleep(0.3)
+        with pytest.raises(WebhookDeliveryFailed, match="HTTP 500"):
+            transport.post(server.url, b"{}", {})  # its own answer, on a fresh connection
+    finally:
+        transport.close()
+        server.server.close()
+
+
+def test_a_reset_within_an_answer_is_a_failure_not_a_second_send() -> None:
+    def answers(n: int, conn: socket.socket) -> None:
+        if n == 1:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        else:  # part of an answer, then a reset
+            conn.sendall(b"HTTP/1.1 200 O")
+            time.sleep(0.05)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    server = _KeptAlive(answers)
+    transport = HttpWebhookTransport(AllowList.parse("127.0.0.1"), timeout=TIMEOUT)
+    try:
+        transport.post(server.url, b"{}", {})
+        with pytest.raises(WebhookDeliveryFailed):
+            transport.post(server.url, b"{}", {})
+        time.sleep(0.2)
+        assert server.requests == 2  # the request the reset interrupted was not sent again
+    finally:
+        transport.close()
+        server.server.close()

@@ -209,7 +209,7 @@ class HttpWebhookTransport:
         except (Disconnected, BrokenPipeError, ConnectionResetError) as exc:
             if conn is not None:
                 conn.wire.close()
-            if reused:
+            if reused and conn is not None and not conn.wire.answered:  # no answer came: resend
                 raise _Stale from None
             reason = "the server closed the connection" if isinstance(exc, Disconnected) else None
             raise WebhookDeliveryFailed(reason or _short(exc)) from None
@@ -257,7 +257,10 @@ class HttpWebhookTransport:
         opened, at most :data:`KEEP_ALIVE_SECONDS` ago."""
         with self._lock:
             conn = self._idle.pop(origin, None)
-        if conn is not None and time.monotonic() - conn.opened_at > KEEP_ALIVE_SECONDS:
+        if conn is None:
+            return None
+        # expired, or bytes came after its answer (they would answer the next request)
+        if time.monotonic() - conn.opened_at > KEEP_ALIVE_SECONDS or not conn.wire.quiet():
             conn.wire.close()
             return None
         return conn

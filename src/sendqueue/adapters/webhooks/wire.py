@@ -19,6 +19,7 @@ figures are in docs/performance.md (benchmark 15).
 from __future__ import annotations
 
 import re
+import select
 import socket
 import time
 from collections.abc import Mapping
@@ -46,6 +47,8 @@ MAX_HEADERS = 100
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_DIGITS = re.compile(r"[0-9]{1,18}")
 _OURS = frozenset({"host", "content-length", "accept-encoding", "transfer-encoding"})
 # Header names already checked (a delivery's are the same few every time).
 _NAMES: set[str] = set()
@@ -106,15 +109,33 @@ def request_head(line: str, headers: Mapping[str, str], length: int) -> bytes:
 class Wire:
     """One connected socket (plain or TLS) and the bytes read past the last line."""
 
-    __slots__ = ("_buffer", "sock")
+    __slots__ = ("_buffer", "answered", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._buffer = b""
+        self.answered = False
+        """Whether any byte of the last exchange's answer came (a reset after one is not a
+        stale connection: the request may have been handled)."""
+
+    def quiet(self) -> bool:
+        """Whether an idle connection has nothing waiting: bytes (a late second answer) or its
+        end would be read as the next request's answer, so such a connection is not reused."""
+        if self._buffer:
+            return False
+        pending = getattr(self.sock, "pending", None)
+        if pending is not None and pending():
+            return False
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
 
     def exchange(self, request: bytes, deadline: float) -> Answer:
         """Send ``request`` (head and body) and read the final answer. Raises Disconnected,
         ProtocolError, TimeoutError and the socket's OSError (ssl.SSLError included)."""
+        self.answered = False
         self.sock.settimeout(time_left(deadline))
         self.sock.sendall(request)
         while True:
@@ -141,6 +162,8 @@ class Wire:
         if 100 <= status < 200 or status in (204, 304):
             return True, close
         encoding = fields.get("transfer-encoding")
+        if encoding is not None and "content-length" in fields:
+            raise ProtocolError("both Transfer-Encoding and Content-Length")
         if encoding is not None:
             chunked = encoding.rsplit(",", 1)[-1].strip().lower() == "chunked"
             ended = self._chunked(deadline) if chunked else self._to_end(deadline)
@@ -156,6 +179,7 @@ class Wire:
         chunk = self.sock.recv(65536)
         if not chunk:
             return False
+        self.answered = True
         self._buffer += chunk
         return True
 
@@ -182,7 +206,7 @@ class Wire:
         if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
             raise BadStatusLine("not an HTTP/1.x status line")
         code = parts[1]
-        if len(code) != 3 or not code.isdigit() or not 100 <= int(code) <= 999:
+        if len(code) != 3 or not (code.isascii() and code.isdigit()) or int(code) < 100:
             raise BadStatusLine("not an HTTP status code")
         return int(code), parts[0]
 
@@ -224,12 +248,9 @@ class Wire:
             if line is None:
                 return False
             size_text = line.split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise ProtocolError("a bad chunk size") from None
-            if size < 0 or size_text[:1] in (b"+", b"-"):
+            if not _HEX.fullmatch(size_text):  # int() would take "0x5", "0_0" or "+5"
                 raise ProtocolError("a bad chunk size")
+            size = int(size_text, 16)
             if size == 0:
                 for _ in range(MAX_HEADERS + 1):
                     trailer = self._line(deadline)
@@ -272,12 +293,12 @@ def _closes(version: str, fields: Mapping[str, str]) -> bool:
 
 
 def _length(value: str | None) -> int | None:
-    """A content-length (every repeat the same), or None when absent or not a number (then the
-    body lasts until the connection ends, as http.client reads it)."""
+    """A content-length (every repeat the same), None when absent; ProtocolError when the
+    repeats differ or it is not a number of at most 18 ASCII digits (the framing is unknown)."""
     if value is None:
         return None
     values = {v.strip() for v in value.split(",")}
-    if len(values) != 1:
-        return None
     text = values.pop()
-    return int(text) if text.isdigit() else None
+    if values or not _DIGITS.fullmatch(text):
+        raise ProtocolError("a bad Content-Length")
+    return int(text)
