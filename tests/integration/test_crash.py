@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pytest
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.services.demo import demo_csv, demo_policy
 from sendqueue.services.importing import Templates
+from tests.support import worker_proc
 from tests.support.real import all_final, real_app, wait_until
 from tests.support.smtp import SmtpSink
 
@@ -50,23 +49,8 @@ def _env(tmp_path: Path, sink: SmtpSink, policy: str) -> dict[str, str]:
     return env
 
 
-def _start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.worker_proc", *args],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "READY"
-    return proc
-
-
 def _kill_at(env: dict[str, str], point: str, nth: int) -> str:
-    proc = _start(env, "--hold-at", point, "--nth", str(nth))
+    proc = worker_proc.start(env, "--hold-at", point, "--nth", str(nth))
     assert proc.stdout is not None
     line = proc.stdout.readline().split()
     assert line[:2] == ["HOLD", point], line
@@ -102,7 +86,7 @@ def test_killed_workers_lose_nothing_under_retry_and_duplicate_nothing_under_fai
     in_flight |= running()
     assert claimed != accepted and {claimed, accepted} <= in_flight
 
-    final = _start(env)  # no kill point: it recovers the stale tasks and sends the rest
+    final = worker_proc.start(env)  # no kill point: it recovers the stale tasks and sends the rest
     try:
         wait_until(lambda: all_final(app, cid), 90, "every task final")
     finally:
