@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from sendqueue import bootstrap_feedback, bootstrap_senders, bootstrap_webhooks
 from sendqueue.adapters.alarm import LoggingAlarm, post_json
@@ -37,10 +37,12 @@ from sendqueue.ports import (
     Mailer,
     Scheduler,
     SenderStore,
+    StoreBackend,
+    Stores,
     SuppressionList,
-    TaskStore,
 )
 from sendqueue.services.campaigns import CampaignService
+from sendqueue.services.capacity import CapacityPlanner
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.dead_letters import DeadLetterQueue
 from sendqueue.services.feedback import FeedbackService
@@ -53,7 +55,6 @@ from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.senders import SenderService
 from sendqueue.services.suppression import SuppressionService
 from sendqueue.services.templates import TemplateLimits
-from sendqueue.services.unsubscribe import UnsubscribeService
 from sendqueue.services.webhooks import DeadLetterRelay, WebhookDelivery, WebhookService
 from sendqueue.services.worker import SendWorker
 from sendqueue.settings import Settings, load_settings
@@ -61,6 +62,7 @@ from sendqueue.settings import Settings, load_settings
 if TYPE_CHECKING:
     from sendqueue.adapters.metrics import MetricsServer, PrometheusMetrics
     from sendqueue.services.checks import SetupCheck
+    from sendqueue.services.unsubscribe import UnsubscribeService
 
 __all__ = [
     "Container",
@@ -116,7 +118,7 @@ class Container:
         settings: Settings,
         *,
         clock: Clock | None = None,
-        store: TaskStore | None = None,
+        store: StoreBackend | None = None,
         scheduler: Scheduler | None = None,
         mailer: Mailer | None = None,
         alarm: Alarm | None = None,
@@ -160,20 +162,22 @@ class Container:
 
     # -- adapters --------------------------------------------------------------------------
     @cached_property
-    def store(self) -> TaskStore:
+    def store(self) -> StoreBackend:
         if self._store is not None:
             return self._store
         if self.settings.database_url.startswith("dynamodb:"):
-            return self._dynamodb()
+            # Imported here: boto3 is the optional 'aws' extra. The table is the template's
+            # (on-demand, point-in-time recovery): never made here.
+            from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
+
+            return DynamoDbTaskStore.from_url(self.settings.database_url)
         _make_parent(self.settings.database_url)
         return open_store(self.settings.database_url, upgrade=True)
 
-    def _dynamodb(self) -> TaskStore:
-        # Imported here: boto3 is the optional 'aws' extra.
-        from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
-
-        # The table is the template's (on-demand, point-in-time recovery): never made here.
-        return DynamoDbTaskStore.from_url(self.settings.database_url)
+    @cached_property
+    def stores(self) -> Stores:
+        """The store's ports, one per aggregate, built once; each service gets those it uses."""
+        return Stores.of(self.store)
 
     @cached_property
     def alarm(self) -> Alarm:
@@ -186,7 +190,7 @@ class Container:
             # every process on the store.
             mail = MailAlarm(
                 self.mailer,
-                self.store,
+                self.stores.leases,
                 self.clock,
                 to_addr=s.alarm_email,
                 from_addr=s.alarm_sender,
@@ -355,12 +359,12 @@ class Container:
     @cached_property
     def suppressions(self) -> SuppressionList:
         """The suppression list: the task store's own (every store keeps one)."""
-        return cast(SuppressionList, self.store)
+        return self.stores.suppressions
 
     @cached_property
     def sender_store(self) -> SenderStore:
         """Senders and their bookings: the task store's own (every store keeps them)."""
-        return cast(SenderStore, self.store)
+        return self.stores.senders
 
     @cached_property
     def senders(self) -> SenderService:
@@ -371,11 +375,8 @@ class Container:
         return SuppressionService(self.suppressions, self.clock)
 
     @cached_property
-    def unsubscribe(self) -> UnsubscribeService:
-        """What the public /u/<token> routes call."""
-        return UnsubscribeService(
-            self.config.unsubscribe, self.store, self.suppressions, self.feedback, self.clock
-        )
+    def unsubscribe(self) -> UnsubscribeService:  # what the public /u/<token> routes call
+        return bootstrap_feedback.unsubscribe_service(self)
 
     @cached_property
     def layer_config(self) -> ServiceConfig:
@@ -386,23 +387,26 @@ class Container:
 
     @cached_property
     def campaigns(self) -> CampaignService:
-        return CampaignService(self.store, self.writer, self.clock, self.layer_config)
+        return CampaignService(
+            self.stores.tasks, self.writer, self.clock, self.layer_config, senders=self.sender_store
+        )
 
     @cached_property
     def provisioner(self) -> Provisioner:
         return Provisioner(
-            self.store,
+            self.stores.tasks,
             self.scheduler,
             self.writer,
             self.clock,
             self.config,
             suppressions=self.suppressions,
+            capacity=CapacityPlanner(self.stores.tasks, self.sender_store),
         )
 
     @cached_property
     def worker(self) -> SendWorker:
         return SendWorker(
-            self.store,
+            self.stores.tasks,
             self.mailer,
             self.writer,
             self.campaigns,
@@ -417,7 +421,7 @@ class Container:
     @cached_property
     def reconciler(self) -> Reconciler:
         return Reconciler(
-            self.store,
+            self.stores.tasks,
             self.scheduler,
             self.writer,
             self.campaigns,
@@ -497,7 +501,7 @@ def bootstrap(
     settings: Settings | None = None,
     *,
     clock: Clock | None = None,
-    store: TaskStore | None = None,
+    store: StoreBackend | None = None,
     scheduler: Scheduler | None = None,
     mailer: Mailer | None = None,
     alarm: Alarm | None = None,

@@ -7,16 +7,17 @@ way in."""
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from sendqueue.adapters.parser import IsolatedParser
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.reports import parse_feedback
 from sendqueue.domain.senders import Sender
-from sendqueue.ports import FeedbackSource, FeedbackStore
+from sendqueue.ports import FeedbackSource
 from sendqueue.services.feedback import FeedbackService
 from sendqueue.services.feedback_poll import FeedbackPoller
 from sendqueue.services.mailboxes import SenderMailboxes, url_secrets
+from sendqueue.services.unsubscribe import UnsubscribeService
 
 if TYPE_CHECKING:
     from sendqueue.bootstrap import Container
@@ -27,6 +28,7 @@ __all__ = [
     "feedback_sources",
     "open_sender_mailbox",
     "sender_mailboxes",
+    "unsubscribe_service",
 ]
 
 
@@ -46,13 +48,22 @@ def feedback_service(c: Container) -> FeedbackService:
     """Applies bounces, complaints, replies and unsubscribes (the task store keeps what it
     needs); the schedules of the tasks it cancels are deleted through the writer."""
     return FeedbackService(
-        c.store,
-        cast(FeedbackStore, c.store),
+        c.stores.tasks,
+        c.stores.feedback,
         c.suppressions,
         c.clock,
+        senders=c.sender_store,
         # lazy: the scheduler is opened only when a cancel has schedules to delete
         delete_schedules=lambda names: c.writer.delete_many(names),
         suppress_replies=c.settings.suppress_replies,
+    )
+
+
+def unsubscribe_service(c: Container) -> UnsubscribeService:
+    """Checks the links of /u/<token> and applies them through the feedback service."""
+    s = c.stores
+    return UnsubscribeService(
+        c.config.unsubscribe, s.campaigns, s.suppressions, c.feedback, c.clock, senders=s.senders
     )
 
 
@@ -71,7 +82,7 @@ def sender_mailboxes(c: Container) -> SenderMailboxes:
     :func:`~sendqueue.bootstrap.bootstrap`, else :func:`open_sender_mailbox`)."""
     return SenderMailboxes(
         c.sender_store,
-        cast(FeedbackStore, c.store),
+        c.stores.feedback,
         c.open_mailbox or partial(open_sender_mailbox, c),
     )
 
@@ -82,8 +93,8 @@ def feedback_poller(c: Container) -> FeedbackPoller:
     caller injected, as tests do)."""
     seconds = c.settings.feedback_parse_seconds
     return FeedbackPoller(
-        c.store,
-        cast(FeedbackStore, c.store),
+        c.stores.leases,
+        c.stores.feedback,
         c.feedback,
         c.feedback_sources,
         c.parse_feedback or IsolatedParser(parse_feedback, seconds=seconds),

@@ -5,11 +5,11 @@ service. Apart from :mod:`sendqueue.bootstrap` only to keep each module short; t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from sendqueue.adapters.webhooks import HttpWebhookTransport
 from sendqueue.ports import Alarm
-from sendqueue.ports.webhooks import WebhookAlarm, WebhookStore, WebhookTransport
+from sendqueue.ports.webhooks import WebhookAlarm, WebhookTransport
 from sendqueue.services.dead_letters import DeadLetterQueue
 from sendqueue.services.webhooks import (
     DeadLetterLog,
@@ -38,7 +38,7 @@ def dead_letter_relay(c: Container) -> DeadLetterRelay:
     scheduler and the store are opened at first use: the scheduler's own alarm runs it."""
     return DeadLetterRelay(
         lambda: c.scheduler,
-        lambda: cast(WebhookStore, c.store),
+        lambda: c.stores.webhooks,
         interval=c.settings.dead_letter_relay_interval,
     )
 
@@ -70,8 +70,8 @@ def webhook_delivery(c: Container) -> WebhookDelivery:
     s = c.settings
     alarm = c.alarm
     return WebhookDelivery(
-        cast(WebhookStore, c.store),
-        c.store,
+        c.stores.webhooks,
+        c.stores.tasks,
         webhook_transport(c),
         c.clock,
         alarm=alarm if isinstance(alarm, WebhookAlarm) else None,
@@ -89,8 +89,8 @@ def webhook_delivery(c: Container) -> WebhookDelivery:
 def webhook_service(c: Container) -> WebhookService:
     """The endpoints' use cases (https only in production)."""
     return WebhookService(
-        cast(WebhookStore, c.store),
-        c.store,
+        c.stores.webhooks,
+        c.stores.tasks,
         c.clock,
         c.webhook_delivery,
         production=c.settings.environment == "production",

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 from botocore.config import Config
@@ -30,7 +30,7 @@ from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import InvalidField, StoreUnavailable
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task, expected_schedule_name
-from sendqueue.ports import FeedbackStore, SuppressionList, TaskStore
+from sendqueue.ports import StoreBackend
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore
 from tests.aws.test_lambda import TABLE, _settings
@@ -62,8 +62,8 @@ class RecordingScheduler:
         return call
 
 
-class Store(TaskStore, SuppressionList, FeedbackStore, Protocol):
-    """What every task store is, and what these tests read."""
+#: What every task store is, and what these tests read.
+Store = StoreBackend
 
 
 @dataclass

@@ -45,7 +45,7 @@ def test_options_and_outcome_counts_read_back_from_dynamodb(store: DynamoDbTaskS
     assert scheduler.fire_due(app.invoke) == 3
     bounced = f"{cid}-0"
     feedback: Any = store  # the task store is also the FeedbackStore and the SuppressionList
-    service = FeedbackService(store, feedback, feedback, clock)
+    service = FeedbackService(store, feedback, feedback, clock, senders=feedback)
     assert service.apply(
         Feedback(FeedbackKind.HARD_BOUNCE, clock.now(), task_id=bounced, detail="5.1.1")
     ).outcome_set

@@ -74,7 +74,7 @@ def _apply(app: Sendqueue, *items: Feedback) -> None:
     """Apply feedback to the app's store, as the feedback poller would, in this process."""
     store: Any = open_store(app.database_url)
     try:
-        service = FeedbackService(store, store, store, SystemClock())
+        service = FeedbackService(store, store, store, SystemClock(), senders=store)
         for item in items:
             assert service.apply(item).outcome_set, item
     finally:

@@ -49,7 +49,7 @@ def test_the_worker_polls_every_interval_and_stops_with_the_worker(tmp_path: Pat
             wait_until(lambda: sum(r.messages for r in reports) >= 2, what="the second message")
             assert len(_pollers()) == 1
         assert _pollers() == []
-        assert app.store.feedback_cursor(box.name) == (1, 2)  # type: ignore[attr-defined]
+        assert app.store.feedback_cursor(box.name) == (1, 2)
         assert sum(r.messages for r in reports) == 2
     finally:
         app.close()

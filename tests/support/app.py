@@ -9,7 +9,7 @@ from typing import Any
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.policy import SendingPolicy, Window
-from sendqueue.ports import Scheduler, TaskStore
+from sendqueue.ports import Scheduler, StoreBackend, TaskStore
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
@@ -34,7 +34,7 @@ LENIENT_LATENESS = 30 * 86_400.0
 def fake_app(
     *,
     clock: FakeClock | None = None,
-    store: TaskStore | None = None,
+    store: StoreBackend | None = None,
     scheduler: Scheduler | None = None,
     mailer: RecordingMailer | None = None,
     **settings: Any,

@@ -52,6 +52,7 @@ class World:
             self.store,
             self.store,
             self.clock,
+            senders=self.store,
             delete_schedules=self.deleted.extend,
         )
 

@@ -44,7 +44,7 @@ def _sent(app: Container, clock: FakeClock, count: int = 5) -> str:
 def _feedback(app: Container, clock: FakeClock) -> FeedbackService:
     # the in-memory task store is also the FeedbackStore and the SuppressionList
     store: Any = app.store
-    return FeedbackService(store, store, store, clock)
+    return FeedbackService(store, store, store, clock, senders=store)
 
 
 def test_campaign_view_counts_every_outcome_and_tasks_carry_theirs() -> None:
@@ -59,7 +59,7 @@ def test_campaign_view_counts_every_outcome_and_tasks_carry_theirs() -> None:
     )
     service.apply(Feedback(FeedbackKind.REPLY, at, task_id=tasks[1].id, detail="Re: hello"))
     service.apply(Feedback(FeedbackKind.COMPLAINT, at, task_id=tasks[2].id, detail="abuse"))
-    feedback_store: FeedbackStore = app.store  # type: ignore[assignment]
+    feedback_store: FeedbackStore = app.store
     # "accepted" never replaces another outcome (the worker wrote it with Finished)
     assert feedback_store.set_outcome(tasks[0].id, TaskOutcome.ACCEPTED, detail=None, at=at) is None
 

@@ -10,6 +10,7 @@ import pytest
 from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, schedule_group
+from sendqueue.services.capacity import CapacityPlanner
 from sendqueue.services.provisioning import Provisioner
 from tests.support.app import csv_bytes, fake_app, open_policy
 
@@ -79,7 +80,14 @@ def test_the_constructor_hook_serves_runs_that_name_none_and_its_failure_is_rais
         raise RuntimeError("the Lambda API is down")
 
     provisioner = Provisioner(
-        app.store, app.scheduler, app.writer, app.clock, app.config, continuation=broken
+        app.store,
+        app.scheduler,
+        app.writer,
+        app.clock,
+        app.config,
+        continuation=broken,
+        suppressions=app.stores.suppressions,
+        capacity=CapacityPlanner(app.store, app.stores.senders),
     )
     with pytest.raises(RuntimeError, match="Lambda API is down"):
         provisioner.provision(cid, time_budget=1e-9, safety_margin=0)

@@ -99,7 +99,7 @@ def test_each_pass_reads_the_senders_mailboxes_as_the_store_has_them(world: Worl
     report = poller.poll()
     assert (report.mailboxes, report.messages, report.errors) == (1, 1, [])
     key = sender_mailbox_key(ann.id, box.name)
-    assert world.app.store.feedback_cursor(key) == (1, 1)  # type: ignore[attr-defined]
+    assert world.app.store.feedback_cursor(key) == (1, 1)
     assert world.state(ann) == MailboxState(box.name, T0, 1, None)
     box.add(b"another")
     poller.poll()

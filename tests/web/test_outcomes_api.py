@@ -100,7 +100,7 @@ def test_task_rows_and_the_campaign_show_outcomes(web: Web) -> None:
     assert web.fire_due() == 3
     tasks = web.client.get(f"/api/campaigns/{cid}/tasks").json()["tasks"]
     assert all(t["state"] == "Finished" for t in tasks)
-    feedback: FeedbackStore = web.container.store  # type: ignore[assignment]
+    feedback: FeedbackStore = web.container.store
     at = web.clock.now() + timedelta(minutes=3)
     assert feedback.set_outcome(
         tasks[0]["id"], TaskOutcome.BOUNCED, detail="5.1.1 user unknown", at=at

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.alarms import AlarmItem, Digest
 from sendqueue.domain.wording import plural
-from sendqueue.ports import Clock, Mailer, OutgoingMessage, TaskStore
+from sendqueue.ports import Clock, Leases, Mailer, OutgoingMessage
 
 __all__ = ["LEASE", "MailAlarm"]
 
@@ -51,7 +51,7 @@ class MailAlarm:
     def __init__(
         self,
         mailer: Mailer,
-        store: TaskStore,
+        store: Leases,
         clock: Clock,
         *,
         to_addr: str,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sendqueue.domain.alarms import is_auto_paused
 from sendqueue.domain.errors import InfrastructureError
 from sendqueue.domain.lifecycle import CampaignState
-from sendqueue.ports import Scheduler, TaskStore
+from sendqueue.ports import Campaigns, Scheduler
 
 __all__ = ["Attention", "AttentionCache", "PausedByFailure", "read_attention"]
 
@@ -50,7 +50,7 @@ class Attention:
 
 
 def read_attention(
-    store: TaskStore, scheduler: Scheduler, *, count: int = DEAD_LETTERS_COUNTED
+    store: Campaigns, scheduler: Scheduler, *, count: int = DEAD_LETTERS_COUNTED
 ) -> Attention:
     """Read it now; a part whose backend fails is left out (logged), never raised."""
     letters: int | None = None

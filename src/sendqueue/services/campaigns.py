@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import BinaryIO, cast
+from typing import BinaryIO
 
 from sendqueue.domain.addresses import normalize_sender
 from sendqueue.domain.errors import IllegalTransition, InvalidField, NotFound
@@ -38,7 +38,8 @@ from sendqueue.domain.outages import Outage, OutageCause
 from sendqueue.domain.planner import plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.wording import plural
-from sendqueue.ports import Clock, SenderStore, TaskStore
+from sendqueue.ports import CampaignTasks, Clock, LeasedCampaignTasks, SenderStore
+from sendqueue.services.capacity import CapacityPlanner
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.import_stream import CheckedImport, check_csv, check_rows
 from sendqueue.services.importing import ImportLimits, Templates
@@ -103,10 +104,12 @@ class CampaignService:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: LeasedCampaignTasks,
         writer: ScheduleWriter,
         clock: Clock,
         config: ServiceConfig,
+        *,
+        senders: SenderStore,
     ) -> None:
         self._store = store
         self._writer = writer
@@ -114,12 +117,11 @@ class CampaignService:
         self._config = config
         self._previews: OrderedDict[tuple[object, ...], PlanSummary] = OrderedDict()
         self._previews_lock = threading.Lock()
-        self.replanner = Replanner(store, writer, clock, config)
-        self.recovery = Recovery(store, self.replanner, clock, config)
-        # Every task store keeps the senders too (ports.SenderStore).
-        self.senders = SenderService(
-            cast(SenderStore, store), clock, default_timezone=config.default_timezone
+        self.replanner = Replanner(
+            store, writer, clock, config, capacity=CapacityPlanner(store, senders)
         )
+        self.recovery = Recovery(store, self.replanner, clock, config)
+        self.senders = SenderService(senders, clock, default_timezone=config.default_timezone)
 
     # -- create and read ----------------------------------------------------------------
     def validate(
@@ -585,7 +587,7 @@ class CampaignService:
         return complete_if_done(self._store, campaign_id, at=self._clock.now())
 
 
-def complete_if_done(store: TaskStore, campaign_id: str, *, at: datetime) -> bool:
+def complete_if_done(store: CampaignTasks, campaign_id: str, *, at: datetime) -> bool:
     """Mark an active campaign completed when no Pending or Running task is left."""
     if store.has_unfinished_tasks(campaign_id):
         return False

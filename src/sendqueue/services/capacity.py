@@ -36,7 +36,7 @@ from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.senders import Booking, Sender
 from sendqueue.domain.suppression import key_of_normalized
-from sendqueue.ports import SenderStore, TaskStore
+from sendqueue.ports import SenderStore, Tasks
 
 __all__ = [
     "BOOKING_TRIES",
@@ -93,7 +93,7 @@ class PlannedRun:
 class CapacityPlanner:
     """See the module docstring."""
 
-    def __init__(self, store: TaskStore, senders: SenderStore) -> None:
+    def __init__(self, store: Tasks, senders: SenderStore) -> None:
         self._store = store
         self._senders = senders
 

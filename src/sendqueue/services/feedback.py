@@ -30,7 +30,6 @@ import logging
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import cast
 
 from sendqueue.domain.addresses import parse_mailbox
 from sendqueue.domain.errors import InvalidField, NotFound
@@ -52,7 +51,7 @@ from sendqueue.domain.suppression import (
     suppression_key,
 )
 from sendqueue.domain.wording import plural
-from sendqueue.ports import Clock, FeedbackStore, SenderStore, SuppressionList, TaskStore
+from sendqueue.ports import CampaignTasks, Clock, FeedbackStore, SenderStore, SuppressionList
 from sendqueue.services.campaigns import complete_if_done
 
 __all__ = ["REPLIED_REASON", "Applied", "FeedbackService"]
@@ -93,17 +92,19 @@ class FeedbackService:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: CampaignTasks,
         feedback: FeedbackStore,
         suppressions: SuppressionList,
         clock: Clock,
         *,
+        senders: SenderStore,
         delete_schedules: Callable[[Sequence[str]], object] | None = None,
         suppress_replies: bool = False,
     ) -> None:
         self._store = store
         self._feedback = feedback
         self._suppressions = suppressions
+        self._senders = senders
         self._clock = clock
         self._delete_schedules = delete_schedules
         self._suppress_replies = suppress_replies
@@ -208,7 +209,7 @@ class FeedbackService:
         ours = {campaign.from_addr, campaign.reply_to, task.sender}
         if task.sender_id is not None:
             with suppress(NotFound):  # a sender removed since: its address is in task.sender
-                sender = cast(SenderStore, self._store).get_sender(task.sender_id)
+                sender = self._senders.get_sender(task.sender_id)
                 ours |= {sender.email, sender.reply_to}
         ours_keys = {_sender_key(a) for a in ours if a}
         return any(_sender_key(a) in ours_keys for a in item.to)
@@ -325,7 +326,7 @@ class FeedbackService:
             self._delete_schedules([expected_schedule_name(t) for t in cancelled])
         booked = [t.id for t in cancelled if t.sender_id is not None]
         if booked:  # their sender slots are free for other sends again
-            cast(SenderStore, self._store).release(booked)
+            self._senders.release(booked)
         for campaign_id in sorted({t.campaign_id for t in cancelled}):
             complete_if_done(self._store, campaign_id, at=now)
         if cancelled:

@@ -48,7 +48,7 @@ from typing import Protocol, runtime_checkable
 
 from sendqueue.domain.errors import Conflict, FeedbackParseFailed, FeedbackUnavailable
 from sendqueue.domain.feedback import Feedback, FeedbackKind
-from sendqueue.ports import Clock, FeedbackMessage, FeedbackSource, FeedbackStore, TaskStore
+from sendqueue.ports import Clock, FeedbackMessage, FeedbackSource, FeedbackStore, Leases
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.feedback import FeedbackService
 from sendqueue.services.mailboxes import PolledMailbox, mask_secrets
@@ -146,7 +146,7 @@ class FeedbackPoller:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: Leases,
         feedback_store: FeedbackStore,
         service: FeedbackService,
         sources: Sequence[FeedbackSource],

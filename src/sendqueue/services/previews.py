@@ -27,7 +27,7 @@ from sendqueue.domain.capacity import plan_with_senders
 from sendqueue.domain.models import Campaign, Recipient
 from sendqueue.domain.planner import DaySummary, per_day_summary, per_zone_day_summary, plan
 from sendqueue.domain.sender_fields import SenderFields
-from sendqueue.ports import TaskStore
+from sendqueue.ports import Campaigns
 from sendqueue.services.capacity import CapacityPlanner
 
 __all__ = ["PlanSummary", "Previews", "ZoneDays", "summarize"]
@@ -79,7 +79,7 @@ class Previews:
     """Plans a stored campaign from a given instant, reading its recipients from the store.
     Stateless apart from the store; the caller caches (:class:`CampaignService`)."""
 
-    def __init__(self, store: TaskStore, capacity: CapacityPlanner | None = None) -> None:
+    def __init__(self, store: Campaigns, capacity: CapacityPlanner | None = None) -> None:
         self._store = store
         self._capacity = capacity
 

@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import cast
 from zoneinfo import ZoneInfo
 
 from sendqueue.domain.errors import Conflict, IllegalTransition, InvalidField, SchedulerError
@@ -31,7 +30,7 @@ from sendqueue.domain.planner import plan
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, key_of_normalized, suppressed_reason
 from sendqueue.domain.wording import plural
-from sendqueue.ports import Clock, Scheduler, SenderStore, SuppressionList, TaskStore
+from sendqueue.ports import Clock, LeasedCampaignTasks, Leases, Scheduler, SuppressionList
 from sendqueue.services.campaigns import complete_if_done
 from sendqueue.services.capacity import CapacityPlanner, Placement, PlannedRun, uses_capacity
 from sendqueue.services.config import ServiceConfig
@@ -89,7 +88,7 @@ class _Lease:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: Leases,
         clock: Clock,
         campaign_id: str,
         ttl: float,
@@ -178,23 +177,19 @@ class Provisioner:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: LeasedCampaignTasks,
         scheduler: Scheduler,
         writer: ScheduleWriter,
         clock: Clock,
         config: ServiceConfig,
         *,
         continuation: Continuation | None = None,
-        suppressions: SuppressionList | None = None,
-        capacity: CapacityPlanner | None = None,
+        suppressions: SuppressionList,
+        capacity: CapacityPlanner,
     ) -> None:
         self._store = store
-        # Every task store keeps the senders too (ports.SenderStore).
-        self._capacity = capacity or CapacityPlanner(store, cast(SenderStore, store))
-        # Every task store keeps the suppression list too (ports.SuppressionList).
-        self._suppressions = (
-            suppressions if suppressions is not None else cast(SuppressionList, store)
-        )
+        self._capacity = capacity
+        self._suppressions = suppressions
         self._scheduler = scheduler
         self._writer = writer
         self._clock = clock

@@ -40,7 +40,7 @@ from sendqueue.domain.models import (
     schedule_group,
 )
 from sendqueue.domain.wording import plural
-from sendqueue.ports import Clock, Events, NoEvents, Scheduler, TaskStore
+from sendqueue.ports import Clock, Events, LeasedCampaignTasks, NoEvents, Scheduler
 from sendqueue.services.campaigns import CampaignService, iter_tasks
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.provisioning import Continuation, Provisioner
@@ -140,7 +140,7 @@ class Reconciler:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: LeasedCampaignTasks,
         scheduler: Scheduler,
         writer: ScheduleWriter,
         campaigns: CampaignService,

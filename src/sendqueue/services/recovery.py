@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from sendqueue.domain.errors import StoreUnavailable
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.outages import Outage, OutageCause
-from sendqueue.ports import Clock, TaskStore
+from sendqueue.ports import Campaigns, Clock
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.replanning import FIRING_SLACK, Replanner
 
@@ -124,7 +124,7 @@ class Recovery:
     """The catch-up re-plans (see the module docstring)."""
 
     def __init__(
-        self, store: TaskStore, replanner: Replanner, clock: Clock, config: ServiceConfig
+        self, store: Campaigns, replanner: Replanner, clock: Clock, config: ServiceConfig
     ) -> None:
         self._store = store
         self._replanner = replanner

@@ -28,13 +28,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import date, datetime, timedelta
-from typing import cast
 
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Move, Task, new_token
 from sendqueue.domain.slots import free_slots, in_policy, nominal_spacing
 from sendqueue.domain.wording import plural
-from sendqueue.ports import Clock, SenderStore, TaskStore
+from sendqueue.ports import Clock, LeasedCampaignTasks, Tasks
 from sendqueue.services.capacity import CapacityPlanner, uses_capacity
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
@@ -66,7 +65,7 @@ _PAGE = 1000
 
 
 def iter_tasks(
-    store: TaskStore, campaign_id: str, state: TaskState | None = None, page: int = _PAGE
+    store: Tasks, campaign_id: str, state: TaskState | None = None, page: int = _PAGE
 ) -> Iterator[Task]:
     """Every task of a campaign (optionally in one state), paged by position."""
     after = -1
@@ -83,19 +82,18 @@ class Replanner:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: LeasedCampaignTasks,
         writer: ScheduleWriter,
         clock: Clock,
         config: ServiceConfig,
         *,
-        capacity: CapacityPlanner | None = None,
+        capacity: CapacityPlanner,
     ) -> None:
         self._store = store
         self._writer = writer
         self._clock = clock
         self._config = config
-        # Every task store keeps the senders too (ports.SenderStore).
-        self.capacity = capacity or CapacityPlanner(store, cast(SenderStore, store))
+        self.capacity = capacity
 
     def replan_pending(
         self,

@@ -8,12 +8,11 @@ A sender removed after its emails went out is named by the address the task was 
 from __future__ import annotations
 
 from contextlib import suppress
-from typing import cast
 
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.sender_fields import SenderFields
-from sendqueue.ports import SenderStore, TaskStore
+from sendqueue.ports import SenderStore
 
 __all__ = ["SendersOf"]
 
@@ -21,9 +20,8 @@ __all__ = ["SendersOf"]
 class SendersOf:
     """The :class:`SenderFields` of one campaign's emails; each sender is read once."""
 
-    def __init__(self, store: TaskStore, campaign: Campaign) -> None:
-        # Every task store keeps the senders too (ports.SenderStore).
-        self._senders = cast(SenderStore, store)
+    def __init__(self, senders: SenderStore, campaign: Campaign) -> None:
+        self._senders = senders
         self._campaign = campaign
         self._read: dict[str, SenderFields | None] = {}
 

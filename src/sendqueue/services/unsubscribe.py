@@ -18,7 +18,7 @@ from sendqueue.domain.feedback import Feedback, FeedbackKind
 from sendqueue.domain.models import Task
 from sendqueue.domain.suppression import Suppression
 from sendqueue.domain.unsubscribe import UnsubscribeLinks
-from sendqueue.ports import Clock, SuppressionList, TaskStore
+from sendqueue.ports import Campaigns, Clock, SenderStore, SuppressionList
 from sendqueue.services.feedback import FeedbackService
 from sendqueue.services.sender_of import SendersOf
 
@@ -46,13 +46,16 @@ class UnsubscribeService:
     def __init__(
         self,
         links: UnsubscribeLinks | None,
-        store: TaskStore,
+        store: Campaigns,
         suppressions: SuppressionList,
         feedback: FeedbackService,
         clock: Clock,
+        *,
+        senders: SenderStore,
     ) -> None:
         self._links = links
         self._store = store
+        self._senders = senders
         self._suppressions = suppressions
         self._feedback = feedback
         self._clock = clock
@@ -82,7 +85,7 @@ class UnsubscribeService:
 
     def _describe(self, task: Task, *, unsubscribed: bool, cancelled: int = 0) -> Unsubscription:
         campaign = self._store.get_campaign(task.campaign_id)
-        sender = SendersOf(self._store, campaign).of(task).shown
+        sender = SendersOf(self._senders, campaign).of(task).shown
         return Unsubscription(task.id, mask_address(task.email), sender, unsubscribed, cancelled)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, cast, overload
+from typing import Annotated, Any, Protocol, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,11 +17,12 @@ from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter, Task
 from sendqueue.domain.sender_fields import SenderFields, fill_sender
 from sendqueue.domain.suppression import Suppression
-from sendqueue.ports import FeedbackStore, SuppressionList, TaskStore
+from sendqueue.ports import FeedbackStore, SuppressionList, Tasks
 
 __all__ = [
     "LATE_SECONDS",
     "TASK_LIST_KEYS",
+    "CampaignCounts",
     "CampaignView",
     "ChangeView",
     "DeadLetterView",
@@ -66,6 +67,11 @@ class _View(BaseModel):
     def as_json(self) -> dict[str, Any]:
         """The JSON form: field names as the API and ``--json`` spell them."""
         return self.model_dump(mode="json", by_alias=True)
+
+
+class CampaignCounts(Tasks, FeedbackStore, SuppressionList, Protocol):
+    """What a campaign's view reads its counts from: tasks per state and their moves, outcomes,
+    suppressed tasks (one backend's store keeps all of them)."""
 
 
 class CampaignView(_View):
@@ -156,7 +162,7 @@ class CampaignView(_View):
         return cls(**cls.fields_of(campaign, counts, moves, suppressed, outcomes))
 
     @classmethod
-    def read(cls, store: TaskStore, campaign: Campaign) -> CampaignView:
+    def read(cls, store: CampaignCounts, campaign: Campaign) -> CampaignView:
         """The view of ``campaign`` with its counts read from ``store``."""
         return cls.of(
             campaign,
@@ -167,19 +173,17 @@ class CampaignView(_View):
         )
 
 
-def campaign_outcomes(store: TaskStore, campaign: Campaign) -> dict[TaskOutcome, int]:
-    """The campaign's sent emails per outcome (every task store keeps the outcomes,
-    :class:`~sendqueue.ports.FeedbackStore`)."""
-    return cast(FeedbackStore, store).count_outcomes(campaign.id)
+def campaign_outcomes(store: FeedbackStore, campaign: Campaign) -> dict[TaskOutcome, int]:
+    """The campaign's sent emails per outcome."""
+    return store.count_outcomes(campaign.id)
 
 
-def campaign_suppressed(store: TaskStore, campaign: Campaign) -> int:
-    """The campaign's emails cancelled because their address is suppressed (every task store
-    keeps the suppression list, :class:`~sendqueue.ports.SuppressionList`)."""
-    return cast(SuppressionList, store).count_suppressed_tasks(campaign.id)
+def campaign_suppressed(store: SuppressionList, campaign: Campaign) -> int:
+    """The campaign's emails cancelled because their address is suppressed."""
+    return store.count_suppressed_tasks(campaign.id)
 
 
-def campaign_moves(store: TaskStore, campaign: Campaign) -> tuple[int, int]:
+def campaign_moves(store: Tasks, campaign: Campaign) -> tuple[int, int]:
     """``(moved, late)`` of the campaign: :data:`LATE_SECONDS` is late."""
     return store.count_moves(campaign.id, late_after=LATE_SECONDS)
 
@@ -341,7 +345,7 @@ class SuppressionView(_View):
         )
 
 
-def campaign_dict(store: TaskStore, campaign: Campaign) -> dict[str, Any]:
+def campaign_dict(store: CampaignCounts, campaign: Campaign) -> dict[str, Any]:
     """A campaign with its task counts per state, moved and late, read from ``store``."""
     return CampaignView.read(store, campaign).as_json()
 

@@ -38,7 +38,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import cast
 
 from sendqueue.domain.alarms import AutoPause, auto_pause_reason
 from sendqueue.domain.errors import (
@@ -55,12 +54,12 @@ from sendqueue.domain.suppression import Suppression, suppressed_reason
 from sendqueue.domain.wording import plural
 from sendqueue.ports import (
     Alarm,
+    CampaignTasks,
     Clock,
     Events,
     Mailer,
     NoEvents,
     SuppressionList,
-    TaskStore,
 )
 from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.capacity import policy_for
@@ -99,7 +98,7 @@ class SendWorker:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: CampaignTasks,
         mailer: Mailer,
         writer: ScheduleWriter,
         campaigns: CampaignService,
@@ -109,7 +108,7 @@ class SendWorker:
         on_event: Callable[[str, Task], None] | None = None,
         events: Events | None = None,
         alarm: Alarm | None = None,
-        suppressions: SuppressionList | None = None,
+        suppressions: SuppressionList,
         mailer_for: Callable[[Sender], Mailer] | None = None,
     ) -> None:
         self._store = store
@@ -119,10 +118,7 @@ class SendWorker:
         self._capacity = campaigns.replanner.capacity
         self._recovery = campaigns.recovery
         self._senders_seen: dict[str, tuple[float, Sender | None]] = {}
-        # Every task store keeps the suppression list too (ports.SuppressionList).
-        self._suppressions = (
-            suppressions if suppressions is not None else cast(SuppressionList, store)
-        )
+        self._suppressions = suppressions
         self._mailer = mailer
         self._writer = writer
         self._campaigns = campaigns

@@ -18,11 +18,12 @@ from sendqueue.domain.models import Campaign
 from sendqueue.domain.planner import DaySummary, per_day_summary, plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.senders import Sender
-from sendqueue.ports import Clock, TaskStore
+from sendqueue.ports import Clock, Tasks, TaskStore
 from sendqueue.services.campaigns import PlanSummary, iter_tasks
 from sendqueue.services.mailboxes import SenderMailboxes, mailbox_dict
 from sendqueue.services.senders import USAGE_DAYS, SenderService, SenderView
 from sendqueue.services.views import (
+    CampaignCounts,
     CampaignView,
     campaign_moves,
     campaign_outcomes,
@@ -65,7 +66,7 @@ _PLANNED_FROM_NOW = frozenset({CampaignState.DRAFT, CampaignState.PROVISIONING})
 _NEXT_SEND_PAGE = 100
 
 
-def next_send_at(store: TaskStore, campaign: Campaign) -> datetime | None:
+def next_send_at(store: Tasks, campaign: Campaign) -> datetime | None:
     """When the campaign sends next: the earliest planned Pending email, while it is sending."""
     if campaign.state not in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
         return None
@@ -73,7 +74,7 @@ def next_send_at(store: TaskStore, campaign: Campaign) -> datetime | None:
     return min((t.send_at for t in pending), default=None)
 
 
-def campaign_view(store: TaskStore, campaign: Campaign) -> CampaignDetail:
+def campaign_view(store: CampaignCounts, campaign: Campaign) -> CampaignDetail:
     """``campaign show --json`` plus ``next_send_at``."""
     fields = CampaignView.fields_of(
         campaign,

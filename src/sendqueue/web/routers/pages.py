@@ -27,9 +27,9 @@ from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, 
 from sendqueue.domain.models import Campaign, DeadLetter
 from sendqueue.domain.policy import WEEKDAY_NAMES
 from sendqueue.domain.suppression import SuppressionReason
-from sendqueue.ports import TaskStore
 from sendqueue.services.sender_of import SendersOf
 from sendqueue.services.views import (
+    CampaignCounts,
     DeadLetterView,
     SuppressionView,
     campaign_moves,
@@ -103,7 +103,7 @@ def outcomes_text(outcomes: Mapping[str, int]) -> str:
     )
 
 
-def _summary(store: TaskStore, campaign: Campaign) -> dict[str, Any]:
+def _summary(store: CampaignCounts, campaign: Campaign) -> dict[str, Any]:
     """What the list and the campaign page show about one campaign."""
     counts = store.count_tasks(campaign.id)
     by_name = {state.value: counts.get(state, 0) for state in TaskState}
