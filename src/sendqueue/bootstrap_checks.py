@@ -49,7 +49,7 @@ def setup_check(c: Container) -> SetupCheck:
         else "SENDQUEUE_PUBLIC_URL is not set (no email carries an unsubscribe link)"
     )
     parts = CheckedParts(
-        store=lambda: c.store,
+        store=lambda: c.stores.changes,
         store_target=redact_url(s.database_url),
         senders=lambda: c.sender_store,
         scheduler=lambda: c.scheduler,

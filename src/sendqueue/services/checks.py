@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlsplit
 from sendqueue.domain.errors import NotChecked, SendqueueError
 from sendqueue.domain.senders import Sender, masked_transport
 from sendqueue.domain.wording import plural
-from sendqueue.ports import FeedbackSource, Mailer, Probe, Scheduler, SenderStore, TaskStore
+from sendqueue.ports import ChangeLog, FeedbackSource, Mailer, Probe, Scheduler, SenderStore
 
 __all__ = ["CHECK_SCHEDULE", "CheckResult", "CheckedParts", "SetupCheck", "url_secrets"]
 
@@ -75,7 +75,7 @@ class CheckedParts:
     without secrets; ``no_mailbox`` and a ``public_url`` string say why that part is not
     configured."""
 
-    store: Callable[[], TaskStore]
+    store: Callable[[], ChangeLog]
     store_target: str
     senders: Callable[[], SenderStore]
     scheduler: Callable[[], Scheduler]

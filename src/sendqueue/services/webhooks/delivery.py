@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from sendqueue.domain.errors import SchedulerError, StoreUnavailable, WebhookDeliveryFailed
 from sendqueue.domain.models import ChangeLogEntry
@@ -45,7 +46,7 @@ from sendqueue.domain.webhooks import (
     event_body,
     event_of,
 )
-from sendqueue.ports import Clock, TaskStore
+from sendqueue.ports import ChangeLog, Clock, Leases
 from sendqueue.ports.webhooks import (
     EndpointChanges,
     WebhookAlarm,
@@ -54,9 +55,13 @@ from sendqueue.ports.webhooks import (
 )
 from sendqueue.services.webhooks.dead_letters import DeadLetterRelay
 
-__all__ = ["DeliveryPolicy", "PassReport", "WebhookDelivery"]
+__all__ = ["ChangesUnderLease", "DeliveryPolicy", "PassReport", "WebhookDelivery"]
 
 log = logging.getLogger(__name__)
+
+
+class ChangesUnderLease(ChangeLog, Leases, Protocol):
+    """What delivery reads of the task store: the change log, under each endpoint's lease."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ class WebhookDelivery:
     def __init__(
         self,
         store: WebhookStore,
-        tasks: TaskStore,
+        tasks: ChangesUnderLease,
         transport: WebhookTransport,
         clock: Clock,
         *,
@@ -297,7 +302,7 @@ class WebhookDelivery:
 class _Lease:
     """An endpoint's store lease, renewed at a third of its time (monotonic clock)."""
 
-    def __init__(self, tasks: TaskStore, clock: Clock, name: str, owner: str, ttl: float) -> None:
+    def __init__(self, tasks: Leases, clock: Clock, name: str, owner: str, ttl: float) -> None:
         self.ttl = ttl
         self._tasks = tasks
         self._clock = clock

@@ -35,6 +35,7 @@ import builtins
 import itertools
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Protocol
 
 from sendqueue.domain.errors import InvalidField, NotFound
 from sendqueue.domain.models import check_limit
@@ -50,7 +51,7 @@ from sendqueue.domain.webhooks import (
     new_endpoint_id,
     new_secret,
 )
-from sendqueue.ports import Clock, TaskStore
+from sendqueue.ports import Campaigns, ChangeLog, Clock
 from sendqueue.ports.webhooks import EndpointChanges, WebhookStore
 from sendqueue.services.webhooks.delivery import WebhookDelivery
 from sendqueue.services.webhooks.views import (
@@ -60,7 +61,13 @@ from sendqueue.services.webhooks.views import (
     WebhookView,
 )
 
-__all__ = ["MAX_REDELIVER", "WebhookService"]
+__all__ = ["MAX_REDELIVER", "ChangesOfCampaigns", "WebhookService"]
+
+
+class ChangesOfCampaigns(ChangeLog, Campaigns, Protocol):
+    """What the endpoints' service reads of the task store: the change log (a new endpoint's
+    position, a redelivered event) and the campaigns an endpoint filters on."""
+
 
 #: The most events one redelivery sends.
 MAX_REDELIVER = 1000
@@ -72,7 +79,7 @@ class WebhookService:
     def __init__(
         self,
         store: WebhookStore,
-        tasks: TaskStore,
+        tasks: ChangesOfCampaigns,
         clock: Clock,
         delivery: WebhookDelivery,
         *,
