@@ -82,7 +82,7 @@ def sender_mailboxes(c: Container) -> SenderMailboxes:
     :func:`~sendqueue.bootstrap.bootstrap`, else :func:`open_sender_mailbox`)."""
     return SenderMailboxes(
         c.sender_store,
-        c.stores.feedback,
+        c.stores.cursors,
         c.open_mailbox or partial(open_sender_mailbox, c),
     )
 
@@ -94,7 +94,7 @@ def feedback_poller(c: Container) -> FeedbackPoller:
     seconds = c.settings.feedback_parse_seconds
     return FeedbackPoller(
         c.stores.leases,
-        c.stores.feedback,
+        c.stores.cursors,
         c.feedback,
         c.feedback_sources,
         c.parse_feedback or IsolatedParser(parse_feedback, seconds=seconds),

@@ -14,6 +14,8 @@ from sendqueue.ports import (
     Campaigns,
     ChangeLog,
     Counters,
+    FeedbackCursors,
+    FeedbackOutcomes,
     FeedbackStore,
     Leases,
     SenderStore,
@@ -51,8 +53,14 @@ def test_the_aggregates_share_no_method_and_make_up_the_task_store() -> None:
     assert _all_methods(TaskStore) == seen | {"close"}
 
 
+def test_the_feedback_store_is_its_outcomes_and_its_mailboxes_cursors() -> None:
+    outcomes, cursors = _methods(FeedbackOutcomes), _methods(FeedbackCursors)
+    assert outcomes and cursors and not outcomes & cursors
+    assert _all_methods(FeedbackStore) == outcomes | cursors
+
+
 def test_a_store_backend_is_every_port_together() -> None:
-    expected = _all_methods(TaskStore).union(*(_methods(port) for port in KEPT_BESIDE))
+    expected = _all_methods(TaskStore).union(*(_all_methods(port) for port in KEPT_BESIDE))
     assert _all_methods(StoreBackend) == expected
 
 

@@ -16,8 +16,9 @@ the contract tests in ``tests/contract`` check, against the in-memory fakes in
   embedded and procrastinate layers have one; on AWS, Lambda is the dispatcher).
 - :class:`SuppressionList` is the global list of addresses never to send to (every task store
   keeps it too; :mod:`sendqueue.ports.suppressions`).
-- :class:`FeedbackStore` keeps what feedback needs: task outcomes, the tasks of an address,
-  transient bounces, and each feedback mailbox's position (every task store keeps it too).
+- :class:`FeedbackStore` keeps what feedback needs: :class:`FeedbackOutcomes` (task outcomes,
+  the tasks of an address, transient bounces) and :class:`FeedbackCursors` (each feedback
+  mailbox's position and passes); every task store keeps it too.
 - :class:`FeedbackSource` yields the messages of a feedback mailbox once each.
 - :class:`Mailer` hands one message to a mail provider.
 - :class:`Alarm` is raised when an invocation lands in the dead-letter queue or the send worker
@@ -51,7 +52,13 @@ from typing import Literal, Protocol, runtime_checkable
 
 from sendqueue.domain.alarms import AlarmItem, AutoPause
 from sendqueue.domain.models import DeadLetter
-from sendqueue.ports.feedback import FeedbackMessage, FeedbackSource, FeedbackStore
+from sendqueue.ports.feedback import (
+    FeedbackCursors,
+    FeedbackMessage,
+    FeedbackOutcomes,
+    FeedbackSource,
+    FeedbackStore,
+)
 from sendqueue.ports.oauth import AccessToken, AccessTokens
 from sendqueue.ports.probes import Probe
 from sendqueue.ports.scheduler import (
@@ -97,7 +104,9 @@ __all__ = [
     "Dispatcher",
     "EndpointChanges",
     "Events",
+    "FeedbackCursors",
     "FeedbackMessage",
+    "FeedbackOutcomes",
     "FeedbackSource",
     "FeedbackStore",
     "FlushableAlarm",

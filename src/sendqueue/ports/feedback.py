@@ -1,4 +1,5 @@
-"""The feedback loop's ports: what a store keeps for it (:class:`FeedbackStore`) and the
+"""The feedback loop's ports: what a store keeps for it (:class:`FeedbackStore`: the tasks'
+:class:`FeedbackOutcomes` and the mailboxes' :class:`FeedbackCursors`) and the
 mailboxes feedback arrives in (:class:`FeedbackSource`, :class:`FeedbackMessage`). Every name is
 importable from :mod:`sendqueue.ports` too."""
 
@@ -13,11 +14,18 @@ from sendqueue.domain.feedback import MailboxState
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task
 
-__all__ = ["FeedbackMessage", "FeedbackSource", "FeedbackStore"]
+__all__ = [
+    "FeedbackCursors",
+    "FeedbackMessage",
+    "FeedbackOutcomes",
+    "FeedbackSource",
+    "FeedbackStore",
+]
 
 
-class FeedbackStore(Protocol):
-    """What the feedback loop keeps. Every task store implements it, in the same database.
+class FeedbackOutcomes(Protocol):
+    """What the feedback loop keeps of tasks: their outcomes, the tasks of an address, and an
+    address's transient bounces. Every task store implements it, in the same database.
 
     Contract:
 
@@ -39,14 +47,6 @@ class FeedbackStore(Protocol):
     - ``record_soft_bounce`` keeps one transient bounce of an address under ``key`` (the
       message it came from): the same key twice is kept once. It returns how many of the
       address's kept bounces are at or after ``since``.
-    - ``feedback_cursor`` is the position saved for a mailbox: its UIDVALIDITY and the highest
-      UID processed, or None. ``save_feedback_cursor`` only moves forward within one
-      UIDVALIDITY (a lower UID is ignored); another UIDVALIDITY replaces the position.
-    - ``record_mailbox_pass`` keeps what one pass over a mailbox saw: ``polled_at`` becomes
-      ``at``, ``messages`` is added to ``messages_read`` (cumulative), and ``last_error``
-      becomes ``error`` (None clears it). It never moves the mailbox's position, and a mailbox
-      with a pass but no position yet (its first pass failed) has no cursor (None).
-      ``mailbox_states`` reads back the states of the named mailboxes that have one, by name.
     - ``count_outcomes`` counts a campaign's tasks per outcome (outcomes with no task left out;
       {} for an unknown campaign).
     - An unreachable backend raises :class:`~sendqueue.domain.errors.StoreUnavailable`.
@@ -72,16 +72,34 @@ class FeedbackStore(Protocol):
         """Keep the bounce ``key`` of ``email``; how many are kept at or after ``since``."""
         ...
 
+    def count_outcomes(self, campaign_id: str) -> dict[TaskOutcome, int]:
+        """The campaign's tasks per outcome."""
+        ...
+
+
+class FeedbackCursors(Protocol):
+    """Each feedback mailbox's position and what its passes saw. Every task store implements
+    it, in the same database.
+
+    Contract:
+
+    - ``feedback_cursor`` is the position saved for a mailbox: its UIDVALIDITY and the highest
+      UID processed, or None. ``save_feedback_cursor`` only moves forward within one
+      UIDVALIDITY (a lower UID is ignored); another UIDVALIDITY replaces the position.
+    - ``record_mailbox_pass`` keeps what one pass over a mailbox saw: ``polled_at`` becomes
+      ``at``, ``messages`` is added to ``messages_read`` (cumulative), and ``last_error``
+      becomes ``error`` (None clears it). It never moves the mailbox's position, and a mailbox
+      with a pass but no position yet (its first pass failed) has no cursor (None).
+      ``mailbox_states`` reads back the states of the named mailboxes that have one, by name.
+    - An unreachable backend raises :class:`~sendqueue.domain.errors.StoreUnavailable`.
+    """
+
     def feedback_cursor(self, mailbox: str) -> tuple[int, int] | None:
         """``(uidvalidity, highest uid processed)`` of ``mailbox``, or None."""
         ...
 
     def save_feedback_cursor(self, mailbox: str, uidvalidity: int, uid: int) -> None:
         """Move the mailbox's position forward (see the contract)."""
-        ...
-
-    def count_outcomes(self, campaign_id: str) -> dict[TaskOutcome, int]:
-        """The campaign's tasks per outcome."""
         ...
 
     def record_mailbox_pass(
@@ -93,6 +111,11 @@ class FeedbackStore(Protocol):
     def mailbox_states(self, mailboxes: Collection[str]) -> dict[str, MailboxState]:
         """The kept state of each of ``mailboxes`` that has one."""
         ...
+
+
+class FeedbackStore(FeedbackOutcomes, FeedbackCursors, Protocol):
+    """What the feedback loop keeps: :class:`FeedbackOutcomes` and :class:`FeedbackCursors`
+    together. Every task store implements it, in the same database."""
 
 
 @dataclass(frozen=True)

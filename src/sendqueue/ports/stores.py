@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from sendqueue.ports.feedback import FeedbackStore
+from sendqueue.ports.feedback import FeedbackCursors, FeedbackOutcomes, FeedbackStore
 from sendqueue.ports.senders import SenderStore
 from sendqueue.ports.suppressions import SuppressionList
 from sendqueue.ports.tasks import Campaigns, ChangeLog, Counters, Leases, TaskStore
@@ -44,7 +44,8 @@ class Stores:
     leases: Leases
     counters: Counters
     suppressions: SuppressionList
-    feedback: FeedbackStore
+    feedback: FeedbackOutcomes
+    cursors: FeedbackCursors
     senders: SenderStore
     webhooks: WebhookStore
 
@@ -60,6 +61,7 @@ class Stores:
             counters=backend,
             suppressions=backend,
             feedback=backend,
+            cursors=backend,
             senders=backend,
             webhooks=backend,
         )

@@ -51,7 +51,7 @@ from sendqueue.domain.suppression import (
     suppression_key,
 )
 from sendqueue.domain.wording import plural
-from sendqueue.ports import CampaignTasks, Clock, FeedbackStore, SenderStore, SuppressionList
+from sendqueue.ports import CampaignTasks, Clock, FeedbackOutcomes, SenderStore, SuppressionList
 from sendqueue.services.campaigns import complete_if_done
 
 __all__ = ["REPLIED_REASON", "Applied", "FeedbackService"]
@@ -93,7 +93,7 @@ class FeedbackService:
     def __init__(
         self,
         store: CampaignTasks,
-        feedback: FeedbackStore,
+        feedback: FeedbackOutcomes,
         suppressions: SuppressionList,
         clock: Clock,
         *,

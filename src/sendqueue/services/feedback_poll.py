@@ -7,7 +7,7 @@
   one whenever half its time has gone), so two pollers (two worker processes, a worker and
   ``sendqueue feedback poll``) never read one mailbox at once; a mailbox whose lease another
   poller holds is skipped this pass;
-- fetches the messages after the saved cursor (:meth:`FeedbackStore.feedback_cursor`: the
+- fetches the messages after the saved cursor (:meth:`FeedbackCursors.feedback_cursor`: the
   mailbox's UIDVALIDITY and highest UID processed), in batches, each handed over by the
   source one message at a time: a message is parsed, applied and let go before the next is
   read, so a batch of large messages is never held at once;
@@ -32,7 +32,7 @@ Besides the feedback mailbox, every pass reads the senders' own mailboxes as the
 then (``mailboxes``, :meth:`~sendqueue.services.mailboxes.SenderMailboxes.current`); feedback
 read from one carries its sender (``Feedback.mailbox_sender``). One mailbox failing (a bad
 login, an unreachable host, a timeout) is reported and the pass goes on with the others. Each
-pass over a mailbox is kept (:meth:`FeedbackStore.record_mailbox_pass`): when, how many
+pass over a mailbox is kept (:meth:`FeedbackCursors.record_mailbox_pass`): when, how many
 messages, and its error with the credentials masked, or none.
 """
 
@@ -48,7 +48,7 @@ from typing import Protocol, runtime_checkable
 
 from sendqueue.domain.errors import Conflict, FeedbackParseFailed, FeedbackUnavailable
 from sendqueue.domain.feedback import Feedback, FeedbackKind
-from sendqueue.ports import Clock, FeedbackMessage, FeedbackSource, FeedbackStore, Leases
+from sendqueue.ports import Clock, FeedbackCursors, FeedbackMessage, FeedbackSource, Leases
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.feedback import FeedbackService
 from sendqueue.services.mailboxes import PolledMailbox, mask_secrets
@@ -147,7 +147,7 @@ class FeedbackPoller:
     def __init__(
         self,
         store: Leases,
-        feedback_store: FeedbackStore,
+        feedback_store: FeedbackCursors,
         service: FeedbackService,
         sources: Sequence[FeedbackSource],
         parse: FeedbackParser,

@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.feedback import MailboxState
 from sendqueue.domain.senders import Sender, masked_transport
-from sendqueue.ports import FeedbackSource, FeedbackStore, SenderStore
+from sendqueue.ports import FeedbackCursors, FeedbackSource, SenderStore
 
 __all__ = [
     "PolledMailbox",
@@ -119,7 +119,7 @@ class SenderMailboxes:
     def __init__(
         self,
         senders: SenderStore,
-        states: FeedbackStore,
+        states: FeedbackCursors,
         open_source: Callable[[Sender], FeedbackSource],
     ) -> None:
         self._senders = senders

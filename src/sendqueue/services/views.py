@@ -17,7 +17,7 @@ from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter, Task
 from sendqueue.domain.sender_fields import SenderFields, fill_sender
 from sendqueue.domain.suppression import Suppression
-from sendqueue.ports import FeedbackStore, SuppressionList, Tasks
+from sendqueue.ports import FeedbackOutcomes, SuppressionList, Tasks
 
 __all__ = [
     "LATE_SECONDS",
@@ -69,7 +69,7 @@ class _View(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
-class CampaignCounts(Tasks, FeedbackStore, SuppressionList, Protocol):
+class CampaignCounts(Tasks, FeedbackOutcomes, SuppressionList, Protocol):
     """What a campaign's view reads its counts from: tasks per state and their moves, outcomes,
     suppressed tasks (one backend's store keeps all of them)."""
 
@@ -173,7 +173,7 @@ class CampaignView(_View):
         )
 
 
-def campaign_outcomes(store: FeedbackStore, campaign: Campaign) -> dict[TaskOutcome, int]:
+def campaign_outcomes(store: FeedbackOutcomes, campaign: Campaign) -> dict[TaskOutcome, int]:
     """The campaign's sent emails per outcome."""
     return store.count_outcomes(campaign.id)
 
