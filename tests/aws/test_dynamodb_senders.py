@@ -21,7 +21,7 @@ from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 from sendqueue.domain.errors import Overbooked, StoreUnavailable
 from sendqueue.domain.models import Recipient, task_id
 from sendqueue.domain.senders import Booking, Sender, SenderDay
-from tests.contract.test_task_store import campaign, make_task
+from tests.contract.store_backends import campaign, make_task
 from tests.support.aws import client, dynamodb_url, reset
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)

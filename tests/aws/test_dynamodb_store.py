@@ -1,6 +1,6 @@
 """What DynamoDbTaskStore asks of DynamoDB, and how it reads DynamoDB's answers (moto server).
 
-The TaskStore contract (tests/contract/test_task_store.py) runs against this adapter too; these
+The store contracts (tests/contract/, backends in store_backends.py) run against it too; these
 are the AWS-specific parts: the table the template must agree with, the URL, throttling and
 other vendor errors at the edge.
 """
@@ -28,7 +28,7 @@ from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import task_id
 from sendqueue.settings import Settings
 from tests.aws.test_aws_settings import ARNS
-from tests.contract.test_task_store import campaign, make_task, recipients
+from tests.contract.store_backends import campaign, make_task, recipients
 from tests.support.aws import REGION, client, dynamodb_url, reset
 
 if TYPE_CHECKING:

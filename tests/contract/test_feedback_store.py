@@ -1,6 +1,8 @@
-"""The FeedbackStore contract (sendqueue.ports.FeedbackStore), run against every task store.
+"""The FeedbackOutcomes contract (sendqueue.ports.FeedbackOutcomes; the cursors' is
+``test_feedback_cursors``), and what an unreachable FeedbackStore raises, run against every
+task store.
 
-The backends are the TaskStore contract's (:mod:`tests.contract.test_task_store`): memory,
+The backends are the store contracts' (:mod:`tests.contract.store_backends`): memory,
 SQLite, PostgreSQL and DynamoDB on moto. Besides the port's own calls: task outcomes written
 through a transition's ``TaskChanges``, and a campaign's reply and footer options, round-trip.
 """
@@ -11,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Protocol, cast
+from typing import Protocol
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -19,12 +21,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from sendqueue.domain.errors import InvalidField, StoreUnavailable
-from sendqueue.domain.feedback import UNVERIFIED_NOTE, MailboxState, outcome_note
+from sendqueue.domain.feedback import UNVERIFIED_NOTE, outcome_note
 from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
 from sendqueue.domain.models import TaskChanges
 from sendqueue.ports import FeedbackStore, TaskStore
 from sendqueue.testing.store import InMemoryTaskStore
-from tests.contract.test_task_store import (
+from tests.contract.store_backends import (
     T0,
     Backend,
     all_changes,
@@ -48,7 +50,7 @@ class Store(TaskStore, FeedbackStore, Protocol):
 
 @pytest.fixture
 def store(backend: Backend) -> Store:
-    return cast(Store, backend.handle())
+    return backend.handle()
 
 
 def finish(store: Store, tid: str, *, outcome: Out | None = None, minutes: int = 0) -> None:
@@ -190,7 +192,7 @@ def test_set_outcome_refuses_a_naive_time_and_an_unknown_outcome(store: Store) -
 
 
 def test_concurrent_set_outcome_of_one_task_writes_it_once(backend: Backend) -> None:
-    handles = [cast(Store, backend.handle()) for _ in range(4)]
+    handles = [backend.handle() for _ in range(4)]
     sent_campaign(handles[0], count=1)
     before = handles[0].last_change_id()
     barrier = threading.Barrier(len(handles))
@@ -314,77 +316,6 @@ def test_a_soft_bounce_is_kept_once_per_key_and_counted_since(store: Store) -> N
     assert store.record_soft_bounce("c@example.com", "k", at=T0, since=T0) == 1
 
 
-# --- cursors ----------------------------------------------------------------------------------
-
-
-def test_a_feedback_cursor_only_moves_forward_within_one_uidvalidity(store: Store) -> None:
-    box = "imap://bounces@mail.example.com:993/INBOX"
-    assert store.feedback_cursor(box) is None
-    store.save_feedback_cursor(box, 7, 100)
-    assert store.feedback_cursor(box) == (7, 100)
-    store.save_feedback_cursor(box, 7, 90)  # an older poller finishing late
-    assert store.feedback_cursor(box) == (7, 100)
-    store.save_feedback_cursor(box, 7, 100)
-    assert store.feedback_cursor(box) == (7, 100)
-    store.save_feedback_cursor(box, 7, 150)
-    assert store.feedback_cursor(box) == (7, 150)
-    # The mailbox was rebuilt: another UIDVALIDITY replaces the position, lower UID or not.
-    store.save_feedback_cursor(box, 9, 3)
-    assert store.feedback_cursor(box) == (9, 3)
-    store.save_feedback_cursor(box, 7, 500)
-    assert store.feedback_cursor(box) == (7, 500)
-    # Mailboxes are separate; UIDs past 32 bits are kept whole.
-    other = "imap://replies@mail.example.com:993/INBOX"
-    assert store.feedback_cursor(other) is None
-    store.save_feedback_cursor(other, 2**32 - 1, 2**40)
-    assert store.feedback_cursor(other) == (2**32 - 1, 2**40)
-    assert store.feedback_cursor(box) == (7, 500)
-
-
-# --- mailbox states ---------------------------------------------------------------------------
-
-
-def test_a_mailbox_pass_is_kept_counted_and_its_error_cleared(store: Store) -> None:
-    box = "sender:s0123456789ab:imap://a@127.0.0.1:143/INBOX"
-    assert store.mailbox_states([box]) == {}
-    # A first pass that failed: its state, and still no cursor.
-    store.record_mailbox_pass(box, at=T0, messages=0, error="connecting failed: refused")
-    assert store.mailbox_states([box]) == {
-        box: MailboxState(box, T0, 0, "connecting failed: refused")
-    }
-    assert store.feedback_cursor(box) is None
-    # A position saved, then a pass that read 3: the error is cleared, the count added up.
-    store.save_feedback_cursor(box, 7, 30)
-    later = T0 + timedelta(minutes=1)
-    store.record_mailbox_pass(box, at=later, messages=3, error=None)
-    got = store.mailbox_states([box, "never-polled"])
-    assert got == {box: MailboxState(box, later, 3, None)}
-    polled = got[box].polled_at
-    assert polled is not None and is_utc(polled)
-    store.record_mailbox_pass(box, at=later + timedelta(minutes=1), messages=2, error=None)
-    assert store.mailbox_states([box])[box].messages_read == 5
-    # The state never moves the position, and the position keeps the state.
-    assert store.feedback_cursor(box) == (7, 30)
-    store.save_feedback_cursor(box, 7, 40)
-    store.save_feedback_cursor(box, 8, 1)
-    assert store.feedback_cursor(box) == (8, 1)
-    assert store.mailbox_states([box])[box].messages_read == 5
-    # An error again keeps the count; mailboxes are separate.
-    store.record_mailbox_pass(box, at=later, messages=0, error="timed out after 30s")
-    other = "imap://bounces@127.0.0.1:143/INBOX"
-    store.record_mailbox_pass(other, at=T0, messages=1, error=None)
-    assert store.mailbox_states([box, other]) == {
-        box: MailboxState(box, later, 5, "timed out after 30s"),
-        other: MailboxState(other, T0, 1, None),
-    }
-    assert store.mailbox_states([]) == {}
-
-
-def test_a_cursor_alone_has_no_mailbox_state(store: Store) -> None:
-    store.save_feedback_cursor("box", 7, 1)
-    assert store.mailbox_states(["box"]) == {}
-
-
 # --- counts and round trips -------------------------------------------------------------------
 
 
@@ -428,7 +359,7 @@ def test_a_campaigns_reply_and_footer_options_round_trip(store: Store) -> None:
 
 
 def test_unreachable_backend_raises_store_unavailable(backend: Backend) -> None:
-    store = cast(Store, backend.unreachable())
+    store = backend.unreachable()
     calls: list[Callable[[], object]] = [
         lambda: store.set_outcome("c1-0", Out.BOUNCED, detail=None, at=T0),
         lambda: store.tasks_for("a@example.com", states=[S.PENDING]),

@@ -1,6 +1,6 @@
 """The SenderStore contract (sendqueue.ports.SenderStore), run against every task store.
 
-The backends are the TaskStore contract's (:mod:`tests.contract.test_task_store`): memory,
+The backends are the store contracts' (:mod:`tests.contract.store_backends`): memory,
 SQLite, PostgreSQL and DynamoDB on moto. Besides the port's own calls: the new fields of
 campaigns (senders, local time), recipients (timezone) and tasks (sender, timezone) round-trip.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
-from typing import Protocol, cast
+from typing import Protocol
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -26,7 +26,7 @@ from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Recipient
 from sendqueue.domain.senders import Booking, OAuthGrant, Sender, SenderDay
 from sendqueue.ports import SenderStore, TaskStore
-from tests.contract.test_task_store import (
+from tests.contract.store_backends import (
     T0,
     Backend,
     backend,
@@ -44,7 +44,7 @@ class Store(TaskStore, SenderStore, Protocol):
 
 @pytest.fixture
 def store(backend: Backend) -> Store:
-    return cast(Store, backend.handle())
+    return backend.handle()
 
 
 def sender(sid: str = "s1", email: str = "anna@example.com", **kw: object) -> Sender:
@@ -406,9 +406,9 @@ def test_sticky_senders_remember_the_first_sender(store: Store) -> None:
 
 
 def test_concurrent_bookings_of_one_day_never_pass_the_cap(backend: Backend) -> None:
-    first = cast(Store, backend.handle())
+    first = backend.handle()
     first.add_sender(sender())
-    handles = [cast(Store, backend.handle()) for _ in range(4)]
+    handles = [backend.handle() for _ in range(4)]
     won: list[int] = []
     errors: list[BaseException] = []
     barrier = threading.Barrier(len(handles))
@@ -435,7 +435,7 @@ def test_concurrent_bookings_of_one_day_never_pass_the_cap(backend: Backend) -> 
 
 
 def test_an_unreachable_store_raises_store_unavailable(backend: Backend) -> None:
-    store = cast(Store, backend.unreachable())
+    store = backend.unreachable()
     with pytest.raises(StoreUnavailable):
         store.list_senders()
     with pytest.raises(StoreUnavailable):

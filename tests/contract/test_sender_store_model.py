@@ -24,7 +24,7 @@ from sendqueue.domain.errors import Overbooked
 from sendqueue.domain.senders import Booking, Sender, SenderDay
 from sendqueue.ports import SenderStore, TaskStore
 from sendqueue.testing.store import InMemoryTaskStore
-from tests.contract.test_task_store import T0
+from tests.contract.store_backends import T0
 
 
 class Store(TaskStore, SenderStore, Protocol):

@@ -1,6 +1,6 @@
 """The SuppressionList contract (sendqueue.ports.SuppressionList), run against every task store.
 
-The backends are the TaskStore contract's (:mod:`tests.contract.test_task_store`): memory,
+The backends are the store contracts' (:mod:`tests.contract.store_backends`): memory,
 SQLite, PostgreSQL and DynamoDB on moto. Besides the list itself: tasks inserted Cancelled with
 a reason (a suppressed recipient's), and the count of a campaign's suppressed tasks.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Protocol, cast
+from typing import Protocol
 
 import pytest
 
@@ -18,7 +18,7 @@ from sendqueue.domain.errors import IllegalTransition, InvalidField, StoreUnavai
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.suppression import Suppression, SuppressionReason
 from sendqueue.ports import SuppressionList, TaskStore
-from tests.contract.test_task_store import (
+from tests.contract.store_backends import (
     T0,
     Backend,
     all_changes,
@@ -41,7 +41,7 @@ class Store(TaskStore, SuppressionList, Protocol):
 
 @pytest.fixture
 def store(backend: Backend) -> Store:
-    return cast(Store, backend.handle())
+    return backend.handle()
 
 
 def entry(
@@ -110,7 +110,7 @@ def test_list_suppressions_pages_in_address_order(store: Store) -> None:
 
 
 def test_concurrent_suppressions_of_one_address_count_it_once(backend: Backend) -> None:
-    handles = [cast(Store, backend.handle()) for _ in range(4)]
+    handles = [backend.handle() for _ in range(4)]
     barrier = threading.Barrier(len(handles))
     counts: list[int] = []
 
@@ -168,7 +168,7 @@ def test_tasks_are_not_inserted_cancelled_without_a_reason(store: Store) -> None
 
 
 def test_unreachable_backend_raises_store_unavailable(backend: Backend) -> None:
-    store = cast(Store, backend.unreachable())
+    store = backend.unreachable()
     calls: list[Callable[[], object]] = [
         lambda: store.suppress([entry("a@example.com")]),
         lambda: store.unsuppress("a@example.com"),

@@ -27,7 +27,7 @@ from sendqueue.domain.webhooks import (
 )
 from sendqueue.ports import TaskStore
 from sendqueue.ports.webhooks import WebhookStore
-from tests.contract.test_task_store import (
+from tests.contract.store_backends import (
     T0,
     Backend,
     backend,
@@ -48,7 +48,7 @@ class Store(TaskStore, WebhookStore, Protocol):
 
 @pytest.fixture
 def store(backend: Backend) -> Store:
-    return cast(Store, backend.handle())
+    return backend.handle()
 
 
 def endpoint(eid: str = "wh_1", minutes: int = 0, **kw: object) -> WebhookEndpoint:
@@ -282,7 +282,7 @@ def test_relaying_a_letter_twice_makes_one_change_log_entry(backend: Backend, st
     assert store.relay_dead_letters([letter(1), letter(1)]) == ["dl-0001"]
     assert store.relay_dead_letters([letter(1)]) == []
     # another handle (another process) meets the same letter, and a new one beside it
-    other = cast(Store, backend.handle())
+    other = backend.handle()
     assert other.relay_dead_letters([letter(1), letter(2, "c1-1")]) == ["dl-0002"]
     entries = dead_letter_entries(store, before)
     assert [e.task_id for e in entries] == ["c1-0", "c1-1"]
@@ -317,7 +317,7 @@ def test_concurrent_relays_of_the_same_letters_make_one_entry_each(
     store.insert_tasks([make_task("c1", 0), make_task("c1", 1)], at=T0)
     before = store.last_change_id()
     letters = [letter(n, f"c1-{n % 2}") for n in range(30)]
-    handles = [cast(Store, backend.handle()) for _ in range(3)]
+    handles = [backend.handle() for _ in range(3)]
     barrier = threading.Barrier(len(handles))
     logged: list[list[str]] = [[] for _ in handles]
     failures: list[BaseException] = []

@@ -33,7 +33,7 @@ from sendqueue.ops.backup import backup_sqlite
 from sendqueue.ops.migrate_to import migrate_to
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.testing import FakeClock, FakeScheduler
-from tests.contract.test_task_store import campaign, make_task, recipients
+from tests.contract.store_backends import campaign, make_task, recipients
 from tests.integration.test_migrations import engine, schema_diffs, table_names, url
 
 __all__ = ["engine", "url"]  # the fixtures: a SQLite file and a PostgreSQL database

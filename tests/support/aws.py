@@ -37,8 +37,8 @@ from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
 
 if TYPE_CHECKING:
+    from tests.contract.store_backends import Backend
     from tests.contract.test_scheduler import Harness
-    from tests.contract.test_task_store import Backend
 
 __all__ = [
     "ACCOUNT",
@@ -269,7 +269,7 @@ def dynamodb_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     2,000 tasks still take 41 insert and 21 cancel transactions (49 and 99 tasks each), so a
     mistake at a transaction boundary, in log order or in counting still fails it.
     """
-    from tests.contract.test_task_store import Backend
+    from tests.contract.store_backends import Backend
 
     reset()
     table = "sendqueue"
