@@ -18,7 +18,7 @@ from tests.support.app import csv_bytes, fake_app, open_policy
 
 
 def _create(app: Container, count: int) -> str:
-    return app.campaigns.create(
+    return app.campaign_import.create(
         name="p", recipients=csv_bytes(count), policy=open_policy()
     ).campaign.id
 
@@ -79,7 +79,13 @@ def test_the_constructor_hook_serves_runs_that_name_none_and_its_failure_is_rais
         raise RuntimeError("the Lambda API is down")
 
     provisioner = Provisioner(
-        app.store, app.scheduler, app.writer, app.clock, app.config, continuation=broken
+        app.store,
+        app.scheduler,
+        app.writer,
+        app.clock,
+        app.config,
+        continuation=broken,
+        capacity=app.capacity,
     )
     with pytest.raises(RuntimeError, match="Lambda API is down"):
         provisioner.provision(cid, time_budget=1e-9, safety_margin=0)

@@ -53,7 +53,7 @@ from sendqueue.domain.suppression import (
 )
 from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, FeedbackStore, SenderStore, SuppressionList, TaskStore
-from sendqueue.services.campaigns import complete_if_done
+from sendqueue.services.campaign_controls import complete_if_done
 
 __all__ = ["REPLIED_REASON", "Applied", "FeedbackService"]
 

@@ -31,8 +31,8 @@ from sendqueue.domain.planner import plan
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, key_of_normalized, suppressed_reason
 from sendqueue.domain.wording import plural
-from sendqueue.ports import Clock, Scheduler, SenderStore, SuppressionList, TaskStore
-from sendqueue.services.campaigns import complete_if_done
+from sendqueue.ports import Clock, Scheduler, SuppressionList, TaskStore
+from sendqueue.services.campaign_controls import complete_if_done
 from sendqueue.services.capacity import CapacityPlanner, Placement, PlannedRun, uses_capacity
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
@@ -186,11 +186,10 @@ class Provisioner:
         *,
         continuation: Continuation | None = None,
         suppressions: SuppressionList | None = None,
-        capacity: CapacityPlanner | None = None,
+        capacity: CapacityPlanner,
     ) -> None:
         self._store = store
-        # Every task store keeps the senders too (ports.SenderStore).
-        self._capacity = capacity or CapacityPlanner(store, cast(SenderStore, store))
+        self._capacity = capacity
         # Every task store keeps the suppression list too (ports.SuppressionList).
         self._suppressions = (
             suppressions if suppressions is not None else cast(SuppressionList, store)

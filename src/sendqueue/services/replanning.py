@@ -28,13 +28,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import date, datetime, timedelta
-from typing import cast
 
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Move, Task, new_token
 from sendqueue.domain.slots import free_slots, in_policy, nominal_spacing
 from sendqueue.domain.wording import plural
-from sendqueue.ports import Clock, SenderStore, TaskStore
+from sendqueue.ports import Clock, TaskStore
 from sendqueue.services.capacity import CapacityPlanner, uses_capacity
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
@@ -88,14 +87,13 @@ class Replanner:
         clock: Clock,
         config: ServiceConfig,
         *,
-        capacity: CapacityPlanner | None = None,
+        capacity: CapacityPlanner,
     ) -> None:
         self._store = store
         self._writer = writer
         self._clock = clock
         self._config = config
-        # Every task store keeps the senders too (ports.SenderStore).
-        self.capacity = capacity or CapacityPlanner(store, cast(SenderStore, store))
+        self._capacity = capacity
 
     def replan_pending(
         self,
@@ -197,7 +195,7 @@ class Replanner:
             # never comes closer than half the spacing to a fixed one, so none bursts.
             keep = None
             movable = list(pending)
-            slots = self.capacity.place(campaign, movable, not_before=now, fixed=fixed)
+            slots = self._capacity.place(campaign, movable, not_before=now, fixed=fixed)
         else:
             keep = None if schedule_all else self._keep_one(campaign, pending, fixed, now, firing)
             spaced = fixed
@@ -237,7 +235,7 @@ class Replanner:
             task = current.get(move.task_id)
             if task is None or task.send_at == move.send_at:
                 continue
-            self.capacity.settle(task)
+            self._capacity.settle(task)
 
     def _schedule(self, campaign: Campaign, tasks: Sequence[Task], moved: set[str]) -> None:
         # A task claimed between the read and its move kept its token: the schedule made here
@@ -279,7 +277,7 @@ class Replanner:
             for own in exclude:
                 if own in instants:
                     instants.remove(own)
-            return self.capacity.place(campaign, tasks, not_before=not_before, fixed=instants)
+            return self._capacity.place(campaign, tasks, not_before=not_before, fixed=instants)
         zone = campaign.policy.zone
         since = not_before - _DAY_BACK
         span: timedelta | None = _FIRST_SPAN
