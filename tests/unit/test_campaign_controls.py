@@ -1,4 +1,5 @@
-"""Campaign controls: create whole or not at all, pause/resume/cancel/retry-failed, cancel one."""
+"""Campaign controls: pause/resume/cancel/retry-failed, cancel one (creating a campaign:
+test_campaign_import.py; its preview: test_campaign_previews.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,7 @@ from datetime import timedelta
 import pytest
 
 from sendqueue.bootstrap import Container
-from sendqueue.domain.errors import (
-    IllegalTransition,
-    InvalidField,
-    InvalidInput,
-    NotFound,
-    PermanentMailError,
-)
+from sendqueue.domain.errors import IllegalTransition, NotFound, PermanentMailError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
 from sendqueue.domain.policy import SendingPolicy
@@ -34,54 +29,6 @@ def _active(app: Container, count: int = 6, per_day: int = 10_000) -> str:
 
 def _schedule_names(app: Container, cid: str) -> set[str]:
     return {s.name for s in app.scheduler.list(schedule_group(cid))}
-
-
-def test_create_validates_everything_and_creates_nothing_on_error() -> None:
-    app = fake_app()
-    bad = b"email,name,subject,body\nok@example.com,A,s,b\nnot-an-address,B,s,b\n"
-    with pytest.raises(InvalidInput) as info:
-        app.campaign_import.create(name="x", recipients=bad, policy=SendingPolicy())
-    assert info.value.errors[0].row == 3 and info.value.errors[0].field == "email"
-    with pytest.raises(InvalidField, match="name"):
-        app.campaign_import.create(name="  ", recipients=csv_bytes(1), policy=SendingPolicy())
-    with pytest.raises(InvalidField, match="from"):
-        app.campaign_import.create(
-            name="x", recipients=csv_bytes(1), policy=SendingPolicy(), from_addr="nobody"
-        )
-    with pytest.raises(InvalidField, match="reply_to"):
-        app.campaign_import.create(
-            name="x", recipients=csv_bytes(1), policy=SendingPolicy(), reply_to="a@b\nBcc: x@y.com"
-        )
-    assert app.store.list_campaigns() == []
-
-
-def test_create_stores_a_draft_with_normalised_sender() -> None:
-    app = fake_app()
-    created = app.campaign_import.create(
-        name=" Launch ",
-        recipients=csv_bytes(3),
-        policy=SendingPolicy(),
-        from_addr="Team <TEAM@Example.com>",
-    )
-    campaign = created.campaign
-    assert (campaign.name, campaign.state, campaign.recipient_count) == (
-        "Launch",
-        CampaignState.DRAFT,
-        3,
-    )
-    assert campaign.from_addr == "Team <TEAM@example.com>"
-    assert app.store.count_tasks(campaign.id)[TaskState.PENDING] == 0
-
-
-def test_preview_plans_from_now_without_writing() -> None:
-    app = fake_app()
-    cid = app.campaign_import.create(
-        name="p", recipients=csv_bytes(5), policy=SendingPolicy(per_day=2)
-    ).campaign.id
-    pairs = app.campaign_previews.preview(cid)
-    assert [r.email for r, _ in pairs] == [f"user{i}@example.com" for i in range(5)]
-    assert app.store.count_tasks(cid)[TaskState.PENDING] == 0
-    assert app.store.get_campaign(cid).state is CampaignState.DRAFT
 
 
 def test_pause_deletes_schedules_and_resume_replans_from_now() -> None:
