@@ -63,7 +63,7 @@ def _child(mode: str, csv_path: Path, home: Path) -> dict[str, Any]:
         c = bootstrap(_settings(home))
         with closing(c):
             if mode == "service-preview":
-                draft = c.campaigns.validate(
+                draft = c.campaign_import.validate(
                     name="big", recipients=csv_path, templates=templates, limits=limits
                 )
                 imported: Any = draft.imported  # main's ImportResult has no count
@@ -72,7 +72,7 @@ def _child(mode: str, csv_path: Path, home: Path) -> dict[str, Any]:
                     plan(policy, len(imported.recipients) if n is None else n, now=c.clock.now())
                 )
             else:
-                created = c.campaigns.create(
+                created = c.campaign_import.create(
                     name="big",
                     recipients=csv_path,
                     policy=policy,

@@ -102,7 +102,7 @@ def import_campaign(store_url: str, scheduler_url: str, recipients: int, senders
             ).id
             for n in range(senders)
         ]
-        created = app.campaigns.create(
+        created = app.campaign_import.create(
             senders=ids,
             name=f"bench {recipients}",
             recipients=demo_csv(recipients),

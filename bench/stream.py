@@ -60,7 +60,7 @@ def prepare(home: Path, tasks: int, campaigns: int = 1) -> list[str]:
     ids: list[str] = []
     try:
         for _ in range(campaigns):
-            created = app.campaigns.create(
+            created = app.campaign_import.create(
                 name="stream",
                 recipients=demo_csv(tasks),
                 policy=SendingPolicy(

@@ -149,7 +149,7 @@ def child_sendqueue(
     settings = _settings(store_url, home, port, concurrency, execution)
     past = _ShiftedClock(timedelta(hours=2))
     planner = bootstrap(settings, clock=past)
-    created = planner.campaigns.create(
+    created = planner.campaign_import.create(
         name="throughput",
         recipients=demo_csv(emails),
         policy=_backlog_policy(past.now()),

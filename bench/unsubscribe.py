@@ -45,7 +45,7 @@ def _campaign(app: Any, count: int, start: datetime, name: str) -> str:
         windows=(Window(0, 1440),),
         start=start,
     )
-    cid: str = app.campaigns.create(
+    cid: str = app.campaign_import.create(
         name=name,
         recipients=f"email,subject\n{rows}".encode(),
         policy=policy,

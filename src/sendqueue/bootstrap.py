@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sendqueue import bootstrap_feedback, bootstrap_senders, bootstrap_webhooks
+from sendqueue import bootstrap_campaigns, bootstrap_feedback, bootstrap_senders, bootstrap_webhooks
 from sendqueue.adapters.alarm import LoggingAlarm, post_json
 from sendqueue.adapters.alarm_mail import MailAlarm
 from sendqueue.adapters.clock import SystemClock
@@ -41,7 +41,8 @@ from sendqueue.ports import (
     Stores,
     SuppressionList,
 )
-from sendqueue.services.campaigns import CampaignService
+from sendqueue.services.campaign_controls import CampaignControls
+from sendqueue.services.campaign_import import CampaignImport
 from sendqueue.services.capacity import CapacityPlanner
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.dead_letters import DeadLetterQueue
@@ -49,8 +50,11 @@ from sendqueue.services.feedback import FeedbackService
 from sendqueue.services.feedback_poll import FeedbackParser, FeedbackPoller
 from sendqueue.services.importing import ImportLimits
 from sendqueue.services.mailboxes import SenderMailboxes
+from sendqueue.services.previews import CampaignPreviews
 from sendqueue.services.provisioning import Provisioner
 from sendqueue.services.reconciler import Reconciler
+from sendqueue.services.recovery import Recovery
+from sendqueue.services.replanning import Replanner
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.senders import SenderService
 from sendqueue.services.suppression import SuppressionService
@@ -386,50 +390,40 @@ class Container:
         return replace(self.config, firing_precision=float(self.scheduler.firing_precision))
 
     @cached_property
-    def campaigns(self) -> CampaignService:
-        return CampaignService(
-            self.stores.tasks, self.writer, self.clock, self.layer_config, senders=self.sender_store
-        )
+    def capacity(self) -> CapacityPlanner:
+        return bootstrap_campaigns.capacity(self)
+
+    @cached_property
+    def replanner(self) -> Replanner:
+        return bootstrap_campaigns.replanner(self)
+
+    @cached_property
+    def recovery(self) -> Recovery:
+        return bootstrap_campaigns.recovery(self)
+
+    @cached_property
+    def campaign_import(self) -> CampaignImport:
+        return bootstrap_campaigns.campaign_import(self)
+
+    @cached_property
+    def campaign_previews(self) -> CampaignPreviews:
+        return bootstrap_campaigns.campaign_previews(self)
+
+    @cached_property
+    def campaign_controls(self) -> CampaignControls:
+        return bootstrap_campaigns.campaign_controls(self)
 
     @cached_property
     def provisioner(self) -> Provisioner:
-        return Provisioner(
-            self.stores.tasks,
-            self.scheduler,
-            self.writer,
-            self.clock,
-            self.config,
-            suppressions=self.suppressions,
-            capacity=CapacityPlanner(self.stores.tasks, self.sender_store),
-        )
+        return bootstrap_campaigns.provisioner(self)
 
     @cached_property
     def worker(self) -> SendWorker:
-        return SendWorker(
-            self.stores.tasks,
-            self.mailer,
-            self.writer,
-            self.campaigns,
-            self.clock,
-            self.layer_config,
-            events=self.events,
-            alarm=self.alarm,
-            suppressions=self.suppressions,
-            mailer_for=self.mailer_for,
-        )
+        return bootstrap_campaigns.worker(self)
 
     @cached_property
     def reconciler(self) -> Reconciler:
-        return Reconciler(
-            self.stores.tasks,
-            self.scheduler,
-            self.writer,
-            self.campaigns,
-            self.provisioner,
-            self.clock,
-            self.config,
-            events=self.events,
-        )
+        return bootstrap_campaigns.reconciler(self)
 
     @cached_property
     def feedback(self) -> FeedbackService:

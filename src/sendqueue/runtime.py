@@ -61,7 +61,7 @@ def run_worker(
     # the next free slots, not sent late in a burst (docs/guarantees.md); one line per
     # campaign says how many and names the outage.
     try:
-        app.campaigns.recovery.after_start()
+        app.recovery.after_start()
     except Exception:  # the worker still starts; it re-plans each overdue task it meets
         log.exception("the catch-up re-plan at start failed")
     if dispatcher.runs_reconciler:

@@ -189,10 +189,10 @@ def fb(request: pytest.FixtureRequest) -> Iterator[Feedback]:
             finally:
                 lambda_handlers.use(app)
 
-    first = app.campaigns.create(
+    first = app.campaign_import.create(
         name="first", recipients=csv_bytes(RECIPIENTS), policy=open_policy()
     ).campaign.id
-    later = app.campaigns.create(
+    later = app.campaign_import.create(
         name="later", recipients=csv_bytes(RECIPIENTS), policy=open_policy(T0 + timedelta(days=2))
     ).campaign.id
     for cid in (first, later):

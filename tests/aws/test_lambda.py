@@ -83,7 +83,7 @@ class Aws:
     invocations: list[dict[str, Any]]
 
     def create_campaign(self, count: int) -> str:
-        return self.app.campaigns.create(
+        return self.app.campaign_import.create(
             name="aws", recipients=csv_bytes(count), policy=open_policy()
         ).campaign.id
 
@@ -462,7 +462,7 @@ def test_the_container_is_built_once_from_the_environment(
         assert isinstance(built.store, DynamoDbTaskStore)
         assert isinstance(built.scheduler, EventBridgeScheduler)
         assert isinstance(built.mailer, SesMailer)
-        cid = built.campaigns.create(
+        cid = built.campaign_import.create(
             name="env", recipients=csv_bytes(2), policy=open_policy(start=built.clock.now())
         ).campaign.id
         summary = lambda_handlers.provision_handler(
@@ -486,7 +486,7 @@ def test_the_webhooks_function_delivers_the_events_made_since_its_last_run(aws: 
     endpoint = aws.app.webhooks.add("https://hooks.example.com/in").endpoint
     cid = aws.create_campaign(3)
     lambda_handlers.provision_handler({"campaignId": cid}, FakeContext(PROVISION_ARN, 900_000))
-    aws.app.campaigns.cancel_task(f"{cid}-1")
+    aws.app.campaign_controls.cancel_task(f"{cid}-1")
     # 15.2 s left: it delivers for 0.2 s (15 s are kept for the rest of the invocation)
     report = lambda_handlers.webhooks_handler({}, FakeContext(PROVISION_ARN, 15_200))
     assert report == {"status": "handled", "delivered": 1, "failed": 0, "disabled": 0}
@@ -515,7 +515,7 @@ def test_the_webhooks_function_stops_at_its_deadline_mid_batch_and_keeps_its_pla
     endpoint = aws.app.webhooks.add("https://hooks.example.com/in").endpoint
     cid = aws.create_campaign(30)
     lambda_handlers.provision_handler({"campaignId": cid}, FakeContext(PROVISION_ARN, 900_000))
-    aws.app.campaigns.cancel(cid)
+    aws.app.campaign_controls.cancel(cid)
     made = [c for c in store.changes_after(endpoint.cursor, limit=500) if event_of(c)]
     assert len(made) == 30
     # 16 s left: it delivers for 1 s (15 s are kept for the rest of the invocation)

@@ -30,7 +30,7 @@ def store() -> Iterator[DynamoDbTaskStore]:
 def test_options_and_outcome_counts_read_back_from_dynamodb(store: DynamoDbTaskStore) -> None:
     clock = FakeClock(T0)
     app = fake_app(clock=clock, store=store)
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="t",
         recipients=csv_bytes(3),
         policy=open_policy(),

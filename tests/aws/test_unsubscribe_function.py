@@ -144,7 +144,7 @@ def test_the_send_functions_email_carries_a_link_that_serve_honours(
     assert reads == [stack.secret_arn]
     function: Container | None = None
     try:
-        cid = serve.campaigns.create(
+        cid = serve.campaign_import.create(
             name="aws", recipients=csv_bytes(2), policy=_due_now(serve.clock.now())
         ).campaign.id
         assert serve.provisioner.provision(cid).status == "done"

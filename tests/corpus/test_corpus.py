@@ -357,7 +357,7 @@ def _campaigns_in_every_state(container: Container, clock: FakeClock) -> dict[st
     from tests.support.app import csv_bytes, open_policy
 
     def new(count: int, days_ahead: int = 30) -> str:
-        return container.campaigns.create(
+        return container.campaign_import.create(
             name="target",
             recipients=csv_bytes(count),
             policy=open_policy(start=T0 + timedelta(days=days_ahead)),
@@ -369,15 +369,15 @@ def _campaigns_in_every_state(container: Container, clock: FakeClock) -> dict[st
         ids[state] = new(2)
     for state in ("completed", "active", "paused", "cancelled"):
         assert container.provisioner.provision(ids[state]).status == "done"
-    container.campaigns.pause(ids["paused"])
-    container.campaigns.cancel(ids["cancelled"])
+    container.campaign_controls.pause(ids["paused"])
+    container.campaign_controls.cancel(ids["cancelled"])
     clock.advance(60)  # the completed campaign's one email is due; the others' in 30 days
     container.scheduler.fire_due(container.invoke)  # type: ignore[attr-defined]
     assert container.store.get_campaign(ids["completed"]).state is CampaignState.COMPLETED
     (finished,) = container.store.list_tasks(ids["completed"])
     assert finished.state is TaskState.FINISHED
     ids["finished_task"] = finished.id
-    ids["cancelled_task"] = container.campaigns.cancel_task(f"{ids['active']}-0").id
+    ids["cancelled_task"] = container.campaign_controls.cancel_task(f"{ids['active']}-0").id
     ids["pending_task"] = f"{ids['active']}-1"
     return ids
 

@@ -44,7 +44,7 @@ def campaign() -> Iterator[tuple[Container, str]]:
     app = fake_app(public_url="https://mail.example.com", secret_key=SECRET)
     for sender in SENDERS:
         app.sender_store.add_sender(sender)
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="Weekly", recipients=ROWS, policy=open_policy(T0),
         from_addr="Sales <sales@example.com>", senders=[s.id for s in SENDERS],
         templates=Templates(subject="From {{ sender.name }}", body="Hi"),

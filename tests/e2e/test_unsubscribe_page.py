@@ -40,7 +40,7 @@ SECRET = "e2e-unsubscribe-key-0123456789abcdef"
 
 def _campaign(app: Container, *, days: int) -> str:
     rows = "".join(f"reader{i}@example.com,Reader {i},Hello\n" for i in range(2))
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="Weekly",
         recipients=f"email,name,subject\n{rows}".encode(),
         policy=open_policy(start=T0 + timedelta(days=days)),

@@ -403,7 +403,7 @@ def test_worker_serves_its_metrics_on_the_metrics_port(tmp_path: Path) -> None:
     }
     settings = Settings(_env_file=None, **values)
     setup = bootstrap(settings)
-    cid = setup.campaigns.create(
+    cid = setup.campaign_import.create(
         name="metrics",
         recipients=demo_csv(2),
         policy=demo_policy(setup.clock.now(), "UTC", 2, 1),

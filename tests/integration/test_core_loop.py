@@ -19,7 +19,7 @@ from tests.support.smtp import SmtpSink
 
 
 def _campaign(app: Container, count: int, interval: float = 0.1) -> str:
-    created = app.campaigns.create(
+    created = app.campaign_import.create(
         name="e2e",
         recipients=demo_csv(count),
         policy=demo_policy(app.clock.now(), "Europe/Berlin", count, interval),
@@ -92,7 +92,7 @@ def test_the_same_schedule_fired_twice_at_once_sends_one_email(
     tmp_path: Path, smtp_sink: SmtpSink
 ) -> None:
     app = real_app(tmp_path, smtp_sink.url())
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="dup",
         recipients=demo_csv(5),
         policy=demo_policy(app.clock.now(), "UTC", 5, 0.1),
@@ -127,7 +127,7 @@ def test_faulty_scheduler_during_provisioning_then_one_reconcile(
     app = real_app(tmp_path, smtp_sink.url())
     flaky = FlakyScheduler(app.scheduler, fail=0.15, throttle=0.25, seed=3)
     app.__dict__["scheduler"] = flaky  # the container's cached adapter, wrapped
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="faulty",
         recipients=demo_csv(400),
         policy=demo_policy(app.clock.now(), "UTC", 400, 30),

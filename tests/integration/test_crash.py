@@ -68,7 +68,7 @@ def test_killed_workers_lose_nothing_under_retry_and_duplicate_nothing_under_fai
     rng = random.Random(f"crash-{policy}")
     env = _env(tmp_path, smtp_sink, policy)
     app = real_app(tmp_path, smtp_sink.url(), stale_policy=policy, stale_after=8)
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="crash",
         recipients=demo_csv(COUNT),
         policy=demo_policy(app.clock.now(), "UTC", COUNT, 0.3),

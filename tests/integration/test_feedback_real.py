@@ -53,7 +53,7 @@ def _app(
 
 def _campaign(app: Container, emails: list[str], days: int) -> str:
     rows = "email,name,subject,body\n" + "".join(f"{e},,Hello,Body for {e}\n" for e in emails)
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name=f"c{days}",
         recipients=rows.encode(),
         policy=open_policy(T0 + timedelta(days=days)),

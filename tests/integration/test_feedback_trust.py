@@ -89,7 +89,7 @@ def world(dovecot: Dovecot, tmp_path: Path, request: pytest.FixtureRequest) -> I
     app = _app(store, dovecot, **extra)
     try:
         rows = f"email,name,subject\n{ATTACKER},A,Hi\n{VICTIM},V,Hi\n".encode()
-        sent = app.campaigns.create(
+        sent = app.campaign_import.create(
             name="sent",
             recipients=rows,
             policy=open_policy(),
@@ -101,7 +101,7 @@ def world(dovecot: Dovecot, tmp_path: Path, request: pytest.FixtureRequest) -> I
         assert isinstance(clock, FakeClock) and isinstance(scheduler, FakeScheduler)
         clock.advance(hours=1)
         assert scheduler.fire_due(app.invoke) == 2
-        later = app.campaigns.create(
+        later = app.campaign_import.create(
             name="later",
             recipients=f"email,name,subject\n{VICTIM},V,Again\n".encode(),
             policy=open_policy(clock.now() + timedelta(days=3)),

@@ -44,7 +44,7 @@ def test_the_worker_signs_in_with_the_senders_token_and_fails_on_a_revoked_grant
         app.sender_store.update_sender(replace(app.sender_store.get_sender(sender.id), oauth=grant))
 
         def campaign(prefix: str) -> str:
-            made = app.campaigns.create(
+            made = app.campaign_import.create(
                 name=prefix, recipients=csv_bytes(2, prefix=prefix), policy=POLICY,
                 senders=[sender.id],
             )  # fmt: skip

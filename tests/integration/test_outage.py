@@ -48,7 +48,7 @@ MAX_LATENESS = 20
 
 def _campaign(app: Container, day: TwoWindows) -> tuple[str, dict[str, datetime]]:
     """The campaign, provisioned; each task's send_at as first planned."""
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="outage",
         recipients=demo_csv(RECIPIENTS),
         policy=day.policy,

@@ -59,7 +59,7 @@ def _campaigns(app: Container, start: datetime) -> list[str]:
     )
     cids = []
     for n in range(2):
-        cid = app.campaigns.create(
+        cid = app.campaign_import.create(
             name=f"restart {n}",
             recipients=csv_bytes(RECIPIENTS, prefix=f"c{n}-"),
             policy=policy,

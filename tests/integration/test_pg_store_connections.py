@@ -35,7 +35,7 @@ def store(postgres_url: str) -> Iterator[PostgresTaskStore]:
 
 def _provisioned(store: PostgresTaskStore, count: int) -> tuple[str, list[str]]:
     app = fake_app(store=store)
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="c", recipients=csv_bytes(count), policy=open_policy()
     ).campaign.id
     assert app.provisioner.provision(cid).status == "done"

@@ -84,7 +84,7 @@ def _app(url: str, mailer: str, *, overdue: bool = False, **overrides: Any) -> C
 
 
 def _campaign(app: Container, count: int, interval: float) -> str:
-    return app.campaigns.create(
+    return app.campaign_import.create(
         name="fleet",
         recipients=demo_csv(count),
         policy=demo_policy(app.clock.now(), "UTC", count, interval),
@@ -410,7 +410,7 @@ def test_migrate_to_moves_a_half_sent_campaign_which_completes_on_postgres(
 ) -> None:
     count = 30
     source = real_app(tmp_path, smtp_sink.url())
-    cid = source.campaigns.create(
+    cid = source.campaign_import.create(
         name="moving",
         recipients=demo_csv(count),
         policy=demo_policy(source.clock.now(), "UTC", count, 0.3),
@@ -457,7 +457,7 @@ def test_migrate_to_refuses_while_a_task_is_running_and_changes_nothing(
     tmp_path: Path, postgres_url: str, smtp_sink: SmtpSink
 ) -> None:
     source = real_app(tmp_path, smtp_sink.url())
-    cid = source.campaigns.create(
+    cid = source.campaign_import.create(
         name="busy",
         recipients=demo_csv(3),
         policy=demo_policy(source.clock.now(), "UTC", 3, 60),
@@ -486,7 +486,7 @@ def test_migrate_to_needs_an_empty_target(
 ) -> None:
     env = _sqlite_env(tmp_path, smtp_sink.url())
     source = real_app(tmp_path, smtp_sink.url())
-    source.campaigns.create(
+    source.campaign_import.create(
         name="one",
         recipients=demo_csv(2),
         policy=demo_policy(source.clock.now(), "UTC", 2, 60),

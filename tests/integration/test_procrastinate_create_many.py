@@ -199,7 +199,7 @@ def test_provisioning_killed_mid_run_resumes_with_one_schedule_per_task(
 ) -> None:
     count = 20_000
     app = bootstrap(_settings(postgres_url))
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="bulk",
         recipients=demo_csv(count),
         policy=demo_policy(app.clock.now(), "UTC", count, 1.0),

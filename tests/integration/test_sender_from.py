@@ -92,7 +92,7 @@ def test_each_email_goes_out_from_its_sender_with_its_signature(
         senders.add_sender(sender)
         ids.append(sender.id)
     rows = "email,name\n" + "".join(f"r{i}@{BOUNCE_DOMAIN},R{i}\n" for i in range(6))
-    cid = container.campaigns.create(
+    cid = container.campaign_import.create(
         name="rotating", recipients=rows.encode(), policy=open_policy(T0), senders=ids,
         templates=TEMPLATES,
     ).campaign.id  # fmt: skip
@@ -132,7 +132,7 @@ def test_a_campaign_without_senders_goes_out_from_its_from(
 ) -> None:
     container, clock, _ = app
     rows = f"email\nr@{BOUNCE_DOMAIN}\n"
-    cid = container.campaigns.create(
+    cid = container.campaign_import.create(
         name="plain", recipients=rows.encode(), policy=open_policy(T0 + timedelta(hours=1)),
         from_addr=from_addr, templates=TEMPLATES,
     ).campaign.id  # fmt: skip

@@ -67,7 +67,7 @@ def _cli(tmp_path: Path, dovecot: Dovecot, *args: str) -> subprocess.CompletedPr
 def _campaign(app: Container, name: str, sender: str, days: int) -> str:
     """A campaign from ``sender`` (no From: the default one) to the recipient and another."""
     rows = f"email,subject,body\n{RECIPIENT},Hello,Hi\nother-{name}@example.org,Hello,Hi\n"
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name=name,
         recipients=rows.encode(),
         policy=open_policy(T0 + timedelta(days=days)),

@@ -124,7 +124,7 @@ def test_two_processes_provisioning_at_once_never_overbook_a_sender(
             warmup_step=3,
         )
         cids = [
-            app.campaigns.create(
+            app.campaign_import.create(
                 name=f"c{n}", recipients=csv_bytes(COUNT, prefix=f"p{n}-"), policy=POLICY,
                 senders=[sender.id],
             ).campaign.id

@@ -19,7 +19,7 @@ from tests.support.app import claim_and_finish_from_threads, csv_bytes, fake_app
 def _store_with_tasks(tmp_path: Path, count: int) -> tuple[SqliteTaskStore, str, list[str]]:
     store = SqliteTaskStore(f"sqlite:///{tmp_path / 'store.db'}")
     app = fake_app(store=store)
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="c", recipients=csv_bytes(count), policy=open_policy()
     ).campaign.id
     assert app.provisioner.provision(cid).status == "done"

@@ -73,7 +73,7 @@ def test_store_outage_dead_letters_raises_the_alarm_and_redrive_completes(
         alarm_webhook=hook_url,
         scheduler_retry_backoff=0.2,
     )
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="outage",
         recipients=demo_csv(1),
         policy=demo_policy(app.clock.now(), "UTC", 1, 1),

@@ -28,7 +28,7 @@ def test_a_suppressed_address_is_never_sent(
     # before provisioning, in another case than the recipient list's
     app.suppression.add("DEMO003@example.com", "bounced")
     app.suppression.add("demo007@EXAMPLE.com", "unsubscribed")
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="suppressed",
         recipients=demo_csv(10),
         policy=demo_policy(app.clock.now(), "UTC", 10, 0.3),

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 
 def _campaign(app: Container, count: int, interval: float) -> str:
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="hooks",
         recipients=demo_csv(count),
         policy=demo_policy(app.clock.now(), "UTC", count, interval),
@@ -58,7 +58,7 @@ def test_a_receiver_outage_loses_nothing_and_keeps_the_order(
     start = app.webhooks.get(endpoint).cursor
     smtp_sink.reply_next("550 5.1.1 no such user")  # the first send fails for good
     cid = _campaign(app, 16, 2.5)
-    cancelled = app.campaigns.cancel_task(f"{cid}-15")
+    cancelled = app.campaign_controls.cancel_task(f"{cid}-15")
     assert cancelled.state is TaskState.CANCELLED
     worker = worker_proc.start(worker_env(tmp_path, smtp_sink.url()))
     try:

@@ -106,7 +106,7 @@ def _campaign(
     tomorrow on), from the sender (or from its own From)."""
     rows = "email,name\n" + "".join(f"{e},\n" for e in emails)
     now = app.clock.now()
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name=name,
         recipients=rows.encode(),
         policy=open_policy(now + timedelta(days=1)) if tomorrow else demo_policy(now, "UTC", 8, 1),
@@ -178,7 +178,7 @@ def _make_the_events(app: Container, postfix: Postfix, news: str, doomed: Task) 
     wait_until(sent_and_dead_lettered, 60, "news's sends and the dead letter")
     [letter] = app.scheduler.dead_letters()
     assert letter.payload["task_id"] == doomed.id
-    app.campaigns.cancel_task(doomed.id)  # its schedule is gone: nothing else would end it
+    app.campaign_controls.cancel_task(doomed.id)  # its schedule is gone: nothing else would end it
     replier, complainer, leaver = (_task(app, news, a) for a in (REPLIER, COMPLAINER, LEAVER))
     assert replier.message_id is not None and complainer.message_id is not None
     reply = message(

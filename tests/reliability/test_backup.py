@@ -70,12 +70,12 @@ class Writer(threading.Thread):
         try:
             while not self.stop.is_set():
                 n = 40 + (self.rounds * 7) % 41
-                cid = self.app.campaigns.create(
+                cid = self.app.campaign_import.create(
                     name=f"c{self.rounds}", recipients=csv_bytes(n, prefix=f"r{self.rounds}-"),
                     policy=open_policy(start=self.clock.now()), templates=Templates(),
                 ).campaign.id  # fmt: skip
                 self.app.provisioner.provision(cid)
-                self.app.campaigns.cancel_task(f"{cid}-{n - 1}")
+                self.app.campaign_controls.cancel_task(f"{cid}-{n - 1}")
                 self.clock.advance(30)
                 self.app.scheduler.fire_due(self.app.invoke)  # type: ignore[attr-defined]
                 self.rounds += 1
@@ -180,7 +180,7 @@ def test_backup_refuses_to_overwrite_and_needs_a_store(env: dict[str, str], tmp_
     assert missing.exit_code == 2
     assert "SENDQUEUE_DATABASE_URL" in missing.stderr and "no task store" in missing.stderr
     app = bootstrap(_settings(env))
-    app.campaigns.create(
+    app.campaign_import.create(
         name="one", recipients=csv_bytes(3), policy=open_policy(), templates=Templates()
     )
     # The feedback loop's state is in the copy too: soft bounces and mailbox positions.

@@ -215,7 +215,7 @@ def test_store_down_503_everywhere_then_dead_letters_then_redrive_loses_nothing(
         cids = [cid]
         for n in (2, 3):
             cids.append(
-                app.campaigns.create(
+                app.campaign_import.create(
                     name=f"more {n}", recipients=csv_bytes(n), policy=open_policy(),
                     templates=Templates(),
                 ).campaign.id
@@ -268,7 +268,7 @@ def test_postgresql_outage_503_everywhere_then_dead_letters_then_redrive_loses_n
             assert client.get("/healthz").json() == {"status": "ok"}
         cids = [cid]
         cids.append(
-            app.campaigns.create(
+            app.campaign_import.create(
                 name="more", recipients=csv_bytes(3), policy=open_policy(), templates=Templates()
             ).campaign.id
         )
@@ -376,7 +376,7 @@ def test_smtp_down_retries_with_backoff_inside_the_windows_then_auto_pauses_and_
 ) -> None:
     app, clock, _ = down_smtp
     scheduler: Any = app.scheduler
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="smtp down", recipients=csv_bytes(4), policy=_windowed(LATE), templates=Templates()
     ).campaign.id
     assert app.provisioner.provision(cid).status == "done"
@@ -458,7 +458,7 @@ def test_after_the_smtp_server_is_back_resume_and_retry_failed_deliver_everythin
     down_smtp: tuple[Container, FakeClock, SwitchableMailer], smtp_sink: SmtpSink
 ) -> None:
     app, clock, mailer = down_smtp
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="smtp back", recipients=csv_bytes(4), policy=_windowed(LATE), templates=Templates()
     ).campaign.id
     assert app.provisioner.provision(cid).status == "done"
@@ -466,8 +466,8 @@ def test_after_the_smtp_server_is_back_resume_and_retry_failed_deliver_everythin
 
     mailer.point_at(smtp_sink.port)  # the server is back
     clock.advance(hours=1)  # 17:5x Berlin: resumed after the window, sends wait for 09:00
-    app.campaigns.resume(cid)
-    assert app.campaigns.retry_failed(cid) == 2
+    app.campaign_controls.resume(cid)
+    assert app.campaign_controls.retry_failed(cid) == 2
     run_until(app, clock, cid, CampaignState.COMPLETED)
     assert app.store.count_tasks(cid)[TaskState.FINISHED] == 4
     received = sorted(m.rcpt_tos[0] for m in smtp_sink.wait_for(4))

@@ -6,7 +6,7 @@ The properties:
 
 - **No crash.** The only exceptions are the domain's answers to bad input: InvalidField,
   InvalidInput and NoSendingDay.
-- **No partial write.** Every input goes through ``CampaignService.create`` onto a real SQLite
+- **No partial write.** Every input goes through ``CampaignImport.create`` onto a real SQLite
   store: afterwards the store holds either one more whole campaign (with exactly the
   recipients the import returned) or nothing new at all.
 
@@ -229,7 +229,7 @@ def test_csv_bytes_make_a_whole_campaign_or_nothing(
 ) -> None:
     whole_or_nothing(
         store,
-        lambda: store.container.campaigns.create(
+        lambda: store.container.campaign_import.create(
             name="fuzz",
             recipients=data,
             policy=SendingPolicy(timezone="UTC"),
@@ -246,7 +246,7 @@ def test_json_rows_make_a_whole_campaign_or_nothing(
 ) -> None:
     whole_or_nothing(
         store,
-        lambda: store.container.campaigns.create_from_rows(
+        lambda: store.container.campaign_import.create_from_rows(
             name="fuzz",
             rows=rows,
             policy=SendingPolicy(timezone="UTC"),
@@ -274,7 +274,7 @@ def test_policies_are_refused_by_field_or_make_a_whole_campaign(
     assert SendingPolicy.from_dict(policy.to_dict()).to_dict() == policy.to_dict()
     whole_or_nothing(
         store,
-        lambda: store.container.campaigns.create_from_rows(
+        lambda: store.container.campaign_import.create_from_rows(
             name="fuzz",
             rows=[{"email": f"r{i}@example.com"} for i in range(3)],
             policy=policy,

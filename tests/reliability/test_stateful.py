@@ -175,7 +175,7 @@ class SendqueueMachine(RuleBasedStateMachine):
     @rule(target=campaigns, size=st.integers(1, 6), policy=st.sampled_from(POLICIES))
     def create(self, size: int, policy: SendingPolicy) -> str:
         rows = "\n".join(f"p{len(self.ids)}-{i}@example.com,P {i},S {i},B {i}" for i in range(size))
-        cid = self.app.campaigns.create(
+        cid = self.app.campaign_import.create(
             name=f"c{len(self.ids)}",
             recipients=("email,name,subject,body\n" + rows + "\n").encode(),
             policy=policy,
@@ -262,14 +262,14 @@ class SendqueueMachine(RuleBasedStateMachine):
     @rule(cid=campaigns, action=st.sampled_from(["cancel", "pause", "resume", "retry_failed"]))
     def control(self, cid: str, action: str) -> None:
         with contextlib.suppress(DomainError):
-            getattr(self.app.campaigns, action)(cid)
+            getattr(self.app.campaign_controls, action)(cid)
 
     @rule(data=st.data())
     def cancel_one(self, data: st.DataObject) -> None:
         tasks = self._all_tasks()
         if tasks:
             with contextlib.suppress(DomainError):
-                self.app.campaigns.cancel_task(data.draw(st.sampled_from(tasks)).id)
+                self.app.campaign_controls.cancel_task(data.draw(st.sampled_from(tasks)).id)
 
     @rule()
     def redrive_dead_letters(self) -> None:
@@ -408,7 +408,7 @@ class SendqueueMachine(RuleBasedStateMachine):
         for cid in self.ids:
             campaign = self.store.inner.get_campaign(cid)
             if campaign.state is CampaignState.PAUSED:
-                self.app.campaigns.resume(cid)
+                self.app.campaign_controls.resume(cid)
             elif campaign.state is CampaignState.DRAFT:
                 self.app.provisioner.provision(cid)
         # A worker that stays up from now on: each schedule fires at its time (a due one held

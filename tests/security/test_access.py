@@ -61,7 +61,7 @@ class Locked:
         )
         self.app: FastAPI = create_app(self.container)
         self.client = TestClient(self.app, base_url="http://testserver", follow_redirects=False)
-        self.campaign_id = self.container.campaigns.create(
+        self.campaign_id = self.container.campaign_import.create(
             name="secret plans",
             recipients=csv_bytes(2),
             policy=open_policy(),

@@ -218,7 +218,7 @@ def _store_with(url: str, home: Path) -> tuple[SqlTaskStore, str]:
         ),
         clock=FakeClock(T0),
     )
-    cid = app.campaigns.create_from_rows(
+    cid = app.campaign_import.create_from_rows(
         name="search",
         rows=[{"email": e} for e in EMAILS],
         policy=open_policy(),

@@ -50,7 +50,7 @@ def test_a_silent_smtp_server_costs_one_transient_failure_within_the_timeout(
         clock=FakeClock(T0),
     )
     try:
-        cid = app.campaigns.create(
+        cid = app.campaign_import.create(
             name="silent", recipients=csv_bytes(1), policy=open_policy(), templates=Templates()
         ).campaign.id
         assert app.provisioner.provision(cid).status == "done"

@@ -80,7 +80,7 @@ def _targets(c: Container) -> _Targets:
     nothing but 409s and 404s."""
 
     def new(count: int, days: int = 30) -> str:
-        return c.campaigns.create(
+        return c.campaign_import.create(
             name="target",
             recipients=csv_bytes(count),
             policy=open_policy(start=T0 + timedelta(days=days)),
@@ -90,7 +90,7 @@ def _targets(c: Container) -> _Targets:
     draft, active, paused = new(1), new(3), new(2)
     for cid in (active, paused):
         c.provisioner.provision(cid)
-    c.campaigns.pause(paused)
+    c.campaign_controls.pause(paused)
     scheduler: Any = c.scheduler
     names = []
     for _ in range(2):

@@ -196,7 +196,7 @@ def test_no_secret_in_logs_responses_metrics_or_reprs(
     wrong_home.mkdir()
     other = bootstrap(_settings(wrong_home, sink, WRONG_PASSWORD), clock=FakeClock(T0))
     try:
-        cid2 = other.campaigns.create_from_rows(
+        cid2 = other.campaign_import.create_from_rows(
             name="wrong",
             rows=[{"email": "a@example.com"}],
             policy=open_policy(),

@@ -210,7 +210,7 @@ class Soak:
     def _new_campaign(self, app: Container) -> None:
         count = self.rng.randint(10, 40)
         interval = self.rng.choice([0.1, 0.2, 0.5])
-        cid = app.campaigns.create(
+        cid = app.campaign_import.create(
             name=f"soak {len(self.campaign_ids)}",
             recipients=demo_csv(count, domain=f"c{len(self.campaign_ids)}.example.com"),
             policy=demo_policy(app.clock.now(), "Europe/Berlin", count, interval),

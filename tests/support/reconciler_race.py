@@ -84,7 +84,7 @@ def fired_through(app: Container, fire_due: Callable[[Target], object]) -> Calla
 
 def _campaign(layer: Layer, count: int) -> list[Task]:
     app = layer.app
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="race", recipients=csv_bytes(count), policy=open_policy(start=layer.clock.now())
     ).campaign.id
     assert app.provisioner.provision(cid).status == "done"

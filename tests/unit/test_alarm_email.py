@@ -273,7 +273,7 @@ def test_an_auto_pause_is_emailed_through_the_campaigns_mailer() -> None:
     app = fake_app(
         clock=clock, mailer=mailer, auto_pause_after=2, alarm_email=OPS, alarm_from=SENDER
     )
-    draft = app.campaigns.create(
+    draft = app.campaign_import.create(
         name="Winter sale",
         recipients=csv_bytes(3),
         policy=open_policy(),

@@ -18,11 +18,11 @@ from sendqueue.domain import planner
 from sendqueue.domain.errors import InvalidInput
 from sendqueue.domain.models import Campaign, Recipient
 from sendqueue.domain.policy import SendingPolicy
-from sendqueue.services import campaigns as campaigns_module
+from sendqueue.services import campaign_controls as controls_module
 from sendqueue.services import previews as previews_module
-from sendqueue.services.campaigns import PREVIEW_CACHE_SIZE
 from sendqueue.services.import_stream import check_csv
 from sendqueue.services.importing import ImportLimits, Templates
+from sendqueue.services.previews import PREVIEW_CACHE_SIZE
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore
@@ -60,7 +60,9 @@ def test_create_streams_the_recipients_into_the_store() -> None:
     store = RecordingStore()
     app = fake_app(store=store)
 
-    created = app.campaigns.create(name="big", recipients=csv_bytes(2500), policy=open_policy())
+    created = app.campaign_import.create(
+        name="big", recipients=csv_bytes(2500), policy=open_policy()
+    )
 
     assert len(store.given) == 1
     assert not issubclass(store.given[0], Sequence)  # an iterator, not a list
@@ -74,7 +76,11 @@ def test_a_stream_that_cannot_seek_is_read_once() -> None:
     app = fake_app()
     data = csv_bytes(30) + b"user3@example.com,Again,Dup,Dup\n"
 
-    created = app.campaigns.create(name="pipe", recipients=OnePass(data), policy=open_policy())  # type: ignore[arg-type]
+    created = app.campaign_import.create(
+        name="pipe",
+        recipients=OnePass(data),  # type: ignore[arg-type]
+        policy=open_policy(),
+    )
 
     assert created.imported.count == 30
     assert created.imported.duplicates == 1
@@ -86,7 +92,7 @@ def test_a_rejected_import_stores_nothing_even_with_the_bad_row_last() -> None:
     data = csv_bytes(3000) + b"not-an-address,X,Y,Z\n"
 
     with pytest.raises(InvalidInput) as info:
-        app.campaigns.create(name="bad", recipients=data, policy=open_policy())
+        app.campaign_import.create(name="bad", recipients=data, policy=open_policy())
 
     assert info.value.errors[0].field == "email"
     assert info.value.errors[0].row == 3002
@@ -122,13 +128,13 @@ def test_creating_into_sqlite_holds_memory_flat_as_the_csv_grows(tmp_path: Path)
     )
     peaks = {}
     with closing(bootstrap(settings)) as c:
-        c.campaigns.create(name="warm", recipients=csv_bytes(10), policy=open_policy())
+        c.campaign_import.create(name="warm", recipients=csv_bytes(10), policy=open_policy())
         for rows in (8_000, 24_000):
             path = tmp_path / f"r{rows}.csv"
             path.write_bytes(csv_bytes(rows))
             tracemalloc.start()
             try:
-                created = c.campaigns.create(
+                created = c.campaign_import.create(
                     name=f"big {rows}", recipients=path, policy=open_policy(),
                     templates=Templates(subject="Hello {{ name }}"),
                 )  # fmt: skip
@@ -153,7 +159,7 @@ def planner_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(count)
         return real(policy, count, now=now)
 
-    monkeypatch.setattr(campaigns_module, "plan", counting)  # check_plannable
+    monkeypatch.setattr(controls_module, "plan", counting)  # check_plannable
     monkeypatch.setattr(previews_module, "plan", counting)  # the preview's plan
     return calls
 
@@ -161,14 +167,14 @@ def planner_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_second_preview_does_not_plan_again(planner_calls: list[int]) -> None:
     clock = FakeClock(T0 + timedelta(seconds=20))
     app = fake_app(clock=clock)
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="p", recipients=csv_bytes(1500), policy=SendingPolicy(per_day=200)
     ).campaign.id
     planner_calls.clear()
 
-    first = app.campaigns.preview_summary(cid)
+    first = app.campaign_previews.preview_summary(cid)
     clock.advance(seconds=30)  # still inside the same minute
-    second = app.campaigns.preview_summary(cid)
+    second = app.campaign_previews.preview_summary(cid)
 
     assert planner_calls == [1500]
     assert second == first
@@ -183,15 +189,17 @@ def test_a_second_preview_does_not_plan_again(planner_calls: list[int]) -> None:
 def test_the_preview_plans_again_when_its_inputs_change(planner_calls: list[int]) -> None:
     clock = FakeClock(T0)
     app = fake_app(clock=clock)
-    cid = app.campaigns.create(name="p", recipients=csv_bytes(5), policy=open_policy()).campaign.id
+    cid = app.campaign_import.create(
+        name="p", recipients=csv_bytes(5), policy=open_policy()
+    ).campaign.id
     planner_calls.clear()
 
-    app.campaigns.preview_summary(cid)
+    app.campaign_previews.preview_summary(cid)
     clock.advance(minutes=1)
-    app.campaigns.preview_summary(cid)  # a new minute
-    app.campaigns.start_provisioning(cid)
+    app.campaign_previews.preview_summary(cid)  # a new minute
+    app.campaign_controls.start_provisioning(cid)
     planned = len(planner_calls)
-    app.campaigns.preview_summary(cid)  # provisioning dropped the entry; the state changed
+    app.campaign_previews.preview_summary(cid)  # provisioning dropped the entry; the state changed
 
     assert planner_calls[:2] == [5, 5]
     assert len(planner_calls) == planned + 1
@@ -200,16 +208,16 @@ def test_the_preview_plans_again_when_its_inputs_change(planner_calls: list[int]
 def test_the_preview_cache_is_bounded(planner_calls: list[int]) -> None:
     app = fake_app()
     ids = [
-        app.campaigns.create(
+        app.campaign_import.create(
             name=f"p{i}", recipients=csv_bytes(2), policy=open_policy()
         ).campaign.id
         for i in range(PREVIEW_CACHE_SIZE + 1)
     ]
     for cid in ids:
-        app.campaigns.preview_summary(cid)
+        app.campaign_previews.preview_summary(cid)
     planner_calls.clear()
 
-    app.campaigns.preview_summary(ids[-1])  # still cached
-    app.campaigns.preview_summary(ids[0])  # the oldest, evicted
+    app.campaign_previews.preview_summary(ids[-1])  # still cached
+    app.campaign_previews.preview_summary(ids[0])  # the oldest, evicted
 
     assert planner_calls == [2]

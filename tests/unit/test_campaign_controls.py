@@ -1,4 +1,5 @@
-"""Campaign controls: create whole or not at all, pause/resume/cancel/retry-failed, cancel one."""
+"""Campaign controls: pause/resume/cancel/retry-failed, cancel one (creating a campaign:
+test_campaign_import.py; its preview: test_campaign_previews.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,7 @@ from datetime import timedelta
 import pytest
 
 from sendqueue.bootstrap import Container
-from sendqueue.domain.errors import (
-    IllegalTransition,
-    InvalidField,
-    InvalidInput,
-    NotFound,
-    PermanentMailError,
-)
+from sendqueue.domain.errors import IllegalTransition, NotFound, PermanentMailError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
 from sendqueue.domain.policy import SendingPolicy
@@ -25,7 +20,7 @@ from tests.support.app import T0, csv_bytes, fake_app, open_policy
 
 
 def _active(app: Container, count: int = 6, per_day: int = 10_000) -> str:
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="c", recipients=csv_bytes(count), policy=open_policy(per_day=per_day)
     ).campaign.id
     app.provisioner.provision(cid)
@@ -36,65 +31,17 @@ def _schedule_names(app: Container, cid: str) -> set[str]:
     return {s.name for s in app.scheduler.list(schedule_group(cid))}
 
 
-def test_create_validates_everything_and_creates_nothing_on_error() -> None:
-    app = fake_app()
-    bad = b"email,name,subject,body\nok@example.com,A,s,b\nnot-an-address,B,s,b\n"
-    with pytest.raises(InvalidInput) as info:
-        app.campaigns.create(name="x", recipients=bad, policy=SendingPolicy())
-    assert info.value.errors[0].row == 3 and info.value.errors[0].field == "email"
-    with pytest.raises(InvalidField, match="name"):
-        app.campaigns.create(name="  ", recipients=csv_bytes(1), policy=SendingPolicy())
-    with pytest.raises(InvalidField, match="from"):
-        app.campaigns.create(
-            name="x", recipients=csv_bytes(1), policy=SendingPolicy(), from_addr="nobody"
-        )
-    with pytest.raises(InvalidField, match="reply_to"):
-        app.campaigns.create(
-            name="x", recipients=csv_bytes(1), policy=SendingPolicy(), reply_to="a@b\nBcc: x@y.com"
-        )
-    assert app.store.list_campaigns() == []
-
-
-def test_create_stores_a_draft_with_normalised_sender() -> None:
-    app = fake_app()
-    created = app.campaigns.create(
-        name=" Launch ",
-        recipients=csv_bytes(3),
-        policy=SendingPolicy(),
-        from_addr="Team <TEAM@Example.com>",
-    )
-    campaign = created.campaign
-    assert (campaign.name, campaign.state, campaign.recipient_count) == (
-        "Launch",
-        CampaignState.DRAFT,
-        3,
-    )
-    assert campaign.from_addr == "Team <TEAM@example.com>"
-    assert app.store.count_tasks(campaign.id)[TaskState.PENDING] == 0
-
-
-def test_preview_plans_from_now_without_writing() -> None:
-    app = fake_app()
-    cid = app.campaigns.create(
-        name="p", recipients=csv_bytes(5), policy=SendingPolicy(per_day=2)
-    ).campaign.id
-    pairs = app.campaigns.preview(cid)
-    assert [r.email for r, _ in pairs] == [f"user{i}@example.com" for i in range(5)]
-    assert app.store.count_tasks(cid)[TaskState.PENDING] == 0
-    assert app.store.get_campaign(cid).state is CampaignState.DRAFT
-
-
 def test_pause_deletes_schedules_and_resume_replans_from_now() -> None:
     clock = FakeClock(T0)
     app = fake_app(clock=clock)
     cid = _active(app, 6)
-    app.campaigns.pause(cid)
+    app.campaign_controls.pause(cid)
     assert app.store.get_campaign(cid).state is CampaignState.PAUSED
     assert _schedule_names(app, cid) == set()
     clock.advance(days=3)
     assert isinstance(app.scheduler, FakeScheduler)
     assert app.scheduler.fire_due(app.invoke) == 0
-    app.campaigns.resume(cid)
+    app.campaign_controls.resume(cid)
     tasks = app.store.list_tasks(cid)
     assert all(t.state is TaskState.PENDING and t.send_at >= clock.now() for t in tasks)
     assert _schedule_names(app, cid) == {expected_schedule_name(t) for t in tasks}
@@ -113,9 +60,9 @@ def test_stale_schedule_after_resume_is_skipped_by_token() -> None:
     app = fake_app(clock=clock, mailer=mailer)
     cid = _active(app, 1)
     (before,) = app.store.list_tasks(cid)
-    app.campaigns.pause(cid)
+    app.campaign_controls.pause(cid)
     clock.advance(hours=2)
-    app.campaigns.resume(cid)
+    app.campaign_controls.resume(cid)
     (after,) = app.store.list_tasks(cid)
     assert after.token != before.token
     assert after.send_at >= clock.now() > before.send_at
@@ -126,29 +73,29 @@ def test_stale_schedule_after_resume_is_skipped_by_token() -> None:
 def test_cancel_cancels_pending_and_deletes_schedules() -> None:
     app = fake_app()
     cid = _active(app, 5)
-    app.campaigns.cancel(cid)
+    app.campaign_controls.cancel(cid)
     assert app.store.get_campaign(cid).state is CampaignState.CANCELLED
     assert app.store.count_tasks(cid)[TaskState.CANCELLED] == 5
     assert _schedule_names(app, cid) == set()
     with pytest.raises(IllegalTransition):
-        app.campaigns.resume(cid)
+        app.campaign_controls.resume(cid)
     with pytest.raises(IllegalTransition):
-        app.campaigns.cancel(cid)
+        app.campaign_controls.cancel(cid)
 
 
 def test_illegal_controls_are_refused_and_change_nothing() -> None:
     app = fake_app()
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="d", recipients=csv_bytes(2), policy=SendingPolicy()
     ).campaign.id
     with pytest.raises(IllegalTransition):
-        app.campaigns.pause(cid)
+        app.campaign_controls.pause(cid)
     with pytest.raises(IllegalTransition):
-        app.campaigns.resume(cid)
+        app.campaign_controls.resume(cid)
     with pytest.raises(IllegalTransition):
-        app.campaigns.retry_failed(cid)
+        app.campaign_controls.retry_failed(cid)
     with pytest.raises(NotFound):
-        app.campaigns.pause("c000000000000")
+        app.campaign_controls.pause("c000000000000")
     assert app.store.get_campaign(cid).state is CampaignState.DRAFT
 
 
@@ -169,7 +116,7 @@ def test_retry_failed_resends_only_failed_and_reactivates_a_completed_campaign()
     assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
     assert app.store.count_tasks(cid)[TaskState.FAILED] == 1
     mailer.on_send = None
-    assert app.campaigns.retry_failed(cid) == 1
+    assert app.campaign_controls.retry_failed(cid) == 1
     assert app.store.get_campaign(cid).state is CampaignState.ACTIVE
     (retried,) = app.store.list_tasks(cid, state=TaskState.PENDING)
     assert (retried.attempts, retried.error) == (0, None)
@@ -185,22 +132,22 @@ def test_cancel_one_task() -> None:
     app = fake_app()
     cid = _active(app, 3)
     first = app.store.list_tasks(cid)[0]
-    done = app.campaigns.cancel_task(first.id)
+    done = app.campaign_controls.cancel_task(first.id)
     assert done.state is TaskState.CANCELLED
     assert expected_schedule_name(first) not in _schedule_names(app, cid)
     with pytest.raises(IllegalTransition):
-        app.campaigns.cancel_task(first.id)
+        app.campaign_controls.cancel_task(first.id)
     with pytest.raises(NotFound):
-        app.campaigns.cancel_task("nope-0")
+        app.campaign_controls.cancel_task("nope-0")
 
 
 def test_per_day_is_respected_after_resume() -> None:
     clock = FakeClock(T0)
     app = fake_app(clock=clock)
     cid = _active(app, 9, per_day=3)
-    app.campaigns.pause(cid)
+    app.campaign_controls.pause(cid)
     clock.advance(days=1, hours=12)
-    app.campaigns.resume(cid)
+    app.campaign_controls.resume(cid)
     days = [t.send_at.date() for t in app.store.list_tasks(cid)]
     assert max(days.count(d) for d in set(days)) <= 3
     assert min(t.send_at for t in app.store.list_tasks(cid)) >= clock.now() - timedelta(0)

@@ -45,7 +45,9 @@ def _app(clock: FakeClock, **settings: Any) -> Container:
 
 
 def _campaign(app: Container, count: int = 24, policy: SendingPolicy = POLICY) -> str:
-    cid = app.campaigns.create(name="c", recipients=csv_bytes(count), policy=policy).campaign.id
+    cid = app.campaign_import.create(
+        name="c", recipients=csv_bytes(count), policy=policy
+    ).campaign.id
     assert app.provisioner.provision(cid).status == "done"
     return cid
 
@@ -140,10 +142,10 @@ def test_the_re_plan_is_idempotent() -> None:
     clock.set(local("2026-12-01T16:32"))
     # 16:30's is due now and not late (its schedule fires now): it stays; the 16:00-16:25
     # ones (late) and the rest move to the free slots from 16:35 on
-    assert app.campaigns.recovery.catch_up(cid, since=local("2026-12-01T16:00")) == 23
+    assert app.recovery.catch_up(cid, since=local("2026-12-01T16:00")) == 23
     before = [(t.send_at, t.token) for t in _tasks(app, cid)]
     clock.advance(seconds=30)
-    assert app.campaigns.recovery.catch_up(cid, since=local("2026-12-01T16:00")) == 0
+    assert app.recovery.catch_up(cid, since=local("2026-12-01T16:00")) == 0
     assert [(t.send_at, t.token) for t in _tasks(app, cid)] == before
     days = Counter(t.send_at.astimezone(BERLIN).day for t in _tasks(app, cid))
     assert days == {1: 6, 2: 12, 3: 6}
@@ -156,12 +158,12 @@ def test_a_re_plan_held_by_another_process_moves_nothing_here() -> None:
     before = [(t.send_at, t.token) for t in _tasks(app, cid)]
     clock.set(local("2026-12-01T16:30"))
     assert app.store.acquire_lease(f"replan:{cid}", "other", ttl_seconds=60, at=clock.now())
-    assert app.campaigns.recovery.catch_up(cid, since=local("2026-12-01T16:00")) == 0
+    assert app.recovery.catch_up(cid, since=local("2026-12-01T16:00")) == 0
     assert [(t.send_at, t.token) for t in _tasks(app, cid)] == before
     app.store.release_lease(f"replan:{cid}", "other")
     # 16:25's and 16:30's are both due now and not late: they would go out together, so only
     # 16:25's stays (it fires now) and 16:30's moves with the rest
-    assert app.campaigns.recovery.catch_up(cid, since=local("2026-12-01T16:00")) == 23
+    assert app.recovery.catch_up(cid, since=local("2026-12-01T16:00")) == 23
 
 
 def test_two_processes_triggering_the_re_plan_at_once_move_each_email_once() -> None:
@@ -174,7 +176,7 @@ def test_two_processes_triggering_the_re_plan_at_once_move_each_email_once() -> 
 
     def trigger() -> None:
         barrier.wait()
-        moved.append(app.campaigns.recovery.catch_up(cid, since=local("2026-12-01T16:00")))
+        moved.append(app.recovery.catch_up(cid, since=local("2026-12-01T16:00")))
 
     threads = [threading.Thread(target=trigger) for _ in range(2)]
     for t in threads:
@@ -209,7 +211,7 @@ def test_catch_up_overdue_moves_active_campaigns_only_and_the_reconciler_reports
     app = _app(clock)
     active = _campaign(app, 4)
     paused = _campaign(app, 4)
-    app.campaigns.pause(paused)
+    app.campaign_controls.pause(paused)
     clock.set(local("2026-12-01T18:00"))
     report = app.reconciler.run()
     assert report.overdue_moved == 4
@@ -256,7 +258,7 @@ def test_retry_failed_takes_free_slots_and_leaves_the_planned_ones_alone() -> No
     planned: Mapping[str, tuple[datetime, str]] = {
         t.id: (t.send_at, t.token) for t in _tasks(app, cid) if t.state is TaskState.PENDING
     }
-    assert app.campaigns.retry_failed(cid) == 2
+    assert app.campaign_controls.retry_failed(cid) == 2
     tasks = _tasks(app, cid)
     assert {t.id: (t.send_at, t.token) for t in tasks if t.id in planned} == planned
     retried = [t for t in tasks if t.moved_reason == "retry-failed"]

@@ -54,7 +54,7 @@ def test_a_dsn_without_a_genuine_verp_address_suppresses_nobody_when_verp_is_set
         secret_key=SECRET,
         public_url="https://mail.example.com",
     )
-    created = app.campaigns.create(
+    created = app.campaign_import.create(
         name="t",
         recipients=b"email,name,subject\nattacker@example.org,A,Hi\nvictim@example.org,V,Hi\n",
         policy=open_policy(),
@@ -70,7 +70,7 @@ def test_a_dsn_without_a_genuine_verp_address_suppresses_nobody_when_verp_is_set
     # what the attacker reads: its own signed Message-ID; the others' ids it can only guess
     assert mailer.sent[0].message_id == message_id_for(f"{cid}-0", "example.com", SECRET)
     # The victim's follow-up in a second campaign of the same list, still Pending.
-    follow_up = app.campaigns.create(
+    follow_up = app.campaign_import.create(
         name="follow-up",
         recipients=b"email,name,subject\nvictim@example.org,V,Again\n",
         policy=open_policy(clock.now() + timedelta(days=3)),
@@ -137,7 +137,7 @@ def world() -> _World:
         trusted_authserv=TRUSTED,
         suppress_replies=True,
     )
-    sent = app.campaigns.create(
+    sent = app.campaign_import.create(
         name="t",
         recipients=f"email,name,subject\n{ATTACKER},A,Hi\n{VICTIM},V,Hi\n".encode(),
         policy=open_policy(),
@@ -149,7 +149,7 @@ def world() -> _World:
     assert isinstance(clock, FakeClock) and isinstance(scheduler, FakeScheduler)
     clock.advance(hours=1)
     scheduler.fire_due(app.invoke)
-    later = app.campaigns.create(
+    later = app.campaign_import.create(
         name="later",
         recipients=f"email,name,subject\n{VICTIM},V,Again\n".encode(),
         policy=open_policy(clock.now() + timedelta(days=3)),

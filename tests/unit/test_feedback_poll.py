@@ -80,7 +80,7 @@ def _app(
 
 def _sent(app: Container, count: int) -> str:
     """A campaign of ``count`` whose emails were all sent."""
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="p", recipients=csv_bytes(count), policy=open_policy(), from_addr="n@example.com"
     ).campaign.id
     app.provisioner.provision(cid)
@@ -252,7 +252,7 @@ def test_a_cancel_by_feedback_deletes_the_schedules_of_the_cancelled_tasks() -> 
     box = InMemoryMailbox()
     app = _app(box)
     cid = _sent(app, 1)
-    later = app.campaigns.create(
+    later = app.campaign_import.create(
         name="later",
         recipients=csv_bytes(1),
         policy=open_policy(T0.replace(year=2027)),

@@ -20,10 +20,10 @@ from sendqueue.domain.models import Recipient
 from sendqueue.domain.planner import per_day_summary, per_zone_day_summary
 from sendqueue.domain.policy import SendingPolicy, Window
 from sendqueue.services import previews as previews_module
-from sendqueue.services.campaigns import PlanSummary, ZoneDays
 from sendqueue.services.import_rows import parse_recipient_rows
 from sendqueue.services.import_stream import check_csv, check_rows
 from sendqueue.services.importing import Templates, parse_recipients
+from sendqueue.services.previews import PlanSummary, ZoneDays
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore
 from tests.support.app import T0, fake_app
@@ -176,12 +176,12 @@ def test_create_with_a_bad_zone_stores_nothing() -> None:
     app = _app()
     bad = _csv("a@example.com,s,b,Europe/Berlin", "b@example.com,s,b,Europe/Berln")
     with pytest.raises(InvalidInput) as info:
-        app.campaigns.create(name="x", recipients=bad, policy=OFFICE, local_time=True)
+        app.campaign_import.create(name="x", recipients=bad, policy=OFFICE, local_time=True)
     assert [(e.row, e.field, e.value) for e in info.value.errors] == [
         (3, "timezone", "Europe/Berln")
     ]
     with pytest.raises(InvalidInput):
-        app.campaigns.create_from_rows(
+        app.campaign_import.create_from_rows(
             name="x",
             rows=[{"email": "a@example.com", "subject": "s", "body": "b", "timezone": "Nope"}],
             policy=OFFICE,
@@ -192,7 +192,7 @@ def test_create_with_a_bad_zone_stores_nothing() -> None:
 
 def test_create_stores_each_recipients_zone() -> None:
     app = _app()
-    created = app.campaigns.create(
+    created = app.campaign_import.create(
         name="x",
         recipients=_csv("a@example.com,s,b,Asia/Tokyo", "b@example.com,s,b,"),
         policy=OFFICE,
@@ -207,9 +207,9 @@ def test_a_zone_column_without_local_time_is_kept_and_does_not_move_the_windows(
     the campaign zone's plan exactly, and the preview says it is not local-time."""
     app = _app()
     rows = [f"u{i}@example.com,s,b,{TOKYO if i % 2 else ''}" for i in range(30)]
-    zoned = app.campaigns.create(name="z", recipients=_csv(*rows), policy=OFFICE)
+    zoned = app.campaign_import.create(name="z", recipients=_csv(*rows), policy=OFFICE)
     assert zoned.imported.zoned == 15
-    plain = app.campaigns.create(
+    plain = app.campaign_import.create(
         name="p",
         recipients=_csv(*[f"u{i}@example.com,s,b" for i in range(30)], header="email,subject,body"),
         policy=OFFICE,
@@ -217,10 +217,10 @@ def test_a_zone_column_without_local_time_is_kept_and_does_not_move_the_windows(
     cid = zoned.campaign.id
     assert [r.timezone for r in _stored(app, cid)][:2] == [None, TOKYO]
 
-    sends = [at for _, at in app.campaigns.preview(cid)]
-    assert sends == [at for _, at in app.campaigns.preview(plain.campaign.id)]
+    sends = [at for _, at in app.campaign_previews.preview(cid)]
+    assert sends == [at for _, at in app.campaign_previews.preview(plain.campaign.id)]
     assert all(_inside(OFFICE, BERLIN, at) for at in sends)
-    summary = app.campaigns.preview_summary(cid)
+    summary = app.campaign_previews.preview_summary(cid)
     assert summary.local_time is False
     assert summary.zones == (ZoneDays(BERLIN, summary.days, 30),)
     assert set(summary.first_zones) == {BERLIN}
@@ -234,7 +234,7 @@ def _world(app: Container, count: int = 30, policy: SendingPolicy = OFFICE) -> s
     zone of their own), New York, Tokyo."""
     zones = ["", NEW_YORK, TOKYO]
     rows = [f"u{i}@example.com,s,b,{zones[i % 3]}" for i in range(count)]
-    created = app.campaigns.create(
+    created = app.campaign_import.create(
         name="world", recipients=_csv(*rows), policy=policy, local_time=True
     )
     return created.campaign.id
@@ -243,7 +243,7 @@ def _world(app: Container, count: int = 30, policy: SendingPolicy = OFFICE) -> s
 def test_each_zones_sends_are_inside_the_window_on_that_zones_wall_clock() -> None:
     app = _app()
     cid = _world(app)
-    pairs = app.campaigns.preview(cid)
+    pairs = app.campaign_previews.preview(cid)
     assert [r.position for r, _ in pairs] == list(range(30))
     hours: dict[str, set[int]] = {}
     for recipient, at in pairs:
@@ -263,8 +263,8 @@ def test_each_zones_sends_are_inside_the_window_on_that_zones_wall_clock() -> No
 def test_the_summary_counts_per_day_in_the_campaign_zone_and_per_zone_in_its_own_days() -> None:
     app = _app()
     cid = _world(app)
-    pairs = app.campaigns.preview(cid)
-    summary = app.campaigns.preview_summary(cid)
+    pairs = app.campaign_previews.preview(cid)
+    summary = app.campaign_previews.preview_summary(cid)
     assert isinstance(summary, PlanSummary)
     assert summary.local_time is True
     assert summary.count == 30
@@ -294,7 +294,7 @@ def test_tokyo_goes_first_and_new_york_last_on_the_first_day() -> None:
     Wednesday from its 09:00 (01:00 in Berlin); New York's from 09:00 there (15:00 in Berlin)."""
     app = _app()
     cid = _world(app, count=3)
-    first = {r.timezone or BERLIN: at for r, at in app.campaigns.preview(cid)}
+    first = {r.timezone or BERLIN: at for r, at in app.campaign_previews.preview(cid)}
     tokyo = first[TOKYO].astimezone(ZoneInfo(TOKYO))
     assert tokyo.date() == date(2026, 12, 2) and tokyo.hour >= 9
     assert first[BERLIN] < first[NEW_YORK]
@@ -313,12 +313,12 @@ def test_the_local_time_preview_is_cached_like_any_other(monkeypatch: pytest.Mon
     clock = FakeClock(T0 + timedelta(seconds=5))
     app = fake_app(clock=clock, store=InMemoryTaskStore())
     cid = _world(app)
-    first = app.campaigns.preview_summary(cid)
+    first = app.campaign_previews.preview_summary(cid)
     clock.advance(seconds=30)
-    assert app.campaigns.preview_summary(cid) is first
+    assert app.campaign_previews.preview_summary(cid) is first
     assert calls == [30]
     clock.advance(minutes=1)
-    app.campaigns.preview_summary(cid)
+    app.campaign_previews.preview_summary(cid)
     assert calls == [30, 30]
 
 
@@ -380,10 +380,10 @@ def test_every_send_of_a_local_time_campaign_is_inside_its_recipients_window(
         {"email": f"u{i}@example.com", "subject": "s", "body": "b", "timezone": zone}
         for i, zone in enumerate(zones)
     ]
-    cid = app.campaigns.create_from_rows(
+    cid = app.campaign_import.create_from_rows(
         name="p", rows=rows, policy=policy, local_time=True
     ).campaign.id
-    pairs = app.campaigns.preview(cid)
+    pairs = app.campaign_previews.preview(cid)
     assert [r.timezone for r, _ in pairs] == list(zones)
     for recipient, at in pairs:
         zone = recipient.timezone or policy.timezone
@@ -391,7 +391,7 @@ def test_every_send_of_a_local_time_campaign_is_inside_its_recipients_window(
         assert _inside(policy, zone, at), (zone, at.astimezone(ZoneInfo(zone)))
     per_day = Counter(at.astimezone(policy.zone).date() for _, at in pairs)
     assert max(per_day.values()) <= policy.per_day
-    summary = app.campaigns.preview_summary(cid)
+    summary = app.campaign_previews.preview_summary(cid)
     assert summary.count == len(zones)
     assert sum(z.count for z in summary.zones) == len(zones)
     assert {z.zone for z in summary.zones} == {z or policy.timezone for z in zones}

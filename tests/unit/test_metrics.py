@@ -32,7 +32,9 @@ LETTER = DeadLetter(
 
 
 def _one_task(app: Container) -> Task:
-    cid = app.campaigns.create(name="m", recipients=csv_bytes(1), policy=open_policy()).campaign.id
+    cid = app.campaign_import.create(
+        name="m", recipients=csv_bytes(1), policy=open_policy()
+    ).campaign.id
     assert app.provisioner.provision(cid).status == "done"
     (task,) = app.store.list_tasks(cid)
     return task
@@ -128,10 +130,10 @@ def test_every_skipped_invocation_counts_as_skipped() -> None:
     app.worker.send({**send_payload(task), "token": "stale"})
     app.worker.send({"kind": "send", "task_id": "nope-1", "token": "x"})
     assert _sends(app, "skipped") == 3
-    app.campaigns.pause(task.campaign_id)
+    app.campaign_controls.pause(task.campaign_id)
     app.worker.send(send_payload(task))  # the campaign is not sending
     assert _sends(app, "skipped") == 4
-    app.campaigns.resume(task.campaign_id)
+    app.campaign_controls.resume(task.campaign_id)
     (task,) = app.store.list_tasks(task.campaign_id)
     app.worker.send(send_payload(task))
     assert _sends(app, "sent") == 1

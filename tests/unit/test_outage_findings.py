@@ -51,13 +51,13 @@ def test_emails_due_together_within_max_lateness_are_not_sent_in_a_burst() -> No
     scheduler = FakeScheduler(clock, seed=1)
     app = fake_app(clock=clock, scheduler=scheduler, max_lateness=20, space_late_sends=True)
     day = two_windows(clock.now())
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="late", recipients=demo_csv(26), policy=day.policy,
         templates=Templates(subject="s", body="b"),
     ).campaign.id  # fmt: skip
     app.provisioner.provision(cid)
     clock.set(day.start + timedelta(seconds=57))
-    app.campaigns.recovery.catch_up_overdue()
+    app.recovery.catch_up_overdue()
     scheduler.fire_due(app.invoke)
     sent = sorted(t.sent_at for t in app.store.list_tasks(cid, limit=100) if t.sent_at)
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(sent)]

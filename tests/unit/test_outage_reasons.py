@@ -141,7 +141,7 @@ def _campaigns(app: Container, count: int = 2, recipients: int = 30) -> list[str
     """Campaigns sending every 60 s (per_day 1440) from T0."""
     cids = []
     for n in range(count):
-        cid = app.campaigns.create(
+        cid = app.campaign_import.create(
             name=f"c{n}", recipients=csv_bytes(recipients), policy=open_policy(per_day=1440)
         ).campaign.id
         assert app.provisioner.provision(cid).status == "done"
@@ -175,8 +175,8 @@ def test_a_worker_starting_after_an_outage_logs_one_line_per_campaign_and_names_
     clock.set(T0 + timedelta(minutes=6, seconds=30))
     started = clock.now()
     with caplog.at_level(logging.DEBUG, logger="sendqueue"):
-        moved = app.campaigns.recovery.after_start()
-        again = app.campaigns.recovery.catch_up_overdue()  # the reconciler's pass at start
+        moved = app.recovery.after_start()
+        again = app.recovery.catch_up_overdue()  # the reconciler's pass at start
     assert again == 0
     lines = _moved_lines(caplog)
     window = f"worker down 08:05{DASH}08:06 UTC"
@@ -219,7 +219,7 @@ def test_a_worker_starting_with_nothing_missed_moves_nothing_and_logs_nothing(
     cids = _campaigns(app, count=1)
     _fake(app).run_until(clock, app.invoke, T0 + timedelta(minutes=2, seconds=1))
     with caplog.at_level(logging.INFO, logger="sendqueue"):
-        assert app.campaigns.recovery.after_start() == 0
+        assert app.recovery.after_start() == 0
     assert _moved_lines(caplog) == []
     assert not any(t.moves for t in _tasks(app, cids))
 
@@ -232,10 +232,10 @@ def test_without_spacing_a_backlog_within_max_lateness_is_left_to_go_out_at_once
     cids = _campaigns(app, count=1)
     _fake(app).run_until(clock, app.invoke, T0 + timedelta(minutes=4, seconds=30))
     clock.set(T0 + timedelta(minutes=6, seconds=30))
-    assert app.campaigns.recovery.after_start() == 0
+    assert app.recovery.after_start() == 0
     assert not any(t.moves for t in _tasks(app, cids))
     clock.set(T0 + timedelta(minutes=20))  # now 08:05 is more than max_lateness late
-    assert app.campaigns.recovery.after_start() > 0
+    assert app.recovery.after_start() > 0
 
 
 # -- other causes, from the worker and the reconciler ------------------------------------------

@@ -30,7 +30,7 @@ from tests.support.app import T0, csv_bytes, fake_app, open_policy
 
 def _sent(app: Container, clock: FakeClock, count: int = 5) -> str:
     """A campaign whose ``count`` emails are all sent (Finished)."""
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="t", recipients=csv_bytes(count), policy=open_policy(), from_addr="n@example.com"
     ).campaign.id
     assert app.provisioner.provision(cid).status == "done"
@@ -84,7 +84,7 @@ def test_campaign_view_counts_every_outcome_and_tasks_carry_theirs() -> None:
 
 def test_a_campaign_with_nothing_sent_names_every_outcome_with_zero() -> None:
     app = fake_app()
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="t", recipients=csv_bytes(2), policy=open_policy(), from_addr="n@example.com"
     ).campaign.id
     assert app.provisioner.provision(cid).status == "done"
@@ -98,7 +98,7 @@ def test_a_campaign_with_nothing_sent_names_every_outcome_with_zero() -> None:
 
 def test_the_options_are_carried_into_the_campaign_and_its_view() -> None:
     app = fake_app()
-    created = app.campaigns.create(
+    created = app.campaign_import.create(
         name="t",
         recipients=csv_bytes(2),
         policy=open_policy(),
@@ -112,7 +112,7 @@ def test_the_options_are_carried_into_the_campaign_and_its_view() -> None:
     view = campaign_dict(app.store, stored)
     assert (view["stop_on_reply"], view["unsubscribe_footer"]) == ("campaign", True)
 
-    rows = app.campaigns.create_from_rows(
+    rows = app.campaign_import.create_from_rows(
         name="rows",
         rows=[{"email": "a@example.com", "subject": "s", "body": "b"}],
         policy=open_policy(),
@@ -124,7 +124,7 @@ def test_the_options_are_carried_into_the_campaign_and_its_view() -> None:
 
 def test_the_defaults_are_sender_and_no_footer() -> None:
     app = fake_app()
-    campaign = app.campaigns.create(
+    campaign = app.campaign_import.create(
         name="t", recipients=csv_bytes(1), policy=open_policy(), from_addr="n@example.com"
     ).campaign
     assert (campaign.stop_on_reply, campaign.unsubscribe_footer) == (StopOnReply.SENDER, False)
@@ -145,7 +145,7 @@ def test_a_bad_option_names_its_field_and_creates_nothing(
     store = InMemoryTaskStore()
     app = fake_app(store=store)
     with pytest.raises(InvalidField) as caught:
-        app.campaigns.create(
+        app.campaign_import.create(
             name="t",
             recipients=csv_bytes(2),
             policy=open_policy(),

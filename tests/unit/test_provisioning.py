@@ -26,7 +26,7 @@ from tests.support.faults import CrashAfter, FlakyScheduler, StoreCrash
 
 
 def _create(app: Container, count: int) -> str:
-    return app.campaigns.create(
+    return app.campaign_import.create(
         name="p", recipients=csv_bytes(count), policy=open_policy()
     ).campaign.id
 
@@ -290,7 +290,7 @@ def test_failed_scheduler_calls_stop_with_checkpoint_and_rerun_completes() -> No
 def test_only_drafts_can_be_provisioned() -> None:
     app = fake_app(provision_chunk=500)
     cid = _create(app, 3)
-    app.campaigns.cancel(cid)
+    app.campaign_controls.cancel(cid)
     with pytest.raises(IllegalTransition):
         app.provisioner.provision(cid)
     assert app.store.count_tasks(cid)[TaskState.PENDING] == 0

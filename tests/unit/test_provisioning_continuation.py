@@ -10,7 +10,6 @@ import pytest
 from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, schedule_group
-from sendqueue.services.capacity import CapacityPlanner
 from sendqueue.services.provisioning import Provisioner
 from tests.support.app import csv_bytes, fake_app, open_policy
 
@@ -19,7 +18,7 @@ from tests.support.app import csv_bytes, fake_app, open_policy
 
 
 def _create(app: Container, count: int) -> str:
-    return app.campaigns.create(
+    return app.campaign_import.create(
         name="p", recipients=csv_bytes(count), policy=open_policy()
     ).campaign.id
 
@@ -87,7 +86,7 @@ def test_the_constructor_hook_serves_runs_that_name_none_and_its_failure_is_rais
         app.config,
         continuation=broken,
         suppressions=app.stores.suppressions,
-        capacity=CapacityPlanner(app.store, app.stores.senders),
+        capacity=app.capacity,
     )
     with pytest.raises(RuntimeError, match="Lambda API is down"):
         provisioner.provision(cid, time_budget=1e-9, safety_margin=0)

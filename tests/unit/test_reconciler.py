@@ -24,7 +24,7 @@ from tests.support.reconciler_race import Build, Layer, RaceScenarios, fired_thr
 
 
 def _active(app: Container, count: int, start_hours: float = 24) -> str:
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="r",
         recipients=csv_bytes(count),
         policy=open_policy(start=T0 + timedelta(hours=start_hours)),
@@ -143,7 +143,7 @@ def test_stopped_provisioning_is_resumed() -> None:
     clock = FakeClock(T0)
     flaky = FlakyScheduler(FakeScheduler(clock), fail=0.2)
     app = fake_app(clock=clock, scheduler=flaky)
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="x", recipients=csv_bytes(300), policy=open_policy()
     ).campaign.id
     assert app.provisioner.provision(cid).status == "stopped"
@@ -190,7 +190,7 @@ def test_flaky_provisioning_then_one_reconcile_gives_exactly_one_schedule_each()
     clock = FakeClock(T0)
     flaky = FlakyScheduler(FakeScheduler(clock), fail=0.1, throttle=0.2)
     app = fake_app(clock=clock, scheduler=flaky)
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="f", recipients=csv_bytes(500), policy=open_policy(start=T0 + timedelta(days=1))
     ).campaign.id
     app.provisioner.provision(cid)

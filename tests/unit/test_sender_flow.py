@@ -46,7 +46,7 @@ def _tasks(app: Container, cid: str) -> list[Task]:
 
 
 def _campaign(app: Container, count: int, senders: list[str], prefix: str = "user") -> str:
-    made = app.campaigns.create(
+    made = app.campaign_import.create(
         name="c", recipients=csv_bytes(count, prefix=prefix), policy=BERLIN_POLICY,
         senders=senders,
     )  # fmt: skip
@@ -128,7 +128,7 @@ def test_cancel_releases_the_slots_for_another_campaign() -> None:
     day = _tasks(app, first)[0].send_at.date()
     second = _campaign(app, 10, [anna.id], prefix="later")
     assert all(t.send_at.date() > day for t in _tasks(app, second))
-    app.campaigns.cancel(first)
+    app.campaign_controls.cancel(first)
     assert app.senders.usage(anna.id)[0].planned == 0
     third = _campaign(app, 10, [anna.id], prefix="third")
     assert all(t.send_at.date() == day for t in _tasks(app, third))
@@ -139,9 +139,9 @@ def test_pause_frees_the_capacity_and_resume_books_it_again() -> None:
     app = _app(clock)
     anna = app.senders.add(email="anna@example.com", daily_cap=10)
     cid = _campaign(app, 15, [anna.id])
-    app.campaigns.pause(cid)
+    app.campaign_controls.pause(cid)
     assert sum(d.planned for d in app.senders.usage(anna.id)) == 0
-    app.campaigns.resume(cid)
+    app.campaign_controls.resume(cid)
     usage = app.senders.usage(anna.id)
     assert sum(d.planned for d in usage) == 15
     assert all(d.planned <= d.cap for d in usage)
@@ -171,7 +171,7 @@ def test_a_transient_failure_re_books_and_a_permanent_one_releases() -> None:
     assert failed is not None and failed.state is TaskState.FAILED
     assert _store(app).booking_of(second.id) is None
     # retry-failed books it again
-    assert app.campaigns.retry_failed(cid) == 1
+    assert app.campaign_controls.retry_failed(cid) == 1
     again = app.store.get_task(second.id)
     booking = _store(app).booking_of(second.id)
     assert again is not None and booking is not None and booking.at == again.send_at
@@ -210,7 +210,7 @@ def test_a_send_whose_slot_was_taken_is_given_back_and_planned_again() -> None:
 def test_a_campaign_without_senders_books_nothing() -> None:
     clock = FakeClock(START)
     app = _app(clock)
-    made = app.campaigns.create(name="c", recipients=csv_bytes(3), policy=BERLIN_POLICY)
+    made = app.campaign_import.create(name="c", recipients=csv_bytes(3), policy=BERLIN_POLICY)
     app.provisioner.provision(made.campaign.id)
     tasks = _tasks(app, made.campaign.id)
     assert {t.sender_id for t in tasks} == {None}
@@ -223,10 +223,10 @@ def test_the_preview_of_a_draft_plans_over_the_senders_books() -> None:
     anna = app.senders.add(email="anna@example.com", daily_cap=4)
     first = _campaign(app, 4, [anna.id])  # takes the whole first day
     day = _tasks(app, first)[0].send_at.astimezone(anna.zone).date()
-    draft = app.campaigns.create(
+    draft = app.campaign_import.create(
         name="d", recipients=csv_bytes(6, prefix="d"), policy=BERLIN_POLICY, senders=[anna.id]
     ).campaign.id
-    summary = app.campaigns.preview_summary(draft)
+    summary = app.campaign_previews.preview_summary(draft)
     assert summary.count == 6
     per_day = {d.day: d.count for d in summary.days}
     assert day not in per_day and max(per_day.values()) <= 4
@@ -250,7 +250,7 @@ def test_a_change_that_planned_sends_would_break_is_refused() -> None:
         assert caught.value.field == field
     assert app.senders.get(anna.id) == anna  # nothing changed
     assert app.senders.update(anna.id, {"daily_cap": 20}).daily_cap == 20
-    app.campaigns.pause(cid)  # frees the planned sends: now the gap may change
+    app.campaign_controls.pause(cid)  # frees the planned sends: now the gap may change
     assert app.senders.update(anna.id, {"min_gap_seconds": 600}).min_gap_seconds == 600
 
 
@@ -268,9 +268,7 @@ def test_a_re_plan_that_loses_to_a_send_leaves_the_booking_where_the_email_went(
         # The re-plan read the task as Pending and books it a new slot while it is being sent.
         mailer.send = send  # type: ignore[method-assign]
         out = send(message)  # type: ignore[arg-type]
-        app.campaigns.replanner.capacity.place(
-            campaign, [task], not_before=clock.now() + timedelta(hours=3), fixed=[]
-        )
+        app.capacity.place(campaign, [task], not_before=clock.now() + timedelta(hours=3), fixed=[])
         return out
 
     mailer.send = send_while_replanning  # type: ignore[method-assign]
@@ -289,16 +287,16 @@ def test_the_preview_names_each_sends_planned_sender() -> None:
     app = _app(clock)
     anna = app.senders.add(email="anna@example.com", name="Doe, Anna", daily_cap=50)
     ben = app.senders.add(email="ben@example.com", daily_cap=50)
-    draft = app.campaigns.create(
+    draft = app.campaign_import.create(
         name="d", recipients=csv_bytes(4, prefix="d"), policy=BERLIN_POLICY,
         senders=[anna.id, ben.id], from_addr="Sales <sales@example.com>",
     ).campaign.id  # fmt: skip
-    plain = app.campaigns.create(
+    plain = app.campaign_import.create(
         name="p", recipients=csv_bytes(2, prefix="p"), policy=BERLIN_POLICY,
         from_addr="Sales <sales@example.com>",
     ).campaign.id  # fmt: skip
 
-    summary = app.campaigns.preview_summary(draft)
+    summary = app.campaign_previews.preview_summary(draft)
 
     assert Counter(summary.first_senders) == {
         "Doe, Anna <anna@example.com>": 2,
@@ -308,4 +306,7 @@ def test_the_preview_names_each_sends_planned_sender() -> None:
     planned = {t.email: t.sender for t in _tasks(app, draft)}
     for email, sender in zip(summary.emails, summary.first_senders, strict=True):
         assert sender.endswith(f"{planned[email]}>") or sender == planned[email]
-    assert app.campaigns.preview_summary(plain).first_senders == ("Sales <sales@example.com>",) * 2
+    assert (
+        app.campaign_previews.preview_summary(plain).first_senders
+        == ("Sales <sales@example.com>",) * 2
+    )

@@ -231,7 +231,7 @@ def test_an_import_with_a_bad_time_names_the_row() -> None:
 
 
 def _create(app: Container, count: int) -> str:
-    return app.campaigns.create(
+    return app.campaign_import.create(
         name="s", recipients=csv_bytes(count), policy=open_policy(), from_addr="n@example.com"
     ).campaign.id
 
@@ -335,7 +335,7 @@ def test_a_suppressed_task_already_changed_by_someone_else_is_left_alone() -> No
     app.provisioner.provision(cid)
     task = app.store.list_tasks(cid)[0]
     app.suppression.add("user0@example.com")
-    app.campaigns.cancel_task(task.id)
+    app.campaign_controls.cancel_task(task.id)
     app.worker.send({"kind": "send", "task_id": task.id, "token": task.token})
     stored = app.store.get_task(task.id)
     assert stored is not None and (stored.state, stored.reason) == (TaskState.CANCELLED, None)

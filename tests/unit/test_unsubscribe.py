@@ -39,7 +39,7 @@ LINKS: dict[str, Any] = {"public_url": PUBLIC, "secret_key": SECRET}
 def _sent_campaign(app: Container, count: int = 2, **campaign: Any) -> tuple[str, list[Task]]:
     """A campaign of ``count`` recipients, provisioned and sent (all Finished)."""
     rows = "".join(f"user{i}@example.com,User {i},Hello\n" for i in range(count))
-    created = app.campaigns.create(
+    created = app.campaign_import.create(
         name="t",
         recipients=f"email,name,subject\n{rows}".encode(),
         policy=open_policy(),
@@ -282,7 +282,7 @@ def test_development_without_the_settings_has_no_links_and_a_trailing_slash_is_d
 def test_unsubscribe_suppresses_and_cancels_the_other_pending_emails() -> None:
     app = fake_app(**LINKS)
     _, sent = _sent_campaign(app)
-    later = app.campaigns.create(
+    later = app.campaign_import.create(
         name="later",
         recipients=csv_bytes(2),
         policy=open_policy(start=T0 + timedelta(days=10)),
@@ -370,7 +370,7 @@ def test_an_urlencoded_unsubscribe_url_is_replaced_too() -> None:
     # Jinja's urlencode quotes the ":" of the placeholder, which must still become the link.
     mailer = RecordingMailer()
     app = fake_app(mailer=mailer, **LINKS)
-    created = app.campaigns.create(
+    created = app.campaign_import.create(
         name="t",
         recipients=b"email,name,subject\nuser0@example.com,User 0,Hello\n",
         policy=open_policy(),

@@ -42,7 +42,7 @@ _HOLDING = {TaskState.PENDING, TaskState.RUNNING, TaskState.FINISHED}
 def _campaign(
     app: Container, count: int, senders: list[str], policy: SendingPolicy, prefix: str = "user"
 ) -> str:
-    made = app.campaigns.create(
+    made = app.campaign_import.create(
         name="c", recipients=csv_bytes(count, prefix=prefix), policy=policy, senders=senders
     )
     assert app.provisioner.provision(made.campaign.id).status == "done"
@@ -112,7 +112,7 @@ def test_a_cancelled_day_still_counts_so_later_days_keep_their_room() -> None:
     first = _campaign(app, 2, [anna.id], policy)  # Monday 7th
     second = _campaign(app, 4, [anna.id], replace(policy, weekdays=frozenset({1})), "b")
     assert _per_day(app, anna) == {MONDAY: 2, date(2026, 12, 8): 4}
-    app.campaigns.cancel(first)
+    app.campaign_controls.cancel(first)
     # Monday held bookings: it stays a sending day, so Tuesday's 4 stay within its ramp
     caps = {u.date: u.cap for u in app.senders.usage(anna.id)}
     assert caps[MONDAY] == 2 and caps[date(2026, 12, 8)] == 4
@@ -217,16 +217,16 @@ def _act(
     cid = data.draw(st.sampled_from(campaigns))
     try:
         if action == "cancel":
-            app.campaigns.cancel(cid)
+            app.campaign_controls.cancel(cid)
         elif action == "cancel_some":
             tasks = app.store.list_tasks(cid, limit=10_000)
             pending = sorted(t.id for t in tasks if t.state is TaskState.PENDING)
             for task_id in data.draw(st.lists(st.sampled_from(pending))) if pending else []:
-                app.campaigns.cancel_task(task_id)
+                app.campaign_controls.cancel_task(task_id)
         elif action == "pause_resume":
-            app.campaigns.pause(cid)
+            app.campaign_controls.pause(cid)
             clock.set(clock.now() + timedelta(days=data.draw(st.integers(0, 4))))
-            app.campaigns.resume(cid)
+            app.campaign_controls.resume(cid)
     except DomainError:
         pass  # not in a state that allows it (done, cancelled): nothing changes
     if action == "wait":

@@ -488,7 +488,7 @@ def test_an_email_failed_event_says_why_from_the_worker_and_the_reconciler() -> 
     clock = FakeClock(T0)
     mailer = RecordingMailer()
     app = fake_app(clock=clock, mailer=mailer, stale_policy="fail", stale_after=900)
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="f", recipients=csv_bytes(2), policy=open_policy(), from_addr="a@example.com"
     ).campaign.id
     assert app.provisioner.provision(cid).status == "done"

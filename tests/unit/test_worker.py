@@ -22,7 +22,7 @@ from tests.support.app import T0, csv_bytes, fake_app, open_policy
 
 
 def _provisioned(app: Container, count: int = 3) -> str:
-    created = app.campaigns.create(
+    created = app.campaign_import.create(
         name="t",
         recipients=csv_bytes(count),
         policy=open_policy(),
@@ -289,7 +289,7 @@ def test_a_retry_due_after_the_window_waits_for_the_next_sending_day() -> None:
     clock = FakeClock(start)
     mailer = RecordingMailer()
     app = fake_app(clock=clock, mailer=mailer, retry_backoff=60)
-    cid = app.campaigns.create(
+    cid = app.campaign_import.create(
         name="late", recipients=csv_bytes(1), policy=SendingPolicy(per_day=1, start=start)
     ).campaign.id
     app.provisioner.provision(cid)
@@ -313,7 +313,7 @@ def test_a_claim_racing_a_cancel_ends_cancelled_not_pending() -> None:
     def cancel_right_after_the_claim(task_id: str, expected: TaskState, new: TaskState, **kw):  # type: ignore[no-untyped-def]
         result = real_transition(task_id, expected, new, **kw)
         if new is TaskState.RUNNING:
-            app.campaigns.cancel(cid)  # its sweep of Pending tasks misses this Running one
+            app.campaign_controls.cancel(cid)  # its sweep of Pending tasks misses this Running one
         return result
 
     app.store.transition = cancel_right_after_the_claim  # type: ignore[method-assign]

@@ -30,7 +30,9 @@ def _app(clock: FakeClock, scheduler: FakeScheduler | None = None) -> Container:
 def _late_in_its_minute(app: Container) -> Task:
     """A provisioned task whose send time lies well into its minute (the open policy sends
     every 8.64 s from 08:00:00)."""
-    cid = app.campaigns.create(name="t", recipients=csv_bytes(4), policy=open_policy()).campaign.id
+    cid = app.campaign_import.create(
+        name="t", recipients=csv_bytes(4), policy=open_policy()
+    ).campaign.id
     assert app.provisioner.provision(cid).status == "done"
     task = app.store.list_tasks(cid, limit=10)[3]
     assert task.send_at.second >= 20, task.send_at

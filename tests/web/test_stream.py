@@ -113,7 +113,7 @@ class Stage:
     def campaign(self, count: int) -> str:
         """A provisioned campaign whose sends are far away (so nothing sends by itself)."""
         far = datetime.now(UTC) + timedelta(days=30)
-        created = self.writer.campaigns.create(
+        created = self.writer.campaign_import.create(
             name="s", recipients=csv_bytes(count), policy=open_policy(far)
         )
         cid = created.campaign.id
@@ -170,7 +170,7 @@ def test_events_from_a_worker_in_another_container_arrive_within_a_second(
     with stage(tmp_path, mailer=f"maildir:{tmp_path / 'outbox'}", retry_backoff=0.5) as st:
         now = datetime.now(UTC)
         count = 10
-        created = st.writer.campaigns.create(
+        created = st.writer.campaign_import.create(
             name="live",
             recipients=demo_csv(count),
             policy=demo_policy(now, "UTC", count, 0.2),

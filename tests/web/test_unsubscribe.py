@@ -62,7 +62,7 @@ class Site:
     def campaign(self, count: int = 3, *, days: int = 0) -> tuple[str, list[Task]]:
         """A provisioned campaign of user0..; sent at once unless it starts ``days`` later."""
         rows = "".join(f"user{i}@example.com,User {i},Hello\n" for i in range(count))
-        cid = self.container.campaigns.create(
+        cid = self.container.campaign_import.create(
             name="News",
             recipients=f"email,name,subject\n{rows}".encode(),
             policy=open_policy(start=T0 + timedelta(days=days)),

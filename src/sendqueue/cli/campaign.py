@@ -142,7 +142,7 @@ def campaign_create(
             default_timezone=c.settings.default_timezone,
         )
         limits = import_limits(c.settings)
-        created = c.campaigns.create(
+        created = c.campaign_import.create(
             name=name,
             recipients=recipients,
             policy=policy,
@@ -273,7 +273,7 @@ def campaign_preview(campaign_id: str, as_json: JsonOpt = False) -> None:
         campaign = c.store.get_campaign(campaign_id)
         # in time order (senders and recipient zones interleave the recipients), equal
         # instants in recipient order
-        pairs = sorted(c.campaigns.preview(campaign_id), key=lambda pair: pair[1])
+        pairs = sorted(c.campaign_previews.preview(campaign_id), key=lambda pair: pair[1])
     default = campaign.policy.timezone
     sends = [when for _, when in pairs]
     # the zone each send's windows are read in: its recipient's in a local-time campaign
@@ -359,16 +359,16 @@ def _control(name: str, call: Callable[[Container, str], Any]) -> Callable[..., 
 
 
 campaign_app.command("cancel", help="Cancel every Pending email and delete the schedules.")(
-    _control("cancel", lambda c, i: c.campaigns.cancel(i))
+    _control("cancel", lambda c, i: c.campaign_controls.cancel(i))
 )
 campaign_app.command("pause", help="Delete the schedules of Pending emails; they stay Pending.")(
-    _control("pause", lambda c, i: c.campaigns.pause(i))
+    _control("pause", lambda c, i: c.campaign_controls.pause(i))
 )
 campaign_app.command("resume", help="Re-plan the Pending emails from now and schedule them.")(
-    _control("resume", lambda c, i: c.campaigns.resume(i))
+    _control("resume", lambda c, i: c.campaign_controls.resume(i))
 )
 campaign_app.command("retry-failed", help="Send the Failed emails again, re-planned from now.")(
-    _control("retry-failed", lambda c, i: c.campaigns.retry_failed(i))
+    _control("retry-failed", lambda c, i: c.campaign_controls.retry_failed(i))
 )
 
 

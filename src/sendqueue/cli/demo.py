@@ -48,7 +48,7 @@ def demo_cmd(
     with container() as c:
         now = c.clock.now()
         policy = demo_policy(now, c.settings.default_timezone, count, interval)
-        created = c.campaigns.create(
+        created = c.campaign_import.create(
             name=f"Demo {now.astimezone(policy.zone):%Y-%m-%d %H:%M}",
             recipients=demo_csv(count),
             policy=policy,

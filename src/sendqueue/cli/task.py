@@ -54,7 +54,7 @@ def task_show(task_id: str, as_json: JsonOpt = False) -> None:
 def task_cancel(task_id: str, as_json: JsonOpt = False) -> None:
     """Cancel one Pending email and delete its schedule."""
     with container() as c:
-        task = c.campaigns.cancel_task(task_id)
+        task = c.campaign_controls.cancel_task(task_id)
         campaign = c.store.get_campaign(task.campaign_id)
         sender = SendersOf(c.store, campaign).of(task)
     if as_json:

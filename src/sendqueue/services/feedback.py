@@ -52,7 +52,7 @@ from sendqueue.domain.suppression import (
 )
 from sendqueue.domain.wording import plural
 from sendqueue.ports import CampaignTasks, Clock, FeedbackOutcomes, SenderStore, SuppressionList
-from sendqueue.services.campaigns import complete_if_done
+from sendqueue.services.campaign_controls import complete_if_done
 
 __all__ = ["REPLIED_REASON", "Applied", "FeedbackService"]
 

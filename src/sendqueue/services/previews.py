@@ -12,27 +12,43 @@ campaign's timezone (what ``per_day`` limits), ``zones`` per zone, each in that 
 local days (what each recipient sees).
 
 :meth:`Previews.planned_sends` is the one place a preview plans; a campaign with senders is
-planned there too (the capacity planner plugs in at that seam).
+planned there too (the capacity planner plugs in at that seam). :class:`CampaignPreviews` is
+the service the CLI, the API and the pages call: it keeps the recent summaries.
 """
 
 from __future__ import annotations
 
 import heapq
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
 
 from sendqueue.domain.capacity import plan_with_senders
 from sendqueue.domain.models import Campaign, Recipient
 from sendqueue.domain.planner import DaySummary, per_day_summary, per_zone_day_summary, plan
+from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.sender_fields import SenderFields
-from sendqueue.ports import Campaigns
+from sendqueue.ports import Campaigns, Clock
+from sendqueue.services.campaign_import import Draft
 from sendqueue.services.capacity import CapacityPlanner
 
-__all__ = ["PlanSummary", "Previews", "ZoneDays", "summarize"]
+__all__ = [
+    "PREVIEW_CACHE_SIZE",
+    "PREVIEW_SENDS",
+    "CampaignPreviews",
+    "PlanSummary",
+    "Previews",
+    "ZoneDays",
+    "summarize",
+]
 
 _PAGE = 1000
+#: Sends a plan summary lists one by one; campaign plans it keeps (least recently used go).
+PREVIEW_SENDS = 1000
+PREVIEW_CACHE_SIZE = 16
 _NO_VARIABLES: MappingProxyType[str, str] = MappingProxyType({})
 
 
@@ -55,8 +71,8 @@ class PlanSummary:
 
     count: int
     first: tuple[datetime, ...]
-    """The first sends (:data:`~sendqueue.services.campaigns.PREVIEW_SENDS` of them), in time
-    order; at equal instants, in recipient order."""
+    """The first sends (:data:`PREVIEW_SENDS` of them), in time order; at equal instants, in
+    recipient order."""
     emails: tuple[str, ...]
     """The addresses of those sends, in the same order."""
     days: tuple[DaySummary, ...]
@@ -77,7 +93,7 @@ class PlanSummary:
 
 class Previews:
     """Plans a stored campaign from a given instant, reading its recipients from the store.
-    Stateless apart from the store; the caller caches (:class:`CampaignService`)."""
+    Stateless apart from the store; the caller caches (:class:`CampaignPreviews`)."""
 
     def __init__(self, store: Campaigns, capacity: CapacityPlanner | None = None) -> None:
         self._store = store
@@ -189,6 +205,88 @@ class Previews:
             if len(batch) < _PAGE:
                 return out
             after = batch[-1].position
+
+
+class CampaignPreviews:
+    """The planned sends of a stored campaign or of a draft, from now."""
+
+    def __init__(self, store: Campaigns, capacity: CapacityPlanner, clock: Clock) -> None:
+        self._store = store
+        self._capacity = capacity
+        self._clock = clock
+        self._previews: OrderedDict[tuple[object, ...], PlanSummary] = OrderedDict()
+        self._previews_lock = threading.Lock()
+
+    def preview_summary(self, campaign_id: str) -> PlanSummary:
+        """The plan of a stored campaign from now, as a summary: cached per campaign.
+
+        Planning a million sends takes seconds, and a page asks again and again. The key holds
+        everything the plan depends on: the campaign (its state and ``updated_at`` change on
+        every write), its policy and recipient count, and "now" rounded up to the minute; the
+        plan starts at that minute, so each send is at most a minute later than planned from
+        the exact instant. Provisioning drops the campaign's entries.
+
+        A local-time campaign is planned in each recipient's zone; the summary counts its
+        sends per day of the campaign's timezone (``days``) and per recipient zone in that
+        zone's days (``zones``); see the module docstring.
+        """
+        campaign = self._store.get_campaign(campaign_id)
+        start = _next_minute(self._clock.now())
+        key = (
+            campaign.id,
+            campaign.state,
+            campaign.updated_at,
+            campaign.policy,
+            campaign.recipient_count,
+            campaign.local_time,
+            campaign.sender_ids,
+            start,
+        )
+        with self._previews_lock:
+            cached = self._previews.get(key)
+            if cached is not None:
+                self._previews.move_to_end(key)
+                return cached
+        summary = Previews(self._store, self._capacity).summary(
+            campaign, start, shown=PREVIEW_SENDS
+        )
+        with self._previews_lock:
+            self._previews[key] = summary
+            while len(self._previews) > PREVIEW_CACHE_SIZE:
+                self._previews.popitem(last=False)
+        return summary
+
+    def draft_summary(self, draft: Draft, policy: SendingPolicy) -> PlanSummary:
+        """A draft's plan if it were provisioned now, summarized as a stored campaign's
+        preview is (first sends in time order, each with its zone): over its senders' books
+        as they are (nothing booked), in each recipient's zone for local time."""
+        campaign = Campaign(
+            id="draft", name=draft.name, policy=policy, from_addr=draft.from_addr,
+            sender_ids=draft.sender_ids, local_time=draft.local_time,
+        )  # fmt: skip
+        imported = draft.imported
+        return Previews(self._store, self._capacity).unsaved(
+            campaign, imported.count, imported.first_emails, imported.recipients,
+            self._clock.now(), shown=PREVIEW_SENDS,
+        )  # fmt: skip
+
+    def forget(self, campaign_id: str) -> None:
+        """Drop the summaries kept for a campaign (it has started provisioning)."""
+        with self._previews_lock:
+            for key in [k for k in self._previews if k[0] == campaign_id]:
+                del self._previews[key]
+
+    def preview(self, campaign_id: str) -> list[tuple[Recipient, datetime]]:
+        """The plan for the campaign's recipients from now: (recipient, send instant) pairs,
+        in recipient order (a local-time campaign's sends are in each recipient's zone, so
+        not in time order)."""
+        campaign = self._store.get_campaign(campaign_id)
+        return Previews(self._store, self._capacity).pairs(campaign, self._clock.now())
+
+
+def _next_minute(now: datetime) -> datetime:
+    floor = now.replace(second=0, microsecond=0)
+    return floor if floor == now else floor + timedelta(minutes=1)
 
 
 def summarize(

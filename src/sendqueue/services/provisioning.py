@@ -31,7 +31,7 @@ from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, key_of_normalized, suppressed_reason
 from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, LeasedCampaignTasks, Leases, Scheduler, SuppressionList
-from sendqueue.services.campaigns import complete_if_done
+from sendqueue.services.campaign_controls import complete_if_done
 from sendqueue.services.capacity import CapacityPlanner, Placement, PlannedRun, uses_capacity
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter

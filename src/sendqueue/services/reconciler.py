@@ -41,10 +41,12 @@ from sendqueue.domain.models import (
 )
 from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, Events, LeasedCampaignTasks, NoEvents, Scheduler
-from sendqueue.services.campaigns import CampaignService, iter_tasks
+from sendqueue.services.campaign_controls import CampaignControls
+from sendqueue.services.capacity import CapacityPlanner
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.provisioning import Continuation, Provisioner
-from sendqueue.services.replanning import RETRY_LEASE_WAIT
+from sendqueue.services.recovery import Recovery
+from sendqueue.services.replanning import RETRY_LEASE_WAIT, Replanner, iter_tasks
 from sendqueue.services.scheduling import ScheduleWriter
 
 __all__ = ["ReconcileReport", "Reconciler"]
@@ -143,17 +145,23 @@ class Reconciler:
         store: LeasedCampaignTasks,
         scheduler: Scheduler,
         writer: ScheduleWriter,
-        campaigns: CampaignService,
+        campaigns: CampaignControls,
         provisioner: Provisioner,
         clock: Clock,
         config: ServiceConfig,
         *,
+        replanner: Replanner,
+        capacity: CapacityPlanner,
+        recovery: Recovery,
         events: Events | None = None,
     ) -> None:
         self._store = store
         self._scheduler = scheduler
         self._writer = writer
         self._campaigns = campaigns
+        self._replanner = replanner
+        self._capacity = capacity
+        self._recovery = recovery
         self._provisioner = provisioner
         self._clock = clock
         self._config = config
@@ -173,7 +181,7 @@ class Reconciler:
         it ``provision_margin`` seconds before and hands the rest on.
         """
         report = ReconcileReport()
-        with self._campaigns.recovery.watch.store_calls():  # overdue sends name it later
+        with self._recovery.watch.store_calls():  # overdue sends name it later
             leased = self._store.acquire_lease(
                 LEASE, self._owner, ttl_seconds=self._config.reconcile_lease_seconds,
                 at=self._clock.now(),
@@ -183,7 +191,7 @@ class Reconciler:
             return report
         try:
             self._stale_running(report)
-            report.overdue_moved += self._campaigns.recovery.catch_up_overdue()
+            report.overdue_moved += self._recovery.catch_up_overdue()
             for campaign in self._store.list_campaigns():
                 self._renew()
                 report.campaigns_checked += 1
@@ -394,14 +402,14 @@ class Reconciler:
                 changes={"error": why}, note=f"stale: {why}",  # the email.failed reason
             ):  # fmt: skip
                 report.stale_failed += 1
-                self._campaigns.replanner.capacity.release([task.id])
+                self._capacity.release([task.id])
             else:
                 report.skipped_in_flight += 1
             return
         campaign = self._store.get_campaign(task.campaign_id)
         # A free slot of the grid from now on, as a transient retry takes (the lost claim not
         # counted: under policy retry the email counts as not sent), under the campaign's lease.
-        replanner = self._campaigns.replanner
+        replanner = self._replanner
         with replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
             if not held:
                 log.info("task %s: stale retry slot taken without the campaign's lease", task.id)
@@ -429,7 +437,7 @@ class Reconciler:
             report.skipped_in_flight += 1  # finished, or claimed again, since it was read
             current = self._store.get_task(task.id)
             if current is not None:  # its slot was booked for the retry: put it back
-                self._campaigns.replanner.capacity.settle(current)
+                self._capacity.settle(current)
             return
         report.stale_retried += 1
         if campaign.state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:

@@ -93,7 +93,7 @@ class Replanner:
         self._writer = writer
         self._clock = clock
         self._config = config
-        self.capacity = capacity
+        self._capacity = capacity
 
     def replan_pending(
         self,
@@ -195,7 +195,7 @@ class Replanner:
             # never comes closer than half the spacing to a fixed one, so none bursts.
             keep = None
             movable = list(pending)
-            slots = self.capacity.place(campaign, movable, not_before=now, fixed=fixed)
+            slots = self._capacity.place(campaign, movable, not_before=now, fixed=fixed)
         else:
             keep = None if schedule_all else self._keep_one(campaign, pending, fixed, now, firing)
             spaced = fixed
@@ -235,7 +235,7 @@ class Replanner:
             task = current.get(move.task_id)
             if task is None or task.send_at == move.send_at:
                 continue
-            self.capacity.settle(task)
+            self._capacity.settle(task)
 
     def _schedule(self, campaign: Campaign, tasks: Sequence[Task], moved: set[str]) -> None:
         # A task claimed between the read and its move kept its token: the schedule made here
@@ -277,7 +277,7 @@ class Replanner:
             for own in exclude:
                 if own in instants:
                     instants.remove(own)
-            return self.capacity.place(campaign, tasks, not_before=not_before, fixed=instants)
+            return self._capacity.place(campaign, tasks, not_before=not_before, fixed=instants)
         zone = campaign.policy.zone
         since = not_before - _DAY_BACK
         span: timedelta | None = _FIRST_SPAN

@@ -61,12 +61,14 @@ from sendqueue.ports import (
     NoEvents,
     SuppressionList,
 )
-from sendqueue.services.campaigns import CampaignService
-from sendqueue.services.capacity import policy_for
+from sendqueue.services.campaign_controls import CampaignControls
+from sendqueue.services.capacity import CapacityPlanner, policy_for
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.outgoing import outgoing_message
-from sendqueue.services.replanning import FIRING_SLACK, RETRY_LEASE_WAIT
+from sendqueue.services.recovery import Recovery
+from sendqueue.services.replanning import FIRING_SLACK, RETRY_LEASE_WAIT, Replanner
 from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.senders import SenderService
 
 __all__ = [
     "CAMPAIGN_CACHE_SECONDS",
@@ -101,10 +103,14 @@ class SendWorker:
         store: CampaignTasks,
         mailer: Mailer,
         writer: ScheduleWriter,
-        campaigns: CampaignService,
+        campaigns: CampaignControls,
         clock: Clock,
         config: ServiceConfig,
         *,
+        replanner: Replanner,
+        capacity: CapacityPlanner,
+        recovery: Recovery,
+        senders: SenderService,
         on_event: Callable[[str, Task], None] | None = None,
         events: Events | None = None,
         alarm: Alarm | None = None,
@@ -115,8 +121,10 @@ class SendWorker:
         # A sender -> the mailer it sends through (its own transport, its OAuth sign-in); None:
         # every sender uses ``mailer``.
         self._mailer_for = mailer_for
-        self._capacity = campaigns.replanner.capacity
-        self._recovery = campaigns.recovery
+        self._replanner = replanner
+        self._capacity = capacity
+        self._recovery = recovery
+        self._senders = senders
         self._senders_seen: dict[str, tuple[float, Sender | None]] = {}
         self._suppressions = suppressions
         self._mailer = mailer
@@ -198,7 +206,7 @@ class SendWorker:
         if seen is not None and now - seen[0] < CAMPAIGN_CACHE_SECONDS:
             return seen[1]
         try:
-            sender: Sender | None = self._campaigns.senders.get(sender_id)
+            sender: Sender | None = self._senders.get(sender_id)
         except NotFound:
             sender = None
         with self._lock:
@@ -524,7 +532,7 @@ class SendWorker:
         # The retry takes a free slot of the grid after the back-off: inside a window, within
         # the day's cap, away from the campaign's other sends (its own failed claim not counted),
         # chosen and written under the campaign's lease so no other retry takes it too.
-        replanner = self._campaigns.replanner
+        replanner = self._replanner
         with replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
             if not held:
                 log.info("task %s: retry slot taken without the campaign's lease", task.id)

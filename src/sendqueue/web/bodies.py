@@ -21,7 +21,7 @@ from sendqueue.bootstrap import Container, import_limits
 from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.lifecycle import StopOnReply
 from sendqueue.domain.policy import SendingPolicy
-from sendqueue.services.campaigns import Draft
+from sendqueue.services.campaign_import import Draft
 from sendqueue.services.importing import Templates
 from sendqueue.settings import Settings
 from sendqueue.web.errors import HttpProblem
@@ -384,7 +384,7 @@ async def _json_body(request: Request, limit: int) -> bytes:
 
 def validate(container: Container, new: NewCampaign) -> Draft:
     limits = import_limits(container.settings)
-    draft: Draft = container.campaigns.validate(
+    draft: Draft = container.campaign_import.validate(
         name=new.name,
         recipients=new.csv,
         rows=new.rows,

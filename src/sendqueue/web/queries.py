@@ -19,8 +19,9 @@ from sendqueue.domain.planner import DaySummary, per_day_summary, plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.senders import Sender
 from sendqueue.ports import Clock, Tasks, TaskStore
-from sendqueue.services.campaigns import PlanSummary, iter_tasks
 from sendqueue.services.mailboxes import SenderMailboxes, mailbox_dict
+from sendqueue.services.previews import PlanSummary
+from sendqueue.services.replanning import iter_tasks
 from sendqueue.services.senders import USAGE_DAYS, SenderService, SenderView
 from sendqueue.services.views import (
     CampaignCounts,

@@ -55,7 +55,7 @@ async def create_campaign(request: Request, c: ContainerDep, response: Response)
 
         def create() -> CreatedCampaign:
             draft = validate(c, new)
-            created = c.campaigns.create_draft(draft, new.policy)
+            created = c.campaign_import.create_draft(draft, new.policy)
             imported = ImportSummary(
                 rows=created.imported.rows,
                 duplicates=created.imported.duplicates,
@@ -82,7 +82,7 @@ async def preview_new_campaign(request: Request, c: ContainerDep) -> Plan:
 
         def preview() -> Plan:
             draft = validate(c, new)
-            summary = c.campaigns.draft_summary(draft, new.policy)
+            summary = c.campaign_previews.draft_summary(draft, new.policy)
             return summary_view(new.policy, summary, duplicates=draft.imported.duplicates)
 
         return await run_in_threadpool(preview)
@@ -107,7 +107,7 @@ def get_campaign(
 def preview_campaign(campaign_id: str, c: ContainerDep) -> Plan:
     """The plan of a stored campaign's recipients if it were provisioned now."""
     campaign = c.store.get_campaign(campaign_id)
-    return summary_view(campaign.policy, c.campaigns.preview_summary(campaign_id))
+    return summary_view(campaign.policy, c.campaign_previews.preview_summary(campaign_id))
 
 
 @router.post(
@@ -119,7 +119,7 @@ def provision(campaign_id: str, c: ContainerDep, runner: ProvisioningDep) -> Cam
     A draft goes to provisioning; one already provisioning continues from its checkpoint;
     any other state is 409.
     """
-    campaign = c.campaigns.start_provisioning(campaign_id)
+    campaign = c.campaign_controls.start_provisioning(campaign_id)
     runner.start(campaign_id)
     return campaign_view(c.store, campaign)
 
@@ -127,27 +127,27 @@ def provision(campaign_id: str, c: ContainerDep, runner: ProvisioningDep) -> Cam
 @router.post("/{campaign_id}/pause", tags=["controls"], responses=_CONTROL_ERRORS)
 def pause(campaign_id: str, c: ContainerDep) -> CampaignDetail:
     """Stop sending: the schedules of Pending emails are deleted; they stay Pending."""
-    c.campaigns.pause(campaign_id)
+    c.campaign_controls.pause(campaign_id)
     return campaign_view(c.store, c.store.get_campaign(campaign_id))
 
 
 @router.post("/{campaign_id}/resume", tags=["controls"], responses=_CONTROL_ERRORS)
 def resume(campaign_id: str, c: ContainerDep) -> CampaignDetail:
     """Re-plan the Pending emails from now and schedule them again."""
-    c.campaigns.resume(campaign_id)
+    c.campaign_controls.resume(campaign_id)
     return campaign_view(c.store, c.store.get_campaign(campaign_id))
 
 
 @router.post("/{campaign_id}/cancel", tags=["controls"], responses=_CONTROL_ERRORS)
 def cancel(campaign_id: str, c: ContainerDep) -> CampaignDetail:
     """Cancel every Pending email and delete the schedules; Running ones finish."""
-    c.campaigns.cancel(campaign_id)
+    c.campaign_controls.cancel(campaign_id)
     return campaign_view(c.store, c.store.get_campaign(campaign_id))
 
 
 @router.post("/{campaign_id}/retry-failed", tags=["controls"], responses=_CONTROL_ERRORS)
 def retry_failed(campaign_id: str, c: ContainerDep) -> RetriedCampaign:
     """Send the Failed emails again, re-planned from now; ``affected`` counts them."""
-    affected = c.campaigns.retry_failed(campaign_id)
+    affected = c.campaign_controls.retry_failed(campaign_id)
     view = campaign_view(c.store, c.store.get_campaign(campaign_id))
     return RetriedCampaign(**dict(view), affected=affected)

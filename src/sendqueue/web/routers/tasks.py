@@ -69,7 +69,7 @@ def cancel_task(campaign_id: str, task_id: str, c: ContainerDep) -> TaskView:
     task = c.store.get_task(task_id)
     if task is None or task.campaign_id != campaign_id:
         raise NotFound("task", task_id)
-    cancelled = c.campaigns.cancel_task(task_id)
+    cancelled = c.campaign_controls.cancel_task(task_id)
     campaign = c.store.get_campaign(campaign_id)
     sender = SendersOf(c.store, campaign).of(cancelled)
     return TaskView.of(cancelled, from_addr=campaign.from_addr, sender=sender)
