@@ -48,6 +48,7 @@ from sendqueue.services.feedback_poll import FeedbackParser, FeedbackPoller
 from sendqueue.services.importing import ImportLimits
 from sendqueue.services.mailboxes import SenderMailboxes
 from sendqueue.services.provisioning import Provisioner
+from sendqueue.services.queries import Queries
 from sendqueue.services.reconciler import Reconciler
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.senders import SenderService
@@ -107,8 +108,7 @@ def _make_parent(url: str) -> None:
 class Container:
     """Everything a sendqueue process needs, wired once."""
 
-    #: Campaign timezones :meth:`timezone_of` keeps; beyond this the oldest go (a worker process
-    #: lives through many campaigns, and its memory must not grow with each).
+    #: Campaign timezones :meth:`timezone_of` keeps; beyond this the oldest go (bounded memory).
     ZONES_CACHED = 4096
 
     def __init__(
@@ -387,6 +387,10 @@ class Container:
     @cached_property
     def campaigns(self) -> CampaignService:
         return CampaignService(self.store, self.writer, self.clock, self.layer_config)
+
+    @cached_property
+    def queries(self) -> Queries:
+        return Queries.over(self.store, self.clock)
 
     @cached_property
     def provisioner(self) -> Provisioner:

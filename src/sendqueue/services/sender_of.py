@@ -7,12 +7,14 @@ A sender removed after its emails went out is named by the address the task was 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import suppress
 from typing import cast
 
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.sender_fields import SenderFields
+from sendqueue.domain.senders import Sender
 from sendqueue.ports import SenderStore, TaskStore
 
 __all__ = ["SendersOf"]
@@ -21,14 +23,24 @@ __all__ = ["SendersOf"]
 class SendersOf:
     """The :class:`SenderFields` of one campaign's emails; each sender is read once."""
 
-    def __init__(self, store: TaskStore, campaign: Campaign) -> None:
+    def __init__(self, store: TaskStore | None, campaign: Campaign) -> None:
         # Every task store keeps the senders too (ports.SenderStore).
-        self._senders = cast(SenderStore, store)
+        self._senders = cast(SenderStore | None, store)
         self._campaign = campaign
         self._read: dict[str, SenderFields | None] = {}
 
+    @classmethod
+    def known(cls, campaign: Campaign, senders: Mapping[str, Sender]) -> SendersOf:
+        """From senders read already (a :class:`~sendqueue.domain.reads.TaskListing`'s): an
+        id not among them is a removed sender."""
+        found = cls(None, campaign)
+        found._read = {sid: SenderFields.of_sender(s) for sid, s in senders.items()}
+        return found
+
     def _sender(self, sender_id: str) -> SenderFields | None:
         if sender_id not in self._read:
+            if self._senders is None:
+                return None
             found = None
             with suppress(NotFound):
                 found = SenderFields.of_sender(self._senders.get_sender(sender_id))
