@@ -61,8 +61,8 @@ def cancel_task(
     campaign_id: str, task_id: str, queries: QueriesDep, campaigns: CampaignsDep
 ) -> TaskView:
     """Cancel one Pending email and delete its schedule; 409 if it is past Pending."""
-    queries.task(task_id, campaign_id)
+    campaign, _ = queries.task(task_id, campaign_id)
     cancelled = campaigns.cancel_task(task_id)
-    campaign = queries.campaign_of(campaign_id)
+    # the view reads the campaign's From and senders, which cancelling leaves as they were
     sender = queries.sender_of(campaign, cancelled)
     return TaskView.of(cancelled, from_addr=campaign.from_addr, sender=sender)
