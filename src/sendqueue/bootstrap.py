@@ -52,6 +52,7 @@ from sendqueue.services.importing import ImportLimits
 from sendqueue.services.mailboxes import SenderMailboxes
 from sendqueue.services.previews import CampaignPreviews
 from sendqueue.services.provisioning import Provisioner
+from sendqueue.services.queries import Queries
 from sendqueue.services.reconciler import Reconciler
 from sendqueue.services.recovery import Recovery
 from sendqueue.services.replanning import Replanner
@@ -113,8 +114,7 @@ def _make_parent(url: str) -> None:
 class Container:
     """Everything a sendqueue process needs, wired once."""
 
-    #: Campaign timezones :meth:`timezone_of` keeps; beyond this the oldest go (a worker process
-    #: lives through many campaigns, and its memory must not grow with each).
+    #: Campaign timezones :meth:`timezone_of` keeps; beyond this the oldest go (bounded memory).
     ZONES_CACHED = 4096
 
     def __init__(
@@ -412,6 +412,10 @@ class Container:
     @cached_property
     def campaign_controls(self) -> CampaignControls:
         return bootstrap_campaigns.campaign_controls(self)
+
+    @cached_property
+    def queries(self) -> Queries:
+        return Queries.over(self.store, self.stores.senders, self.clock)
 
     @cached_property
     def provisioner(self) -> Provisioner:

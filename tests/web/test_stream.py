@@ -397,7 +397,7 @@ class _Log:
 
 def test_a_client_that_does_not_read_is_dropped_not_buffered() -> None:
     log = _Log()
-    broker = ChangeBroker(log, StreamConfig(poll_interval=0.01, queue_size=5))  # type: ignore[arg-type]
+    broker = ChangeBroker(log, StreamConfig(poll_interval=0.01, queue_size=5))
 
     async def scenario() -> None:
         slow = await broker.subscribe("c1", None)
@@ -497,7 +497,7 @@ async def _drain(frames: AsyncIterator[str], count: int) -> list[int]:
 
 def test_a_resumed_client_reads_its_backlog_then_joins_the_fan_out_without_gap() -> None:
     log = _Log()
-    broker = ChangeBroker(log, StreamConfig(poll_interval=0.01, batch=4))  # type: ignore[arg-type]
+    broker = ChangeBroker(log, StreamConfig(poll_interval=0.01, batch=4))
 
     async def scenario() -> None:
         log.add("c1", 3)
@@ -534,7 +534,7 @@ def test_a_resumed_client_reads_its_backlog_then_joins_the_fan_out_without_gap()
 
 def test_a_new_reader_starts_at_the_head_of_the_log() -> None:
     log = _Log()
-    broker = ChangeBroker(log, StreamConfig(poll_interval=0.01))  # type: ignore[arg-type]
+    broker = ChangeBroker(log, StreamConfig(poll_interval=0.01))
 
     async def scenario() -> None:
         log.add("c1", 2)
@@ -555,7 +555,7 @@ def test_a_new_reader_starts_at_the_head_of_the_log() -> None:
 def test_the_reader_polls_less_once_the_log_is_quiet_and_still_delivers() -> None:
     log = _Log()
     config = StreamConfig(poll_interval=0.01, idle_poll_interval=0.1, idle_after=0.2)
-    broker = ChangeBroker(log, config)  # type: ignore[arg-type]
+    broker = ChangeBroker(log, config)
 
     async def scenario() -> None:
         sub = await broker.subscribe("c1", None)

@@ -235,7 +235,7 @@ class Reader:
 
 
 def _broker(log: FaultyLog) -> ChangeBroker:
-    return ChangeBroker(log, FAST)  # type: ignore[arg-type]
+    return ChangeBroker(log, FAST)
 
 
 def test_the_first_frame_says_live_and_a_failing_log_turns_it_delayed_then_live() -> None:

@@ -40,8 +40,8 @@ from sendqueue.domain.planner import per_zone_day_summary
 from sendqueue.domain.wording import plural
 from sendqueue.services.importing import Templates
 from sendqueue.services.previews import ZoneDays
-from sendqueue.services.sender_of import SendersOf
-from sendqueue.services.views import campaign_dict, task_list_dict
+from sendqueue.services.queries import campaign_json, senders_of
+from sendqueue.services.views import task_list_dict
 
 __all__ = ["campaign_app"]
 
@@ -156,7 +156,7 @@ def campaign_create(
             local_time=local_time,
         )
         campaign = created.campaign
-        data = campaign_dict(c.store, campaign)
+        data = campaign_json(c.queries.figures_for(campaign))
         data["import"] = {"rows": created.imported.rows, "duplicates": created.imported.duplicates}
         if as_json:
             print_json(data)
@@ -216,7 +216,7 @@ def _read_text(path: Path, field: str) -> str:
 def campaign_list(as_json: JsonOpt = False) -> None:
     """All campaigns with their state and counts."""
     with container() as c:
-        rows = [campaign_dict(c.store, x) for x in c.store.list_campaigns()]
+        rows = [campaign_json(figures) for figures in c.queries.campaigns()]
     if as_json:
         print_json(rows)
         return
@@ -243,7 +243,7 @@ def campaign_list(as_json: JsonOpt = False) -> None:
 def campaign_show(campaign_id: str, as_json: JsonOpt = False) -> None:
     """One campaign: policy, state and counts per task state."""
     with container() as c:
-        data = campaign_dict(c.store, c.store.get_campaign(campaign_id))
+        data = campaign_json(c.queries.campaign(campaign_id))
         senders = _senders_line(c, data)
     if as_json:
         print_json(data)
@@ -270,7 +270,7 @@ def campaign_show(campaign_id: str, as_json: JsonOpt = False) -> None:
 def campaign_preview(campaign_id: str, as_json: JsonOpt = False) -> None:
     """The plan for the campaign's recipients if it were provisioned now, in time order."""
     with container() as c:
-        campaign = c.store.get_campaign(campaign_id)
+        campaign = c.queries.campaign_of(campaign_id)
         # in time order (senders and recipient zones interleave the recipients), equal
         # instants in recipient order
         pairs = sorted(c.campaign_previews.preview(campaign_id), key=lambda pair: pair[1])
@@ -345,7 +345,7 @@ def _control(name: str, call: Callable[[Container, str], Any]) -> Callable[..., 
     def command(campaign_id: str, as_json: JsonOpt = False) -> None:
         with container() as c:
             result = call(c, campaign_id)
-            data = campaign_dict(c.store, c.store.get_campaign(campaign_id))
+            data = campaign_json(c.queries.campaign(campaign_id))
         if isinstance(result, int):
             data["affected"] = result
         if as_json:
@@ -389,23 +389,22 @@ def campaign_tasks(
         raise InvalidField("limit", limit, "must be 0 (all) or more")
     rows: list[dict[str, Any]] = []
     with container() as c:
-        # a paused campaign's Pending emails have no send time until it resumes
-        campaign = c.store.get_campaign(campaign_id)
-        paused = campaign.state is CampaignState.PAUSED
-        senders = SendersOf(c.store, campaign)
         cursor = after
         while True:
             page = min(1000, limit - len(rows)) if limit else 1000
-            batch = c.store.list_tasks(
+            listing = c.queries.tasks(
                 campaign_id, state=wanted, search=search, after=cursor, limit=page
             )
+            campaign, batch, senders = listing.campaign, listing.tasks, senders_of(listing)
+            # a paused campaign's Pending emails have no send time until it resumes
+            paused = campaign.state is CampaignState.PAUSED
             rows.extend(
                 task_list_dict(
                     t, campaign_paused=paused, from_addr=campaign.from_addr, sender=senders.of(t)
                 )
                 for t in batch
             )
-            if len(batch) < page or (limit and len(rows) >= limit):
+            if not listing.more or not batch or (limit and len(rows) >= limit):
                 break
             cursor = batch[-1].position
     if as_json:

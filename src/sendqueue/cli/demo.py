@@ -81,12 +81,12 @@ def demo_cmd(
             with Live(_demo_table(c, cid), console=out, refresh_per_second=4) as live:
                 while not stop.wait(0.5):
                     live.update(_demo_table(c, cid))
-                    if c.store.get_campaign(cid).state is CampaignState.COMPLETED:
+                    if c.queries.campaign_of(cid).state is CampaignState.COMPLETED:
                         break
         finally:
             stop.set()
             worker.join(timeout=60)
-        counts = c.store.count_tasks(cid)
+        counts = c.queries.campaign(cid).counts
         out.print(
             f"done: {counts[TaskState.FINISHED]} sent, {counts[TaskState.FAILED]} failed. "
             f"Messages are in {c.settings.mailer.removeprefix('maildir:')}/new"
@@ -117,8 +117,8 @@ def _demo_ui(c: Container, cid: str, port: int) -> None:
 
 
 def _demo_table(c: Container, cid: str) -> Table:
-    counts = c.store.count_tasks(cid)
-    campaign = c.store.get_campaign(cid)
+    listing = c.queries.tasks(cid, limit=1000)
+    campaign, counts = listing.campaign, c.queries.campaign(cid).counts
     table = Table(
         title=f"campaign {cid}: {campaign.state.value}  "
         + "  ".join(f"{s.value} {counts[s]}" for s in TaskState)
@@ -126,7 +126,7 @@ def _demo_table(c: Container, cid: str) -> Table:
     for col in ("#", "email", "state", "send at (local)", "sent at", "late (s)"):
         table.add_column(col)
     zone = campaign.policy.zone
-    for t in c.store.list_tasks(cid, limit=1000):
+    for t in listing.tasks:
         late = f"{(t.sent_at - t.send_at).total_seconds():.2f}" if t.sent_at else ""
         table.add_row(
             str(t.position),

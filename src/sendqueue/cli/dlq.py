@@ -23,7 +23,7 @@ dlq_app = typer.Typer(help="The dead-letter queue of failed invocations.", no_ar
 def dlq_list(as_json: JsonOpt = False) -> None:
     """Invocations that failed after their retries."""
     with container() as c:
-        letters = [dead_letter_dict(d) for d in c.scheduler.dead_letters()]
+        letters = [dead_letter_dict(d) for d in c.dead_letter_queue.letters()]
     if as_json:
         print_json(letters)
         return

@@ -5,10 +5,8 @@ from __future__ import annotations
 import typer
 
 from sendqueue.cli.common import JsonOpt, container, handle_errors, out, print_json
-from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.wording import plural
-from sendqueue.services.sender_of import SendersOf
 from sendqueue.services.views import task_dict
 
 __all__ = ["task_app"]
@@ -21,11 +19,8 @@ task_app = typer.Typer(help="Look at or act on a single email.", no_args_is_help
 def task_show(task_id: str, as_json: JsonOpt = False) -> None:
     """One email: its state, times, error and outcome (what happened after sending)."""
     with container() as c:
-        task = c.store.get_task(task_id)
-        if task is None:
-            raise NotFound("task", task_id)
-        campaign = c.store.get_campaign(task.campaign_id)
-        sender = SendersOf(c.store, campaign).of(task)
+        campaign, task = c.queries.task(task_id)
+        sender = c.queries.sender_of(campaign, task)
     paused = campaign.state is CampaignState.PAUSED
     data = task_dict(task, campaign_paused=paused, from_addr=campaign.from_addr, sender=sender)
     if as_json:
@@ -55,8 +50,8 @@ def task_cancel(task_id: str, as_json: JsonOpt = False) -> None:
     """Cancel one Pending email and delete its schedule."""
     with container() as c:
         task = c.campaign_controls.cancel_task(task_id)
-        campaign = c.store.get_campaign(task.campaign_id)
-        sender = SendersOf(c.store, campaign).of(task)
+        campaign = c.queries.campaign_of(task.campaign_id)
+        sender = c.queries.sender_of(campaign, task)
     if as_json:
         print_json(task_dict(task, from_addr=campaign.from_addr, sender=sender))
     else:

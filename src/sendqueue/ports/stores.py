@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from sendqueue.ports.reads import CampaignReads
 from sendqueue.ports.feedback import FeedbackCursors, FeedbackOutcomes, FeedbackStore
 from sendqueue.ports.senders import SenderStore
 from sendqueue.ports.suppressions import SuppressionList
@@ -22,7 +23,9 @@ from sendqueue.ports.webhooks import WebhookStore
 __all__ = ["StoreBackend", "Stores"]
 
 
-class StoreBackend(TaskStore, SuppressionList, FeedbackStore, SenderStore, WebhookStore, Protocol):
+class StoreBackend(
+    TaskStore, SuppressionList, FeedbackStore, SenderStore, WebhookStore, CampaignReads, Protocol
+):
     """One backend's store: every aggregate's port, in one database (the SQL stores, the
     DynamoDB store and the in-memory fake each are one)."""
 

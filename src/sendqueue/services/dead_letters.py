@@ -94,6 +94,10 @@ class DeadLetterQueue:
         self._scheduler = scheduler
         self._relay = relay
 
+    def letters(self, *, limit: int = 1000) -> list[DeadLetter]:
+        """The dead letters, as the scheduler lists them."""
+        return self._scheduler.dead_letters(limit=limit)
+
     def redrive(self, letter_id: str) -> Schedule:
         """:func:`redrive_one`."""
         return redrive_one(self._scheduler, letter_id, relay=self._relay)

@@ -7,11 +7,13 @@ A sender removed after its emails went out is named by the address the task was 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import suppress
 
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.sender_fields import SenderFields
+from sendqueue.domain.senders import Sender
 from sendqueue.ports import SenderStore
 
 __all__ = ["SendersOf"]
@@ -20,13 +22,23 @@ __all__ = ["SendersOf"]
 class SendersOf:
     """The :class:`SenderFields` of one campaign's emails; each sender is read once."""
 
-    def __init__(self, senders: SenderStore, campaign: Campaign) -> None:
+    def __init__(self, senders: SenderStore | None, campaign: Campaign) -> None:
         self._senders = senders
         self._campaign = campaign
         self._read: dict[str, SenderFields | None] = {}
 
+    @classmethod
+    def known(cls, campaign: Campaign, senders: Mapping[str, Sender]) -> SendersOf:
+        """From senders read already (a :class:`~sendqueue.domain.reads.TaskListing`'s): an
+        id not among them is a removed sender."""
+        found = cls(None, campaign)
+        found._read = {sid: SenderFields.of_sender(s) for sid, s in senders.items()}
+        return found
+
     def _sender(self, sender_id: str) -> SenderFields | None:
         if sender_id not in self._read:
+            if self._senders is None:
+                return None
             found = None
             with suppress(NotFound):
                 found = SenderFields.of_sender(self._senders.get_sender(sender_id))

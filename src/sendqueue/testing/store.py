@@ -12,6 +12,7 @@ import json
 import threading
 from bisect import bisect_right, insort
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -41,6 +42,7 @@ from sendqueue.domain.models import (
     utc,
 )
 from sendqueue.domain.senders import Booking
+from sendqueue.ports.reads import ComposedCampaignReads
 from sendqueue.testing.feedback import InMemoryFeedback
 from sendqueue.testing.guard import guarded as _guarded
 from sendqueue.testing.senders import InMemorySenders
@@ -62,7 +64,9 @@ def _utc_or_none(value: datetime | None) -> datetime | None:
     return None if value is None else utc(value)
 
 
-class InMemoryTaskStore(InMemorySuppressions, InMemoryFeedback, InMemorySenders, InMemoryWebhooks):
+class InMemoryTaskStore(
+    ComposedCampaignReads, InMemorySuppressions, InMemoryFeedback, InMemorySenders, InMemoryWebhooks
+):
     """:class:`~sendqueue.ports.TaskStore`, :class:`~sendqueue.ports.SuppressionList` and
     :class:`~sendqueue.ports.FeedbackStore` and the webhooks' store in memory; thread-safe, one
     lock.
@@ -94,6 +98,10 @@ class InMemoryTaskStore(InMemorySuppressions, InMemoryFeedback, InMemorySenders,
         """Make every call fail with StoreUnavailable (``False``) or work again (``True``)."""
         with self._lock:
             self._available = available
+
+    def _read_together(self) -> AbstractContextManager[object]:
+        """One view's reads see one state: they run under the store's lock."""
+        return self._lock
 
     def close(self) -> None:
         """Nothing to release; the data stays readable."""

@@ -44,7 +44,6 @@ from sendqueue.web.middleware.auth import is_api_path
 from sendqueue.web.middleware.limits import BodyTimeoutMiddleware, header_timeout_protocol
 from sendqueue.web.middleware.peers import PeerCap
 from sendqueue.web.middleware.throttle import AuthThrottle, RequestRate
-from sendqueue.web.queries import TimelineCache
 from sendqueue.web.rendering import STATIC_DIR, http_error_page
 from sendqueue.web.routers import ROUTERS
 from sendqueue.web.stream import ChangeBroker, StreamConfig
@@ -102,7 +101,6 @@ def create_app(
     app.state.container = container
     app.state.broker = broker
     app.state.provisioning = provisioning
-    app.state.timelines = TimelineCache(container.store, container.clock)
     app.state.unsubscribe_rate = RequestRate(settings.unsubscribe_rate)
     app.state.attention = AttentionCache(
         lambda: read_attention(container.store, container.scheduler)

@@ -17,12 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sendqueue.bootstrap import Container, import_limits
 from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.lifecycle import StopOnReply
 from sendqueue.domain.policy import SendingPolicy
-from sendqueue.services.campaign_import import Draft
-from sendqueue.services.importing import Templates
+from sendqueue.services.campaign_import import CampaignImport, Draft
+from sendqueue.services.importing import ImportLimits, Templates
 from sendqueue.settings import Settings
 from sendqueue.web.errors import HttpProblem
 from sendqueue.web.middleware.csrf import FormCsrf
@@ -382,9 +381,8 @@ async def _json_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def validate(container: Container, new: NewCampaign) -> Draft:
-    limits = import_limits(container.settings)
-    draft: Draft = container.campaign_import.validate(
+def validate(importer: CampaignImport, limits: ImportLimits, new: NewCampaign) -> Draft:
+    draft: Draft = importer.validate(
         name=new.name,
         recipients=new.csv,
         rows=new.rows,

@@ -1,11 +1,15 @@
-"""What routes get from the app: the container, the stream broker, background provisioning and
-the timeline cache.
+"""What routes get from the app: each the services it uses, the stream broker and background
+provisioning.
 
-``create_app`` puts them on ``app.state``; routes (the API's and the pages') take them as
-``Annotated`` dependencies::
+``create_app`` puts the container, the broker and the provisioning runner on ``app.state``;
+routes (the API's and the pages') take what they use of them as ``Annotated`` dependencies,
+never the container itself nor the store::
 
     @router.get("/campaigns/{campaign_id}")
-    def page(campaign_id: str, c: ContainerDep, request: Request) -> HTMLResponse: ...
+    def page(campaign_id: str, queries: QueriesDep, request: Request) -> HTMLResponse: ...
+
+Reads go through :class:`~sendqueue.services.queries.Queries` (``QueriesDep``); writes through
+the service that owns them (``CampaignsDep``, ``SendersDep``, ...).
 
 ``request.state.csrf_token`` holds the CSRF token a page puts into its forms and its
 ``<meta name="csrf-token">`` (set by :class:`sendqueue.web.middleware.csrf.CsrfMiddleware`).
@@ -16,25 +20,50 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Annotated
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
 
-from sendqueue.bootstrap import Container
+from sendqueue.bootstrap import Container, import_limits
 from sendqueue.domain.wording import plural
-from sendqueue.web.queries import TimelineCache
+from sendqueue.services.campaign_controls import CampaignControls
+from sendqueue.services.campaign_import import CampaignImport
+from sendqueue.services.previews import CampaignPreviews
+from sendqueue.services.dead_letters import DeadLetterQueue
+from sendqueue.services.importing import ImportLimits
+from sendqueue.services.mailboxes import SenderMailboxes
+from sendqueue.services.queries import Queries
+from sendqueue.services.senders import SenderService
+from sendqueue.services.suppression import SuppressionService
+from sendqueue.services.unsubscribe import UnsubscribeService
+from sendqueue.services.webhooks import WebhookService
+from sendqueue.settings import Settings
 from sendqueue.web.stream import ChangeBroker
 
 __all__ = [
     "BackgroundProvisioning",
     "BrokerDep",
-    "ContainerDep",
+    "CampaignImportDep",
+    "CampaignsDep",
+    "ClockDep",
+    "DeadLettersDep",
+    "ImportLimitsDep",
+    "MailboxesDep",
+    "MetricsTextDep",
+    "PreviewsDep",
     "ProvisioningDep",
-    "TimelinesDep",
+    "QueriesDep",
+    "SendersDep",
+    "SettingsDep",
+    "SuppressionDep",
+    "UnsubscribeDep",
+    "WebhooksDep",
     "get_broker",
-    "get_container",
+    "get_campaigns",
     "get_provisioning",
-    "get_timelines",
+    "get_queries",
 ]
 
 log = logging.getLogger(__name__)
@@ -109,9 +138,76 @@ class BackgroundProvisioning:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def get_container(request: Request) -> Container:
+class Clock(Protocol):
+    """What a route asks of the clock (the container's, a fake one in tests)."""
+
+    def now(self) -> datetime: ...
+
+
+def _container(request: Request) -> Container:
     container: Container = request.app.state.container
     return container
+
+
+def get_settings(request: Request) -> Settings:
+    return _container(request).settings
+
+
+def get_clock(request: Request) -> Clock:
+    return _container(request).clock
+
+
+def get_queries(request: Request) -> Queries:
+    """The read side: every page's and API read's data."""
+    return _container(request).queries
+
+
+def get_campaigns(request: Request) -> CampaignControls:
+    """A campaign's controls: provisioning, pause, resume, cancel, retry-failed."""
+    return _container(request).campaign_controls
+
+
+def get_campaign_import(request: Request) -> CampaignImport:
+    """Creating a campaign: its recipients checked and stored."""
+    return _container(request).campaign_import
+
+
+def get_previews(request: Request) -> CampaignPreviews:
+    """The plan of a stored campaign or of a draft, as its preview shows it."""
+    return _container(request).campaign_previews
+
+
+def get_import_limits(request: Request) -> ImportLimits:
+    return import_limits(_container(request).settings)
+
+
+def get_senders(request: Request) -> SenderService:
+    return _container(request).senders
+
+
+def get_mailboxes(request: Request) -> SenderMailboxes:
+    return _container(request).mailboxes
+
+
+def get_suppression(request: Request) -> SuppressionService:
+    return _container(request).suppression
+
+
+def get_webhooks(request: Request) -> WebhookService:
+    return _container(request).webhooks
+
+
+def get_unsubscribe(request: Request) -> UnsubscribeService:
+    return _container(request).unsubscribe
+
+
+def get_dead_letters(request: Request) -> DeadLetterQueue:
+    return _container(request).dead_letter_queue
+
+
+def get_metrics_text(request: Request) -> Callable[[], tuple[bytes, str]]:
+    """The metrics in the Prometheus text format and its content type, when called."""
+    return _container(request).metrics_text
 
 
 def get_broker(request: Request) -> ChangeBroker:
@@ -124,13 +220,19 @@ def get_provisioning(request: Request) -> BackgroundProvisioning:
     return runner
 
 
-def get_timelines(request: Request) -> TimelineCache:
-    """The app's cache of campaign timelines, shared by the API and the pages."""
-    cache: TimelineCache = request.app.state.timelines
-    return cache
-
-
-ContainerDep = Annotated[Container, Depends(get_container)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ClockDep = Annotated[Clock, Depends(get_clock)]
+QueriesDep = Annotated[Queries, Depends(get_queries)]
+CampaignsDep = Annotated[CampaignControls, Depends(get_campaigns)]
+CampaignImportDep = Annotated[CampaignImport, Depends(get_campaign_import)]
+PreviewsDep = Annotated[CampaignPreviews, Depends(get_previews)]
+ImportLimitsDep = Annotated[ImportLimits, Depends(get_import_limits)]
+SendersDep = Annotated[SenderService, Depends(get_senders)]
+MailboxesDep = Annotated[SenderMailboxes, Depends(get_mailboxes)]
+SuppressionDep = Annotated[SuppressionService, Depends(get_suppression)]
+WebhooksDep = Annotated[WebhookService, Depends(get_webhooks)]
+UnsubscribeDep = Annotated[UnsubscribeService, Depends(get_unsubscribe)]
+DeadLettersDep = Annotated[DeadLetterQueue, Depends(get_dead_letters)]
+MetricsTextDep = Annotated[Callable[[], tuple[bytes, str]], Depends(get_metrics_text)]
 BrokerDep = Annotated[ChangeBroker, Depends(get_broker)]
 ProvisioningDep = Annotated[BackgroundProvisioning, Depends(get_provisioning)]
-TimelinesDep = Annotated[TimelineCache, Depends(get_timelines)]

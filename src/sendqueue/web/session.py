@@ -32,13 +32,12 @@ import time
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import anyio.to_thread
 from fastapi import Request
 from fastapi.responses import Response
-
-from sendqueue.ports import TaskStore
 
 __all__ = [
     "CSRF_COOKIE",
@@ -147,6 +146,14 @@ class SessionSigner:
         return _b64(digest.digest())
 
 
+class Counters(Protocol):
+    """What sessions need of the task store: its named counters (``TaskStore.counter``)."""
+
+    def counter(self, name: str) -> int: ...
+
+    def increment_counter(self, name: str) -> int: ...
+
+
 class SessionGenerations:
     """The store's session generation, cached for ``max_age`` seconds (thread-safe).
 
@@ -156,7 +163,7 @@ class SessionGenerations:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: Counters,
         *,
         max_age: float = GENERATION_CACHE_SECONDS,
         clock: Callable[[], float] = time.monotonic,

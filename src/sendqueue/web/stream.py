@@ -41,6 +41,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import anyio
 import anyio.abc
@@ -49,7 +50,6 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from sendqueue.domain.models import ChangeLogEntry
-from sendqueue.ports import TaskStore
 from sendqueue.services.views import change_dict
 from sendqueue.web.stream_status import LIVE, ReaderHealth, StreamStatus
 
@@ -156,13 +156,26 @@ class _Reader:
                 del self.watched[sub.campaign_id]
 
 
+class ChangeLog(Protocol):
+    """What the stream reads of the task store: its change log (``TaskStore.changes_after``,
+    ``last_change_id``, ``newest_change_id``)."""
+
+    def changes_after(
+        self, after_id: int, *, campaign_id: str | None = None, limit: int = 1000
+    ) -> list[ChangeLogEntry]: ...
+
+    def last_change_id(self) -> int: ...
+
+    def newest_change_id(self) -> int: ...
+
+
 class ChangeBroker:
     """Fans the change log out to the connected clients by campaign; see the module docstring.
 
     All methods run on the event loop thread; store calls go to worker threads.
     """
 
-    def __init__(self, store: TaskStore, config: StreamConfig | None = None) -> None:
+    def __init__(self, store: ChangeLog, config: StreamConfig | None = None) -> None:
         self._store = store
         self.config = config or StreamConfig()
         self._reader: _Reader | None = None

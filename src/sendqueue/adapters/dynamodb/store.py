@@ -99,12 +99,19 @@ from sendqueue.domain.models import (
     utc,
 )
 from sendqueue.domain.senders import Booking
+from sendqueue.ports.reads import ComposedCampaignReads
 
 __all__ = ["DynamoDbTaskStore"]
 
 
 class DynamoDbTaskStore(
-    TaskItems, SuppressionItems, FeedbackItems, SenderItems, BookingItems, WebhookItems
+    ComposedCampaignReads,
+    TaskItems,
+    SuppressionItems,
+    FeedbackItems,
+    SenderItems,
+    BookingItems,
+    WebhookItems,
 ):
     """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`,
     :mod:`~sendqueue.adapters.dynamodb.suppressions`; :class:`~sendqueue.ports.FeedbackStore`,

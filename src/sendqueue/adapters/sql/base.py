@@ -25,6 +25,7 @@ it after forking: an engine's pooled connections must not cross a fork.
 
 from __future__ import annotations
 
+import threading
 from abc import abstractmethod
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -64,11 +65,19 @@ from sendqueue.domain.models import (
     checked_changes,
 )
 from sendqueue.domain.senders import Booking
+from sendqueue.ports.reads import ComposedCampaignReads
 
 __all__ = ["SqlTaskStore"]
 
 
-class SqlTaskStore(SideTables, SuppressionTables, FeedbackTables, SenderTables, WebhookTables):
+class SqlTaskStore(
+    ComposedCampaignReads,
+    SideTables,
+    SuppressionTables,
+    FeedbackTables,
+    SenderTables,
+    WebhookTables,
+):
     """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`,
     :class:`~sendqueue.ports.FeedbackStore`, :class:`~sendqueue.ports.SenderStore`) over a SQL
     database; one subclass per dialect.
@@ -95,6 +104,7 @@ class SqlTaskStore(SideTables, SuppressionTables, FeedbackTables, SenderTables, 
             self._engine.dispose()
             raise ValueError(f"{type(self).__name__} needs a {self.dialect} URL")
         self._writer = self._engine.execution_options(**WRITE)
+        self._together = threading.local()
         if upgrade:
             try:
                 migrate.upgrade_engine(self._engine)
@@ -126,8 +136,23 @@ class SqlTaskStore(SideTables, SuppressionTables, FeedbackTables, SenderTables, 
 
     @contextmanager
     def _read(self, action: str) -> Iterator[Connection]:
+        shared: Connection | None = getattr(self._together, "conn", None)
+        if shared is not None:  # inside _read_together: one connection for the whole read
+            yield shared
+            return
         with mapped_errors(action), self._engine.connect() as conn:
             yield conn
+
+    @contextmanager
+    def _read_together(self) -> Iterator[Connection]:
+        """The reads of one :class:`~sendqueue.ports.reads.CampaignReads` call share a
+        connection (and its transaction: one snapshot on SQLite)."""
+        with mapped_errors("read a view"), self._engine.connect() as conn:
+            self._together.conn = conn
+            try:
+                yield conn
+            finally:
+                self._together.conn = None
 
     @abstractmethod
     def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:

@@ -26,14 +26,13 @@ from collections.abc import Iterable
 
 from fastapi import APIRouter, FastAPI
 
-from sendqueue.ports import TaskStore
 from sendqueue.web.middleware.auth import AuthMiddleware
 from sendqueue.web.middleware.csrf import CsrfMiddleware, form_routes
 from sendqueue.web.middleware.headers import SecurityHeadersMiddleware
 from sendqueue.web.middleware.hosts import OriginMiddleware, TrustedHostMiddleware
 from sendqueue.web.middleware.requests import BodyLimitMiddleware, NulByteMiddleware
 from sendqueue.web.middleware.throttle import AuthThrottle
-from sendqueue.web.session import SessionGenerations, SessionSigner
+from sendqueue.web.session import Counters, SessionGenerations, SessionSigner
 
 __all__ = ["install_security"]
 
@@ -46,7 +45,7 @@ def install_security(
     routers: Iterable[APIRouter],
     public_max_body_bytes: int | None = None,
     throttle: AuthThrottle | None = None,
-    store: TaskStore | None = None,
+    store: Counters | None = None,
     allowed_hosts: Iterable[str] = (),
 ) -> None:
     """Add the middlewares, in the order above. The CSRF check learns from ``routers`` (the

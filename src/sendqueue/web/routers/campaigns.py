@@ -12,8 +12,16 @@ from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from sendqueue.web.bodies import CAMPAIGN_FORM_CSRF, CREATE_BODY, new_campaign, validate
-from sendqueue.web.deps import ContainerDep, ProvisioningDep, TimelinesDep
-from sendqueue.web.queries import campaign_view, summary_view
+from sendqueue.web.deps import (
+    CampaignImportDep,
+    CampaignsDep,
+    PreviewsDep,
+    ImportLimitsDep,
+    ProvisioningDep,
+    QueriesDep,
+    SettingsDep,
+)
+from sendqueue.web.queries import campaign_detail, summary_view
 from sendqueue.web.schemas import (
     READ_ERRORS,
     WRITE_ERRORS,
@@ -35,9 +43,9 @@ _CONTROL_ERRORS = error_responses(*WRITE_ERRORS, 404, 409)
 
 
 @router.get("", tags=["campaigns"], responses=error_responses(*READ_ERRORS))
-def list_campaigns(c: ContainerDep) -> CampaignList:
-    """Every campaign with its counts, newest first."""
-    return CampaignList(campaigns=[campaign_view(c.store, x) for x in c.store.list_campaigns()])
+def list_campaigns(queries: QueriesDep) -> CampaignList:
+    """Every campaign with its counts, newest first: one store read."""
+    return CampaignList(campaigns=[campaign_detail(f) for f in queries.campaigns()])
 
 
 @router.post(
@@ -48,20 +56,27 @@ def list_campaigns(c: ContainerDep) -> CampaignList:
     responses=error_responses(*WRITE_ERRORS, 413, 415),
     dependencies=[Depends(CAMPAIGN_FORM_CSRF)],
 )
-async def create_campaign(request: Request, c: ContainerDep, response: Response) -> CreatedCampaign:
+async def create_campaign(
+    request: Request,
+    response: Response,
+    settings: SettingsDep,
+    limits: ImportLimitsDep,
+    importer: CampaignImportDep,
+    queries: QueriesDep,
+) -> CreatedCampaign:
     """Create a draft from a CSV upload or JSON rows; nothing is written if anything is
     invalid."""
-    async with new_campaign(request, c.settings) as new:
+    async with new_campaign(request, settings) as new:
 
         def create() -> CreatedCampaign:
-            draft = validate(c, new)
-            created = c.campaign_import.create_draft(draft, new.policy)
+            draft = validate(importer, limits, new)
+            created = importer.create_draft(draft, new.policy)
             imported = ImportSummary(
                 rows=created.imported.rows,
                 duplicates=created.imported.duplicates,
                 duplicate_rows=created.imported.duplicate_rows,
             )
-            view = campaign_view(c.store, created.campaign)
+            view = campaign_detail(queries.figures_for(created.campaign))
             return CreatedCampaign(**dict(view), imported=imported)
 
         data = await run_in_threadpool(create)
@@ -76,26 +91,30 @@ async def create_campaign(request: Request, c: ContainerDep, response: Response)
     responses=error_responses(*WRITE_ERRORS, 413, 415),
     response_model_exclude_none=True,
 )
-async def preview_new_campaign(request: Request, c: ContainerDep) -> Plan:
+async def preview_new_campaign(
+    request: Request,
+    settings: SettingsDep,
+    limits: ImportLimitsDep,
+    importer: CampaignImportDep,
+    previews: PreviewsDep,
+) -> Plan:
     """The plan a create with this body would get if provisioned now; nothing is written."""
-    async with new_campaign(request, c.settings) as new:
+    async with new_campaign(request, settings) as new:
 
         def preview() -> Plan:
-            draft = validate(c, new)
-            summary = c.campaign_previews.draft_summary(draft, new.policy)
+            draft = validate(importer, limits, new)
+            summary = previews.draft_summary(draft, new.policy)
             return summary_view(new.policy, summary, duplicates=draft.imported.duplicates)
 
         return await run_in_threadpool(preview)
 
 
 @router.get("/{campaign_id}", tags=["campaigns"], responses=error_responses(*READ_ERRORS, 404))
-def get_campaign(
-    campaign_id: str, c: ContainerDep, timelines: TimelinesDep
-) -> CampaignWithTimeline:
-    """The campaign with its counts, next send and per-day ``timeline``."""
-    campaign = c.store.get_campaign(campaign_id)
-    view = campaign_view(c.store, campaign)
-    return CampaignWithTimeline(**dict(view), timeline=timelines.get(campaign))
+def get_campaign(campaign_id: str, queries: QueriesDep) -> CampaignWithTimeline:
+    """The campaign with its counts, next send and per-day ``timeline``: one store read while
+    the timeline kept is current."""
+    figures, timeline = queries.campaign_with_timeline(campaign_id)
+    return CampaignWithTimeline(**dict(campaign_detail(figures)), timeline=timeline)
 
 
 @router.get(
@@ -104,50 +123,52 @@ def get_campaign(
     responses=error_responses(*READ_ERRORS, 404),
     response_model_exclude_none=True,
 )
-def preview_campaign(campaign_id: str, c: ContainerDep) -> Plan:
+def preview_campaign(campaign_id: str, queries: QueriesDep, previews: PreviewsDep) -> Plan:
     """The plan of a stored campaign's recipients if it were provisioned now."""
-    campaign = c.store.get_campaign(campaign_id)
-    return summary_view(campaign.policy, c.campaign_previews.preview_summary(campaign_id))
+    campaign = queries.campaign_of(campaign_id)
+    return summary_view(campaign.policy, previews.preview_summary(campaign_id))
 
 
 @router.post(
     "/{campaign_id}/provision", tags=["controls"], status_code=202, responses=_CONTROL_ERRORS
 )
-def provision(campaign_id: str, c: ContainerDep, runner: ProvisioningDep) -> CampaignDetail:
+def provision(
+    campaign_id: str, campaigns: CampaignsDep, queries: QueriesDep, runner: ProvisioningDep
+) -> CampaignDetail:
     """Start provisioning in the background: 202 at once, progress on the event stream.
 
     A draft goes to provisioning; one already provisioning continues from its checkpoint;
     any other state is 409.
     """
-    campaign = c.campaign_controls.start_provisioning(campaign_id)
+    campaign = campaigns.start_provisioning(campaign_id)
     runner.start(campaign_id)
-    return campaign_view(c.store, campaign)
+    return campaign_detail(queries.figures_for(campaign))
 
 
 @router.post("/{campaign_id}/pause", tags=["controls"], responses=_CONTROL_ERRORS)
-def pause(campaign_id: str, c: ContainerDep) -> CampaignDetail:
+def pause(campaign_id: str, campaigns: CampaignsDep, queries: QueriesDep) -> CampaignDetail:
     """Stop sending: the schedules of Pending emails are deleted; they stay Pending."""
-    c.campaign_controls.pause(campaign_id)
-    return campaign_view(c.store, c.store.get_campaign(campaign_id))
+    campaigns.pause(campaign_id)
+    return campaign_detail(queries.campaign(campaign_id))
 
 
 @router.post("/{campaign_id}/resume", tags=["controls"], responses=_CONTROL_ERRORS)
-def resume(campaign_id: str, c: ContainerDep) -> CampaignDetail:
+def resume(campaign_id: str, campaigns: CampaignsDep, queries: QueriesDep) -> CampaignDetail:
     """Re-plan the Pending emails from now and schedule them again."""
-    c.campaign_controls.resume(campaign_id)
-    return campaign_view(c.store, c.store.get_campaign(campaign_id))
+    campaigns.resume(campaign_id)
+    return campaign_detail(queries.campaign(campaign_id))
 
 
 @router.post("/{campaign_id}/cancel", tags=["controls"], responses=_CONTROL_ERRORS)
-def cancel(campaign_id: str, c: ContainerDep) -> CampaignDetail:
+def cancel(campaign_id: str, campaigns: CampaignsDep, queries: QueriesDep) -> CampaignDetail:
     """Cancel every Pending email and delete the schedules; Running ones finish."""
-    c.campaign_controls.cancel(campaign_id)
-    return campaign_view(c.store, c.store.get_campaign(campaign_id))
+    campaigns.cancel(campaign_id)
+    return campaign_detail(queries.campaign(campaign_id))
 
 
 @router.post("/{campaign_id}/retry-failed", tags=["controls"], responses=_CONTROL_ERRORS)
-def retry_failed(campaign_id: str, c: ContainerDep) -> RetriedCampaign:
+def retry_failed(campaign_id: str, campaigns: CampaignsDep, queries: QueriesDep) -> RetriedCampaign:
     """Send the Failed emails again, re-planned from now; ``affected`` counts them."""
-    affected = c.campaign_controls.retry_failed(campaign_id)
-    view = campaign_view(c.store, c.store.get_campaign(campaign_id))
+    affected = campaigns.retry_failed(campaign_id)
+    view = campaign_detail(queries.campaign(campaign_id))
     return RetriedCampaign(**dict(view), affected=affected)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from sendqueue.services.views import DeadLetterView
-from sendqueue.web.deps import ContainerDep
+from sendqueue.web.deps import DeadLettersDep
 from sendqueue.web.schemas import (
     READ_ERRORS,
     WRITE_ERRORS,
@@ -20,16 +20,16 @@ router = APIRouter(prefix="/api/dead-letters", tags=["dead letters"])
 
 
 @router.get("", responses=error_responses(*READ_ERRORS))
-def dead_letters(c: ContainerDep) -> DeadLetterList:
+def dead_letters(dead_letters: DeadLettersDep) -> DeadLetterList:
     """Invocations the execution layer gave up on, oldest first."""
-    return DeadLetterList(dead_letters=[DeadLetterView.of(d) for d in c.scheduler.dead_letters()])
+    return DeadLetterList(dead_letters=[DeadLetterView.of(d) for d in dead_letters.letters()])
 
 
 @router.post("/redrive", responses=error_responses(*WRITE_ERRORS))
-def redrive_all(c: ContainerDep) -> Redriven:
+def redrive_all(dead_letters: DeadLettersDep) -> Redriven:
     """Turn every dead letter back into a schedule due now (those redriven meanwhile skipped),
     each relayed to the change log first (its ``dead_letter`` webhook event)."""
-    report = c.dead_letter_queue.redrive_all()
+    report = dead_letters.redrive_all()
     return Redriven(
         redriven=report.redriven,
         schedules=report.schedules,
@@ -39,8 +39,8 @@ def redrive_all(c: ContainerDep) -> Redriven:
 
 
 @router.post("/{letter_id}/redrive", responses=error_responses(*WRITE_ERRORS, 404))
-def redrive_one(letter_id: str, c: ContainerDep) -> Redriven:
+def redrive_one(letter_id: str, dead_letters: DeadLettersDep) -> Redriven:
     """Turn one dead letter back into a schedule due now, relayed to the change log first (its
     ``dead_letter`` webhook event)."""
-    schedule = c.dead_letter_queue.redrive(letter_id)
+    schedule = dead_letters.redrive(letter_id)
     return Redriven(redriven=[letter_id], schedules=[schedule.name])

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.models import MAX_CURSOR
-from sendqueue.web.deps import BrokerDep, ContainerDep
+from sendqueue.web.deps import BrokerDep, QueriesDep
 from sendqueue.web.errors import RETRY_AFTER_SECONDS, HttpProblem
 from sendqueue.web.schemas import READ_ERRORS, error_responses
 from sendqueue.web.stream import EventStreamResponse, TooManyClients
@@ -43,7 +43,7 @@ def _resume_point(last_event_id: str | None, after: int | None) -> int | None:
 )
 async def events(
     campaign_id: str,
-    c: ContainerDep,
+    queries: QueriesDep,
     broker: BrokerDep,
     after: Annotated[
         int | None, Query(ge=0, le=MAX_CURSOR, description="resume after this change id")
@@ -52,7 +52,7 @@ async def events(
 ) -> EventStreamResponse:
     """Server-Sent Events of the campaign's change log (see docs/api.md)."""
     start = _resume_point(last_event_id, after)
-    await run_in_threadpool(c.store.get_campaign, campaign_id)
+    await run_in_threadpool(queries.campaign_of, campaign_id)
     try:
         sub = await broker.subscribe(campaign_id, start)
     except TooManyClients as exc:

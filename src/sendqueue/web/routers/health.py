@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sendqueue.domain.errors import InfrastructureError
-from sendqueue.web.deps import ContainerDep
+from sendqueue.web.deps import MetricsTextDep, QueriesDep
 from sendqueue.web.errors import RETRY_AFTER_SECONDS, error_body
 from sendqueue.web.schemas import Health, error_responses
 
@@ -25,10 +25,10 @@ router = APIRouter(tags=["operations"])
     response_model_exclude_none=True,
     responses={503: {"model": Health, "description": "the task store does not answer"}},
 )
-def healthz(c: ContainerDep) -> Health | JSONResponse:
+def healthz(queries: QueriesDep) -> Health | JSONResponse:
     """``{"status": "ok"}`` when the task store answers; 503 when it does not."""
     try:
-        c.store.last_change_id()
+        queries.last_change_id()
     except InfrastructureError as exc:
         # Public: the driver's text (host, port, user) goes to the log, never to the caller.
         log.warning("healthz: the task store does not answer: %s: %s", type(exc).__name__, exc)
@@ -44,7 +44,7 @@ def healthz(c: ContainerDep) -> Health | JSONResponse:
     response_class=PlainTextResponse,
     responses=error_responses(401, json_only=True),
 )
-def metrics_text(c: ContainerDep) -> PlainTextResponse:
+def metrics_text(metrics_text: MetricsTextDep) -> PlainTextResponse:
     """Prometheus text: sends by outcome, lateness, dead-letter depth, repairs, alarms."""
-    body, content_type = c.metrics_text()
+    body, content_type = metrics_text()
     return PlainTextResponse(body, media_type=content_type)

@@ -2,8 +2,9 @@
 ``/campaigns/{id}/emails/{task_id}``, ``/dead-letters``, ``/suppressions``, ``/senders``,
 ``/webhooks`` and ``/webhooks/{id}`` (the login page is :mod:`sendqueue.web.routers.auth`'s).
 
-Routes are thin: they read the store and the scheduler through the Container (and timelines
-through the cache the API shares) and render a template (:mod:`sendqueue.web.rendering`). The
+Routes are thin: they read through the services they take as dependencies (the read side,
+:class:`~sendqueue.services.queries.Queries`, in one store call per page where it can; its
+timeline cache is the API's) and render a template (:mod:`sendqueue.web.rendering`). The
 first render already shows the data; the scripts in ``static/`` then keep it live through the
 JSON API and the event stream (docs/api.md). Rows come from the same views the API sends
 (:mod:`sendqueue.services.views`), with times shown in the campaign's zone, each with its
@@ -21,25 +22,27 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from sendqueue.bootstrap import Container
 from sendqueue.domain.errors import InfrastructureError, InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, DeadLetter
 from sendqueue.domain.policy import WEEKDAY_NAMES
+from sendqueue.domain.reads import CampaignFigures
 from sendqueue.domain.suppression import SuppressionReason
-from sendqueue.services.sender_of import SendersOf
-from sendqueue.services.views import (
-    CampaignCounts,
-    DeadLetterView,
-    SuppressionView,
-    campaign_moves,
-    campaign_outcomes,
-    campaign_suppressed,
-    iso,
-)
+from sendqueue.services.queries import Queries, senders_of
+from sendqueue.services.senders import SenderService
+from sendqueue.services.views import DeadLetterView, SuppressionView, iso
 from sendqueue.web.charts import day_chart, progress_segments, usage_chart
-from sendqueue.web.deps import ContainerDep, TimelinesDep
-from sendqueue.web.queries import next_send_at, sender_detail, sender_out
+from sendqueue.web.deps import (
+    ClockDep,
+    DeadLettersDep,
+    MailboxesDep,
+    QueriesDep,
+    SendersDep,
+    SettingsDep,
+    SuppressionDep,
+    WebhooksDep,
+)
+from sendqueue.web.queries import sender_detail, sender_out
 from sendqueue.web.rendering import error_page, render
 from sendqueue.web.task_rows import task_details, task_row
 from sendqueue.web.times import human_time
@@ -103,16 +106,16 @@ def outcomes_text(outcomes: Mapping[str, int]) -> str:
     )
 
 
-def _summary(store: CampaignCounts, campaign: Campaign) -> dict[str, Any]:
+def _summary(figures: CampaignFigures) -> dict[str, Any]:
     """What the list and the campaign page show about one campaign."""
-    counts = store.count_tasks(campaign.id)
+    campaign, counts = figures.campaign, figures.counts
     by_name = {state.value: counts.get(state, 0) for state in TaskState}
-    found = campaign_outcomes(store, campaign)
+    found = figures.outcomes
     outcomes = {outcome.value: found.get(outcome, 0) for outcome in TaskOutcome}
     total = _total(campaign, counts)
     final = sum(counts.get(s, 0) for s in _FINAL_STATES)
     zone = campaign.policy.zone
-    next_send = next_send_at(store, campaign)
+    next_send = figures.next_send_at
     return {
         "campaign": campaign,
         "counts": by_name,
@@ -129,17 +132,17 @@ def _summary(store: CampaignCounts, campaign: Campaign) -> dict[str, Any]:
 
 
 @router.get("/", response_class=HTMLResponse, name="page_campaigns")
-def campaigns_page(request: Request, c: ContainerDep) -> Response:
-    """Every campaign with its state, progress, counts and next send."""
+def campaigns_page(request: Request, queries: QueriesDep, settings: SettingsDep) -> Response:
+    """Every campaign with its state, progress, counts and next send: one store read."""
     try:
-        rows = [_summary(c.store, campaign) for campaign in c.store.list_campaigns()]
+        rows = [_summary(figures) for figures in queries.campaigns()]
         return render(
             request,
             "campaigns.html",
             title="Campaigns",
             rows=rows,
             states=list(TaskState),
-            poll_ms=round(c.settings.ui_poll_interval * 1000),
+            poll_ms=round(settings.ui_poll_interval * 1000),
             zones=[row["campaign"].policy.timezone for row in rows],
         )
     except _PAGE_ERRORS as exc:
@@ -154,9 +157,8 @@ def campaigns_alias(request: Request) -> Response:
 
 
 @router.get("/campaigns/new", response_class=HTMLResponse, name="page_new_campaign")
-def new_campaign_page(request: Request, c: ContainerDep) -> Response:
+def new_campaign_page(request: Request, settings: SettingsDep, senders: SendersDep) -> Response:
     """The form that uploads a CSV, sets the policy, previews the plan and creates a draft."""
-    settings = c.settings
     return render(
         request,
         "new.html",
@@ -168,15 +170,15 @@ def new_campaign_page(request: Request, c: ContainerDep) -> Response:
         stop_on_reply=[(scope.value, STOP_ON_REPLY_TEXT[scope]) for scope in StopOnReply],
         max_upload_mb=max(1, settings.max_upload_bytes // (1024 * 1024)),
         empty_chart=day_chart([]),
-        senders=_sender_choices(c),
+        senders=_sender_choices(senders),
     )
 
 
-def _sender_choices(c: Container) -> list[dict[str, Any]] | None:
+def _sender_choices(senders: SenderService) -> list[dict[str, Any]] | None:
     """The senders the form offers (their masked views); None when the store does not answer,
     so the form still works for a campaign sent from its From."""
     try:
-        return [sender_out(s).model_dump() for s in c.senders.all()]
+        return [sender_out(s).model_dump() for s in senders.all()]
     except InfrastructureError:
         return None
 
@@ -199,49 +201,45 @@ def _int_param(value: str | None, default: int) -> int:
 def campaign_page(
     request: Request,
     campaign_id: str,
-    c: ContainerDep,
-    timelines: TimelinesDep,
+    queries: QueriesDep,
+    settings: SettingsDep,
     state: str | None = None,
     search: str | None = None,
     after: str | None = None,
 ) -> Response:
-    """One campaign: policy, counts, timeline, actions and the paged task table."""
+    """One campaign: policy, counts, timeline, actions and the paged task table; one store
+    read while the timeline kept is current."""
     try:
-        store = c.store
-        # the change-log id before reading: the page's stream resumes after it, so a change
-        # made while this page renders arrives as an event instead of falling into a gap
-        last_change = store.last_change_id()
-        campaign = store.get_campaign(campaign_id)
         wanted = TaskState.parse(state) if state and state.strip() else None
         needle = (search or "").strip()[:_SEARCH_MAX] or None
         cursor = max(-1, _int_param(after, -1))
-        page = store.list_tasks(
-            campaign_id, state=wanted, search=needle, after=cursor, limit=PAGE_SIZE + 1
+        # the page's stream resumes after its last_change_id, read before the rest, so a
+        # change made while this page renders arrives as an event instead of falling into a gap
+        read, timeline = queries.campaign_page(
+            campaign_id, state=wanted, search=needle, after=cursor, limit=PAGE_SIZE
         )
-        more = len(page) > PAGE_SIZE
-        page = page[:PAGE_SIZE]
-        summary = _summary(store, campaign)
-        moved, late = campaign_moves(store, campaign)
-        suppressed = campaign_suppressed(store, campaign)
+        figures, listing = read.figures, read.listing
+        campaign = figures.campaign
+        summary = _summary(figures)
         paused = campaign.state is CampaignState.PAUSED
-        timeline = timelines.get(campaign)
-        senders = SendersOf(store, campaign)
+        senders = senders_of(listing)
+        page = listing.tasks
         return render(
             request,
             "campaign.html",
             title=campaign.name,
-            last_change=last_change,
+            last_change=read.last_change_id,
             zones=[campaign.policy.timezone],
             tasks=[
                 task_row(t, campaign, campaign_paused=paused, sender=senders.of(t)) for t in page
             ],
             campaign_senders=[s.shown for s in senders.campaign_senders()],
-            moved=moved,
-            late=late,
-            suppressed=suppressed,
+            moved=figures.moved,
+            late=figures.late,
+            suppressed=figures.suppressed,
             stop_on_reply_text=STOP_ON_REPLY_TEXT[campaign.stop_on_reply],
             outcome_names=[o.value for o in TaskOutcome],
-            next_cursor=page[-1].position if more and page else None,
+            next_cursor=page[-1].position if listing.more and page else None,
             cursor=cursor,
             filter_state=wanted.value if wanted else "",
             search=needle or "",
@@ -249,8 +247,8 @@ def campaign_page(
             actions=_actions(campaign, summary["counts"]),
             states=list(TaskState),
             page_size=PAGE_SIZE,
-            refetch_ms=round(c.settings.ui_refetch_interval * 1000),
-            poll_ms=round(c.settings.ui_poll_interval * 1000),
+            refetch_ms=round(settings.ui_refetch_interval * 1000),
+            poll_ms=round(settings.ui_poll_interval * 1000),
             **summary,
         )
     except _PAGE_ERRORS as exc:
@@ -267,16 +265,13 @@ def _actions(campaign: Campaign, counts: Mapping[str, int]) -> dict[str, bool]:
 @router.get(
     "/campaigns/{campaign_id}/emails/{task_id}", response_class=HTMLResponse, name="page_email"
 )
-def email_page(request: Request, campaign_id: str, task_id: str, c: ContainerDep) -> Response:
+def email_page(request: Request, campaign_id: str, task_id: str, queries: QueriesDep) -> Response:
     """One email with every field: state and why, outcome, sender, times, message id, moves,
     and the message itself."""
     try:
-        campaign = c.store.get_campaign(campaign_id)
-        task = c.store.get_task(task_id)
-        if task is None or task.campaign_id != campaign_id:
-            raise NotFound("email", task_id)
+        campaign, task = queries.email(campaign_id, task_id)
         paused = campaign.state is CampaignState.PAUSED
-        sender = SendersOf(c.store, campaign).of(task)
+        sender = queries.sender_of(campaign, task)
         email = task_details(task, campaign, campaign_paused=paused, sender=sender)
         return render(
             request,
@@ -303,26 +298,33 @@ def _letter_row(letter: DeadLetter, zone: str) -> dict[str, Any]:
 
 
 @router.get("/dead-letters", response_class=HTMLResponse, name="page_dead_letters")
-def dead_letters_page(request: Request, c: ContainerDep) -> Response:
+def dead_letters_page(
+    request: Request, dead_letters: DeadLettersDep, settings: SettingsDep
+) -> Response:
     """Invocations the execution layer gave up on, each with a redrive button."""
     try:
-        letters = c.scheduler.dead_letters()
+        letters = dead_letters.letters()
         return render(
             request,
             "dead_letters.html",
             title="Dead letters",
-            letters=[_letter_row(d, c.settings.default_timezone) for d in letters],
+            letters=[_letter_row(d, settings.default_timezone) for d in letters],
         )
     except _PAGE_ERRORS as exc:
         return error_page(request, exc)
 
 
 @router.get("/suppressions", response_class=HTMLResponse, name="page_suppressions")
-def suppressions_page(request: Request, c: ContainerDep, after: str | None = None) -> Response:
+def suppressions_page(
+    request: Request,
+    suppression: SuppressionDep,
+    settings: SettingsDep,
+    after: str | None = None,
+) -> Response:
     """The suppression list, a page at a time, with an add form and a remove button each."""
     try:
         cursor = (after or "").strip()[:320] or None
-        page = c.suppression.page(after=cursor, limit=PAGE_SIZE + 1)
+        page = suppression.page(after=cursor, limit=PAGE_SIZE + 1)
         more = len(page) > PAGE_SIZE
         page = page[:PAGE_SIZE]
         return render(
@@ -332,11 +334,11 @@ def suppressions_page(request: Request, c: ContainerDep, after: str | None = Non
             entries=[
                 {
                     **SuppressionView.of(e).model_dump(),
-                    "at_text": human_time(e.at, c.settings.default_timezone),
+                    "at_text": human_time(e.at, settings.default_timezone),
                 }
                 for e in page
             ],
-            total=c.suppression.count(),
+            total=suppression.count(),
             cursor=cursor,
             next_cursor=page[-1].email if more and page else None,
             reasons=[r.value for r in SuppressionReason],
@@ -346,13 +348,17 @@ def suppressions_page(request: Request, c: ContainerDep, after: str | None = Non
 
 
 @router.get("/senders", response_class=HTMLResponse, name="page_senders")
-def senders_page(request: Request, c: ContainerDep, added: str | None = None) -> Response:
+def senders_page(
+    request: Request,
+    senders: SendersDep,
+    mailboxes: MailboxesDep,
+    settings: SettingsDep,
+    added: str | None = None,
+) -> Response:
     """Every sender with its usage against its cap over the coming days (a chart and the same
     numbers as a table), a form to add one and a remove button each."""
     try:
-        details = [
-            sender_detail(c.senders, sender, mailboxes=c.mailboxes) for sender in c.senders.all()
-        ]
+        details = [sender_detail(senders, sender, mailboxes=mailboxes) for sender in senders.all()]
         rows: list[dict[str, Any]] = []
         for detail in details:
             usage = [d.model_dump() for d in detail.usage]
@@ -375,34 +381,36 @@ def senders_page(request: Request, c: ContainerDep, added: str | None = None) ->
             title="Senders",
             rows=rows,
             added=just_added,
-            default_timezone=c.settings.default_timezone,
+            default_timezone=settings.default_timezone,
             timezones=_timezones(),
         )
     except _PAGE_ERRORS as exc:
         return error_page(request, exc)
 
 
-def _campaign_choices(c: Container) -> list[dict[str, str]]:
+def _campaign_choices(queries: Queries) -> list[dict[str, str]]:
     """The campaigns a webhook's filter offers, by name."""
-    found = sorted(c.store.list_campaigns(), key=lambda campaign: (campaign.name, campaign.id))
+    found = sorted(queries.all_campaigns(), key=lambda campaign: (campaign.name, campaign.id))
     return [{"id": campaign.id, "name": campaign.name} for campaign in found]
 
 
 @router.get("/webhooks", response_class=HTMLResponse, name="page_webhooks")
-def webhooks_page(request: Request, c: ContainerDep) -> Response:
+def webhooks_page(
+    request: Request, webhooks: WebhooksDep, queries: QueriesDep, settings: SettingsDep
+) -> Response:
     """Every webhook endpoint with its filters, state and last delivery, a form to add one;
     each one's controls (filters, enable/disable, rotate its secret, remove)."""
     try:
-        zone = c.settings.default_timezone
+        zone = settings.default_timezone
         return render(
             request,
             "webhooks.html",
             title="Webhooks",
-            rows=endpoint_rows(c.webhooks, zone),
+            rows=endpoint_rows(webhooks, zone),
             log=None,
             event_types=event_types(),
-            campaigns=_campaign_choices(c),
-            poll_ms=round(c.settings.ui_poll_interval * 1000),
+            campaigns=_campaign_choices(queries),
+            poll_ms=round(settings.ui_poll_interval * 1000),
         )
     except _PAGE_ERRORS as exc:
         return error_page(request, exc)
@@ -410,24 +418,30 @@ def webhooks_page(request: Request, c: ContainerDep) -> Response:
 
 @router.get("/webhooks/{endpoint_id}", response_class=HTMLResponse, name="page_webhook")
 def webhook_page(
-    request: Request, endpoint_id: str, c: ContainerDep, before: str | None = None
+    request: Request,
+    endpoint_id: str,
+    webhooks: WebhooksDep,
+    queries: QueriesDep,
+    settings: SettingsDep,
+    clock: ClockDep,
+    before: str | None = None,
 ) -> Response:
     """One endpoint with its controls and its delivery log of the last 7 days, a page at a
     time (``before``: the cursor of "Older attempts"), with "Redeliver" for one event or every
     failed one. A cursor not of this log is the 400 page."""
     try:
-        zone = c.settings.default_timezone
-        view = c.webhooks.get(endpoint_id)
-        log = delivery_page(c.webhooks, view.id, before or None, c.clock.now(), zone)
+        zone = settings.default_timezone
+        view = webhooks.get(endpoint_id)
+        log = delivery_page(webhooks, view.id, before or None, clock.now(), zone)
         return render(
             request,
             "webhooks.html",
             title=f"Webhook {view.url}",
-            rows=[endpoint_row(c.webhooks, view, zone)],
+            rows=[endpoint_row(webhooks, view, zone)],
             log=log,
             event_types=event_types(),
-            campaigns=_campaign_choices(c),
-            poll_ms=round(c.settings.ui_poll_interval * 1000),
+            campaigns=_campaign_choices(queries),
+            poll_ms=round(settings.ui_poll_interval * 1000),
         )
     except _PAGE_ERRORS as exc:
         return error_page(request, exc)

@@ -21,7 +21,7 @@ from sendqueue.domain.errors import Conflict, InvalidField
 from sendqueue.domain.senders import DEFAULT_DAILY_CAP, DEFAULT_MIN_GAP_SECONDS
 from sendqueue.domain.transports import mask_url
 from sendqueue.services.senders import MASK, MAX_USAGE_DAYS, USAGE_DAYS
-from sendqueue.web.deps import ContainerDep
+from sendqueue.web.deps import MailboxesDep, SendersDep
 from sendqueue.web.errors import HttpProblem
 from sendqueue.web.queries import sender_detail, sender_out
 from sendqueue.web.schemas import (
@@ -185,41 +185,46 @@ def _address_taken(exc: Conflict) -> HttpProblem:
 
 
 @router.get("", responses=error_responses(*READ_ERRORS))
-def list_senders(c: ContainerDep) -> SenderList:
+def list_senders(senders: SendersDep) -> SenderList:
     """Every sender, by address (``GET /api/senders/{ref}`` adds its usage)."""
-    return SenderList(senders=[sender_out(s) for s in c.senders.all()])
+    return SenderList(senders=[sender_out(s) for s in senders.all()])
 
 
 @router.post("", status_code=201, responses=error_responses(*WRITE_ERRORS, 409))
-def add_sender(body: NewSender, c: ContainerDep, response: Response) -> SenderDetail:
+def add_sender(
+    body: NewSender, senders: SendersDep, mailboxes: MailboxesDep, response: Response
+) -> SenderDetail:
     """Add a sender; 422 naming the field for a bad value (nothing is stored), 409 when the
     address belongs to a sender already."""
     try:
         values = body.model_dump()
         if body.oauth is not None:
             values["oauth"] = body.oauth.model_dump(exclude_none=True)
-        sender = c.senders.add(**values)
+        sender = senders.add(**values)
     except Conflict as exc:
         raise _address_taken(exc) from None
     response.headers["Location"] = f"/api/senders/{sender.id}"
-    return sender_detail(c.senders, sender, mailboxes=c.mailboxes)
+    return sender_detail(senders, sender, mailboxes=mailboxes)
 
 
 @router.get(f"/{_REF}", responses=error_responses(*READ_ERRORS, 404))
 def get_sender(
     ref: str,
-    c: ContainerDep,
+    senders: SendersDep,
+    mailboxes: MailboxesDep,
     days: Annotated[
         int, Query(ge=1, le=MAX_USAGE_DAYS, description="days of usage from today")
     ] = USAGE_DAYS,
 ) -> SenderDetail:
     """One sender with its planned and sent emails against its cap, per local day from today
     (its own timezone)."""
-    return sender_detail(c.senders, c.senders.get(ref), days=days, mailboxes=c.mailboxes)
+    return sender_detail(senders, senders.get(ref), days=days, mailboxes=mailboxes)
 
 
 @router.patch(f"/{_REF}", responses=error_responses(*WRITE_ERRORS, 404, 409))
-def update_sender(ref: str, body: SenderChanges, c: ContainerDep) -> SenderDetail:
+def update_sender(
+    ref: str, body: SenderChanges, senders: SendersDep, mailboxes: MailboxesDep
+) -> SenderDetail:
     """Change the fields given; a bad one is a 422 naming it and nothing changes."""
     changes = body.model_dump(exclude_unset=True)
     if body.oauth is not None:  # only the grant's fields given
@@ -231,14 +236,14 @@ def update_sender(ref: str, body: SenderChanges, c: ContainerDep) -> SenderDetai
     if "warmup_step" in changes and changes["warmup_step"] is None:
         changes.setdefault("warmup_start", None)
     try:
-        sender = c.senders.update(ref, changes)
+        sender = senders.update(ref, changes)
     except Conflict as exc:
         raise _address_taken(exc) from None
-    return sender_detail(c.senders, sender, mailboxes=c.mailboxes)
+    return sender_detail(senders, sender, mailboxes=mailboxes)
 
 
 @router.delete(f"/{_REF}", responses=error_responses(*WRITE_ERRORS, 404, 409))
-def remove_sender(ref: str, c: ContainerDep) -> SenderRemoved:
+def remove_sender(ref: str, senders: SendersDep) -> SenderRemoved:
     """Delete a sender; 409 while it still has planned emails (cancel or re-plan them)."""
-    sender = c.senders.remove(ref)
+    sender = senders.remove(ref)
     return SenderRemoved(removed=sender.id, email=sender.email)

@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sendqueue.domain.errors import InvalidField
 from sendqueue.services.suppression import MAX_PAGE, to_csv
 from sendqueue.services.views import SuppressionView
-from sendqueue.web.deps import ContainerDep
+from sendqueue.web.deps import SettingsDep, SuppressionDep
 from sendqueue.web.errors import HttpProblem
 from sendqueue.web.schemas import (
     READ_ERRORS,
@@ -65,15 +65,15 @@ class NewSuppression(BaseModel):
 
 @router.get("", responses=error_responses(*READ_ERRORS))
 def list_suppressions(
-    c: ContainerDep,
+    suppression: SuppressionDep,
     after: Annotated[str | None, Query(max_length=320, description="the last address seen")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
 ) -> SuppressionPage:
     """A page of suppressed addresses in address order."""
-    page = c.suppression.page(after=after, limit=limit)
+    page = suppression.page(after=after, limit=limit)
     return SuppressionPage(
         suppressions=[SuppressionView.of(e) for e in page],
-        total=c.suppression.count(),
+        total=suppression.count(),
         next=page[-1].email if len(page) == limit else None,
     )
 
@@ -86,26 +86,30 @@ def list_suppressions(
         **error_responses(*WRITE_ERRORS),
     },
 )
-def add_suppression(body: NewSuppression, c: ContainerDep, response: Response) -> SuppressionAdded:
+def add_suppression(
+    body: NewSuppression, suppression: SuppressionDep, response: Response
+) -> SuppressionAdded:
     """Suppress an address: 201 when it is new, 200 when it was listed already (its first
     entry is kept)."""
-    added = c.suppression.add(body.email, body.reason)
+    added = suppression.add(body.email, body.reason)
     if not added.new:
         response.status_code = 200
     return SuppressionAdded(**dict(SuppressionView.of(added.entry)), new=added.new)
 
 
 @router.delete("/{email:path}", responses=error_responses(*WRITE_ERRORS, 404))
-def remove_suppression(email: str, c: ContainerDep) -> SuppressionRemoved:
+def remove_suppression(email: str, suppression: SuppressionDep) -> SuppressionRemoved:
     """Take an address off the list (emails already cancelled for it stay cancelled). A path
     parameter that may hold ``/``: a local part may (``a/b@example.com``)."""
-    return SuppressionRemoved(removed=c.suppression.remove(email))
+    return SuppressionRemoved(removed=suppression.remove(email))
 
 
 @router.post(
     "/import", openapi_extra=_IMPORT_BODY, responses=error_responses(*WRITE_ERRORS, 413, 415)
 )
-async def import_suppressions(request: Request, c: ContainerDep) -> SuppressionImported:
+async def import_suppressions(
+    request: Request, suppression: SuppressionDep, settings: SettingsDep
+) -> SuppressionImported:
     """Suppress every address of a CSV upload (field ``file``): every bad row is reported
     with its row number, and nothing is imported if any row is bad (the file is checked whole,
     then written in chunks)."""
@@ -120,14 +124,14 @@ async def import_suppressions(request: Request, c: ContainerDep) -> SuppressionI
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise InvalidField("file", None, "upload the addresses as a CSV file")
-        limit = c.settings.max_upload_bytes
+        limit = settings.max_upload_bytes
         if upload.size is not None and upload.size > limit:
             raise HttpProblem(
                 413, f"file: larger than {limit} bytes (SENDQUEUE_MAX_UPLOAD_BYTES)", field="file"
             )
         # Starlette spooled the upload to a temporary file: the import reads it twice from
         # there, in the thread pool (blocking reads and store writes).
-        imported = await run_in_threadpool(c.suppression.import_file, upload.file, max_bytes=limit)
+        imported = await run_in_threadpool(suppression.import_file, upload.file, max_bytes=limit)
     finally:
         await form.close()
     return SuppressionImported(rows=imported.rows, added=imported.added, kept=imported.kept)
@@ -141,10 +145,10 @@ async def import_suppressions(request: Request, c: ContainerDep) -> SuppressionI
         **error_responses(*READ_ERRORS, json_only=True),
     },
 )
-def export_suppressions(c: ContainerDep) -> StreamingResponse:
+def export_suppressions(suppression: SuppressionDep) -> StreamingResponse:
     """The whole list as CSV (email, reason, task_id, at), what the import reads back."""
     return StreamingResponse(
-        to_csv(c.suppression.all()),
+        to_csv(suppression.all()),
         media_type="text/csv; charset=utf-8",
         headers={"Content-Disposition": 'attachment; filename="suppressions.csv"'},
     )

@@ -6,12 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import MAX_CURSOR
-from sendqueue.services.sender_of import SendersOf
+from sendqueue.services.queries import senders_of
 from sendqueue.services.views import TaskView
-from sendqueue.web.deps import ContainerDep
+from sendqueue.web.deps import CampaignsDep, QueriesDep
 from sendqueue.web.schemas import READ_ERRORS, WRITE_ERRORS, TaskPage, error_responses
 
 __all__ = ["router"]
@@ -28,7 +27,7 @@ def _task_state(value: str | None) -> TaskState | None:
 @router.get("", responses=error_responses(*READ_ERRORS, 404))
 def list_tasks(
     campaign_id: str,
-    c: ContainerDep,
+    queries: QueriesDep,
     state: Annotated[str | None, Query(max_length=20, description="a task state")] = None,
     search: Annotated[
         str | None, Query(max_length=254, description="part of the address, any case")
@@ -38,38 +37,32 @@ def list_tasks(
     ] = -1,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> TaskPage:
-    """A page of the campaign's emails in position order."""
-    # a paused campaign's Pending emails have no send time until it resumes (NotFound first)
-    campaign = c.store.get_campaign(campaign_id)
-    paused = campaign.state is CampaignState.PAUSED
-    page = c.store.list_tasks(
-        campaign_id,
-        state=_task_state(state),
-        search=search or None,
-        after=after,
-        limit=limit + 1,
+    """A page of the campaign's emails in position order: one store read."""
+    listing = queries.tasks(
+        campaign_id, state=_task_state(state), search=search or None, after=after, limit=limit
     )
-    more = len(page) > limit
-    page = page[:limit]
-    senders = SendersOf(c.store, campaign)
+    campaign = listing.campaign
+    # a paused campaign's Pending emails have no send time until it resumes
+    paused = campaign.state is CampaignState.PAUSED
+    senders = senders_of(listing)
     return TaskPage(
         tasks=[
             TaskView.of(
                 t, campaign_paused=paused, from_addr=campaign.from_addr, sender=senders.of(t)
             )
-            for t in page
+            for t in listing.tasks
         ],
-        next=page[-1].position if more else None,
+        next=listing.tasks[-1].position if listing.more and listing.tasks else None,
     )
 
 
 @router.post("/{task_id}/cancel", responses=error_responses(*WRITE_ERRORS, 404, 409))
-def cancel_task(campaign_id: str, task_id: str, c: ContainerDep) -> TaskView:
+def cancel_task(
+    campaign_id: str, task_id: str, queries: QueriesDep, campaigns: CampaignsDep
+) -> TaskView:
     """Cancel one Pending email and delete its schedule; 409 if it is past Pending."""
-    task = c.store.get_task(task_id)
-    if task is None or task.campaign_id != campaign_id:
-        raise NotFound("task", task_id)
-    cancelled = c.campaign_controls.cancel_task(task_id)
-    campaign = c.store.get_campaign(campaign_id)
-    sender = SendersOf(c.store, campaign).of(cancelled)
+    campaign, _ = queries.task(task_id, campaign_id)
+    cancelled = campaigns.cancel_task(task_id)
+    # the view reads the campaign's From and senders, which cancelling leaves as they were
+    sender = queries.sender_of(campaign, cancelled)
     return TaskView.of(cancelled, from_addr=campaign.from_addr, sender=sender)

@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.unsubscribe import ONE_CLICK_BODY, UNSUBSCRIBE_PATH
 from sendqueue.services.unsubscribe import Unsubscription
-from sendqueue.web.deps import ContainerDep
+from sendqueue.web.deps import UnsubscribeDep
 from sendqueue.web.errors import HttpProblem
 from sendqueue.web.middleware.auth import client_address
 from sendqueue.web.middleware.throttle import RequestRate
@@ -85,10 +85,10 @@ def _invalid(exc: NotFound) -> HTMLResponse:
 
 
 @router.get(UNSUBSCRIBE_PATH + "{token}", response_class=HTMLResponse, dependencies=[_RATE])
-async def confirm_page(token: str, c: ContainerDep) -> HTMLResponse:
+async def confirm_page(token: str, service: UnsubscribeDep) -> HTMLResponse:
     """The confirmation page: one button that posts the one-click body here. Changes nothing."""
     try:
-        found = await run_in_threadpool(c.unsubscribe.look_up, token)
+        found = await run_in_threadpool(service.look_up, token)
     except NotFound as exc:
         return _invalid(exc)
     if found.unsubscribed:
@@ -100,7 +100,7 @@ async def confirm_page(token: str, c: ContainerDep) -> HTMLResponse:
 
 
 @router.post(UNSUBSCRIBE_PATH + "{token}", response_class=HTMLResponse, dependencies=[_RATE])
-async def unsubscribe(token: str, request: Request, c: ContainerDep) -> HTMLResponse:
+async def unsubscribe(token: str, request: Request, service: UnsubscribeDep) -> HTMLResponse:
     """RFC 8058 one-click: the form body ``List-Unsubscribe=One-Click`` unsubscribes at once."""
     try:
         form = await request.form(**_FORM_LIMITS)
@@ -109,7 +109,7 @@ async def unsubscribe(token: str, request: Request, c: ContainerDep) -> HTMLResp
     if form.get(_FIELD) != _VALUE:
         raise HttpProblem(400, f"expected the form body {ONE_CLICK_BODY} (RFC 8058)", field=_FIELD)
     try:
-        found = await run_in_threadpool(c.unsubscribe.unsubscribe, token)
+        found = await run_in_threadpool(service.unsubscribe, token)
     except NotFound as exc:
         return _invalid(exc)
     return _page("done", _shown(found))

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.models import utc
 from sendqueue.services.webhooks import MAX_REDELIVER
-from sendqueue.web.deps import ContainerDep
+from sendqueue.web.deps import WebhooksDep
 from sendqueue.web.schemas import (
     READ_ERRORS,
     WRITE_ERRORS,
@@ -71,35 +71,35 @@ class Redelivery(BaseModel):
 
 
 @router.get("", responses=error_responses(*READ_ERRORS))
-def list_webhooks(c: ContainerDep) -> WebhookList:
+def list_webhooks(webhooks: WebhooksDep) -> WebhookList:
     """Every endpoint, oldest first; secrets masked."""
-    return WebhookList(webhooks=[WebhookOut.of(v) for v in c.webhooks.list()])
+    return WebhookList(webhooks=[WebhookOut.of(v) for v in webhooks.list()])
 
 
 @router.post("", status_code=201, responses=error_responses(*WRITE_ERRORS))
-def add_webhook(body: NewWebhook, c: ContainerDep, response: Response) -> WebhookWithSecret:
+def add_webhook(body: NewWebhook, webhooks: WebhooksDep, response: Response) -> WebhookWithSecret:
     """Add an endpoint: it receives the events made from now on. The signing secret is in
     this answer only; 422 naming the field for a bad value (nothing is stored)."""
-    made = c.webhooks.add(body.url, events=body.events, campaigns=body.campaigns)
+    made = webhooks.add(body.url, events=body.events, campaigns=body.campaigns)
     response.headers["Location"] = f"/api/webhooks/{made.endpoint.id}"
     return WebhookWithSecret.created(made)
 
 
 @router.get("/{endpoint_id}", responses=error_responses(*READ_ERRORS, 404))
-def get_webhook(endpoint_id: str, c: ContainerDep) -> WebhookOut:
+def get_webhook(endpoint_id: str, webhooks: WebhooksDep) -> WebhookOut:
     """One endpoint with its delivery state."""
-    return WebhookOut.of(c.webhooks.get(endpoint_id))
+    return WebhookOut.of(webhooks.get(endpoint_id))
 
 
 @router.patch("/{endpoint_id}", responses=error_responses(*WRITE_ERRORS, 404))
-def update_webhook(endpoint_id: str, body: WebhookChanges, c: ContainerDep) -> WebhookOut:
+def update_webhook(endpoint_id: str, body: WebhookChanges, webhooks: WebhooksDep) -> WebhookOut:
     """Change the fields given; a bad one is a 422 naming it and nothing changes."""
     if not body.model_fields_set:
         raise InvalidField("body", {}, "give at least one field to change")
     for name in sorted(body.model_fields_set):
         if getattr(body, name) is None:  # null would change nothing: leave the field out
             raise InvalidField(name, None, "must not be null (leave it out to keep it)")
-    view = c.webhooks.update(
+    view = webhooks.update(
         endpoint_id,
         url=body.url,
         events=body.events,
@@ -110,20 +110,20 @@ def update_webhook(endpoint_id: str, body: WebhookChanges, c: ContainerDep) -> W
 
 
 @router.delete("/{endpoint_id}", responses=error_responses(*WRITE_ERRORS, 404))
-def remove_webhook(endpoint_id: str, c: ContainerDep) -> WebhookRemoved:
+def remove_webhook(endpoint_id: str, webhooks: WebhooksDep) -> WebhookRemoved:
     """Delete an endpoint and its delivery log."""
-    c.webhooks.remove(endpoint_id)
+    webhooks.remove(endpoint_id)
     return WebhookRemoved(removed=endpoint_id)
 
 
 @router.post("/{endpoint_id}/rotate-secret", responses=error_responses(*WRITE_ERRORS, 404))
-def rotate_secret(endpoint_id: str, c: ContainerDep) -> WebhookWithSecret:
+def rotate_secret(endpoint_id: str, webhooks: WebhooksDep) -> WebhookWithSecret:
     """A new signing secret, in this answer only; the old one signs too for 24 h."""
-    return WebhookWithSecret.created(c.webhooks.rotate_secret(endpoint_id))
+    return WebhookWithSecret.created(webhooks.rotate_secret(endpoint_id))
 
 
 @router.post("/{endpoint_id}/redeliver", responses=error_responses(*WRITE_ERRORS, 404))
-def redeliver(endpoint_id: str, body: Redelivery, c: ContainerDep) -> DeliveryList:
+def redeliver(endpoint_id: str, body: Redelivery, webhooks: WebhooksDep) -> DeliveryList:
     """Send the named events (or those failed since a time) again now, with their ids; the
     endpoint's own order and retries are untouched. The attempts are the answer."""
     since = None
@@ -133,14 +133,14 @@ def redeliver(endpoint_id: str, body: Redelivery, c: ContainerDep) -> DeliveryLi
         except ValueError:
             reason = "must be a time with its offset, e.g. 2026-12-04T10:00Z"
             raise InvalidField("failed_since", str(body.failed_since), reason) from None
-    sent = c.webhooks.redeliver(endpoint_id, event_ids=body.events, failed_since=since)
+    sent = webhooks.redeliver(endpoint_id, event_ids=body.events, failed_since=since)
     return DeliveryList(deliveries=[DeliveryOut.of(d) for d in sent])
 
 
 @router.get("/{endpoint_id}/deliveries", responses=error_responses(*READ_ERRORS, 404))
 def deliveries(
     endpoint_id: str,
-    c: ContainerDep,
+    webhooks: WebhooksDep,
     limit: Annotated[int, Query(ge=1, le=1000, description="newest first")] = 100,
     before: Annotated[
         str | None,
@@ -153,4 +153,4 @@ def deliveries(
 ) -> DeliveryPageOut:
     """A page of the endpoint's delivery log, newest first (7 days are kept), and `next`, the
     cursor of the older page; 422 naming `before` for a cursor not of this endpoint's log."""
-    return DeliveryPageOut.of(c.webhooks.deliveries(endpoint_id, limit=limit, before=before))
+    return DeliveryPageOut.of(webhooks.deliveries(endpoint_id, limit=limit, before=before))

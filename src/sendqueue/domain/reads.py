@@ -1,0 +1,57 @@
+"""What the read side gets from the store in one call: a campaign with its figures, a page of its
+tasks with the senders they name, and both together for the campaign page.
+
+Built by :class:`sendqueue.ports.reads.CampaignReads`; read by
+:class:`sendqueue.services.queries.Queries`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sendqueue.domain.lifecycle import TaskOutcome, TaskState
+from sendqueue.domain.models import Campaign, Task
+from sendqueue.domain.senders import Sender
+
+__all__ = ["CampaignFigures", "CampaignPage", "TaskListing"]
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignFigures:
+    """A campaign and what its views count: tasks per state (every state named), moved and late
+    emails, emails cancelled as suppressed, sent emails per outcome, and its next send (None
+    unless it is sending). ``changed`` says whether its change log has entries after the
+    ``changes_since`` the read was asked about (None when it was not asked)."""
+
+    campaign: Campaign
+    counts: Mapping[TaskState, int]
+    moved: int
+    late: int
+    suppressed: int
+    outcomes: Mapping[TaskOutcome, int]
+    next_send_at: datetime | None
+    changed: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskListing:
+    """A page of a campaign's tasks in position order and the senders they and the campaign
+    name, by id (a removed sender is absent). ``more`` says whether tasks follow the page."""
+
+    campaign: Campaign
+    tasks: Sequence[Task]
+    more: bool
+    senders: Mapping[str, Sender] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignPage:
+    """Everything the campaign page shows from the store: ``last_change_id`` (read first, so a
+    stream resuming after it misses no change made while the rest was read), the figures and
+    a page of tasks."""
+
+    last_change_id: int
+    figures: CampaignFigures
+    listing: TaskListing
