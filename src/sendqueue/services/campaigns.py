@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import BinaryIO, cast
 
+from sendqueue.domain import transitions
 from sendqueue.domain.addresses import normalize_sender
 from sendqueue.domain.errors import IllegalTransition, InvalidField, NotFound
 from sendqueue.domain.lifecycle import (
@@ -31,7 +32,6 @@ from sendqueue.domain.models import (
     Task,
     expected_schedule_name,
     new_campaign_id,
-    new_token,
     schedule_group,
 )
 from sendqueue.domain.outages import Outage, OutageCause
@@ -47,6 +47,7 @@ from sendqueue.services.recovery import Recovery
 from sendqueue.services.replanning import RETRY_LEASE_WAIT, Replanner, iter_tasks
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.senders import SenderService
+from sendqueue.services.task_changes import apply_change
 
 __all__ = [
     "PREVIEW_CACHE_SIZE",
@@ -526,22 +527,10 @@ class CampaignService:
                 else []
             )
             for task, slot in zip(failed, slots, strict=True):
-                done = self._store.transition(
-                    task.id,
-                    TaskState.FAILED,
-                    TaskState.PENDING,
-                    at=now,
-                    changes={
-                        "attempts": 0,
-                        "token": new_token(),
-                        "send_at": slot,
-                        "claimed_at": None,
-                        "error": None,
-                        "moves": task.moves + 1,
-                        "moved_reason": "retry-failed",
-                    },
-                    note="retry-failed",
+                retry = transitions.retry_into(
+                    task, slot, reason="retry-failed", note="retry-failed"
                 )
+                done = apply_change(self._store, retry, at=now)
                 if done is not None:
                     back.append(done)
         if campaign.state is CampaignState.PAUSED:
@@ -564,12 +553,10 @@ class CampaignService:
         task = self._store.get_task(task_id)
         if task is None:
             raise NotFound("task", task_id)
-        done = self._store.transition(
-            task_id,
-            TaskState.PENDING,
-            TaskState.CANCELLED,
+        done = apply_change(
+            self._store,
+            transitions.cancel(task, note="cancelled by the user"),
             at=self._clock.now(),
-            note="cancelled by the user",
         )
         if done is None:
             current = self._store.get_task(task_id)

@@ -32,13 +32,8 @@ from datetime import timedelta
 
 from sendqueue.domain.errors import Conflict, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import (
-    Campaign,
-    Task,
-    expected_schedule_name,
-    new_token,
-    schedule_group,
-)
+from sendqueue.domain.models import Campaign, Task, expected_schedule_name, schedule_group
+from sendqueue.domain.transitions import fail, retry_into
 from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, Events, NoEvents, Scheduler, TaskStore
 from sendqueue.services.campaigns import CampaignService, iter_tasks
@@ -46,6 +41,7 @@ from sendqueue.services.config import ServiceConfig
 from sendqueue.services.provisioning import Continuation, Provisioner
 from sendqueue.services.replanning import RETRY_LEASE_WAIT
 from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.task_changes import apply_change
 
 __all__ = ["ReconcileReport", "Reconciler"]
 
@@ -389,10 +385,8 @@ class Reconciler:
                 if self._config.stale_policy == "fail"
                 else (f"{unknown}; {task.attempts} attempts used")
             )
-            if self._still_stale(task) and self._store.transition(
-                task.id, TaskState.RUNNING, TaskState.FAILED, at=now,
-                changes={"error": why}, note=f"stale: {why}",  # the email.failed reason
-            ):  # fmt: skip
+            failed = fail(task, why, note=f"stale: {why}")  # the email.failed reason
+            if self._still_stale(task) and apply_change(self._store, failed, at=now):
                 report.stale_failed += 1
                 self._campaigns.replanner.capacity.release([task.id])
             else:
@@ -414,17 +408,14 @@ class Reconciler:
             )
             back: Task | None = None  # unless still under the claim read as stale
             if self._still_stale(task):
-                back = self._store.transition(
-                    task.id, TaskState.RUNNING, TaskState.PENDING, at=now,
-                    changes={
-                        "send_at": retry_at,
-                        "token": new_token(),
-                        "error": unknown,
-                        "moves": task.moves + 1,
-                        "moved_reason": f"stale: no outcome within {self._config.stale_after:g} s",
-                    },
+                retry = retry_into(
+                    task,
+                    retry_at,
+                    reason=f"stale: no outcome within {self._config.stale_after:g} s",
+                    error=unknown,
                     note="stale: retry",
-                )  # fmt: skip
+                )
+                back = apply_change(self._store, retry, at=now)
         if back is None:
             report.skipped_in_flight += 1  # finished, or claimed again, since it was read
             current = self._store.get_task(task.id)

@@ -30,6 +30,7 @@ from dataclasses import replace
 from datetime import date, datetime, timedelta
 from typing import cast
 
+from sendqueue.domain import transitions
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Move, Task, new_token
 from sendqueue.domain.slots import free_slots, in_policy, nominal_spacing
@@ -214,7 +215,7 @@ class Replanner:
         scheduled: list[Task] = [keep] if keep is not None and firing is not None else []
         for task, slot in zip(movable, slots, strict=True):
             if task.send_at != slot:
-                move = Move(task.id, task.token, slot, new_token())
+                move = transitions.move(task, slot)
                 moves.append(move)
                 scheduled.append(replace(task, send_at=slot, token=move.new_token))
             elif schedule_all:
