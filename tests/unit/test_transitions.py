@@ -31,7 +31,7 @@ from sendqueue.domain.transitions import (
 from sendqueue.services.task_changes import apply_change
 from sendqueue.testing.store import InMemoryTaskStore
 from sendqueue.testing.tasks import bare_task
-from tests.support.app import T0, open_policy
+from tests.support.app import T0, csv_bytes, fake_app, open_policy
 
 S = TaskState
 CID = "c00000000000a"
@@ -389,3 +389,38 @@ TestTransitionRules.settings = settings(
     max_examples=150, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
+
+
+# --- the services' one retry into a free slot ------------------------------------------------
+
+
+def test_retry_in_free_slots_applies_each_retry_in_its_own_free_slot() -> None:
+    app = fake_app()
+    cid = app.campaigns.create(name="c", recipients=csv_bytes(6), policy=open_policy()).campaign.id
+    app.provisioner.provision(cid)
+    campaign = app.store.get_campaign(cid)
+    first, second, third = (app.store.get_task(f"{cid}-{i}") for i in range(3))
+    assert first is not None and second is not None and third is not None
+    claimed = [apply_change(app.store, claim(t, T0), at=T0) for t in (first, second, third)]
+    assert all(t is not None for t in claimed)
+    left_alone = f"{cid}-1"
+    not_before = T0 + timedelta(hours=1)
+    back = app.campaigns.replanner.retry_in_free_slots(
+        campaign,
+        [t for t in claimed if t is not None],
+        lambda task, slot: (
+            None
+            if task.id == left_alone
+            else retry_into(task, slot, reason="transient: 421", error="421", note="retry")
+        ),
+        not_before=not_before,
+        at=T0,
+    )
+    assert [t is None for t in back] == [False, True, False]
+    retried = [t for t in back if t is not None]
+    assert all(t.state is S.PENDING and t.moves == 1 and t.attempts == 1 for t in retried)
+    assert all(t.send_at >= not_before for t in retried)
+    pending_at = {t.send_at for t in app.store.list_tasks(cid, state=S.PENDING)}
+    assert len(pending_at) == 5  # each retry took a slot of its own, no other send's
+    still = app.store.get_task(left_alone)
+    assert still is not None and still.state is S.RUNNING

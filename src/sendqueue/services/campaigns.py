@@ -44,7 +44,7 @@ from sendqueue.services.import_stream import CheckedImport, check_csv, check_row
 from sendqueue.services.importing import ImportLimits, Templates
 from sendqueue.services.previews import PlanSummary, Previews, ZoneDays
 from sendqueue.services.recovery import Recovery
-from sendqueue.services.replanning import RETRY_LEASE_WAIT, Replanner, iter_tasks
+from sendqueue.services.replanning import Replanner, iter_tasks
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.senders import SenderService
 from sendqueue.services.task_changes import apply_change
@@ -513,26 +513,16 @@ class CampaignService:
             )
         now = self._clock.now()
         failed = list(iter_tasks(self._store, campaign_id, TaskState.FAILED))
-        # Each takes a free slot of the grid; the emails still planned keep theirs. The slots
-        # are chosen and written under the campaign's lease (no other retry takes them too).
-        back: list[Task] = []
-        with self.replanner.lease(campaign_id, wait=RETRY_LEASE_WAIT) as held:
-            if not held:
-                log.info("campaign %s: retry slots taken without its lease", campaign_id)
-            slots = (
-                self.replanner.retry_slots(
-                    campaign, len(failed), not_before=now, exclude=(), tasks=failed
-                )
-                if failed
-                else []
-            )
-            for task, slot in zip(failed, slots, strict=True):
-                retry = transitions.retry_into(
-                    task, slot, reason="retry-failed", note="retry-failed"
-                )
-                done = apply_change(self._store, retry, at=now)
-                if done is not None:
-                    back.append(done)
+        # Each takes a free slot of the grid; the emails still planned keep theirs.
+        again = "retry-failed"
+        retried = self.replanner.retry_in_free_slots(
+            campaign,
+            failed,
+            lambda task, slot: transitions.retry_into(task, slot, reason=again, note=again),
+            not_before=now,
+            at=now,
+        )
+        back = [task for task in retried if task is not None]
         if campaign.state is CampaignState.PAUSED:
             # A paused campaign holds no sender capacity: resume books these with the rest.
             self.replanner.capacity.release([t.id for t in back if t.sender_id is not None])

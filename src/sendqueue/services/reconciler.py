@@ -28,18 +28,17 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sendqueue.domain.errors import Conflict, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task, expected_schedule_name, schedule_group
-from sendqueue.domain.transitions import fail, retry_into
+from sendqueue.domain.transitions import TaskChange, fail, retry_into
 from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, Events, NoEvents, Scheduler, TaskStore
 from sendqueue.services.campaigns import CampaignService, iter_tasks
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.provisioning import Continuation, Provisioner
-from sendqueue.services.replanning import RETRY_LEASE_WAIT
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.task_changes import apply_change
 
@@ -393,29 +392,23 @@ class Reconciler:
                 report.skipped_in_flight += 1
             return
         campaign = self._store.get_campaign(task.campaign_id)
+        reason = f"stale: no outcome within {self._config.stale_after:g} s"
+
+        def retry(read: Task, slot: datetime) -> TaskChange | None:
+            if not self._still_stale(read):  # finished, or claimed again, since it was read
+                return None
+            return retry_into(read, slot, reason=reason, error=unknown, note="stale: retry")
+
         # A free slot of the grid from now on, as a transient retry takes (the lost claim not
-        # counted: under policy retry the email counts as not sent), under the campaign's lease.
-        replanner = self._campaigns.replanner
-        with replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
-            if not held:
-                log.info("task %s: stale retry slot taken without the campaign's lease", task.id)
-            [retry_at] = replanner.retry_slots(
-                campaign,
-                1,
-                not_before=now,
-                exclude=[task.claimed_at] if task.claimed_at else [],
-                tasks=[task],
-            )
-            back: Task | None = None  # unless still under the claim read as stale
-            if self._still_stale(task):
-                retry = retry_into(
-                    task,
-                    retry_at,
-                    reason=f"stale: no outcome within {self._config.stale_after:g} s",
-                    error=unknown,
-                    note="stale: retry",
-                )
-                back = apply_change(self._store, retry, at=now)
+        # counted: under policy retry the email counts as not sent).
+        [back] = self._campaigns.replanner.retry_in_free_slots(
+            campaign,
+            [task],
+            retry,
+            not_before=now,
+            exclude=[task.claimed_at] if task.claimed_at else [],
+            at=now,
+        )
         if back is None:
             report.skipped_in_flight += 1  # finished, or claimed again, since it was read
             current = self._store.get_task(task.id)

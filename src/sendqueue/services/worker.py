@@ -76,7 +76,7 @@ from sendqueue.services.campaigns import CampaignService
 from sendqueue.services.capacity import policy_for
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.outgoing import outgoing_message
-from sendqueue.services.replanning import FIRING_SLACK, RETRY_LEASE_WAIT
+from sendqueue.services.replanning import FIRING_SLACK
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.task_changes import apply_change
 
@@ -495,27 +495,16 @@ class SendWorker:
             )
         delay = self._config.retry_backoff * 2 ** (task.attempts - 1)
         # The retry takes a free slot of the grid after the back-off: inside a window, within
-        # the day's cap, away from the campaign's other sends (its own failed claim not counted),
-        # chosen and written under the campaign's lease so no other retry takes it too.
-        replanner = self._campaigns.replanner
-        with replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
-            if not held:
-                log.info("task %s: retry slot taken without the campaign's lease", task.id)
-            [retry_at] = replanner.retry_slots(
-                campaign,
-                1,
-                not_before=self._clock.now() + timedelta(seconds=delay),
-                exclude=[task.claimed_at] if task.claimed_at else [],
-                tasks=[task],
-            )
-            retry = retry_into(
-                task,
-                retry_at,
-                reason=f"transient: {error}",
-                error=f"transient: {error}",
-                note=f"retry {task.attempts + 1} of {self._config.max_attempts} in {delay:.0f}s",
-            )
-            back = apply_change(self._store, retry, at=self._clock.now())
+        # the day's cap, away from the campaign's other sends (its own failed claim not counted).
+        why = f"transient: {error}"
+        note = f"retry {task.attempts + 1} of {self._config.max_attempts} in {delay:.0f}s"
+        [back] = self._campaigns.replanner.retry_in_free_slots(
+            campaign,
+            [task],
+            lambda claimed, slot: retry_into(claimed, slot, reason=why, error=why, note=note),
+            not_before=self._clock.now() + timedelta(seconds=delay),
+            exclude=[task.claimed_at] if task.claimed_at else [],
+        )
         self._events.send_finished("transient")
         if back is None:
             current = self._store.get_task(task.id)
