@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 from itertools import pairwise
-from typing import Any, Protocol, cast
+from typing import Any
 
 import pytest
 
@@ -182,7 +182,7 @@ def test_an_unknown_campaign_or_a_bad_page_is_refused(store: Store) -> None:
 
 
 def test_unreachable_backend_raises_store_unavailable(backend: Backend) -> None:
-    store = cast(Store, backend.unreachable())
+    store = backend.unreachable()
     calls: list[Callable[[], object]] = [
         lambda: store.campaign_figures("c1", late_after=LATE),
         lambda: store.all_campaign_figures(late_after=LATE),

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from sendqueue.ports.reads import CampaignReads
 from sendqueue.ports.feedback import FeedbackCursors, FeedbackOutcomes, FeedbackStore
+from sendqueue.ports.reads import CampaignReads
 from sendqueue.ports.senders import SenderStore
 from sendqueue.ports.suppressions import SuppressionList
 from sendqueue.ports.tasks import Campaigns, ChangeLog, Counters, Leases, TaskStore

@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
+from sendqueue.domain import transitions
 from sendqueue.domain.errors import IllegalTransition, InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState, check_campaign_transition
 from sendqueue.domain.models import (
     Campaign,
     Task,
     expected_schedule_name,
-    new_token,
     schedule_group,
 )
 from sendqueue.domain.outages import Outage, OutageCause
@@ -30,8 +30,9 @@ from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.wording import plural
 from sendqueue.ports import CampaignTasks, Clock, LeasedCampaignTasks
 from sendqueue.services.capacity import CapacityPlanner
-from sendqueue.services.replanning import RETRY_LEASE_WAIT, Replanner, iter_tasks
+from sendqueue.services.replanning import Replanner, iter_tasks
 from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.task_changes import apply_change
 
 __all__ = ["CampaignControls", "check_plannable", "complete_if_done"]
 
@@ -177,38 +178,16 @@ class CampaignControls:
             )
         now = self._clock.now()
         failed = list(iter_tasks(self._store, campaign_id, TaskState.FAILED))
-        # Each takes a free slot of the grid; the emails still planned keep theirs. The slots
-        # are chosen and written under the campaign's lease (no other retry takes them too).
-        back: list[Task] = []
-        with self._replanner.lease(campaign_id, wait=RETRY_LEASE_WAIT) as held:
-            if not held:
-                log.info("campaign %s: retry slots taken without its lease", campaign_id)
-            slots = (
-                self._replanner.retry_slots(
-                    campaign, len(failed), not_before=now, exclude=(), tasks=failed
-                )
-                if failed
-                else []
-            )
-            for task, slot in zip(failed, slots, strict=True):
-                done = self._store.transition(
-                    task.id,
-                    TaskState.FAILED,
-                    TaskState.PENDING,
-                    at=now,
-                    changes={
-                        "attempts": 0,
-                        "token": new_token(),
-                        "send_at": slot,
-                        "claimed_at": None,
-                        "error": None,
-                        "moves": task.moves + 1,
-                        "moved_reason": "retry-failed",
-                    },
-                    note="retry-failed",
-                )
-                if done is not None:
-                    back.append(done)
+        # Each takes a free slot of the grid; the emails still planned keep theirs.
+        again = "retry-failed"
+        retried = self._replanner.retry_in_free_slots(
+            campaign,
+            failed,
+            lambda task, slot: transitions.retry_into(task, slot, reason=again, note=again),
+            not_before=now,
+            at=now,
+        )
+        back = [task for task in retried if task is not None]
         if campaign.state is CampaignState.PAUSED:
             # A paused campaign holds no sender capacity: resume books these with the rest.
             self._capacity.release([t.id for t in back if t.sender_id is not None])
@@ -229,12 +208,10 @@ class CampaignControls:
         task = self._store.get_task(task_id)
         if task is None:
             raise NotFound("task", task_id)
-        done = self._store.transition(
-            task_id,
-            TaskState.PENDING,
-            TaskState.CANCELLED,
+        done = apply_change(
+            self._store,
+            transitions.cancel(task, note="cancelled by the user"),
             at=self._clock.now(),
-            note="cancelled by the user",
         )
         if done is None:
             current = self._store.get_task(task_id)

@@ -50,9 +50,11 @@ from sendqueue.domain.suppression import (
     suppressed_reason,
     suppression_key,
 )
+from sendqueue.domain.transitions import cancel
 from sendqueue.domain.wording import plural
 from sendqueue.ports import CampaignTasks, Clock, FeedbackOutcomes, SenderStore, SuppressionList
 from sendqueue.services.campaign_controls import complete_if_done
+from sendqueue.services.task_changes import apply_change
 
 __all__ = ["REPLIED_REASON", "Applied", "FeedbackService"]
 
@@ -312,14 +314,7 @@ class FeedbackService:
         now = self._clock.now()
         cancelled: list[Task] = []
         for task in tasks:
-            done = self._store.transition(
-                task.id,
-                TaskState.PENDING,
-                TaskState.CANCELLED,
-                at=now,
-                changes={"reason": reason},
-                note=reason,
-            )
+            done = apply_change(self._store, cancel(task, reason=reason), at=now)
             if done is not None:
                 cancelled.append(task)
         if cancelled and self._delete_schedules is not None:

@@ -14,7 +14,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from sendqueue.domain.errors import NoSendingDay, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState

@@ -28,17 +28,12 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sendqueue.domain.errors import Conflict, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import (
-    Campaign,
-    Task,
-    expected_schedule_name,
-    new_token,
-    schedule_group,
-)
+from sendqueue.domain.models import Campaign, Task, expected_schedule_name, schedule_group
+from sendqueue.domain.transitions import TaskChange, fail, retry_into
 from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, Events, LeasedCampaignTasks, NoEvents, Scheduler
 from sendqueue.services.campaign_controls import CampaignControls
@@ -46,8 +41,9 @@ from sendqueue.services.capacity import CapacityPlanner
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.provisioning import Continuation, Provisioner
 from sendqueue.services.recovery import Recovery
-from sendqueue.services.replanning import RETRY_LEASE_WAIT, Replanner, iter_tasks
+from sendqueue.services.replanning import Replanner, iter_tasks
 from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.task_changes import apply_change
 
 __all__ = ["ReconcileReport", "Reconciler"]
 
@@ -397,42 +393,31 @@ class Reconciler:
                 if self._config.stale_policy == "fail"
                 else (f"{unknown}; {task.attempts} attempts used")
             )
-            if self._still_stale(task) and self._store.transition(
-                task.id, TaskState.RUNNING, TaskState.FAILED, at=now,
-                changes={"error": why}, note=f"stale: {why}",  # the email.failed reason
-            ):  # fmt: skip
+            failed = fail(task, why, note=f"stale: {why}")  # the email.failed reason
+            if self._still_stale(task) and apply_change(self._store, failed, at=now):
                 report.stale_failed += 1
                 self._capacity.release([task.id])
             else:
                 report.skipped_in_flight += 1
             return
         campaign = self._store.get_campaign(task.campaign_id)
+        reason = f"stale: no outcome within {self._config.stale_after:g} s"
+
+        def retry(read: Task, slot: datetime) -> TaskChange | None:
+            if not self._still_stale(read):  # finished, or claimed again, since it was read
+                return None
+            return retry_into(read, slot, reason=reason, error=unknown, note="stale: retry")
+
         # A free slot of the grid from now on, as a transient retry takes (the lost claim not
-        # counted: under policy retry the email counts as not sent), under the campaign's lease.
-        replanner = self._replanner
-        with replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
-            if not held:
-                log.info("task %s: stale retry slot taken without the campaign's lease", task.id)
-            [retry_at] = replanner.retry_slots(
-                campaign,
-                1,
-                not_before=now,
-                exclude=[task.claimed_at] if task.claimed_at else [],
-                tasks=[task],
-            )
-            back: Task | None = None  # unless still under the claim read as stale
-            if self._still_stale(task):
-                back = self._store.transition(
-                    task.id, TaskState.RUNNING, TaskState.PENDING, at=now,
-                    changes={
-                        "send_at": retry_at,
-                        "token": new_token(),
-                        "error": unknown,
-                        "moves": task.moves + 1,
-                        "moved_reason": f"stale: no outcome within {self._config.stale_after:g} s",
-                    },
-                    note="stale: retry",
-                )  # fmt: skip
+        # counted: under policy retry the email counts as not sent).
+        [back] = self._replanner.retry_in_free_slots(
+            campaign,
+            [task],
+            retry,
+            not_before=now,
+            exclude=[task.claimed_at] if task.claimed_at else [],
+            at=now,
+        )
         if back is None:
             report.skipped_in_flight += 1  # finished, or claimed again, since it was read
             current = self._store.get_task(task.id)

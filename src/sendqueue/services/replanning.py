@@ -24,19 +24,22 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import date, datetime, timedelta
 
+from sendqueue.domain import transitions
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Move, Task, new_token
 from sendqueue.domain.slots import free_slots, in_policy, nominal_spacing
+from sendqueue.domain.transitions import TaskChange
 from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, LeasedCampaignTasks, Tasks
 from sendqueue.services.capacity import CapacityPlanner, uses_capacity
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.task_changes import apply_change
 
 __all__ = ["FIRING_SLACK", "RETRY_LEASE_WAIT", "Replanner", "iter_tasks"]
 
@@ -212,7 +215,7 @@ class Replanner:
         scheduled: list[Task] = [keep] if keep is not None and firing is not None else []
         for task, slot in zip(movable, slots, strict=True):
             if task.send_at != slot:
-                move = Move(task.id, task.token, slot, new_token())
+                move = transitions.move(task, slot)
                 moves.append(move)
                 scheduled.append(replace(task, send_at=slot, token=move.new_token))
             elif schedule_all:
@@ -296,6 +299,39 @@ class Replanner:
             if until is None or slots[-1] < until - _DAY_BACK:
                 return slots
             span = span * 8 if span is not None and span < timedelta(days=400) else None
+
+    def retry_in_free_slots(
+        self,
+        campaign: Campaign,
+        tasks: Sequence[Task],
+        retry: Callable[[Task, datetime], TaskChange | None],
+        *,
+        not_before: datetime,
+        exclude: Iterable[datetime] = (),
+        at: datetime | None = None,
+    ) -> list[Task | None]:
+        """Retry each of ``tasks`` into a free slot (:meth:`retry_slots`), chosen and written
+        under the campaign's lease so no other retry takes it too (without the lease after
+        :data:`RETRY_LEASE_WAIT`, rather than block). ``retry`` gives a task's change for its
+        slot (:func:`~sendqueue.domain.transitions.retry_into`; None: left as it is), applied at
+        ``at`` (default: now). Each task as it went back, or None where nothing was applied."""
+        back: list[Task | None] = []
+        with self.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
+            if not held:
+                slots_taken = plural(len(tasks), "retry slot")
+                log.info("campaign %s: %s taken without its lease", campaign.id, slots_taken)
+            slots = (
+                self.retry_slots(
+                    campaign, len(tasks), not_before=not_before, exclude=exclude, tasks=tasks
+                )
+                if tasks
+                else []
+            )
+            for task, slot in zip(tasks, slots, strict=True):
+                change = retry(task, slot)
+                when = self._clock.now() if at is None else at
+                back.append(None if change is None else apply_change(self._store, change, at=when))
+        return back
 
     def overdue_campaigns(
         self, now: datetime, *, late: timedelta | None = None

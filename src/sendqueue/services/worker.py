@@ -46,11 +46,21 @@ from sendqueue.domain.errors import (
     SchedulerError,
     TransientMailError,
 )
-from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
-from sendqueue.domain.models import Campaign, Task, new_token
+from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.senders import Sender
 from sendqueue.domain.slots import in_policy, into_slot, nominal_spacing
 from sendqueue.domain.suppression import Suppression, suppressed_reason
+from sendqueue.domain.transitions import (
+    ERROR_LIMIT,
+    cancel,
+    claim,
+    fail,
+    finish,
+    give_back,
+    retry_into,
+    unclaim,
+)
 from sendqueue.domain.wording import plural
 from sendqueue.ports import (
     Alarm,
@@ -66,9 +76,10 @@ from sendqueue.services.capacity import CapacityPlanner, policy_for
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.outgoing import outgoing_message
 from sendqueue.services.recovery import Recovery
-from sendqueue.services.replanning import FIRING_SLACK, RETRY_LEASE_WAIT, Replanner
+from sendqueue.services.replanning import FIRING_SLACK, Replanner
 from sendqueue.services.scheduling import ScheduleWriter
 from sendqueue.services.senders import SenderService
+from sendqueue.services.task_changes import apply_change
 
 __all__ = [
     "CAMPAIGN_CACHE_SECONDS",
@@ -285,13 +296,7 @@ class SendWorker:
     def _claim(self, task: Task, token: str | None, now: datetime) -> Task | None:
         """Pending -> Running, the conditional write that makes this invocation the one that
         sends; None when another one claimed it, or it was moved before the claim."""
-        claimed = self._store.transition(
-            task.id,
-            TaskState.PENDING,
-            TaskState.RUNNING,
-            at=now,
-            changes={"claimed_at": now, "attempts": task.attempts + 1},
-        )
+        claimed = apply_change(self._store, claim(task, now), at=now)
         if claimed is None:
             log.info("task %s was claimed by another invocation", task.id)
             return None
@@ -299,11 +304,8 @@ class SendWorker:
             # Moved between the read above and the claim (a move is a compare-and-set on
             # Pending and the old token; the claim on the state only): this invocation is
             # stale. Give the task back as it was; its new schedule sends it at its new time.
-            self._store.transition(
-                task.id, TaskState.RUNNING, TaskState.PENDING, at=now,
-                changes={"attempts": task.attempts, "claimed_at": task.claimed_at},
-                note="moved before its claim: its stale schedule skipped",
-            )  # fmt: skip
+            stale = unclaim(task, "moved before its claim: its stale schedule skipped")
+            apply_change(self._store, stale, at=now)
             log.info("task %s: moved before its claim, stale schedule skipped", task.id)
             return None
         return claimed
@@ -315,15 +317,10 @@ class SendWorker:
         state = self._store.campaign_state(task.campaign_id)
         if state in SENDING_STATES:
             return True
-        self._store.transition(
-            task.id, TaskState.RUNNING, TaskState.PENDING, at=now, note="campaign not active"
-        )
+        apply_change(self._store, give_back(task, "campaign not active"), at=now)
         if state is CampaignState.CANCELLED:
             # The cancel's sweep of Pending tasks ran while this one was Running.
-            self._store.transition(
-                task.id, TaskState.PENDING, TaskState.CANCELLED, at=now,
-                note="campaign cancelled",
-            )  # fmt: skip
+            apply_change(self._store, cancel(task, note="campaign cancelled"), at=now)
             if task.sender_id is not None:
                 self._capacity.release([task.id])
         return False
@@ -353,10 +350,7 @@ class SendWorker:
         if self._capacity.booked(claimed) or self._capacity.book_in_place(claimed):
             return True
         reason = "its sender's slot was taken"
-        self._store.transition(
-            claimed.id, TaskState.RUNNING, TaskState.PENDING, at=now,
-            changes={"attempts": claimed.attempts - 1}, note=reason,
-        )  # fmt: skip
+        apply_change(self._store, give_back(claimed, reason, undo_attempt=True), at=now)
         self._recovery.catch_up(
             campaign.id, since=claimed.send_at, reason=reason, firing=claimed.id, wait=REPLAN_WAIT
         )
@@ -367,10 +361,7 @@ class SendWorker:
         """Cancel a Pending task whose address is on the suppression list (unless someone
         changed it first), and check the campaign for completion."""
         reason = suppressed_reason(entry.reason)
-        cancelled = self._store.transition(
-            task.id, TaskState.PENDING, TaskState.CANCELLED, at=now,
-            changes={"reason": reason}, note=reason,
-        )  # fmt: skip
+        cancelled = apply_change(self._store, cancel(task, reason=reason), at=now)
         log.info("task %s: address suppressed (%s), not sent", task.id, entry.reason.value)
         if cancelled is not None and task.sender_id is not None:
             self._capacity.release([task.id])
@@ -411,10 +402,7 @@ class SendWorker:
             return False
         closest = min(abs(when - now) for _, when in near).total_seconds()
         reason = self._recovery.reason(claimed.send_at)  # why it came late, not where it would
-        self._store.transition(
-            claimed.id, TaskState.RUNNING, TaskState.PENDING, at=now,
-            changes={"attempts": claimed.attempts - 1}, note=reason,
-        )  # fmt: skip
+        apply_change(self._store, give_back(claimed, reason, undo_attempt=True), at=now)
         moved = self._recovery.catch_up(
             campaign.id, since=claimed.send_at, reason=reason, firing=claimed.id, wait=REPLAN_WAIT
         )
@@ -459,20 +447,7 @@ class SendWorker:
         except TransientMailError as exc:
             return self._transient(campaign, task, str(exc))
         sent_at = self._clock.now()
-        done = self._store.transition(
-            task.id,
-            TaskState.RUNNING,
-            TaskState.FINISHED,
-            at=sent_at,
-            # The outcome starts as "accepted"; feedback (a bounce, a reply) may change it later.
-            changes={
-                "sent_at": sent_at,
-                "message_id": accepted_id,
-                "error": None,
-                "outcome": TaskOutcome.ACCEPTED,
-                "outcome_at": sent_at,
-            },
-        )
+        done = apply_change(self._store, finish(task, sent_at, accepted_id), at=sent_at)
         if done is not None and done.sender_id is not None:
             # a re-plan that lost its move to this claim may have moved the booking: back first
             self._capacity.settle(done)
@@ -486,15 +461,9 @@ class SendWorker:
 
     def _failed(self, campaign: Campaign, task: Task, error: str) -> bool:
         """Record a failure (auto-pausing after too many in a row); True unless it paused."""
-        error = error[:2000]
-        done = self._store.transition(
-            task.id,
-            TaskState.RUNNING,
-            TaskState.FAILED,
-            at=self._clock.now(),
-            changes={"error": error},
-            note=error,  # the change's note is the email.failed event's reason
-        )
+        error = error[:ERROR_LIMIT]
+        # the change's note is the error: the email.failed event's reason
+        done = apply_change(self._store, fail(task, error), at=self._clock.now())
         if task.sender_id is not None:
             self._capacity.release([task.id])  # nothing went out: the slot is free again
         self._events.send_finished("permanent")
@@ -530,33 +499,16 @@ class SendWorker:
             )
         delay = self._config.retry_backoff * 2 ** (task.attempts - 1)
         # The retry takes a free slot of the grid after the back-off: inside a window, within
-        # the day's cap, away from the campaign's other sends (its own failed claim not counted),
-        # chosen and written under the campaign's lease so no other retry takes it too.
-        replanner = self._replanner
-        with replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
-            if not held:
-                log.info("task %s: retry slot taken without the campaign's lease", task.id)
-            [retry_at] = replanner.retry_slots(
-                campaign,
-                1,
-                not_before=self._clock.now() + timedelta(seconds=delay),
-                exclude=[task.claimed_at] if task.claimed_at else [],
-                tasks=[task],
-            )
-            back = self._store.transition(
-                task.id,
-                TaskState.RUNNING,
-                TaskState.PENDING,
-                at=self._clock.now(),
-                changes={
-                    "send_at": retry_at,
-                    "token": new_token(),
-                    "error": f"transient: {error}"[:2000],
-                    "moves": task.moves + 1,
-                    "moved_reason": f"transient: {error}"[:300],
-                },
-                note=f"retry {task.attempts + 1} of {self._config.max_attempts} in {delay:.0f}s",
-            )
+        # the day's cap, away from the campaign's other sends (its own failed claim not counted).
+        why = f"transient: {error}"
+        note = f"retry {task.attempts + 1} of {self._config.max_attempts} in {delay:.0f}s"
+        [back] = self._replanner.retry_in_free_slots(
+            campaign,
+            [task],
+            lambda claimed, slot: retry_into(claimed, slot, reason=why, error=why, note=note),
+            not_before=self._clock.now() + timedelta(seconds=delay),
+            exclude=[task.claimed_at] if task.claimed_at else [],
+        )
         self._events.send_finished("transient")
         if back is None:
             current = self._store.get_task(task.id)

@@ -30,10 +30,10 @@ from sendqueue.bootstrap import Container, import_limits
 from sendqueue.domain.wording import plural
 from sendqueue.services.campaign_controls import CampaignControls
 from sendqueue.services.campaign_import import CampaignImport
-from sendqueue.services.previews import CampaignPreviews
 from sendqueue.services.dead_letters import DeadLetterQueue
 from sendqueue.services.importing import ImportLimits
 from sendqueue.services.mailboxes import SenderMailboxes
+from sendqueue.services.previews import CampaignPreviews
 from sendqueue.services.queries import Queries
 from sendqueue.services.senders import SenderService
 from sendqueue.services.suppression import SuppressionService
