@@ -26,12 +26,13 @@ from sendqueue.ports import (
     TaskStore,
     WebhookStore,
 )
+from sendqueue.ports.reads import CampaignReads
 from sendqueue.testing import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore
 from tests.support.app import T0, fake_app
 
 AGGREGATES: list[Any] = [Campaigns, Tasks, ChangeLog, Leases, Counters]
-KEPT_BESIDE: list[Any] = [SuppressionList, FeedbackStore, SenderStore, WebhookStore]
+KEPT_BESIDE: list[Any] = [SuppressionList, FeedbackStore, SenderStore, WebhookStore, CampaignReads]
 
 
 def _methods(port: Any) -> set[str]:
