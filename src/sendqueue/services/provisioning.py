@@ -444,11 +444,9 @@ class Provisioner:
         and its checkpoint) keep their plan and booking. Returns the tasks built and how many
         were inserted."""
         ids = [task_id(campaign.id, r.position) for r in recipients]
-        fresh = [
-            (r, tid)
-            for r, tid in zip(recipients, ids, strict=True)
-            if key_of_normalized(r.email) not in listed
-        ]
+        fresh = list(zip(recipients, ids, strict=True))
+        if listed:
+            fresh = [(r, tid) for r, tid in fresh if key_of_normalized(r.email) not in listed]
         if resumed:
             stored = self._store.get_tasks([tid for _, tid in fresh])
             fresh = [(r, tid) for r, tid in fresh if tid not in stored]
