@@ -205,11 +205,12 @@ def assign_senders(
     for key in recipients:
         sender = chosen.get(key)
         if sender is None:
-            before = sticky.get(key, ())
-            # one id as a plain string: `in` would match substrings ("s1" in "s12")
-            if isinstance(before, str):
-                before = (before,)
-            sender = next((s for s in sender_ids if s in before), None)
+            before = sticky.get(key)
+            if before is not None:  # most were never sent to: no generator for them
+                # one id as a plain string: `in` would match substrings ("s1" in "s12")
+                if isinstance(before, str):
+                    before = (before,)
+                sender = next((s for s in sender_ids if s in before), None)
             if sender is None:
                 sender = sender_ids[turn % len(sender_ids)]
                 turn += 1

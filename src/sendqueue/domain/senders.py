@@ -43,9 +43,11 @@ __all__ = [
     "epoch_ms",
     "masked_transport",
     "new_sender_id",
+    "planned_booking",
 ]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
 DEFAULT_DAILY_CAP = 50
 DEFAULT_MIN_GAP_SECONDS = 60
 #: One send a day at most, at the strictest gap a sender may have.
@@ -62,7 +64,7 @@ TRANSPORT_SCHEMES = ("smtp", "ses", "maildir")
 
 def epoch_ms(at: datetime) -> int:
     """Whole milliseconds since the epoch (rounded down) of an aware instant."""
-    return (at - _EPOCH) // timedelta(milliseconds=1)
+    return (at - _EPOCH) // _ONE_MS
 
 
 def new_sender_id() -> str:
@@ -289,6 +291,30 @@ class Booking:
         object.__setattr__(self, "at_ms", epoch_ms(at))
         if isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1:
             raise InvalidField("cap", self.cap, "expected a whole number of at least 1")
+
+
+def planned_booking(
+    sender_id: str,
+    at: datetime,
+    day: date,
+    task_id: str,
+    campaign_id: str,
+    recipient: str,
+    cap: int,
+) -> Booking:
+    """``Booking(...)``, built without a frozen dataclass's per-field ``__init__`` when ``at``
+    is in UTC and ``cap`` a whole number of at least 1 (a planner's send: what the checks of
+    ``__post_init__`` would let through unchanged); anything else goes to the constructor.
+    Provisioning books one per email."""
+    if at.tzinfo is not UTC or type(cap) is not int or cap < 1:
+        return Booking(sender_id, at, day, task_id, campaign_id, recipient, cap)
+    booking = object.__new__(Booking)
+    object.__setattr__(booking, "__dict__", {
+        "sender_id": sender_id, "at": at, "day": day, "task_id": task_id,
+        "campaign_id": campaign_id, "recipient": recipient, "cap": cap,
+        "at_ms": (at - _EPOCH) // _ONE_MS,
+    })  # fmt: skip
+    return booking
 
 
 @dataclass(frozen=True)

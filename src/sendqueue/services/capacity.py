@@ -34,7 +34,7 @@ from sendqueue.domain.errors import Conflict, NotFound, Overbooked
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.policy import SendingPolicy
-from sendqueue.domain.senders import Booking, Sender
+from sendqueue.domain.senders import Booking, Sender, planned_booking
 from sendqueue.domain.suppression import key_of_normalized
 from sendqueue.ports import SenderStore, Tasks
 
@@ -370,7 +370,7 @@ def _bookings_of(
         cap = caps.get((sid, day))
         if cap is None:
             cap = caps[(sid, day)] = books[sid].cap_on(day)
-        out.append(Booking(sid, at, day, task, campaign_id, key, cap))
+        out.append(planned_booking(sid, at, day, task, campaign_id, key, cap))
     return out
 
 

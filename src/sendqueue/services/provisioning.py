@@ -25,7 +25,15 @@ from zoneinfo import ZoneInfo
 
 from sendqueue.domain.errors import Conflict, IllegalTransition, InvalidField, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import CONTROL_GROUP, Campaign, Recipient, Task, new_token, task_id
+from sendqueue.domain.models import (
+    CONTROL_GROUP,
+    Campaign,
+    Recipient,
+    Task,
+    new_token,
+    pending_task,
+    task_id,
+)
 from sendqueue.domain.planner import plan
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, key_of_normalized, suppressed_reason
@@ -144,23 +152,13 @@ def _tasks_of(
     """A chunk's tasks of a campaign planned in one go (``sends`` by position), with the
     tokens drawn for the chunk; those of listed addresses to insert Cancelled."""
     tasks = [
-        Task(
-            id=task_id(campaign.id, r.position),
-            campaign_id=campaign.id,
-            position=r.position,
-            email=r.email,
-            name=r.name,
-            subject=r.subject,
-            text=r.text,
-            html=r.html,
-            send_at=sends[r.position],
-            token=tokens[32 * i : 32 * i + 32],
-            created_at=now,
-            updated_at=now,
+        pending_task(
+            task_id(campaign.id, r.position), campaign.id, r.position, r.email, r.name,
+            r.subject, r.text, r.html, sends[r.position], tokens[32 * i : 32 * i + 32], now,
             timezone=r.timezone,
         )
         for i, r in enumerate(recipients)
-    ]
+    ]  # fmt: skip
     if listed:
         tasks = [_cancel_if_listed(t, listed) for t in tasks]
     return tasks
@@ -441,11 +439,9 @@ class Provisioner:
         and its checkpoint) keep their plan and booking. Returns the tasks built and how many
         were inserted."""
         ids = [task_id(campaign.id, r.position) for r in recipients]
-        fresh = [
-            (r, tid)
-            for r, tid in zip(recipients, ids, strict=True)
-            if key_of_normalized(r.email) not in listed
-        ]
+        fresh = list(zip(recipients, ids, strict=True))
+        if listed:
+            fresh = [(r, tid) for r, tid in fresh if key_of_normalized(r.email) not in listed]
         if resumed:
             stored = self._store.get_tasks([tid for _, tid in fresh])
             fresh = [(r, tid) for r, tid in fresh if tid not in stored]
@@ -458,27 +454,14 @@ class Provisioner:
                 placed = {tid: p for (_, tid), p in zip(fresh, placements, strict=True)}
                 wheres = [placed.get(tid, unplaced) for tid in ids]
             tasks = [
-                Task(
-                    id=tid,
-                    campaign_id=campaign.id,
-                    position=r.position,
-                    email=r.email,
-                    name=r.name,
-                    subject=r.subject,
-                    text=r.text,
-                    html=r.html,
-                    send_at=at,
-                    token=tokens[32 * i : 32 * i + 32],
-                    created_at=now,
-                    updated_at=now,
-                    sender_id=sender_id,
-                    sender=sender,
-                    timezone=r.timezone,
+                pending_task(
+                    tid, campaign.id, r.position, r.email, r.name, r.subject, r.text, r.html,
+                    at, tokens[32 * i : 32 * i + 32], now, sender_id, sender, r.timezone,
                 )
                 for i, (r, tid, (at, sender_id, sender)) in enumerate(
                     zip(recipients, ids, wheres, strict=True)
                 )
-            ]
+            ]  # fmt: skip
             if listed:
                 tasks = [_cancel_if_listed(t, listed) for t in tasks]
             return tasks, self._store.insert_tasks(tasks, at=now, bookings=bookings)

@@ -130,7 +130,10 @@ def payload_text(payload: Mapping[str, str]) -> str:
     """:data:`payload_json` of a checked payload (strings to strings), in a third less time:
     its string encoder called directly, without building an encoder per call (a property test
     holds the two equal)."""
-    return "{" + ", ".join([_quote(k) + ": " + _quote(payload[k]) for k in sorted(payload)]) + "}"
+    parts = []
+    for key in sorted(payload):  # a loop, not a comprehension: no function frame per call
+        parts.append(_quote(key) + ": " + _quote(payload[key]))
+    return "{" + ", ".join(parts) + "}"
 
 
 def checked_params(item: Checked, created_us: int) -> tuple[object, ...]:

@@ -37,7 +37,14 @@ from sendqueue.adapters.sql.rows import (
 from sendqueue.adapters.sql.schema import UtcDateTime, sqlite_text
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import ChangeLogEntry, Recipient, Task, check_cursor, check_limit
+from sendqueue.domain.models import (
+    ChangeLogEntry,
+    Recipient,
+    Task,
+    check_cursor,
+    check_limit,
+    recipient_of,
+)
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import key_of_normalized
 
@@ -100,14 +107,19 @@ def _task(row: Sequence[Any]) -> Task:
 def _task_row(t: Task, stamp: str | None) -> tuple[object, ...]:
     """The driver's parameters of :data:`_INSERT_TASK` for a new task."""
     send_at = sqlite_text(t.send_at)
+    # A new task's optional instants are None: tested here, not in a call per column.
+    claimed_at, sent_at, outcome_at = t.claimed_at, t.sent_at, t.outcome_at
+    planned_at = t.planned_at
     return (
         t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
-        send_at, t.state.value, t.token, t.attempts, sqlite_text(t.claimed_at),
-        sqlite_text(t.sent_at), t.message_id, t.error, stamp, stamp,
-        send_at if t.planned_at is None else sqlite_text(t.planned_at), t.moves,
+        send_at, t.state.value, t.token, t.attempts,
+        None if claimed_at is None else sqlite_text(claimed_at),
+        None if sent_at is None else sqlite_text(sent_at), t.message_id, t.error, stamp, stamp,
+        send_at if planned_at is None else sqlite_text(planned_at), t.moves,
         t.moved_reason, t.reason,
         None if t.outcome is None else t.outcome.value, t.outcome_detail,
-        sqlite_text(t.outcome_at), t.sender_id, t.sender, t.timezone, key_of_normalized(t.email),
+        None if outcome_at is None else sqlite_text(outcome_at), t.sender_id, t.sender,
+        t.timezone, key_of_normalized(t.email),
     )  # fmt: skip
 
 
@@ -342,7 +354,7 @@ class SqliteTaskStore(SqlTaskStore):
             finally:
                 cursor.close()
             return [
-                Recipient(
+                recipient_of(
                     position, email, name, subject, text, html, JsonVariables(variables), timezone
                 )
                 for position, email, name, subject, text, html, variables, timezone in raw
