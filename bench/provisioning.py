@@ -44,10 +44,13 @@ from zoneinfo import ZoneInfo
 
 from bench.common import child_usage, cpu_seconds, postgres_database, run_child, summarize
 
-__all__ = ["RSS_GROWTH_LIMIT_MB", "TARGET", "run"]
+__all__ = ["RSS_GROWTH_LIMIT_MB", "SQLITE_TARGET", "TARGET", "run"]
 
-#: sendqueue's provisioning rate must be at least this fraction of the raw insert rate.
+#: sendqueue's provisioning rate must be at least this fraction of the raw insert rate
+#: (PostgreSQL stores, either execution layer).
 TARGET = 0.3
+#: The same on the SQLite store (the embedded default).
+SQLITE_TARGET = 0.5
 #: Peak RSS may grow by less than this from the small to the large campaign.
 RSS_GROWTH_LIMIT_MB = 50.0
 
@@ -506,13 +509,14 @@ def run(
     where = f"{store} store" + (", procrastinate execution" if procrastinate else "")
     if senders:
         where += f", {senders} senders booking every send"
+    target = TARGET if postgres else SQLITE_TARGET
     targets = [
         {
-            "name": f"provisioning at >= 0.3x raw inserts ({where})",
+            "name": f"provisioning at >= {target:g}x raw inserts ({where})",
             "value": ratio,
-            "limit": TARGET,
+            "limit": target,
             "unit": "x",
-            "passed": ratio >= TARGET,
+            "passed": ratio >= target,
         }
     ]
     if not postgres:
