@@ -56,6 +56,7 @@ from sendqueue.domain.models import (
     Task,
     TaskChanges,
 )
+from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim, SendFinish
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, key_of_normalized
 from sendqueue.ports.feedback import FeedbackMessage, FeedbackSource, FeedbackStore
@@ -83,6 +84,7 @@ __all__ = [
     "AccessTokens",
     "Alarm",
     "BulkScheduler",
+    "ClaimRefusal",
     "Clock",
     "CreateArgs",
     "Dispatcher",
@@ -99,6 +101,8 @@ __all__ = [
     "ReadsTaskThenSuppression",
     "Schedule",
     "Scheduler",
+    "SendClaim",
+    "SendFinish",
     "SendOutcome",
     "SenderStore",
     "SuppressionList",
@@ -289,6 +293,35 @@ class TaskStore(Protocol):
         particular order. The planner counts them against ``per_day`` and keeps moved sends
         away from them. Empty for an unknown campaign.
         """
+        ...
+
+    def claim_for_send(
+        self,
+        task_id: str,
+        *,
+        token: str | None,
+        at: datetime,
+        due_by: datetime,
+        not_before: datetime | None = None,
+    ) -> SendClaim:
+        """The send worker's claim, one statement or transaction: Pending -> Running (with
+        ``claimed_at = at``, ``attempts + 1`` and its change-log entry) only when
+        :func:`~sendqueue.domain.sendclaim.claim_refusal` finds nothing against it, read in
+        the same write (the token, the state, ``send_at <= due_by``, the campaign sending, the
+        address not suppressed, ``send_at >= not_before``); else nothing is written and the
+        answer says why. The answer carries the campaign's state and the task's booking instant
+        as read. PostgreSQL and SQLite: one round trip; DynamoDB: one consistent batch read and
+        one transaction."""
+        ...
+
+    def finish_send(
+        self, task_id: str, *, at: datetime, message_id: str, slot: datetime | None = None
+    ) -> SendFinish:
+        """The send worker's finish, one statement or transaction: Running -> Finished with
+        ``sent_at = outcome_at = at``, the message id, outcome accepted and no error, logged;
+        with ``slot`` (the claimed task's send_at), the task's booking at that instant is
+        counted sent in the same write (``SenderStore.mark_sent``). Also tells whether the
+        campaign has other Pending tasks. DynamoDB runs these as consecutive writes."""
         ...
 
     def campaign_state(self, campaign_id: str) -> CampaignState:

@@ -44,6 +44,7 @@ from sendqueue.domain.senders import Booking
 from sendqueue.testing.feedback import InMemoryFeedback
 from sendqueue.testing.guard import guarded as _guarded
 from sendqueue.testing.senders import InMemorySenders
+from sendqueue.testing.sending import InMemorySending
 from sendqueue.testing.suppressions import InMemorySuppressions
 from sendqueue.testing.webhooks import InMemoryWebhooks
 
@@ -62,7 +63,9 @@ def _utc_or_none(value: datetime | None) -> datetime | None:
     return None if value is None else utc(value)
 
 
-class InMemoryTaskStore(InMemorySuppressions, InMemoryFeedback, InMemorySenders, InMemoryWebhooks):
+class InMemoryTaskStore(
+    InMemorySending, InMemorySuppressions, InMemoryFeedback, InMemorySenders, InMemoryWebhooks
+):
     """:class:`~sendqueue.ports.TaskStore`, :class:`~sendqueue.ports.SuppressionList` and
     :class:`~sendqueue.ports.FeedbackStore` and the webhooks' store in memory; thread-safe, one
     lock.
