@@ -4,13 +4,14 @@ moto."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Protocol, cast
 
 import pytest
 
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
-from sendqueue.domain.sendclaim import ClaimRefusal
+from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim
 from sendqueue.domain.senders import Booking, Sender
 from sendqueue.domain.suppression import Suppression, SuppressionReason
 from sendqueue.ports import SenderStore, SuppressionList, TaskStore
@@ -131,3 +132,33 @@ def test_the_finish_tells_whether_pending_tasks_are_left(active: Store) -> None:
     for tid in ids:
         results.append(store.finish_send(tid, at=LATER, message_id=f"<{tid}>").pending_left)
     assert results[-1] is False  # nothing Pending is left after the last one
+
+
+def test_of_concurrent_claims_of_one_task_exactly_one_wins(backend: Backend, active: Store) -> None:
+    task = active.get_task("c1-1")
+    assert task is not None
+    handles = [cast(Store, backend.handle()) for _ in range(4)]
+    barrier = threading.Barrier(len(handles))
+    results: list[SendClaim] = []
+    lock = threading.Lock()
+
+    def run(handle: Store) -> None:
+        barrier.wait()
+        got = claim(handle, task.id, task.token)
+        with lock:
+            results.append(got)
+
+    threads = [threading.Thread(target=run, args=(h,)) for h in handles]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.claimed for r in results) == 1
+    assert {r.refused for r in results if not r.claimed} <= {
+        ClaimRefusal.NOT_PENDING,
+        ClaimRefusal.TAKEN,
+    }
+    claims = [
+        e for e in all_changes(active, "c1") if e.task_id == task.id and e.to_state == "Running"
+    ]
+    assert len(claims) == 1
