@@ -65,7 +65,7 @@ class RoundTrips:
 def _counting_cursor(counter: RoundTrips) -> type:
     import psycopg
 
-    class Counting(psycopg.Cursor):  # type: ignore[type-arg]
+    class Counting(psycopg.Cursor):
         def execute(self, *args: Any, **kwargs: Any) -> Any:
             counter.add()
             return super().execute(*args, **kwargs)
