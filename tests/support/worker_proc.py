@@ -2,9 +2,9 @@
 
 Run as ``python -m tests.support.worker_proc [--hold-at claim|accepted|dead-letter] [--nth N]
 [--unreadable TASK_ID ...]``; settings come from the SENDQUEUE_* environment like the real
-worker. At the N-th claim (Pending -> Running written) or the N-th SMTP accept (before Finished
-is written), it prints ``HOLD <point> <task id>`` and blocks, so the test can SIGKILL it exactly
-there.
+worker. At the N-th claim (Pending -> Running written by ``claim_for_send``) or the N-th SMTP
+accept (before Finished is written), it prints ``HOLD <point> <task id>`` and blocks, so the
+test can SIGKILL it exactly there.
 
 ``dead-letter``: every claim fails as if the task store were down, so each send is retried and
 then dead-lettered; at the N-th dead letter, written to the execution layer's storage, it
@@ -76,6 +76,17 @@ class HoldingStore:
         if task_id in self.unreadable:
             raise StoreUnavailable(f"reading task {task_id}: the store did not answer")
         return cast(SuppressionList, self.inner).task_and_suppression(task_id)
+
+    def claim_for_send(self, task_id: str, **kw: Any) -> Any:
+        """The send's claim (``TaskStore.claim_for_send``, its first store call)."""
+        if task_id in self.unreadable:
+            raise StoreUnavailable(f"reading task {task_id}: the store did not answer")
+        if self.hold.point == "dead-letter":
+            raise StoreUnavailable("the task store is down (played by the test)")
+        claim = self.inner.claim_for_send(task_id, **kw)
+        if claim.claimed:
+            self.hold.reached("claim", task_id)
+        return claim
 
     def transition(self, task_id: str, expected: TaskState, new: TaskState, **kw: Any) -> Any:
         if self.hold.point == "dead-letter" and new is TaskState.RUNNING:

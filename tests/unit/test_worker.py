@@ -278,6 +278,9 @@ def test_paused_campaign_is_not_sent_and_store_outage_raises() -> None:
         def task_and_suppression(self, _task_id: str) -> Task:
             raise StoreUnavailable("database is down")
 
+        def claim_for_send(self, _task_id: str, **_kw: object) -> Task:
+            raise StoreUnavailable("database is down")
+
     broken = fake_app(clock=clock, store=DownStore())  # type: ignore[arg-type]
     with pytest.raises(StoreUnavailable):
         broken.worker.send(send_payload(task))
@@ -308,15 +311,18 @@ def test_a_claim_racing_a_cancel_ends_cancelled_not_pending() -> None:
     cid = _provisioned(app, 1)
     (task,) = _tasks(app, cid)
     clock.advance(hours=1)
-    real_transition = app.store.transition
+    real_claim = app.store.claim_for_send
 
-    def cancel_right_after_the_claim(task_id: str, expected: TaskState, new: TaskState, **kw):  # type: ignore[no-untyped-def]
-        result = real_transition(task_id, expected, new, **kw)
-        if new is TaskState.RUNNING:
-            app.campaign_controls.cancel(cid)  # its sweep of Pending tasks misses this Running one
-        return result
+    def cancel_missing_the_task(task_id: str, **kw):  # type: ignore[no-untyped-def]
+        # The cancel lands as the claim is written, and its sweep of Pending tasks missed this
+        # one (it was Running then, for an earlier attempt given back since): the campaign's
+        # state is Cancelled, the task still Pending.
+        app.store.set_campaign_state(
+            cid, {CampaignState.ACTIVE}, CampaignState.CANCELLED, at=clock.now()
+        )
+        return real_claim(task_id, **kw)
 
-    app.store.transition = cancel_right_after_the_claim  # type: ignore[method-assign]
+    app.store.claim_for_send = cancel_missing_the_task  # type: ignore[method-assign]
     app.worker.send(send_payload(task))
     assert mailer.sent == []
     assert app.store.get_task(task.id).state is TaskState.CANCELLED  # type: ignore[union-attr]

@@ -52,6 +52,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from sendqueue.domain.alarms import AlarmItem, AutoPause
 from sendqueue.domain.models import DeadLetter
+from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim, SendFinish
 from sendqueue.ports.feedback import (
     FeedbackCursors,
     FeedbackMessage,
@@ -98,6 +99,7 @@ __all__ = [
     "CampaignTasks",
     "Campaigns",
     "ChangeLog",
+    "ClaimRefusal",
     "Clock",
     "Counters",
     "CreateArgs",
@@ -119,6 +121,8 @@ __all__ = [
     "ReadsTaskThenSuppression",
     "Schedule",
     "Scheduler",
+    "SendClaim",
+    "SendFinish",
     "SendOutcome",
     "SenderStore",
     "StoreBackend",

@@ -24,6 +24,7 @@ from sendqueue.domain.models import (
     Task,
     TaskChanges,
 )
+from sendqueue.domain.sendclaim import SendClaim, SendFinish
 from sendqueue.domain.senders import Booking
 
 __all__ = [
@@ -160,6 +161,35 @@ class Tasks(Protocol):
         note: str | None = None,
     ) -> int:
         """Move every task of the campaign in ``expected`` to ``new`` (each logged)."""
+        ...
+
+    def claim_for_send(
+        self,
+        task_id: str,
+        *,
+        token: str | None,
+        at: datetime,
+        due_by: datetime,
+        not_before: datetime | None = None,
+    ) -> SendClaim:
+        """The send worker's claim, one statement or transaction: Pending -> Running (with
+        ``claimed_at = at``, ``attempts + 1`` and its change-log entry) only when
+        :func:`~sendqueue.domain.sendclaim.claim_refusal` finds nothing against it, read in
+        the same write (the token, the state, ``send_at <= due_by``, the campaign sending, the
+        address not suppressed, ``send_at >= not_before``); else nothing is written and the
+        answer says why. The answer carries the campaign's state and the task's booking instant
+        as read. PostgreSQL and SQLite: one round trip; DynamoDB: one consistent batch read and
+        one transaction."""
+        ...
+
+    def finish_send(
+        self, task_id: str, *, at: datetime, message_id: str, slot: datetime | None = None
+    ) -> SendFinish:
+        """The send worker's finish, one statement or transaction: Running -> Finished with
+        ``sent_at = outcome_at = at``, the message id, outcome accepted and no error, logged;
+        with ``slot`` (the claimed task's send_at), the task's booking at that instant is
+        counted sent in the same write (``SenderStore.mark_sent``). Also tells whether the
+        campaign has other Pending tasks. DynamoDB runs these as consecutive writes."""
         ...
 
     def reschedule(self, moves: Sequence[Move], *, at: datetime, reason: str) -> int:

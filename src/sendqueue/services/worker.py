@@ -2,25 +2,34 @@
 
 Rules:
 
+- The claim is one store call (``TaskStore.claim_for_send``: one statement or transaction):
+  Pending -> Running under compare-and-set on the state and the invocation's token, only when
+  the task is not invoked before its firing slot, its campaign is sending, its address is not
+  suppressed and it is not past ``max_lateness``; it returns the task and its campaign's state
+  as read, or why it refused (:class:`~sendqueue.domain.sendclaim.ClaimRefusal`). Of two
+  concurrent invocations of one schedule, exactly one wins and sends. The finish is the second
+  call (``TaskStore.finish_send``), with a sender's booking counted sent in the same write: a
+  send costs two store round trips.
 - A task that is not Pending (Finished, Cancelled, Failed, Running) is skipped, and the
   invocation returns normally: raising would only make the execution layer retry into the
-  dead-letter queue.
-- A schedule whose payload token is not the task's current token is stale (the task was
-  re-planned since) and is skipped the same way.
-- The claim Pending -> Running is a conditional write; of two concurrent invocations of one
-  schedule, exactly one wins and sends.
+  dead-letter queue. A schedule whose payload token is not the task's current token is stale
+  (the task was re-planned since) and is skipped the same way. A campaign not sending (paused,
+  cancelled) when the claim is written stops the send; a cancelled campaign's Pending task that
+  its cancel's sweep missed is cancelled.
 - Mail accepted -> Finished with sent_at and message id. Permanent error -> Failed with the
   error. Transient error -> Pending with a new schedule after back-off while attempts remain,
   then Failed.
+- Too late (past ``max_lateness``: the claim refuses) or outside the policy's windows (checked
+  after the claim, which is then given back): not sent; the campaign's Pending tasks are
+  re-planned from now (outcome "moved").
 - A late send (past its firing slack, the layer's precision allowed) is checked after its
   claim for other sends of the campaign within half the planned spacing of now (sent, being
   sent, or Pending and due then). If there is one it is not sent: the task is given back and the
   campaign re-planned (outcome "moved"), so emails due together never go out in a burst. An
   on-time send skips this check: no extra store read on the hot path.
-- An address put on the suppression list since provisioning is caught before the claim: the
-  task goes Pending -> Cancelled (a conditional write) with the reason "suppressed: <reason>"
-  and is never sent. The entry is read with the task (``task_and_suppression``: one statement
-  on PostgreSQL, a second local read on SQLite), so a send costs no extra round trip there.
+- An address put on the suppression list since provisioning is caught by the claim: the task
+  goes Pending -> Cancelled (a conditional write) with the reason "suppressed: <reason>" and is
+  never sent.
 - Every email carries the task's one-click unsubscribe link (``List-Unsubscribe`` and
   ``List-Unsubscribe-Post``, RFC 2369 and RFC 8058) when ``config.unsubscribe`` is set; its
   URL replaces the templates' ``{{ unsubscribe_url }}`` and, with the campaign's
@@ -48,18 +57,16 @@ from sendqueue.domain.errors import (
 )
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task
+from sendqueue.domain.sendclaim import SENDING_STATES, ClaimRefusal, SendClaim
 from sendqueue.domain.senders import Sender
 from sendqueue.domain.slots import in_policy, into_slot, nominal_spacing
 from sendqueue.domain.suppression import Suppression, suppressed_reason
 from sendqueue.domain.transitions import (
     ERROR_LIMIT,
     cancel,
-    claim,
     fail,
-    finish,
     give_back,
     retry_into,
-    unclaim,
 )
 from sendqueue.domain.wording import plural
 from sendqueue.ports import (
@@ -87,23 +94,31 @@ __all__ = [
     "FIRING_SLACK",
     "SENDING_STATES",
     "SendWorker",
+    "due_by",
 ]
 
 #: How early an invocation may arrive (clock skew between hosts) and still send.
 EARLY_TOLERANCE = timedelta(seconds=1)
 #: How long the worker reuses a campaign it read (sender, policy) while the campaign is
-#: sending; the state that decides a send is read fresh after every claim.
+#: sending; the state that decides a send is the one its claim reads.
 CAMPAIGN_CACHE_SECONDS = 1.0
 
 #: How long a late send waits for a re-plan of its campaign running elsewhere (the re-plan that
 #: moves it must run after its give-back, or it could be left with a schedule already fired).
 REPLAN_WAIT = 10.0
 
-#: Campaign states in which due tasks are sent. Provisioning counts: the first sends of a large
-#: campaign may be due before its last schedules are created.
-SENDING_STATES = frozenset({CampaignState.ACTIVE, CampaignState.PROVISIONING})
-
 log = logging.getLogger(__name__)
+
+
+def due_by(now: datetime, precision: float) -> datetime:
+    """The latest send_at an invocation at ``now`` may claim: one whose firing slot (of
+    ``precision`` seconds; none at 0) starts no later than ``now + EARLY_TOLERANCE``. Exactly
+    the send_at values for which ``send_at - now <= EARLY_TOLERANCE + into_slot(send_at)``."""
+    latest = now + EARLY_TOLERANCE
+    if precision <= 0:
+        return latest
+    step = timedelta(microseconds=round(precision * 1_000_000))
+    return latest - into_slot(latest, precision) + step - timedelta(microseconds=1)
 
 
 class SendWorker:
@@ -181,9 +196,8 @@ class SendWorker:
     def _campaign(self, campaign_id: str) -> Campaign:
         """The campaign, from a cache of :data:`CAMPAIGN_CACHE_SECONDS` when it was sending.
 
-        Only a sending state is taken from the cache: a cached pause could outlive a resume and
-        skip sends. A pause that the cache has not seen yet is caught by the fresh state read
-        after the claim, so the cache never lets a paused campaign send.
+        Only a sending state is taken from the cache. Whether the campaign sends is decided by
+        the state the claim reads, never by the cache, so it never lets a paused campaign send.
         """
         now = time.monotonic()
         with self._lock:
@@ -237,50 +251,47 @@ class SendWorker:
 
     def _send(self, payload: Mapping[str, str]) -> bool:
         """Handle one invocation; False when it was skipped (nothing sent or recorded)."""
-        token = payload.get("token")
-        found = self._due_task(payload.get("task_id", ""), token)
-        if found is None:
-            return False
-        task, listed = found
-        campaign = self._campaign(task.campaign_id)
-        if campaign.state not in SENDING_STATES:
-            log.info("task %s: campaign %s is %s, skipped", task.id, campaign.id, campaign.state)
-            return False
         now = self._clock.now()
-        if listed is not None:
-            self._cancel_suppressed(task, listed, now)
-            return False
-        if self._overdue(campaign, task, now):
-            self._catch_up(campaign, task, now)
+        claim = self._store.claim_for_send(
+            payload.get("task_id", ""),
+            token=payload.get("token"),
+            at=now,
+            due_by=due_by(now, self._config.firing_precision),
+            not_before=now - timedelta(seconds=self._config.max_lateness),
+        )
+        claimed = claim.task
+        if claim.refused is not None or claimed is None:
+            return self._not_claimed(claim, payload.get("task_id", ""), now)
+        campaign = self._campaign(claimed.campaign_id)
+        if self._overdue(campaign, claimed, now):  # outside the policy's windows (rare)
+            self._give_back(claimed, now, "outside its sending windows: not sent")
+            self._catch_up(campaign, claimed, now, claim.campaign_state)
             return True
-        claimed = self._claim(task, token, now)
-        if claimed is None or not self._still_sending(task, now):
-            return False
-        if claimed.sender_id is not None and not self._holds_booking(campaign, claimed, now):
+        if claimed.sender_id is not None and not self._holds_booking(
+            campaign, claimed, claim.booking_at, now
+        ):
             return True
         # (a provisioning campaign, not re-planned until provisioned, sends as it was planned)
-        spaced = self._config.space_late_sends and campaign.state is CampaignState.ACTIVE
-        if spaced and self._late(task, now) and self._too_close(campaign, claimed, now):
+        active = claim.campaign_state is CampaignState.ACTIVE
+        spaced = self._config.space_late_sends and active
+        if spaced and self._late(claimed, now) and self._too_close(campaign, claimed, now):
             return True
         self._send_claimed(campaign, claimed)
         return True
 
-    def _due_task(self, task_id: str, token: str | None) -> tuple[Task, Suppression | None] | None:
-        """The invoked task with its address's suppression entry (in one read where the store
-        can), when it is Pending under the invocation's token and not invoked before its
-        layer ever fires; None: skipped, and logged why."""
-        task, listed = self._suppressions.task_and_suppression(task_id)
-        if task is None:
+    def _not_claimed(self, claim: SendClaim, task_id: str, now: datetime) -> bool:
+        """Act on a refused claim (nothing was written): skip and log why, cancel a suppressed
+        address's task or a cancelled campaign's, or catch up an overdue one (True)."""
+        task, why = claim.task, claim.refused
+        if task is None or why is ClaimRefusal.NOT_FOUND:
             log.warning("schedule for unknown task %r: skipped", task_id)
-            return None
-        if token is not None and token != task.token:
+        elif why is ClaimRefusal.STALE:
             log.info("task %s: stale schedule (token changed), skipped", task_id)
-            return None
-        if task.state is not TaskState.PENDING:
+        elif why is ClaimRefusal.NOT_PENDING:
             log.info("task %s is %s: skipped", task_id, task.state.value)
-            return None
-        early = task.send_at - self._clock.now()
-        if early > EARLY_TOLERANCE + into_slot(task.send_at, self._config.firing_precision):
+        elif why is ClaimRefusal.TAKEN:
+            log.info("task %s was claimed by another invocation", task_id)
+        elif why is ClaimRefusal.EARLY:
             # Earlier than the layer ever fires (before the start of send_at's firing slot,
             # the minute under EventBridge): an invocation this early is a stray one (a
             # manual or duplicated fire). Sending now could mean sending at night. The task's
@@ -288,42 +299,30 @@ class SendWorker:
             log.warning(
                 "task %s invoked %.0f s before its send time: skipped",
                 task_id,
-                early.total_seconds(),
+                (task.send_at - now).total_seconds(),
             )
-            return None
-        return task, listed
-
-    def _claim(self, task: Task, token: str | None, now: datetime) -> Task | None:
-        """Pending -> Running, the conditional write that makes this invocation the one that
-        sends; None when another one claimed it, or it was moved before the claim."""
-        claimed = apply_change(self._store, claim(task, now), at=now)
-        if claimed is None:
-            log.info("task %s was claimed by another invocation", task.id)
-            return None
-        if token is not None and claimed.token != token:
-            # Moved between the read above and the claim (a move is a compare-and-set on
-            # Pending and the old token; the claim on the state only): this invocation is
-            # stale. Give the task back as it was; its new schedule sends it at its new time.
-            stale = unclaim(task, "moved before its claim: its stale schedule skipped")
-            apply_change(self._store, stale, at=now)
-            log.info("task %s: moved before its claim, stale schedule skipped", task.id)
-            return None
-        return claimed
-
-    def _still_sending(self, task: Task, now: datetime) -> bool:
-        """Whether the campaign still sends, read fresh after the claim: a pause or cancel
-        may have landed since the campaign was read (perhaps cached), and this read is what
-        stops sends. If not, the task is given back (and cancelled with its campaign)."""
-        state = self._store.campaign_state(task.campaign_id)
-        if state in SENDING_STATES:
+        elif why is ClaimRefusal.NOT_SENDING:
+            state = claim.campaign_state
+            log.info("task %s: campaign %s is %s, skipped", task_id, task.campaign_id, state)
+            if state is CampaignState.CANCELLED:
+                self._cancel_with_campaign(task, now)
+        elif why is ClaimRefusal.SUPPRESSED and claim.suppression is not None:
+            self._cancel_suppressed(task, claim.suppression, now)
+        elif why is ClaimRefusal.LATE:
+            self._catch_up(self._campaign(task.campaign_id), task, now, claim.campaign_state)
             return True
-        apply_change(self._store, give_back(task, "campaign not active"), at=now)
-        if state is CampaignState.CANCELLED:
-            # The cancel's sweep of Pending tasks ran while this one was Running.
-            apply_change(self._store, cancel(task, note="campaign cancelled"), at=now)
-            if task.sender_id is not None:
-                self._capacity.release([task.id])
         return False
+
+    def _cancel_with_campaign(self, task: Task, now: datetime) -> None:
+        """A Pending task of a cancelled campaign that the cancel's sweep missed (it was
+        Running then, and given back since) is cancelled too, its slot freed."""
+        cancelled = apply_change(self._store, cancel(task, note="campaign cancelled"), at=now)
+        if cancelled is not None and task.sender_id is not None:
+            self._capacity.release([task.id])
+
+    def _give_back(self, claimed: Task, now: datetime, reason: str) -> None:
+        """Running -> Pending, its attempt not counted: the claim turned out not to send."""
+        apply_change(self._store, give_back(claimed, reason, undo_attempt=True), at=now)
 
     def _send_claimed(self, campaign: Campaign, claimed: Task) -> None:
         """Send the claimed task and record its outcome, counted among this process's sends
@@ -342,15 +341,17 @@ class SendWorker:
         if final and not others:
             self._complete_if_done(campaign.id)
 
-    def _holds_booking(self, campaign: Campaign, claimed: Task, now: datetime) -> bool:
-        """Whether the claimed task holds its sender slot (booking it again if it lost it,
-        e.g. a crash between a re-plan's release and its booking). A send never goes out
-        unbooked: when the slot is taken meanwhile, the task is given back and the campaign
-        re-planned (False)."""
-        if self._capacity.booked(claimed) or self._capacity.book_in_place(claimed):
+    def _holds_booking(
+        self, campaign: Campaign, claimed: Task, booking_at: datetime | None, now: datetime
+    ) -> bool:
+        """Whether the claimed task holds its sender slot (``booking_at``, read by the claim;
+        booking it again if it lost it, e.g. a crash between a re-plan's release and its
+        booking). A send never goes out unbooked: when the slot is taken meanwhile, the task
+        is given back and the campaign re-planned (False)."""
+        if booking_at == claimed.send_at or self._capacity.book_in_place(claimed):
             return True
         reason = "its sender's slot was taken"
-        apply_change(self._store, give_back(claimed, reason, undo_attempt=True), at=now)
+        self._give_back(claimed, now, reason)
         self._recovery.catch_up(
             campaign.id, since=claimed.send_at, reason=reason, firing=claimed.id, wait=REPLAN_WAIT
         )
@@ -372,10 +373,8 @@ class SendWorker:
                 self._complete_if_done(task.campaign_id)
 
     def _overdue(self, campaign: Campaign, task: Task, now: datetime) -> bool:
-        """Too late to send: more than ``max_lateness`` past send_at, or outside the policy
-        (the layer's firing precision and :data:`EARLY_TOLERANCE` allowed)."""
-        if (now - task.send_at).total_seconds() > self._config.max_lateness:
-            return True
+        """Outside the policy (the layer's firing precision and :data:`EARLY_TOLERANCE`
+        allowed); more than ``max_lateness`` past send_at is the claim's refusal (LATE)."""
         late = timedelta(seconds=self._config.firing_precision)
         policy = policy_for(campaign, task.timezone)
         return not in_policy(policy, now, late=late, early=EARLY_TOLERANCE)
@@ -402,7 +401,7 @@ class SendWorker:
             return False
         closest = min(abs(when - now) for _, when in near).total_seconds()
         reason = self._recovery.reason(claimed.send_at)  # why it came late, not where it would
-        apply_change(self._store, give_back(claimed, reason, undo_attempt=True), at=now)
+        self._give_back(claimed, now, reason)
         moved = self._recovery.catch_up(
             campaign.id, since=claimed.send_at, reason=reason, firing=claimed.id, wait=REPLAN_WAIT
         )
@@ -415,11 +414,14 @@ class SendWorker:
         self._events.send_finished("moved")
         return True
 
-    def _catch_up(self, campaign: Campaign, task: Task, now: datetime) -> None:
+    def _catch_up(
+        self, campaign: Campaign, task: Task, now: datetime, state: CampaignState | None
+    ) -> None:
         """Not sent: the campaign's Pending emails are re-planned from now instead (a
-        provisioning campaign is left to the reconciler, once the provisioner is done)."""
+        provisioning campaign, ``state`` as the claim read it, is left to the reconciler, once
+        the provisioner is done)."""
         moved = 0
-        if campaign.state is CampaignState.ACTIVE:
+        if state is CampaignState.ACTIVE:
             # Waits for the campaign's lease: its holder may be a retry taking one slot, which
             # would not move this task (and its schedule goes with this invocation).
             moved = self._recovery.catch_up(campaign.id, since=task.send_at, wait=REPLAN_WAIT)
@@ -432,7 +434,7 @@ class SendWorker:
 
     def _deliver(self, campaign: Campaign, task: Task) -> bool:
         """Send and record the outcome; True when the task ended final (Finished, Failed) and
-        the campaign may be done."""
+        the campaign may be done (no other Pending task was seen by the finish)."""
         mailer = self._mailer
         sender = self._sender(task.sender_id) if task.sender_id is not None else None
         # A sender with a transport or an OAuth sign-in of its own sends through its mailer.
@@ -447,8 +449,12 @@ class SendWorker:
         except TransientMailError as exc:
             return self._transient(campaign, task, str(exc))
         sent_at = self._clock.now()
-        done = apply_change(self._store, finish(task, sent_at, accepted_id), at=sent_at)
-        if done is not None and done.sender_id is not None:
+        # The outcome starts as "accepted"; feedback (a bounce, a reply) may change it later.
+        # With a sender, the booking at the claimed send time is counted sent in the same write.
+        slot = task.send_at if task.sender_id is not None else None
+        finish = self._store.finish_send(task.id, at=sent_at, message_id=accepted_id, slot=slot)
+        done = finish.task
+        if done is not None and done.sender_id is not None and not finish.settled:
             # a re-plan that lost its move to this claim may have moved the booking: back first
             self._capacity.settle(done)
             self._capacity.mark_sent(task.id)  # the slot stays used: the email went out
@@ -457,7 +463,8 @@ class SendWorker:
             self._failures_in_a_row.pop(campaign.id, None)  # the streak is broken
         if done is not None:
             self._emit("finished", done)
-        return True
+        # Other Pending tasks seen by the finish: the campaign is certainly not done yet.
+        return not finish.pending_left
 
     def _failed(self, campaign: Campaign, task: Task, error: str) -> bool:
         """Record a failure (auto-pausing after too many in a row); True unless it paused."""

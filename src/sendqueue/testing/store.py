@@ -46,6 +46,7 @@ from sendqueue.ports.reads import ComposedCampaignReads
 from sendqueue.testing.feedback import InMemoryFeedback
 from sendqueue.testing.guard import guarded as _guarded
 from sendqueue.testing.senders import InMemorySenders
+from sendqueue.testing.sending import InMemorySending
 from sendqueue.testing.suppressions import InMemorySuppressions
 from sendqueue.testing.webhooks import InMemoryWebhooks
 
@@ -65,7 +66,12 @@ def _utc_or_none(value: datetime | None) -> datetime | None:
 
 
 class InMemoryTaskStore(
-    ComposedCampaignReads, InMemorySuppressions, InMemoryFeedback, InMemorySenders, InMemoryWebhooks
+    ComposedCampaignReads,
+    InMemorySending,
+    InMemorySuppressions,
+    InMemoryFeedback,
+    InMemorySenders,
+    InMemoryWebhooks,
 ):
     """:class:`~sendqueue.ports.TaskStore`, :class:`~sendqueue.ports.SuppressionList` and
     :class:`~sendqueue.ports.FeedbackStore` and the webhooks' store in memory; thread-safe, one

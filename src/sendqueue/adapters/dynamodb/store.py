@@ -70,6 +70,7 @@ from sendqueue.adapters.dynamodb.codec import (
 )
 from sendqueue.adapters.dynamodb.feedback import FeedbackItems
 from sendqueue.adapters.dynamodb.senders import SenderItems
+from sendqueue.adapters.dynamodb.sending import SendItems
 from sendqueue.adapters.dynamodb.suppressions import SuppressionItems
 from sendqueue.adapters.dynamodb.table import (
     ITEM_BYTES,
@@ -106,6 +107,7 @@ __all__ = ["DynamoDbTaskStore"]
 
 class DynamoDbTaskStore(
     ComposedCampaignReads,
+    SendItems,
     TaskItems,
     SuppressionItems,
     FeedbackItems,

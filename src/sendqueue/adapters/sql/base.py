@@ -64,6 +64,7 @@ from sendqueue.domain.models import (
     check_new_tasks,
     checked_changes,
 )
+from sendqueue.domain.sendclaim import SendClaim, SendFinish
 from sendqueue.domain.senders import Booking
 from sendqueue.ports.reads import ComposedCampaignReads
 
@@ -341,6 +342,24 @@ class SqlTaskStore(
         note: str | None,
     ) -> Task | None:
         """:meth:`transition` once checked: ``values`` are the columns to set."""
+
+    @abstractmethod
+    def claim_for_send(
+        self,
+        task_id: str,
+        *,
+        token: str | None,
+        at: datetime,
+        due_by: datetime,
+        not_before: datetime | None = None,
+    ) -> SendClaim:
+        """One round trip per dialect: :mod:`sendqueue.adapters.sql.sending`."""
+
+    @abstractmethod
+    def finish_send(
+        self, task_id: str, *, at: datetime, message_id: str, slot: datetime | None = None
+    ) -> SendFinish:
+        """One round trip per dialect: :mod:`sendqueue.adapters.sql.sending`."""
 
     def transition_all(
         self,

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from sendqueue.adapters.sql import rows
+from sendqueue.adapters.sql import rows, sending
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.adapters.sql.base import SqlTaskStore
 from sendqueue.adapters.sql.errors import mapped_errors
@@ -35,6 +35,7 @@ from sendqueue.domain.models import (
     check_limit,
     utc,
 )
+from sendqueue.domain.sendclaim import SendClaim, SendFinish
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, SuppressionReason, key_of_normalized
 
@@ -458,6 +459,30 @@ class PostgresTaskStore(SqlTaskStore):
             return task_from_row(found[0]) if found else None
 
         return self._run("transition task", run, write=True)
+
+    def claim_for_send(
+        self,
+        task_id: str,
+        *,
+        token: str | None,
+        at: datetime,
+        due_by: datetime,
+        not_before: datetime | None = None,
+    ) -> SendClaim:
+        def run(db: Any) -> SendClaim:
+            return sending.pg_claim(
+                db, task_id, token=token, at=at, due_by=due_by, not_before=not_before
+            )
+
+        return self._run("claim a task", run, write=True)
+
+    def finish_send(
+        self, task_id: str, *, at: datetime, message_id: str, slot: datetime | None = None
+    ) -> SendFinish:
+        def run(db: Any) -> SendFinish:
+            return sending.pg_finish(db, task_id, at=at, message_id=message_id, slot=slot)
+
+        return self._run("finish a send", run, write=True)
 
     def _transition_all(
         self,

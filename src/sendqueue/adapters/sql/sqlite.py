@@ -1,7 +1,7 @@
 """The task store on SQLite, the embedded default: :class:`SqliteTaskStore`.
 
-The send path's statements (a task, a campaign's state, whether anything is left, the claim and
-the finish with their change-log rows: seven per send) and the change log's pages (the live
+The send path's transactions (the claim and the finish, :mod:`~sendqueue.adapters.sql.sending`:
+two per send) and the change log's pages (the live
 stream's and the webhook deliveries' reads) run on a ``sqlite3`` connection of the calling
 thread's own, and bulk inserts on the driver's ``executemany``; everything else goes
 through SQLAlchemy Core (:class:`~sendqueue.adapters.sql.base.SqlTaskStore`). Why:
@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
 
-from sendqueue.adapters.sql import rows
+from sendqueue.adapters.sql import rows, sending
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.adapters.sql.base import SqlTaskStore
 from sendqueue.adapters.sql.errors import mapped_errors
@@ -45,6 +45,7 @@ from sendqueue.domain.models import (
     check_limit,
     recipient_of,
 )
+from sendqueue.domain.sendclaim import SendClaim, SendFinish
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import key_of_normalized
 
@@ -423,6 +424,30 @@ class SqliteTaskStore(SqlTaskStore):
                 (task.campaign_id, task.id, expected.value, new.value, sqlite_text(at), note),
             )
         return task
+
+    def claim_for_send(
+        self,
+        task_id: str,
+        *,
+        token: str | None,
+        at: datetime,
+        due_by: datetime,
+        not_before: datetime | None = None,
+    ) -> SendClaim:
+        sqlite_text(at)  # a naive time raises ValueError before the write lock is taken
+        with self._fast_write("claim a task") as db:
+            return sending.sqlite_claim(
+                db, _task, task_id, token=token, at=at, due_by=due_by, not_before=not_before
+            )
+
+    def finish_send(
+        self, task_id: str, *, at: datetime, message_id: str, slot: datetime | None = None
+    ) -> SendFinish:
+        sqlite_text(at)
+        with self._fast_write("finish a send") as db:
+            return sending.sqlite_finish(
+                db, _task, task_id, at=at, message_id=message_id, slot=slot
+            )
 
     def _transition_all(
         self,

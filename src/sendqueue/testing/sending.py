@@ -1,0 +1,106 @@
+"""The in-memory store's send path: ``claim_for_send`` and ``finish_send``, each under the
+store's one lock, so each is as atomic as the SQL stores' one transaction."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+from typing import Any
+
+from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
+from sendqueue.domain.models import Campaign, Task, utc
+from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim, SendFinish, claim_refusal
+from sendqueue.domain.suppression import key_of_normalized
+from sendqueue.testing.guard import guarded
+
+__all__ = ["InMemorySending"]
+
+
+class InMemorySending:
+    """``TaskStore.claim_for_send`` and ``TaskStore.finish_send`` over the in-memory store's
+    own methods (its lock is re-entrant)."""
+
+    _lock: threading.RLock
+    _available: bool
+    _tasks: dict[str, Task]
+    _campaigns: dict[str, Campaign]
+    _task_at: dict[str, dict[int, str]]
+
+    @guarded
+    def claim_for_send(
+        self,
+        task_id: str,
+        *,
+        token: str | None,
+        at: datetime,
+        due_by: datetime,
+        not_before: datetime | None = None,
+    ) -> SendClaim:
+        at, due_by = utc(at), utc(due_by)
+        me: Any = self
+        task: Task | None = me.get_task(task_id)
+        if task is None:
+            return SendClaim(None, None, ClaimRefusal.NOT_FOUND)
+        state: CampaignState = self._campaigns[task.campaign_id].state
+        key = key_of_normalized(task.email)
+        entry = me.suppressed([key]).get(key)
+        booking = me.booking_of(task_id)
+        booking_at = None if booking is None else booking.at
+        refused = claim_refusal(
+            task,
+            token=token,
+            campaign_state=state,
+            suppression=entry,
+            due_by=due_by,
+            not_before=None if not_before is None else utc(not_before),
+        )
+        if refused is not None:
+            return SendClaim(task, state, refused, entry, booking_at)
+        # The task as read (get_task: a test may act between this read and the write), then
+        # the compare-and-set on its state and token, as the SQL stores' one statement does.
+        current = self._tasks.get(task_id)
+        if current is None or (current.state, current.token) != (task.state, task.token):
+            return SendClaim(current, state, ClaimRefusal.TAKEN, entry, booking_at)
+        claimed = me._transition(
+            task_id,
+            TaskState.PENDING,
+            TaskState.RUNNING,
+            at=at,
+            changes={"claimed_at": at, "attempts": task.attempts + 1},
+            note=None,
+        )
+        return SendClaim(claimed, state, booking_at=booking_at)
+
+    @guarded
+    def finish_send(
+        self, task_id: str, *, at: datetime, message_id: str, slot: datetime | None = None
+    ) -> SendFinish:
+        at = utc(at)
+        me: Any = self
+        done: Task | None = me._transition(
+            task_id,
+            TaskState.RUNNING,
+            TaskState.FINISHED,
+            at=at,
+            changes={
+                "sent_at": at,
+                "message_id": message_id,
+                "error": None,
+                "outcome": TaskOutcome.ACCEPTED,
+                "outcome_at": at,
+            },
+            note=None,
+        )
+        if done is None:
+            return SendFinish(None)
+        settled = False
+        if slot is not None:
+            booking = me.booking_of(task_id)
+            settled = booking is not None and booking.at == utc(slot)
+            if settled:
+                me.mark_sent(task_id)
+        pending = any(
+            self._tasks[other].state is TaskState.PENDING
+            for other in self._task_at.get(done.campaign_id, {}).values()
+        )
+        return SendFinish(done, settled, pending)

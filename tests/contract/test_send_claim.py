@@ -1,0 +1,162 @@
+"""The send path's two calls (``TaskStore.claim_for_send`` and ``TaskStore.finish_send``), run
+against every task store of the TaskStore contract: memory, SQLite, PostgreSQL, DynamoDB on
+moto."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
+from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim
+from sendqueue.domain.senders import Booking, Sender
+from sendqueue.domain.suppression import Suppression, SuppressionReason
+from sendqueue.ports import StoreBackend
+from tests.contract.store_backends import T0, Backend, all_changes, backend, with_tasks
+
+__all__ = ["backend"]  # the fixture: every store of the TaskStore contract
+
+S = TaskState
+LATER = T0 + timedelta(hours=1)
+
+
+Store = StoreBackend
+
+
+@pytest.fixture
+def store(backend: Backend) -> Store:
+    return backend.handle()
+
+
+def claim(store: Store, tid: str, token: str | None = None, **kw: object):  # type: ignore[no-untyped-def]
+    args: dict[str, object] = {"token": token, "at": LATER, "due_by": LATER, "not_before": T0}
+    args.update(kw)
+    return store.claim_for_send(tid, **args)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def active(store: Store) -> Store:
+    with_tasks(store, count=3)
+    draft = {CampaignState.DRAFT}
+    assert store.set_campaign_state("c1", draft, CampaignState.PROVISIONING, at=T0)
+    provisioning = {CampaignState.PROVISIONING}
+    assert store.set_campaign_state("c1", provisioning, CampaignState.ACTIVE, at=T0)
+    return store
+
+
+def test_a_due_pending_task_is_claimed_once_with_its_entry(active: Store) -> None:
+    store = active
+    task = store.get_task("c1-0")
+    assert task is not None
+    got = claim(store, task.id, task.token)
+    assert got.claimed and got.refused is None
+    assert got.campaign_state is CampaignState.ACTIVE
+    assert got.task is not None and got.task.state is S.RUNNING
+    assert (got.task.attempts, got.task.claimed_at) == (1, LATER)
+    again = claim(store, task.id, task.token)
+    assert again.refused is ClaimRefusal.NOT_PENDING and again.task is not None
+    entries = [(e.task_id, e.from_state, e.to_state) for e in all_changes(store, "c1")]
+    assert entries.count((task.id, "Pending", "Running")) == 1
+
+
+def test_each_refusal_says_why_and_writes_nothing(active: Store) -> None:
+    store = active
+    t0, t1, t2 = (store.get_task(f"c1-{i}") for i in range(3))
+    assert t0 is not None and t1 is not None and t2 is not None
+    before = [e for e in all_changes(store) if e.task_id is not None]
+    assert claim(store, "nope").refused is ClaimRefusal.NOT_FOUND
+    assert claim(store, t0.id, "other").refused is ClaimRefusal.STALE
+    early = claim(store, t0.id, t0.token, due_by=t0.send_at - timedelta(seconds=1))
+    assert early.refused is ClaimRefusal.EARLY and early.task == t0
+    late = claim(store, t0.id, t0.token, not_before=t0.send_at + timedelta(seconds=1))
+    assert late.refused is ClaimRefusal.LATE
+    entry = Suppression("r1@example.com", SuppressionReason.BOUNCED, None, T0)
+    store.suppress([entry])
+    listed = claim(store, t1.id, t1.token)
+    assert listed.refused is ClaimRefusal.SUPPRESSED and listed.suppression == entry
+    store.set_campaign_state("c1", {CampaignState.ACTIVE}, CampaignState.PAUSED, at=T0)
+    paused = claim(store, t2.id, t2.token)
+    assert paused.refused is ClaimRefusal.NOT_SENDING
+    assert paused.campaign_state is CampaignState.PAUSED
+    assert [e for e in all_changes(store) if e.task_id is not None] == before
+    assert all(store.get_task(t.id).state is S.PENDING for t in (t0, t1, t2))  # type: ignore[union-attr]
+
+
+def test_the_claim_reads_the_booking_and_the_finish_counts_it_sent(active: Store) -> None:
+    store = active
+    task = store.get_task("c1-0")
+    assert task is not None
+    store.add_sender(Sender(id="s1", email="anna@example.com"))
+    day = task.send_at.date()
+    store.book([Booking("s1", task.send_at, day, task.id, "c1", "r0@example.com", 50)])
+    got = claim(store, task.id, task.token)
+    assert got.claimed and got.booking_at == task.send_at
+    done = store.finish_send(task.id, at=LATER, message_id="<m@x>", slot=task.send_at)
+    assert done.settled and done.pending_left is not None
+    assert done.task is not None and done.task.state is S.FINISHED
+    assert (done.task.sent_at, done.task.message_id) == (LATER, "<m@x>")
+    assert done.task.outcome is TaskOutcome.ACCEPTED
+    assert [
+        (d.planned, d.sent)
+        for d in store.sender_usage("s1", since=day, until=day + timedelta(days=1))
+    ] == [(0, 1)]
+    assert store.mark_sent(task.id) is False  # counted once
+    assert store.finish_send(task.id, at=LATER, message_id="<m@x>").task is None
+
+
+def test_the_finish_of_a_booking_elsewhere_leaves_it_and_says_so(active: Store) -> None:
+    store = active
+    task = store.get_task("c1-0")
+    assert task is not None
+    store.add_sender(Sender(id="s1", email="anna@example.com"))
+    moved = task.send_at + timedelta(minutes=30)
+    store.book([Booking("s1", moved, moved.date(), task.id, "c1", "r0@example.com", 50)])
+    got = claim(store, task.id, task.token)
+    assert got.claimed and got.booking_at == moved
+    done = store.finish_send(task.id, at=LATER, message_id="<m@x>", slot=task.send_at)
+    assert done.task is not None and not done.settled
+    assert store.mark_sent(task.id) is True  # still planned: the caller settles it
+
+
+def test_the_finish_tells_whether_pending_tasks_are_left(active: Store) -> None:
+    store = active
+    ids = [f"c1-{i}" for i in range(3)]
+    results = []
+    for tid in ids:
+        task = store.get_task(tid)
+        assert task is not None and claim(store, tid, task.token).claimed
+    for tid in ids:
+        results.append(store.finish_send(tid, at=LATER, message_id=f"<{tid}>").pending_left)
+    assert results[-1] is False  # nothing Pending is left after the last one
+
+
+def test_of_concurrent_claims_of_one_task_exactly_one_wins(backend: Backend, active: Store) -> None:
+    task = active.get_task("c1-1")
+    assert task is not None
+    handles = [backend.handle() for _ in range(4)]
+    barrier = threading.Barrier(len(handles))
+    results: list[SendClaim] = []
+    lock = threading.Lock()
+
+    def run(handle: Store) -> None:
+        barrier.wait()
+        got = claim(handle, task.id, task.token)
+        with lock:
+            results.append(got)
+
+    threads = [threading.Thread(target=run, args=(h,)) for h in handles]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.claimed for r in results) == 1
+    assert {r.refused for r in results if not r.claimed} <= {
+        ClaimRefusal.NOT_PENDING,
+        ClaimRefusal.TAKEN,
+    }
+    claims = [
+        e for e in all_changes(active, "c1") if e.task_id == task.id and e.to_state == "Running"
+    ]
+    assert len(claims) == 1
