@@ -64,6 +64,7 @@ from sendqueue.domain.models import (
     checked_changes,
 )
 from sendqueue.domain.senders import Booking
+from sendqueue.ports.changes import ChangeSignal
 
 __all__ = ["SqlTaskStore"]
 
@@ -128,6 +129,11 @@ class SqlTaskStore(SideTables, SuppressionTables, FeedbackTables, SenderTables, 
     def _read(self, action: str) -> Iterator[Connection]:
         with mapped_errors(action), self._engine.connect() as conn:
             yield conn
+
+    @property
+    @abstractmethod
+    def change_signal(self) -> ChangeSignal:
+        """Wakes readers of the change log on commit (:mod:`sendqueue.adapters.sql.signal`)."""
 
     @abstractmethod
     def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:

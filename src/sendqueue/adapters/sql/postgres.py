@@ -25,6 +25,7 @@ from sendqueue.adapters.sql.pool import FastPathPool
 from sendqueue.adapters.sql.rows import INSERT_COLUMNS, TASK_COLUMNS, task_from_row
 from sendqueue.adapters.sql.schema import UtcDateTime
 from sendqueue.adapters.sql.sidetables import SideTables
+from sendqueue.adapters.sql.signal import PgListener
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import (
@@ -210,8 +211,17 @@ class PostgresTaskStore(SqlTaskStore):
     ) -> None:
         super().__init__(url, upgrade=upgrade, engine_options=engine_options)
         self._connections = FastPathPool(self._engine, pg_idle_connections)
+        self._signal = PgListener(self._connections.open)
+
+    @property
+    def change_signal(self) -> PgListener:
+        """Wakes readers on each commit that appended changes, in any process: ``NOTIFY`` from
+        a trigger (migration 0011), heard by one listening connection
+        (:mod:`sendqueue.adapters.sql.signal`)."""
+        return self._signal
 
     def close(self) -> None:
+        self._signal.close()
         self._connections.close()
         super().close()
 
