@@ -121,7 +121,7 @@ def test_a_0001_database_upgrades_to_counters_and_keeps_its_data(
     assert "counters" not in table_names(engine)
 
     with open_store(url) as store:  # the store upgrades on open, as after a release
-        assert migrate.current(url) == migrate.head() == "0011"
+        assert migrate.current(url) == migrate.head() == "0010"
         assert schema_diffs(engine) == []
         assert store.counter("session-generation") == 0
         assert store.increment_counter("session-generation") == 1
@@ -209,7 +209,7 @@ def test_a_0005_database_upgrades_to_feedback_with_address_keys_for_its_tasks(
         )
 
     with open_store(url) as store:  # upgrades on open, as after a release
-        assert migrate.current(url) == migrate.head() == "0011"
+        assert migrate.current(url) == migrate.head() == "0010"
         assert schema_diffs(engine) == []
         old = store.get_campaign("c1")
         assert (old.stop_on_reply.value, old.unsubscribe_footer) == ("sender", False)

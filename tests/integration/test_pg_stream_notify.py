@@ -1,5 +1,5 @@
-"""The live stream woken by LISTEN/NOTIFY on PostgreSQL (migration 0011 and
-sendqueue.adapters.sql.signal.PgListener).
+"""The live stream woken by LISTEN/NOTIFY on PostgreSQL (sendqueue.adapters.sql.signal:
+PgNotifier after each write of a store, PgListener in the reading process).
 
 Every reader here polls once an hour at most (``NO_POLL``), so a change that arrives at all
 arrived through a notification (or the listener's catch-up wake after it reconnected); no
@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from sendqueue.adapters.sql import PostgresTaskStore
-from sendqueue.adapters.sql.signal import CHANNEL, PgListener
+from sendqueue.adapters.sql.signal import CHANNEL, PgListener, PgNotifier
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import task_id
 from sendqueue.web.stream import ChangeBroker, StreamConfig
@@ -36,10 +36,6 @@ NO_POLL = StreamConfig(
     heartbeat=HOUR,
     lag_threshold=HOUR,
     status_interval=HOUR,
-)
-_LOG = (
-    "INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at)"
-    " SELECT 'c1', NULL, NULL, 'progress', now() WHERE %s"
 )
 
 
@@ -63,28 +59,28 @@ def _cancel(url: str, cid: str, positions: range) -> None:
         writer.close()
 
 
-def test_the_trigger_notifies_once_per_transaction_that_logged(
-    store: PostgresTaskStore, postgres_url: str
+def test_the_notifier_folds_pokes_and_sends_what_it_was_poked_for_before_closing(
+    postgres_url: str,
 ) -> None:
-    _campaign(store, "c1", 1)
     url = _psycopg_url(postgres_url)
-    with psycopg.connect(url, autocommit=True) as listener, psycopg.connect(url) as writer:
+    with psycopg.connect(url, autocommit=True) as listener:
         listener.execute(f"LISTEN {CHANNEL}")
-        writer.execute(_LOG, (True,))
-        writer.execute(_LOG, (True,))
-        writer.commit()  # two statements that logged: one notification
-        writer.execute(_LOG, (False,))
-        writer.commit()  # a statement that logged nothing: none
-        writer.execute(_LOG, (True,))
-        writer.rollback()  # rolled back: none
-        writer.execute("SELECT pg_notify(%s, 'end')", (CHANNEL,))
-        writer.commit()
-        payloads: list[str] = []
+        notifier = PgNotifier(lambda: psycopg.connect(url, autocommit=True))
+        for _ in range(50):
+            notifier.poke()
+        notifier.close()
+        notifier.poke()  # closed: ignored
+        with psycopg.connect(url, autocommit=True) as other:
+            other.execute("SELECT pg_notify(%s, 'end')", (CHANNEL,))
+        payloads = []
         for notice in listener.notifies(timeout=60):
             payloads.append(notice.payload)
             if notice.payload == "end":
                 break
-    assert payloads == ["", "end"]
+    # Everything poked for was sent before close() returned, so before the marker.
+    assert payloads[-1] == "end"
+    assert payloads[:-1] == [""] * notifier.sent
+    assert 1 <= notifier.sent <= 50
 
 
 def test_a_committed_change_reaches_the_stream_through_notify(

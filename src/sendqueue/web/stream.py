@@ -102,7 +102,7 @@ class StreamConfig:
     id, and between two checks that a read is not hanging."""
     signal_fallback: float = 2.0
     """With a change signal: seconds between two reads while nothing is signalled (a safety
-    net; the signal brings changes at once)."""
+    net; the signal brings changes at once). At most half ``lag_threshold``."""
 
 
 #: The heartbeat: an event (no ``id``) rather than a comment line, because EventSource hands
@@ -357,8 +357,10 @@ class ChangeBroker:
             await asyncio.sleep(idle if quiet else config.poll_interval)
             return
         reader.retry = min(max(reader.retry * 2, 0.005), config.poll_interval) if behind else 0.0
+        # Reads keep coming well within the lag threshold, or a quiet log would look stalled.
+        fallback = min(config.signal_fallback, config.lag_threshold / 2)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(reader.wake.event.wait(), reader.retry or config.signal_fallback)
+            await asyncio.wait_for(reader.wake.event.wait(), reader.retry or fallback)
 
     async def _watch(self, reader: _Reader) -> None:
         """Judge the reader's health every ``status_interval`` even while a read hangs (the

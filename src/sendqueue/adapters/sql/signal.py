@@ -7,12 +7,15 @@ woken on commit instead of polling it.
   ``PRAGMA data_version`` on a connection of its own every ``watch_interval`` while anyone
   listens: that pragma reads only the WAL index header (no table, no lock kept), so checking
   it a hundred times a second costs far less than reading the change log that often.
-- **PostgreSQL** (:class:`PgListener`): a trigger on ``change_log`` runs ``NOTIFY
-  sendqueue_changes`` in the inserting transaction (migration 0011), which the server delivers
-  on commit. One connection per store (one per process) listens while anyone subscribes and
-  fans each notification out to every subscriber. When it drops, it reconnects with backoff;
-  once listening again it wakes every subscriber, who read from their position and so catch
-  up on what committed while nobody listened.
+- **PostgreSQL** (:class:`PgNotifier`, :class:`PgListener`): after each write it commits, a
+  store pokes its process's notifier, which sends ``NOTIFY sendqueue_changes`` in a
+  transaction of its own, one at a time (pokes meanwhile fold into the next). Not in the
+  writing transaction, nor from a trigger: a transaction that notifies holds a cluster-wide
+  lock through its commit, which serialised the writers (8 writers: 229 transactions per
+  second instead of 895). One connection per store (one per process) listens while anyone
+  subscribes and fans each notification out to every subscriber. When it drops, it reconnects
+  with backoff; once listening again it wakes every subscriber, who read from their position
+  and so catch up on what committed while nobody listened.
 """
 
 from __future__ import annotations
@@ -20,15 +23,25 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CHANNEL", "PgListener", "SqliteWatch", "Wakers", "sqlite_signal"]
+__all__ = [
+    "CHANNEL",
+    "PgListener",
+    "PgNotifier",
+    "SqliteWatch",
+    "Wakers",
+    "pg_notifier",
+    "release_pg_notifier",
+    "sqlite_signal",
+]
 
 log = logging.getLogger(__name__)
 
-#: The NOTIFY channel of the change log (migration 0011).
+#: The NOTIFY channel of the change log.
 CHANNEL = "sendqueue_changes"
 
 
@@ -126,7 +139,7 @@ class SqliteWatch(Wakers):
 
 
 _sqlite_signals: weakref.WeakValueDictionary[str, SqliteWatch] = weakref.WeakValueDictionary()
-_sqlite_lock = threading.Lock()
+_registry_lock = threading.Lock()
 
 
 def sqlite_signal(path: str | None, watch_interval: float = 0.01) -> SqliteWatch:
@@ -134,7 +147,7 @@ def sqlite_signal(path: str | None, watch_interval: float = 0.01) -> SqliteWatch
     (``None``, an in-memory database: a signal of its own)."""
     if path is None:
         return SqliteWatch(None, watch_interval)
-    with _sqlite_lock:
+    with _registry_lock:
         found = _sqlite_signals.get(path)
         if found is None:
             found = _sqlite_signals[path] = SqliteWatch(path, watch_interval)
@@ -203,3 +216,95 @@ class PgListener(Wakers):
                     self.changed()
         finally:
             conn.close()
+
+
+class PgNotifier:
+    """Sends ``NOTIFY sendqueue_changes`` after this process's writes, from a thread of its own
+    on a connection of its own (``connect``), shared by the process's stores on one database
+    (:func:`pg_notifier`): one notification at a time, at most one per ``min_gap`` seconds,
+    the pokes meanwhile folded into the next."""
+
+    def __init__(self, connect: Callable[[], Any], min_gap: float = 0.005) -> None:
+        self._connect = connect
+        self.min_gap = min_gap
+        self._cond = threading.Condition()
+        self._poked = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.users = 0
+        self.sent = 0
+        """Notifications sent (for tests and diagnostics)."""
+
+    def poke(self) -> None:
+        """A write committed: notify soon. Never blocks on the database, never raises."""
+        with self._cond:
+            if self._closed:
+                return
+            self._poked = True
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="sendqueue-pg-notify", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what was poked for, then stop; later pokes are ignored."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        db: Any = None
+        try:
+            while True:
+                with self._cond:
+                    while not self._poked and not self._closed:
+                        self._cond.wait()
+                    if not self._poked:
+                        return  # closed, nothing left to send
+                    self._poked = False
+                try:
+                    if db is None:
+                        db = self._connect()
+                    db.execute(f"SELECT pg_notify('{CHANNEL}', '')")
+                    self.sent += 1
+                except Exception as exc:  # readers still poll now and then: nothing is lost
+                    log.warning("change signal: NOTIFY failed: %s", exc)
+                    if db is not None:
+                        db.close()
+                    db = None
+                time.sleep(self.min_gap)
+        finally:
+            if db is not None:
+                db.close()
+
+
+_pg_notifiers: dict[str, PgNotifier] = {}
+
+
+def pg_notifier(key: str, connect: Callable[[], Any]) -> PgNotifier:
+    """The notifier of the database ``key`` (its URL), shared by this process's stores on it;
+    each store gives it back with :func:`release_pg_notifier` when it closes."""
+    with _registry_lock:
+        found = _pg_notifiers.get(key)
+        if found is None:
+            found = _pg_notifiers[key] = PgNotifier(connect)
+        found.users += 1
+        return found
+
+
+def release_pg_notifier(notifier: PgNotifier) -> None:
+    """One store of the database closes: the last one stops the notifier (after it sent what
+    it was poked for)."""
+    with _registry_lock:
+        notifier.users -= 1
+        if notifier.users > 0:
+            return
+        for key, found in list(_pg_notifiers.items()):
+            if found is notifier:
+                del _pg_notifiers[key]
+    notifier.close()
