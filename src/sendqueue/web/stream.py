@@ -103,6 +103,10 @@ class StreamConfig:
     signal_fallback: float = 2.0
     """With a change signal: seconds between two reads while nothing is signalled (a safety
     net; the signal brings changes at once). At most half ``lag_threshold``."""
+    min_read_gap: float = 0.02
+    """With a change signal: the least seconds from one read to the next. A lone change is read
+    at once; a stream of them is read in batches this far apart, so each client gets one
+    frame per batch instead of one per commit (what a client's event loop pays for most)."""
 
 
 #: The heartbeat: an event (no ``id``) rather than a comment line, because EventSource hands
@@ -175,6 +179,8 @@ class _Reader:
     unsignal: Callable[[], None] | None = None
     retry: float = 0.0
     """While the store holds committed entries back: the pause before the next read."""
+    last_read: float = -float("inf")
+    """When the last read began (loop time)."""
 
     def stop(self) -> None:
         for task in (self.task, self.watch):
@@ -315,6 +321,7 @@ class ChangeBroker:
         while reader.watched:
             if reader.wake is not None:
                 reader.wake.event.clear()  # a commit signalled from now on is read next time
+            reader.last_read = loop.time()
             try:
                 entries, behind = await anyio.to_thread.run_sync(self._read_all, reader.position)
             except Exception as exc:  # the store failing must not end the streams
@@ -361,6 +368,9 @@ class ChangeBroker:
         fallback = min(config.signal_fallback, config.lag_threshold / 2)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(reader.wake.event.wait(), reader.retry or fallback)
+        gap = reader.last_read + config.min_read_gap - asyncio.get_running_loop().time()
+        if gap > 0:
+            await asyncio.sleep(gap)
 
     async def _watch(self, reader: _Reader) -> None:
         """Judge the reader's health every ``status_interval`` even while a read hangs (the
