@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -103,7 +104,7 @@ class StreamConfig:
     signal_fallback: float = 2.0
     """With a change signal: seconds between two reads while nothing is signalled (a safety
     net; the signal brings changes at once). At most half ``lag_threshold``."""
-    min_read_gap: float = 0.02
+    min_read_gap: float = 0.03
     """With a change signal: the least seconds from one read to the next. A lone change is read
     at once; a stream of them is read in batches this far apart, so each client gets one
     frame per batch instead of one per commit (what a client's event loop pays for most)."""
@@ -122,6 +123,12 @@ def format_event(entry: ChangeLogEntry) -> str:
     """One change as an SSE frame: ``id``, ``event: change`` and the JSON on one line."""
     data = json.dumps(change_dict(entry), ensure_ascii=False, separators=(",", ":"))
     return f"id: {entry.id}\nevent: change\ndata: {data}\n\n"
+
+
+@functools.lru_cache(maxsize=4096)
+def _shared_frame(entry: ChangeLogEntry) -> str:
+    """:func:`format_event`, once per entry for all of its campaign's clients, not once each."""
+    return format_event(entry)
 
 
 @dataclass(eq=False)
@@ -495,7 +502,7 @@ class ChangeBroker:
                     parts.append(entry.frame())
                     sub.status = entry.key
             elif entry.id > sub.last_id:
-                parts.append(format_event(entry))
+                parts.append(_shared_frame(entry))
                 sub.last_id = entry.id
         return "".join(parts)
 
