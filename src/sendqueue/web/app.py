@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sendqueue import __version__
 from sendqueue.bootstrap import Container
+from sendqueue.bootstrap_stream import change_signal
 from sendqueue.runtime import run_worker
 from sendqueue.services.attention import AttentionCache, read_attention
 from sendqueue.settings import Settings, trusted_networks
@@ -78,7 +79,7 @@ def create_app(
     if stream is None:
         threshold = settings.stream_lag_threshold
         stream = StreamConfig(lag_threshold=threshold, status_interval=min(1.0, threshold / 2))
-    broker = ChangeBroker(container.store, stream)
+    broker = ChangeBroker(container.store, stream, change_signal(container.store))
     provisioning = BackgroundProvisioning(container)
     lifespan = _lifespan(
         container,

@@ -5,12 +5,15 @@ How it holds the promises of docs/api.md:
 - **One reader per process.** :class:`ChangeBroker` runs one asyncio task, while any client is
   connected, that reads the whole change log (``store.changes_after(position)``, every
   campaign at once) and fans each entry out by campaign id to the bounded queues of that
-  campaign's subscribers; a campaign nobody watches gets nothing. It reads every
-  ``poll_interval`` while changes flow (at once again after a full batch), every
-  ``idle_poll_interval`` after ``idle_after`` seconds without one, and stops with the last
+  campaign's subscribers; a campaign nobody watches gets nothing. It stops with the last
   client. The store is reached through a worker thread, so the event loop never blocks on it.
-  Because it reads the change log, it sees what workers in other processes write, on SQLite
-  and on PostgreSQL alike.
+  Because it reads the change log, it sees what workers in other processes write.
+- **Woken on commit.** With the store's :class:`~sendqueue.ports.changes.ChangeSignal` (the
+  SQL stores: in-process wake and a watch of the file on SQLite, LISTEN/NOTIFY on PostgreSQL)
+  the reader reads when a commit is signalled (at once again after a full batch, or when the
+  signal came during the read), and every ``signal_fallback`` seconds besides, in case a
+  signal is lost. Without one (DynamoDB) it polls: every ``poll_interval`` while changes flow,
+  every ``idle_poll_interval`` after ``idle_after`` seconds without one.
 - **No gap, no duplicate.** A subscriber joins the reader's fan-out *first*, then, if it asked
   to resume from an id older than the reader's position, reads that backlog (its campaign's
   entries only) from the store itself, and finally takes the live feed. Everything newer
@@ -37,9 +40,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -96,6 +100,13 @@ class StreamConfig:
     status_interval: float = 1.0
     """Seconds between two comparisons of the reader's position with the store's newest change
     id, and between two checks that a read is not hanging."""
+    signal_fallback: float = 2.0
+    """With a change signal: seconds between two reads while nothing is signalled (a safety
+    net; the signal brings changes at once). At most half ``lag_threshold``."""
+    min_read_gap: float = 0.03
+    """With a change signal: the least seconds from one read to the next. A lone change is read
+    at once; a stream of them is read in batches this far apart, so each client gets one
+    frame per batch instead of one per commit (what a client's event loop pays for most)."""
 
 
 #: The heartbeat: an event (no ``id``) rather than a comment line, because EventSource hands
@@ -111,6 +122,12 @@ def format_event(entry: ChangeLogEntry) -> str:
     """One change as an SSE frame: ``id``, ``event: change`` and the JSON on one line."""
     data = json.dumps(change_dict(entry), ensure_ascii=False, separators=(",", ":"))
     return f"id: {entry.id}\nevent: change\ndata: {data}\n\n"
+
+
+@functools.lru_cache(maxsize=4096)
+def _shared_frame(entry: ChangeLogEntry) -> str:
+    """:func:`format_event`, once per entry for all of its campaign's clients, not once each."""
+    return format_event(entry)
 
 
 @dataclass(eq=False)
@@ -130,6 +147,27 @@ class Subscription:
     """The key of the last status sent (see StreamStatus.key)."""
 
 
+class _Wake:
+    """The reader's side of the change signal: called on any thread, sets ``event`` on the
+    loop (one callback in flight at most, however many commits are signalled meanwhile)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.event = asyncio.Event()
+        self.pending = False
+
+    def __call__(self) -> None:
+        if self.pending:
+            return  # the callback in flight sets the event after this commit anyway
+        self.pending = True
+        with contextlib.suppress(RuntimeError):  # the loop has closed
+            self.loop.call_soon_threadsafe(self._set)
+
+    def _set(self) -> None:
+        self.pending = False
+        self.event.set()
+
+
 @dataclass(eq=False)
 class _Reader:
     position: int
@@ -142,11 +180,25 @@ class _Reader:
     """Judges the reader's health while a read may hang (see ChangeBroker._watch)."""
     status: StreamStatus = LIVE
     """What the clients were last told."""
+    wake: _Wake | None = None
+    """Set by the store's change signal (None: the reader polls)."""
+    unsignal: Callable[[], None] | None = None
+    retry: float = 0.0
+    """While the store holds committed entries back: the pause before the next read."""
+    last_read: float = -float("inf")
+    """When the last read began (loop time)."""
 
     def stop(self) -> None:
         for task in (self.task, self.watch):
             if task is not None:
                 task.cancel()
+        self.release()
+
+    def release(self) -> None:
+        """Leave the change signal (idempotent)."""
+        unsignal, self.unsignal = self.unsignal, None
+        if unsignal is not None:
+            unsignal()
 
     def drop(self, sub: Subscription) -> None:
         subs = self.watched.get(sub.campaign_id)
@@ -169,15 +221,31 @@ class ChangeLog(Protocol):
     def newest_change_id(self) -> int: ...
 
 
+class ChangeSignal(Protocol):
+    """What the stream uses of the store's change signal (``ports.changes.ChangeSignal``):
+    ``subscribe(wake)`` calls ``wake`` after commits that appended changes, until the returned
+    function is called; ``settles_late`` when an entry may show after its signal."""
+
+    settles_late: bool
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]: ...
+
+
 class ChangeBroker:
     """Fans the change log out to the connected clients by campaign; see the module docstring.
 
     All methods run on the event loop thread; store calls go to worker threads.
     """
 
-    def __init__(self, store: ChangeLog, config: StreamConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: ChangeLog,
+        config: StreamConfig | None = None,
+        signal: ChangeSignal | None = None,
+    ) -> None:
         self._store = store
         self.config = config or StreamConfig()
+        self._signal = signal
         self._reader: _Reader | None = None
         self._clients = 0
         self._closing = False
@@ -225,6 +293,9 @@ class ChangeBroker:
             loop = asyncio.get_running_loop()
             health = ReaderHealth(self.config.lag_threshold, loop.time())
             reader = self._reader = _Reader(head, health)
+            if self._signal is not None:
+                reader.wake = _Wake(loop)
+                reader.unsignal = self._signal.subscribe(reader.wake)
             reader.task = loop.create_task(self._run(reader), name="sendqueue-stream-reader")
             reader.watch = loop.create_task(self._watch(reader), name="sendqueue-stream-watch")
         reader.watched.setdefault(campaign_id, set()).add(sub)
@@ -277,8 +348,11 @@ class ChangeBroker:
         last_change = loop.time()
         last_head_check = -float("inf")
         while reader.watched:
+            if reader.wake is not None:
+                reader.wake.event.clear()  # a commit signalled from now on is read next time
+            reader.last_read = loop.time()
             try:
-                entries = await anyio.to_thread.run_sync(self._read_all, reader.position)
+                entries, behind = await anyio.to_thread.run_sync(self._read_all, reader.position)
             except Exception as exc:  # the store failing must not end the streams
                 failures += 1
                 if failures == 1 or failures % 50 == 0:
@@ -307,9 +381,25 @@ class ChangeBroker:
                     reader.health.head_seen(loop.time(), head, reader.position)
             self._publish(reader)
             if len(entries) < config.batch:
-                quiet = loop.time() - last_change >= config.idle_after
-                idle = max(config.idle_poll_interval, config.poll_interval)
-                await asyncio.sleep(idle if quiet else config.poll_interval)
+                await self._pause(reader, loop.time() - last_change >= config.idle_after, behind)
+        reader.release()
+
+    async def _pause(self, reader: _Reader, quiet: bool, behind: bool) -> None:
+        """Wait for the next read: a signalled commit (or ``signal_fallback``, or a short and
+        growing retry while the store holds entries back), else the poll interval."""
+        config = self.config
+        if reader.wake is None:
+            idle = max(config.idle_poll_interval, config.poll_interval)
+            await asyncio.sleep(idle if quiet else config.poll_interval)
+            return
+        reader.retry = min(max(reader.retry * 2, 0.005), config.poll_interval) if behind else 0.0
+        # Reads keep coming well within the lag threshold, or a quiet log would look stalled.
+        fallback = min(config.signal_fallback, config.lag_threshold / 2)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reader.wake.event.wait(), reader.retry or fallback)
+        gap = reader.last_read + config.min_read_gap - asyncio.get_running_loop().time()
+        if gap > 0:
+            await asyncio.sleep(gap)
 
     async def _watch(self, reader: _Reader) -> None:
         """Judge the reader's health every ``status_interval`` even while a read hangs (the
@@ -332,8 +422,16 @@ class ChangeBroker:
             for sub in list(subs):
                 self._offer(reader, sub, [status])
 
-    def _read_all(self, position: int) -> list[ChangeLogEntry]:
-        return self._store.changes_after(position, limit=self.config.batch)
+    def _read_all(self, position: int) -> tuple[list[ChangeLogEntry], bool]:
+        """The next batch, and whether the store holds newer committed entries back."""
+        entries = self._store.changes_after(position, limit=self.config.batch)
+        if (
+            self._signal is None
+            or not self._signal.settles_late
+            or len(entries) == self.config.batch
+        ):
+            return entries, False
+        return entries, self._store.newest_change_id() > (entries[-1].id if entries else position)
 
     def _read(self, campaign_id: str, position: int) -> list[ChangeLogEntry]:
         return self._store.changes_after(position, campaign_id=campaign_id, limit=self.config.batch)
@@ -426,7 +524,7 @@ class ChangeBroker:
                     parts.append(entry.frame())
                     sub.status = entry.key
             elif entry.id > sub.last_id:
-                parts.append(format_event(entry))
+                parts.append(_shared_frame(entry))
                 sub.last_id = entry.id
         return "".join(parts)
 

@@ -29,7 +29,7 @@ import threading
 from abc import abstractmethod
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -44,6 +44,7 @@ from sendqueue.adapters.sql.schema import WRITE, UtcDateTime, create_store_engin
 from sendqueue.adapters.sql.senders import SenderTables
 from sendqueue.adapters.sql.sidetables import SideTables
 from sendqueue.adapters.sql.suppressions import SuppressionTables
+from sendqueue.adapters.sql.taskcounts import TaskCounts
 from sendqueue.adapters.sql.webhooks import WebhookTables
 from sendqueue.domain.errors import Conflict, InvalidField, NotFound
 from sendqueue.domain.lifecycle import (
@@ -66,6 +67,7 @@ from sendqueue.domain.models import (
 )
 from sendqueue.domain.sendclaim import SendClaim, SendFinish
 from sendqueue.domain.senders import Booking
+from sendqueue.ports.changes import ChangeSignal
 from sendqueue.ports.reads import ComposedCampaignReads
 
 __all__ = ["SqlTaskStore"]
@@ -74,6 +76,7 @@ __all__ = ["SqlTaskStore"]
 class SqlTaskStore(
     ComposedCampaignReads,
     SideTables,
+    TaskCounts,
     SuppressionTables,
     FeedbackTables,
     SenderTables,
@@ -154,6 +157,11 @@ class SqlTaskStore(
                 yield conn
             finally:
                 self._together.conn = None
+
+    @property
+    @abstractmethod
+    def change_signal(self) -> ChangeSignal:
+        """Wakes readers of the change log on commit (:mod:`sendqueue.adapters.sql.signal`)."""
 
     @abstractmethod
     def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
@@ -443,22 +451,6 @@ class SqlTaskStore(
                 updated += len(found)
         return updated
 
-    def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]:
-        t = tables.tasks.c
-        if self.dialect == "sqlite":
-            # times are text on SQLite: julianday() reads them (days, as a float)
-            late_by = (sa.func.julianday(t.sent_at) - sa.func.julianday(t.send_at)) * 86_400.0
-            is_late: sa.ColumnElement[bool] = late_by > late_after
-        else:
-            is_late = t.sent_at - t.send_at > timedelta(seconds=late_after)
-        query = sa.select(
-            sa.func.count().filter(t.moves > 0),
-            sa.func.count().filter(sa.and_(t.state == TaskState.FINISHED.value, is_late)),
-        ).where(t.campaign_id == campaign_id)
-        with self._read("count moved tasks") as conn:
-            moved, late = conn.execute(query).one()
-        return int(moved), int(late)
-
     def booked(
         self, campaign_id: str, *, since: datetime, until: datetime | None = None
     ) -> list[tuple[TaskState, datetime]]:
@@ -564,21 +556,6 @@ class SqlTaskStore(
             )
         query = query.order_by(tables.tasks.c.send_at, tables.tasks.c.id).limit(limit)
         with self._read("list due tasks") as conn:
-            found = conn.execute(query).all()
-        return [rows.task_from_row(row) for row in found]
-
-    def stale_running(self, *, claimed_before: datetime, limit: int = 1000) -> list[Task]:
-        check_limit(limit)
-        query = (
-            sa.select(tables.tasks)
-            .where(
-                tables.tasks.c.state == TaskState.RUNNING.value,
-                tables.tasks.c.claimed_at < claimed_before,
-            )
-            .order_by(tables.tasks.c.claimed_at, tables.tasks.c.id)
-            .limit(limit)
-        )
-        with self._read("list stale tasks") as conn:
             found = conn.execute(query).all()
         return [rows.task_from_row(row) for row in found]
 

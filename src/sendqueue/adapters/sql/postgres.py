@@ -9,7 +9,8 @@ Why: docs/performance.md, "SQL store: why the code looks this way".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -25,6 +26,12 @@ from sendqueue.adapters.sql.pool import FastPathPool
 from sendqueue.adapters.sql.rows import INSERT_COLUMNS, TASK_COLUMNS, task_from_row
 from sendqueue.adapters.sql.schema import UtcDateTime
 from sendqueue.adapters.sql.sidetables import SideTables
+from sendqueue.adapters.sql.signal import (
+    PgListener,
+    PgNotifier,
+    pg_notifier,
+    release_pg_notifier,
+)
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import (
@@ -211,15 +218,43 @@ class PostgresTaskStore(SqlTaskStore):
     ) -> None:
         super().__init__(url, upgrade=upgrade, engine_options=engine_options)
         self._connections = FastPathPool(self._engine, pg_idle_connections)
+        self._signal = PgListener(self._connections.open)
+        self._notifier: PgNotifier | None = pg_notifier(
+            self._engine.url.render_as_string(hide_password=False), self._connections.open
+        )
+
+    @property
+    def change_signal(self) -> PgListener:
+        """Wakes readers on the commits of every store on the database (each notifies after
+        its writes), through one listening connection (:mod:`sendqueue.adapters.sql.signal`)."""
+        return self._signal
 
     def close(self) -> None:
+        notifier, self._notifier = self._notifier, None
+        if notifier is not None:
+            release_pg_notifier(notifier)
+        self._signal.close()
         self._connections.close()
         super().close()
 
+    @contextmanager
+    def _write(self, action: str) -> Iterator[Connection]:
+        with super()._write(action) as conn:
+            yield conn
+        self._poke()  # committed
+
     def _run(self, action: str, run: Callable[[Any], _T], *, write: bool = False) -> _T:
-        """``run(connection)`` on a fast-path connection (see FastPathPool.run)."""
+        """``run(connection)`` on a fast-path connection (see FastPathPool.run); a write
+        pokes the notifier once it is done (each statement commits by itself)."""
         with mapped_errors(action):
-            return self._connections.run(run, write=write)
+            done = self._connections.run(run, write=write)
+        if write:
+            self._poke()
+        return done
+
+    def _poke(self) -> None:
+        if self._notifier is not None:  # None once closed
+            self._notifier.poke()
 
     def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
         """No lock: the id (``sq_change_log_id()``, migration 0004) orders entries by writing

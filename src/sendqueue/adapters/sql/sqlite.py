@@ -11,6 +11,7 @@ docs/performance.md, "SQL store: why the code looks this way".
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -35,6 +36,7 @@ from sendqueue.adapters.sql.rows import (
     JsonVariables,
 )
 from sendqueue.adapters.sql.schema import UtcDateTime, sqlite_text
+from sendqueue.adapters.sql.signal import sqlite_signal
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import (
@@ -48,6 +50,7 @@ from sendqueue.domain.models import (
 from sendqueue.domain.sendclaim import SendClaim, SendFinish
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import key_of_normalized
+from sendqueue.ports.changes import ChangeSignal
 
 __all__ = ["SqliteTaskStore"]
 
@@ -204,6 +207,15 @@ class SqliteTaskStore(SqlTaskStore):
         self._own: list[tuple[threading.Thread, sqlite3.Connection]] = []
         self._generation = 0  # bumped by close(): connections of an older one are closed
         super().__init__(url, upgrade=upgrade, engine_options=engine_options)
+        database = self._engine.url.database
+        self._signal = sqlite_signal(os.path.realpath(database) if database else None)
+
+    @property
+    def change_signal(self) -> ChangeSignal:
+        """Wakes readers after each write this process commits to the file (most append
+        changes; a spurious wake costs one read), and on other processes' commits
+        (:mod:`sendqueue.adapters.sql.signal`)."""
+        return self._signal
 
     def close(self) -> None:
         with self._own_lock:
@@ -221,6 +233,7 @@ class SqliteTaskStore(SqlTaskStore):
         # Our lock, not SQLite's busy handler (it sleeps in steps of up to 100 ms).
         with self._write_lock, super()._write(action) as conn:
             yield conn
+        self._signal.changed()  # committed, and the lock released
 
     def _connection(self) -> sqlite3.Connection:
         """This thread's own driver connection: opened by the engine (so with its pragmas),
@@ -274,6 +287,7 @@ class SqliteTaskStore(SqlTaskStore):
                 with suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
                 raise
+        self._signal.changed()
 
     def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
         # BEGIN IMMEDIATE already serialises writers, so ids commit in order. The driver's

@@ -1,0 +1,63 @@
+"""The task store's counts and sweeps over the tasks table, the same statements on both
+databases (:class:`TaskCounts`, a base of :class:`~sendqueue.adapters.sql.base.SqlTaskStore`):
+the moved and late emails of a campaign, and the Running tasks claimed too long ago."""
+
+from __future__ import annotations
+
+import builtins
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
+from typing import ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from sendqueue.adapters.sql import rows
+from sendqueue.adapters.sql import schema as tables
+from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.models import Task, check_limit
+
+__all__ = ["TaskCounts"]
+
+
+class TaskCounts(ABC):
+    """Counts and sweeps of tasks, read over the store's connections."""
+
+    #: The SQLAlchemy dialect name (see SqlTaskStore).
+    dialect: ClassVar[str]
+
+    @abstractmethod
+    def _read(self, action: str) -> AbstractContextManager[Connection]:
+        """A read-only connection (see SqlTaskStore)."""
+
+    def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]:
+        t = tables.tasks.c
+        if self.dialect == "sqlite":
+            # times are text on SQLite: julianday() reads them (days, as a float)
+            late_by = (sa.func.julianday(t.sent_at) - sa.func.julianday(t.send_at)) * 86_400.0
+            is_late: sa.ColumnElement[bool] = late_by > late_after
+        else:
+            is_late = t.sent_at - t.send_at > timedelta(seconds=late_after)
+        query = sa.select(
+            sa.func.count().filter(t.moves > 0),
+            sa.func.count().filter(sa.and_(t.state == TaskState.FINISHED.value, is_late)),
+        ).where(t.campaign_id == campaign_id)
+        with self._read("count moved tasks") as conn:
+            moved, late = conn.execute(query).one()
+        return int(moved), int(late)
+
+    def stale_running(self, *, claimed_before: datetime, limit: int = 1000) -> builtins.list[Task]:
+        check_limit(limit)
+        query = (
+            sa.select(tables.tasks)
+            .where(
+                tables.tasks.c.state == TaskState.RUNNING.value,
+                tables.tasks.c.claimed_at < claimed_before,
+            )
+            .order_by(tables.tasks.c.claimed_at, tables.tasks.c.id)
+            .limit(limit)
+        )
+        with self._read("list stale tasks") as conn:
+            found = conn.execute(query).all()
+        return [rows.task_from_row(row) for row in found]
