@@ -52,7 +52,7 @@ def _child(mode: str, csv_path: Path, home: Path) -> dict[str, Any]:
     from sendqueue.bootstrap import bootstrap
     from sendqueue.domain.planner import plan
     from sendqueue.domain.policy import SendingPolicy
-    from sendqueue.services.importing import ImportLimits, Templates
+    from sendqueue.services.importing.recipients import ImportLimits, Templates
 
     templates = Templates(subject="Hello {{ name }}", body="Hi {{ name }}, news for {{ email }}.")
     policy = SendingPolicy.from_dict({**_POLICY, "windows": [_POLICY["windows"]]})

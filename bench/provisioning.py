@@ -94,8 +94,8 @@ def import_campaign(store_url: str, scheduler_url: str, recipients: int, senders
     across ``senders`` new senders when given (each booking its slots as it is provisioned)."""
     from sendqueue.bootstrap import bootstrap
     from sendqueue.domain.policy import SendingPolicy
-    from sendqueue.services.demo import demo_csv
-    from sendqueue.services.importing import Templates
+    from sendqueue.services.campaigns.demo import demo_csv
+    from sendqueue.services.importing.recipients import Templates
 
     app = bootstrap(_settings(store_url, scheduler_url))
     try:

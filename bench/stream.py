@@ -53,8 +53,8 @@ def prepare(home: Path, tasks: int, campaigns: int = 1) -> list[str]:
     (nothing sends by itself)."""
     from sendqueue.bootstrap import bootstrap
     from sendqueue.domain.policy import SendingPolicy, Window
-    from sendqueue.services.demo import demo_csv
-    from sendqueue.services.importing import Templates
+    from sendqueue.services.campaigns.demo import demo_csv
+    from sendqueue.services.importing.recipients import Templates
 
     app = bootstrap(_settings(home))
     ids: list[str] = []

@@ -143,8 +143,8 @@ def child_sendqueue(
     from bench.pgqueuer_proto import enqueue_campaign
     from bench.sendpath import task_times, wait_sent
     from sendqueue.bootstrap import bootstrap
-    from sendqueue.services.demo import demo_csv
-    from sendqueue.services.importing import Templates
+    from sendqueue.services.campaigns.demo import demo_csv
+    from sendqueue.services.importing.recipients import Templates
 
     settings = _settings(store_url, home, port, concurrency, execution)
     past = _ShiftedClock(timedelta(hours=2))

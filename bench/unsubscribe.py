@@ -35,7 +35,7 @@ _SECRET = "bench-unsubscribe-key-0123456789abcdef"
 
 def _campaign(app: Any, count: int, start: datetime, name: str) -> str:
     from sendqueue.domain.policy import SendingPolicy, Window
-    from sendqueue.services.templates import Templates
+    from sendqueue.services.templates.render import Templates
 
     rows = "".join(f"reader{i}@example.com,Hello\n" for i in range(count))
     policy = SendingPolicy(

@@ -76,7 +76,7 @@ from typing import Any, Protocol
 from sendqueue.bootstrap import Container, bootstrap, settle_heap
 from sendqueue.domain.errors import InvalidField, InvalidSettings, SchedulerError
 from sendqueue.domain.ses_events import feedback_from_ses, ses_event_of
-from sendqueue.services.provisioning import Continuation, ProvisionReport
+from sendqueue.services.scheduling.provisioning import Continuation, ProvisionReport
 from sendqueue.settings import LambdaControlSettings, LambdaSettings, load_settings
 
 __all__ = [

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from sendqueue.bootstrap import Container
 from sendqueue.domain.unsubscribe import UNSUBSCRIBE_URL_PLACEHOLDER
-from sendqueue.services.feedback_poll import PollReport
-from sendqueue.services.reconciler import ReconcileReport
+from sendqueue.services.feedback.poll import PollReport
+from sendqueue.services.scheduling.reconciler import ReconcileReport
 
 __all__ = ["announce_unsubscribe_links", "run_worker"]
 

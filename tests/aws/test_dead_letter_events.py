@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from sendqueue import bootstrap_webhooks, lambda_handlers
+from sendqueue import lambda_handlers
 from sendqueue.bootstrap import Container, bootstrap
+from sendqueue.bootstrap import webhooks as bootstrap_webhooks
 from sendqueue.domain.models import expected_schedule_name
 from sendqueue.domain.webhooks import DEAD_LETTER
 from tests.aws.test_lambda import PROVISION_ARN, Aws, _fire_until_done, aws

@@ -11,8 +11,8 @@ import pytest
 
 from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 from sendqueue.domain.feedback import Feedback, FeedbackKind
-from sendqueue.services.feedback import FeedbackService
-from sendqueue.services.views import campaign_dict, task_dict
+from sendqueue.services.feedback.effects import FeedbackService
+from sendqueue.services.reading.views import campaign_dict, task_dict
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
 from tests.support.app import T0, csv_bytes, fake_app, open_policy

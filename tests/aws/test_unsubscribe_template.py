@@ -15,7 +15,7 @@ import pytest
 
 from sendqueue.domain.tokens import MIN_SECRET_LENGTH
 from sendqueue.settings import Settings
-from sendqueue.settings_checks import check_public_url, check_secret_key_arn
+from sendqueue.settings.checks import check_public_url, check_secret_key_arn
 from tests.aws.test_template import (
     ACCOUNT,
     HANDLERS,

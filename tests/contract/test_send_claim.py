@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 
+from sendqueue.domain import transitions
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim
 from sendqueue.domain.senders import Booking, Sender
@@ -59,6 +60,24 @@ def test_a_due_pending_task_is_claimed_once_with_its_entry(active: Store) -> Non
     assert again.refused is ClaimRefusal.NOT_PENDING and again.task is not None
     entries = [(e.task_id, e.from_state, e.to_state) for e in all_changes(store, "c1")]
     assert entries.count((task.id, "Pending", "Running")) == 1
+
+
+def test_the_claim_and_the_finish_write_what_the_domain_transitions_name(active: Store) -> None:
+    """Every store's one-call claim and finish set exactly the fields of the named
+    transitions (``domain.transitions.claim`` and ``finish``), whatever their SQL."""
+    store = active
+    before = store.get_task("c1-1")
+    assert before is not None
+    got = claim(store, before.id, before.token)
+    assert got.task is not None
+    change = transitions.claim(before, LATER)
+    assert got.task.state is change.new
+    assert {k: getattr(got.task, k) for k in change.changes} == dict(change.changes)
+    finished = store.finish_send(before.id, at=LATER, message_id="<m@x>")
+    assert finished.task is not None
+    done = transitions.finish(got.task, LATER, "<m@x>")
+    assert finished.task.state is done.new
+    assert {k: getattr(finished.task, k) for k in done.changes} == dict(done.changes)
 
 
 def test_each_refusal_says_why_and_writes_nothing(active: Store) -> None:

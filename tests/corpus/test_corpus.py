@@ -353,7 +353,7 @@ def _api_deployment(home: Path, url: str | None) -> Iterator[ApiDeployment]:
 def _campaigns_in_every_state(container: Container, clock: FakeClock) -> dict[str, str]:
     from datetime import timedelta
 
-    from sendqueue.services.importing import Templates
+    from sendqueue.services.importing.recipients import Templates
     from tests.support.app import csv_bytes, open_policy
 
     def new(count: int, days_ahead: int = 30) -> str:

@@ -23,7 +23,7 @@ from sendqueue.adapters.sql import open_store
 from sendqueue.domain.feedback import Feedback, FeedbackKind
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import TaskChanges
-from sendqueue.services.feedback import FeedbackService
+from sendqueue.services.feedback.effects import FeedbackService
 from tests.e2e.conftest import Sendqueue, api, provision
 from tests.e2e.test_accessibility import BLOCKING, _audit, _report, axe_script
 

@@ -18,7 +18,7 @@ from playwright.sync_api import expect
 
 from sendqueue.bootstrap import Container
 from sendqueue.domain.senders import Sender
-from sendqueue.services.templates import Templates
+from sendqueue.services.templates.render import Templates
 from tests.e2e.test_accessibility import BLOCKING, RUN_AXE, SIZES, _report, axe_script
 from tests.support.app import T0, fake_app, open_policy
 from tests.web.conftest import live_server

@@ -21,7 +21,7 @@ from playwright.sync_api import expect
 from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.suppression import SuppressionReason
-from sendqueue.services.templates import Templates
+from sendqueue.services.templates.render import Templates
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
 from tests.e2e.test_accessibility import BLOCKING, RUN_AXE, SIZES, _report, axe_script

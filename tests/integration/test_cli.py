@@ -22,8 +22,8 @@ from sendqueue.adapters.scheduler_rules import local_now
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.cli import app
 from sendqueue.domain.models import DeadLetter
-from sendqueue.services.demo import demo_csv, demo_policy
-from sendqueue.services.importing import Templates
+from sendqueue.services.campaigns.demo import demo_csv, demo_policy
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing import FakeClock, FakeScheduler
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
-from sendqueue.services.demo import demo_csv, demo_policy
-from sendqueue.services.importing import Templates
-from sendqueue.services.scheduling import send_payload
+from sendqueue.services.campaigns.demo import demo_csv, demo_policy
+from sendqueue.services.importing.recipients import Templates
+from sendqueue.services.scheduling.schedules import send_payload
 from tests.support.faults import FlakyScheduler
 from tests.support.real import all_final, real_app, running_worker, wait_until
 from tests.support.smtp import SmtpSink

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.services.demo import demo_csv, demo_policy
-from sendqueue.services.importing import Templates
+from sendqueue.services.campaigns.demo import demo_csv, demo_policy
+from sendqueue.services.importing.recipients import Templates
 from tests.support import worker_proc
 from tests.support.real import all_final, real_app, wait_until
 from tests.support.smtp import SmtpSink

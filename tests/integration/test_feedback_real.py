@@ -24,7 +24,7 @@ from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.suppression import SuppressionReason
-from sendqueue.services.feedback_poll import PollReport
+from sendqueue.services.feedback.poll import PollReport
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler

@@ -21,7 +21,7 @@ from sendqueue.adapters.sql import SqlTaskStore, open_store
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.feedback import UNVERIFIED_REPLY
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
-from sendqueue.services.templates import Templates
+from sendqueue.services.templates.render import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer

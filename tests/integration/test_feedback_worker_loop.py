@@ -11,7 +11,7 @@ from typing import Any
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.senders import Sender
 from sendqueue.ports import FeedbackSource
-from sendqueue.services.feedback_poll import PollReport
+from sendqueue.services.feedback.poll import PollReport
 from sendqueue.settings import Settings
 from sendqueue.testing.mailbox import InMemoryMailbox
 from tests.support.real import running_worker, wait_until

@@ -12,7 +12,7 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import StopOnReply, TaskOutcome, TaskState
 from sendqueue.domain.suppression import Suppression, SuppressionReason
 from sendqueue.ops.migrate_to import migrate_to
-from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.scheduling.schedules import ScheduleWriter
 from sendqueue.testing import FakeClock, FakeScheduler, InMemoryTaskStore
 from tests.contract.store_backends import campaign, make_task, recipients
 from tests.support.app import T0

@@ -25,8 +25,8 @@ import pytest
 from sendqueue.adapters.procrastinate.schema import upgrade_schema
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.services.demo import demo_csv
-from sendqueue.services.importing import Templates
+from sendqueue.services.campaigns.demo import demo_csv
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.settings import Settings
 from tests.support.outage import (
     ARRIVAL_SLACK,

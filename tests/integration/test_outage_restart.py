@@ -27,8 +27,8 @@ from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.outages import utc_span
 from sendqueue.domain.policy import SendingPolicy, Window
-from sendqueue.services.importing import Templates
-from sendqueue.services.replanning import FIRING_SLACK
+from sendqueue.services.importing.recipients import Templates
+from sendqueue.services.planning.replanning import FIRING_SLACK
 from tests.support.app import csv_bytes
 from tests.support.outage import WorkerProcess, worker_env
 from tests.support.real import real_app, wait_until

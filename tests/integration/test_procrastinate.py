@@ -47,8 +47,8 @@ from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import Conflict, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import schedule_group
-from sendqueue.services.demo import demo_csv, demo_policy
-from sendqueue.services.importing import Templates
+from sendqueue.services.campaigns.demo import demo_csv, demo_policy
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from tests.support.real import all_final, real_app, running_worker, wait_until

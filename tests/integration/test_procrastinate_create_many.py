@@ -33,9 +33,9 @@ from sendqueue.domain.errors import Conflict, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
 from sendqueue.ports import CreateArgs, Schedule
-from sendqueue.services.demo import demo_csv, demo_policy
-from sendqueue.services.importing import Templates
-from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.campaigns.demo import demo_csv, demo_policy
+from sendqueue.services.importing.recipients import Templates
+from sendqueue.services.scheduling.schedules import ScheduleWriter
 from sendqueue.settings import Settings
 from sendqueue.testing import bare_task
 from sendqueue.testing.clock import FakeClock

@@ -25,7 +25,7 @@ from sendqueue.adapters.sql import PostgresTaskStore, SqliteTaskStore
 from sendqueue.adapters.sql.base import SqlTaskStore
 from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.services.scheduling import send_payload
+from sendqueue.services.scheduling.schedules import send_payload
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from tests.support.app import T0, csv_bytes, fake_app, open_policy

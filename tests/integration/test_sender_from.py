@@ -22,7 +22,7 @@ from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.senders import Sender
 from sendqueue.ports import SenderStore
-from sendqueue.services.templates import Templates
+from sendqueue.services.templates.render import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler

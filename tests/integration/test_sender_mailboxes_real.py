@@ -20,7 +20,7 @@ from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task
 from sendqueue.domain.senders import Sender
-from sendqueue.services.feedback import REPLIED_REASON
+from sendqueue.services.feedback.effects import REPLIED_REASON
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer

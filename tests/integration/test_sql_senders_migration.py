@@ -31,7 +31,7 @@ from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.senders import Booking, Sender, SenderDay
 from sendqueue.ops.backup import backup_sqlite
 from sendqueue.ops.migrate_to import migrate_to
-from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.scheduling.schedules import ScheduleWriter
 from sendqueue.testing import FakeClock, FakeScheduler
 from tests.contract.store_backends import campaign, make_task, recipients
 from tests.integration.test_migrations import engine, schema_diffs, table_names, url

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.services.demo import demo_csv, demo_policy
-from sendqueue.services.importing import Templates
+from sendqueue.services.campaigns.demo import demo_csv, demo_policy
+from sendqueue.services.importing.recipients import Templates
 from tests.conftest import POSTGRES_ADMIN_URL
 from tests.support.real import all_final, real_app, running_worker, wait_until
 from tests.support.smtp import SmtpSink

@@ -11,8 +11,8 @@ import pytest
 
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import schedule_group
-from sendqueue.services.demo import demo_csv, demo_policy
-from sendqueue.services.importing import Templates
+from sendqueue.services.campaigns.demo import demo_csv, demo_policy
+from sendqueue.services.importing.recipients import Templates
 from tests.support.real import all_final, real_app, running_worker, wait_until
 from tests.support.smtp import SmtpSink
 

@@ -22,8 +22,8 @@ import pytest
 from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.ports import FeedbackStore
-from sendqueue.services.demo import demo_csv, demo_policy
-from sendqueue.services.importing import Templates
+from sendqueue.services.campaigns.demo import demo_csv, demo_policy
+from sendqueue.services.importing.recipients import Templates
 from tests.support import worker_proc
 from tests.support.real import all_final, real_app, wait_until
 from tests.support.smtp import SmtpSink

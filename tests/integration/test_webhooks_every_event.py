@@ -50,8 +50,8 @@ from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import ChangeLogEntry, Task
 from sendqueue.domain.senders import Sender
 from sendqueue.domain.webhooks import EventType, change_id_of, event_id
-from sendqueue.services.demo import demo_policy
-from sendqueue.services.templates import Templates
+from sendqueue.services.campaigns.demo import demo_policy
+from sendqueue.services.templates.render import Templates
 from sendqueue.web.app import create_app
 from tests.support import worker_proc
 from tests.support.app import open_policy

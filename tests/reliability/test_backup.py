@@ -26,7 +26,7 @@ from sendqueue.bootstrap import bootstrap
 from sendqueue.cli import app as cli_app
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
-from sendqueue.services.importing import Templates
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer

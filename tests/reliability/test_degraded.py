@@ -40,7 +40,7 @@ from sendqueue.domain.models import schedule_group
 from sendqueue.domain.policy import SendingPolicy, Window
 from sendqueue.domain.tokens import TokenPurpose, sign_task
 from sendqueue.ports import OutgoingMessage
-from sendqueue.services.importing import Templates
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer

@@ -49,7 +49,7 @@ from sendqueue.domain.policy import (
     parse_weekdays,
     parse_window,
 )
-from sendqueue.services.importing import ImportLimits, Templates
+from sendqueue.services.importing.recipients import ImportLimits, Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from tests.conftest import missing
@@ -341,13 +341,13 @@ def atheris_target(data: bytes) -> None:
     mode, rest = data[0] % 4, data[1:]
     try:
         if mode == 0:
-            from sendqueue.services.importing import parse_recipients
+            from sendqueue.services.importing.recipients import parse_recipients
 
             parse_recipients(
                 rest, templates=Templates(subject="Hi {{ name }}", body="b"), limits=LIMITS
             )
         elif mode == 1:
-            from sendqueue.services.import_rows import parse_recipient_rows
+            from sendqueue.services.importing.rows import parse_recipient_rows
 
             rows = json.loads(rest.decode("utf-8", "replace"))
             parse_recipient_rows(rows, templates=Templates(subject="s", body="b"), limits=LIMITS)

@@ -47,8 +47,8 @@ from sendqueue.domain.models import Task, expected_schedule_name, schedule_group
 from sendqueue.domain.policy import SendingPolicy, Window
 from sendqueue.domain.slots import in_policy, nominal_spacing
 from sendqueue.ports import OutgoingMessage
-from sendqueue.services.scheduling import ScheduleWriter, send_payload
-from sendqueue.services.worker import FIRING_SLACK
+from sendqueue.services.scheduling.schedules import ScheduleWriter, send_payload
+from sendqueue.services.sending.worker import FIRING_SLACK
 from sendqueue.settings import Settings
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock

@@ -25,7 +25,7 @@ from fastapi.routing import APIRoute
 from starlette.routing import Mount, Route
 
 from sendqueue.bootstrap import Container, bootstrap
-from sendqueue.services.importing import Templates
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer

@@ -33,7 +33,7 @@ from sendqueue.domain.addresses import normalize_sender
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.ports import OutgoingMessage
-from sendqueue.services.importing import Templates
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.web.app import create_app

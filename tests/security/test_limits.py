@@ -28,7 +28,7 @@ import pytest
 from sendqueue.bootstrap import bootstrap
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
-from sendqueue.services.importing import Templates
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from tests.support.app import T0, csv_bytes, open_policy

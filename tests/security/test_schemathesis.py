@@ -30,7 +30,7 @@ from schemathesis.checks import (
 from schemathesis.core.result import Ok
 
 from sendqueue.bootstrap import Container, bootstrap
-from sendqueue.services.importing import Templates
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer

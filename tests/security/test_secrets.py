@@ -27,7 +27,7 @@ from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.cli import app as cli_app
 from sendqueue.domain.errors import StoreUnavailable
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.services.importing import Templates
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.web.app import create_app

@@ -86,8 +86,8 @@ PARTS = ("subject", "body", "html")
 _CHILD = r"""
 import json, resource, sys, time
 from sendqueue.domain.errors import InvalidInput
-from sendqueue.services.import_rows import parse_recipient_rows
-from sendqueue.services.importing import Templates
+from sendqueue.services.importing.rows import parse_recipient_rows
+from sendqueue.services.importing.recipients import Templates
 
 def hwm_mb():
     with open("/proc/self/status") as fh:

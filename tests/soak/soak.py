@@ -40,8 +40,8 @@ from aiosmtpd.controller import Controller
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import expected_schedule_name
-from sendqueue.services.demo import demo_csv, demo_policy
-from sendqueue.services.importing import Templates
+from sendqueue.services.campaigns.demo import demo_csv, demo_policy
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

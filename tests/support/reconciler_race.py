@@ -42,7 +42,7 @@ __all__ = [
     "stale_read_races_the_worker",
 ]
 
-LOGGER = "sendqueue.services.reconciler"
+LOGGER = "sendqueue.services.scheduling.reconciler"
 
 
 @dataclass

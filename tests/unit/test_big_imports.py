@@ -18,11 +18,11 @@ from sendqueue.domain import planner
 from sendqueue.domain.errors import InvalidInput
 from sendqueue.domain.models import Campaign, Recipient
 from sendqueue.domain.policy import SendingPolicy
-from sendqueue.services import campaign_controls as controls_module
-from sendqueue.services import previews as previews_module
-from sendqueue.services.import_stream import check_csv
-from sendqueue.services.importing import ImportLimits, Templates
-from sendqueue.services.previews import PREVIEW_CACHE_SIZE
+from sendqueue.services.campaigns import controls as controls_module
+from sendqueue.services.campaigns import preview as previews_module
+from sendqueue.services.campaigns.preview import PREVIEW_CACHE_SIZE
+from sendqueue.services.importing.recipients import ImportLimits, Templates
+from sendqueue.services.importing.stream import check_csv
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore

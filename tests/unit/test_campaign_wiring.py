@@ -10,18 +10,18 @@ import sys
 from tests.support.app import csv_bytes, fake_app, open_policy
 
 SEND_PATH = (
-    "sendqueue.services.worker",
-    "sendqueue.services.reconciler",
-    "sendqueue.services.provisioning",
-    "sendqueue.services.campaign_controls",
+    "sendqueue.services.sending.worker",
+    "sendqueue.services.scheduling.reconciler",
+    "sendqueue.services.scheduling.provisioning",
+    "sendqueue.services.campaigns.controls",
 )
 NOT_ON_THE_SEND_PATH = (
-    "sendqueue.services.campaign_import",
-    "sendqueue.services.csv_source",
-    "sendqueue.services.import_rows",
-    "sendqueue.services.import_stream",
-    "sendqueue.services.importing",
-    "sendqueue.services.previews",
+    "sendqueue.services.campaigns.creation",
+    "sendqueue.services.importing.csv_source",
+    "sendqueue.services.importing.rows",
+    "sendqueue.services.importing.stream",
+    "sendqueue.services.importing.recipients",
+    "sendqueue.services.campaigns.preview",
 )
 
 

@@ -14,7 +14,7 @@ from sendqueue.domain.errors import NotFound, SchedulerError, StoreUnavailable
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, DeadLetter
 from sendqueue.domain.webhooks import DEAD_LETTER
-from sendqueue.services.dead_letters import DeadLetterQueue
+from sendqueue.services.operations.dead_letters import DeadLetterQueue
 from sendqueue.services.webhooks import (
     DeadLetterLog,
     DeadLetterRelay,

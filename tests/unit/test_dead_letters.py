@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.models import DeadLetter
 from sendqueue.ports import Schedule
-from sendqueue.services.dead_letters import redrive_all
+from sendqueue.services.operations.dead_letters import redrive_all
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 

@@ -16,8 +16,8 @@ from sendqueue.domain.addresses import message_id_for
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.reports import parse_feedback
 from sendqueue.domain.tokens import TokenPurpose, sign_task
-from sendqueue.services.feedback import Applied
-from sendqueue.services.templates import Templates
+from sendqueue.services.feedback.effects import Applied
+from sendqueue.services.templates.render import Templates
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler

@@ -19,7 +19,7 @@ from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
 from sendqueue.domain.reports import parse_feedback
 from sendqueue.ports import FeedbackSource
-from sendqueue.services.feedback_poll import FeedbackParser, lease_name
+from sendqueue.services.feedback.poll import FeedbackParser, lease_name
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailbox import InMemoryMailbox

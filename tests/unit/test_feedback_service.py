@@ -30,7 +30,7 @@ from sendqueue.domain.tokens import (
     verp_address,
     verp_task,
 )
-from sendqueue.services.feedback import REPLIED_REASON, FeedbackService
+from sendqueue.services.feedback.effects import REPLIED_REASON, FeedbackService
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore
 from sendqueue.testing.tasks import bare_task

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sendqueue.domain.errors import InvalidField, InvalidInput
-from sendqueue.services.importing import (
+from sendqueue.services.importing.recipients import (
     ImportLimits,
     Templates,
     compile_templates,

@@ -24,8 +24,8 @@ from sendqueue.domain.models import (
     schedule_group,
 )
 from sendqueue.domain.slots import in_policy, nominal_spacing
-from sendqueue.services.scheduling import send_payload
-from sendqueue.services.worker import FIRING_SLACK
+from sendqueue.services.scheduling.schedules import send_payload
+from sendqueue.services.sending.worker import FIRING_SLACK
 from sendqueue.testing.clock import FakeClock
 from tests.unit.test_catch_up import (
     BERLIN,

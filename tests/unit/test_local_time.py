@@ -19,11 +19,11 @@ from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.models import Recipient
 from sendqueue.domain.planner import per_day_summary, per_zone_day_summary
 from sendqueue.domain.policy import SendingPolicy, Window
-from sendqueue.services import previews as previews_module
-from sendqueue.services.import_rows import parse_recipient_rows
-from sendqueue.services.import_stream import check_csv, check_rows
-from sendqueue.services.importing import Templates, parse_recipients
-from sendqueue.services.previews import PlanSummary, ZoneDays
+from sendqueue.services.campaigns import preview as previews_module
+from sendqueue.services.campaigns.preview import PlanSummary, ZoneDays
+from sendqueue.services.importing.recipients import Templates, parse_recipients
+from sendqueue.services.importing.rows import parse_recipient_rows
+from sendqueue.services.importing.stream import check_csv, check_rows
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore
 from tests.support.app import T0, fake_app

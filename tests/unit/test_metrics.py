@@ -15,7 +15,7 @@ from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.errors import SchedulerError
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import DeadLetter, Task, expected_schedule_name
-from sendqueue.services.scheduling import send_payload
+from sendqueue.services.scheduling.schedules import send_payload
 from sendqueue.settings import Settings
 from sendqueue.testing import (
     FakeClock,

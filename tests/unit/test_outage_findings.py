@@ -18,8 +18,8 @@ import pytest
 
 from sendqueue.domain.policy import SendingPolicy, Window
 from sendqueue.domain.slots import in_policy
-from sendqueue.services.demo import demo_csv
-from sendqueue.services.importing import Templates
+from sendqueue.services.campaigns.demo import demo_csv
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
 from tests.support.app import T0, fake_app

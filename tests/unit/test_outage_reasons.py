@@ -3,7 +3,8 @@
 A new user's restart after ``kill -9`` and two minutes down printed one WARNING per schedule
 ("exists with another token; replacing it") and wrote "late: would come within 0s of another
 send" on every moved email. Here: the reason's text (:mod:`sendqueue.domain.outages`), the
-window each cause is given (:class:`sendqueue.services.recovery.OutageWatch`), and, on a fake
+window each cause is given (:class:`sendqueue.services.planning.recovery.OutageWatch`), and, on a
+fake
 clock, one line per campaign for a worker's start after an outage, a store outage, a lost
 schedule and a clash no move explains. The real-process version is
 tests/integration/test_outage_restart.py.
@@ -23,7 +24,7 @@ from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Task, expected_schedule_name, new_token
 from sendqueue.domain.outages import Outage, OutageCause, utc_span
 from sendqueue.domain.wording import plural
-from sendqueue.services.recovery import OutageWatch
+from sendqueue.services.planning.recovery import OutageWatch
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
@@ -159,7 +160,7 @@ def _tasks(app: Container, cids: list[str]) -> list[Task]:
 
 
 def _moved_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "sendqueue.services.replanning"]
+    return [r for r in caplog.records if r.name == "sendqueue.services.planning.replanning"]
 
 
 def test_a_worker_starting_after_an_outage_logs_one_line_per_campaign_and_names_the_window(
@@ -280,7 +281,7 @@ def test_a_lost_schedule_found_overdue_by_the_reconciler_was_not_fired() -> None
 def _records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     """The schedule writer's own records: another test in the same process may have left a
     ``sendqueue`` logger at INFO, whose records the capture would hold too."""
-    return [r for r in caplog.records if r.name == "sendqueue.services.scheduling"]
+    return [r for r in caplog.records if r.name == "sendqueue.services.scheduling.schedules"]
 
 
 def test_only_a_clash_no_move_explains_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -288,7 +289,7 @@ def test_only_a_clash_no_move_explains_is_a_warning(caplog: pytest.LogCaptureFix
     [cid] = _campaigns(app, count=1, recipients=2)
     task = app.store.list_tasks(cid)[0]
     name = expected_schedule_name(task)
-    with caplog.at_level(logging.DEBUG, logger="sendqueue.services.scheduling"):
+    with caplog.at_level(logging.DEBUG, logger="sendqueue.services.scheduling.schedules"):
         moved = replace(task, token=new_token())
         report = app.writer.ensure_many([moved], moved={task.id})
         assert report.created == 1 and not report.failed

@@ -14,8 +14,8 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.feedback import Feedback, FeedbackKind
 from sendqueue.domain.lifecycle import StopOnReply, TaskOutcome, TaskState
 from sendqueue.ports import FeedbackStore
-from sendqueue.services.feedback import FeedbackService
-from sendqueue.services.views import (
+from sendqueue.services.feedback.effects import FeedbackService
+from sendqueue.services.reading.views import (
     TASK_LIST_KEYS,
     CampaignView,
     campaign_dict,

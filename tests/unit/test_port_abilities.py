@@ -19,7 +19,7 @@ from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
 from sendqueue.adapters.public_url import PublicUrlProbe
 from sendqueue.ports import BulkScheduler, Dispatcher, FlushableAlarm, Probe, Target
 from sendqueue.runtime import run_worker
-from sendqueue.services.scheduling import _bulk_writer
+from sendqueue.services.scheduling.schedules import _bulk_writer
 from sendqueue.testing import FakeClock, FakeScheduler, RecordingAlarm, RecordingMailer
 from tests.support.app import T0, fake_app
 

@@ -13,7 +13,7 @@ from sendqueue.domain.errors import Conflict, IllegalTransition, InvalidField
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, schedule_group
 from sendqueue.ports import Schedule
-from sendqueue.services.provisioning import ProvisionProgress
+from sendqueue.services.scheduling.provisioning import ProvisionProgress
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler

@@ -10,7 +10,7 @@ import pytest
 from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.models import CONTROL_GROUP, expected_schedule_name, schedule_group
-from sendqueue.services.provisioning import Provisioner
+from sendqueue.services.scheduling.provisioning import Provisioner
 from tests.support.app import csv_bytes, fake_app, open_policy
 
 # The apps here provision in chunks of 500 (provision_chunk=500): the figures below (progress,

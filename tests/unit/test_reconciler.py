@@ -13,7 +13,7 @@ from sendqueue.domain.errors import SchedulerError, Throttled
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Task, expected_schedule_name, schedule_group
 from sendqueue.ports import Schedule
-from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.scheduling.schedules import ScheduleWriter
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler

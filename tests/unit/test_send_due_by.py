@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sendqueue.domain.slots import into_slot
-from sendqueue.services.worker import EARLY_TOLERANCE, due_by
+from sendqueue.services.sending.worker import EARLY_TOLERANCE, due_by
 
 BASE = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 instants = st.integers(min_value=0, max_value=10**10).map(

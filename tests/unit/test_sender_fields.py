@@ -8,8 +8,8 @@ import pytest
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.sender_fields import SenderFields, fill_sender
 from sendqueue.domain.senders import Sender
-from sendqueue.services.importing import parse_recipients
-from sendqueue.services.templates import Templates, compile_templates
+from sendqueue.services.importing.recipients import parse_recipients
+from sendqueue.services.templates.render import Templates, compile_templates
 
 TEMPLATES = Templates(
     subject="News from {{ sender.name }} ({{ sender.signature }})",

@@ -10,13 +10,13 @@ from dataclasses import replace
 import pytest
 
 from sendqueue.bootstrap import Container, bootstrap
-from sendqueue.bootstrap_feedback import open_sender_mailbox
+from sendqueue.bootstrap.feedback import open_sender_mailbox
 from sendqueue.domain.errors import FeedbackUnavailable, InvalidField
 from sendqueue.domain.feedback import Feedback, MailboxState
 from sendqueue.domain.senders import Sender
 from sendqueue.ports import FeedbackMessage, FeedbackSource
-from sendqueue.services.feedback_poll import lease_name
-from sendqueue.services.mailboxes import sender_mailbox_key
+from sendqueue.services.feedback.mailboxes import sender_mailbox_key
+from sendqueue.services.feedback.poll import lease_name
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailbox import InMemoryMailbox

@@ -1,4 +1,4 @@
-"""The settings file (settings_file.py): which file a command reads, values written so that
+"""The settings file (settings/file.py): which file a command reads, values written so that
 python-dotenv (pydantic-settings' reader) gives them back unchanged, the settings' own rules
 naming the variable, and a private file that never replaces another by accident."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sendqueue.domain.errors import InvalidField
-from sendqueue.settings_file import (
+from sendqueue.settings.file import (
     check_settings,
     config_file,
     install_config,

@@ -1,4 +1,4 @@
-"""docs/settings.md is what sendqueue.settings_reference renders from the Settings class."""
+"""docs/settings.md is what sendqueue.settings.reference renders from the Settings class."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sendqueue import settings_reference
 from sendqueue.settings import Settings
+from sendqueue.settings import reference as settings_reference
 
 PAGE = Path(__file__).resolve().parents[2] / settings_reference.PAGE
 

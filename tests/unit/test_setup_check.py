@@ -1,4 +1,5 @@
-"""The check service (services/checks.py) over the in-memory fakes and small probes: the order
+"""The check service (services/operations/checks.py) over the in-memory fakes and small probes: the
+order
 of the parts, what a failure, a part that cannot be tried and a dead store report, that the
 parts are tried at once, and that no secret reaches a detail."""
 
@@ -13,7 +14,7 @@ import pytest
 from sendqueue.domain.errors import InfrastructureError, NotChecked, TransientMailError
 from sendqueue.domain.senders import OAuthGrant, Sender
 from sendqueue.ports import FeedbackMessage, FeedbackSource, Mailer, Probe
-from sendqueue.services.checks import CHECK_SCHEDULE, CheckedParts, SetupCheck
+from sendqueue.services.operations.checks import CHECK_SCHEDULE, CheckedParts, SetupCheck
 from sendqueue.testing import FakeClock, FakeScheduler, InMemoryTaskStore, RecordingMailer
 
 

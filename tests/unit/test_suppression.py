@@ -22,8 +22,8 @@ from sendqueue.domain.suppression import (
     suppressed_reason,
     suppression_key,
 )
-from sendqueue.services.suppression import parse_csv, to_csv
-from sendqueue.services.views import campaign_dict
+from sendqueue.services.feedback.suppression import parse_csv, to_csv
+from sendqueue.services.reading.views import campaign_dict
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler

@@ -23,8 +23,13 @@ from sendqueue.domain.suppression import (
     first_entries,
     suppression_key,
 )
-from sendqueue.services import suppression as suppression_module
-from sendqueue.services.suppression import SuppressionService, export_cell, import_cell, to_csv
+from sendqueue.services.feedback import suppression as suppression_module
+from sendqueue.services.feedback.suppression import (
+    SuppressionService,
+    export_cell,
+    import_cell,
+    to_csv,
+)
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore
 from tests.support.app import T0, fake_app

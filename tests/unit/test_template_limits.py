@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 
 from sendqueue.domain.errors import InvalidField, InvalidInput
-from sendqueue.services import template_sandbox
-from sendqueue.services.import_rows import parse_recipient_rows
-from sendqueue.services.importing import (
+from sendqueue.services.importing.recipients import (
     ImportLimits,
     TemplateLimits,
     Templates,
     parse_recipients,
 )
-from sendqueue.services.templates import compile_templates
+from sendqueue.services.importing.rows import parse_recipient_rows
+from sendqueue.services.templates import sandbox as template_sandbox
+from sendqueue.services.templates.render import compile_templates
 
 ROWS = [{"email": "ada@example.com", "name": "Ada", "x": "ab"}]
 

@@ -24,7 +24,7 @@ from sendqueue.domain.unsubscribe import (
     personalize,
 )
 from sendqueue.runtime import announce_unsubscribe_links
-from sendqueue.services.templates import Templates
+from sendqueue.services.templates.render import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
@@ -210,7 +210,7 @@ def test_a_task_id_sendqueue_did_not_make_is_sent_without_a_link(
         [Recipient(0, "a@example.com", "A", "Hello", "Body", None, {})],
     )
     assert app.provisioner.provision("hand-made").status == "done"
-    with caplog.at_level(logging.ERROR, logger="sendqueue.services.worker"):
+    with caplog.at_level(logging.ERROR, logger="sendqueue.services.sending.worker"):
         _send_due(app)
     [message] = mailer.sent
     assert "List-Unsubscribe" not in message.headers
@@ -358,7 +358,7 @@ def test_a_task_id_sendqueue_did_not_make_is_sent_without_verp_when_a_bounce_add
         [Recipient(0, "a@example.com", "A", "Hello", "Body", None, {})],
     )
     assert app.provisioner.provision("hand-made").status == "done"
-    with caplog.at_level(logging.ERROR, logger="sendqueue.services.worker"):
+    with caplog.at_level(logging.ERROR, logger="sendqueue.services.sending.worker"):
         _send_due(app)
     [message] = mailer.sent
     assert message.envelope_from is None  # the From is the envelope sender

@@ -19,7 +19,7 @@ from sendqueue.adapters.mail.smtp import SmtpMailer
 from sendqueue.adapters.mail.url import parse_mailer_url
 from sendqueue.domain.errors import InvalidField, InvalidSettings
 from sendqueue.domain.transports import TransportRules, mask_url
-from sendqueue.services.senders import SenderService, SenderView
+from sendqueue.services.senders.service import SenderService, SenderView
 from sendqueue.settings import Settings, load_settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.store import InMemoryTaskStore

@@ -13,7 +13,7 @@ from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Task, expected_schedule_name, schedule_group
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.tokens import verp_address, verp_task
-from sendqueue.services.scheduling import send_payload
+from sendqueue.services.scheduling.schedules import send_payload
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler

@@ -11,7 +11,7 @@ import pytest
 from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Task
-from sendqueue.services.scheduling import send_payload
+from sendqueue.services.scheduling.schedules import send_payload
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
 from tests.support.app import T0, csv_bytes, fake_app, open_policy

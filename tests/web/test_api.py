@@ -18,8 +18,8 @@ from sendqueue.domain.errors import (
 )
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.outages import utc_span
-from sendqueue.services.import_rows import parse_recipient_rows
-from sendqueue.services.importing import Templates
+from sendqueue.services.importing.recipients import Templates
+from sendqueue.services.importing.rows import parse_recipient_rows
 from sendqueue.web.app import create_app
 from sendqueue.web.bodies import BODY_OVERHEAD_BYTES
 from sendqueue.web.queries import campaign_timeline

@@ -12,7 +12,7 @@ import pytest
 
 from sendqueue.domain.errors import PermanentMailError, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState
-from sendqueue.services.attention import Attention, AttentionCache, read_attention
+from sendqueue.services.operations.attention import Attention, AttentionCache, read_attention
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler
 from sendqueue.testing.store import InMemoryTaskStore
@@ -133,7 +133,7 @@ def test_the_cache_reads_at_most_once_per_ttl() -> None:
 
 @pytest.mark.parametrize("count", [1, 6, 7])
 def test_many_paused_campaigns_are_summed_up(web: Web, count: int) -> None:
-    from sendqueue.services.attention import PausedByFailure
+    from sendqueue.services.operations.attention import PausedByFailure
 
     paused = tuple(
         PausedByFailure(f"c{n}", f"Campaign {n}", "auto-paused after 5 ...") for n in range(count)

@@ -1,5 +1,5 @@
 """How many store calls a page and an API read make: one each for the campaign list, the campaign
-page and the task list (the read side's one-call views, sendqueue.services.queries).
+page and the task list (the read side's one-call views, sendqueue.services.reading.queries).
 
 The store is wrapped in a proxy that records every call by name. The "needs attention" banner
 (kept 5 s) and a campaign's timeline (kept until its change log moves) are warmed by a first

@@ -25,8 +25,8 @@ import pytest
 from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import ChangeLogEntry
-from sendqueue.services.demo import demo_csv, demo_policy
-from sendqueue.services.importing import Templates
+from sendqueue.services.campaigns.demo import demo_csv, demo_policy
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.web.stream import ChangeBroker, StreamConfig
 from tests.support.app import csv_bytes, open_policy
 from tests.support.real import running_worker, wait_until

@@ -20,7 +20,7 @@ import pytest
 
 from sendqueue.adapters.sql.signal import SqliteWatch
 from sendqueue.bootstrap import Container, bootstrap
-from sendqueue.bootstrap_stream import change_signal
+from sendqueue.bootstrap.stream import change_signal
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.web.stream import ChangeBroker, StreamConfig
 from tests.web.conftest import FlakyStore, live_server, sqlite_settings

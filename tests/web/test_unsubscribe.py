@@ -32,7 +32,7 @@ from sendqueue.bootstrap import Container, bootstrap
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task
 from sendqueue.domain.suppression import SuppressionReason
-from sendqueue.services.templates import Templates
+from sendqueue.services.templates.render import Templates
 from sendqueue.settings import Settings
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.scheduler import FakeScheduler

@@ -38,10 +38,10 @@ from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, check_cursor
 from sendqueue.domain.planner import per_zone_day_summary
 from sendqueue.domain.wording import plural
-from sendqueue.services.importing import Templates
-from sendqueue.services.previews import ZoneDays
-from sendqueue.services.queries import campaign_json, senders_of
-from sendqueue.services.views import task_list_dict
+from sendqueue.services.campaigns.preview import ZoneDays
+from sendqueue.services.importing.recipients import Templates
+from sendqueue.services.reading.queries import campaign_json, senders_of
+from sendqueue.services.reading.views import task_list_dict
 
 __all__ = ["campaign_app"]
 

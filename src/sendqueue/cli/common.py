@@ -41,7 +41,7 @@ from sendqueue.domain.policy import (
 )
 from sendqueue.domain.wording import plural
 from sendqueue.settings import Settings
-from sendqueue.settings_file import config_file, load_settings
+from sendqueue.settings.file import config_file, load_settings
 
 __all__ = [
     "JitterOpt",
@@ -160,7 +160,7 @@ def given_config() -> str | None:
 
 def settings() -> Settings:
     """This command's settings: the environment over the settings file
-    (:mod:`sendqueue.settings_file`); a refused value exits 2 naming its variable."""
+    (:mod:`sendqueue.settings.file`); a refused value exits 2 naming its variable."""
     try:
         path = config_file(given_config())
     except InvalidField as exc:

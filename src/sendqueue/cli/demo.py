@@ -17,8 +17,8 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.wording import plural
 from sendqueue.runtime import run_worker
-from sendqueue.services.demo import demo_csv, demo_policy
-from sendqueue.services.importing import Templates
+from sendqueue.services.campaigns.demo import demo_csv, demo_policy
+from sendqueue.services.importing.recipients import Templates
 from sendqueue.settings import redact_url
 
 __all__ = ["demo_cmd"]

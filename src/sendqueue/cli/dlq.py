@@ -11,7 +11,7 @@ from rich.table import Table
 from sendqueue.cli.common import JsonOpt, container, handle_errors, out, print_json
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.wording import plural
-from sendqueue.services.views import dead_letter_dict
+from sendqueue.services.reading.views import dead_letter_dict
 
 __all__ = ["dlq_app"]
 

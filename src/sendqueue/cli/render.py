@@ -14,9 +14,9 @@ from sendqueue.cli.common import err, out
 from sendqueue.domain.planner import per_day_summary
 from sendqueue.domain.policy import load_timezone
 from sendqueue.domain.wording import plural
-from sendqueue.services.previews import ZoneDays
-from sendqueue.services.provisioning import ProvisionProgress, ProvisionReport
-from sendqueue.services.views import iso
+from sendqueue.services.campaigns.preview import ZoneDays
+from sendqueue.services.reading.views import iso
+from sendqueue.services.scheduling.provisioning import ProvisionProgress, ProvisionReport
 
 __all__ = [
     "plan_rows",

@@ -20,8 +20,8 @@ from sendqueue.domain.errors import Conflict, InvalidField
 from sendqueue.domain.feedback import MailboxState
 from sendqueue.domain.senders import DEFAULT_DAILY_CAP, DEFAULT_MIN_GAP_SECONDS, Sender
 from sendqueue.domain.wording import plural
-from sendqueue.services.mailboxes import mailbox_dict
-from sendqueue.services.senders import USAGE_DAYS, DayUsage, SenderView
+from sendqueue.services.feedback.mailboxes import mailbox_dict
+from sendqueue.services.senders.service import USAGE_DAYS, DayUsage, SenderView
 
 __all__ = ["sender_app", "sender_dict", "usage_rows"]
 

@@ -5,7 +5,7 @@
 ones are then left out), checks every answer with the settings' own rules (a refused flag is
 named, and nothing is written), generates the secret key and the API token, adds the first
 sender through the same service as ``sendqueue sender add``, and writes the file with mode
-0600 (see :mod:`sendqueue.settings_file`).
+0600 (see :mod:`sendqueue.settings.file`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from sendqueue.domain.errors import Conflict, InfrastructureError, InvalidField,
 from sendqueue.domain.senders import DEFAULT_DAILY_CAP, Sender, new_sender_id
 from sendqueue.domain.wording import plural
 from sendqueue.settings import redact_url
-from sendqueue.settings_file import (
+from sendqueue.settings.file import (
     DEFAULT_CONFIG,
     check_settings,
     install_config,

@@ -13,8 +13,8 @@ from sendqueue.cli.common import JsonOpt, container, handle_errors, out, print_j
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.suppression import SuppressionReason
 from sendqueue.domain.wording import plural
-from sendqueue.services.suppression import MAX_PAGE, to_csv
-from sendqueue.services.views import SuppressionView
+from sendqueue.services.feedback.suppression import MAX_PAGE, to_csv
+from sendqueue.services.reading.views import SuppressionView
 
 __all__ = ["suppression_app"]
 

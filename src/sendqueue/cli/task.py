@@ -7,7 +7,7 @@ import typer
 from sendqueue.cli.common import JsonOpt, container, handle_errors, out, print_json
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.wording import plural
-from sendqueue.services.views import task_dict
+from sendqueue.services.reading.views import task_dict
 
 __all__ = ["task_app"]
 

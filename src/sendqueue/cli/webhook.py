@@ -27,7 +27,7 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.models import utc
 from sendqueue.domain.webhooks import EventType
 from sendqueue.domain.wording import plural
-from sendqueue.services.views import iso
+from sendqueue.services.reading.views import iso
 from sendqueue.services.webhooks import DeliveryView, WebhookCreated, WebhookView
 
 __all__ = ["delivery_dict", "webhook_app", "webhook_dict"]

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from sendqueue.bootstrap_checks import execution_target
+from sendqueue.bootstrap.checks import execution_target
 from sendqueue.cli.common import (
     JsonOpt,
     container,

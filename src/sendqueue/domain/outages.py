@@ -1,12 +1,12 @@
 """Why emails moved: an outage's cause and window, and the short reason written on each email.
 
-A catch-up re-plan (:mod:`sendqueue.services.replanning`) moves a campaign's Pending emails
+A catch-up re-plan (:mod:`sendqueue.services.planning.replanning`) moves a campaign's Pending emails
 because something kept them from going out on time. The reason it writes on every moved email
 (``moved_reason``) and in its one log line per campaign names that cause and when it lasted,
 always in UTC, so one outage reads the same in every campaign, in the log and next to the
 ISO times of the CLI and the API: ``worker down 16:50-17:48 UTC`` (an en dash in the text).
 
-Pure: which cause applies is decided by :mod:`sendqueue.services.recovery` from what its
+Pure: which cause applies is decided by :mod:`sendqueue.services.planning.recovery` from what its
 process saw.
 """
 

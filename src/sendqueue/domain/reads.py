@@ -2,7 +2,7 @@
 tasks with the senders they name, and both together for the campaign page.
 
 Built by :class:`sendqueue.ports.reads.CampaignReads`; read by
-:class:`sendqueue.services.queries.Queries`.
+:class:`sendqueue.services.reading.queries.Queries`.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from sendqueue.domain.errors import InvalidField
-from sendqueue.services.views import iso
+from sendqueue.services.reading.views import iso
 
 __all__ = [
     "MANIFEST",

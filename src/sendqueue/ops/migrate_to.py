@@ -46,8 +46,8 @@ from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import schedule_group
 from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, TaskStore
-from sendqueue.services.replanning import iter_tasks
-from sendqueue.services.scheduling import ScheduleWriter
+from sendqueue.services.planning.replanning import iter_tasks
+from sendqueue.services.scheduling.schedules import ScheduleWriter
 
 __all__ = ["COPIED_TABLES", "SENDER_TABLES", "MigrationReport", "migrate_to"]
 

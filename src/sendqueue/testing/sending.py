@@ -7,7 +7,8 @@ import threading
 from datetime import datetime
 from typing import Any
 
-from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
+from sendqueue.domain import transitions
+from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Task, utc
 from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim, SendFinish, claim_refusal
 from sendqueue.domain.suppression import key_of_normalized
@@ -61,13 +62,9 @@ class InMemorySending:
         current = self._tasks.get(task_id)
         if current is None or (current.state, current.token) != (task.state, task.token):
             return SendClaim(current, state, ClaimRefusal.TAKEN, entry, booking_at)
+        change = transitions.claim(task, at)  # the SQL stores write the same fields
         claimed = me._transition(
-            task_id,
-            TaskState.PENDING,
-            TaskState.RUNNING,
-            at=at,
-            changes={"claimed_at": at, "attempts": task.attempts + 1},
-            note=None,
+            task_id, change.expected, change.new, at=at, changes=change.changes, note=change.note
         )
         return SendClaim(claimed, state, booking_at=booking_at)
 
@@ -77,19 +74,12 @@ class InMemorySending:
     ) -> SendFinish:
         at = utc(at)
         me: Any = self
+        running: Task | None = me.get_task(task_id)
+        if running is None:
+            return SendFinish(None)
+        change = transitions.finish(running, at, message_id)  # as the SQL stores' statement
         done: Task | None = me._transition(
-            task_id,
-            TaskState.RUNNING,
-            TaskState.FINISHED,
-            at=at,
-            changes={
-                "sent_at": at,
-                "message_id": message_id,
-                "error": None,
-                "outcome": TaskOutcome.ACCEPTED,
-                "outcome_at": at,
-            },
-            note=None,
+            task_id, change.expected, change.new, at=at, changes=change.changes, note=change.note
         )
         if done is None:
             return SendFinish(None)

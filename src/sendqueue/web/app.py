@@ -33,9 +33,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sendqueue import __version__
 from sendqueue.bootstrap import Container
-from sendqueue.bootstrap_stream import change_signal
+from sendqueue.bootstrap.stream import change_signal
 from sendqueue.runtime import run_worker
-from sendqueue.services.attention import AttentionCache, read_attention
+from sendqueue.services.operations.attention import AttentionCache, read_attention
 from sendqueue.settings import Settings, trusted_networks
 from sendqueue.web.bodies import BODY_OVERHEAD_BYTES
 from sendqueue.web.deps import BackgroundProvisioning

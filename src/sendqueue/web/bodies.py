@@ -20,8 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.lifecycle import StopOnReply
 from sendqueue.domain.policy import SendingPolicy
-from sendqueue.services.campaign_import import CampaignImport, Draft
-from sendqueue.services.importing import ImportLimits, Templates
+from sendqueue.services.campaigns.creation import CampaignImport, Draft
+from sendqueue.services.importing.recipients import ImportLimits, Templates
 from sendqueue.settings import Settings
 from sendqueue.web.errors import HttpProblem
 from sendqueue.web.middleware.csrf import FormCsrf

@@ -8,7 +8,8 @@ never the container itself nor the store::
     @router.get("/campaigns/{campaign_id}")
     def page(campaign_id: str, queries: QueriesDep, request: Request) -> HTMLResponse: ...
 
-Reads go through :class:`~sendqueue.services.queries.Queries` (``QueriesDep``); writes through
+Reads go through :class:`~sendqueue.services.reading.queries.Queries` (``QueriesDep``); writes
+through
 the service that owns them (``CampaignsDep``, ``SendersDep``, ...).
 
 ``request.state.csrf_token`` holds the CSRF token a page puts into its forms and its
@@ -28,16 +29,16 @@ from fastapi import Depends, Request
 
 from sendqueue.bootstrap import Container, import_limits
 from sendqueue.domain.wording import plural
-from sendqueue.services.campaign_controls import CampaignControls
-from sendqueue.services.campaign_import import CampaignImport
-from sendqueue.services.dead_letters import DeadLetterQueue
-from sendqueue.services.importing import ImportLimits
-from sendqueue.services.mailboxes import SenderMailboxes
-from sendqueue.services.previews import CampaignPreviews
-from sendqueue.services.queries import Queries
-from sendqueue.services.senders import SenderService
-from sendqueue.services.suppression import SuppressionService
-from sendqueue.services.unsubscribe import UnsubscribeService
+from sendqueue.services.campaigns.controls import CampaignControls
+from sendqueue.services.campaigns.creation import CampaignImport
+from sendqueue.services.campaigns.preview import CampaignPreviews
+from sendqueue.services.feedback.mailboxes import SenderMailboxes
+from sendqueue.services.feedback.suppression import SuppressionService
+from sendqueue.services.feedback.unsubscribe import UnsubscribeService
+from sendqueue.services.importing.recipients import ImportLimits
+from sendqueue.services.operations.dead_letters import DeadLetterQueue
+from sendqueue.services.reading.queries import Queries
+from sendqueue.services.senders.service import SenderService
 from sendqueue.services.webhooks import WebhookService
 from sendqueue.settings import Settings
 from sendqueue.web.stream import ChangeBroker

@@ -1,9 +1,9 @@
 """Read models of the web app: a campaign with its next send, a sender, a plan.
 
-Shapes extend :mod:`sendqueue.services.views` (the CLI's ``--json``), so the API and the CLI
+Shapes extend :mod:`sendqueue.services.reading.views` (the CLI's ``--json``), so the API and the CLI
 agree. The pages use these functions too, so a page and the API never disagree. What they show
-is read through :class:`sendqueue.services.queries.Queries` (the timeline too:
-:class:`~sendqueue.services.queries.TimelineCache`, re-exported here).
+is read through :class:`sendqueue.services.reading.queries.Queries` (the timeline too:
+:class:`~sendqueue.services.reading.queries.TimelineCache`, re-exported here).
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from sendqueue.domain.planner import DaySummary
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.reads import CampaignFigures
 from sendqueue.domain.senders import Sender
-from sendqueue.services.mailboxes import SenderMailboxes, mailbox_dict
-from sendqueue.services.previews import PlanSummary
-from sendqueue.services.queries import (
+from sendqueue.services.campaigns.preview import PlanSummary
+from sendqueue.services.feedback.mailboxes import SenderMailboxes, mailbox_dict
+from sendqueue.services.reading.queries import (
     TimelineCache,
     TimelineFunction,
     campaign_fields,
     campaign_timeline,
 )
-from sendqueue.services.senders import USAGE_DAYS, SenderService, SenderView
-from sendqueue.services.views import iso
+from sendqueue.services.reading.views import iso
+from sendqueue.services.senders.service import USAGE_DAYS, SenderService, SenderView
 from sendqueue.web.schemas import (
     CampaignDetail,
     Plan,

@@ -4,7 +4,7 @@ Everything a user typed reaches a page as text: Jinja2 escapes every value, and 
 ``static/`` only ever use ``textContent``. Every page gets the request's CSRF token (for its
 forms and ``<meta name="csrf-token">``) and is never cached. Every page an authenticated user
 sees also gets the "needs attention" banner (dead letters, campaigns paused by failures) from
-the app's :class:`~sendqueue.services.attention.AttentionCache`.
+the app's :class:`~sendqueue.services.operations.attention.AttentionCache`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sendqueue.domain.errors import InvalidField, NotFound
 from sendqueue.domain.wording import plural
-from sendqueue.services.attention import Attention, AttentionCache
-from sendqueue.services.views import iso
+from sendqueue.services.operations.attention import Attention, AttentionCache
+from sendqueue.services.reading.views import iso
 from sendqueue.web.errors import RETRY_AFTER_SECONDS
 from sendqueue.web.session import page_csrf_token, set_csrf_cookie
 from sendqueue.web.times import human_time, zone_names_json

@@ -1,7 +1,8 @@
 """The API's response models (what ``/openapi.json`` documents as each success body) and the
 error shape every route may answer besides.
 
-The campaign, task and dead-letter views are :mod:`sendqueue.services.views`, the ones the CLI
+The campaign, task and dead-letter views are :mod:`sendqueue.services.reading.views`, the ones the
+CLI
 prints; the models here wrap or extend them.
 """
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from sendqueue.services.views import (
+from sendqueue.services.reading.views import (
     CampaignView,
     DeadLetterView,
     IsoTime,

@@ -54,7 +54,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from sendqueue.domain.models import ChangeLogEntry
-from sendqueue.services.views import change_dict
+from sendqueue.services.reading.views import change_dict
 from sendqueue.web.stream_status import LIVE, ReaderHealth, StreamStatus
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Any
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.sender_fields import SenderFields, fill_sender
 from sendqueue.domain.wording import plural
-from sendqueue.services.views import TaskView
+from sendqueue.services.reading.views import TaskView
 from sendqueue.web.times import human_time, zone_time
 
 __all__ = ["email_url", "moved_text", "task_details", "task_row"]
@@ -42,7 +42,7 @@ def task_row(
     task: Task, campaign: Campaign, *, campaign_paused: bool, sender: SenderFields
 ) -> dict[str, Any]:
     """The row of one email: the API's view of it plus the texts the table shows; ``sender``
-    is the one it goes out from (:class:`~sendqueue.services.sender_of.SendersOf`)."""
+    is the one it goes out from (:class:`~sendqueue.services.senders.sender_of.SendersOf`)."""
     view = TaskView.of(
         task, campaign_paused=campaign_paused, from_addr=campaign.from_addr, sender=sender
     )

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sendqueue.domain.webhooks import DELIVERY_LOG_DAYS, EventType
-from sendqueue.services.views import iso
+from sendqueue.services.reading.views import iso
 from sendqueue.services.webhooks import DeliveryView, WebhookService, WebhookView
 from sendqueue.web.times import human_time
 

@@ -97,7 +97,7 @@ def _serve(conn: Connection, parse: Callable[..., Any]) -> None:
 
 
 class IsolatedParser:
-    """A :class:`~sendqueue.services.feedback_poll.FeedbackParser` that calls ``parse`` in a
+    """A :class:`~sendqueue.services.feedback.poll.FeedbackParser` that calls ``parse`` in a
     child process and waits for it at most ``seconds`` per message (see the module docstring).
 
     ``parse`` is taken by reference: an importable top-level function (``parse_feedback``, or

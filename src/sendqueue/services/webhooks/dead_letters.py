@@ -15,7 +15,8 @@ The relay runs
 - from every webhook delivery pass, before it reads the change log, at most once per
   ``interval`` (:meth:`DeadLetterRelay.run`): that is what picks up the letters of a process
   killed before its alarm, and every letter on AWS, where no process sees the failure;
-- before a redrive removes a letter (:mod:`sendqueue.services.dead_letters`), so a redriven
+- before a redrive removes a letter (:mod:`sendqueue.services.operations.dead_letters`), so a
+redriven
   letter has its event too.
 
 Letters of no task (a control schedule's) make no event and are not relayed. Each process

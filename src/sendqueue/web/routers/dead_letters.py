@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from sendqueue.services.views import DeadLetterView
+from sendqueue.services.reading.views import DeadLetterView
 from sendqueue.web.deps import DeadLettersDep
 from sendqueue.web.schemas import (
     READ_ERRORS,

@@ -3,11 +3,11 @@
 ``/webhooks`` and ``/webhooks/{id}`` (the login page is :mod:`sendqueue.web.routers.auth`'s).
 
 Routes are thin: they read through the services they take as dependencies (the read side,
-:class:`~sendqueue.services.queries.Queries`, in one store call per page where it can; its
+:class:`~sendqueue.services.reading.queries.Queries`, in one store call per page where it can; its
 timeline cache is the API's) and render a template (:mod:`sendqueue.web.rendering`). The
 first render already shows the data; the scripts in ``static/`` then keep it live through the
 JSON API and the event stream (docs/api.md). Rows come from the same views the API sends
-(:mod:`sendqueue.services.views`), with times shown in the campaign's zone, each with its
+(:mod:`sendqueue.services.reading.views`), with times shown in the campaign's zone, each with its
 zone's abbreviation (:mod:`sendqueue.web.times`).
 """
 
@@ -28,9 +28,9 @@ from sendqueue.domain.models import Campaign, DeadLetter
 from sendqueue.domain.policy import WEEKDAY_NAMES
 from sendqueue.domain.reads import CampaignFigures
 from sendqueue.domain.suppression import SuppressionReason
-from sendqueue.services.queries import Queries, senders_of
-from sendqueue.services.senders import SenderService
-from sendqueue.services.views import DeadLetterView, SuppressionView, iso
+from sendqueue.services.reading.queries import Queries, senders_of
+from sendqueue.services.reading.views import DeadLetterView, SuppressionView, iso
+from sendqueue.services.senders.service import SenderService
 from sendqueue.web.charts import day_chart, progress_segments, usage_chart
 from sendqueue.web.deps import (
     ClockDep,

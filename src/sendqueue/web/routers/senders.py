@@ -1,9 +1,10 @@
 """``/api/senders``: the mailboxes campaigns send from, thin routes over
-:class:`~sendqueue.services.senders.SenderService` (the one ``sendqueue sender`` uses).
+:class:`~sendqueue.services.senders.service.SenderService` (the one ``sendqueue sender`` uses).
 
 A sender is named by its id or its address (``{ref}``). Its transport and mailbox may hold a
 password, its OAuth grant secrets: a response only ever carries
-:class:`~sendqueue.services.senders.SenderView`'s masked form, and a refused body's values are
+:class:`~sendqueue.services.senders.service.SenderView`'s masked form, and a refused body's values
+are
 masked too before the error quotes them (:class:`_MaskedRoute`).
 """
 
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from sendqueue.domain.errors import Conflict, InvalidField
 from sendqueue.domain.senders import DEFAULT_DAILY_CAP, DEFAULT_MIN_GAP_SECONDS
 from sendqueue.domain.transports import mask_url
-from sendqueue.services.senders import MASK, MAX_USAGE_DAYS, USAGE_DAYS
+from sendqueue.services.senders.service import MASK, MAX_USAGE_DAYS, USAGE_DAYS
 from sendqueue.web.deps import MailboxesDep, SendersDep
 from sendqueue.web.errors import HttpProblem
 from sendqueue.web.queries import sender_detail, sender_out

@@ -1,5 +1,5 @@
 """``/api/suppressions``: the global suppression list, thin routes over
-:class:`~sendqueue.services.suppression.SuppressionService` (the one the CLI uses)."""
+:class:`~sendqueue.services.feedback.suppression.SuppressionService` (the one the CLI uses)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sendqueue.domain.errors import InvalidField
-from sendqueue.services.suppression import MAX_PAGE, to_csv
-from sendqueue.services.views import SuppressionView
+from sendqueue.services.feedback.suppression import MAX_PAGE, to_csv
+from sendqueue.services.reading.views import SuppressionView
 from sendqueue.web.deps import SettingsDep, SuppressionDep
 from sendqueue.web.errors import HttpProblem
 from sendqueue.web.schemas import (

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Query
 
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import MAX_CURSOR
-from sendqueue.services.queries import senders_of
-from sendqueue.services.views import TaskView
+from sendqueue.services.reading.queries import senders_of
+from sendqueue.services.reading.views import TaskView
 from sendqueue.web.deps import CampaignsDep, QueriesDep
 from sendqueue.web.schemas import READ_ERRORS, WRITE_ERRORS, TaskPage, error_responses
 

@@ -13,7 +13,7 @@ No API token, cookie or CSRF token is asked (the middlewares exempt exactly thes
 Each client address may make ``SENDQUEUE_UNSUBSCRIBE_RATE`` requests a minute (429 beyond).
 The page is self-contained (its style inline, allowed by its hash), so a reverse proxy can
 publish ``/u/`` alone. The routes only parse and call
-:class:`~sendqueue.services.unsubscribe.UnsubscribeService`.
+:class:`~sendqueue.services.feedback.unsubscribe.UnsubscribeService`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.unsubscribe import ONE_CLICK_BODY, UNSUBSCRIBE_PATH
-from sendqueue.services.unsubscribe import Unsubscription
+from sendqueue.services.feedback.unsubscribe import Unsubscription
 from sendqueue.web.deps import UnsubscribeDep
 from sendqueue.web.errors import HttpProblem
 from sendqueue.web.middleware.auth import client_address

@@ -1,0 +1,113 @@
+"""The composition root's part for campaigns: the capacity planner and the re-planner, built
+once and given to every service that books or moves sends (the campaign controls, provisioning,
+the send worker, the reconciler), and the campaign services by use: creating one (the import),
+its preview, its controls. Apart from :mod:`sendqueue.bootstrap` only to keep each module
+short; the container's properties of the same names are the way in."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sendqueue.services.campaigns.controls import CampaignControls
+from sendqueue.services.campaigns.creation import CampaignImport
+from sendqueue.services.campaigns.preview import CampaignPreviews
+from sendqueue.services.planning.capacity import CapacityPlanner
+from sendqueue.services.planning.recovery import Recovery
+from sendqueue.services.planning.replanning import Replanner
+from sendqueue.services.scheduling.provisioning import Provisioner
+from sendqueue.services.scheduling.reconciler import Reconciler
+from sendqueue.services.sending.worker import SendWorker
+
+if TYPE_CHECKING:
+    from sendqueue.bootstrap import Container
+
+__all__ = [
+    "campaign_controls",
+    "campaign_import",
+    "campaign_previews",
+    "capacity",
+    "provisioner",
+    "reconciler",
+    "recovery",
+    "replanner",
+    "worker",
+]
+
+
+def capacity(c: Container) -> CapacityPlanner:
+    return CapacityPlanner(c.stores.tasks, c.stores.senders)
+
+
+def replanner(c: Container) -> Replanner:
+    return Replanner(c.stores.tasks, c.writer, c.clock, c.layer_config, capacity=c.capacity)
+
+
+def recovery(c: Container) -> Recovery:
+    return Recovery(c.stores.tasks, c.replanner, c.clock, c.layer_config)
+
+
+def campaign_import(c: Container) -> CampaignImport:
+    return CampaignImport(c.stores.tasks, c.clock, c.layer_config, senders=c.senders)
+
+
+def campaign_previews(c: Container) -> CampaignPreviews:
+    return CampaignPreviews(c.stores.tasks, c.capacity, c.clock)
+
+
+def campaign_controls(c: Container) -> CampaignControls:
+    """The controls; a campaign that starts provisioning drops its cached previews."""
+    return CampaignControls(
+        c.stores.tasks,
+        c.writer,
+        c.clock,
+        replanner=c.replanner,
+        capacity=c.capacity,
+        on_provisioning=c.campaign_previews.forget,
+    )
+
+
+def provisioner(c: Container) -> Provisioner:
+    return Provisioner(
+        c.stores.tasks,
+        c.scheduler,
+        c.writer,
+        c.clock,
+        c.config,
+        suppressions=c.suppressions,
+        capacity=c.capacity,
+    )
+
+
+def worker(c: Container) -> SendWorker:
+    return SendWorker(
+        c.stores.tasks,
+        c.mailer,
+        c.writer,
+        c.campaign_controls,
+        c.clock,
+        c.layer_config,
+        replanner=c.replanner,
+        capacity=c.capacity,
+        recovery=c.recovery,
+        senders=c.senders,
+        events=c.events,
+        alarm=c.alarm,
+        suppressions=c.suppressions,
+        mailer_for=c.mailer_for,
+    )
+
+
+def reconciler(c: Container) -> Reconciler:
+    return Reconciler(
+        c.stores.tasks,
+        c.scheduler,
+        c.writer,
+        c.campaign_controls,
+        c.provisioner,
+        c.clock,
+        c.config,
+        replanner=c.replanner,
+        capacity=c.capacity,
+        recovery=c.recovery,
+        events=c.events,
+    )

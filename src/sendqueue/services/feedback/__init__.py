@@ -1,0 +1,1 @@
+"""What comes back: bounces, complaints, replies, unsubscribes, and the suppression list."""

@@ -1,0 +1,1 @@
+"""Recipients in: CSV and JSON rows checked, rendered and stored in two passes."""

@@ -1,0 +1,1 @@
+"""When each email goes: capacity over shared senders, re-planning, recovery from outages."""

@@ -1,0 +1,1 @@
+"""The execution layer's side: schedules written, tasks provisioned, drift reconciled."""

@@ -1,0 +1,1 @@
+"""Sender mailboxes: their use cases and which sender an email goes out from."""

@@ -1,0 +1,1 @@
+"""Sending one email: the worker a schedule invokes, and the message it builds."""

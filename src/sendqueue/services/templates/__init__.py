@@ -1,0 +1,1 @@
+"""Mail-merge templates: Jinja2 in a sandbox bounded in size and time."""
