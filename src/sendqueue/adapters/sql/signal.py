@@ -131,7 +131,9 @@ class SqliteWatch(Wakers):
                 db, seen = None, None
                 self.changed()
                 continue
-            if seen is not None and version != seen:
+            # The first read after a (re)connect has nothing to compare with: a commit made
+            # before it (since the reader last read) is caught by one wake now.
+            if seen is None or version != seen:
                 self.changed()
             seen = version
         if db is not None:
