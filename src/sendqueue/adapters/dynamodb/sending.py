@@ -70,30 +70,45 @@ class SendItems:
         )
         if refused is not None:
             return SendClaim(task, state, refused, entry, booking_at)
-        claimed = replace(
-            task,
-            state=TaskState.RUNNING,
-            claimed_at=at,
-            attempts=task.attempts + 1,
-            updated_at=at,
-        )
+        due, floor = utc(due_by), None if not_before is None else utc(not_before)
         entries: list[PendingEntry] = [
             (task.campaign_id, task_id, TaskState.PENDING.value, TaskState.RUNNING.value, at, None)
         ]
+        made: list[Any] = []
         tries = [0]
 
         def build() -> _Built | None:
-            # The first try writes over the version read above; a lost race is not retried
-            # (another writer changed the task: this claim is TAKEN).
+            # The first try writes over the version read above. A retry (a throttled or
+            # conflicting transaction, or another writer's change) reads the task afresh and
+            # claims only while the rule still finds nothing against it: else it is TAKEN.
+            nonlocal task, version
             tries[0] += 1
             if tries[0] > 1:
-                return None
+                found = me._get(f"T#{task_id}", "#")
+                if found is None:
+                    return None
+                task, version = task_from_item(found)
+                refusal = claim_refusal(
+                    task, token=token, campaign_state=state, suppression=entry,
+                    due_by=due, not_before=floor,
+                )  # fmt: skip
+                if refusal is not None:
+                    return None
+            claimed = replace(
+                task,
+                state=TaskState.RUNNING,
+                claimed_at=at,
+                attempts=task.attempts + 1,
+                updated_at=at,
+            )
+            made[:] = [claimed]
             return [task_put(self._table, claimed, TaskState.PENDING, version)], entries
 
         with me._errors("claim a task"):
             written = me._with_log(build)
         if not written:
             return SendClaim(me.get_task(task_id), state, ClaimRefusal.TAKEN, entry, booking_at)
+        claimed = made[0]
         return SendClaim(claimed, state, booking_at=booking_at)
 
     def finish_send(

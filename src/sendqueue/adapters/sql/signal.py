@@ -60,7 +60,7 @@ class Wakers:
         with self._lock:
             key, self._next = self._next, self._next + 1
             self._wakers[key] = wake
-            if len(self._wakers) == 1:
+            if len(self._wakers) == 1 or not self.running:
                 self.on_first()
 
         def unsubscribe() -> None:
@@ -83,6 +83,11 @@ class Wakers:
     @property
     def listened(self) -> bool:
         return bool(self._wakers)
+
+    @property
+    def running(self) -> bool:
+        """Whether what listens runs (True by default: nothing to start)."""
+        return True
 
     def on_first(self) -> None:
         """The first subscriber came (nothing to start by default)."""
@@ -131,7 +136,9 @@ class SqliteWatch(Wakers):
                 db, seen = None, None
                 self.changed()
                 continue
-            if seen is not None and version != seen:
+            # The first read after a (re)connect has nothing to compare with: a commit made
+            # before it (since the reader last read) is caught by one wake now.
+            if seen is None or version != seen:
                 self.changed()
             seen = version
         if db is not None:
@@ -181,6 +188,10 @@ class PgListener(Wakers):
         if self._stop is not None:
             self._stop.set()
             self._stop = None
+
+    @property
+    def running(self) -> bool:
+        return self._stop is not None
 
     def close(self) -> None:
         """Stop listening (the store closes); later subscribers start it again."""

@@ -121,6 +121,15 @@ def due_by(now: datetime, precision: float) -> datetime:
     return latest - into_slot(latest, precision) + step - timedelta(microseconds=1)
 
 
+def _not_before(now: datetime, max_lateness: float) -> datetime | None:
+    """The earliest send_at that is not past ``max_lateness``; None when no instant is (the
+    setting has no upper bound: a huge one, or inf, means never too late)."""
+    try:
+        return now - timedelta(seconds=max_lateness)
+    except OverflowError:
+        return None
+
+
 class SendWorker:
     """Handles ``{"kind": "send", "task_id": ..., "token": ...}`` invocations."""
 
@@ -257,7 +266,7 @@ class SendWorker:
             token=payload.get("token"),
             at=now,
             due_by=due_by(now, self._config.firing_precision),
-            not_before=now - timedelta(seconds=self._config.max_lateness),
+            not_before=_not_before(now, self._config.max_lateness),
         )
         claimed = claim.task
         if claim.refused is not None or claimed is None:
