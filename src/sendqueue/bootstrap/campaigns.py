@@ -92,7 +92,6 @@ def worker(c: Container) -> SendWorker:
         senders=c.senders,
         events=c.events,
         alarm=c.alarm,
-        suppressions=c.suppressions,
         mailer_for=c.mailer_for,
     )
 

@@ -178,8 +178,8 @@ class Tasks(Protocol):
         the same write (the token, the state, ``send_at <= due_by``, the campaign sending, the
         address not suppressed, ``send_at >= not_before``); else nothing is written and the
         answer says why. The answer carries the campaign's state and the task's booking instant
-        as read. PostgreSQL and SQLite: one round trip; DynamoDB: one consistent batch read and
-        one transaction."""
+        as read. PostgreSQL and SQLite: one round trip; DynamoDB: four reads (the task, its
+        campaign's state, its address's entry, its booking) and one transaction."""
         ...
 
     def finish_send(

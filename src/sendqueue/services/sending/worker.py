@@ -76,7 +76,6 @@ from sendqueue.ports import (
     Events,
     Mailer,
     NoEvents,
-    SuppressionList,
 )
 from sendqueue.services.campaigns.controls import CampaignControls
 from sendqueue.services.config import ServiceConfig
@@ -149,7 +148,6 @@ class SendWorker:
         on_event: Callable[[str, Task], None] | None = None,
         events: Events | None = None,
         alarm: Alarm | None = None,
-        suppressions: SuppressionList,
         mailer_for: Callable[[Sender], Mailer] | None = None,
     ) -> None:
         self._store = store
@@ -161,7 +159,6 @@ class SendWorker:
         self._recovery = recovery
         self._senders = senders
         self._senders_seen: dict[str, tuple[float, Sender | None]] = {}
-        self._suppressions = suppressions
         self._mailer = mailer
         self._writer = writer
         self._campaigns = campaigns

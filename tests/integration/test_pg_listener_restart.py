@@ -1,5 +1,5 @@
-"""PgListener.close() says "later subscribers start it again": with a subscriber still
-subscribed when the store closes, a later subscriber must restart the listening thread."""
+"""PgListener: after close(), a later subscriber starts the listening thread again, even when
+a subscriber was still subscribed at the close."""
 
 from __future__ import annotations
 

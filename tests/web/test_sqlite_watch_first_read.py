@@ -1,6 +1,5 @@
-"""A commit by another connection between the watch's start and its first data_version read
-must still wake a subscriber: the watcher has no baseline yet, so without a wake on its first
-read that commit is only seen by the 2 s fallback read."""
+"""The SQLite watch wakes its subscribers on its first data_version read, so a commit by another
+connection between the watch's start and that read is not left to the 2 s fallback read."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""DynamoDB: a claim whose transaction is throttled (or hits a TransactionConflict) once is
-reported TAKEN although nobody took the task: the worker then skips it, and its schedule is
-spent. The task store's own ``transition`` retries the same case (reads afresh, tries again)."""
+"""DynamoDB: a claim whose transaction is throttled (or hits a TransactionConflict) once reads
+the task again and claims it while the rule allows, as ``transition`` does; it answers TAKEN
+only when someone else took the task (else the worker would skip a task nobody claimed)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sendqueue.adapters.dynamodb.client import Retry
+from sendqueue.adapters.dynamodb.store import DynamoDbTaskStore
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from tests.contract.store_backends import T0, with_tasks
 from tests.contract.test_send_claim import LATER
@@ -16,7 +17,9 @@ from tests.support.aws import dynamodb_backend
 
 
 def test_a_throttled_claim_is_tried_again(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    store = dynamodb_backend(request, tmp_path).open()
+    opened = dynamodb_backend(request, tmp_path).open()
+    assert isinstance(opened, DynamoDbTaskStore)
+    store = opened
     with_tasks(store, count=1)
     store.set_campaign_state("c1", {CampaignState.DRAFT}, CampaignState.PROVISIONING, at=T0)
     store.set_campaign_state("c1", {CampaignState.PROVISIONING}, CampaignState.ACTIVE, at=T0)

@@ -1,6 +1,5 @@
-"""SENDQUEUE_MAX_LATENESS has no upper bound (Settings: ge=0), and before the one-call claim
-a huge value (or inf) meant "never too late". The worker now computes
-``now - timedelta(seconds=max_lateness)``, which overflows: every send raises."""
+"""SENDQUEUE_MAX_LATENESS has no upper bound (Settings: ge=0): a huge value, or inf, means
+"never too late" for the send claim, as it always did, never an overflow on every send."""
 
 from __future__ import annotations
 
