@@ -5,9 +5,13 @@ must not change a byte of a header, the MIME structure, the Message-ID or an enc
 from __future__ import annotations
 
 import email.generator
+import email.policy
+import email.utils
 import hashlib
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
+from email.message import EmailMessage
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -119,3 +123,25 @@ def test_each_email_keeps_its_bytes(case: str) -> None:
     first = _bytes(*CASES[case])
     assert hashlib.sha256(first).hexdigest() == PINNED[case]
     assert _bytes(*CASES[case]) == first  # the second email of a campaign: caches warm
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        WHEN,
+        WHEN.astimezone(ZoneInfo("Europe/Berlin")),
+        WHEN.astimezone(ZoneInfo("America/St_Johns")),
+        WHEN.replace(tzinfo=timezone(timedelta(hours=1, seconds=30))),
+    ],
+)
+def test_the_date_header_is_the_one_its_text_makes(when: datetime) -> None:
+    msg = replace(outgoing_message(PLAIN, CAMPAIGN, TASK, None, when), date=when)
+    reference = EmailMessage(policy=email.policy.SMTP)  # the text, set and parsed back
+    reference["Date"] = email.utils.format_datetime(when.replace(microsecond=0))
+    expected = reference.as_bytes().partition(b"\r\n")[0] + b"\r\n"
+    for _ in range(2):  # the second email of the same second reuses its header
+        built = build_message(msg)
+        assert expected in built.as_bytes()
+        assert expected.replace(b"\r\n", b"\n") in built.as_bytes(
+            policy=built.policy.clone(linesep="\n")
+        )
