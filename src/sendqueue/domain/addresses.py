@@ -13,6 +13,7 @@ than the ones written.
 from __future__ import annotations
 
 import email.utils
+import functools
 import re
 from email.headerregistry import Address
 
@@ -184,6 +185,13 @@ def message_id_for(task_id: str, domain: str, secret: str | None = None) -> str:
     left = task_id
     if secret and task_id_shape(task_id):
         left = sign_task(task_id, secret, TokenPurpose.MESSAGE_ID)
+    return f"<{left}@{_message_id_domain(domain)}>"
+
+
+# The sender's domain is the same in every email of a sender: worked out once, not per send.
+@functools.lru_cache(maxsize=256)
+def _message_id_domain(domain: str) -> str:
+    """The right part of :func:`message_id_for` for ``domain`` (a domain or an address)."""
     if "@" in domain:
         pairs = email.utils.getaddresses([domain])
         domain = pairs[0][1].rpartition("@")[2] if len(pairs) == 1 else ""
@@ -192,4 +200,4 @@ def message_id_for(task_id: str, domain: str, secret: str | None = None) -> str:
         encoded = ascii_domain("domain", domain, domain) if domain else FALLBACK_DOMAIN
     except InvalidField:
         encoded = FALLBACK_DOMAIN
-    return f"<{left}@{encoded.lower()}>"
+    return encoded.lower()

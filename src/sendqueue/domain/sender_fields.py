@@ -11,6 +11,7 @@ signature's line breaks become spaces.
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ SENDER_ATTRIBUTES = ("name", "email", "signature")
 SENDER_PLACEHOLDERS = {attr: f"[[sendqueue:sender.{attr}]]" for attr in SENDER_ATTRIBUTES}
 
 _ANY_PLACEHOLDER = re.compile(r"\[\[sendqueue:sender\.(name|email|signature)\]\]")
+_MARK = "[[sendqueue:sender."
 _LINE_BREAKS = re.compile(r"\s*(?:\r\n|\r|\n)\s*")
 
 
@@ -62,11 +64,22 @@ class SenderFields:
         """A campaign without senders: its From's name and address, no signature. A From that
         does not parse (a store filled by hand) is kept whole as the address, for the mail
         adapter to refuse with its own error."""
-        try:
-            name, address = mailbox_parts("from_addr", from_addr)
-        except InvalidField:
-            return cls("", from_addr)
-        return cls(name, address)
+        if cls is SenderFields:
+            return _from_fields(from_addr)
+        return cls(*_from_parts(from_addr))
+
+
+def _from_parts(from_addr: str) -> tuple[str, str]:
+    try:
+        return mailbox_parts("from_addr", from_addr)
+    except InvalidField:
+        return "", from_addr
+
+
+# A campaign's From is the same in every email it sends: parsed once, not once per send.
+@functools.lru_cache(maxsize=256)
+def _from_fields(from_addr: str) -> SenderFields:
+    return SenderFields(*_from_parts(from_addr))
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,8 @@ def fill_sender(
     """Put ``fields`` where the templates rendered :data:`SENDER_PLACEHOLDERS`, each part in
     its own form (see the module docstring). One pass per part, so a value that happens to
     hold a placeholder is never filled in again."""
+    if not any(_MARK in part for part in (subject, text, html_part or "")):
+        return FilledParts(subject, text, html_part)  # nothing to fill: skip the escaping
     one_line = _LINE_BREAKS.sub(" ", fields.signature_text).strip()
     plain = {"name": fields.name, "email": fields.email, "signature": fields.signature_text}
     header = {**plain, "signature": one_line}
@@ -103,6 +118,6 @@ def fill_sender(
 
 
 def _fill(part: str, values: dict[str, str]) -> str:
-    if "[[sendqueue:sender." not in part:
+    if _MARK not in part:
         return part
     return _ANY_PLACEHOLDER.sub(lambda m: values[m.group(1)], part)

@@ -17,10 +17,10 @@ import email.utils
 import functools
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from email.headerregistry import Address, AddressHeader, BaseHeader, HeaderRegistry
 from email.message import EmailMessage
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sendqueue.domain.addresses import check_header_value, parse_mailbox
 from sendqueue.domain.errors import InvalidField
@@ -78,8 +78,39 @@ class _HeaderRegistry(HeaderRegistry):
         return cls
 
 
-_ASCII_POLICY = email.policy.SMTP.clone(cte_type="7bit", header_factory=_HeaderRegistry())
-_UTF8_POLICY = email.policy.SMTPUTF8.clone(cte_type="7bit", header_factory=_HeaderRegistry())
+if TYPE_CHECKING:
+    _SmtpPolicy = email.policy.EmailPolicy[EmailMessage]
+else:  # generic in the stubs only
+    _SmtpPolicy = email.policy.EmailPolicy
+
+
+class _Policy(_SmtpPolicy):
+    """The SMTP policy, folding a header object shared by every email (a campaign's From, the
+    text part's headers) once per policy: :func:`_fold_once` remembers its bytes on it."""
+
+    def fold_binary(self, name: str, value: str) -> bytes:
+        folded = getattr(value, _FOLDED, None)
+        # only the two policies below: a clone (another linesep, say) folds each time
+        if folded is None or (self is not _ASCII_POLICY and self is not _UTF8_POLICY):
+            return super().fold_binary(name, value)
+        cached: bytes | None = folded.get(self.utf8)
+        if cached is None:
+            cached = folded[self.utf8] = super().fold_binary(name, value)
+        return cached
+
+
+# The attribute of a shared header object holding its folded bytes, by the policy's utf8.
+_FOLDED = "_sendqueue_folded"
+
+_ASCII_POLICY = _Policy(linesep="\r\n", cte_type="7bit", header_factory=_HeaderRegistry())
+_UTF8_POLICY = _ASCII_POLICY.clone(utf8=True, header_factory=_HeaderRegistry())
+
+
+def _fold_once(header: Any) -> Any:
+    """``header`` (immutable, reused in every email) marked to be folded once per policy."""
+    setattr(header, _FOLDED, {})
+    return header
+
 
 # RFC 5322 field names: printable ASCII except the colon.
 _FIELD_NAME = re.compile(r"[!-9;-~]+")
@@ -141,7 +172,7 @@ def build_message(msg: OutgoingMessage) -> EmailMessage:
         out["Reply-To"] = reply_to_header
     out["To"] = recipient
     out["Subject"] = msg.subject
-    out["Date"] = email.utils.format_datetime(_whole_seconds(msg.date))
+    out["Date"] = _date_value(msg.date)
     out["Message-ID"] = msg.message_id
     for name, value in extra:
         out[name] = value
@@ -161,7 +192,7 @@ _HEADER_NAMES = {"from_addr": "From", "reply_to": "Reply-To"}
 def _campaign_mailbox(field: str, value: str, name: str | None = None) -> tuple[Address, Any]:
     """The mailbox of ``value`` (``name``, when given, its display name) and its header."""
     mailbox = parse_mailbox(field, value, display_name=name, name_field="from_name")
-    return mailbox, _ASCII_POLICY.header_factory(_HEADER_NAMES[field], mailbox)
+    return mailbox, _fold_once(_ASCII_POLICY.header_factory(_HEADER_NAMES[field], mailbox))
 
 
 def _text_part_headers(policy: email.policy.EmailPolicy[EmailMessage]) -> list[tuple[str, Any]]:
@@ -169,7 +200,7 @@ def _text_part_headers(policy: email.policy.EmailPolicy[EmailMessage]) -> list[t
     text it sends as 7bit, taken from a part it built."""
     part = EmailMessage(policy=policy)
     part.set_content("x", subtype="plain", charset="utf-8")
-    headers = list(part.items())
+    headers = [(name, _fold_once(header)) for name, header in part.items()]
     names = [name for name, _ in headers]
     if (
         names != ["Content-Type", "Content-Transfer-Encoding", "MIME-Version"]
@@ -221,6 +252,27 @@ def bare_envelope_sender(envelope_from: str) -> str:
     if mailbox.display_name or "<" in envelope_from:
         raise InvalidField("envelope_from", envelope_from, "a bare address, without a name")
     return mailbox.addr_spec
+
+
+def _date_value(value: datetime) -> Any:
+    """What Date is set to: the header of that second, shared by the emails sent in it; the
+    text for an offset with seconds, which RFC 5322 cannot write."""
+    whole = _whole_seconds(value)
+    offset = cast(timedelta, whole.utcoffset())
+    if offset % _MINUTE:
+        return email.utils.format_datetime(whole)
+    return _date_header(whole.replace(tzinfo=None), offset)
+
+
+_MINUTE = timedelta(minutes=1)
+
+
+@functools.lru_cache(maxsize=64)
+def _date_header(wall: datetime, offset: timedelta) -> Any:
+    """The Date header of a second (wall time at ``offset``): from the datetime, as the header
+    would hold it parsed back from its text, so no text is formatted and parsed per email."""
+    at = wall.replace(tzinfo=timezone(offset))
+    return _fold_once(_ASCII_POLICY.header_factory("Date", at))
 
 
 def _whole_seconds(value: datetime) -> datetime:
