@@ -261,7 +261,11 @@ def test_throughput_procrastinate(postgres_url: str) -> None:
     _summary(figures["per_second"])
     assert figures["execution"] == "procrastinate"
     assert figures["ratio"] > 0
-    assert result["targets"] == []  # none set for procrastinate
+    # one worker process: judged against the procrastinate layer's target
+    assert [t["limit"] for t in result["targets"]] == [
+        throughput.TARGETS["procrastinate", "postgresql"]
+    ]
+    _targets(result)
 
 
 @pytest.mark.postgres
