@@ -86,8 +86,11 @@ class Dispatcher(LeaseBook):
                     if in_flight and time.monotonic() >= next_renew:
                         self._renew(owner)
                         next_renew = time.monotonic() + renew_every
-                    free = self.concurrency - len(in_flight)
-                    if free > 0:
+                    # Up to one queued job per fire thread besides the running ones, claimed
+                    # in batches once the queue is down to one job per thread: one write on
+                    # the file per ``concurrency`` sends, and no thread idles while one is due.
+                    free = 2 * self.concurrency - len(in_flight)
+                    if free >= self.concurrency:
                         now = self.clock.now()
                         claimed = self._claim(owner, now, limit=free, ahead=self.lookahead)
                         if stop.is_set():
@@ -147,6 +150,8 @@ class Dispatcher(LeaseBook):
             while (job := jobs.get()) is not None:
                 schedule, ended, ahead = job
                 try:
+                    if stop.is_set():
+                        continue  # claimed, not started: released with the others
                     if ahead:
                         if not self._wait_until_due(schedule, stop):
                             continue

@@ -27,10 +27,12 @@ How it fires:
   kills its process every time ends in the dead-letter queue instead of looping.
 - At most ``concurrency`` targets run at once, on ``concurrency`` daemon threads that live as
   long as the dispatcher: a target keeps per-thread state (the SMTP mailer's connection)
-  from one invocation to the next.
+  from one invocation to the next. While all of them are busy, up to as many more due
+  schedules wait leased in the dispatcher's queue: it claims in batches (once the queue is
+  down to one per thread), so a send costs a fraction of a claim's transaction.
 - A target that returns deletes its schedule. On the dispatcher's fire threads the delete
-  is deferred to the dispatcher's next transaction (the claim that refills the freed slot, or
-  the release on shutdown), so a send costs one write on this file, not two; the lease keeps
+  is deferred to the dispatcher's next transaction (the claim that refills the freed slots, or
+  the release on shutdown), so a send costs no write of its own on this file; the lease keeps
   the schedule from firing again meanwhile, and should the process die before that write,
   the lease expires and it fires again (at-least-once, as when a delete fails). A target
   that raises is retried after an exponential, jittered backoff (``retry_backoff`` doubling

@@ -91,6 +91,15 @@ def _token(oauth: AccessToken, rejected: str | None = None) -> str:
         raise kind(str(exc)) from exc
 
 
+def _command(smtp: smtplib.SMTP, verb: str, path: str, options: list[str]) -> tuple[int, bytes]:
+    """MAIL FROM or RCPT TO with an address the message's headers already parsed. smtplib's
+    ``mail()``/``rcpt()`` parse it again (``quoteaddr``), about a tenth of a send's CPU."""
+    if "SMTPUTF8" in options:
+        smtp.command_encoding = "utf-8"  # what smtplib.mail() does for this option
+    smtp.putcmd(verb, " ".join([path, *options]))
+    return smtp.getreply()
+
+
 def _is_smtp(code: int) -> bool:
     """Whether a reply code is SMTP's (2xx..5xx); smtplib gives -1 for a line without one."""
     return 200 <= code <= 599
@@ -436,10 +445,10 @@ class SmtpMailer:
                 options.append("SMTPUTF8")
             if smtp.has_extn("size"):
                 options.append(f"SIZE={len(data)}")
-            code, reply = smtp.mail(sender, options)
+            code, reply = _command(smtp, "mail", f"FROM:<{sender}>", options)
             if code != 250:
                 self._refused(conn, code, f"{where} refused MAIL FROM:<{sender}>", reply)
-            code, reply = smtp.rcpt(recipient)
+            code, reply = _command(smtp, "rcpt", f"TO:<{recipient}>", [])
             if code not in (250, 251):
                 self._refused(conn, code, f"{where} refused RCPT TO:<{recipient}>", reply)
             # From here on the server may accept the mail even if we never see its reply.
