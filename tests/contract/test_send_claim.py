@@ -4,8 +4,10 @@ moto."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -101,6 +103,35 @@ def test_each_refusal_says_why_and_writes_nothing(active: Store) -> None:
     assert paused.campaign_state is CampaignState.PAUSED
     assert [e for e in all_changes(store) if e.task_id is not None] == before
     assert all(store.get_task(t.id).state is S.PENDING for t in (t0, t1, t2))  # type: ignore[union-attr]
+
+
+def _drop_campaign_keeping_its_tasks(backend: Backend, store: Any, cid: str) -> None:
+    """Remove campaign ``cid`` behind the store's back, its tasks left: the orphan no port
+    call makes (SQL cascades, memory refuses), as a half-done delete or a bad restore would."""
+    if backend.name == "memory":
+        del store._campaigns[cid]
+    elif backend.name == "sqlite":  # a plain connection: foreign keys off, no cascade
+        with sqlite3.connect(store.engine.url.database) as db:
+            db.execute("DELETE FROM campaigns WHERE id = ?", (cid,))
+    elif backend.name == "postgres":  # replica role: no foreign key trigger, no cascade
+        with store.engine.begin() as db:
+            db.exec_driver_sql("SET LOCAL session_replication_role = replica")
+            db.exec_driver_sql("DELETE FROM campaigns WHERE id = %(id)s", {"id": cid})
+    else:
+        key = {"pk": {"S": "campaign"}, "sk": {"S": cid}}
+        store._db.delete_item(TableName=store._table, Key=key)
+
+
+def test_a_task_whose_campaign_is_missing_is_not_found(backend: Backend, active: Store) -> None:
+    """Every store answers NOT_FOUND for a task whose campaign is gone (the SQL claim's join
+    finds no row): the worker skips it as an unknown task, and nothing is written."""
+    store = active
+    task = store.get_task("c1-0")
+    assert task is not None
+    _drop_campaign_keeping_its_tasks(backend, store, "c1")
+    got = claim(store, task.id, task.token)
+    assert (got.refused, got.task, got.campaign_state) == (ClaimRefusal.NOT_FOUND, None, None)
+    assert store.get_task(task.id) == task
 
 
 def test_the_claim_reads_the_booking_and_the_finish_counts_it_sent(active: Store) -> None:

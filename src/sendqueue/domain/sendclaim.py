@@ -35,6 +35,7 @@ class ClaimRefusal(enum.Enum):
     """Why a claim was not made, in the order the rule checks."""
 
     NOT_FOUND = "not found"
+    """No such task, or its campaign is gone (an orphan task): skipped as unknown."""
     STALE = "stale token"
     NOT_PENDING = "not pending"
     EARLY = "invoked before its firing slot"
@@ -51,7 +52,8 @@ class SendClaim:
     """What ``claim_for_send`` answers.
 
     ``task``: the task Running (claimed: ``refused`` is None) or as found (None: unknown).
-    ``campaign_state``: the campaign's state read with it (None when the task is unknown).
+    ``campaign_state``: the campaign's state read with it (None when the task is unknown or
+    its campaign is gone: NOT_FOUND).
     ``suppression``: the address's entry as read (None: not listed); always there when
     ``refused`` is SUPPRESSED.
     ``booking_at``: the instant of the task's booking (None: it holds none), read with it.

@@ -40,9 +40,10 @@ class InMemorySending:
         at, due_by = utc(at), utc(due_by)
         me: Any = self
         task: Task | None = me.get_task(task_id)
-        if task is None:
+        campaign = None if task is None else self._campaigns.get(task.campaign_id)
+        if task is None or campaign is None:  # unknown, or an orphan: as the SQL claim's join
             return SendClaim(None, None, ClaimRefusal.NOT_FOUND)
-        state: CampaignState = self._campaigns[task.campaign_id].state
+        state: CampaignState = campaign.state
         key = key_of_normalized(task.email)
         entry = me.suppressed([key]).get(key)
         booking = me.booking_of(task_id)

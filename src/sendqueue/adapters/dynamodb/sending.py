@@ -54,8 +54,8 @@ class SendItems:
         task, version = task_from_item(item)
         try:
             state = me.campaign_state(task.campaign_id)
-        except NotFound:
-            return SendClaim(task, None, ClaimRefusal.NOT_SENDING)
+        except NotFound:  # an orphan (its campaign gone): unknown, as the SQL claim's join
+            return SendClaim(None, None, ClaimRefusal.NOT_FOUND)
         key = key_of_normalized(task.email)
         entry = me.suppressed([key]).get(key)
         booking = me.booking_of(task_id)
