@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim
 from sendqueue.domain.senders import Booking, Sender
 from sendqueue.domain.suppression import Suppression, SuppressionReason
 from sendqueue.ports import StoreBackend
+from sendqueue.services.task_changes import apply_change
 from tests.contract.store_backends import T0, Backend, all_changes, backend, with_tasks
 
 __all__ = ["backend"]  # the fixture: every store of the TaskStore contract
@@ -80,6 +82,33 @@ def test_the_claim_and_the_finish_write_what_the_domain_transitions_name(active:
     done = transitions.finish(got.task, LATER, "<m@x>")
     assert finished.task.state is done.new
     assert {k: getattr(finished.task, k) for k in done.changes} == dict(done.changes)
+
+
+@pytest.mark.parametrize("undo", ["give_back", "unclaim", "retry_into"])
+def test_a_claim_given_back_leaves_the_task_pending_with_no_claimed_at(
+    active: Store, undo: str
+) -> None:
+    """Every store applies the claimed_at the named transitions clear when a claim is given
+    back, undone or retried: a Pending task holds no claim, and its next claim stamps anew."""
+    store = active
+    before = store.get_task("c1-0")
+    assert before is not None
+    got = claim(store, before.id, before.token)
+    assert got.task is not None and got.task.claimed_at == LATER
+    change = {
+        "give_back": lambda: transitions.give_back(got.task, "outside", undo_attempt=True),
+        # read with a claimed_at an older version left on a Pending task: not restored
+        "unclaim": lambda: transitions.unclaim(replace(before, claimed_at=T0), "moved"),
+        "retry_into": lambda: transitions.retry_into(
+            got.task, LATER, reason="transient: 421", note="retry", token="t2"
+        ),
+    }[undo]()
+    back = apply_change(store, change, at=LATER)
+    assert back is not None and store.get_task(before.id) == back
+    assert (back.state, back.claimed_at) == (S.PENDING, None)
+    again = LATER + timedelta(minutes=1)
+    reclaimed = claim(store, before.id, back.token, at=again, due_by=again)
+    assert reclaimed.task is not None and reclaimed.task.claimed_at == again
 
 
 def test_each_refusal_says_why_and_writes_nothing(active: Store) -> None:
