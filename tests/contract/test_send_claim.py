@@ -4,8 +4,11 @@ moto."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -15,6 +18,7 @@ from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim
 from sendqueue.domain.senders import Booking, Sender
 from sendqueue.domain.suppression import Suppression, SuppressionReason
 from sendqueue.ports import StoreBackend
+from sendqueue.services.task_changes import apply_change
 from tests.contract.store_backends import T0, Backend, all_changes, backend, with_tasks
 
 __all__ = ["backend"]  # the fixture: every store of the TaskStore contract
@@ -80,6 +84,33 @@ def test_the_claim_and_the_finish_write_what_the_domain_transitions_name(active:
     assert {k: getattr(finished.task, k) for k in done.changes} == dict(done.changes)
 
 
+@pytest.mark.parametrize("undo", ["give_back", "unclaim", "retry_into"])
+def test_a_claim_given_back_leaves_the_task_pending_with_no_claimed_at(
+    active: Store, undo: str
+) -> None:
+    """Every store applies the claimed_at the named transitions clear when a claim is given
+    back, undone or retried: a Pending task holds no claim, and its next claim stamps anew."""
+    store = active
+    before = store.get_task("c1-0")
+    assert before is not None
+    got = claim(store, before.id, before.token)
+    assert got.task is not None and got.task.claimed_at == LATER
+    change = {
+        "give_back": lambda: transitions.give_back(got.task, "outside", undo_attempt=True),
+        # read with a claimed_at an older version left on a Pending task: not restored
+        "unclaim": lambda: transitions.unclaim(replace(before, claimed_at=T0), "moved"),
+        "retry_into": lambda: transitions.retry_into(
+            got.task, LATER, reason="transient: 421", note="retry", token="t2"
+        ),
+    }[undo]()
+    back = apply_change(store, change, at=LATER)
+    assert back is not None and store.get_task(before.id) == back
+    assert (back.state, back.claimed_at) == (S.PENDING, None)
+    again = LATER + timedelta(minutes=1)
+    reclaimed = claim(store, before.id, back.token, at=again, due_by=again)
+    assert reclaimed.task is not None and reclaimed.task.claimed_at == again
+
+
 def test_each_refusal_says_why_and_writes_nothing(active: Store) -> None:
     store = active
     t0, t1, t2 = (store.get_task(f"c1-{i}") for i in range(3))
@@ -101,6 +132,35 @@ def test_each_refusal_says_why_and_writes_nothing(active: Store) -> None:
     assert paused.campaign_state is CampaignState.PAUSED
     assert [e for e in all_changes(store) if e.task_id is not None] == before
     assert all(store.get_task(t.id).state is S.PENDING for t in (t0, t1, t2))  # type: ignore[union-attr]
+
+
+def _drop_campaign_keeping_its_tasks(backend: Backend, store: Any, cid: str) -> None:
+    """Remove campaign ``cid`` behind the store's back, its tasks left: the orphan no port
+    call makes (SQL cascades, memory refuses), as a half-done delete or a bad restore would."""
+    if backend.name == "memory":
+        del store._campaigns[cid]
+    elif backend.name == "sqlite":  # a plain connection: foreign keys off, no cascade
+        with sqlite3.connect(store.engine.url.database) as db:
+            db.execute("DELETE FROM campaigns WHERE id = ?", (cid,))
+    elif backend.name == "postgres":  # replica role: no foreign key trigger, no cascade
+        with store.engine.begin() as db:
+            db.exec_driver_sql("SET LOCAL session_replication_role = replica")
+            db.exec_driver_sql("DELETE FROM campaigns WHERE id = %(id)s", {"id": cid})
+    else:
+        key = {"pk": {"S": "campaign"}, "sk": {"S": cid}}
+        store._db.delete_item(TableName=store._table, Key=key)
+
+
+def test_a_task_whose_campaign_is_missing_is_not_found(backend: Backend, active: Store) -> None:
+    """Every store answers NOT_FOUND for a task whose campaign is gone (the SQL claim's join
+    finds no row): the worker skips it as an unknown task, and nothing is written."""
+    store = active
+    task = store.get_task("c1-0")
+    assert task is not None
+    _drop_campaign_keeping_its_tasks(backend, store, "c1")
+    got = claim(store, task.id, task.token)
+    assert (got.refused, got.task, got.campaign_state) == (ClaimRefusal.NOT_FOUND, None, None)
+    assert store.get_task(task.id) == task
 
 
 def test_the_claim_reads_the_booking_and_the_finish_counts_it_sent(active: Store) -> None:

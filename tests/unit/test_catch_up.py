@@ -199,8 +199,8 @@ def test_a_send_past_the_window_allows_the_layers_precision(precision: float, ou
     _fake(app).fire_due(app.invoke)
     assert app.metrics.value("sendqueue_sends_total", outcome=outcome) >= 1
     last = _tasks(app, cid)[-1]
-    if outcome == "moved":
-        assert last.state is TaskState.PENDING
+    if outcome == "moved":  # given back after its claim: no attempt, no claimed_at kept
+        assert (last.state, last.attempts, last.claimed_at) == (TaskState.PENDING, 0, None)
         assert last.send_at == local("2026-12-02T16:00").astimezone(UTC)
     else:
         assert last.state is TaskState.FINISHED

@@ -87,20 +87,20 @@ def test_fail_keeps_the_error_cut_and_notes_it() -> None:
     assert (stale.changes, stale.note) == ({"error": "outcome unknown"}, "stale: outcome unknown")
 
 
-def test_give_back_returns_the_task_with_or_without_its_attempt() -> None:
+def test_give_back_returns_the_task_with_or_without_its_attempt_and_no_claim() -> None:
     kept = give_back(running(2), "campaign not active")
     assert (kept.expected, kept.new, kept.changes, kept.note) == (
         S.RUNNING,
         S.PENDING,
-        {},
+        {"claimed_at": None},
         "campaign not active",
     )
     undone = give_back(running(2), "its sender's slot was taken", undo_attempt=True)
-    assert undone.changes == {"attempts": 1}
+    assert undone.changes == {"attempts": 1, "claimed_at": None}
     assert undone.note == "its sender's slot was taken"
 
 
-def test_unclaim_restores_the_task_as_read_before_its_claim() -> None:
+def test_unclaim_restores_the_task_as_read_before_its_claim_with_no_claim() -> None:
     before = replace(pending(), attempts=1, claimed_at=T0 - timedelta(hours=1))
     change = unclaim(before, "moved before its claim")
     assert (change.expected, change.new, change.note) == (
@@ -108,7 +108,7 @@ def test_unclaim_restores_the_task_as_read_before_its_claim() -> None:
         S.PENDING,
         "moved before its claim",
     )
-    assert change.changes == {"attempts": 1, "claimed_at": T0 - timedelta(hours=1)}
+    assert change.changes == {"attempts": 1, "claimed_at": None}  # not the stale one read
 
 
 def test_cancel_with_a_reason_keeps_it_and_notes_it() -> None:
@@ -128,7 +128,7 @@ def test_cancel_with_a_reason_keeps_it_and_notes_it() -> None:
     assert (both.changes, both.note) == ({"reason": "replied"}, "a reply came")
 
 
-def test_retry_into_from_running_moves_the_task_and_keeps_its_attempts() -> None:
+def test_retry_into_from_running_moves_the_task_keeps_its_attempts_drops_its_claim() -> None:
     task = replace(running(2), moves=4)
     slot = T0 + timedelta(minutes=30)
     change = retry_into(
@@ -147,6 +147,7 @@ def test_retry_into_from_running_moves_the_task_and_keeps_its_attempts() -> None
         "error": "transient: 421",
         "moves": 5,
         "moved_reason": "transient: 421",
+        "claimed_at": None,
     }
 
 
@@ -242,7 +243,8 @@ class TransitionRules(RuleBasedStateMachine):
     After each step: only lifecycle moves were logged; Finished and Cancelled never change and
     Failed only goes back to Pending by a retry; attempts change only by a claim (+1), the undo
     of a claim (back to before it) or a retry of a Failed task (0); moves grow by exactly one
-    with each retry or move, and each of those gives the task a token it never had."""
+    with each retry or move, and each of those gives the task a token it never had; a Pending
+    task holds no claimed_at."""
 
     @initialize()
     def start(self) -> None:
@@ -316,10 +318,7 @@ class TransitionRules(RuleBasedStateMachine):
         assert self.before_claim is not None
         before, got = self.apply(unclaim(self.before_claim, "moved before its claim"))
         if got is not None:
-            assert (got.attempts, got.claimed_at) == (
-                self.before_claim.attempts,
-                self.before_claim.claimed_at,
-            )
+            assert (got.attempts, got.claimed_at) == (self.before_claim.attempts, None)
             assert got.moves == before.moves
 
     @rule(reason=st.none() | st.just("suppressed: bounced"))
@@ -382,6 +381,12 @@ class TransitionRules(RuleBasedStateMachine):
                 assert set(states[i:]) == {state}
         assert all(t.attempts >= 0 for t in self.reads)
         assert [t.moves for t in self.reads] == sorted(t.moves for t in self.reads)
+
+    @invariant()
+    def a_pending_task_holds_no_claim(self) -> None:
+        """Only a Running task (or one it ended) keeps its claimed_at: give-backs, undone
+        claims and retries leave a Pending task with none."""
+        assert all(t.claimed_at is None for t in self.reads if t.state is S.PENDING)
 
 
 TestTransitionRules = TransitionRules.TestCase

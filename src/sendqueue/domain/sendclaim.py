@@ -3,9 +3,10 @@
 made. Pure, no I/O.
 
 A store reads the task, its campaign's state, its address's suppression entry and its booking
-(in one statement or transaction where it can), runs :func:`claim_refusal` on them, and claims
-only when it returns None; the worker then acts on the refusal exactly as it acted on the same
-finding when it read first and claimed after.
+(in one statement or transaction where it can), runs :func:`refused_claim` (the rule,
+:func:`claim_refusal`, and its answer) on them, and claims only when it returns None; the
+worker then acts on the refusal exactly as it acted on the same finding when it read first
+and claimed after.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import Task
+from sendqueue.domain.models import Task, utc
 from sendqueue.domain.suppression import Suppression
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "SendClaim",
     "SendFinish",
     "claim_refusal",
+    "refused_claim",
 ]
 
 #: Campaign states in which due tasks are sent. Provisioning counts: the first sends of a large
@@ -35,6 +37,7 @@ class ClaimRefusal(enum.Enum):
     """Why a claim was not made, in the order the rule checks."""
 
     NOT_FOUND = "not found"
+    """No such task, or its campaign is gone (an orphan task): skipped as unknown."""
     STALE = "stale token"
     NOT_PENDING = "not pending"
     EARLY = "invoked before its firing slot"
@@ -51,7 +54,8 @@ class SendClaim:
     """What ``claim_for_send`` answers.
 
     ``task``: the task Running (claimed: ``refused`` is None) or as found (None: unknown).
-    ``campaign_state``: the campaign's state read with it (None when the task is unknown).
+    ``campaign_state``: the campaign's state read with it (None when the task is unknown or
+    its campaign is gone: NOT_FOUND).
     ``suppression``: the address's entry as read (None: not listed); always there when
     ``refused`` is SUPPRESSED.
     ``booking_at``: the instant of the task's booking (None: it holds none), read with it.
@@ -111,3 +115,31 @@ def claim_refusal(
     if not_before is not None and task.send_at < not_before:
         return ClaimRefusal.LATE
     return None
+
+
+def refused_claim(
+    task: Task | None,
+    campaign_state: CampaignState | None,
+    *,
+    token: str | None,
+    suppression: Suppression | None,
+    booking_at: datetime | None,
+    due_by: datetime,
+    not_before: datetime | None,
+) -> SendClaim | None:
+    """A store's answer when :func:`claim_refusal` refuses the claim on the values it read;
+    None: claim it. A task unknown, or whose campaign is gone (None), is NOT_FOUND, as the
+    SQL claim's join finds it."""
+    if task is None or campaign_state is None:
+        return SendClaim(None, None, ClaimRefusal.NOT_FOUND)
+    refused = claim_refusal(
+        task,
+        token=token,
+        campaign_state=campaign_state,
+        suppression=suppression,
+        due_by=utc(due_by),
+        not_before=None if not_before is None else utc(not_before),
+    )
+    if refused is None:
+        return None
+    return SendClaim(task, campaign_state, refused, suppression, booking_at)

@@ -87,16 +87,19 @@ def fail(task: Task, error: str, *, note: str | None = None) -> TaskChange:
 
 
 def give_back(task: Task, note: str, *, undo_attempt: bool = False) -> TaskChange:
-    """Running -> Pending, not sent: its schedule or a re-plan sends it later. With
-    ``undo_attempt`` the claim's attempt is not counted (``task`` as claimed)."""
-    changes = TaskChanges(attempts=task.attempts - 1) if undo_attempt else TaskChanges()
+    """Running -> Pending, not sent: its schedule or a re-plan sends it later. The claim's
+    claimed_at goes (a Pending task holds no claim); with ``undo_attempt`` its attempt is not
+    counted either (``task`` as claimed)."""
+    changes = TaskChanges(claimed_at=None)
+    if undo_attempt:
+        changes["attempts"] = task.attempts - 1
     return TaskChange(task.id, TaskState.RUNNING, TaskState.PENDING, changes, note)
 
 
 def unclaim(task: Task, note: str) -> TaskChange:
-    """Running -> Pending as ``task`` was read before its claim (attempts and claimed_at
-    restored): the claim is undone, as if it never happened."""
-    changes = TaskChanges(attempts=task.attempts, claimed_at=task.claimed_at)
+    """Running -> Pending as ``task`` was read before its claim (its attempts restored, no
+    claimed_at): the claim is undone, as if it never happened."""
+    changes = TaskChanges(attempts=task.attempts, claimed_at=None)
     return TaskChange(task.id, TaskState.RUNNING, TaskState.PENDING, changes, note)
 
 
@@ -122,9 +125,9 @@ def retry_into(
     counted as a move for ``reason`` (cut to :data:`MOVED_REASON_LIMIT`), with ``error`` (cut
     to :data:`ERROR_LIMIT`).
 
-    From Running (a transient error, a stale claim) the attempts stay counted; from Failed
-    (retry-failed) the task starts afresh: no attempt, no claim. From any other state,
-    IllegalTransition.
+    Either way the claim's claimed_at goes (a Pending task holds no claim). From Running (a
+    transient error, a stale claim) the attempts stay counted; from Failed (retry-failed) the
+    task starts afresh: no attempt. From any other state, IllegalTransition.
     """
     changes = TaskChanges(
         send_at=slot,
@@ -132,10 +135,10 @@ def retry_into(
         error=None if error is None else error[:ERROR_LIMIT],
         moves=task.moves + 1,
         moved_reason=reason[:MOVED_REASON_LIMIT],
+        claimed_at=None,
     )
     if task.state is TaskState.FAILED:
         changes["attempts"] = 0
-        changes["claimed_at"] = None
     elif task.state is not TaskState.RUNNING:
         raise IllegalTransition(
             "task",

@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from sendqueue.domain import transitions
-from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Campaign, Task, utc
-from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim, SendFinish, claim_refusal
+from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim, SendFinish, refused_claim
 from sendqueue.domain.suppression import key_of_normalized
 from sendqueue.testing.guard import guarded
 
@@ -42,21 +42,18 @@ class InMemorySending:
         task: Task | None = me.get_task(task_id)
         if task is None:
             return SendClaim(None, None, ClaimRefusal.NOT_FOUND)
-        state: CampaignState = self._campaigns[task.campaign_id].state
+        campaign = self._campaigns.get(task.campaign_id)  # None: an orphan, NOT_FOUND
+        state = None if campaign is None else campaign.state
         key = key_of_normalized(task.email)
         entry = me.suppressed([key]).get(key)
         booking = me.booking_of(task_id)
         booking_at = None if booking is None else booking.at
-        refused = claim_refusal(
-            task,
-            token=token,
-            campaign_state=state,
-            suppression=entry,
-            due_by=due_by,
-            not_before=None if not_before is None else utc(not_before),
-        )
+        refused = refused_claim(
+            task, state, token=token, suppression=entry, booking_at=booking_at,
+            due_by=due_by, not_before=not_before,
+        )  # fmt: skip
         if refused is not None:
-            return SendClaim(task, state, refused, entry, booking_at)
+            return refused
         # The task as read (get_task: a test may act between this read and the write), then
         # the compare-and-set on its state and token, as the SQL stores' one statement does.
         current = self._tasks.get(task_id)

@@ -21,9 +21,15 @@ from typing import Any
 from sendqueue.adapters.dynamodb.codec import PendingEntry, task_from_item
 from sendqueue.adapters.dynamodb.tasks import task_put
 from sendqueue.domain.errors import NotFound
-from sendqueue.domain.lifecycle import TaskOutcome, TaskState
+from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import utc
-from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim, SendFinish, claim_refusal
+from sendqueue.domain.sendclaim import (
+    ClaimRefusal,
+    SendClaim,
+    SendFinish,
+    claim_refusal,
+    refused_claim,
+)
 from sendqueue.domain.suppression import key_of_normalized
 
 __all__ = ["SendItems"]
@@ -53,23 +59,19 @@ class SendItems:
             return SendClaim(None, None, ClaimRefusal.NOT_FOUND)
         task, version = task_from_item(item)
         try:
-            state = me.campaign_state(task.campaign_id)
-        except NotFound:
-            return SendClaim(task, None, ClaimRefusal.NOT_SENDING)
+            state: CampaignState | None = me.campaign_state(task.campaign_id)
+        except NotFound:  # an orphan (its campaign gone): refused_claim answers NOT_FOUND
+            state = None
         key = key_of_normalized(task.email)
         entry = me.suppressed([key]).get(key)
         booking = me.booking_of(task_id)
         booking_at = None if booking is None else booking.at
-        refused = claim_refusal(
-            task,
-            token=token,
-            campaign_state=state,
-            suppression=entry,
-            due_by=utc(due_by),
-            not_before=None if not_before is None else utc(not_before),
-        )
+        refused = refused_claim(
+            task, state, token=token, suppression=entry, booking_at=booking_at,
+            due_by=due_by, not_before=not_before,
+        )  # fmt: skip
         if refused is not None:
-            return SendClaim(task, state, refused, entry, booking_at)
+            return refused
         due, floor = utc(due_by), None if not_before is None else utc(not_before)
         entries: list[PendingEntry] = [
             (task.campaign_id, task_id, TaskState.PENDING.value, TaskState.RUNNING.value, at, None)

@@ -32,7 +32,7 @@ from sendqueue.domain.sendclaim import (
     ClaimRefusal,
     SendClaim,
     SendFinish,
-    claim_refusal,
+    refused_claim,
 )
 from sendqueue.domain.senders import epoch_ms
 from sendqueue.domain.suppression import Suppression, SuppressionReason
@@ -160,16 +160,12 @@ def sqlite_claim(
             email, reason, entry_task, datetime.fromisoformat(entry_at).replace(tzinfo=UTC)
         )
     booking_at = _instant(at_ms)
-    refused = claim_refusal(
-        task,
-        token=token,
-        campaign_state=state,
-        suppression=entry,
-        due_by=utc(due_by),
-        not_before=None if not_before is None else utc(not_before),
-    )
+    refused = refused_claim(
+        task, state, token=token, suppression=entry, booking_at=booking_at,
+        due_by=due_by, not_before=not_before,
+    )  # fmt: skip
     if refused is not None:
-        return SendClaim(task, state, refused, entry, booking_at)
+        return refused
     stamp = sqlite_text(at)
     claimed = db.execute(_SQLITE_CLAIM, (_RUNNING, stamp, stamp, task_id, _PENDING)).fetchall()
     db.execute(_LOG_INSERT, (task.campaign_id, task_id, _PENDING, _RUNNING, stamp))
@@ -252,15 +248,11 @@ def pg_claim(
     claimed = row[_WIDTH + 6 :]
     if claimed[0] is not None:
         return SendClaim(task_from_row(claimed), state, booking_at=booking_at)
-    refused = claim_refusal(
-        task,
-        token=token,
-        campaign_state=state,
-        suppression=entry,
-        due_by=due_by,
-        not_before=not_before,
-    )
-    return SendClaim(task, state, refused or ClaimRefusal.TAKEN, entry, booking_at)
+    refused = refused_claim(
+        task, state, token=token, suppression=entry, booking_at=booking_at,
+        due_by=due_by, not_before=not_before,
+    )  # fmt: skip
+    return refused or SendClaim(task, state, ClaimRefusal.TAKEN, entry, booking_at)
 
 
 def pg_finish(
