@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.domain.reads import CampaignFigures, CampaignPage, TaskListing
+from sendqueue.domain.reads import CampaignFigures, CampaignPage, TaskDetail, TaskListing
 
 __all__ = ["CampaignReads"]
 
@@ -56,4 +56,9 @@ class CampaignReads(Protocol):
     ) -> CampaignPage:
         """``last_change_id``, read first, then :meth:`campaign_figures` and
         :meth:`task_listing` of the campaign."""
+        ...
+
+    def task_detail(self, campaign_id: str, task_id: str) -> TaskDetail:
+        """The campaign, its task ``task_id`` (None when unknown or another campaign's) and
+        the sender the task names (absent when removed)."""
         ...
