@@ -3,7 +3,8 @@
 The backends are the TaskStore contract's (:mod:`tests.contract.test_task_store`): memory,
 SQLite, PostgreSQL and DynamoDB on moto. Each one-call view must say what the store's own
 reads say: the counts, moves, suppressed tasks, outcomes, the next send, a page of tasks with
-the senders it names, and whether the campaign's change log moved.
+the senders it names, one task with its campaign and sender, and whether the campaign's change
+log moved.
 """
 
 from __future__ import annotations
@@ -140,6 +141,38 @@ def test_a_listing_of_a_campaign_without_senders_reads_none(store: Store) -> Non
     assert store.task_listing("c1", limit=0).tasks == []
 
 
+def test_a_task_detail_is_the_campaign_the_task_and_the_sender_it_names(store: Store) -> None:
+    _active_campaign(store)
+    sent = store.task_detail("c1", "c1-0")
+    assert sent.campaign == store.get_campaign("c1")
+    assert sent.task == store.get_task("c1-0")
+    assert sent.task is not None and sent.task.state is S.FINISHED
+    assert dict(sent.senders) == {"s1": store.get_sender("s1")}
+    # task 5 names s2, removed since: the task alone names it, by address
+    removed = store.task_detail("c1", "c1-5")
+    assert removed.task == store.get_task("c1-5")
+    assert dict(removed.senders) == {}
+    # a task without a sender reads none
+    store.create_campaign(campaign("c2"), recipients(1))
+    store.insert_tasks([make_task("c2", 0)], at=T0)
+    plain = store.task_detail("c2", "c2-0")
+    assert (plain.task, dict(plain.senders)) == (store.get_task("c2-0"), {})
+
+
+def test_a_task_detail_of_an_unknown_task_or_another_campaigns_has_none(store: Store) -> None:
+    _active_campaign(store)
+    store.create_campaign(campaign("c2"), recipients(1))
+    store.insert_tasks([make_task("c2", 0)], at=T0)
+    unknown = store.task_detail("c1", "nope")
+    assert (unknown.campaign, unknown.task, dict(unknown.senders)) == (
+        store.get_campaign("c1"),
+        None,
+        {},
+    )
+    other = store.task_detail("c2", "c1-0")
+    assert (other.campaign.id, other.task, dict(other.senders)) == ("c2", None, {})
+
+
 def test_the_campaign_page_reads_the_change_log_head_figures_and_a_listing(store: Store) -> None:
     _active_campaign(store)
     page = store.campaign_page("c1", late_after=LATE, state=S.PENDING, limit=2)
@@ -168,10 +201,12 @@ def test_an_unknown_campaign_or_a_bad_page_is_refused(store: Store) -> None:
         lambda: store.campaign_figures("nope", late_after=LATE),
         lambda: store.task_listing("nope"),
         lambda: store.campaign_page("nope", late_after=LATE),
+        lambda: store.task_detail("nope", "nope-0"),
     ]
     for call in calls:
-        with pytest.raises(NotFound):
+        with pytest.raises(NotFound) as unknown:
             call()
+        assert unknown.value.kind == "campaign"
     store.create_campaign(campaign("c1"), recipients(1))
     with pytest.raises(InvalidField) as bad_limit:
         store.task_listing("c1", limit=-1)
@@ -188,6 +223,7 @@ def test_unreachable_backend_raises_store_unavailable(backend: Backend) -> None:
         lambda: store.all_campaign_figures(late_after=LATE),
         lambda: store.task_listing("c1"),
         lambda: store.campaign_page("c1", late_after=LATE),
+        lambda: store.task_detail("c1", "c1-0"),
     ]
     for call in calls:
         with pytest.raises(StoreUnavailable):

@@ -1,5 +1,6 @@
 """How many store calls a page and an API read make: one each for the campaign list, the campaign
-page and the task list (the read side's one-call views, sendqueue.services.reading.queries).
+page, the task list and the email page (the read side's one-call views,
+sendqueue.services.reading.queries).
 
 The store is wrapped in a proxy that records every call by name. The "needs attention" banner
 (kept 5 s) and a campaign's timeline (kept until its change log moves) are warmed by a first
@@ -23,6 +24,7 @@ with warnings.catch_warnings():
 
 from sendqueue.adapters.sql import open_store
 from sendqueue.bootstrap import Container, bootstrap
+from sendqueue.domain.senders import Sender
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.web.app import create_app
@@ -86,7 +88,7 @@ def counted(tmp_path: Path) -> Iterator[Counted]:
         container.close()
 
 
-def _active(counted: Counted, name: str, count: int = 3) -> str:
+def _active(counted: Counted, name: str, count: int = 3, **body: Any) -> str:
     payload = {
         "name": name,
         "recipients": [{"email": f"user{i}@example.com"} for i in range(count)],
@@ -97,6 +99,7 @@ def _active(counted: Counted, name: str, count: int = 3) -> str:
             "weekdays": "mon-sun",
             "windows": ["00:00-24:00"],
         },
+        **body,
     }
     response = counted.client.post("/api/campaigns", json=payload)
     assert response.status_code == 201, response.text
@@ -124,6 +127,25 @@ def test_the_task_list_is_one_store_call(counted: Counted) -> None:
     cid = _active(counted, "News", count=5)
     assert counted.calls_of(f"/api/campaigns/{cid}/tasks") == ["task_listing"]
     assert counted.calls_of(f"/api/campaigns/{cid}/tasks?state=Pending&limit=2") == ["task_listing"]
+
+
+_SIGNED = {"subject": "Hello from {{ sender.name }}", "body": "Hi"}
+
+
+def test_the_email_page_is_one_store_call_with_or_without_a_sender(counted: Counted) -> None:
+    counted.container.sender_store.add_sender(
+        Sender(id="s1", email="anna@example.com", name="Anna")
+    )
+    for cid in (
+        _active(counted, "Plain"),
+        _active(counted, "Signed", senders=["s1"], templates=_SIGNED),
+    ):
+        task = counted.client.get(f"/api/campaigns/{cid}/tasks").json()["tasks"][0]
+        path = f"/campaigns/{cid}/emails/{task['id']}"
+        assert counted.calls_of(path) == ["task_detail"]
+    assert task["sender"] == "anna@example.com"
+    # the sender read in that one call fills in the message
+    assert "Hello from Anna" in counted.client.get(path).text
 
 
 def test_a_change_to_the_campaign_recounts_its_timeline(counted: Counted) -> None:

@@ -1,5 +1,6 @@
 """What the read side gets from the store in one call: a campaign with its figures, a page of its
-tasks with the senders they name, and both together for the campaign page.
+tasks with the senders they name, both together for the campaign page, and one task with its
+campaign and sender for the email page.
 
 Built by :class:`sendqueue.ports.reads.CampaignReads`; read by
 :class:`sendqueue.services.reading.queries.Queries`.
@@ -15,7 +16,7 @@ from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.senders import Sender
 
-__all__ = ["CampaignFigures", "CampaignPage", "TaskListing"]
+__all__ = ["CampaignFigures", "CampaignPage", "TaskDetail", "TaskListing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,3 +56,13 @@ class CampaignPage:
     last_change_id: int
     figures: CampaignFigures
     listing: TaskListing
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDetail:
+    """One task of a campaign and the sender it names, by id (empty when it names none or the
+    sender was removed). ``task`` is None when the campaign has no task of that id."""
+
+    campaign: Campaign
+    task: Task | None
+    senders: Mapping[str, Sender] = field(default_factory=dict)

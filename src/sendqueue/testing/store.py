@@ -17,6 +17,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from sendqueue.adapters.campaign_reads import ComposedCampaignReads
 from sendqueue.domain.errors import (
     Conflict,
     InvalidField,
@@ -42,7 +43,6 @@ from sendqueue.domain.models import (
     utc,
 )
 from sendqueue.domain.senders import Booking
-from sendqueue.ports.reads import ComposedCampaignReads
 from sendqueue.testing.feedback import InMemoryFeedback
 from sendqueue.testing.guard import guarded as _guarded
 from sendqueue.testing.senders import InMemorySenders

@@ -45,7 +45,6 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import anyio
 import anyio.abc
@@ -54,6 +53,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from sendqueue.domain.models import ChangeLogEntry
+from sendqueue.services.reading.changes import ChangeLog, ChangeSignal
 from sendqueue.services.reading.views import change_dict
 from sendqueue.web.stream_status import LIVE, ReaderHealth, StreamStatus
 
@@ -206,29 +206,6 @@ class _Reader:
             subs.discard(sub)
             if not subs:
                 del self.watched[sub.campaign_id]
-
-
-class ChangeLog(Protocol):
-    """What the stream reads of the task store: its change log (``TaskStore.changes_after``,
-    ``last_change_id``, ``newest_change_id``)."""
-
-    def changes_after(
-        self, after_id: int, *, campaign_id: str | None = None, limit: int = 1000
-    ) -> list[ChangeLogEntry]: ...
-
-    def last_change_id(self) -> int: ...
-
-    def newest_change_id(self) -> int: ...
-
-
-class ChangeSignal(Protocol):
-    """What the stream uses of the store's change signal (``ports.changes.ChangeSignal``):
-    ``subscribe(wake)`` calls ``wake`` after commits that appended changes, until the returned
-    function is called; ``settles_late`` when an entry may show after its signal."""
-
-    settles_late: bool
-
-    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]: ...
 
 
 class ChangeBroker:

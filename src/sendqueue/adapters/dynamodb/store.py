@@ -52,6 +52,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from sendqueue.adapters.campaign_reads import ComposedCampaignReads
 from sendqueue.adapters.dynamodb.bookings import BookingItems
 from sendqueue.adapters.dynamodb.client import error_code
 from sendqueue.adapters.dynamodb.codec import (
@@ -100,7 +101,6 @@ from sendqueue.domain.models import (
     utc,
 )
 from sendqueue.domain.senders import Booking
-from sendqueue.ports.reads import ComposedCampaignReads
 
 __all__ = ["DynamoDbTaskStore"]
 

@@ -36,6 +36,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
+from sendqueue.adapters.campaign_reads import ComposedCampaignReads
 from sendqueue.adapters.sql import migrate, rows
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.adapters.sql.errors import mapped_errors
@@ -68,7 +69,6 @@ from sendqueue.domain.models import (
 from sendqueue.domain.sendclaim import SendClaim, SendFinish
 from sendqueue.domain.senders import Booking
 from sendqueue.ports.changes import ChangeSignal
-from sendqueue.ports.reads import ComposedCampaignReads
 
 __all__ = ["SqlTaskStore"]
 

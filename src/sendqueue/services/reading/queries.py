@@ -279,13 +279,14 @@ class Queries:
             raise NotFound(noun, task_id)
         return self._store.get_campaign(found.campaign_id), found
 
-    def email(self, campaign_id: str, task_id: str) -> tuple[Campaign, Task]:
-        """A campaign's email: NotFound of the campaign first, then of the ``email``."""
-        campaign = self._store.get_campaign(campaign_id)
-        found = self._store.get_task(task_id)
-        if found is None or found.campaign_id != campaign_id:
+    def email(self, campaign_id: str, task_id: str) -> tuple[Campaign, Task, SenderFields]:
+        """A campaign's email and the sender it goes out from: one store call. NotFound of the
+        campaign first, then of the ``email``."""
+        detail = self._store.task_detail(campaign_id, task_id)
+        if detail.task is None:
             raise NotFound("email", task_id)
-        return campaign, found
+        sender = SendersOf.known(detail.campaign, detail.senders).of(detail.task)
+        return detail.campaign, detail.task, sender
 
     def sender_of(self, campaign: Campaign, task: Task) -> SenderFields:
         """The sender ``task``'s email goes out from (:class:`SendersOf`)."""

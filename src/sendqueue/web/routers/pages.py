@@ -269,9 +269,8 @@ def email_page(request: Request, campaign_id: str, task_id: str, queries: Querie
     """One email with every field: state and why, outcome, sender, times, message id, moves,
     and the message itself."""
     try:
-        campaign, task = queries.email(campaign_id, task_id)
+        campaign, task, sender = queries.email(campaign_id, task_id)
         paused = campaign.state is CampaignState.PAUSED
-        sender = queries.sender_of(campaign, task)
         email = task_details(task, campaign, campaign_paused=paused, sender=sender)
         return render(
             request,
