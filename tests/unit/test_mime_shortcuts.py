@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sendqueue.adapters.mail.mime import build_message, envelope_addresses, envelope_of
+from sendqueue.domain.errors import InvalidField
 
 WHEN = datetime(2026, 5, 4, 8, 15, 30, 250000, tzinfo=UTC)
 
@@ -52,6 +53,10 @@ def _mailbox(value: str, name: str | None = None) -> Address:
 
 
 def reference(msg) -> bytes:  # type: ignore[no-untyped-def]
+    return reference_message(msg).as_bytes()
+
+
+def reference_message(msg) -> EmailMessage:  # type: ignore[no-untyped-def]
     """The message built the plain way, with the stock SMTP policies."""
     recipient = _mailbox(msg.to_addr, msg.to_name)
     sender = _mailbox(msg.from_addr)
@@ -73,7 +78,7 @@ def reference(msg) -> bytes:  # type: ignore[no-untyped-def]
     out.set_content(msg.text, subtype="plain", charset="utf-8")
     if msg.html is not None:
         out.add_alternative(msg.html, subtype="html", charset="utf-8")
-    return out.as_bytes()
+    return out
 
 
 @pytest.mark.parametrize(
@@ -139,3 +144,45 @@ def test_a_reused_sender_header_belongs_to_its_own_campaign() -> None:
     assert str(again["From"]) == "A <a@example.com>"
     assert str(again["Reply-To"]) == "r@example.com"
     assert envelope_of(second) == ("b@example.com", "jane@example.org")
+
+
+# Plain-looking text near the edges: atext symbols, specials, dots, "=?", double spaces, and
+# lengths around the 78-character line.
+_PLAINISH = st.text(alphabet=st.sampled_from("aZ09 .!#'=?-_~\"(),"), min_size=1, max_size=90)
+
+
+@given(
+    name=_PLAINISH,
+    subject=_PLAINISH,
+    local=st.text(alphabet=st.sampled_from("aZ09.!#'=?-_~"), min_size=1, max_size=80),
+)
+def test_plain_to_subject_and_message_id_are_the_bytes_of_the_parsed_path(
+    name: str, subject: str, local: str
+) -> None:
+    """To, Subject and Message-ID that go out without the header parser when they are plain
+    and fit one line: the same bytes as the parsed path's, whatever the text."""
+    name, subject = name.strip(), subject.strip() or "x"
+    message_id = f"<{local}@example.com>"
+    try:
+        msg = outgoing(to_name=name or None, subject=subject, message_id=message_id)
+        built = build_message(msg)
+    except InvalidField:
+        return  # refused alike, whichever path: not what this test compares
+    assert built.as_bytes() == reference(msg)
+    expected = reference_message(msg)
+    for name in ("To", "Subject", "Message-ID"):
+        assert str(built[name]) == str(expected[name])
+    assert built["To"].addresses == expected["To"].addresses
+    assert envelope_of(built) == envelope_addresses(msg)
+
+
+def test_the_comparison_above_covers_the_plain_headers() -> None:
+    """A plain To, Subject and Message-ID skip the parser (else the test above proves nothing);
+    one that is not plain, or longer than a line, does not."""
+    from sendqueue.adapters.mail.mime import _PlainHeader
+
+    plain = build_message(outgoing(to_name="Jane Doe", subject="Spring news"))
+    quoted = build_message(outgoing(to_name="Jane D. Doe", subject="Spring: news " + "x" * 70))
+
+    assert all(isinstance(plain[n], _PlainHeader) for n in ("To", "Subject", "Message-ID"))
+    assert not any(isinstance(quoted[n], _PlainHeader) for n in ("To", "Subject"))
