@@ -18,6 +18,7 @@ import functools
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
+from email.contentmanager import _encode_text  # type: ignore[attr-defined]  # set_content's
 from email.headerregistry import (
     Address,
     AddressHeader,
@@ -253,10 +254,11 @@ def build_message(msg: OutgoingMessage) -> EmailMessage:
         out["Message-ID"] = msg.message_id
     for name, value in extra:
         out[name] = value
-    if msg.html is not None or not _set_short_ascii_text(out, msg.text):
+    if msg.html is None:
+        _set_text(out, msg.text)
+    else:
         out.set_content(msg.text, subtype="plain", charset="utf-8")
-        if msg.html is not None:
-            out.add_alternative(msg.html, subtype="html", charset="utf-8")
+        out.add_alternative(msg.html, subtype="html", charset="utf-8")
     return out
 
 
@@ -272,41 +274,40 @@ def _campaign_mailbox(field: str, value: str, name: str | None = None) -> tuple[
     return mailbox, _fold_once(_ASCII_POLICY.header_factory(_HEADER_NAMES[field], mailbox))
 
 
-def _text_part_headers(policy: email.policy.EmailPolicy[EmailMessage]) -> list[tuple[str, Any]]:
-    """The header objects ``set_content(text, subtype="plain", charset="utf-8")`` writes for a
-    text it sends as 7bit, taken from a part it built."""
+def _text_part_headers(
+    policy: email.policy.EmailPolicy[EmailMessage], sample: str
+) -> tuple[str, list[tuple[str, Any]]]:
+    """The transfer encoding ``set_content(sample, subtype="plain", charset="utf-8")`` picks, and
+    the header objects it writes, taken from a part it built."""
     part = EmailMessage(policy=policy)
-    part.set_content("x", subtype="plain", charset="utf-8")
+    part.set_content(sample, subtype="plain", charset="utf-8")
     headers = [(name, _fold_once(header)) for name, header in part.items()]
     names = [name for name, _ in headers]
-    if (
-        names != ["Content-Type", "Content-Transfer-Encoding", "MIME-Version"]
-        or str(part["Content-Transfer-Encoding"]) != "7bit"
-    ):
+    if names != ["Content-Type", "Content-Transfer-Encoding", "MIME-Version"]:
         raise RuntimeError(f"unexpected headers from set_content: {names}")
-    return headers
+    return str(part["Content-Transfer-Encoding"]), headers
 
 
+# set_content's headers for a text part, by policy and transfer encoding: samples that make it
+# pick each of them (ASCII: 7bit; mostly ASCII: quoted-printable; mostly not: base64).
 _TEXT_PART_HEADERS = {
-    id(policy): _text_part_headers(policy) for policy in (_ASCII_POLICY, _UTF8_POLICY)
+    (id(policy), cte): headers
+    for policy in (_ASCII_POLICY, _UTF8_POLICY)
+    for cte, headers in (_text_part_headers(policy, s) for s in ("x", "xé", "éééé"))
 }
+if len(_TEXT_PART_HEADERS) != 6:
+    raise RuntimeError("set_content no longer picks 7bit, quoted-printable and base64 as expected")
 
 
-def _set_short_ascii_text(out: EmailMessage, text: str) -> bool:
-    """Set ``text`` as the body the way ``set_content`` would, when it would send it 7bit (ASCII,
-    no line longer than the policy's limit), reusing that case's fixed header objects; False
-    (nothing set) otherwise; tests/unit/test_mime_shortcuts.py checks the bytes are the same."""
-    if not text.isascii():
-        return False
-    # set_content's own split and join (email.contentmanager._encode_text): bytes.splitlines
-    # breaks at CR, LF and CRLF only.
-    lines = text.encode("ascii").splitlines()
-    if max((len(line) for line in lines), default=0) > cast(int, out.policy.max_line_length):
-        return False
-    for name, header in _TEXT_PART_HEADERS[id(out.policy)]:
+def _set_text(out: EmailMessage, text: str) -> None:
+    """Set ``text`` as the body exactly as ``set_content(text, subtype="plain",
+    charset="utf-8")`` would, without its header parsing (it re-parses Content-Type to add the
+    charset): the payload from its own encoder, its fixed headers reused.
+    tests/unit/test_mime_shortcuts.py checks the bytes are the same."""
+    cte, payload = _encode_text(text, "utf-8", None, out.policy)
+    for name, header in _TEXT_PART_HEADERS[id(out.policy), cte]:
         out[name] = header
-    out.set_payload((b"\n".join(lines) + b"\n").decode("ascii"))
-    return True
+    out.set_payload(payload)
 
 
 def envelope_of(message: EmailMessage, envelope_from: str | None = None) -> tuple[str, str]:
