@@ -144,7 +144,7 @@ def child_sendqueue(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     total = args.schedules + args.burst
     # Calibrate: how fast are schedules created here, now (a throwaway file)?
     with EmbeddedScheduler(f"sqlite:///{home / 'calibrate.db'}") as probe:
-        far = datetime(2099, 1, 1)
+        far = datetime(2099, 1, 1, tzinfo=UTC)
         items = [(f"c-{i}", "bench", far, "UTC", {"i": str(i)}, f"t{i}", 2) for i in range(2000)]
         started = time.perf_counter()
         probe.create_many(items)
@@ -158,7 +158,7 @@ def child_sendqueue(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     for start in range(0, total, 1000):
         batch = []
         for i in range(start, min(total, start + 1000)):
-            at = datetime.fromtimestamp(due[i], UTC).replace(tzinfo=None)
+            at = datetime.fromtimestamp(due[i], UTC)
             batch.append((f"b-{i}", "bench", at, "UTC", {"i": str(i)}, f"t{i}", 2))
         scheduler.create_many(batch)
     create_s = time.perf_counter() - created

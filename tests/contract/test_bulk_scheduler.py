@@ -2,7 +2,9 @@
 
 ``create_many`` answers each item as ``create`` would have, in order: None where the schedule
 now exists as asked (made by the call, or there already with the same token), or the Conflict
-(another token), returned in its slot. The builders are the Scheduler contract's
+(another token), returned in its slot. Its items give the instant a schedule is due
+(``DueArgs``), where ``create`` takes the wall time: the schedule made is the one ``create``
+makes from that instant's wall time in the zone. The builders are the Scheduler contract's
 (:mod:`tests.contract.test_scheduler`).
 """
 
@@ -10,14 +12,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import cast
+from zoneinfo import ZoneInfo
 
 import pytest
 
 from sendqueue.domain.errors import Conflict, InvalidField
-from sendqueue.ports import BulkScheduler, CreateArgs, Scheduler
+from sendqueue.ports import BulkScheduler, CreateArgs, DueArgs, Scheduler
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
 from tests.contract.test_scheduler import BERLIN, BUILDERS, START, Harness, Recorder, local
@@ -39,8 +42,16 @@ def bulk(harness: Harness) -> BulkScheduler:
     return cast(BulkScheduler, harness.scheduler)
 
 
-def item(clock: FakeClock, name: str, token: str = "tok", seconds: float = 60.0) -> CreateArgs:
-    return (name, "g1", local(clock, seconds), BERLIN, {"task_id": name}, token, 2)
+def item(clock: FakeClock, name: str, token: str = "tok", seconds: float = 60.0) -> DueArgs:
+    due = clock.now() + timedelta(seconds=seconds)
+    return (name, "g1", due, BERLIN, {"task_id": name}, token, 2)
+
+
+def as_create(args: DueArgs) -> CreateArgs:
+    """``create``'s arguments for a bulk item: its instant as wall time in its zone."""
+    name, group, due, zone, payload, token, retries = args
+    wall = due.astimezone(ZoneInfo(zone))
+    return (name, group, datetime.combine(wall.date(), wall.time()), zone, payload, token, retries)
 
 
 def kinds(results: Sequence[object]) -> list[str]:
@@ -62,11 +73,12 @@ def test_near_and_far_items_are_created_in_order_and_fire_when_due(
     assert names(harness.scheduler) == [f"s-{i:02}" for i in range(20)]
     for i, seconds in ((0, 2 * 86400.0), (1, 60.0)):
         got = harness.scheduler.get(f"s-{i:02}")
-        made = harness.scheduler.create(*items[i])  # the same name and token: the one stored
+        made = harness.scheduler.create(*as_create(items[i]))  # the same token: the one stored
         assert got is not None and got.client_token == f"t{i}"
         assert got == made and got.due_at == START + timedelta(seconds=seconds)
         assert (got.group, got.timezone, got.max_retries, got.attempts) == ("g1", BERLIN, 2, 0)
-        assert got.at_local == items[i][2] and dict(got.payload) == {"task_id": f"s-{i:02}"}
+        assert got.at_local == local(clock, seconds) == as_create(items[i])[2]
+        assert dict(got.payload) == {"task_id": f"s-{i:02}"}
         assert got.created_at == START
     assert harness.fire_due is not None
     recorder = Recorder()
@@ -80,7 +92,7 @@ def test_an_existing_name_with_the_same_token_is_returned_not_duplicated(
     harness: Harness, bulk: BulkScheduler
 ) -> None:
     clock = harness.clock
-    first = harness.scheduler.create(*item(clock, "old", "a"))
+    first = harness.scheduler.create(*as_create(item(clock, "old", "a")))
     out = bulk.create_many([item(clock, "new-1"), item(clock, "old", "a"), item(clock, "new-2")])
     assert kinds(out) == ["ok", "ok", "ok"]
     assert harness.scheduler.get("old") == first
@@ -95,7 +107,7 @@ def test_another_token_is_a_conflict_in_its_slot_and_the_rest_is_created(
     harness: Harness, bulk: BulkScheduler
 ) -> None:
     clock = harness.clock
-    harness.scheduler.create(*item(clock, "old", "a", seconds=2 * 86400.0))
+    harness.scheduler.create(*as_create(item(clock, "old", "a", seconds=2 * 86400.0)))
     out = bulk.create_many([item(clock, "new-1"), item(clock, "old", "b"), item(clock, "new-2")])
     assert kinds(out) == ["ok", "Conflict", "ok"]
     assert "old" in str(out[1])
@@ -131,11 +143,48 @@ def test_an_invalid_item_raises_naming_the_field_and_writes_nothing(
     harness: Harness, bulk: BulkScheduler
 ) -> None:
     clock = harness.clock
-    bad = ("n-1", "g1", local(clock, 60), BERLIN, {"task_id": "n-1"}, "bad token!", 2)
+    bad = ("n-1", "g1", clock.now(), BERLIN, {"task_id": "n-1"}, "bad token!", 2)
     with pytest.raises(InvalidField, match="client_token"):
         bulk.create_many([item(clock, "n-0"), bad])
     assert names(harness.scheduler) == []
     assert bulk.create_many([]) == []
+
+
+@pytest.mark.parametrize(
+    "due", [datetime(2026, 12, 7, 9, 0), "2026-12-07T09:00:00+00:00"], ids=["naive", "text"]
+)
+def test_an_instant_that_is_not_an_aware_datetime_is_refused_as_due_at(
+    harness: Harness, bulk: BulkScheduler, due: object
+) -> None:
+    clock = harness.clock
+    bad = ("n-1", "g1", due, BERLIN, {"task_id": "n-1"}, "tok", 2)
+    with pytest.raises(InvalidField, match="due_at"):
+        bulk.create_many([item(clock, "n-0"), bad])  # type: ignore[list-item]
+    assert names(harness.scheduler) == []
+
+
+def test_an_instant_in_the_repeated_hour_is_due_then_in_any_zone_it_is_given_in(
+    harness: Harness, bulk: BulkScheduler
+) -> None:
+    """Europe/Berlin shows 02:30 twice on 2027-10-31: each pass's instant is due when given,
+    and keeps its wall time's fold; an instant given in another zone is the same instant."""
+    first = datetime(2027, 10, 31, 0, 30, tzinfo=UTC)  # 02:30 CEST
+    second = first + timedelta(hours=1)  # 02:30 CET
+    elsewhere = second.astimezone(ZoneInfo("America/New_York"))
+    out = bulk.create_many(
+        [
+            ("first", "g1", first, BERLIN, {}, "t1", 2),
+            ("second", "g1", second, BERLIN, {}, "t2", 2),
+            ("elsewhere", "g1", elsewhere, BERLIN, {}, "t3", 2),
+        ]
+    )
+    assert kinds(out) == ["ok"] * 3
+    got = {name: harness.scheduler.get(name) for name in ("first", "second", "elsewhere")}
+    assert [(s.due_at, s.at_local.hour, s.at_local.minute) for s in got.values() if s] == [
+        (first, 2, 30),
+        (second, 2, 30),
+        (second, 2, 30),
+    ]
 
 
 @pytest.mark.parametrize(

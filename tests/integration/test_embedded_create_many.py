@@ -4,7 +4,7 @@ holds existing and repeated ones (looked up first)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,11 +14,17 @@ from sendqueue.domain.errors import Conflict, InvalidField
 from sendqueue.testing.clock import FakeClock
 from tests.support.app import T0
 
-AT = datetime(2026, 12, 1, 9, 0)
+AT = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)  # 09:00 in Berlin
 
 
 def _item(name: str, token: str) -> tuple[str, str, datetime, str, dict[str, str], str, int]:
     return (name, "sq-c1", AT, "Europe/Berlin", {"kind": "send", "task_id": name}, token, 2)
+
+
+def _create(scheduler: EmbeddedScheduler, name: str, token: str) -> None:
+    """``create`` of what :func:`_item` asks for: its wall time in Berlin."""
+    wall = datetime(2026, 12, 1, 9, 0)
+    scheduler.create(name, "sq-c1", wall, "Europe/Berlin", _item(name, token)[4], token, 2)
 
 
 @pytest.fixture
@@ -37,14 +43,15 @@ def test_all_new_names_are_created_in_order(scheduler: EmbeddedScheduler) -> Non
     assert stored is not None and (stored.client_token, stored.payload) == (
         "t7", {"kind": "send", "task_id": "n-7"}
     )  # fmt: skip
+    assert (stored.due_at, stored.at_local) == (AT, datetime(2026, 12, 1, 9, 0))
     assert len(scheduler.list("sq-c1", limit=2000)) == 1200
 
 
 def test_existing_and_repeated_names_answer_as_create_would(
     scheduler: EmbeddedScheduler,
 ) -> None:
-    scheduler.create(*_item("old-same", "a"))
-    scheduler.create(*_item("old-other", "a"))
+    _create(scheduler, "old-same", "a")
+    _create(scheduler, "old-other", "a")
     out = scheduler.create_many(
         [
             _item("new-1", "x"),
@@ -71,7 +78,7 @@ def test_existing_and_repeated_names_answer_as_create_would(
 def test_a_batch_with_one_existing_name_writes_the_new_ones_once(
     scheduler: EmbeddedScheduler,
 ) -> None:
-    scheduler.create(*_item("n-3", "t3"))
+    _create(scheduler, "n-3", "t3")
     out = scheduler.create_many([_item(f"n-{i}", f"t{i}") for i in range(6)])
     assert out == [None] * 6
     assert sorted(s.name for s in scheduler.list("sq-c1")) == [f"n-{i}" for i in range(6)]

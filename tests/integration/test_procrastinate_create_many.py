@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from sendqueue.bootstrap import bootstrap
 from sendqueue.domain.errors import Conflict, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.models import expected_schedule_name, schedule_group
-from sendqueue.ports import CreateArgs, Schedule
+from sendqueue.ports import CreateArgs, DueArgs, Schedule
 from sendqueue.services.campaigns.demo import demo_csv, demo_policy
 from sendqueue.services.importing.recipients import Templates
 from sendqueue.services.scheduling.schedules import ScheduleWriter
@@ -68,8 +68,11 @@ def test_each_item_is_written_where_and_as_create_writes_it(postgres_url: str) -
         at = (clock.now() + timedelta(seconds=seconds)).replace(tzinfo=None)
         return (f"{name}", "g", at, "UTC", {"task_id": name[2:]}, "tok", 3)
 
+    def due(args: CreateArgs) -> DueArgs:  # the bulk item: the instant, not the wall time
+        return (args[0], args[1], args[2].replace(tzinfo=UTC), *args[3:])
+
     items = [args("b-near", 60), args("b-far", 3600), args("b-edge", 300)]
-    made = scheduler.create_many(items)
+    made = scheduler.create_many([due(item) for item in items])
     for name, seconds in (("c-near", 60), ("c-far", 3600), ("c-edge", 300)):
         scheduler.create(*args(name, seconds))
     jobs = _query(
@@ -111,13 +114,14 @@ def test_a_clash_procrastinate_finds_for_the_whole_batch_is_a_scheduler_error(
     items: list[CreateArgs] = [
         (name, "g", at, "UTC", {"task_id": name}, "tok", 3) for name in ("x-1", "x-2", "x-3")
     ]
+    bulk: list[DueArgs] = [(*item[:2], at.replace(tzinfo=UTC), *item[3:]) for item in items]
     _query(
         postgres_url,
         "INSERT INTO procrastinate_jobs (queue_name, task_name, queueing_lock, args) "
         "VALUES ('other', 'other.task', 'x-2', '{}') RETURNING id",
     )
     with pytest.raises(SchedulerError, match="x-2") as raised:
-        scheduler.create_many(items)
+        scheduler.create_many(bulk)
     assert not isinstance(raised.value, Conflict)
     assert _places(postgres_url) == Counter({"x-2": 1}), "the failed batch wrote something"
     # One by one, as the schedule writer goes on: the clash is create's own Conflict.
@@ -163,10 +167,10 @@ def test_two_processes_racing_overlapping_batches_leave_one_schedule_per_name(
 
     def run(k: int, scheduler: ProcrastinateScheduler) -> None:
         # 300 names each, 200 shared; for a shared name one side defers it, the other parks it.
-        items: list[CreateArgs] = []
+        items: list[DueArgs] = []
         for i in range(k * 100, k * 100 + 300):
             seconds = 60 if (i + k) % 2 else 7200
-            at = (clock.now() + timedelta(seconds=seconds)).replace(tzinfo=None)
+            at = clock.now() + timedelta(seconds=seconds)
             items.append((f"n-{i:04}", "g", at, "UTC", {"task_id": str(i)}, f"t{k}", 2))
         barrier.wait()
         try:

@@ -1,6 +1,7 @@
 """The records provisioning builds without their frozen dataclass's ``__init__``
 (``pending_task``, ``recipient_of``, ``planned_booking``) must equal the constructor's, field
-for field; and ``check_many``'s inline checks must refuse what ``create``'s checks refuse."""
+for field; and the inline checks of ``check_many`` and ``check_due_many`` must refuse what
+``create``'s checks refuse."""
 
 from __future__ import annotations
 
@@ -151,3 +152,49 @@ def test_check_many_reads_each_item_in_its_own_zone() -> None:
     checked = rules.check_many(items)
     assert [c[-1] for c in checked] == [rules.due_at(_GOOD[2], item[3]) for item in items]
     assert [c[-1].hour for c in checked] == [8, 14, 8, 9]
+
+
+_DUE: tuple[Any, ...] = (*_GOOD[:2], datetime(2026, 12, 7, 8, 0, tzinfo=UTC), *_GOOD[3:])
+
+
+@pytest.mark.parametrize(
+    ("index", "value", "field"),
+    [
+        (0, 5, "name"),
+        (0, "bad name", "name"),
+        (1, "bad group", "group"),
+        (2, datetime(2026, 12, 7, 9, 0), "due_at"),
+        (2, date(2026, 12, 7), "due_at"),
+        (2, "2026-12-07T08:00:00+00:00", "due_at"),
+        (3, "Mars/Olympus", "timezone"),
+        (3, None, "timezone"),
+        (4, {"kind": 1}, "payload"),
+        (5, "a.b", "client_token"),
+        (6, -1, "max_retries"),
+        (6, True, "max_retries"),
+    ],
+)
+def test_check_due_many_refuses_what_create_refuses(index: int, value: object, field: str) -> None:
+    """A bulk item's checks are ``create``'s, its instant checked in the wall time's place."""
+    bad = list(_DUE)
+    bad[index] = value
+    with pytest.raises(InvalidField) as raised:
+        rules.check_due_many([_DUE, tuple(bad)])
+    assert raised.value.field == field
+
+
+def test_check_due_many_reads_each_instant_in_its_own_zone_as_the_same_instant() -> None:
+    """An instant given in any zone is taken as that instant (in UTC), its wall time read in
+    the item's zone."""
+    plus_two = _DUE[2].astimezone(timezone(timedelta(hours=2)))
+    items = [
+        (*_DUE[:2], at, zone, *_DUE[4:])
+        for at, zone in ((_DUE[2], "Europe/Berlin"), (plus_two, "America/New_York"))
+    ]
+    checked = rules.check_due_many(items)
+    assert [c[-1] for c in checked] == [_DUE[2], _DUE[2]]
+    assert all(c[-1].tzinfo is UTC for c in checked)
+    assert [rules.wall_time(c[2]) for c in checked] == [
+        datetime(2026, 12, 7, 9, 0),
+        datetime(2026, 12, 7, 3, 0),
+    ]

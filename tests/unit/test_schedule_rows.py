@@ -1,6 +1,7 @@
-"""The embedded scheduler's bulk rows, built from the checked ``create`` arguments
-(``rules.check_many``), must be the rows ``create`` stores for a Schedule; and ``due_at``, which
-both take the instant from, must hold its rules around every kind of clock change."""
+"""The embedded scheduler's bulk rows, built from the checked bulk items (``rules.
+check_due_many``: an instant each), must be the rows ``create`` stores for the Schedule of that
+instant's wall time, due at exactly that instant (folds and gaps included); and ``due_at``, which
+``create`` takes the instant from, must hold its rules around every kind of clock change."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from sendqueue.adapters import scheduler_rules as rules
 from sendqueue.adapters.embedded.store import (
-    checked_params,
+    due_params,
     insert_params,
     payload_json,
     payload_text,
@@ -23,6 +24,7 @@ from sendqueue.adapters.embedded.store import (
 _names = st.from_regex(r"[0-9a-zA-Z_.\-]{1,64}", fullmatch=True)
 _tokens = st.from_regex(r"[a-zA-Z0-9_\-]{1,64}", fullmatch=True)
 _zones = st.sampled_from(["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "UTC"])
+_utc = st.just(UTC)
 _payloads = st.dictionaries(st.text(max_size=12), st.text(max_size=40), max_size=6)
 
 
@@ -35,27 +37,39 @@ def test_payload_text_is_the_sorted_json_of_the_payload(payload: dict[str, str])
 @given(
     _names,
     _names,
-    st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1)),
-    _zones,
+    st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=_utc),
+    st.sampled_from(
+        ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "UTC", "Europe/Dublin"]
+    ),
     _payloads,
     _tokens,
     st.integers(0, rules.MAX_RETRIES_LIMIT),
 )
-def test_a_checked_row_is_the_row_of_the_schedule_create_builds(
+@example("n", "g", datetime(2027, 10, 31, 1, 30, tzinfo=UTC), "Europe/Berlin", {}, "t", 2)
+@example("n", "g", datetime(2027, 11, 7, 6, 30, tzinfo=UTC), "America/New_York", {}, "t", 2)
+def test_a_bulk_row_is_the_row_of_the_schedule_create_builds_from_its_wall_time(
     name: str,
     group: str,
-    at_local: datetime,
+    instant: datetime,
     timezone: str,
     payload: dict[str, str],
     token: str,
     retries: int,
 ) -> None:
+    """The second pass of a repeated hour (the examples) keeps its fold from the instant, so
+    ``create`` of the wall time is due at the same instant."""
     now = datetime(2026, 12, 3, 14, 0, 0, 123456, tzinfo=UTC)
-    item = (name, group, at_local, timezone, payload, token, retries)
-    schedule = rules.build_schedule(*item, created_at=now)
-    (checked,) = rules.check_many([item])
-    assert checked_params(checked, to_us(now)) == insert_params(schedule)
-    assert checked[-1] == schedule.due_at == rules.due_at(at_local, timezone)
+    (checked,) = rules.check_due_many([(name, group, instant, timezone, payload, token, retries)])
+    wall = rules.wall_time(instant.astimezone(ZoneInfo(timezone)))
+    schedule = rules.build_schedule(
+        name, group, wall, timezone, payload, token, retries, created_at=now
+    )
+    assert due_params(checked, to_us(now)) == insert_params(schedule)
+    assert checked[-1] == schedule.due_at == instant
+    (built,) = rules.build_due_schedules(
+        [(name, group, instant, timezone, payload, token, retries)], created_at=now
+    )
+    assert built == schedule
 
 
 _ZONES_WITH_ODD_TRANSITIONS = st.sampled_from(

@@ -31,14 +31,18 @@ from zoneinfo import ZoneInfo
 
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.policy import load_timezone
-from sendqueue.ports import CreateArgs, Schedule
+from sendqueue.ports import CreateArgs, DueArgs, Schedule
 
 __all__ = [
     "MAX_RETRIES_LIMIT",
     "Checked",
+    "CheckedDue",
+    "build_due_schedules",
     "build_schedule",
     "build_schedules",
     "check_at_local",
+    "check_due_at",
+    "check_due_many",
     "check_group",
     "check_limit",
     "check_many",
@@ -50,6 +54,7 @@ __all__ = [
     "error_text",
     "local_now",
     "retry_delay",
+    "wall_time",
 ]
 
 MAX_RETRIES_LIMIT = 185
@@ -97,6 +102,15 @@ def check_at_local(value: object) -> datetime:
             "at_local", value, "expected a naive wall-clock time; the zone goes in timezone"
         )
     return value
+
+
+def check_due_at(value: object) -> datetime:
+    """An aware datetime as the same instant in UTC, or InvalidField("due_at")."""
+    if not isinstance(value, datetime):
+        raise InvalidField("due_at", value, "expected a datetime")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidField("due_at", value, "expected an aware instant (UTC)")
+    return value.astimezone(UTC)
 
 
 def check_payload(value: object) -> dict[str, str]:
@@ -213,7 +227,7 @@ Checked = tuple[str, str, datetime, str, dict[str, str], str, int, datetime]
 
 def check_many(items: Iterable[CreateArgs]) -> list[Checked]:
     """Check every argument of each item as ``create`` does, in order, and work out when it
-    is due; what a bulk write builds its rows from (without a Schedule per item).
+    is due (what :func:`build_schedules` builds its schedules from).
 
     Raises InvalidField naming the first bad field of the first bad item, in signature order.
     The fields a batch shares (its group, timezone and ``max_retries``) are checked once per
@@ -244,6 +258,63 @@ def check_many(items: Iterable[CreateArgs]) -> list[Checked]:
             retries.add(check_max_retries(max_retries))
         out.append((name, group, at_local, timezone, checked, client_token, max_retries, instant))
     return out
+
+
+#: ``create_many``'s item checked: name, group, the wall-clock time in its zone (aware: the
+#: instant read in ``timezone``, its ``fold`` set on a repeated hour's second pass), timezone,
+#: payload (copied into a dict of strings), client token, max_retries, and the instant in UTC.
+CheckedDue = tuple[str, str, datetime, str, dict[str, str], str, int, datetime]
+
+
+def check_due_many(items: Iterable[DueArgs]) -> list[CheckedDue]:
+    """Check every item of a bulk write (``BulkScheduler.create_many``: ``create``'s arguments
+    with the instant the schedule is due in place of ``at_local``) as ``create`` checks its
+    arguments, in order, and read each instant in its zone.
+
+    No wall time is read back into an instant: the instant is given, so a schedule due in a
+    repeated or skipped hour needs no rule (:func:`due_at`'s). Raises InvalidField naming the
+    first bad field of the first bad item (``due_at`` for an instant that is not an aware
+    datetime). Shared fields are checked once per distinct value, as in :func:`check_many`.
+    """
+    groups: set[str] = set()
+    retries: set[int] = set()
+    zones: dict[str, ZoneInfo] = {}
+    name_ok, token_ok = _NAME.fullmatch, _TOKEN.fullmatch
+    out: list[CheckedDue] = []
+    for name, group, due, timezone, payload, client_token, max_retries in items:
+        # The common valid case inline; the check_* functions raise for anything else.
+        if type(name) is not str or name_ok(name) is None:
+            name = check_name(name)
+        if not isinstance(group, str) or group not in groups:
+            groups.add(check_group(group))
+        if type(due) is not datetime or due.tzinfo is not UTC:
+            due = check_due_at(due)
+        zone = zones.get(timezone) if type(timezone) is str else None
+        if zone is None:
+            zone = zones[timezone] = load_timezone(timezone, "timezone")
+        checked = check_payload(payload)
+        if type(client_token) is not str or token_ok(client_token) is None:
+            client_token = check_token(client_token)
+        if type(max_retries) is not int or max_retries not in retries:
+            retries.add(check_max_retries(max_retries))
+        out.append(
+            (name, group, due.astimezone(zone), timezone, checked, client_token, max_retries, due)
+        )
+    return out
+
+
+def wall_time(local: datetime) -> datetime:
+    """The naive wall-clock time (``Schedule.at_local``) of an aware ``local`` time, its fold
+    kept (combine() is cheaper than replace(tzinfo=None))."""
+    return datetime.combine(local.date(), local.time())
+
+
+def build_due_schedules(items: Iterable[DueArgs], *, created_at: datetime) -> list[Schedule]:
+    """The schedules of a bulk write's items (:func:`check_due_many`), in order."""
+    return [
+        Schedule(name, group, wall_time(local), zone, payload, token, due, retries, 0, created_at)
+        for name, group, local, zone, payload, token, retries, due in check_due_many(items)
+    ]
 
 
 def retry_delay(

@@ -19,6 +19,7 @@ __all__ = [
     "BulkScheduler",
     "CreateArgs",
     "Dispatcher",
+    "DueArgs",
     "Schedule",
     "Scheduler",
     "Target",
@@ -113,22 +114,32 @@ class Scheduler(Protocol):
 #: max_retries.
 CreateArgs = tuple[str, str, datetime, str, Mapping[str, str], str, int]
 
+#: ``create_many``'s items: ``create``'s arguments with the instant the schedule is due (an
+#: aware datetime; UTC is the one taken without a conversion) in place of ``at_local``: name,
+#: group, due_at, timezone, payload, client_token, max_retries. The schedule made is the one
+#: ``create`` makes from ``due_at`` read as wall-clock time in ``timezone``: it is due at
+#: exactly ``due_at``, and its ``at_local`` is that wall time.
+DueArgs = tuple[str, str, datetime, str, Mapping[str, str], str, int]
+
 
 @runtime_checkable
 class BulkScheduler(Protocol):
     """A scheduler that also writes many schedules in one call (one transaction: the embedded
     and procrastinate layers).
 
-    ``create_many`` returns one result per item, in order: None where the schedule now exists
-    as asked (made by the call, or there already with the same token), or the Conflict (a name
-    held with another token) that ``create`` would have raised for it; other errors raise for
-    the whole batch. (No Schedule per item: a bulk write's caller needs only the clashes, and
-    building a hundred thousand objects to drop them was a tenth of a provisioning run.)
+    Its items carry the instant each schedule is due (:data:`DueArgs`), which the caller has
+    already (a task's ``send_at``), instead of a wall time the layer would check and read back
+    into an instant per schedule. ``create_many`` returns one result per item, in order: None
+    where the schedule now exists as asked (made by the call, or there already with the same
+    token), or the Conflict (a name held with another token) that ``create`` would have raised
+    for it; other errors raise for the whole batch. (No Schedule per item: a bulk write's
+    caller needs only the clashes, and building a hundred thousand objects to drop them was a
+    tenth of a provisioning run.)
     Check the class (``issubclass(type(s), BulkScheduler)``), not the instance, so a wrapper
     that forwards unknown attributes still sees each ``create`` itself.
     """
 
-    def create_many(self, items: Sequence[CreateArgs]) -> Sequence[Exception | None]: ...
+    def create_many(self, items: Sequence[DueArgs]) -> Sequence[Exception | None]: ...
 
 
 @runtime_checkable

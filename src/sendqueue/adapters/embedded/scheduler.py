@@ -69,8 +69,8 @@ from sendqueue.adapters.embedded.store import (
     IN_LIMIT,
     INSERT,
     SCHEMA_VERSION,
-    checked_params,
     conflict,
+    due_params,
     from_us,
     insert_params,
     row_to_letter,
@@ -80,7 +80,7 @@ from sendqueue.adapters.embedded.store import (
 )
 from sendqueue.domain.errors import Conflict, NotFound, SchedulerError
 from sendqueue.domain.models import DeadLetter, new_token
-from sendqueue.ports import Alarm, Clock, CreateArgs, Schedule
+from sendqueue.ports import Alarm, Clock, DueArgs, Schedule
 
 __all__ = ["SCHEMA_VERSION", "EmbeddedScheduler"]
 
@@ -207,24 +207,25 @@ class EmbeddedScheduler(Dispatcher):
         self._wake(schedule.due_at)
         return schedule
 
-    def create_many(self, items: Sequence[CreateArgs]) -> builtins.list[Conflict | None]:
+    def create_many(self, items: Sequence[DueArgs]) -> builtins.list[Conflict | None]:
         """:meth:`create` for many schedules in one transaction (:class:`~sendqueue.ports.
         BulkScheduler`).
 
-        Each item holds the positional arguments of :meth:`create`. The result has one entry
-        per item, in order: None where the schedule now exists as asked (made here, or there
-        already with the same token), a :class:`Conflict` where the name is held with another
-        token (returned, not raised, so one clash does not lose the batch). A repeated name
-        within the batch behaves as two calls. InvalidField and SchedulerError are raised and
-        nothing is written. Provisioning a campaign makes one call per chunk instead of one
-        transaction per schedule; its rows are built from the checked items, with no Schedule
-        object per item.
+        Each item holds the positional arguments of :meth:`create` with the instant the
+        schedule is due in place of its wall time (:data:`~sendqueue.ports.DueArgs`). The
+        result has one entry per item, in order: None where the schedule now exists as asked
+        (made here, or there already with the same token), a :class:`Conflict` where the name
+        is held with another token (returned, not raised, so one clash does not lose the
+        batch). A repeated name within the batch behaves as two calls. InvalidField and
+        SchedulerError are raised and nothing is written. Provisioning a campaign makes one
+        call per chunk instead of one transaction per schedule; its rows are built from the
+        checked items, with no Schedule object per item.
         """
-        checked = rules.check_many(items)
+        checked = rules.check_due_many(items)
         if not checked:
             return []
         created_us = to_us(self.clock.now())
-        rows = [checked_params(item, created_us) for item in checked]
+        rows = [due_params(item, created_us) for item in checked]
         with self._write() as conn:
             if self._insert_new(conn, rows):
                 out: builtins.list[Conflict | None] = [None] * len(rows)
@@ -237,7 +238,7 @@ class EmbeddedScheduler(Dispatcher):
 
     @staticmethod
     def _insert_new(conn: sqlite3.Connection, rows: Sequence[tuple[object, ...]]) -> bool:
-        """Insert ``rows`` (:func:`checked_params`) if every name is new (the common case: a
+        """Insert ``rows`` (:func:`due_params`) if every name is new (the common case: a
         fresh provisioning chunk) and say so; otherwise insert nothing and return False. One
         statement, no lookup: the rows taken are counted, and a skipped one undoes the batch."""
         if len({row[0] for row in rows}) != len(rows):

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring_ascii
 
-from sendqueue.adapters.scheduler_rules import Checked
+from sendqueue.adapters.scheduler_rules import CheckedDue, wall_time
 from sendqueue.domain.errors import Conflict, InvalidField, SchedulerError
 from sendqueue.domain.models import DeadLetter
 from sendqueue.ports import Alarm, Clock, Schedule
@@ -27,8 +27,8 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
     "ScheduleFile",
-    "checked_params",
     "conflict",
+    "due_params",
     "from_us",
     "insert_params",
     "payload_json",
@@ -136,12 +136,12 @@ def payload_text(payload: Mapping[str, str]) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
-def checked_params(item: Checked, created_us: int) -> tuple[object, ...]:
-    """:func:`insert_params` of a checked ``create`` (``rules.check_many``), without the
+def due_params(item: CheckedDue, created_us: int) -> tuple[object, ...]:
+    """:func:`insert_params` of a checked bulk item (``rules.check_due_many``), without the
     Schedule in between."""
-    name, group, at_local, timezone, payload, token, retries, due = item
+    name, group, local, timezone, payload, token, retries, due = item
     return (
-        name, group, at_local.isoformat(), timezone, payload_text(payload), token,
+        name, group, wall_time(local).isoformat(), timezone, payload_text(payload), token,
         to_us(due), retries, 0, created_us,
     )  # fmt: skip
 

@@ -39,7 +39,7 @@ from sendqueue.adapters.procrastinate.schema import conninfo_from_url, upgrade_s
 from sendqueue.adapters.procrastinate.worker import Worker
 from sendqueue.domain.errors import Conflict, NotFound, SchedulerError
 from sendqueue.domain.models import DeadLetter, new_token, utc
-from sendqueue.ports import Alarm, Clock, CreateArgs, Schedule, Target
+from sendqueue.ports import Alarm, Clock, DueArgs, Schedule, Target
 
 __all__ = ["ProcrastinateScheduler"]
 
@@ -148,9 +148,10 @@ class ProcrastinateScheduler:
             self._jobs.place(conn, schedule, self.clock.now())
         return schedule
 
-    def create_many(self, items: Sequence[CreateArgs]) -> builtins.list[Conflict | None]:
+    def create_many(self, items: Sequence[DueArgs]) -> builtins.list[Conflict | None]:
         """:meth:`create` for many schedules in one transaction (:class:`~sendqueue.ports.
-        BulkScheduler`): one result per item, in order: None where the schedule now exists as
+        BulkScheduler`; each item gives the instant the schedule is due, not its wall time):
+        one result per item, in order: None where the schedule now exists as
         asked (made here, or there already with the same token), the Conflict (returned) where
         the name is held with another token.
 
@@ -161,7 +162,7 @@ class ProcrastinateScheduler:
         defer, a multi-row insert of the parked ones.
         """
         now = self.clock.now()
-        schedules = rules.build_schedules(items, created_at=now)
+        schedules = rules.build_due_schedules(items, created_at=now)
         if not schedules:
             return []
         names = [s.name for s in schedules]
