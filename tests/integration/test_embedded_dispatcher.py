@@ -436,3 +436,27 @@ def test_an_expired_lease_counts_as_a_failed_attempt(url: str) -> None:
         assert "LeaseExpired" in letter.error
         assert alarm.letters == [letter]
         assert scheduler.get("sq-poison") is None
+
+
+def test_a_shutdown_past_its_timeout_releases_the_queued_schedules_that_never_started(
+    url: str,
+) -> None:
+    """Only the invocation still running keeps its lease: the schedule queued behind it was
+    claimed but never started, so it is free again at once, its attempt not counted."""
+    release = threading.Event()
+
+    def stuck(payload: Mapping[str, str]) -> None:
+        release.wait(10)
+
+    with EmbeddedScheduler(url, concurrency=1, shutdown_timeout=0.2) as scheduler:
+        create_due(scheduler, "sq-1", now() - timedelta(seconds=2), max_retries=0)
+        create_due(scheduler, "sq-2", now() - timedelta(seconds=1), max_retries=0)
+        try:
+            with dispatching(scheduler, stuck):
+                wait_for(lambda: len(scheduler.leases()) == 2, 10, "sq-1 running, sq-2 queued")
+            assert list(scheduler.leases()) == ["sq-1"]
+        finally:
+            release.set()
+        queued = scheduler.get("sq-2")
+        assert queued is not None
+        assert queued.attempts == 0

@@ -19,9 +19,21 @@ __all__ = ["Dispatcher"]
 
 log = logging.getLogger("sendqueue.scheduler")
 
-#: What the dispatcher hands a fire thread: the schedule, the event set once its invocation
-#: ended, and whether it was claimed before its due time (see ``lookahead``).
-_Job = tuple[Schedule, threading.Event, bool]
+#: What the dispatcher hands a fire thread: the schedule, its :class:`_Slot`, and whether it
+#: was claimed before its due time (see ``lookahead``).
+_Job = tuple[Schedule, "_Slot", bool]
+
+
+class _Slot:
+    """A claimed schedule's progress: ``started`` once a fire thread took it (set before that
+    thread checks ``halt``, so a job the drain finds unstarted is never invoked), ``ended``
+    once its invocation ended or was skipped."""
+
+    __slots__ = ("ended", "started")
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.ended = threading.Event()
 
 
 class Dispatcher(LeaseBook):
@@ -64,12 +76,13 @@ class Dispatcher(LeaseBook):
             target=self._watch, args=(stop, done, listener), name="sendqueue-wake", daemon=True
         )
         watcher.start()
-        in_flight: dict[str, threading.Event] = {}  # name -> set when its invocation ended
+        in_flight: dict[str, _Slot] = {}  # claimed, not yet ended
         jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        halt = threading.Event()  # set once this loop ends, whether stopped or failed
         for n in range(self.concurrency):
             threading.Thread(
                 target=self._fire_loop,
-                args=(jobs, target, owner, stop),
+                args=(jobs, target, owner, halt),
                 name=f"sendqueue-fire-{n}",
                 daemon=True,  # a target hung past shutdown_timeout must not keep the process
             ).start()
@@ -79,7 +92,7 @@ class Dispatcher(LeaseBook):
         try:
             while not stop.is_set():
                 seq = self._seq()
-                for name in [n for n, ended in in_flight.items() if ended.is_set()]:
+                for name in [n for n, slot in in_flight.items() if slot.ended.is_set()]:
                     del in_flight[name]
                 timeout = self.max_sleep
                 try:
@@ -97,9 +110,8 @@ class Dispatcher(LeaseBook):
                             self._release(owner, {s.name for s in claimed})
                             break
                         for schedule in claimed:
-                            ended = threading.Event()
-                            jobs.put((schedule, ended, schedule.due_at > now))
-                            in_flight[schedule.name] = ended
+                            slot = in_flight[schedule.name] = _Slot()
+                            jobs.put((schedule, slot, schedule.due_at > now))
                         if len(claimed) == free:
                             continue
                         upcoming = self._next_available(owner)
@@ -115,6 +127,7 @@ class Dispatcher(LeaseBook):
                 if timeout > 0:
                     self._sleep(seq, timeout)
         finally:
+            halt.set()
             try:
                 self._drain(owner, in_flight)
             finally:
@@ -133,27 +146,29 @@ class Dispatcher(LeaseBook):
         jobs: queue.SimpleQueue[_Job | None],
         target: Target,
         owner: str,
-        stop: threading.Event,
+        halt: threading.Event,
     ) -> None:
         """One of the dispatcher's fire threads: invoke what it hands over, until told to end.
+        Nothing is started once ``halt`` is set (the dispatcher's loop ended): the drain
+        releases the jobs no thread had taken.
 
         A schedule claimed ahead of its due time (``lookahead``) is waited for here, so the
         claim's transaction is not between the due time and the invocation; it is invoked
-        only once due, only if ``stop`` is still unset (else its lease is released with the
-        others on shutdown), and only if it is still ours: a schedule deleted or replaced
-        after the claim but before its due time does not fire, as if it had not been claimed.
-        The event is set (and the dispatcher notified) once the invocation has ended (or was
-        skipped): the dispatcher then counts the slot as free.
+        only once due, only if ``halt`` is still unset, and only if it is still ours: a
+        schedule deleted or replaced after the claim but before its due time does not fire, as
+        if it had not been claimed. ``slot.ended`` is set (and the dispatcher notified) once
+        the invocation has ended (or was skipped): the dispatcher then counts it as free.
         """
         reader: sqlite3.Connection | None = None
         try:
             while (job := jobs.get()) is not None:
-                schedule, ended, ahead = job
+                schedule, slot, ahead = job
+                slot.started.set()
                 try:
-                    if stop.is_set():
+                    if halt.is_set():
                         continue  # claimed, not started: released with the others
                     if ahead:
-                        if not self._wait_until_due(schedule, stop):
+                        if not self._wait_until_due(schedule, halt):
                             continue
                         if reader is None:
                             reader = self._reader()
@@ -161,7 +176,7 @@ class Dispatcher(LeaseBook):
                             continue
                     self._invoke(schedule, target, owner, defer_delete=True)
                 finally:
-                    ended.set()
+                    slot.ended.set()
                     self._notify()
         finally:
             if reader is not None:
@@ -200,14 +215,19 @@ class Dispatcher(LeaseBook):
             log.info("schedule %s was deleted or replaced after being claimed", schedule.name)
         return row is not None
 
-    def _drain(self, owner: str, in_flight: dict[str, threading.Event]) -> None:
-        """Let running targets finish (bounded), then release what we still hold."""
+    def _drain(self, owner: str, in_flight: dict[str, _Slot]) -> None:
+        """Let running targets finish (bounded), then release what we still hold: a job still
+        queued (no fire thread took it) is released too, and skipped if a thread takes it."""
         deadline = time.monotonic() + self.shutdown_timeout
         renew_every = self.lease_seconds / 3
         next_renew = time.monotonic() + renew_every
         while True:
             seq = self._seq()
-            running = {n for n, ended in in_flight.items() if not ended.is_set()}
+            running = {
+                n
+                for n, slot in in_flight.items()
+                if slot.started.is_set() and not slot.ended.is_set()
+            }
             left = deadline - time.monotonic()
             if not running or left <= 0:
                 break
