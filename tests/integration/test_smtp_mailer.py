@@ -591,3 +591,15 @@ def test_an_envelope_sender_that_is_no_bare_address_is_permanent(
     with pytest.raises(PermanentMailError, match="envelope_from"):
         mailer_for(smtp_sink).send(message(envelope_from=envelope_from))
     assert smtp_sink.messages == []
+
+
+def test_a_non_ascii_envelope_sender_goes_out_over_smtputf8(
+    smtp_sink: SmtpSink, mailer_for: Callable[..., SmtpMailer]
+) -> None:
+    """A VERP bounce address with a non-ASCII local part (SENDQUEUE_BOUNCE_ADDRESS accepts one)
+    needs SMTPUTF8 even when every header address is ASCII."""
+    verp = "rückläufer+c0123456789ab-1.0123456789abcdef0123456789abcdef@example.com"
+    mailer_for(smtp_sink).send(message(envelope_from=verp))
+
+    (mail,) = smtp_sink.wait_for(1)
+    assert mail.mail_from == verp

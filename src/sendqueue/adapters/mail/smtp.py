@@ -210,7 +210,8 @@ class SmtpMailer:
             # A message that cannot be built never will be: retrying cannot help.
             raise PermanentMailError(f"message not sent, it is invalid: {exc}") from exc
         data = mime.as_bytes()
-        utf8 = needs_smtputf8(mime)
+        # A VERP sender of a non-ASCII bounce address needs SMTPUTF8 even for an ASCII message.
+        utf8 = needs_smtputf8(mime) or not sender.isascii()
         for attempt in (1, 2):
             conn, reused = self._acquire()
             with conn.lock:
