@@ -29,7 +29,10 @@ How it fires:
   long as the dispatcher: a target keeps per-thread state (the SMTP mailer's connection)
   from one invocation to the next. While all of them are busy, up to as many more due
   schedules wait leased in the dispatcher's queue: it claims in batches (once the queue is
-  down to one per thread), so a send costs a fraction of a claim's transaction.
+  down to one per thread), so a send costs a fraction of a claim's transaction. A process
+  that dies holds those leases too: when they expire, each counts as a failed attempt, as
+  for the ones that ran (a started invocation is not written down, which would cost the
+  write per send the batches save); the reconciler schedules again a dead letter's task.
 - A target that returns deletes its schedule. On the dispatcher's fire threads the delete
   is deferred to the dispatcher's next transaction (the claim that refills the freed slots, or
   the release on shutdown), so a send costs no write of its own on this file; the lease keeps
