@@ -1,7 +1,7 @@
 """The records provisioning builds without their frozen dataclass's ``__init__``
 (``pending_task``, ``recipient_of``, ``planned_booking``) must equal the constructor's, field
-for field; and the inline checks of ``check_many`` and ``check_due_many`` must refuse what
-``create``'s checks refuse."""
+for field; and the inline checks of ``check_due_many`` must refuse what ``create``'s checks
+refuse."""
 
 from __future__ import annotations
 
@@ -132,26 +132,25 @@ _GOOD: tuple[Any, ...] = (
         (6, -1, "max_retries"),
     ],
 )
-def test_check_many_refuses_what_create_refuses(index: int, value: object, field: str) -> None:
+def test_create_refuses_each_bad_field_by_name(index: int, value: object, field: str) -> None:
     bad = list(_GOOD)
     bad[index] = value
     with pytest.raises(InvalidField) as one:
         rules.build_schedule(*bad, created_at=datetime.now(UTC))
     assert one.value.field == field
-    # In a batch, after a good item whose zone and group are remembered.
-    with pytest.raises(InvalidField) as many:
-        rules.check_many([_GOOD, tuple(bad)])
-    assert many.value.field == field
 
 
-def test_check_many_reads_each_item_in_its_own_zone() -> None:
-    items = [
-        (*_GOOD[:3], zone, *_GOOD[4:])
-        for zone in ("Europe/Berlin", "America/New_York", "Europe/Berlin", "UTC")
+def test_create_reads_the_wall_time_in_its_own_zone() -> None:
+    name, group, at_local, _, payload, token, retries = _GOOD
+    zones = ("Europe/Berlin", "America/New_York", "Europe/Berlin", "UTC")
+    built = [
+        rules.build_schedule(
+            name, group, at_local, zone, payload, token, retries, created_at=datetime.now(UTC)
+        )
+        for zone in zones
     ]
-    checked = rules.check_many(items)
-    assert [c[-1] for c in checked] == [rules.due_at(_GOOD[2], item[3]) for item in items]
-    assert [c[-1].hour for c in checked] == [8, 14, 8, 9]
+    assert [b.due_at for b in built] == [rules.due_at(at_local, zone) for zone in zones]
+    assert [b.due_at.hour for b in built] == [8, 14, 8, 9]
 
 
 _DUE: tuple[Any, ...] = (*_GOOD[:2], datetime(2026, 12, 7, 8, 0, tzinfo=UTC), *_GOOD[3:])

@@ -31,21 +31,18 @@ from zoneinfo import ZoneInfo
 
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.policy import load_timezone
-from sendqueue.ports import CreateArgs, DueArgs, Schedule
+from sendqueue.ports import DueArgs, Schedule
 
 __all__ = [
     "MAX_RETRIES_LIMIT",
-    "Checked",
     "CheckedDue",
     "build_due_schedules",
     "build_schedule",
-    "build_schedules",
     "check_at_local",
     "check_due_at",
     "check_due_many",
     "check_group",
     "check_limit",
-    "check_many",
     "check_max_retries",
     "check_name",
     "check_payload",
@@ -200,64 +197,21 @@ def build_schedule(
     *,
     created_at: datetime,
 ) -> Schedule:
-    """Check every argument of ``Scheduler.create`` and build the new schedule.
+    """Check every argument of ``Scheduler.create`` and build the new schedule, due at
+    :func:`due_at` of its wall time.
 
     Raises InvalidField naming the first bad field, in signature order.
     """
-    item = (name, group, at_local, timezone, payload, client_token, max_retries)
-    return build_schedules([item], created_at=created_at)[0]
-
-
-def build_schedules(
-    items: Iterable[CreateArgs],
-    *,
-    created_at: datetime,
-) -> list[Schedule]:
-    """:func:`build_schedule` of each item (``create``'s positional arguments), in order."""
-    return [
-        Schedule(name, group, at_local, timezone, payload, token, due, retries, 0, created_at)
-        for name, group, at_local, timezone, payload, token, retries, due in check_many(items)
-    ]
-
-
-#: ``create``'s positional arguments checked (the payload copied into a dict of strings),
-#: and the instant the schedule is due (:func:`due_at`) last.
-Checked = tuple[str, str, datetime, str, dict[str, str], str, int, datetime]
-
-
-def check_many(items: Iterable[CreateArgs]) -> list[Checked]:
-    """Check every argument of each item as ``create`` does, in order, and work out when it
-    is due (what :func:`build_schedules` builds its schedules from).
-
-    Raises InvalidField naming the first bad field of the first bad item, in signature order.
-    The fields a batch shares (its group, timezone and ``max_retries``) are checked once per
-    distinct value, not once per schedule: a provisioning chunk's thousand schedules have one
-    of each.
-    """
-    groups: set[str] = set()
-    retries: set[int] = set()
-    zones: dict[str, ZoneInfo] = {}
-    name_ok, token_ok = _NAME.fullmatch, _TOKEN.fullmatch
-    out: list[Checked] = []
-    for name, group, at_local, timezone, payload, client_token, max_retries in items:
-        # The common valid case inline; the check_* functions raise for anything else.
-        if type(name) is not str or name_ok(name) is None:
-            name = check_name(name)
-        if not isinstance(group, str) or group not in groups:
-            groups.add(check_group(group))
-        if type(at_local) is not datetime or at_local.tzinfo is not None:
-            at_local = check_at_local(at_local)
-        zone = zones.get(timezone) if type(timezone) is str else None
-        if zone is None:
-            zone = zones[timezone] = load_timezone(timezone, "timezone")
-        instant = _due_in(at_local, zone)
-        checked = check_payload(payload)
-        if type(client_token) is not str or token_ok(client_token) is None:
-            client_token = check_token(client_token)
-        if type(max_retries) is not int or max_retries not in retries:
-            retries.add(check_max_retries(max_retries))
-        out.append((name, group, at_local, timezone, checked, client_token, max_retries, instant))
-    return out
+    name = check_name(name)
+    group = check_group(group)
+    at_local = check_at_local(at_local)
+    due = _due_in(at_local, load_timezone(timezone, "timezone"))
+    checked = check_payload(payload)
+    client_token = check_token(client_token)
+    max_retries = check_max_retries(max_retries)
+    return Schedule(
+        name, group, at_local, timezone, checked, client_token, due, max_retries, 0, created_at
+    )
 
 
 #: ``create_many``'s item checked: name, group, the wall-clock time in its zone (aware: the
@@ -274,7 +228,8 @@ def check_due_many(items: Iterable[DueArgs]) -> list[CheckedDue]:
     No wall time is read back into an instant: the instant is given, so a schedule due in a
     repeated or skipped hour needs no rule (:func:`due_at`'s). Raises InvalidField naming the
     first bad field of the first bad item (``due_at`` for an instant that is not an aware
-    datetime). Shared fields are checked once per distinct value, as in :func:`check_many`.
+    datetime). The fields a chunk shares (its group, timezone and ``max_retries``) are checked
+    once per distinct value.
     """
     groups: set[str] = set()
     retries: set[int] = set()
