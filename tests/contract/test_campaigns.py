@@ -14,6 +14,7 @@ import pytest
 from sendqueue.domain.errors import Conflict, IllegalTransition, InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.domain.models import Recipient, task_id
+from sendqueue.domain.steps import Step, parse_delay
 from sendqueue.ports import TaskStore
 from tests.contract.store_backends import (
     T0,
@@ -41,6 +42,20 @@ def test_create_and_get_campaign_round_trips(store: TaskStore) -> None:
     assert got == replace(original, recipient_count=3)
     assert got.policy == original.policy
     assert got.policy.describe() == original.policy.describe()
+
+
+def test_a_campaigns_steps_round_trip(store: TaskStore) -> None:
+    steps = (
+        Step(1, "Hello {{ name }}", "Dear {{ name }},\n", "<p>Dear {{ name }}</p>", None),
+        Step(2, None, "Any thoughts?\n", None, parse_delay("3d")),
+        Step(3, "A new thread", "Last note\n", None, parse_delay("4h"), new_thread=True),
+    )
+    store.create_campaign(campaign(steps=steps), recipients(1))
+    store.create_campaign(campaign("c2"), recipients(1))
+
+    assert store.get_campaign("c1").steps == steps
+    assert store.get_campaign("c2").steps == ()  # stored without steps: its one email
+    assert {c.id: c.steps for c in store.list_campaigns()} == {"c1": steps, "c2": ()}
 
 
 def test_recipient_count_is_the_number_of_recipients(store: TaskStore) -> None:

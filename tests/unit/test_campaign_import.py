@@ -7,6 +7,8 @@ import pytest
 from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.policy import SendingPolicy
+from sendqueue.domain.steps import Step
+from sendqueue.services.importing.recipients import Templates
 from tests.support.app import csv_bytes, fake_app
 
 
@@ -45,3 +47,22 @@ def test_create_stores_a_draft_with_normalised_sender() -> None:
     )
     assert campaign.from_addr == "Team <TEAM@example.com>"
     assert app.store.count_tasks(campaign.id)[TaskState.PENDING] == 0
+
+
+def test_a_campaign_from_templates_keeps_them_as_its_first_step() -> None:
+    app = fake_app()
+    rows = b"email,name\na@example.com,Ann\n"
+    created = app.campaign_import.create(
+        name="x",
+        recipients=rows,
+        policy=SendingPolicy(),
+        templates=Templates(subject="Hi {{ name }}", body="Dear {{ name }}\n", html="  "),
+    )
+    stored = app.store.get_campaign(created.campaign.id)
+    assert stored.steps == (Step(1, "Hi {{ name }}", "Dear {{ name }}\n", None, None),)
+
+
+def test_a_campaign_whose_rows_carry_their_text_has_no_stored_step() -> None:
+    app = fake_app()
+    created = app.campaign_import.create(name="x", recipients=csv_bytes(2), policy=SendingPolicy())
+    assert app.store.get_campaign(created.campaign.id).steps == ()

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, TypedDict
 from .errors import IllegalTransition, InvalidField
 from .lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
 from .policy import SendingPolicy
+from .steps import Step
 
 __all__ = [
     "CONTROL_GROUP",
@@ -164,6 +165,9 @@ class Campaign:
     implicit sender with no cap."""
     local_time: bool = False
     """Whether windows, weekdays and skip dates are read in each recipient's zone."""
+    steps: tuple[Step, ...] = ()
+    """Its sequence, as templates: step 1 first (``domain/steps.py``). Empty for a campaign
+    stored before steps were: its one email's templates were rendered at import."""
 
 
 @dataclass(frozen=True)

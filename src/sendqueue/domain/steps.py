@@ -28,6 +28,8 @@ __all__ = [
     "check_steps",
     "follow_up_subject",
     "parse_delay",
+    "steps_from_data",
+    "steps_to_data",
     "thread_headers",
 ]
 
@@ -276,3 +278,37 @@ def _shown(value: object) -> object:
     ):
         return value
     return f"<{type(value).__name__}>"
+
+
+def steps_to_data(steps: Sequence[Step]) -> list[dict[str, object]]:
+    """The steps as JSON-ready mappings, in order (:func:`steps_from_data` reads them back)."""
+    return [
+        {
+            "subject": step.subject,
+            "text": step.text,
+            "html": step.html,
+            "after": None if step.after is None else step.after.text,
+            "new_thread": step.new_thread,
+        }
+        for step in steps
+    ]
+
+
+def steps_from_data(data: object) -> tuple[Step, ...]:
+    """Stored steps (:func:`steps_to_data`), numbered by their place and checked as a
+    sequence; None or an empty list is a campaign made before its steps were stored."""
+    if data is None or data == []:
+        return ()
+    if not isinstance(data, list) or not all(isinstance(entry, dict) for entry in data):
+        raise InvalidField("steps", _shown(data), "expected a list of stored steps")
+    steps = []
+    for k, entry in enumerate(data, 1):
+        after = entry.get("after")
+        delay = None if after is None else parse_delay(after, f"steps[{k}].after")
+        steps.append(
+            Step(
+                k, entry.get("subject"), entry.get("text"), entry.get("html"), delay,
+                bool(entry.get("new_thread", False)),
+            )
+        )  # fmt: skip
+    return check_steps(steps)

@@ -25,6 +25,7 @@ from sendqueue.domain.models import (
     utc,
 )
 from sendqueue.domain.policy import SendingPolicy
+from sendqueue.domain.steps import steps_from_data, steps_to_data
 from sendqueue.domain.suppression import key_of_normalized
 
 __all__ = [
@@ -220,6 +221,7 @@ def campaign_item(campaign: Campaign, recipient_key: str) -> dict[str, Any]:
         "unsubscribe_footer": bool(campaign.unsubscribe_footer),
         "sender_ids": list(campaign.sender_ids),
         "local_time": bool(campaign.local_time),
+        "steps": steps_to_data(campaign.steps),
     }
     return {
         "pk": str_attr("campaign"),
@@ -250,6 +252,8 @@ def campaign_from_item(item: Mapping[str, Any]) -> Campaign:
         # Items written before senders existed: no senders, the campaign's zone.
         sender_ids=tuple(doc.get("sender_ids") or ()),
         local_time=bool(doc.get("local_time", False)),
+        # Items written before steps were stored: the campaign's one email, rendered at import.
+        steps=steps_from_data(doc.get("steps")),
     )
 
 

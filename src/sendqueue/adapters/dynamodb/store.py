@@ -160,6 +160,11 @@ class DynamoDbTaskStore(
         with self._errors("create a campaign"):
             if self._get("campaign", campaign.id, "pk") is not None:
                 raise Conflict(f"campaign {campaign.id!r} already exists")
+            if item_size(campaign_item(campaign, key)) > ITEM_BYTES:
+                # Its steps' templates live in its item: refused before anything is written.
+                raise InvalidField(
+                    "steps", len(campaign.steps), "larger than a DynamoDB item can be (400 KB)"
+                )
             try:
                 with ThreadPoolExecutor(WRITERS) as pool:
                     for window in _windows(recipients, 25 * WRITERS * 4):

@@ -20,6 +20,7 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, Recipient, Task
 from sendqueue.domain.policy import SendingPolicy
+from sendqueue.domain.steps import steps_from_data, steps_to_data
 
 __all__ = [
     "CHUNK_SIZE",
@@ -147,6 +148,7 @@ def campaign_from_row(row: sa.Row[Any]) -> Campaign:
         unsubscribe_footer=bool(m["unsubscribe_footer"]),
         sender_ids=tuple(m["sender_ids"] or ()),
         local_time=bool(m["local_time"]),
+        steps=steps_from_data(m["steps"]),
     )
 
 
@@ -200,6 +202,7 @@ def campaign_row(campaign: Campaign, recipient_count: int) -> dict[str, Any]:
         # NULL for none, as a campaign from before migration 0007 has.
         "sender_ids": list(campaign.sender_ids) if campaign.sender_ids else None,
         "local_time": bool(campaign.local_time),
+        "steps": steps_to_data(campaign.steps) if campaign.steps else None,
     }
 
 

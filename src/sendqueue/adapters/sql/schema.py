@@ -146,6 +146,9 @@ campaigns = sa.Table(
     # from_addr), and whether windows follow each recipient's zone (migration 0007).
     sa.Column("sender_ids", _json(), nullable=True),
     sa.Column("local_time", sa.Boolean, nullable=False, server_default=sa.false()),
+    # Its sequence's steps as templates, a JSON array, step 1 first (NULL: a campaign stored
+    # before steps were, migration 0012).
+    sa.Column("steps", _json(), nullable=True),
     sa.Index("ix_campaigns_created_at", "created_at"),
 )
 

@@ -16,6 +16,7 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import StopOnReply
 from sendqueue.domain.models import Campaign, Recipient, new_campaign_id
 from sendqueue.domain.policy import SendingPolicy
+from sendqueue.domain.steps import Step
 from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, LeasedCampaignTasks
 from sendqueue.services.campaigns.controls import check_plannable
@@ -54,6 +55,9 @@ class Draft:
     """The senders (ids) the recipients are spread across; empty: ``from_addr`` sends."""
     local_time: bool = False
     """Windows read in each recipient's zone (the CSV's ``timezone`` column)."""
+    steps: tuple[Step, ...] = ()
+    """Its steps as templates: step 1 from the subject and body templates when both are
+    given; empty when the rows carry their own subject and text."""
 
 
 class CampaignImport:
@@ -131,8 +135,9 @@ class CampaignImport:
         if not imported.count:
             raise InvalidField("recipients", imported.rows, "the file has no recipient rows")
         return Draft(
-            clean_name, sender, reply, imported, scope, unsubscribe_footer, sender_ids, local_time
-        )
+            clean_name, sender, reply, imported, scope, unsubscribe_footer, sender_ids, local_time,
+            _first_step(templates),
+        )  # fmt: skip
 
     def create(
         self,
@@ -211,6 +216,7 @@ class CampaignImport:
             unsubscribe_footer=draft.unsubscribe_footer,
             sender_ids=draft.sender_ids,
             local_time=draft.local_time,
+            steps=draft.steps,
         )
 
     def create_from_recipients(
@@ -227,6 +233,7 @@ class CampaignImport:
         unsubscribe_footer: bool = False,
         sender_ids: tuple[str, ...] = (),
         local_time: bool = False,
+        steps: tuple[Step, ...] = (),
     ) -> CreatedCampaign:
         """Store ``count`` recipients, streamed into the store in chunks (all or nothing)."""
         check_plannable(policy, count, now=self._clock.now())
@@ -244,8 +251,21 @@ class CampaignImport:
             unsubscribe_footer=unsubscribe_footer,
             sender_ids=tuple(sender_ids),
             local_time=local_time,
+            steps=steps,
         )
         self._store.create_campaign(campaign, recipients)
         stored = self._store.get_campaign(campaign.id)
         log.info("created campaign %s (%s) with %s", campaign.id, name, plural(count, "recipient"))
         return CreatedCampaign(stored, imported)
+
+
+def _first_step(templates: Templates | None) -> tuple[Step, ...]:
+    """Step 1 of a campaign whose subject and body come from templates (kept so that a
+    sequence can reply to it and its text can be edited); none when the rows carry them."""
+    if templates is None:
+        return ()
+    subject, body = templates.subject, templates.body
+    if subject is None or body is None or not subject.strip() or not body.strip():
+        return ()
+    html = templates.html if (templates.html or "").strip() else None
+    return (Step(1, subject, body, html, None),)

@@ -1,0 +1,33 @@
+"""Campaign steps: a campaign's sequence, stored as its steps' templates.
+
+Revision ID: 0012
+Revises: 0011
+Create Date: 2026-12-12
+
+- nullable ``campaigns.steps``: a JSON array of the steps, step 1 first, each with its subject,
+  text and html templates, its delay after the previous step and whether it starts a new
+  thread. NULL for a campaign stored before: its one email's templates were rendered into its
+  recipients at import, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0012"
+down_revision: str | Sequence[str] | None = "0010"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.add_column("campaigns", sa.Column("steps", sa.JSON(none_as_null=True), nullable=True))
+
+
+def downgrade() -> None:
+    # Plain ALTER TABLE ... DROP COLUMN, not batch mode: copying ``campaigns`` would drop it,
+    # and its foreign keys would cascade to every task (as in 0006 and 0007).
+    op.drop_column("campaigns", "steps")
