@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING
 from sendqueue.services.campaigns.controls import CampaignControls
 from sendqueue.services.campaigns.creation import CampaignImport
 from sendqueue.services.campaigns.preview import CampaignPreviews
+from sendqueue.services.importing.recipients import ImportLimits
 from sendqueue.services.planning.capacity import CapacityPlanner
 from sendqueue.services.planning.recovery import Recovery
 from sendqueue.services.planning.replanning import Replanner
 from sendqueue.services.scheduling.provisioning import Provisioner
 from sendqueue.services.scheduling.reconciler import Reconciler
 from sendqueue.services.sending.worker import SendWorker
+from sendqueue.services.sequences.followups import FollowUps
+from sendqueue.services.sequences.render import StepRenderer
 
 if TYPE_CHECKING:
     from sendqueue.bootstrap import Container
@@ -26,6 +29,7 @@ __all__ = [
     "campaign_import",
     "campaign_previews",
     "capacity",
+    "followups",
     "provisioner",
     "reconciler",
     "recovery",
@@ -40,6 +44,16 @@ def capacity(c: Container) -> CapacityPlanner:
 
 def replanner(c: Container) -> Replanner:
     return Replanner(c.stores.tasks, c.writer, c.clock, c.layer_config, capacity=c.capacity)
+
+
+def followups(c: Container) -> FollowUps:
+    limits = ImportLimits()
+    renderer = StepRenderer(
+        limits.templates,
+        max_subject_chars=limits.max_subject_chars,
+        max_body_chars=limits.max_field_chars,
+    )
+    return FollowUps(c.stores.tasks, c.suppressions, c.replanner, c.writer, renderer)
 
 
 def recovery(c: Container) -> Recovery:
@@ -93,6 +107,7 @@ def worker(c: Container) -> SendWorker:
         events=c.events,
         alarm=c.alarm,
         mailer_for=c.mailer_for,
+        followups=c.followups,
     )
 
 
@@ -109,4 +124,5 @@ def reconciler(c: Container) -> Reconciler:
         capacity=c.capacity,
         recovery=c.recovery,
         events=c.events,
+        followups=c.followups,
     )

@@ -16,7 +16,7 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import StopOnReply
 from sendqueue.domain.models import Campaign, Recipient, new_campaign_id
 from sendqueue.domain.policy import SendingPolicy
-from sendqueue.domain.steps import Step
+from sendqueue.domain.steps import Step, check_steps
 from sendqueue.domain.wording import plural
 from sendqueue.ports import Clock, LeasedCampaignTasks
 from sendqueue.services.campaigns.controls import check_plannable
@@ -24,6 +24,7 @@ from sendqueue.services.config import ServiceConfig
 from sendqueue.services.importing.recipients import ImportLimits, Templates
 from sendqueue.services.importing.stream import CheckedImport, check_csv, check_rows
 from sendqueue.services.senders.service import SenderService
+from sendqueue.services.sequences.render import StepRenderer
 
 __all__ = ["CampaignImport", "CreatedCampaign", "Draft"]
 
@@ -90,6 +91,7 @@ class CampaignImport:
         unsubscribe_footer: bool = False,
         senders: Sequence[str] = (),
         local_time: bool = False,
+        steps: Sequence[Step] | None = None,
     ) -> Draft:
         """Check a new campaign without writing anything.
 
@@ -98,8 +100,16 @@ class CampaignImport:
         :func:`~sendqueue.services.importing.rows.parse_recipient_rows`). ``stop_on_reply`` is a
         :class:`StopOnReply` or its spelling in any case; ``unsubscribe_footer`` a bool;
         ``senders`` names senders by id or address (InvalidField ``senders`` for an unknown
-        one); ``local_time`` a bool. Raises InvalidField / InvalidInput.
+        one); ``local_time`` a bool. ``steps`` makes it a sequence (``domain/steps.py``):
+        step 1's templates are then its subject and body, so ``templates`` must not be given
+        too; every later step is rendered for the first recipient, so a template that cannot
+        render (a missing column) is refused now, naming its step. Raises InvalidField /
+        InvalidInput.
         """
+        sequence = _sequence(steps, templates)
+        if sequence:
+            first = sequence[0]
+            templates = Templates(subject=first.subject, body=first.text, html=first.html)
         if (recipients is None) == (rows is None):
             raise TypeError("give either recipients (CSV) or rows")
         clean_name = name.strip() if isinstance(name, str) else ""
@@ -134,9 +144,11 @@ class CampaignImport:
             )
         if not imported.count:
             raise InvalidField("recipients", imported.rows, "the file has no recipient rows")
+        if sequence:
+            _check_later_steps(sequence, imported)
         return Draft(
             clean_name, sender, reply, imported, scope, unsubscribe_footer, sender_ids, local_time,
-            _first_step(templates),
+            sequence or _first_step(templates),
         )  # fmt: skip
 
     def create(
@@ -153,6 +165,7 @@ class CampaignImport:
         unsubscribe_footer: bool = False,
         senders: Sequence[str] = (),
         local_time: bool = False,
+        steps: Sequence[Step] | None = None,
     ) -> CreatedCampaign:
         """Validate everything, then store the campaign and its recipients whole, as a draft.
 
@@ -169,6 +182,7 @@ class CampaignImport:
             unsubscribe_footer=unsubscribe_footer,
             senders=senders,
             local_time=local_time,
+            steps=steps,
         )
         return self.create_draft(draft, policy)
 
@@ -186,6 +200,7 @@ class CampaignImport:
         unsubscribe_footer: bool = False,
         senders: Sequence[str] = (),
         local_time: bool = False,
+        steps: Sequence[Step] | None = None,
     ) -> CreatedCampaign:
         """:meth:`create` with the recipients as mappings (the API's JSON rows)."""
         draft = self.validate(
@@ -199,6 +214,7 @@ class CampaignImport:
             unsubscribe_footer=unsubscribe_footer,
             senders=senders,
             local_time=local_time,
+            steps=steps,
         )
         return self.create_draft(draft, policy)
 
@@ -269,3 +285,27 @@ def _first_step(templates: Templates | None) -> tuple[Step, ...]:
         return ()
     html = templates.html if (templates.html or "").strip() else None
     return (Step(1, subject, body, html, None),)
+
+
+def _sequence(steps: Sequence[Step] | None, templates: Templates | None) -> tuple[Step, ...]:
+    """The checked steps of a sequence (none: a campaign of one email from ``templates``)."""
+    if steps is None:
+        return ()
+    checked = check_steps(steps)
+    if templates is not None and any((templates.subject, templates.body, templates.html)):
+        raise InvalidField(
+            "steps", len(checked), "step 1 is in the steps: give no subject or body template too"
+        )
+    return checked
+
+
+def _check_later_steps(steps: tuple[Step, ...], imported: CheckedImport) -> None:
+    """Render every later step for the first recipient: a template that cannot render for
+    the rows' columns is refused before anything is stored, naming its step."""
+    first = next(iter(imported.recipients()))
+    campaign = Campaign(id="check", name="check", policy=SendingPolicy(), from_addr="x@x.invalid")
+    renderer = StepRenderer()
+    for step in steps[1:]:
+        rendered = renderer.render(campaign, step, first, first_subject=first.subject)
+        if isinstance(rendered, str):
+            raise InvalidField(f"steps[{step.number}]", first.email, rendered)

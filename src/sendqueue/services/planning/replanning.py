@@ -70,14 +70,21 @@ _PAGE = 1000
 def iter_tasks(
     store: Tasks, campaign_id: str, state: TaskState | None = None, page: int = _PAGE
 ) -> Iterator[Task]:
-    """Every task of a campaign (optionally in one state), paged by position."""
+    """Every task of a campaign (optionally in one state), paged by position.
+
+    A recipient of a sequence has a task per step at one position, so a full page may end
+    between them: its last position is held back and read again at the start of the next."""
+    if page <= MAX_STEP:
+        raise ValueError(f"a page holds more than one recipient's {MAX_STEP} steps")
     after = -1
     while True:
         batch = store.list_tasks(campaign_id, state=state, after=after, limit=page)
-        yield from batch
         if len(batch) < page:
+            yield from batch
             return
-        after = batch[-1].position
+        last = batch[-1].position
+        yield from (t for t in batch if t.position != last)
+        after = last - 1
 
 
 class Replanner:

@@ -43,6 +43,7 @@ from sendqueue.services.planning.recovery import Recovery
 from sendqueue.services.planning.replanning import Replanner, iter_tasks
 from sendqueue.services.scheduling.provisioning import Continuation, Provisioner
 from sendqueue.services.scheduling.schedules import ScheduleWriter
+from sendqueue.services.sequences.followups import FollowUps
 from sendqueue.services.task_changes import apply_change
 
 __all__ = ["ReconcileReport", "Reconciler"]
@@ -73,6 +74,7 @@ _REPAIRS = (
     ("campaigns_completed", "campaign", "completed"),
     ("campaigns_reopened", "campaign", "reopened"),
     ("bookings_released", "sender booking", "released"),
+    ("follow_ups_made", "missing later step", "made"),
 )
 
 #: How long after a campaign ended its tasks' sender slots are still swept for leftovers.
@@ -98,6 +100,8 @@ class ReconcileReport:
     #: Sender slots freed that Cancelled or Failed tasks still held (a cancel by feedback, or
     #: one interrupted by a crash).
     bookings_released: int = 0
+    #: Later steps of sequences made because a crash kept them from being made at the send.
+    follow_ups_made: int = 0
     #: Not repairs: candidates that resolved themselves before the repair, found when checked
     #: again just before it (a task sent since the listing that showed its schedule missing;
     #: a stale Running task that finished, or was given back and claimed again, since read).
@@ -117,6 +121,7 @@ class ReconcileReport:
             + self.campaigns_completed
             + self.campaigns_reopened
             + self.bookings_released
+            + self.follow_ups_made
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -150,8 +155,10 @@ class Reconciler:
         capacity: CapacityPlanner,
         recovery: Recovery,
         events: Events | None = None,
+        followups: FollowUps | None = None,
     ) -> None:
         self._store = store
+        self._followups = followups
         self._scheduler = scheduler
         self._writer = writer
         self._campaigns = campaigns
@@ -202,7 +209,7 @@ class Reconciler:
             "missing_schedules_created", "orphan_schedules_deleted", "stale_retried",
             "stale_failed", "overdue_moved", "provisioning_resumed", "cancels_finished",
             "campaigns_completed",
-            "campaigns_reopened",
+            "campaigns_reopened", "follow_ups_made",
         ):  # fmt: skip
             value = getattr(report, kind)
             if value:
@@ -257,6 +264,8 @@ class Reconciler:
             report.campaigns_reopened += 1
             state = CampaignState.ACTIVE
         if state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
+            if self._followups is not None and len(campaign.steps) > 1:
+                report.follow_ups_made += self._followups.repair(campaign, now=self._clock.now())
             self._diff(campaign, report)
             if state is CampaignState.ACTIVE and self._campaigns.complete_if_done(campaign.id):
                 report.campaigns_completed += 1

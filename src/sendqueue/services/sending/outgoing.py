@@ -9,6 +9,7 @@ out without the link or the VERP address, and the worker's log says so.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import datetime
 
 from sendqueue.domain.addresses import message_id_for
@@ -28,10 +29,19 @@ log = logging.getLogger("sendqueue.services.sending.worker")
 
 
 def outgoing_message(
-    config: ServiceConfig, campaign: Campaign, task: Task, sender: Sender | None, now: datetime
+    config: ServiceConfig,
+    campaign: Campaign,
+    task: Task,
+    sender: Sender | None,
+    now: datetime,
+    *,
+    thread: Mapping[str, str] | None = None,
 ) -> OutgoingMessage:
-    """The email of ``task`` sent at ``now`` from ``sender`` (None: the campaign's From)."""
+    """The email of ``task`` sent at ``now`` from ``sender`` (None: the campaign's From);
+    ``thread`` holds a later step's In-Reply-To and References."""
     headers = {"X-Sendqueue-Task": task.id}
+    if thread:
+        headers.update(thread)
     links = config.unsubscribe
     url = None
     if links is not None:

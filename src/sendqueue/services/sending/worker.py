@@ -85,6 +85,7 @@ from sendqueue.services.planning.replanning import FIRING_SLACK, Replanner
 from sendqueue.services.scheduling.schedules import ScheduleWriter
 from sendqueue.services.senders.service import SenderService
 from sendqueue.services.sending.outgoing import outgoing_message
+from sendqueue.services.sequences.followups import FollowUps
 from sendqueue.services.task_changes import apply_change
 
 __all__ = [
@@ -149,8 +150,11 @@ class SendWorker:
         events: Events | None = None,
         alarm: Alarm | None = None,
         mailer_for: Callable[[Sender], Mailer] | None = None,
+        followups: FollowUps | None = None,
     ) -> None:
         self._store = store
+        # Makes and checks a sequence's later steps (None: every campaign is one email).
+        self._followups = followups
         # A sender -> the mailer it sends through (its own transport, its OAuth sign-in); None:
         # every sender uses ``mailer``.
         self._mailer_for = mailer_for
@@ -447,7 +451,14 @@ class SendWorker:
         own = sender is not None and (sender.transport is not None or sender.oauth is not None)
         if sender is not None and own and self._mailer_for is not None:
             mailer = self._mailer_for(sender)
-        message = outgoing_message(self._config, campaign, task, sender, self._clock.now())
+        thread = None
+        if task.step > 1 and self._followups is not None:
+            check = self._followups.before_send(campaign, task)
+            if check.stop is not None:
+                return self._stop_sequence(task, check.stop)
+            thread = check.headers
+        now = self._clock.now()
+        message = outgoing_message(self._config, campaign, task, sender, now, thread=thread)
         try:
             accepted_id = mailer.send(message)
         except PermanentMailError as exc:
@@ -455,6 +466,8 @@ class SendWorker:
         except TransientMailError as exc:
             return self._transient(campaign, task, str(exc))
         sent_at = self._clock.now()
+        if self._followups is not None and task.step < len(campaign.steps):
+            self._next_step(campaign, task, sent_at)
         # The outcome starts as "accepted"; feedback (a bounce, a reply) may change it later.
         # With a sender, the booking at the claimed send time is counted sent in the same write.
         slot = task.send_at if task.sender_id is not None else None
@@ -471,6 +484,28 @@ class SendWorker:
             self._emit("finished", done)
         # Other Pending tasks seen by the finish: the campaign is certainly not done yet.
         return not finish.pending_left
+
+    def _next_step(self, campaign: Campaign, task: Task, sent_at: datetime) -> None:
+        """Make the recipient's next step before this one is recorded sent, so the campaign
+        never looks done while the sequence goes on; a failure here must not lose the record
+        of an email that went out (the reconciler makes the step later)."""
+        assert self._followups is not None
+        try:
+            self._followups.after_sent(campaign, task, sent_at=sent_at)
+        except Exception:
+            log.exception("task %s: its next step was not made; the reconciler will", task.id)
+
+    def _stop_sequence(self, claimed: Task, reason: str) -> bool:
+        """A later step whose recipient answered (or whose sequence stopped otherwise) since it
+        was made: given back and cancelled with the reason, its slot freed; True (final)."""
+        now = self._clock.now()
+        back = apply_change(self._store, give_back(claimed, reason, undo_attempt=True), at=now)
+        if back is not None and apply_change(self._store, cancel(back, reason=reason), at=now):
+            if claimed.sender_id is not None:
+                self._capacity.release([claimed.id])
+            log.info("task %s not sent: %s", claimed.id, reason)
+        self._events.send_finished("skipped")
+        return True
 
     def _failed(self, campaign: Campaign, task: Task, error: str) -> bool:
         """Record a failure (auto-pausing after too many in a row); True unless it paused."""

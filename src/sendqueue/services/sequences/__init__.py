@@ -1,0 +1,1 @@
+"""Sequences: the later steps of a campaign, made when the step before them is sent."""
