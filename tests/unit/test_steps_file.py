@@ -87,6 +87,20 @@ def test_files_are_found_next_to_the_steps_file_not_the_working_directory(
     assert read_steps_file(str(path))[0].text == "Dear {{ name }},\nhello.\n"
 
 
+def test_yaml_anchors_and_merge_keys_work(tmp_path: Path) -> None:
+    text = (
+        "- {subject: Hi, body: &text Hello}\n"
+        "- &later {after: 2d, body: *text}\n"
+        "- {<<: *later, after: 4h}\n"
+    )
+    steps = read_steps_file(write(tmp_path, "steps.yaml", text))
+    assert [(s.text, s.after) for s in steps] == [
+        ("Hello", None),
+        ("Hello", Delay(2, DelayUnit.DAYS)),
+        ("Hello", Delay(4, DelayUnit.HOURS)),
+    ]
+
+
 def test_a_single_step_is_a_sequence(tmp_path: Path) -> None:
     path = write(tmp_path, "one.yaml", "- {subject: Hi, body: Hello}\n")
     assert read_steps_file(path) == [Step(1, "Hi", "Hello", None, None)]

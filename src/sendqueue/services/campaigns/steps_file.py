@@ -156,6 +156,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen: set[object] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # "<<: *defaults" may be overridden by the keys beside it
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, Hashable) and key in seen:
                 line = key_node.start_mark.line + 1
