@@ -105,7 +105,9 @@ def _body(
     body = _optional_text(entry, "body", where)
     body_file = _optional_text(entry, "body_file", where)
     if body is not None and body_file is not None:
-        raise InvalidField(f"{where}.body_file", body_file, "give body or body_file, not both")
+        raise InvalidField(
+            f"{where}.body_file", shown_value(body_file), "give body or body_file, not both"
+        )
     if body is not None:
         return body, "body"
     if body_file is None:
