@@ -304,6 +304,9 @@ TWO_WINDOWS = SendingPolicy(timezone="Europe/Berlin", windows=(Window(600, 720),
         # elapsed time inside a window: that instant itself
         (BERLIN, "2026-12-01T10:00+01:00", "30m", "2026-12-01T09:30Z"),
         (BERLIN, "2026-12-01T10:00:00.2504+01:00", "30m", "2026-12-01T09:30:00.251Z"),
+        # a window's start is inside it, its end is not
+        (BERLIN, "2026-12-01T08:00+01:00", "1h", "2026-12-01T08:00Z"),
+        (BERLIN, "2026-12-01T16:00+01:00", "1h", "2026-12-02T08:00Z"),
         # elapsed time crossing the night or the weekend: the next window's start
         (BERLIN, "2026-12-01T16:00+01:00", "4h", "2026-12-02T08:00Z"),
         (BERLIN, "2026-12-04T16:30+01:00", "1h", "2026-12-07T08:00Z"),

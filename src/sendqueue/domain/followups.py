@@ -32,7 +32,7 @@ from .planner import (
     next_window_instant,
 )
 from .policy import SendingPolicy, load_timezone
-from .steps import Delay
+from .steps import Delay, shown_value
 
 __all__ = ["follow_up_earliest"]
 
@@ -55,9 +55,9 @@ def follow_up_earliest(
     row hold no sending day.
     """
     if not isinstance(sent_at, datetime) or sent_at.utcoffset() is None:
-        raise InvalidField("sent_at", sent_at, "expected an aware date and time")
+        raise InvalidField("sent_at", shown_value(sent_at), "expected an aware date and time")
     if not isinstance(delay, Delay):
-        raise InvalidField("after", str(delay), "expected a Delay, such as parse_delay('3d')")
+        raise InvalidField("after", shown_value(delay), "expected a Delay: parse_delay('3d')")
     if zone is not None:
         load_timezone(zone, "zone")
         if zone != policy.timezone:

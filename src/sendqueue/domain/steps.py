@@ -28,6 +28,7 @@ __all__ = [
     "check_steps",
     "follow_up_subject",
     "parse_delay",
+    "shown_value",
     "steps_from_data",
     "steps_to_data",
     "thread_headers",
@@ -83,7 +84,7 @@ class Delay:
 
     def __post_init__(self) -> None:
         if not isinstance(self.unit, DelayUnit):
-            raise InvalidField("after", _shown(self.unit), "expected a DelayUnit")
+            raise InvalidField("after", shown_value(self.unit), "expected a DelayUnit")
         _check_amount(self.amount, self.unit, "after")
 
     @property
@@ -110,7 +111,7 @@ def parse_delay(text: object, field_name: str = "after") -> Delay:
     :class:`Delay`. Zero, negative, unitless, too long or other input raises
     :class:`InvalidField` naming ``field_name`` (such as ``steps[2].after``)."""
     if not isinstance(text, str):
-        raise InvalidField(field_name, _shown(text), f"{_DELAY_FORMS}, written as text")
+        raise InvalidField(field_name, shown_value(text), f"{_DELAY_FORMS}, written as text")
     match = _DELAY.fullmatch(text)
     if match is None:
         if _NEGATIVE.fullmatch(text):
@@ -120,7 +121,7 @@ def parse_delay(text: object, field_name: str = "after") -> Delay:
             reason = f"give a unit, such as {n}d (sending days), {n}h or {n}m (elapsed)"
         else:
             reason = _DELAY_FORMS
-        raise InvalidField(field_name, _shown(text), reason)
+        raise InvalidField(field_name, shown_value(text), reason)
     digits, letter = match.groups()
     unit = _UNIT_OF_LETTER[letter.lower()]
     # a few digits more than any allowed amount: int() of a huge digit string is costly
@@ -136,9 +137,11 @@ def _check_amount(amount: object, unit: DelayUnit, field_name: str, shown: objec
     shown = amount if shown is None else shown
     # bool is an int subclass: True would pass for 1
     if isinstance(amount, bool) or not isinstance(amount, int):
-        raise InvalidField(field_name, _shown(shown), "expected a whole number")
+        raise InvalidField(field_name, shown_value(shown), "expected a whole number")
     if amount < 1:
-        raise InvalidField(field_name, _shown(shown), "a delay must be at least 1 (1d, 1h, 1m)")
+        raise InvalidField(
+            field_name, shown_value(shown), "a delay must be at least 1 (1d, 1h, 1m)"
+        )
     if amount > _MAX_AMOUNT[unit]:
         _out_of_range(field_name, shown, unit)
 
@@ -150,7 +153,7 @@ def _out_of_range(field_name: str, shown: object, unit: DelayUnit) -> None:
         if unit is DelayUnit.DAYS
         else f"{most} {unit.value} ({MAX_DELAY_DAYS} days)"
     )
-    raise InvalidField(field_name, _shown(shown), f"at most {limit}")
+    raise InvalidField(field_name, shown_value(shown), f"at most {limit}")
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,9 @@ class Step:
 
     def __post_init__(self) -> None:
         if isinstance(self.number, bool) or not isinstance(self.number, int) or self.number < 1:
-            raise InvalidField("steps.number", _shown(self.number), "steps are numbered from 1")
+            raise InvalidField(
+                "steps.number", shown_value(self.number), "steps are numbered from 1"
+            )
         where = f"steps[{self.number}]"
         if self.subject is not None:
             _check_source(f"{where}.subject", self.subject, "leave it out to reply with Re:")
@@ -181,14 +186,14 @@ class Step:
         if self.html is not None:
             _check_source(f"{where}.html", self.html, "leave it out to send text only")
         if self.after is not None and not isinstance(self.after, Delay):
-            raise InvalidField(f"{where}.after", _shown(self.after), "expected a Delay")
+            raise InvalidField(f"{where}.after", shown_value(self.after), "expected a Delay")
         if not isinstance(self.new_thread, bool):
-            raise InvalidField(f"{where}.new_thread", _shown(self.new_thread), "true or false")
+            raise InvalidField(f"{where}.new_thread", shown_value(self.new_thread), "true or false")
 
 
 def _check_source(field_name: str, value: object, hint: str) -> None:
     if not isinstance(value, str):
-        raise InvalidField(field_name, _shown(value), "expected text (a template)")
+        raise InvalidField(field_name, shown_value(value), "expected text (a template)")
     if not value.strip():
         raise InvalidField(field_name, value, f"empty; {hint}")
 
@@ -198,13 +203,13 @@ def check_steps(steps: Sequence[Step]) -> tuple[Step, ...]:
     in order; step 1 has a subject, no ``after`` and starts the thread; every later step has
     an ``after``. Raises :class:`InvalidField` naming ``steps`` or ``steps[k].field``."""
     if isinstance(steps, str | bytes) or not isinstance(steps, Sequence):
-        raise InvalidField("steps", _shown(steps), "expected a list of steps")
+        raise InvalidField("steps", shown_value(steps), "expected a list of steps")
     if not 1 <= len(steps) <= MAX_STEPS:
         raise InvalidField("steps", len(steps), f"a sequence has 1 to {MAX_STEPS} steps")
     for k, step in enumerate(steps, 1):
         where = f"steps[{k}]"
         if not isinstance(step, Step):
-            raise InvalidField(where, _shown(step), "expected a Step")
+            raise InvalidField(where, shown_value(step), "expected a Step")
         if step.number != k:
             raise InvalidField(
                 f"{where}.number", step.number, f"steps are numbered 1 to {len(steps)} in order"
@@ -236,7 +241,7 @@ def follow_up_subject(first_subject: str) -> str:
     it is when it already starts with ``Re:`` (any case), so replies never read ``Re: Re:``.
     Surrounding whitespace is dropped. Works on a template source or a rendered subject."""
     if not isinstance(first_subject, str) or not first_subject.strip():
-        raise InvalidField("subject", _shown(first_subject), "expected step 1's subject")
+        raise InvalidField("subject", shown_value(first_subject), "expected step 1's subject")
     subject = first_subject.strip()
     return subject if _REPLY_PREFIX.match(subject) else f"Re: {subject}"
 
@@ -251,13 +256,17 @@ def thread_headers(earlier_message_ids: Sequence[str]) -> dict[str, str]:
     if isinstance(earlier_message_ids, str | bytes) or not isinstance(
         earlier_message_ids, Sequence
     ):
-        raise InvalidField("message_ids", _shown(earlier_message_ids), "expected a list of ids")
+        raise InvalidField(
+            "message_ids", shown_value(earlier_message_ids), "expected a list of ids"
+        )
     if not earlier_message_ids:
         raise InvalidField("message_ids", [], "a reply needs the Message-ID of an earlier step")
     for i, message_id in enumerate(earlier_message_ids, 1):
         if not isinstance(message_id, str) or not _MESSAGE_ID.fullmatch(message_id):
             raise InvalidField(
-                f"message_ids[{i}]", _shown(message_id), "expected a Message-ID as <left@right>"
+                f"message_ids[{i}]",
+                shown_value(message_id),
+                "expected a Message-ID as <left@right>",
             )
     return {
         "In-Reply-To": earlier_message_ids[-1],
@@ -265,9 +274,9 @@ def thread_headers(earlier_message_ids: Sequence[str]) -> dict[str, str]:
     }
 
 
-def _shown(value: object) -> object:
+def shown_value(value: object) -> object:
     """A value as an error may quote it: short text and numbers as they are, long text cut,
-    anything else by its type (its repr may be huge)."""
+    anything else by its type (the repr of what a YAML alias builds can be enormous)."""
     if isinstance(value, str):
         return value if len(value) <= _SHOWN_CHARS else f"{value[:_SHOWN_CHARS]}..."
     # an int past 64 bits is shown by its type: printing a huge one is slow, then refused
@@ -300,7 +309,7 @@ def steps_from_data(data: object) -> tuple[Step, ...]:
     if data is None or data == []:
         return ()
     if not isinstance(data, list) or not all(isinstance(entry, dict) for entry in data):
-        raise InvalidField("steps", _shown(data), "expected a list of stored steps")
+        raise InvalidField("steps", shown_value(data), "expected a list of stored steps")
     steps = []
     for k, entry in enumerate(data, 1):
         after = entry.get("after")
