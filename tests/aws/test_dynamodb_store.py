@@ -188,6 +188,36 @@ def test_items_written_before_the_feedback_loop_read_and_index_as_new_ones(
     assert found[0] == old
 
 
+def test_task_items_written_before_steps_read_and_list_as_step_one(
+    store: DynamoDbTaskStore,
+) -> None:
+    """A task item of an older release has no ``step`` in its document (and, as every step-1
+    item, no ``sp``): it reads as step 1, lists under step 1, and its position marker still
+    holds step 1 while a later step of the same recipient gets its own."""
+    store.create_campaign(campaign(), recipients(2))
+    store.insert_tasks([make_task("c1", i) for i in range(2)], at=T0)
+    dynamodb = client("dynamodb", url=dynamodb_url())
+    for i in range(2):
+        key = {"pk": {"S": f"T#{task_id('c1', i)}"}, "sk": {"S": "#"}}
+        item = dynamodb.get_item(TableName="sqt", Key=key, ConsistentRead=True)["Item"]
+        assert "sp" not in item
+        doc = json.loads(item["d"]["S"])
+        del doc["step"]
+        item["d"] = {"S": json.dumps(doc)}
+        dynamodb.put_item(TableName="sqt", Item=item)
+    dynamodb.close()
+
+    old = store.get_task(task_id("c1", 0))
+    assert old is not None and old.step == 1
+    both = store.get_tasks([task_id("c1", 0), task_id("c1", 1)])
+    assert [t.step for t in both.values()] == [1, 1]
+    later = make_task("c1", 0, id=task_id("c1", 0, 2), step=2)
+    assert store.insert_tasks([later, make_task("c1", 0, id="c1-again")], at=T0) == 1
+    assert [t.id for t in store.list_tasks("c1", step=1)] == ["c1-0", "c1-1"]
+    assert [t.id for t in store.list_tasks("c1", step=2)] == ["c1-0-s2"]
+    assert sorted(t.id for t in store.list_tasks("c1")) == ["c1-0", "c1-0-s2", "c1-1"]
+
+
 # --- vendor errors at the edge ------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from sendqueue.domain.errors import InvalidField, NotFound, StoreUnavailable
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
-from sendqueue.domain.models import Move, TaskChanges
+from sendqueue.domain.models import Move, TaskChanges, task_id
 from sendqueue.domain.senders import Sender
 from sendqueue.ports import StoreBackend
 from tests.contract.store_backends import (
@@ -131,6 +131,23 @@ def test_a_task_listing_is_list_tasks_with_more_and_the_senders_named(store: Sto
     pending = store.task_listing("c1", state=S.PENDING, search="R5@EXAMPLE")
     assert [t.id for t in pending.tasks] == ["c1-5"]
     assert pending.more is False
+
+
+def test_a_listing_and_the_campaign_page_filter_by_step(store: Store) -> None:
+    store.create_campaign(campaign("c1"), recipients(3))
+    later = [make_task("c1", p, id=task_id("c1", p, 2), step=2) for p in (0, 2)]
+    store.insert_tasks([make_task("c1", p) for p in range(3)] + later, at=T0)
+    listing = store.task_listing("c1", step=2, limit=1)
+    assert ([t.id for t in listing.tasks], listing.more) == (["c1-0-s2"], True)
+    rest = store.task_listing("c1", step=2, after=0)
+    assert ([t.id for t in rest.tasks], rest.more) == (["c1-2-s2"], False)
+    assert [t.id for t in store.task_listing("c1", step=1).tasks] == ["c1-0", "c1-1", "c1-2"]
+    page = store.campaign_page("c1", late_after=LATE, step=2)
+    assert [t.id for t in page.listing.tasks] == ["c1-0-s2", "c1-2-s2"]
+    assert page.figures.counts[S.PENDING] == 5
+    with pytest.raises(InvalidField) as info:
+        store.task_listing("c1", step=11)
+    assert info.value.field == "step"
 
 
 def test_a_listing_of_a_campaign_without_senders_reads_none(store: Store) -> None:

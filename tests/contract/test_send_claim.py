@@ -14,12 +14,20 @@ import pytest
 
 from sendqueue.domain import transitions
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
+from sendqueue.domain.models import task_id
 from sendqueue.domain.sendclaim import ClaimRefusal, SendClaim
 from sendqueue.domain.senders import Booking, Sender
 from sendqueue.domain.suppression import Suppression, SuppressionReason
 from sendqueue.ports import StoreBackend
 from sendqueue.services.task_changes import apply_change
-from tests.contract.store_backends import T0, Backend, all_changes, backend, with_tasks
+from tests.contract.store_backends import (
+    T0,
+    Backend,
+    all_changes,
+    backend,
+    make_task,
+    with_tasks,
+)
 
 __all__ = ["backend"]  # the fixture: every store of the TaskStore contract
 
@@ -82,6 +90,24 @@ def test_the_claim_and_the_finish_write_what_the_domain_transitions_name(active:
     done = transitions.finish(got.task, LATER, "<m@x>")
     assert finished.task.state is done.new
     assert {k: getattr(finished.task, k) for k in done.changes} == dict(done.changes)
+
+
+def test_the_claim_and_the_finish_return_a_later_steps_task_with_its_step(active: Store) -> None:
+    store = active
+    third = make_task("c1", 0, id=task_id("c1", 0, 3), step=3, token="tok-s3")
+    assert store.insert_tasks([third], at=T0) == 1
+    got = claim(store, third.id, third.token)
+    assert got.claimed and got.task is not None
+    assert (got.task.id, got.task.step, got.task.state) == ("c1-0-s3", 3, S.RUNNING)
+    refused = claim(store, third.id, third.token)
+    assert refused.refused is ClaimRefusal.NOT_PENDING
+    assert refused.task is not None and refused.task.step == 3
+    finished = store.finish_send(third.id, at=LATER, message_id="<m@x>")
+    done = finished.task
+    assert done is not None and (done.step, done.state) == (3, S.FINISHED)
+    # Step 1 of the same recipient is its own task, untouched.
+    first = store.get_task("c1-0")
+    assert first is not None and (first.step, first.state) == (1, S.PENDING)
 
 
 @pytest.mark.parametrize("undo", ["give_back", "unclaim", "retry_into"])

@@ -8,6 +8,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
+
+from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Task, task_id
 from sendqueue.ports import TaskStore
@@ -71,6 +74,44 @@ def test_list_tasks_pages_with_state_filter_and_search(store: TaskStore) -> None
     assert found("@example.org") == [i for i in range(30) if i not in emails]
     assert found("@example.org", S.PENDING) == [i for i in range(30) if i not in emails and i % 3]
     assert found("nobody") == []
+
+
+def test_list_tasks_filters_by_step(store: TaskStore) -> None:
+    store.create_campaign(campaign(), [])
+    tasks = [
+        make_task("c1", p, id=task_id("c1", p, step), step=step)
+        for p in range(12)
+        for step in (1, 2, 3)
+        if step == 1 or p % step == 0
+    ]
+    store.insert_tasks(tasks, at=T0)
+    drive(store, task_id("c1", 6, 2), S.RUNNING)
+
+    def pages(step: int, **kw: Any) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        after = -1
+        while page := store.list_tasks("c1", after=after, limit=2, step=step, **kw):
+            out += [(t.position, t.step) for t in page]
+            after = page[-1].position
+        return out
+
+    assert pages(1) == [(p, 1) for p in range(12)]
+    assert pages(2) == [(p, 2) for p in range(0, 12, 2)]
+    assert pages(3) == [(p, 3) for p in range(0, 12, 3)]
+    assert pages(4) == []
+    assert pages(2, state=S.RUNNING) == [(6, 2)]
+    assert pages(2, state=S.PENDING, search="R4@") == [(4, 2)]
+    assert [t.id for t in store.list_tasks("c1", step=3, after=3)] == ["c1-6-s3", "c1-9-s3"]
+    # Without a step: every step's tasks, in position order.
+    everything = store.list_tasks("c1", limit=100)
+    assert sorted((t.position, t.step) for t in everything) == sorted(
+        (t.position, t.step) for t in tasks
+    )
+    assert [t.position for t in everything] == sorted(t.position for t in tasks)
+    for bad in (0, 11):
+        with pytest.raises(InvalidField) as info:
+            store.list_tasks("c1", step=bad)
+        assert info.value.field == "step"
 
 
 def test_due_tasks_in_send_order_with_cursor(store: TaskStore) -> None:

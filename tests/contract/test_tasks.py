@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -66,6 +67,62 @@ def test_insert_tasks_skips_a_second_task_for_a_taken_position(store: TaskStore)
     assert store.insert_tasks([make_task("c1", 0, id="c1-other")], at=T0) == 0
     assert store.get_task("c1-other") is None
     assert store.insert_tasks([], at=T0) == 0
+
+
+def step_task(cid: str, position: int, step: int, **kw: Any) -> Task:
+    """``make_task`` of ``step``, with that step's id and its own subject."""
+    values: dict[str, Any] = {"id": task_id(cid, position, step), "subject": f"Step {step}"}
+    values.update(kw)
+    return make_task(cid, position, step=step, **values)
+
+
+def test_a_task_of_a_later_step_reads_back_with_its_step_everywhere(store: TaskStore) -> None:
+    store.create_campaign(campaign(), recipients(2))
+    first, third = make_task("c1", 0), step_task("c1", 0, 3)
+    assert store.insert_tasks([first, third, step_task("c1", 1, 2)], at=T0) == 3
+
+    got = store.get_task(task_id("c1", 0, 3))
+    assert got == replace(third, created_at=T0, updated_at=T0, planned_at=third.send_at)
+    assert got is not None and got.step == 3 and got.id == "c1-0-s3"
+    assert {i: t.step for i, t in store.get_tasks([first.id, third.id, "c1-1-s2"]).items()} == {
+        "c1-0": 1,
+        "c1-0-s3": 3,
+        "c1-1-s2": 2,
+    }
+    moved = store.transition(third.id, S.PENDING, S.RUNNING, at=T0, changes={"claimed_at": T0})
+    assert moved is not None and moved.step == 3
+    assert store.transition_all("c1", S.RUNNING, S.PENDING, at=T0) == 1
+    back = store.get_task(third.id)
+    assert back is not None and (back.state, back.step) == (S.PENDING, 3)
+    assert store.reschedule([Move(third.id, third.token, T0, "t2")], at=T0, reason="r") == 1
+    again = store.get_task(third.id)
+    assert again is not None and (again.token, again.step) == ("t2", 3)
+
+
+def test_a_recipient_gets_one_task_per_step(store: TaskStore) -> None:
+    store.create_campaign(campaign(), recipients(1))
+    steps = [step_task("c1", 0, step) for step in range(1, 11)]
+    assert store.insert_tasks(steps[:4], at=T0) == 4
+    # Idempotent per step: the same ids, or another id for a (position, step) taken.
+    assert store.insert_tasks(steps, at=T0) == 6
+    assert store.insert_tasks([step_task("c1", 0, 3, id="c1-other")], at=T0) == 0
+    assert store.get_task("c1-other") is None
+    assert sorted(t.step for t in store.get_tasks([t.id for t in steps]).values()) == list(
+        range(1, 11)
+    )
+    assert store.count_tasks("c1")[S.PENDING] == 10
+    created = [(e.task_id, e.to_state) for e in all_changes(store)]
+    assert created == [(t.id, "Pending") for t in steps]
+
+
+@pytest.mark.parametrize("step", [0, 11])
+def test_insert_tasks_refuses_a_step_outside_one_to_ten(store: TaskStore, step: int) -> None:
+    store.create_campaign(campaign(), recipients(1))
+    with pytest.raises(InvalidField) as info:
+        store.insert_tasks([make_task("c1", 0), make_task("c1", 0, id="c1-x", step=step)], at=T0)
+    assert info.value.field == "step"
+    assert store.get_task(task_id("c1", 0)) is None
+    assert store.last_change_id() == 0
 
 
 def test_insert_tasks_refuses_tasks_that_are_not_pending(store: TaskStore) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -121,7 +122,7 @@ def test_a_0001_database_upgrades_to_counters_and_keeps_its_data(
     assert "counters" not in table_names(engine)
 
     with open_store(url) as store:  # the store upgrades on open, as after a release
-        assert migrate.current(url) == migrate.head() == "0010"
+        assert migrate.current(url) == migrate.head() == "0011"
         assert schema_diffs(engine) == []
         assert store.counter("session-generation") == 0
         assert store.increment_counter("session-generation") == 1
@@ -209,7 +210,7 @@ def test_a_0005_database_upgrades_to_feedback_with_address_keys_for_its_tasks(
         )
 
     with open_store(url) as store:  # upgrades on open, as after a release
-        assert migrate.current(url) == migrate.head() == "0010"
+        assert migrate.current(url) == migrate.head() == "0011"
         assert schema_diffs(engine) == []
         old = store.get_campaign("c1")
         assert (old.stop_on_reply.value, old.unsubscribe_footer) == ("sender", False)
@@ -245,6 +246,58 @@ def test_a_0005_database_upgrades_to_feedback_with_address_keys_for_its_tasks(
         # Dropping the campaign columns kept the campaign, and its tasks (no table copy).
         assert conn.execute(sa.text("SELECT count(*) FROM campaigns")).scalar_one() == 1
         assert conn.execute(sa.text("SELECT count(*) FROM tasks")).scalar_one() == len(emails)
+    migrate.upgrade(url)
+    assert schema_diffs(engine) == []
+
+
+def test_a_0010_database_upgrades_to_task_steps_and_its_tasks_read_as_step_one(
+    url: str, engine: sa.Engine
+) -> None:
+    migrate.upgrade(url, "0010")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO campaigns (id, name, policy, from_addr, state, recipient_count,"
+                " created_at, updated_at) VALUES ('c1', 'C', :policy, 'a@example.com', 'active',"
+                " 2, :at, :at)"
+            ),
+            {"policy": json.dumps(SendingPolicy().to_dict()), "at": T0},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO tasks (id, campaign_id, position, email, name, subject, text,"
+                " send_at, state, token, attempts, created_at, updated_at, planned_at, moves,"
+                " email_key) VALUES (:id, 'c1', :p, :email, '', 's', 't', :at, 'Pending',"
+                " :token, 0, :at, :at, :at, 0, :key)"
+            ),
+            [
+                {"id": task_id("c1", p), "p": p, "email": f"r{p}@example.com", "at": T0}
+                | {"token": f"tok{p}", "key": f"r{p}@example.com"}
+                for p in range(2)
+            ],
+        )
+
+    with open_store(url) as store:  # upgrades on open, as after a release
+        assert migrate.current(url) == migrate.head() == "0011"
+        assert schema_diffs(engine) == []
+        old = store.get_task("c1-0")
+        assert old is not None and old.step == 1
+        assert [t.step for t in store.get_tasks(["c1-0", "c1-1"]).values()] == [1, 1]
+        # The old rows' recipients take a task per later step; a step's id stays unique.
+        later = replace(bare_task("c1", 0, T0), id=task_id("c1", 0, 2), step=2)
+        assert store.insert_tasks([later, replace(later, id="c1-x")], at=T0) == 1
+        assert [t.id for t in store.list_tasks("c1", step=1)] == ["c1-0", "c1-1"]
+        assert [t.id for t in store.list_tasks("c1", step=2)] == ["c1-0-s2"]
+
+    with pytest.raises(InvalidField, match="1 tasks belong to a step after the first"):
+        migrate.downgrade(url, "0010")
+    assert migrate.current(url) == "0011"
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM tasks WHERE step > 1"))
+    migrate.downgrade(url, "0010")
+    assert "step" not in {c["name"] for c in sa.inspect(engine).get_columns("tasks")}
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM tasks")).scalar_one() == 2
     migrate.upgrade(url)
     assert schema_diffs(engine) == []
 

@@ -39,7 +39,7 @@ def _same(built: object, made: object) -> None:
 
 @given(
     st.integers(0, 10**9), _text, _text, _text, _text, _maybe, _instants, _instants,
-    _maybe, _maybe, _maybe,
+    _maybe, _maybe, _maybe, st.integers(1, 10),
 )  # fmt: skip
 def test_pending_task_is_the_task_the_constructor_builds(
     position: int,
@@ -53,15 +53,16 @@ def test_pending_task_is_the_task_the_constructor_builds(
     sender_id: str | None,
     sender: str | None,
     zone: str | None,
+    step: int,
 ) -> None:
     built = pending_task(
         "c1-5", "c1", position, email, name, subject, text, html, send_at, "t" * 32, at,
-        sender_id, sender, zone,
+        sender_id, sender, zone, step,
     )  # fmt: skip
     made = Task(
         id="c1-5", campaign_id="c1", position=position, email=email, name=name,
         subject=subject, text=text, html=html, send_at=send_at, token="t" * 32, created_at=at,
-        updated_at=at, sender_id=sender_id, sender=sender, timezone=zone,
+        updated_at=at, sender_id=sender_id, sender=sender, timezone=zone, step=step,
     )  # fmt: skip
     _same(built, made)
     with pytest.raises(dataclasses.FrozenInstanceError):

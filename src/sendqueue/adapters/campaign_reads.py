@@ -60,6 +60,7 @@ class _StoreReads(Protocol):
         search: str | None = None,
         after: int = -1,
         limit: int = 100,
+        step: int | None = None,
     ) -> list[Task]: ...
 
     def get_task(self, task_id: str) -> Task | None: ...
@@ -101,11 +102,12 @@ class ComposedCampaignReads:
         search: str | None = None,
         after: int = -1,
         limit: int = 100,
+        step: int | None = None,
     ) -> TaskListing:
         check_limit(limit)
         with self._read_together():
             campaign = self.get_campaign(campaign_id)
-            return _listing(self, campaign, state, search, after, limit)
+            return _listing(self, campaign, state, search, after, limit, step)
 
     def campaign_page(
         self: _StoreReads,
@@ -117,12 +119,13 @@ class ComposedCampaignReads:
         after: int = -1,
         limit: int = 100,
         changes_since: int | None = None,
+        step: int | None = None,
     ) -> CampaignPage:
         check_limit(limit)
         with self._read_together():
             last_change = self.last_change_id()
             campaign = self.get_campaign(campaign_id)
-            listing = _listing(self, campaign, state, search, after, limit)
+            listing = _listing(self, campaign, state, search, after, limit, step)
             figures = _figures(self, campaign, late_after, changes_since)
         return CampaignPage(last_change_id=last_change, figures=figures, listing=listing)
 
@@ -169,8 +172,11 @@ def _listing(
     search: str | None,
     after: int,
     limit: int,
+    step: int | None,
 ) -> TaskListing:
-    page = store.list_tasks(campaign.id, state=state, search=search, after=after, limit=limit + 1)
+    page = store.list_tasks(
+        campaign.id, state=state, search=search, after=after, limit=limit + 1, step=step
+    )
     tasks = page[:limit]
     wanted = {*campaign.sender_ids, *(t.sender_id for t in tasks if t.sender_id)}
     return TaskListing(

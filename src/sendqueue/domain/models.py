@@ -19,6 +19,7 @@ from .steps import Step
 __all__ = [
     "CONTROL_GROUP",
     "MAX_CURSOR",
+    "MAX_STEP",
     "Campaign",
     "ChangeLogEntry",
     "DeadLetter",
@@ -29,6 +30,7 @@ __all__ = [
     "check_cursor",
     "check_limit",
     "check_new_tasks",
+    "check_step",
     "checked_changes",
     "expected_schedule_name",
     "new_campaign_id",
@@ -71,9 +73,17 @@ def new_campaign_id() -> str:
     return "c" + secrets.token_hex(6)
 
 
-def task_id(campaign_id: str, position: int) -> str:
-    """The deterministic id of the task for recipient ``position``: provisioning is idempotent."""
-    return f"{campaign_id}-{position}"
+#: The most steps a campaign's sequence has; a task's ``step`` is 1 to this.
+MAX_STEP = 10
+
+
+def task_id(campaign_id: str, position: int, step: int = 1) -> str:
+    """The deterministic id of recipient ``position``'s task for ``step``: provisioning is
+    idempotent. Step 1 keeps the ids tasks had before sequences (``<campaign>-<position>``)."""
+    if step == 1:
+        return f"{campaign_id}-{position}"
+    check_step(step)
+    return f"{campaign_id}-{position}-s{step}"
 
 
 def schedule_name(task_id_: str, attempt: int = 0) -> str:
@@ -82,7 +92,8 @@ def schedule_name(task_id_: str, attempt: int = 0) -> str:
 
     The attempt number is part of the name so that the schedule of a retry never collides with
     the schedule still in flight for the attempt that failed (that one deletes itself when its
-    invocation returns).
+    invocation returns). A later step's task id adds at most 4 characters (``-s10``): a name
+    stays near half the limit.
     """
     return f"sq-{task_id_}.{attempt}"
 
@@ -212,6 +223,8 @@ class Task:
     """That sender's address, as planned (None: the campaign's ``from_addr``)."""
     timezone: str | None = None
     """The recipient's zone in a local-time campaign (None: the campaign's)."""
+    step: int = 1
+    """Which step of the campaign's sequence the email is, 1-based (1 to :data:`MAX_STEP`)."""
 
 
 def pending_task(
@@ -229,9 +242,10 @@ def pending_task(
     sender_id: str | None = None,
     sender: str | None = None,
     timezone: str | None = None,
+    step: int = 1,
 ) -> Task:
     """``Task(...)`` of a new Pending task created and updated ``at``, equal to the
-    constructor's, in a third of its time: a frozen dataclass's ``__init__`` sets its 28
+    constructor's, in a third of its time: a frozen dataclass's ``__init__`` sets its 29
     fields one ``object.__setattr__`` at a time, and provisioning builds one per email."""
     task = object.__new__(Task)
     object.__setattr__(task, "__dict__", {
@@ -241,7 +255,7 @@ def pending_task(
         "sent_at": None, "message_id": None, "error": None, "created_at": at,
         "updated_at": at, "planned_at": None, "moves": 0, "moved_reason": None,
         "reason": None, "outcome": None, "outcome_detail": None, "outcome_at": None,
-        "sender_id": sender_id, "sender": sender, "timezone": timezone,
+        "sender_id": sender_id, "sender": sender, "timezone": timezone, "step": step,
     })  # fmt: skip
     return task
 
@@ -299,9 +313,18 @@ def checked_changes(changes: TaskChanges | None) -> dict[str, Any]:
 _NEW_TASK_STATES = frozenset({TaskState.PENDING, TaskState.CANCELLED})
 
 
+def check_step(step: int, *, field: str = "step") -> None:
+    """A sequence step: an int from 1 to :data:`MAX_STEP` (InvalidField naming ``field``)."""
+    if type(step) is not int or not 1 <= step <= MAX_STEP:
+        raise InvalidField(field, step, f"must be a whole number from 1 to {MAX_STEP}")
+
+
 def check_new_tasks(tasks: Iterable[Task]) -> None:
-    """IllegalTransition unless every task is Pending, or Cancelled with a reason."""
+    """IllegalTransition unless every task is Pending, or Cancelled with a reason; InvalidField
+    (``step``) for a step outside 1 to :data:`MAX_STEP`."""
     for task in tasks:
+        if task.step != 1:  # the common case costs one comparison per task
+            check_step(task.step)
         if task.state not in _NEW_TASK_STATES or (
             task.state is TaskState.CANCELLED and not task.reason
         ):

@@ -38,6 +38,7 @@ class CampaignReads(Protocol):
         search: str | None = None,
         after: int = -1,
         limit: int = 100,
+        step: int | None = None,
     ) -> TaskListing:
         """A page of the campaign's tasks as ``TaskStore.list_tasks`` gives it, whether more
         follow, and the senders the campaign and the page name."""
@@ -53,6 +54,7 @@ class CampaignReads(Protocol):
         after: int = -1,
         limit: int = 100,
         changes_since: int | None = None,
+        step: int | None = None,
     ) -> CampaignPage:
         """``last_change_id``, read first, then :meth:`campaign_figures` and
         :meth:`task_listing` of the campaign."""

@@ -112,7 +112,9 @@ class Tasks(Protocol):
       misses a change and never sees one that did not happen.
     - Only transitions in :data:`sendqueue.domain.lifecycle.TASK_TRANSITIONS` are attempted;
       the store raises :class:`~sendqueue.domain.errors.IllegalTransition` for any other.
-    - ``insert_tasks`` is idempotent: a task whose id exists is left untouched and not counted.
+    - ``insert_tasks`` is idempotent: a task whose id exists is left untouched and not counted,
+      and so is one whose campaign, position and ``step`` another task holds (a recipient has
+      one task per step). A step outside 1 to 10 is InvalidField ``step``, nothing inserted.
       Each inserted task gets a change-log entry ``None -> Pending``. It also takes tasks that
       are Cancelled with a ``reason`` (a suppressed recipient's), logged ``None -> Cancelled``
       with the reason as the note.
@@ -212,10 +214,14 @@ class Tasks(Protocol):
         search: str | None = None,
         after: int = -1,
         limit: int = 100,
+        step: int | None = None,
     ) -> list[Task]:
         """A page of the campaign's tasks with position > ``after``, in position order.
 
-        ``search`` matches a case-insensitive substring of the address.
+        ``search`` matches a case-insensitive substring of the address; ``step`` keeps that
+        step's tasks only (InvalidField ``step`` outside 1 to 10). The cursor is a position:
+        in a campaign with later steps, a page may end between one position's steps, so walk
+        such a campaign one ``step`` at a time.
         """
         ...
 

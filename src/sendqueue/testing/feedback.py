@@ -25,7 +25,7 @@ class InMemoryFeedback:
     _lock: threading.RLock
     _available: bool
     _tasks: dict[str, Task]
-    _task_at: dict[str, dict[int, str]]
+    _task_at: dict[str, dict[tuple[int, int], str]]
 
     # The task store's change-log append (campaign, task, from, to, at, note).
     _append: Callable[[str, str | None, str | None, str, datetime, str | None], None]

@@ -25,7 +25,7 @@ class InMemorySending:
     _available: bool
     _tasks: dict[str, Task]
     _campaigns: dict[str, Campaign]
-    _task_at: dict[str, dict[int, str]]
+    _task_at: dict[str, dict[tuple[int, int], str]]
 
     @guarded
     def claim_for_send(

@@ -30,6 +30,7 @@ from sendqueue.domain.lifecycle import (
     check_task_transition,
 )
 from sendqueue.domain.models import (
+    MAX_STEP,
     Campaign,
     ChangeLogEntry,
     Move,
@@ -39,6 +40,7 @@ from sendqueue.domain.models import (
     check_cursor,
     check_limit,
     check_new_tasks,
+    check_step,
     checked_changes,
     utc,
 )
@@ -93,9 +95,9 @@ class InMemoryTaskStore(
         self._recipients: dict[str, dict[int, Recipient]] = {}
         self._recipient_positions: dict[str, list[int]] = {}
         self._tasks: dict[str, Task] = {}
-        # campaign id -> position -> task id, and the sorted positions for cursor paging.
-        self._task_at: dict[str, dict[int, str]] = {}
-        self._task_positions: dict[str, list[int]] = {}
+        # campaign id -> (position, step) -> task id, and those keys sorted for cursor paging.
+        self._task_at: dict[str, dict[tuple[int, int], str]] = {}
+        self._task_positions: dict[str, list[tuple[int, int]]] = {}
         self._log: list[ChangeLogEntry] = []
         self._leases: dict[str, tuple[str, datetime]] = {}
         self._counters: dict[str, int] = {}
@@ -276,12 +278,13 @@ class InMemoryTaskStore(
         inserted = 0
         for task in prepared:
             at_position = self._task_at[task.campaign_id]
-            if task.id in self._tasks or task.position in at_position:
+            key = (task.position, task.step)
+            if task.id in self._tasks or key in at_position:
                 continue
             self._tasks[task.id] = task
             self._index_task(task)
-            at_position[task.position] = task.id
-            insort(self._task_positions[task.campaign_id], task.position)
+            at_position[key] = task.id
+            insort(self._task_positions[task.campaign_id], key)
             note = task.reason if task.state is TaskState.CANCELLED else None
             self._append(task.campaign_id, task.id, None, task.state.value, at, note)
             inserted += 1
@@ -356,8 +359,8 @@ class InMemoryTaskStore(
         self._require_campaign(campaign_id)
         moved = 0
         at_position = self._task_at[campaign_id]
-        for position in self._task_positions[campaign_id]:
-            task = self._tasks[at_position[position]]
+        for key in self._task_positions[campaign_id]:
+            task = self._tasks[at_position[key]]
             if task.state is expected:
                 self._tasks[task.id] = replace(task, state=new, updated_at=at)
                 self._append(campaign_id, task.id, expected.value, new.value, at, note)
@@ -391,8 +394,8 @@ class InMemoryTaskStore(
     def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]:
         moved = late = 0
         limit = timedelta(seconds=late_after)
-        for position in self._task_positions.get(campaign_id, ()):
-            task = self._tasks[self._task_at[campaign_id][position]]
+        for key in self._task_positions.get(campaign_id, ()):
+            task = self._tasks[self._task_at[campaign_id][key]]
             moved += task.moves > 0
             late += task.sent_at is not None and task.sent_at - task.send_at > limit
         return moved, late
@@ -404,8 +407,8 @@ class InMemoryTaskStore(
         since = utc(since)
         end = None if until is None else utc(until)
         out: list[tuple[TaskState, datetime]] = []
-        for position in self._task_positions.get(campaign_id, ()):
-            task = self._tasks[self._task_at[campaign_id][position]]
+        for key in self._task_positions.get(campaign_id, ()):
+            task = self._tasks[self._task_at[campaign_id][key]]
             when = _booked_at(task)
             if when is not None and when >= since and (end is None or when < end):
                 out.append((task.state, when))
@@ -420,19 +423,25 @@ class InMemoryTaskStore(
         search: str | None = None,
         after: int = -1,
         limit: int = 100,
+        step: int | None = None,
     ) -> list[Task]:
         check_limit(limit)
         check_cursor(after)
+        if step is not None:
+            check_step(step)
         self._require_campaign(campaign_id)
         needle = search.lower() if search else None
-        positions = self._task_positions[campaign_id]
+        keys = self._task_positions[campaign_id]
         at_position = self._task_at[campaign_id]
         page: list[Task] = []
-        for position in positions[bisect_right(positions, after) :]:
+        # (after, MAX_STEP) is the last key position ``after`` can have.
+        for key in keys[bisect_right(keys, (after, MAX_STEP)) :]:
             if len(page) >= limit:
                 break
-            task = self._tasks[at_position[position]]
+            task = self._tasks[at_position[key]]
             if state is not None and task.state is not state:
+                continue
+            if step is not None and task.step != step:
                 continue
             if needle is not None and needle not in task.email.lower():
                 continue

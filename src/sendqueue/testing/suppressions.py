@@ -22,7 +22,7 @@ class InMemorySuppressions(ReadsTaskThenSuppression):
     _lock: threading.RLock
     _available: bool
     _tasks: dict[str, Task]
-    _task_at: dict[str, dict[int, str]]
+    _task_at: dict[str, dict[tuple[int, int], str]]
 
     def __init__(self) -> None:
         self._suppressions: dict[str, Suppression] = {}

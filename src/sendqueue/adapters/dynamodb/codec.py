@@ -44,6 +44,7 @@ __all__ = [
     "parse_opt_time",
     "parse_time",
     "position_key",
+    "position_marker",
     "recipient_item",
     "str_attr",
     "task_doc",
@@ -103,6 +104,13 @@ def position_key(position: int) -> str:
     return f"{position:010d}"
 
 
+def position_marker(position: int, step: int) -> str:
+    """The sort key of the item that holds a campaign's (position, step) for one task; step 1
+    keeps the key markers had before steps."""
+    key = position_key(position)
+    return key if step == 1 else f"{key}#s{step}"
+
+
 def log_key(first: int) -> str:
     return f"{first:020d}"
 
@@ -137,6 +145,7 @@ def task_doc(task: Task) -> dict[str, Any]:
         "sender_id": task.sender_id,
         "sender": task.sender,
         "timezone": task.timezone,
+        "step": task.step,
     }
 
 
@@ -163,6 +172,9 @@ def task_item(task: Task, version: int) -> dict[str, Any]:
     if task.outcome is not None:
         # Read when counting a campaign's outcomes (without parsing ``d``).
         item["oc"] = str_attr(TaskOutcome(task.outcome).value)
+    if task.step != 1:
+        # Filtered on when listing one step's tasks; absent means step 1, as on older items.
+        item["sp"] = num_attr(task.step)
     return item
 
 
@@ -200,6 +212,8 @@ def task_from_item(item: Mapping[str, Any]) -> tuple[Task, int]:
         sender_id=doc.get("sender_id"),
         sender=doc.get("sender"),
         timezone=doc.get("timezone"),
+        # Items written before sequences: step 1.
+        step=doc.get("step", 1),
     )
     return task, int(item["v"]["N"])
 

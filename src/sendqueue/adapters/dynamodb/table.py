@@ -14,7 +14,8 @@ key attributes are the contract with the template and must stay stable:
 ``T#<task id>``     ``#``        a task: ``v`` its version, ``st`` its state, ``d`` the task as
                                  JSON, ``ca`` its claim time, ``rs`` its reason (when it has
                                  one), and the index keys below
-``P#<campaign>``    position     the marker that makes a campaign's position taken once
+``P#<campaign>``    position     the marker that makes a campaign's position taken once per
+                                 step (``<position>#s<step>`` after the first step)
 ``log``             first id     change-log entries ``first..first+n-1`` (``n``; ``d`` JSON;
                                  ``cs`` the set of their campaigns); ids are zero-padded to 20
 ``lease``           name         a lease: ``owner``, ``exp``
@@ -43,8 +44,8 @@ key attributes are the contract with the template and must stay stable:
 The sender items need no index: every read of them is a query of one partition's sort-key
 range or a get (see :mod:`~sendqueue.adapters.dynamodb.senders`).
 
-A task item also carries ``ga`` (its address's compared form, ``key_of_normalized``) and, once
-sent, ``oc`` (its outcome).
+A task item also carries ``ga`` (its address's compared form, ``key_of_normalized``), once
+sent ``oc`` (its outcome) and, for a step after the first, ``sp`` (its step).
 
 Global secondary indexes, all on task items (projection ALL unless said):
 

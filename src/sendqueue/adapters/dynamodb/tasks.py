@@ -13,7 +13,7 @@ from sendqueue.adapters.dynamodb.codec import (
     entry_size,
     item_size,
     num_attr,
-    position_key,
+    position_marker,
     str_attr,
     task_from_item,
     task_item,
@@ -40,6 +40,7 @@ from sendqueue.domain.models import (
     check_cursor,
     check_limit,
     check_new_tasks,
+    check_step,
     checked_changes,
     utc,
 )
@@ -121,7 +122,7 @@ class TaskItems(TableClient):
         def build() -> tuple[list[dict[str, Any]], list[PendingEntry]] | None:
             nonlocal count
             keys = [(f"T#{t.id}", "#") for t, _ in chunk]
-            keys += [(f"P#{t.campaign_id}", position_key(t.position)) for t, _ in chunk]
+            keys += [(f"P#{t.campaign_id}", position_marker(t.position, t.step)) for t, _ in chunk]
             existing = {
                 (str(i["pk"]["S"]), str(i["sk"]["S"])) for i in self._batch_get(keys, "pk, sk")
             }
@@ -129,7 +130,7 @@ class TaskItems(TableClient):
             entries: list[PendingEntry] = []
             taken: set[tuple[str, str]] = set()
             for t, item in chunk:
-                marker = (f"P#{t.campaign_id}", position_key(t.position))
+                marker = (f"P#{t.campaign_id}", position_marker(t.position, t.step))
                 if (f"T#{t.id}", "#") in existing or marker in existing or marker in taken:
                     continue
                 if (f"T#{t.id}", "#") in taken:
@@ -376,9 +377,12 @@ class TaskItems(TableClient):
         search: str | None = None,
         after: int = -1,
         limit: int = 100,
+        step: int | None = None,
     ) -> list[Task]:
         check_limit(limit)
         check_cursor(after)
+        if step is not None:
+            check_step(step)
         needle = search.lower() if search else None
         with self._errors("list tasks"):
             self._require_campaign(campaign_id)
@@ -392,10 +396,17 @@ class TaskItems(TableClient):
                     ":after": num_attr(after),
                 },
             }
+            filters = []
             if state is not None:
-                args["FilterExpression"] = "st = :s"
+                filters.append("st = :s")
                 args["ExpressionAttributeValues"][":s"] = str_attr(state.value)
-            if needle is None and state is None:
+            if step is not None:
+                # A step-1 item carries no ``sp`` (see codec.task_item).
+                filters.append("(sp = :p OR attribute_not_exists(sp))" if step == 1 else "sp = :p")
+                args["ExpressionAttributeValues"][":p"] = num_attr(step)
+            if filters:
+                args["FilterExpression"] = " AND ".join(filters)
+            if needle is None and not filters:
                 args["Limit"] = limit
             out: list[Task] = []
             for item in self._query(**args):

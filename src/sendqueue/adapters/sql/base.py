@@ -64,6 +64,7 @@ from sendqueue.domain.models import (
     check_cursor,
     check_limit,
     check_new_tasks,
+    check_step,
     checked_changes,
 )
 from sendqueue.domain.sendclaim import SendClaim, SendFinish
@@ -493,14 +494,17 @@ class SqlTaskStore(
         search: str | None = None,
         after: int = -1,
         limit: int = 100,
+        step: int | None = None,
     ) -> list[Task]:
         """A page in position order; ``search`` is a case-insensitive substring of the address
         (``%`` and ``_`` match themselves). NotFound for an unknown campaign."""
         check_limit(limit)
         check_cursor(after)
+        if step is not None:
+            check_step(step)
         with self._read("list tasks") as conn:
             self._require_campaign(conn, campaign_id)
-            return self._page_of_tasks(conn, campaign_id, state, search, after, limit)
+            return self._page_of_tasks(conn, campaign_id, state, search, after, limit, step)
 
     def _page_of_tasks(
         self,
@@ -510,6 +514,7 @@ class SqlTaskStore(
         search: str | None,
         after: int,
         limit: int,
+        step: int | None,
     ) -> list[Task]:
         """:meth:`list_tasks` once checked, the campaign known to exist."""
         query = sa.select(tables.tasks).where(
@@ -517,6 +522,8 @@ class SqlTaskStore(
         )
         if state is not None:
             query = query.where(tables.tasks.c.state == state.value)
+        if step is not None:
+            query = query.where(tables.tasks.c.step == step)
         if search and "\x00" in search:
             # No address holds a NUL (the importer refuses control characters), and PostgreSQL
             # refuses one in any text parameter: nothing matches, on either database.

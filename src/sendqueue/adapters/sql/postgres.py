@@ -85,7 +85,7 @@ _INSERT_TASKS = (
     " %b::timestamptz[], %b::timestamptz[], %b::text[], %b::text[], %b::timestamptz[],"
     " %b::timestamptz[], %b::timestamptz[], %b::integer[], %b::text[], %b::text[],"
     " %b::varchar[], %b::text[], %b::timestamptz[], %b::varchar[], %b::text[], %b::text[],"
-    " %b::varchar[])"
+    " %b::integer[], %b::varchar[])"
     f" WITH ORDINALITY AS u({INSERT_COLUMNS}, sq_ordinal) ORDER BY sq_ordinal"
     " ON CONFLICT DO NOTHING RETURNING id, state, reason),"
     " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
@@ -193,6 +193,7 @@ def _task_params(t: Task, at: datetime) -> dict[str, Any]:
         "sender_id": t.sender_id,
         "sender": t.sender,
         "timezone": t.timezone,
+        "step": t.step,
         "email_key": key_of_normalized(t.email),
     }
 
@@ -367,7 +368,7 @@ class PostgresTaskStore(SqlTaskStore):
                 _time(t.sent_at), t.message_id, t.error, stamp, stamp,
                 _time(t.planned_at or t.send_at), t.moves, t.moved_reason, t.reason,
                 None if t.outcome is None else t.outcome.value, t.outcome_detail,
-                _time(t.outcome_at), t.sender_id, t.sender, t.timezone,
+                _time(t.outcome_at), t.sender_id, t.sender, t.timezone, t.step,
                 key_of_normalized(t.email),
             )
             for t in sorted(tasks, key=lambda t: t.id)

@@ -89,7 +89,7 @@ TASK_COLUMNS = (
     "id, campaign_id, position, email, name, subject, text, html, send_at, state, token, "
     "attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at, "
     "moves, moved_reason, reason, outcome, outcome_detail, outcome_at, sender_id, sender, "
-    "timezone"
+    "timezone, step"
 )
 
 #: How many columns :data:`TASK_COLUMNS` names (a task row's width).
@@ -159,14 +159,14 @@ def task_from_row(row: Sequence[Any]) -> Task:
         id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
         attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at,
         moves, moved_reason, reason, outcome, outcome_detail, outcome_at, sender_id, sender,
-        timezone,
+        timezone, step,
     ) = row[:TASK_WIDTH]  # fmt: skip
     # Positional: tasks are read by the hundred thousand; see docs/performance.md.
     return Task(
         id_, campaign_id, position, email, name, subject, text, html, send_at, token,
         STATES[state], attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
         planned_at, moves, moved_reason, reason, OUTCOMES[outcome], outcome_detail, outcome_at,
-        sender_id, sender, timezone,
+        sender_id, sender, timezone, step,
     )  # fmt: skip
 
 

@@ -215,14 +215,16 @@ tasks = sa.Table(
     sa.Column("sender_id", sa.String(200), nullable=True),
     sa.Column("sender", sa.Text, nullable=True),
     sa.Column("timezone", sa.Text, nullable=True),
+    # Which step of the campaign's sequence, 1-based (migration 0011: existing rows are 1).
+    sa.Column("step", sa.Integer, nullable=False, server_default=sa.text("1")),
     # The address's compared form, key_of_normalized(email) (casefold, which SQL's lower() is
     # not), written at insert: FeedbackStore.tasks_for reads it through its index. Nullable
     # so that 0006 adds it in place (no table copy) before filling every row.
     sa.Column("email_key", sa.String(320), nullable=True),
     # list_tasks / count_tasks: one campaign's tasks in a state, in position order.
     sa.Index("ix_tasks_campaign_id_state_position", "campaign_id", "state", "position"),
-    # list_tasks without a state filter, and one task per recipient.
-    sa.Index("ix_tasks_campaign_id_position", "campaign_id", "position", unique=True),
+    # list_tasks without a state filter, and one task per recipient and step (migration 0011).
+    sa.Index("ix_tasks_campaign_id_position_step", "campaign_id", "position", "step", unique=True),
     # due_tasks: ordered by (send_at, id) within a state, so the cursor is index-only.
     sa.Index("ix_tasks_state_send_at_id", "state", "send_at", "id"),
     # stale_running: Running tasks by claim time.

@@ -95,7 +95,7 @@ def _task(row: Sequence[Any]) -> Task:
         id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
         attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at,
         moves, moved_reason, reason, outcome, outcome_detail, outcome_at, sender_id, sender,
-        timezone,
+        timezone, step,
     ) = row  # fmt: skip
     return Task(
         id_, campaign_id, position, email, name, subject, text, html,
@@ -104,7 +104,7 @@ def _task(row: Sequence[Any]) -> Task:
         datetime.fromisoformat(created_at).replace(tzinfo=UTC),
         datetime.fromisoformat(updated_at).replace(tzinfo=UTC),
         _time(planned_at), moves, moved_reason, reason, OUTCOMES[outcome], outcome_detail,
-        _time(outcome_at), sender_id, sender, timezone,
+        _time(outcome_at), sender_id, sender, timezone, step,
     )  # fmt: skip
 
 
@@ -123,16 +123,17 @@ def _task_row(t: Task, stamp: str | None) -> tuple[object, ...]:
         t.moved_reason, t.reason,
         None if t.outcome is None else t.outcome.value, t.outcome_detail,
         None if outcome_at is None else sqlite_text(outcome_at), t.sender_id, t.sender,
-        t.timezone, key_of_normalized(t.email),
+        t.timezone, t.step, key_of_normalized(t.email),
     )  # fmt: skip
 
 
 def _insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list[str]:
-    """Insert the tasks whose id and (campaign, position) are free; returns the ids inserted.
+    """Insert the tasks whose id and (campaign, position, step) are free; returns the ids
+    inserted.
 
     The caller holds SQLite's write lock (BEGIN IMMEDIATE), so the rows taken cannot change
     between the lookup (run only when the plain insert skipped a row) and the INSERT; the
-    first of two tasks with one id or position wins, as with ON CONFLICT DO NOTHING.
+    first of two tasks with one id or position and step wins, as with ON CONFLICT DO NOTHING.
     """
     stamp = sqlite_text(at)
     # The common case, a fresh chunk: insert everything at once and count the rows taken; if
@@ -145,7 +146,7 @@ def _insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list
     conn.exec_driver_sql("ROLLBACK TO SAVEPOINT sq_bulk_tasks")
     conn.exec_driver_sql("RELEASE SAVEPOINT sq_bulk_tasks")
     taken_ids: set[str] = set()
-    taken_positions: set[tuple[str, int]] = set()
+    taken_positions: set[tuple[str, int, int]] = set()
     for part in rows.chunks([t.id for t in tasks], _IN_LIMIT):
         marks = ", ".join("?" * len(part))
         taken_ids.update(
@@ -161,16 +162,17 @@ def _insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list
         for some in rows.chunks(positions, _IN_LIMIT):
             marks = ", ".join("?" * len(some))
             taken_positions.update(
-                (campaign_id, row[0])
+                (campaign_id, row[0], row[1])
                 for row in conn.exec_driver_sql(
-                    f"SELECT position FROM tasks WHERE campaign_id = ? AND position IN ({marks})",
+                    "SELECT position, step FROM tasks"
+                    f" WHERE campaign_id = ? AND position IN ({marks})",
                     (campaign_id, *some),
                 )
             )
     inserted: list[str] = []
     params: list[tuple[object, ...]] = []
     for t in tasks:
-        where = (t.campaign_id, t.position)
+        where = (t.campaign_id, t.position, t.step)
         if t.id in taken_ids or where in taken_positions:
             continue
         taken_ids.add(t.id)
@@ -508,15 +510,19 @@ class SqliteTaskStore(SqlTaskStore):
         search: str | None,
         after: int,
         limit: int,
+        step: int | None,
     ) -> list[Task]:
         if search:
-            return super()._page_of_tasks(conn, campaign_id, state, search, after, limit)
+            return super()._page_of_tasks(conn, campaign_id, state, search, after, limit, step)
         # The provisioner's and the reconciler's pages: the driver's rows, converted here.
         sql = f"SELECT {TASK_COLUMNS} FROM tasks WHERE campaign_id = ? AND position > ?"
         params: tuple[object, ...] = (campaign_id, after)
         if state is not None:
             sql += " AND state = ?"
             params += (state.value,)
+        if step is not None:
+            sql += " AND step = ?"
+            params += (step,)
         raw = conn.exec_driver_sql(sql + " ORDER BY position LIMIT ?", (*params, limit))
         return [_task(row) for row in raw]
 

@@ -229,10 +229,12 @@ class Queries:
         search: str | None = None,
         after: int = -1,
         limit: int = 100,
+        step: int | None = None,
     ) -> TaskListing:
-        """A page of the campaign's tasks with their senders: one store call."""
+        """A page of the campaign's tasks with their senders (``step``: that step's only): one
+        store call."""
         return self._store.task_listing(
-            campaign_id, state=state, search=search, after=after, limit=limit
+            campaign_id, state=state, search=search, after=after, limit=limit, step=step
         )
 
     def campaign_page(
@@ -243,6 +245,7 @@ class Queries:
         search: str | None = None,
         after: int = -1,
         limit: int = 100,
+        step: int | None = None,
     ) -> tuple[CampaignPage, Timeline]:
         """What the campaign page shows: one store call while the kept timeline is current."""
         since = self.timelines.marker(campaign_id)
@@ -254,6 +257,7 @@ class Queries:
             after=after,
             limit=limit,
             changes_since=since,
+            step=step,
         )
         figures = page.figures
         timeline = self.timelines.get(
