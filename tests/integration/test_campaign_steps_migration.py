@@ -17,7 +17,7 @@ from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.steps import Step, parse_delay
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
-BEFORE = "0010"  # the revision 0012 follows
+BEFORE = "0011"  # the revision 0012 follows
 
 STEPS = (
     Step(1, "Hello {{ name }}", "Dear {{ name }},\n", None, None),

@@ -3,17 +3,19 @@ after their delay, in the thread, from the same sender, stopped by any answer.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 import pytest
 
 from sendqueue.bootstrap import Container
-from sendqueue.domain.errors import InvalidField
+from sendqueue.domain.errors import InvalidField, StoreUnavailable
 from sendqueue.domain.feedback import Feedback, FeedbackKind
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Task, task_id
 from sendqueue.domain.policy import SendingPolicy, Window
 from sendqueue.domain.steps import Step, parse_delay
+from sendqueue.ports import OutgoingMessage
 from sendqueue.testing.clock import FakeClock
 from sendqueue.testing.mailer import RecordingMailer
 from sendqueue.testing.scheduler import FakeScheduler
@@ -28,11 +30,21 @@ STEPS = (
 )
 
 
-def _create(app: Container, steps: tuple[Step, ...] = STEPS, **kw: object) -> str:
-    policy = kw.pop("policy", open_policy())
+def _create(
+    app: Container,
+    steps: tuple[Step, ...] = STEPS,
+    *,
+    policy: SendingPolicy | None = None,
+    senders: Sequence[str] = (),
+) -> str:
     created = app.campaign_import.create(
-        name="seq", recipients=ROWS, policy=policy, from_addr="n@example.com", steps=steps, **kw
-    )  # type: ignore[arg-type]
+        name="seq",
+        recipients=ROWS,
+        policy=policy or open_policy(),
+        from_addr="n@example.com",
+        steps=steps,
+        senders=senders,
+    )
     cid = created.campaign.id
     assert app.provisioner.provision(cid).status == "done"
     return cid
@@ -48,7 +60,7 @@ def _task(app: Container, cid: str, position: int, step: int) -> Task | None:
     return app.store.get_task(task_id(cid, position, step))
 
 
-def _sent(app: Container) -> list[object]:
+def _sent(app: Container) -> list[OutgoingMessage]:
     mailer = app.mailer
     assert isinstance(mailer, RecordingMailer)
     return list(mailer.sent)
@@ -76,7 +88,7 @@ def test_a_three_step_sequence_goes_out_in_order_in_one_thread() -> None:
 
     clock.advance(days=1)
     assert _fire(app) == 2
-    mail = [m for m in _sent(app) if m.to_addr == "a@example.com"]  # type: ignore[attr-defined]
+    mail = [m for m in _sent(app) if m.to_addr == "a@example.com"]
     assert mail[1].headers["In-Reply-To"] == first.message_id
     assert mail[1].headers["References"] == first.message_id
     assert "In-Reply-To" not in mail[0].headers
@@ -88,7 +100,7 @@ def test_a_three_step_sequence_goes_out_in_order_in_one_thread() -> None:
 
     clock.advance(hours=3)
     assert _fire(app) == 2
-    mail = [m for m in _sent(app) if m.to_addr == "a@example.com"]  # type: ignore[attr-defined]
+    mail = [m for m in _sent(app) if m.to_addr == "a@example.com"]
     assert mail[2].headers["References"] == f"{first.message_id} {second.message_id}"
     assert mail[2].headers["In-Reply-To"] == second.message_id
     assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
@@ -104,9 +116,9 @@ def test_a_step_that_starts_a_new_thread_carries_no_reply_headers() -> None:
     _fire(app)
     clock.advance(hours=1)
     assert _fire(app) == 2
-    later = [m for m in _sent(app) if m.subject == "Fresh start"]  # type: ignore[attr-defined]
+    later = [m for m in _sent(app) if m.subject == "Fresh start"]
     assert len(later) == 2
-    assert all("In-Reply-To" not in m.headers for m in later)  # type: ignore[attr-defined]
+    assert all("In-Reply-To" not in m.headers for m in later)
 
 
 def test_a_reply_stops_only_that_recipients_later_steps() -> None:
@@ -126,7 +138,7 @@ def test_a_reply_stops_only_that_recipients_later_steps() -> None:
     clock.advance(days=1)
     _fire(app)
     assert _task(app, cid, 0, 3) is None  # nothing made after an answer
-    to_ann = [m for m in _sent(app) if m.to_addr == "a@example.com"]  # type: ignore[attr-defined]
+    to_ann = [m for m in _sent(app) if m.to_addr == "a@example.com"]
     assert len(to_ann) == 1
     ben = [_task(app, cid, 1, k) for k in (1, 2, 3)]
     assert [t.state if t else None for t in ben] == [TaskState.FINISHED] * 3
@@ -142,14 +154,14 @@ def test_an_answer_seen_only_at_the_send_stops_the_step_then() -> None:
     first = _task(app, cid, 0, 1)
     assert first is not None
     # an outcome written without the feedback loop's cancel (a race with the step being made)
-    app.store.set_outcome(first.id, TaskOutcome.BOUNCED, detail="5.1.1", at=clock.now())  # type: ignore[attr-defined]
+    app.store.set_outcome(first.id, TaskOutcome.BOUNCED, detail="5.1.1", at=clock.now())
 
     clock.advance(days=1)
     assert _fire(app) == 2
     second = _task(app, cid, 0, 2)
     assert second is not None and second.state is TaskState.CANCELLED
     assert second.reason == "step 1 bounced: the sequence stopped"
-    assert [m.to_addr for m in _sent(app)].count("a@example.com") == 1  # type: ignore[attr-defined]
+    assert [m.to_addr for m in _sent(app)].count("a@example.com") == 1
 
 
 def test_making_a_step_twice_stores_it_once() -> None:
@@ -196,7 +208,7 @@ def test_a_sequence_with_senders_keeps_step_ones_sender() -> None:
         timezone="UTC", per_day=100, weekdays=frozenset(range(5)), windows=(Window(480, 1020),)
     )
     cid = _create(app, senders=ids, policy=policy)
-    clock.advance(hours=9)
+    clock.advance(hours=1)
     assert _fire(app) == 2
     for position in (0, 1):
         first, second = _task(app, cid, position, 1), _task(app, cid, position, 2)
@@ -232,3 +244,53 @@ def test_bad_steps_are_refused_naming_the_step_and_nothing_is_stored(
         )
     assert info.value.field == field
     assert app.store.list_campaigns() == []
+
+
+def test_a_step_not_made_at_the_send_is_made_by_the_reconciler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _create(app)
+
+    def down(*args: object, **kwargs: object) -> None:
+        raise StoreUnavailable("the store went away")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(app.followups, "after_sent", down)
+        clock.advance(hours=1)
+        assert _fire(app) == 2
+    assert _task(app, cid, 0, 2) is None
+    # the sends are recorded, and the campaign is not done while its sequences are not
+    assert app.store.count_tasks(cid)[TaskState.FINISHED] == 2
+    assert app.store.get_campaign(cid).state is CampaignState.ACTIVE
+
+    report = app.reconciler.run()
+
+    assert report.follow_ups_made == 2
+    made = _task(app, cid, 0, 2)
+    first = _task(app, cid, 0, 1)
+    assert made is not None and first is not None and first.sent_at is not None
+    assert made.state is TaskState.PENDING and made.send_at >= first.sent_at + timedelta(hours=8)
+    assert app.reconciler.run().follow_ups_made == 0  # made once
+    clock.advance(days=1)
+    assert _fire(app) == 2
+
+
+def test_a_campaign_completed_without_a_next_step_is_reopened_with_it() -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _create(app, (STEPS[0], STEPS[1]))
+    campaign = app.store.get_campaign(cid)
+    # as if both sends' next steps were lost and a completion check ran in between
+    app.followups.after_sent = lambda *a, **k: None  # type: ignore[method-assign]
+    clock.advance(hours=1)
+    _fire(app)
+    assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
+    del app.followups.after_sent
+
+    report = app.reconciler.run()
+
+    assert report.follow_ups_made == 2 and report.campaigns_reopened == 1
+    assert app.store.get_campaign(cid).state is CampaignState.ACTIVE
+    assert campaign.steps == app.store.get_campaign(cid).steps

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, TypedDict
 from .errors import IllegalTransition, InvalidField
 from .lifecycle import CampaignState, StopOnReply, TaskOutcome, TaskState
 from .policy import SendingPolicy
-from .steps import Step
+from .steps import MAX_STEPS, Step
 
 __all__ = [
     "CONTROL_GROUP",
@@ -74,7 +74,7 @@ def new_campaign_id() -> str:
 
 
 #: The most steps a campaign's sequence has; a task's ``step`` is 1 to this.
-MAX_STEP = 10
+MAX_STEP = MAX_STEPS
 
 
 def task_id(campaign_id: str, position: int, step: int = 1) -> str:

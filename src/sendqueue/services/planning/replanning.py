@@ -31,7 +31,7 @@ from datetime import date, datetime, timedelta
 
 from sendqueue.domain import transitions
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import Campaign, Move, Task, new_token
+from sendqueue.domain.models import MAX_STEP, Campaign, Move, Task, new_token
 from sendqueue.domain.slots import free_slots, in_policy, nominal_spacing
 from sendqueue.domain.transitions import TaskChange
 from sendqueue.domain.wording import plural

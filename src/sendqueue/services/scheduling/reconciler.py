@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 
 from sendqueue.domain.errors import Conflict, SchedulerError
@@ -260,6 +260,11 @@ class Reconciler:
                 report.cancels_finished += 1
             self._campaigns.cancel_pending(campaign.id)
             return
+        if state is CampaignState.COMPLETED and len(campaign.steps) > 1 and self._followups:
+            # completed while a next step was not made (its worker failed between the two)
+            if self._clock.now() - campaign.updated_at < _SWEEP_FINAL_FOR:
+                reopened = replace(campaign, state=CampaignState.ACTIVE)
+                report.follow_ups_made += self._followups.repair(reopened, now=self._clock.now())
         if state is CampaignState.COMPLETED and self._reopen(campaign.id):
             report.campaigns_reopened += 1
             state = CampaignState.ACTIVE

@@ -466,8 +466,9 @@ class SendWorker:
         except TransientMailError as exc:
             return self._transient(campaign, task, str(exc))
         sent_at = self._clock.now()
+        made = True
         if self._followups is not None and task.step < len(campaign.steps):
-            self._next_step(campaign, task, sent_at)
+            made = self._next_step(campaign, task, sent_at)
         # The outcome starts as "accepted"; feedback (a bounce, a reply) may change it later.
         # With a sender, the booking at the claimed send time is counted sent in the same write.
         slot = task.send_at if task.sender_id is not None else None
@@ -482,10 +483,11 @@ class SendWorker:
             self._failures_in_a_row.pop(campaign.id, None)  # the streak is broken
         if done is not None:
             self._emit("finished", done)
-        # Other Pending tasks seen by the finish: the campaign is certainly not done yet.
-        return not finish.pending_left
+        # Other Pending tasks seen by the finish: the campaign is certainly not done yet; nor
+        # is it while a next step that failed to be made waits for the reconciler.
+        return made and not finish.pending_left
 
-    def _next_step(self, campaign: Campaign, task: Task, sent_at: datetime) -> None:
+    def _next_step(self, campaign: Campaign, task: Task, sent_at: datetime) -> bool:
         """Make the recipient's next step before this one is recorded sent, so the campaign
         never looks done while the sequence goes on; a failure here must not lose the record
         of an email that went out (the reconciler makes the step later)."""
@@ -494,6 +496,8 @@ class SendWorker:
             self._followups.after_sent(campaign, task, sent_at=sent_at)
         except Exception:
             log.exception("task %s: its next step was not made; the reconciler will", task.id)
+            return False
+        return True
 
     def _stop_sequence(self, claimed: Task, reason: str) -> bool:
         """A later step whose recipient answered (or whose sequence stopped otherwise) since it
