@@ -260,11 +260,8 @@ class Reconciler:
                 report.cancels_finished += 1
             self._campaigns.cancel_pending(campaign.id)
             return
-        if state is CampaignState.COMPLETED and len(campaign.steps) > 1 and self._followups:
-            # completed while a next step was not made (its worker failed between the two)
-            if self._clock.now() - campaign.updated_at < _SWEEP_FINAL_FOR:
-                reopened = replace(campaign, state=CampaignState.ACTIVE)
-                report.follow_ups_made += self._followups.repair(reopened, now=self._clock.now())
+        if state is CampaignState.COMPLETED:
+            report.follow_ups_made += self._follow_ups_of_completed(campaign)
         if state is CampaignState.COMPLETED and self._reopen(campaign.id):
             report.campaigns_reopened += 1
             state = CampaignState.ACTIVE
@@ -279,6 +276,16 @@ class Reconciler:
             report.orphan_schedules_deleted += self._writer.delete_group(
                 schedule_group(campaign.id)
             )
+
+    def _follow_ups_of_completed(self, campaign: Campaign) -> int:
+        """The later steps of a sequence completed while one was not made (its worker failed
+        between the send and the step), looked for during a day after it completed."""
+        if self._followups is None or len(campaign.steps) < 2:
+            return 0
+        if self._clock.now() - campaign.updated_at >= _SWEEP_FINAL_FOR:
+            return 0
+        going_on = replace(campaign, state=CampaignState.ACTIVE)  # reopened below if one is made
+        return self._followups.repair(going_on, now=self._clock.now())
 
     def _reopen(self, campaign_id: str) -> bool:
         """Give a campaign completed too early back its unfinished emails.
