@@ -294,3 +294,34 @@ def test_a_campaign_completed_without_a_next_step_is_reopened_with_it() -> None:
     assert report.follow_ups_made == 2 and report.campaigns_reopened == 1
     assert app.store.get_campaign(cid).state is CampaignState.ACTIVE
     assert campaign.steps == app.store.get_campaign(cid).steps
+
+
+def test_a_later_steps_email_is_signed_like_step_ones() -> None:
+    from sendqueue.domain.feedback import signed_task_of_message_id
+    from sendqueue.domain.models import step_of
+    from sendqueue.domain.tokens import TokenPurpose, verify_task, verp_task
+
+    secret = "Zq8v2Lk9Wm4Tn7Rb1Xc6Yd3Fg5Hj0Ps8Ua2Ve"
+    clock = FakeClock(T0)
+    app = fake_app(
+        clock=clock,
+        secret_key=secret,
+        bounce_address="bounces@example.com",
+        public_url="https://q.example.com",
+    )
+    cid = _create(app, (STEPS[0], STEPS[1]))
+    clock.advance(hours=1)
+    _fire(app)
+    clock.advance(days=1)
+    _fire(app)
+    later = [m for m in _sent(app) if m.subject.startswith("Re:")]
+    assert len(later) == 2
+    for message in later:
+        tid = message.headers["X-Sendqueue-Task"]
+        assert step_of(tid) == 2 and tid.startswith(f"{cid}-")
+        assert message.envelope_from is not None
+        assert verp_task(message.envelope_from, "bounces@example.com", secret) == tid
+        assert signed_task_of_message_id(message.message_id, secret) == tid
+        assert "List-Unsubscribe" in message.headers
+        token = message.headers["List-Unsubscribe"].split("/")[-1].strip(">")
+        assert verify_task(token, secret, TokenPurpose.UNSUBSCRIBE) == tid

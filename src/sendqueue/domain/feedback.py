@@ -21,7 +21,7 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import StopOnReply, TaskOutcome
 from sendqueue.domain.models import utc
 from sendqueue.domain.suppression import SuppressionReason
-from sendqueue.domain.tokens import TokenPurpose, verify_task
+from sendqueue.domain.tokens import TASK_ID_PATTERN, TokenPurpose, verify_task
 
 __all__ = [
     "OUTCOME_NOTE_PREFIX",
@@ -179,7 +179,7 @@ def outcome_note(outcome: TaskOutcome, detail: str = "") -> str:
 # A Message-ID sendqueue made (addresses.message_id_for): <task_id.mac@domain> with the key,
 # <task_id@domain> without. Task ids are "<campaign id>-<position>", campaign ids "c" + 12 hex.
 _OUR_MESSAGE_ID = re.compile(
-    r"<?\s*(c[0-9a-f]{12}-[0-9]{1,9})(?:\.([0-9a-f]{32}))?@[^<>\s@]+\s*>?", re.IGNORECASE
+    rf"<?\s*({TASK_ID_PATTERN})(?:\.([0-9a-f]{{32}}))?@[^<>\s@]+\s*>?", re.IGNORECASE
 )
 
 

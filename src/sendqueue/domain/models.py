@@ -39,6 +39,7 @@ __all__ = [
     "recipient_of",
     "schedule_group",
     "schedule_name",
+    "step_of",
     "task_id",
     "utc",
 ]
@@ -84,6 +85,12 @@ def task_id(campaign_id: str, position: int, step: int = 1) -> str:
         return f"{campaign_id}-{position}"
     check_step(step)
     return f"{campaign_id}-{position}-s{step}"
+
+
+def step_of(task_id_: str) -> int:
+    """The step a task id names (:func:`task_id`): 1 unless it ends in ``-s<step>``."""
+    head, sep, tail = task_id_.rpartition("-s")
+    return int(tail) if sep and head and tail.isdigit() else 1
 
 
 def schedule_name(task_id_: str, attempt: int = 0) -> str:

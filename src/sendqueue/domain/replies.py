@@ -49,13 +49,13 @@ from sendqueue.domain.feedback import (
     task_id_from_message_id,
 )
 from sendqueue.domain.mailparts import addresses, header, raw_header, raw_headers_of
-from sendqueue.domain.tokens import TokenPurpose, verify_task
+from sendqueue.domain.tokens import TASK_ID_PATTERN, TokenPurpose, verify_task
 
 __all__ = ["is_automatic", "is_mail_system", "reply_feedback"]
 
 _MESSAGE_ID = re.compile(r"<([^<>\s]+)>")
 _UNSUBSCRIBE = re.compile(r"\s*unsubscribe\s+(\S+)\s*", re.IGNORECASE)
-_TOKEN_SHAPED = re.compile(r"c[0-9a-f]{12}-[0-9]{1,9}\.[0-9a-z]+", re.IGNORECASE)
+_TOKEN_SHAPED = re.compile(rf"{TASK_ID_PATTERN}\.[0-9a-z]+", re.IGNORECASE)
 #: Addresses of To and Cc a reply keeps (to check an authenticated one was written to us).
 _MAX_TO = 20
 _MAIL_SYSTEM = frozenset({"mailer-daemon", "mailer_daemon", "mail-daemon", "postmaster"})

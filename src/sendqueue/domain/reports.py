@@ -49,7 +49,13 @@ from sendqueue.domain.mailparts import (
 )
 from sendqueue.domain.replies import reply_feedback
 from sendqueue.domain.textbounces import is_text_bounce, read_text_bounce
-from sendqueue.domain.tokens import MIN_SECRET_LENGTH, TokenPurpose, verify_task, verp_task
+from sendqueue.domain.tokens import (
+    MIN_SECRET_LENGTH,
+    TASK_ID_PATTERN,
+    TokenPurpose,
+    verify_task,
+    verp_task,
+)
 
 __all__ = ["MAX_ITEMS", "MAX_REPORT", "parse_feedback"]
 
@@ -66,7 +72,7 @@ _DELIVERED_TO = (
 _STATUS = re.compile(r"\b([245])\.(\d{1,3})\.(\d{1,3})\b")
 _REPLY_CODE = re.compile(r"(?<![\d.])([245])\d\d(?![\d.])")
 # An unsubscribe token in a List-Unsubscribe link (https /u/TOKEN or the mailto: subject).
-_LINK_TOKEN = re.compile(r"c[0-9a-f]{12}-[0-9]{1,9}\.[0-9a-f]{32}(?![0-9a-z])")
+_LINK_TOKEN = re.compile(rf"{TASK_ID_PATTERN}\.[0-9a-f]{{32}}(?![0-9a-z])")
 _DELIVERY_STATUS = frozenset({"message/delivery-status", "message/global-delivery-status"})
 _FEEDBACK_REPORT = "message/feedback-report"
 _RETURNED_MESSAGE = frozenset({"message/rfc822", "message/global"})

@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sendqueue.domain.feedback import Feedback, FeedbackKind, task_id_from_message_id
+from sendqueue.domain.tokens import TASK_ID_PATTERN
 
 __all__ = ["NOT_SPAM", "TASK_HEADER", "feedback_from_ses", "ses_event_of"]
 
@@ -43,7 +44,7 @@ TASK_HEADER = "X-Sendqueue-Task"
 NOT_SPAM = "not-spam"
 
 # A task id: "<campaign id>-<position>" (models.task_id); anything else in the header is ignored.
-_TASK_ID = re.compile(r"c[0-9a-f]{12}-[0-9]{1,9}")
+_TASK_ID = re.compile(TASK_ID_PATTERN)
 _BOUNCE_KINDS = {
     "Permanent": FeedbackKind.HARD_BOUNCE,
     "Transient": FeedbackKind.SOFT_BOUNCE,

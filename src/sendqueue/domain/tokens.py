@@ -19,6 +19,7 @@ from sendqueue.domain.errors import InvalidField
 
 __all__ = [
     "MIN_SECRET_LENGTH",
+    "TASK_ID_PATTERN",
     "TokenPurpose",
     "sign_task",
     "task_id_shape",
@@ -31,8 +32,11 @@ __all__ = [
 MIN_SECRET_LENGTH = 32
 
 _MAC_HEX = 32
-_TOKEN = re.compile(r"(c[0-9a-f]{12}-[0-9]{1,9})\.([0-9a-f]{32})")
-_TASK_ID = re.compile(r"c[0-9a-f]{12}-[0-9]{1,9}")
+#: The ids sendqueue makes (``models.task_id``): ``c<12 hex>-<position>``, and ``-s<step>``
+#: after it for a later step of a sequence (2 to 10).
+TASK_ID_PATTERN = r"c[0-9a-f]{12}-[0-9]{1,9}(?:-s(?:[2-9]|10))?"
+_TOKEN = re.compile(rf"({TASK_ID_PATTERN})\.([0-9a-f]{{32}})")
+_TASK_ID = re.compile(TASK_ID_PATTERN)
 
 
 class TokenPurpose(enum.StrEnum):

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from sendqueue.domain.addresses import ascii_domain
 from sendqueue.domain.errors import InvalidField
-from sendqueue.domain.models import MAX_CURSOR, ChangeLogEntry, DeadLetter, Task, utc
+from sendqueue.domain.models import MAX_CURSOR, ChangeLogEntry, DeadLetter, Task, step_of, utc
 
 __all__ = [
     "DEAD_LETTER",
@@ -444,7 +444,7 @@ def event_body(event: WebhookEvent, task: EventTask | None) -> bytes:
     data: dict[str, object] = {
         "campaign_id": entry.campaign_id,
         "task_id": entry.task_id,
-        "step": 1 if entry.task_id is not None else None,
+        "step": step_of(entry.task_id) if entry.task_id is not None else None,
         "sender": task.sender if task is not None else None,
         "recipient": task.email if task is not None else None,
         "state": entry.to_state,
