@@ -22,7 +22,13 @@ from typing import Protocol
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, Task, check_limit
-from sendqueue.domain.reads import CampaignFigures, CampaignPage, TaskDetail, TaskListing
+from sendqueue.domain.reads import (
+    CampaignFigures,
+    CampaignPage,
+    TaskDetail,
+    TaskListing,
+    whole_positions,
+)
 from sendqueue.domain.senders import Sender
 
 __all__ = ["NEXT_SEND_PAGE", "ComposedCampaignReads"]
@@ -177,12 +183,13 @@ def _listing(
     page = store.list_tasks(
         campaign.id, state=state, search=search, after=after, limit=limit + 1, step=step
     )
-    tasks = page[:limit]
+    more = len(page) > limit
+    tasks = whole_positions(page[:limit], more=more)
     wanted = {*campaign.sender_ids, *(t.sender_id for t in tasks if t.sender_id)}
     return TaskListing(
         campaign=campaign,
         tasks=tasks,
-        more=len(page) > limit,
+        more=more,
         senders=_senders(store, wanted),
     )
 

@@ -16,7 +16,7 @@ from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.senders import Sender
 
-__all__ = ["CampaignFigures", "CampaignPage", "TaskDetail", "TaskListing"]
+__all__ = ["CampaignFigures", "CampaignPage", "TaskDetail", "TaskListing", "whole_positions"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +66,14 @@ class TaskDetail:
     campaign: Campaign
     task: Task | None
     senders: Mapping[str, Sender] = field(default_factory=dict)
+
+
+def whole_positions(tasks: Sequence[Task], *, more: bool) -> list[Task]:
+    """A page of tasks read in position order, each recipient's steps in step order; when more
+    follow, without the last position's tasks if others remain, since the page may have cut
+    that recipient's steps and the next page starts after the last position shown."""
+    ordered = sorted(tasks, key=lambda t: (t.position, t.step))
+    if more and ordered and ordered[0].position != ordered[-1].position:
+        last = ordered[-1].position
+        return [t for t in ordered if t.position != last]
+    return ordered

@@ -25,6 +25,7 @@ from sendqueue.domain.reads import CampaignFigures, CampaignPage, TaskListing
 from sendqueue.domain.sender_fields import SenderFields
 from sendqueue.ports import Clock, SenderStore, TaskStore
 from sendqueue.ports.reads import CampaignReads
+from sendqueue.services.planning.replanning import iter_tasks
 from sendqueue.services.reading.views import LATE_SECONDS, CampaignView
 from sendqueue.services.senders.sender_of import SendersOf
 
@@ -77,13 +78,7 @@ def senders_of(listing: TaskListing) -> SendersOf:
 
 
 def _tasks_of(store: TaskStore, campaign_id: str) -> Iterator[Task]:
-    after = -1
-    while True:
-        batch = store.list_tasks(campaign_id, after=after, limit=_PAGE)
-        yield from batch
-        if len(batch) < _PAGE:
-            return
-        after = batch[-1].position
+    return iter_tasks(store, campaign_id, page=_PAGE)
 
 
 def campaign_timeline(store: TaskStore, campaign: Campaign, now: datetime) -> Timeline:

@@ -396,6 +396,7 @@ class Provisioner:
                 state=TaskState.PENDING,
                 after=after,
                 limit=self._config.provision_chunk,
+                step=1,
             )
             tasks = [t for t in stored if t.position <= last]
         pending = [t for t in tasks if t.state is TaskState.PENDING]
@@ -502,8 +503,9 @@ class Provisioner:
         total = campaign.recipient_count
         while True:
             tick()
+            # step 1 only: a sequence's later steps get their schedules when they are made
             tasks = self._store.list_tasks(
-                campaign.id, state=TaskState.PENDING, after=after, limit=chunk
+                campaign.id, state=TaskState.PENDING, after=after, limit=chunk, step=1
             )
             if not tasks:
                 return True
