@@ -325,3 +325,31 @@ def test_a_later_steps_email_is_signed_like_step_ones() -> None:
         assert "List-Unsubscribe" in message.headers
         token = message.headers["List-Unsubscribe"].split("/")[-1].strip(">")
         assert verify_task(token, secret, TokenPurpose.UNSUBSCRIBE) == tid
+
+
+def test_pause_resume_and_a_catch_up_never_bring_a_later_step_forward() -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    rows = b"email,name\n" + b"".join(b"r%d@example.com,R%d\n" % (i, i) for i in range(6))
+    cid = app.campaign_import.create(
+        name="s",
+        recipients=rows,
+        policy=open_policy(per_day=4),  # 4 a day: some first steps wait for later days
+        steps=(STEPS[0], STEPS[1]),
+    ).campaign.id
+    app.provisioner.provision(cid)
+    clock.advance(hours=12)
+    _fire(app)
+    followups = [t for t in app.store.list_tasks(cid, limit=100) if t.step == 2]
+    assert followups and all(t.state is TaskState.PENDING for t in followups)
+    due = {t.id: t.send_at for t in followups}
+
+    app.campaign_controls.pause(cid)
+    clock.advance(hours=2)
+    app.campaign_controls.resume(cid)
+    app.recovery.catch_up(cid, since=T0)
+
+    for task in app.store.get_tasks(list(due)).values():
+        assert task.send_at == due[task.id]  # still ahead: kept where its delay put it
+    names = {s.name for s in app.scheduler.list(f"sq-{cid}")}
+    assert all(any(n.startswith(f"sq-{tid}.") for n in names) for tid in due)

@@ -199,6 +199,13 @@ class Replanner:
             for state, when in self._store.booked(campaign.id, since=now - _DAY_BACK)
             if state is not TaskState.PENDING
         ]
+        # A later step of a sequence never goes before its delay after the step before it: one
+        # still ahead keeps its slot (booked, as fixed); only an overdue one moves, from now.
+        ahead = [t for t in pending if t.step > 1 and t.send_at >= now]
+        if ahead:
+            kept = {t.id for t in ahead}
+            pending = [t for t in pending if t.id not in kept]
+            fixed.extend(t.send_at for t in ahead)
         if uses_capacity(campaign):
             # Over the senders' books, each task keeping its sender and zone; every one is
             # booked again (services/planning/capacity.py). None is kept to fire now: a moved send
@@ -220,6 +227,8 @@ class Replanner:
             slots = free_slots(policy, len(movable), now=now, booked_per_day=per_day, booked=spaced)
         moves: list[Move] = []
         scheduled: list[Task] = [keep] if keep is not None and firing is not None else []
+        if schedule_all:
+            scheduled.extend(ahead)
         for task, slot in zip(movable, slots, strict=True):
             if task.send_at != slot:
                 move = transitions.move(task, slot)
