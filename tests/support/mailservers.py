@@ -18,7 +18,8 @@ Fixtures (registered through ``pytest_plugins`` in tests/conftest.py):
   ``transport_maps`` sends ``bad.example`` to ``error:5.1.1 user unknown`` (accepted, then
   bounced: the DSN is real) and ``sink.example`` to ``discard:`` (delivered nowhere); mail to
   ``bounce.example`` (the VERP bounce addresses, the feedback mailbox) is delivered by
-  Postfix's ``virtual`` agent into the Dovecot Maildir. :meth:`Postfix.submit` mails a message
+  Postfix's ``virtual`` agent into the Dovecot Maildir, and mail to ``<user>@inbox.example``
+  into the Maildir of that Dovecot user (``dovecot_users``). :meth:`Postfix.submit` mails a message
   through it, as the outside world would (a reply, an abuse report).
 
 Privileges: Postfix's master must start as root (it drops to ``mail_owner=postfix`` itself), so
@@ -61,6 +62,7 @@ __all__ = [
     "mail_root",
     "postfix",
     "running_dovecot",
+    "running_postfix",
 ]
 
 DOVECOT = Path("/usr/sbin/dovecot")
@@ -73,6 +75,8 @@ SINK_DOMAIN = "sink.example"
 REJECT_DOMAIN = "reject.example"
 #: The domain of the VERP bounce addresses: delivered into the Dovecot Maildir.
 BOUNCE_DOMAIN = "bounce.example"
+#: Mail to ``<user>@`` this domain is delivered into that Dovecot user's own Maildir.
+INBOX_DOMAIN = "inbox.example"
 
 
 def _missing(reason: str) -> None:
@@ -412,6 +416,11 @@ postlog   unix-dgram n - n - 1  postlogd
 @pytest.fixture
 def postfix(dovecot: Dovecot, mail_root: Path) -> Iterator[Postfix]:
     """A private Postfix delivering its DSNs into ``dovecot``'s Maildir."""
+    with running_postfix(dovecot, mail_root) as server:
+        yield server
+
+
+def _postfix_missing() -> None:
     if not POSTFIX.exists():
         _missing(f"{POSTFIX} not found (Debian: apt-get install postfix)")
     if os.geteuid() != 0:
@@ -421,6 +430,14 @@ def postfix(dovecot: Dovecot, mail_root: Path) -> Iterator[Postfix]:
         grp.getgrnam("postdrop")
     except KeyError as exc:
         _missing(f"Postfix needs the postfix user and the postdrop group: {exc}")
+
+
+@contextlib.contextmanager
+def running_postfix(dovecot: Dovecot, mail_root: Path) -> Iterator[Postfix]:
+    """A private Postfix (module docstring) delivering mail to the bounce domain into
+    ``dovecot``'s ``bounces`` Maildir and mail to ``<user>@inbox.example`` into the Maildir of
+    each of ``dovecot``'s other users; skips (fails in CI) when Postfix cannot run."""
+    _postfix_missing()
     root = mail_root / "postfix"
     conf, queue, data = root / "conf", root / "queue", root / "data"
     for path in (conf, queue, data):
@@ -433,6 +450,14 @@ def postfix(dovecot: Dovecot, mail_root: Path) -> Iterator[Postfix]:
     owner = dovecot.owner
     (conf / "transport").write_text(
         f"{ERROR_DOMAIN} error:5.1.1 user unknown\n{SINK_DOMAIN} discard:\n"
+    )
+    (conf / "mailboxes").write_text(
+        f"@{BOUNCE_DOMAIN} {dovecot.maildir.name}/\n"
+        + "".join(
+            f"{user.name}@{INBOX_DOMAIN} {user.maildir.name}/\n"
+            for user in dovecot.users.values()
+            if user.name != dovecot.user
+        )
     )
     (conf / "recipient_access").write_text(f"{REJECT_DOMAIN} 550 5.1.1 user unknown\n")
     main = {
@@ -460,10 +485,11 @@ def postfix(dovecot: Dovecot, mail_root: Path) -> Iterator[Postfix]:
         ),
         "smtpd_reject_unlisted_recipient": "no",
         "transport_maps": f"texthash:{conf / 'transport'}",
-        "virtual_mailbox_domains": BOUNCE_DOMAIN,
-        # every address of the bounce domain goes to the one Maildir (relative to the base)
+        "virtual_mailbox_domains": f"{BOUNCE_DOMAIN}, {INBOX_DOMAIN}",
+        # every address of the bounce domain goes to the one Maildir, each user of the inbox
+        # domain to its own (relative to the base)
         "virtual_mailbox_base": dovecot.maildir.parent,
-        "virtual_mailbox_maps": f"static:{dovecot.maildir.name}/",
+        "virtual_mailbox_maps": f"texthash:{conf / 'mailboxes'}",
         "virtual_uid_maps": f"static:{owner.uid}",
         "virtual_gid_maps": f"static:{owner.gid}",
         "virtual_minimum_uid": "1",

@@ -1,10 +1,12 @@
 """A real ``sendqueue worker`` process with a kill point and a store fault, for crash tests.
 
-Run as ``python -m tests.support.worker_proc [--hold-at claim|accepted|dead-letter] [--nth N]
-[--unreadable TASK_ID ...]``; settings come from the SENDQUEUE_* environment like the real
-worker. At the N-th claim (Pending -> Running written by ``claim_for_send``) or the N-th SMTP
-accept (before Finished is written), it prints ``HOLD <point> <task id>`` and blocks, so the
-test can SIGKILL it exactly there.
+Run as ``python -m tests.support.worker_proc [--hold-at claim|accepted|made|dead-letter]
+[--nth N] [--unreadable TASK_ID ...]``; settings come from the SENDQUEUE_* environment like the
+real worker. At the N-th claim (Pending -> Running written by ``claim_for_send``), the N-th SMTP
+accept (before Finished is written, and before a sequence's next step is made) or the N-th
+next step of a sequence stored (before its schedule and before the step sent is recorded
+Finished), it prints ``HOLD <point> <task id>`` and blocks, so the test can SIGKILL it exactly
+there.
 
 ``dead-letter``: every claim fails as if the task store were down, so each send is retried and
 then dead-lettered; at the N-th dead letter, written to the execution layer's storage, it
@@ -26,7 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -96,6 +98,15 @@ class HoldingStore:
             self.hold.reached("claim", task_id)
         return result
 
+    def insert_tasks(self, tasks: Sequence[Task], **kw: Any) -> int:
+        """Where a sequence's next step is stored (before its schedule, and before the step
+        just sent is recorded Finished)."""
+        inserted = self.inner.insert_tasks(tasks, **kw)
+        later = [t.id for t in tasks if t.step > 1]
+        if inserted and later:
+            self.hold.reached("made", later[0])
+        return inserted
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
@@ -131,7 +142,8 @@ class HoldingAlarm:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--hold-at", choices=["claim", "accepted", "dead-letter"], default=None)
+    points = ["claim", "accepted", "made", "dead-letter"]
+    parser.add_argument("--hold-at", choices=points, default=None)
     parser.add_argument("--nth", type=int, default=1)
     parser.add_argument("--unreadable", action="append", default=[], metavar="TASK_ID")
     args = parser.parse_args()

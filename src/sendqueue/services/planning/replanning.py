@@ -8,6 +8,11 @@ was already sent (Finished) or is being sent (Running) on each local day counts 
 stale, retry-failed) takes the first free slot with every other booked email of the campaign,
 Pending ones included, kept as it is.
 
+A later step of a sequence (``Task.step`` > 1) due after now is not re-planned: its send
+time is the first free slot after its delay from the step before, and moving it to now would
+send it right after that step. It counts as booked, like a sent email; one already due is
+re-planned with the rest (its delay has passed).
+
 In a catch-up the Pending emails due right now and not late are not all kept: they would all
 fire at once, a burst. At most one is kept (the earliest), and only when nothing was sent or is
 being sent within half the spacing of now; the others take free slots like the rest.
@@ -192,6 +197,9 @@ class Replanner:
         now = self._clock.now()
         policy = campaign.policy
         zone = policy.zone
+        # A later step due in the future waits for its delay: it stays (module docstring).
+        waiting = self._waiting_steps(campaign, pending, now, schedule_all)
+        pending = [t for t in pending if t.id not in waiting]
         # Pending tasks are what is re-planned; what went out, or is going out, is fixed. A
         # resume (``schedule_all``: a pause deleted every schedule) re-plans all from now.
         fixed = [
@@ -199,13 +207,7 @@ class Replanner:
             for state, when in self._store.booked(campaign.id, since=now - _DAY_BACK)
             if state is not TaskState.PENDING
         ]
-        # A later step of a sequence never goes before its delay after the step before it: one
-        # still ahead keeps its slot (booked, as fixed); only an overdue one moves, from now.
-        ahead = [t for t in pending if t.step > 1 and t.send_at >= now]
-        if ahead:
-            kept = {t.id for t in ahead}
-            pending = [t for t in pending if t.id not in kept]
-            fixed.extend(t.send_at for t in ahead)
+        fixed += [t.send_at for t in waiting.values()]
         if uses_capacity(campaign):
             # Over the senders' books, each task keeping its sender and zone; every one is
             # booked again (services/planning/capacity.py). None is kept to fire now: a moved send
@@ -228,7 +230,7 @@ class Replanner:
         moves: list[Move] = []
         scheduled: list[Task] = [keep] if keep is not None and firing is not None else []
         if schedule_all:
-            scheduled.extend(ahead)
+            scheduled += waiting.values()
         for task, slot in zip(movable, slots, strict=True):
             if task.send_at != slot:
                 move = transitions.move(task, slot)
@@ -245,6 +247,18 @@ class Replanner:
                 self._rebook_unmoved(chunk)
         self._schedule(campaign, scheduled, {m.task_id for m in moves})
         return moved
+
+    def _waiting_steps(
+        self, campaign: Campaign, pending: Sequence[Task], now: datetime, schedule_all: bool
+    ) -> dict[str, Task]:
+        """The Pending later steps of sequences due after ``now``, by id: their time is the
+        first free slot after their delay from the step before, which moving them to now would
+        cut short. On a resume (the pause freed their sender bookings) one whose slot was taken
+        meanwhile is not among them: it is re-planned with the rest."""
+        waiting = {t.id: t for t in pending if t.step > 1 and t.send_at > now}
+        if schedule_all and uses_capacity(campaign):
+            waiting = {i: t for i, t in waiting.items() if self._capacity.book_in_place(t)}
+        return waiting
 
     def _rebook_unmoved(self, moves: Sequence[Move]) -> None:
         """The slots were booked before the moves; a task claimed (or cancelled) between the

@@ -456,6 +456,10 @@ class SendWorker:
             check = self._followups.before_send(campaign, task)
             if check.stop is not None:
                 return self._stop_sequence(task, check.stop)
+            if check.wait is not None:  # the step before it goes out first
+                self._followups.hold(campaign, task, check.wait, now=self._clock.now())
+                self._events.send_finished("moved")
+                return False
             thread = check.headers
         now = self._clock.now()
         message = outgoing_message(self._config, campaign, task, sender, now, thread=thread)

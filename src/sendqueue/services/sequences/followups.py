@@ -34,6 +34,7 @@ from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Recipient, Task, new_token, pending_task, task_id
 from sendqueue.domain.steps import Step, thread_headers
 from sendqueue.domain.suppression import key_of_normalized, suppressed_reason
+from sendqueue.domain.transitions import TaskChange, move, retry_into
 from sendqueue.ports import CampaignTasks, SuppressionList
 from sendqueue.services.planning.replanning import RETRY_LEASE_WAIT, Replanner, iter_tasks
 from sendqueue.services.scheduling.schedules import ScheduleWriter
@@ -56,6 +57,8 @@ class SendCheck:
 
     stop: str | None = None
     headers: Mapping[str, str] | None = None
+    wait: str | None = None
+    """Why it must wait (an earlier step is not recorded sent yet); see :meth:`FollowUps.hold`."""
 
 
 def stop_reason(earlier: Sequence[Task]) -> str | None:
@@ -102,7 +105,8 @@ class FollowUps:
         made = found.get(ids[-1])
         if made is not None:  # an earlier call made it: its schedule may be what is missing
             if made.state is TaskState.PENDING:
-                self._schedule(made)
+                later = self._after_delay(campaign, made, step, sent, sent_at)
+                self._schedule(later, moved=later.token != made.token)
             return made
         earlier = [found.get(tid, sent if tid == sent.id else None) for tid in ids[:-1]]
         if any(t is None for t in earlier):
@@ -151,6 +155,56 @@ class FollowUps:
             self._schedule(task)
         return task
 
+    def _after_delay(
+        self, campaign: Campaign, made: Task, step: Step, sent: Task, sent_at: datetime
+    ) -> Task:
+        """``made`` (Pending), moved to the first free slot after its delay from ``sent_at``
+        when it is due before: made by a send that was not recorded (its worker died) and is
+        now sent again, later. Returns the task as it is."""
+        assert step.after is not None
+        zone = sent.timezone if campaign.local_time else None
+        try:
+            earliest = follow_up_earliest(campaign.policy, sent_at, step.after, zone)
+        except (InvalidField, NoSendingDay):
+            return made
+        if made.send_at >= earliest:
+            return made
+        why = f"step {sent.step} sent again at {sent_at.isoformat(timespec='seconds')}"
+        with self._replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT):
+            slot = self._replanner.retry_slots(
+                campaign, 1, not_before=earliest, exclude=[made.send_at], tasks=[made]
+            )[0]
+            self._store.reschedule([move(made, slot)], at=sent_at, reason=why)
+        return self._store.get_task(made.id) or made
+
+    def hold(self, campaign: Campaign, claimed: Task, why: str, *, now: datetime) -> Task | None:
+        """Give a claimed later step back (its attempt not counted) at the first free slot
+        after its delay from ``now``: the step before it, not recorded sent yet (:class:`
+        SendCheck` ``wait``), goes out no earlier than now. When that one is sent,
+        :meth:`after_sent` moves this one after its delay from then if needed; when it fails,
+        this one is stopped at its next claim. Returns the task given back (None: changed
+        meanwhile), its schedule made."""
+        step = campaign.steps[claimed.step - 1]
+        assert step.after is not None
+        zone = claimed.timezone if campaign.local_time else None
+        try:
+            earliest = follow_up_earliest(campaign.policy, now, step.after, zone)
+        except (InvalidField, NoSendingDay):
+            earliest = now
+
+        def back(task: Task, slot: datetime) -> TaskChange:
+            change = retry_into(task, slot, reason=why, note=f"waits: {why}")
+            return replace(change, changes={**change.changes, "attempts": task.attempts - 1})
+
+        exclude = [claimed.claimed_at] if claimed.claimed_at else []
+        [held] = self._replanner.retry_in_free_slots(
+            campaign, [claimed], back, not_before=earliest, exclude=exclude, at=now
+        )
+        if held is not None:
+            log.info("task %s waits until %s: %s", held.id, held.send_at.isoformat(), why)
+            self._schedule(held, moved=True)
+        return held
+
     def _recipient(self, campaign_id: str, position: int) -> Recipient | None:
         found = self._store.list_recipients(campaign_id, after=position - 1, limit=1)
         return found[0] if found and found[0].position == position else None
@@ -161,8 +215,8 @@ class FollowUps:
         log.info("task %s: step %d made, due %s", task.id, task.step, task.send_at.isoformat())
         return task
 
-    def _schedule(self, task: Task) -> None:
-        report = self._writer.ensure_many([task])
+    def _schedule(self, task: Task, *, moved: bool = False) -> None:
+        report = self._writer.ensure_many([task], moved=[task.id] if moved else ())
         if report.failed:
             log.warning(
                 "task %s: its schedule was not created (%s); the reconciler will retry",
@@ -214,6 +268,11 @@ class FollowUps:
         why = stop_reason(earlier)
         if why is not None:
             return SendCheck(stop=why)
+        # A worker that died after making this step may not have recorded the step before
+        # (Running, or Pending again under the stale policy): that one goes out first.
+        unsent = [t for t in earlier if t.state in (TaskState.PENDING, TaskState.RUNNING)]
+        if unsent:
+            return SendCheck(wait=f"step {unsent[0].step} is not sent yet")
         listed = self._suppressions.suppressed({key_of_normalized(task.email)})
         if listed:
             return SendCheck(stop=suppressed_reason(next(iter(listed.values())).reason))
