@@ -116,8 +116,8 @@ class SequenceEditor:
             old = _step_of(campaign, number)
             new = _changed(old, subject, text, html)
             steps = check_steps([*campaign.steps[: number - 1], new, *campaign.steps[number:]])
-            self._check_open(campaign, number)
             self._check_renders(campaign, old, new)
+            self._check_open(campaign, number)
             if new == old:
                 return StepUpdated(campaign_id, new, 0, 0)
             if self._replace(campaign, steps):
