@@ -65,7 +65,7 @@ def step_add(
     if as_json:
         print_json(
             {
-                "campaign": added.campaign_id,
+                "campaign_id": added.campaign_id,
                 "step": _step_json(added.step),
                 "recipients_reached": added.made,
                 "reopened": added.reopened,
@@ -104,7 +104,7 @@ def step_update(
     if as_json:
         print_json(
             {
-                "campaign": done.campaign_id,
+                "campaign_id": done.campaign_id,
                 "step": _step_json(done.step),
                 "rerendered": done.rerendered,
                 "cancelled": done.cancelled,

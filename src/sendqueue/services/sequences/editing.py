@@ -238,34 +238,37 @@ class SequenceEditor:
             steps = check_steps([*campaign.steps, step])
             self._check_renders(campaign, None, step)
             if self._replace(campaign, steps):
-                return self._reach(replace(campaign, steps=steps), step)
+                return self._reach(campaign_id, step)
         raise Conflict(f"campaign {campaign_id}: its steps kept changing; read them and try again")
 
-    def _reach(self, campaign: Campaign, step: Step) -> StepAdded:
+    def _reach(self, campaign_id: str, step: Step) -> StepAdded:
         """Make the added step for those who finished the sequence, reopening a completed
-        campaign for them (and completing it again when nobody gets it)."""
+        campaign for them (and completing it again when nobody gets it). The campaign is read
+        after the steps were stored: one completed meanwhile is reopened too."""
         now = self._clock.now()
-        reopened = campaign.state is CampaignState.COMPLETED and self._store.set_campaign_state(
-            campaign.id,
+        current = self._store.get_campaign(campaign_id)
+        if current.state in (CampaignState.DRAFT, CampaignState.PROVISIONING):
+            return StepAdded(campaign_id, step, 0, False)
+        reopened = current.state is CampaignState.COMPLETED and self._store.set_campaign_state(
+            campaign_id,
             {CampaignState.COMPLETED},
             CampaignState.ACTIVE,
             at=now,
             reason=f"reopened: step {step.number} added",
         )
-        if campaign.state in (CampaignState.DRAFT, CampaignState.PROVISIONING):
-            return StepAdded(campaign.id, step, 0, False)
-        current = self._store.get_campaign(campaign.id)
+        if reopened:
+            current = self._store.get_campaign(campaign_id)
         made = self._followups.repair(current, now=now)
-        if reopened and not made and not self._store.has_unfinished_tasks(campaign.id):
+        if reopened and not made and not self._store.has_unfinished_tasks(campaign_id):
             self._store.set_campaign_state(
-                campaign.id,
+                campaign_id,
                 {CampaignState.ACTIVE},
                 CampaignState.COMPLETED,
                 at=self._clock.now(),
                 reason=f"nobody gets step {step.number}: every recipient answered or stopped",
             )
             reopened = False
-        return StepAdded(campaign.id, step, made, reopened)
+        return StepAdded(campaign_id, step, made, reopened)
 
     # -- shared --------------------------------------------------------------------------------
 
