@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from sendqueue.bootstrap import Container
-from sendqueue.domain.errors import IllegalTransition, InvalidField
+from sendqueue.domain.errors import Conflict, IllegalTransition, InvalidField
 from sendqueue.domain.feedback import Feedback, FeedbackKind
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import Task, expected_schedule_name, task_id
+from sendqueue.domain.models import Campaign, Task, expected_schedule_name, task_id
 from sendqueue.domain.steps import Step, parse_delay
 from sendqueue.ports import OutgoingMessage
 from sendqueue.testing.clock import FakeClock
@@ -285,3 +285,34 @@ def test_an_unchanged_update_changes_nothing() -> None:
     done = app.sequence_editor.update_step(cid, 2, text=STEPS[1].text)
     assert (done.rerendered, done.cancelled, done.step) == (0, 0, STEPS[1])
     assert app.store.get_campaign(cid).updated_at == before.updated_at
+
+
+def test_an_edit_that_loses_to_another_is_applied_to_the_steps_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = fake_app()
+    cid = _create(app)
+    store = app.store
+    real = store.get_campaign
+    raced: list[bool] = []
+
+    def racing(campaign_id: str) -> Campaign:
+        read = real(campaign_id)
+        if not raced:  # another editor changes step 3 between this edit's read and its write
+            raced.append(True)
+            app.sequence_editor.update_step(cid, 3, text="Edited elsewhere\n")
+        return read
+
+    monkeypatch.setattr(store, "get_campaign", racing)
+    app.sequence_editor.update_step(cid, 2, text="Edited here\n")
+
+    steps = store.get_campaign(cid).steps
+    assert (steps[1].text, steps[2].text) == ("Edited here\n", "Edited elsewhere\n")
+
+
+def test_an_edit_that_keeps_losing_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = fake_app()
+    cid = _create(app)
+    monkeypatch.setattr(app.store, "replace_steps", lambda *a, **k: False)
+    with pytest.raises(Conflict):
+        app.sequence_editor.add_step(cid, text="x\n", after="1d")
