@@ -316,3 +316,26 @@ def test_an_edit_that_keeps_losing_is_refused(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(app.store, "replace_steps", lambda *a, **k: False)
     with pytest.raises(Conflict):
         app.sequence_editor.add_step(cid, text="x\n", after="1d")
+
+
+def test_step_1_keeps_what_a_rows_own_cell_gave_it() -> None:
+    app = fake_app()
+    rows = b"email,name,subject\na@example.com,Ann,\nb@example.com,Ben,My own subject\n"
+    steps = (Step(1, "Hi {{ name }}", "Text {{ name }}\n", None, None),)
+    cid = app.campaign_import.create(
+        name="s", recipients=rows, policy=open_policy(), steps=steps
+    ).campaign.id
+    app.provisioner.provision(cid)
+    assert _task(app, cid, 1, 1).subject == "My own subject"
+
+    done = app.sequence_editor.update_step(
+        cid, 1, subject="Hey {{ name }}", text="New {{ name }}\n"
+    )
+
+    assert done.rerendered == 2
+    ann, ben = _task(app, cid, 0, 1), _task(app, cid, 1, 1)
+    assert (ann.subject, ann.text) == ("Hey Ann", "New Ann\n")
+    assert (ben.subject, ben.text) == ("My own subject", "New Ben\n")
+    app.sequence_editor.update_step(cid, 1, subject="Hello {{ name }}")  # a second edit
+    assert _task(app, cid, 0, 1).subject == "Hello Ann"
+    assert _task(app, cid, 1, 1).subject == "My own subject"

@@ -121,7 +121,7 @@ class SequenceEditor:
             if new == old:
                 return StepUpdated(campaign_id, new, 0, 0)
             if self._replace(campaign, steps):
-                rerendered, cancelled = self._rerender_pending(campaign, new)
+                rerendered, cancelled = self._rerender_pending(campaign, old, new)
                 return StepUpdated(campaign_id, new, rerendered, cancelled)
         raise Conflict(f"campaign {campaign_id}: its steps kept changing; read them and try again")
 
@@ -149,7 +149,7 @@ class SequenceEditor:
             "step", number, "edited", f"every email of step {number} has been sent"
         )
 
-    def _rerender_pending(self, campaign: Campaign, step: Step) -> tuple[int, int]:
+    def _rerender_pending(self, campaign: Campaign, old: Step, step: Step) -> tuple[int, int]:
         """Render every Pending email of ``step`` anew with its recipient's row: (rendered
         anew, cancelled because the template fails for the row)."""
         rerendered = cancelled = 0
@@ -159,15 +159,37 @@ class SequenceEditor:
             firsts = self._first_subjects(campaign.id, page, step)
             changes: list[Rerender] = []
             for task in page:
-                first = firsts.get(task.position, task.subject)
                 found = recipients.get(task.position)
-                out = self._renderer.render(campaign, step, found, first_subject=first)
+                if step.number == 1:
+                    out = self._first_step(campaign, old, step, task, found)
+                else:
+                    first = firsts.get(task.position, task.subject)
+                    out = self._renderer.render(campaign, step, found, first_subject=first)
                 if isinstance(out, str):
                     cancelled += self._cancel(task, out)
-                else:
+                elif out is not None:
                     changes.append(rerender(task, *out))
             rerendered += self._store.rerender(changes, at=self._clock.now(), note=note)
         return rerendered, cancelled
+
+    def _first_step(
+        self, campaign: Campaign, old: Step, new: Step, task: Task, row: Recipient | None
+    ) -> tuple[str, str, str | None] | str | None:
+        """Step 1 of one recipient rendered anew. A part its row gave in its own cell (a
+        subject, body or html column wins over the template at import) keeps the row's value:
+        a part is the template's when it is what the old template renders for the row. None
+        (left as it is) when the old template does not render for the row: the import took
+        its cells then."""
+        before = self._renderer.render(campaign, old, row, first_subject=task.subject)
+        if isinstance(before, str):
+            return None
+        out = self._renderer.render(campaign, new, row, first_subject=task.subject)
+        if isinstance(out, str):
+            return out
+        subject = out[0] if task.subject.strip() == before[0] else task.subject
+        text = out[1] if task.text == before[1] else task.text
+        html = out[2] if (task.html or None) == before[2] else task.html
+        return subject, text, html
 
     def _pending_pages(self, campaign_id: str, number: int) -> Iterator[list[Task]]:
         after = -1
