@@ -175,11 +175,13 @@ def test_a_step_nobody_gets_leaves_a_completed_campaign_completed() -> None:
         task = _task(app, cid, position, 1)
         app.feedback.apply(Feedback(FeedbackKind.REPLY, clock.now(), task_id=task.id))
     assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
+    last = app.store.last_change_id()
 
     added = app.sequence_editor.add_step(cid, text="Hello again\n", after="2d", new_thread=True)
 
     assert (added.made, added.reopened) == (0, False)
     assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
+    assert app.store.changes_after(last, campaign_id=cid) == []  # no reopen, no 2nd completion
     assert len(app.store.get_campaign(cid).steps) == 2
 
 

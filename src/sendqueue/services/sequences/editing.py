@@ -264,32 +264,28 @@ class SequenceEditor:
         raise Conflict(f"campaign {campaign_id}: its steps kept changing; read them and try again")
 
     def _reach(self, campaign_id: str, step: Step) -> StepAdded:
-        """Make the added step for those who finished the sequence, reopening a completed
-        campaign for them (and completing it again when nobody gets it). The campaign is read
-        after the steps were stored: one completed meanwhile is reopened too."""
+        """Make the added step for those who finished the sequence, then reopen a completed
+        campaign when anyone got it, as the reconciler's repair does (so a campaign nobody's
+        sequence goes on in stays completed, with no second completion logged). The campaign
+        is read after the steps were stored: one completed meanwhile is reopened too."""
         now = self._clock.now()
         current = self._store.get_campaign(campaign_id)
         if current.state in (CampaignState.DRAFT, CampaignState.PROVISIONING):
             return StepAdded(campaign_id, step, 0, False)
-        reopened = current.state is CampaignState.COMPLETED and self._store.set_campaign_state(
-            campaign_id,
-            {CampaignState.COMPLETED},
-            CampaignState.ACTIVE,
-            at=now,
-            reason=f"reopened: step {step.number} added",
-        )
-        if reopened:
-            current = self._store.get_campaign(campaign_id)
-        made = self._followups.repair(current, now=now)
-        if reopened and not made and not self._store.has_unfinished_tasks(campaign_id):
-            self._store.set_campaign_state(
+        completed = current.state is CampaignState.COMPLETED
+        going_on = replace(current, state=CampaignState.ACTIVE) if completed else current
+        made = self._followups.repair(going_on, now=now)
+        reopened = (
+            completed
+            and made > 0
+            and self._store.set_campaign_state(
                 campaign_id,
-                {CampaignState.ACTIVE},
-                CampaignState.COMPLETED,
+                {CampaignState.COMPLETED},
+                CampaignState.ACTIVE,
                 at=self._clock.now(),
-                reason=f"nobody gets step {step.number}: every recipient answered or stopped",
+                reason=f"reopened: step {step.number} added",
             )
-            reopened = False
+        )
         return StepAdded(campaign_id, step, made, reopened)
 
     # -- shared --------------------------------------------------------------------------------
