@@ -19,6 +19,7 @@ from sendqueue.ports import (
     FeedbackStore,
     Leases,
     SenderStore,
+    SequenceEdits,
     StoreBackend,
     Stores,
     SuppressionList,
@@ -32,7 +33,14 @@ from sendqueue.testing.store import InMemoryTaskStore
 from tests.support.app import T0, fake_app
 
 AGGREGATES: list[Any] = [Campaigns, Tasks, ChangeLog, Leases, Counters]
-KEPT_BESIDE: list[Any] = [SuppressionList, FeedbackStore, SenderStore, WebhookStore, CampaignReads]
+KEPT_BESIDE: list[Any] = [
+    SuppressionList,
+    FeedbackStore,
+    SenderStore,
+    WebhookStore,
+    CampaignReads,
+    SequenceEdits,
+]
 
 
 def _methods(port: Any) -> set[str]:

@@ -63,6 +63,7 @@ from sendqueue.services.scheduling.reconciler import Reconciler
 from sendqueue.services.scheduling.schedules import ScheduleWriter
 from sendqueue.services.senders.service import SenderService
 from sendqueue.services.sending.worker import SendWorker
+from sendqueue.services.sequences.editing import SequenceEditor
 from sendqueue.services.sequences.followups import FollowUps
 from sendqueue.services.templates.render import TemplateLimits
 from sendqueue.services.webhooks import DeadLetterRelay, WebhookDelivery, WebhookService
@@ -408,6 +409,10 @@ class Container:
     @cached_property
     def followups(self) -> FollowUps:
         return bootstrap_campaigns.followups(self)
+
+    @cached_property
+    def sequence_editor(self) -> SequenceEditor:
+        return bootstrap_campaigns.sequence_editor(self)
 
     @cached_property
     def campaign_import(self) -> CampaignImport:

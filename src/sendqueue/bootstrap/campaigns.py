@@ -18,6 +18,7 @@ from sendqueue.services.planning.replanning import Replanner
 from sendqueue.services.scheduling.provisioning import Provisioner
 from sendqueue.services.scheduling.reconciler import Reconciler
 from sendqueue.services.sending.worker import SendWorker
+from sendqueue.services.sequences.editing import SequenceEditor
 from sendqueue.services.sequences.followups import FollowUps
 from sendqueue.services.sequences.render import StepRenderer
 
@@ -34,6 +35,7 @@ __all__ = [
     "reconciler",
     "recovery",
     "replanner",
+    "sequence_editor",
     "worker",
 ]
 
@@ -46,14 +48,22 @@ def replanner(c: Container) -> Replanner:
     return Replanner(c.stores.tasks, c.writer, c.clock, c.layer_config, capacity=c.capacity)
 
 
-def followups(c: Container) -> FollowUps:
+def _step_renderer() -> StepRenderer:
+    """A later step is held to the import's limits, as step 1 was."""
     limits = ImportLimits()
-    renderer = StepRenderer(
+    return StepRenderer(
         limits.templates,
         max_subject_chars=limits.max_subject_chars,
         max_body_chars=limits.max_field_chars,
     )
-    return FollowUps(c.stores.tasks, c.suppressions, c.replanner, c.writer, renderer)
+
+
+def followups(c: Container) -> FollowUps:
+    return FollowUps(c.stores.tasks, c.suppressions, c.replanner, c.writer, _step_renderer())
+
+
+def sequence_editor(c: Container) -> SequenceEditor:
+    return SequenceEditor(c.store, c.clock, c.replanner, c.followups, _step_renderer())
 
 
 def recovery(c: Container) -> Recovery:

@@ -18,6 +18,7 @@ from sendqueue.cli import (
     plan,
     sender,
     setup,
+    steps,
     suppression,
     task,
     webhook,
@@ -35,6 +36,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(campaign.campaign_app, name="campaign")
+campaign.campaign_app.add_typer(steps.step_app, name="step")
 app.add_typer(task.task_app, name="task")
 app.add_typer(dlq.dlq_app, name="dlq")
 app.add_typer(sender.sender_app, name="sender")

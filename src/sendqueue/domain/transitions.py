@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from .errors import IllegalTransition
 from .lifecycle import TaskOutcome, TaskState, check_task_transition
@@ -23,6 +24,7 @@ from .models import Move, Task, TaskChanges, new_token
 __all__ = [
     "ERROR_LIMIT",
     "MOVED_REASON_LIMIT",
+    "Rerender",
     "TaskChange",
     "cancel",
     "claim",
@@ -30,6 +32,7 @@ __all__ = [
     "finish",
     "give_back",
     "move",
+    "rerender",
     "retry_into",
     "unclaim",
 ]
@@ -153,3 +156,26 @@ def move(task: Task, slot: datetime, *, token: str | None = None) -> Move:
     """The Pending ``task`` to ``slot`` under a new token (``token``, or a fresh one): applied
     by ``TaskStore.reschedule`` only while the task is Pending and still holds its token."""
     return Move(task.id, task.token, slot, new_token() if token is None else token)
+
+
+class Rerender(NamedTuple):
+    """A Pending task's email rendered anew (its step was edited): applied by
+    ``SequenceEdits.rerender`` only while the task is Pending and still holds ``token``; only
+    its subject, text and html change (its token stays, so its schedule still claims it)."""
+
+    task_id: str
+    campaign_id: str
+    token: str
+    subject: str
+    text: str
+    html: str | None
+
+
+def rerender(task: Task, subject: str, text: str, html: str | None) -> Rerender:
+    """The Pending ``task`` with a new subject, text and html. An email already claimed or
+    ended keeps the text it was sent with (IllegalTransition): only a Pending one changes."""
+    if task.state is not TaskState.PENDING:
+        raise IllegalTransition(
+            "task", task.state.value, TaskState.PENDING.value, "only a Pending email is re-rendered"
+        )
+    return Rerender(task.id, task.campaign_id, task.token, subject, text, html)

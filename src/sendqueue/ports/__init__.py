@@ -72,6 +72,7 @@ from sendqueue.ports.scheduler import (
     Target,
 )
 from sendqueue.ports.senders import SenderStore
+from sendqueue.ports.sequences import SequenceEdits, SequenceStore
 from sendqueue.ports.stores import StoreBackend, Stores
 from sendqueue.ports.suppressions import ReadsTaskThenSuppression, SuppressionList
 from sendqueue.ports.tasks import (
@@ -127,6 +128,8 @@ __all__ = [
     "SendFinish",
     "SendOutcome",
     "SenderStore",
+    "SequenceEdits",
+    "SequenceStore",
     "StoreBackend",
     "Stores",
     "SuppressionList",

@@ -16,6 +16,7 @@ from typing import Protocol
 from sendqueue.ports.feedback import FeedbackCursors, FeedbackOutcomes, FeedbackStore
 from sendqueue.ports.reads import CampaignReads
 from sendqueue.ports.senders import SenderStore
+from sendqueue.ports.sequences import SequenceEdits
 from sendqueue.ports.suppressions import SuppressionList
 from sendqueue.ports.tasks import Campaigns, ChangeLog, Counters, Leases, TaskStore
 from sendqueue.ports.webhooks import WebhookStore
@@ -24,7 +25,14 @@ __all__ = ["StoreBackend", "Stores"]
 
 
 class StoreBackend(
-    TaskStore, SuppressionList, FeedbackStore, SenderStore, WebhookStore, CampaignReads, Protocol
+    TaskStore,
+    SuppressionList,
+    FeedbackStore,
+    SenderStore,
+    WebhookStore,
+    CampaignReads,
+    SequenceEdits,
+    Protocol,
 ):
     """One backend's store: every aggregate's port, in one database (the SQL stores, the
     DynamoDB store and the in-memory fake each are one)."""

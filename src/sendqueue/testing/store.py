@@ -49,6 +49,7 @@ from sendqueue.testing.feedback import InMemoryFeedback
 from sendqueue.testing.guard import guarded as _guarded
 from sendqueue.testing.senders import InMemorySenders
 from sendqueue.testing.sending import InMemorySending
+from sendqueue.testing.sequences import InMemorySequenceEdits
 from sendqueue.testing.suppressions import InMemorySuppressions
 from sendqueue.testing.webhooks import InMemoryWebhooks
 
@@ -70,6 +71,7 @@ def _utc_or_none(value: datetime | None) -> datetime | None:
 class InMemoryTaskStore(
     ComposedCampaignReads,
     InMemorySending,
+    InMemorySequenceEdits,
     InMemorySuppressions,
     InMemoryFeedback,
     InMemorySenders,

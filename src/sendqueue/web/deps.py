@@ -39,6 +39,7 @@ from sendqueue.services.importing.recipients import ImportLimits
 from sendqueue.services.operations.dead_letters import DeadLetterQueue
 from sendqueue.services.reading.queries import Queries
 from sendqueue.services.senders.service import SenderService
+from sendqueue.services.sequences.editing import SequenceEditor
 from sendqueue.services.webhooks import WebhookService
 from sendqueue.settings import Settings
 from sendqueue.web.stream import ChangeBroker
@@ -173,6 +174,11 @@ def get_campaign_import(request: Request) -> CampaignImport:
     return _container(request).campaign_import
 
 
+def get_sequence_editor(request: Request) -> SequenceEditor:
+    """Editing a running sequence: a step added, a step's text changed."""
+    return _container(request).sequence_editor
+
+
 def get_previews(request: Request) -> CampaignPreviews:
     """The plan of a stored campaign or of a draft, as its preview shows it."""
     return _container(request).campaign_previews
@@ -226,6 +232,7 @@ ClockDep = Annotated[Clock, Depends(get_clock)]
 QueriesDep = Annotated[Queries, Depends(get_queries)]
 CampaignsDep = Annotated[CampaignControls, Depends(get_campaigns)]
 CampaignImportDep = Annotated[CampaignImport, Depends(get_campaign_import)]
+SequenceEditorDep = Annotated[SequenceEditor, Depends(get_sequence_editor)]
 PreviewsDep = Annotated[CampaignPreviews, Depends(get_previews)]
 ImportLimitsDep = Annotated[ImportLimits, Depends(get_import_limits)]
 SendersDep = Annotated[SenderService, Depends(get_senders)]

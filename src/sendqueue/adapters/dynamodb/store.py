@@ -72,6 +72,7 @@ from sendqueue.adapters.dynamodb.codec import (
 from sendqueue.adapters.dynamodb.feedback import FeedbackItems
 from sendqueue.adapters.dynamodb.senders import SenderItems
 from sendqueue.adapters.dynamodb.sending import SendItems
+from sendqueue.adapters.dynamodb.sequences import SequenceItems
 from sendqueue.adapters.dynamodb.suppressions import SuppressionItems
 from sendqueue.adapters.dynamodb.table import (
     ITEM_BYTES,
@@ -108,6 +109,7 @@ __all__ = ["DynamoDbTaskStore"]
 class DynamoDbTaskStore(
     ComposedCampaignReads,
     SendItems,
+    SequenceItems,
     TaskItems,
     SuppressionItems,
     FeedbackItems,

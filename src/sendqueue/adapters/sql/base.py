@@ -43,6 +43,7 @@ from sendqueue.adapters.sql.errors import mapped_errors
 from sendqueue.adapters.sql.feedback import FeedbackTables
 from sendqueue.adapters.sql.schema import WRITE, UtcDateTime, create_store_engine
 from sendqueue.adapters.sql.senders import SenderTables
+from sendqueue.adapters.sql.sequences import SequenceTables
 from sendqueue.adapters.sql.sidetables import SideTables
 from sendqueue.adapters.sql.suppressions import SuppressionTables
 from sendqueue.adapters.sql.taskcounts import TaskCounts
@@ -82,6 +83,7 @@ class SqlTaskStore(
     FeedbackTables,
     SenderTables,
     WebhookTables,
+    SequenceTables,
 ):
     """:class:`~sendqueue.ports.TaskStore` (and :class:`~sendqueue.ports.SuppressionList`,
     :class:`~sendqueue.ports.FeedbackStore`, :class:`~sendqueue.ports.SenderStore`) over a SQL

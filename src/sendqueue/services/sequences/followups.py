@@ -113,7 +113,8 @@ class FollowUps:
             log.warning("task %s: an earlier step of its recipient is missing", sent.id)
             return None
         done = [t for t in earlier if t is not None]
-        if stop_reason([t for t in done if t.id != sent.id]) is not None:
+        # ``sent`` too: the repair passes a Finished step whose outcome may have changed since
+        if stop_reason(done) is not None:
             return None
         if self._suppressions.suppressed({key_of_normalized(sent.email)}):
             return None
@@ -135,18 +136,19 @@ class FollowUps:
             new_id, campaign.id, sent.position, sent.email, sent.name, "", "", None, now,
             new_token(), now, first.sender_id, first.sender, sent.timezone, step.number,
         )  # fmt: skip
-        recipient = self._recipient(campaign.id, sent.position)
-        rendered = self._renderer.render(campaign, step, recipient, first_subject=first.subject)
-        if isinstance(rendered, str):  # the template failed for this recipient
-            return self._insert(replace(draft, state=TaskState.CANCELLED, reason=rendered))
-        subject, text, html = rendered
-        draft = replace(draft, subject=subject, text=text, html=html)
         try:
             earliest = follow_up_earliest(campaign.policy, sent_at, step.after, zone)
         except (InvalidField, NoSendingDay) as exc:
             why = f"step {step.number} has no send time: {exc}"
             return self._insert(replace(draft, state=TaskState.CANCELLED, reason=why))
         with self._replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT):
+            # rendered under the lease a step is edited under: an edit landing now is seen
+            step = self._current(campaign.id, step)
+            recipient = self._recipient(campaign.id, sent.position)
+            out = self._renderer.render(campaign, step, recipient, first_subject=first.subject)
+            if isinstance(out, str):  # the template failed for this recipient
+                return self._insert(replace(draft, state=TaskState.CANCELLED, reason=out))
+            draft = replace(draft, subject=out[0], text=out[1], html=out[2])
             slot = self._replanner.retry_slots(
                 campaign, 1, not_before=max(earliest, now), exclude=(), tasks=[draft]
             )[0]
@@ -204,6 +206,11 @@ class FollowUps:
             log.info("task %s waits until %s: %s", held.id, held.send_at.isoformat(), why)
             self._schedule(held, moved=True)
         return held
+
+    def _current(self, campaign_id: str, step: Step) -> Step:
+        """``step`` as stored now (its text may have been edited since the campaign was read)."""
+        steps = self._store.get_campaign(campaign_id).steps
+        return steps[step.number - 1] if step.number <= len(steps) else step
 
     def _recipient(self, campaign_id: str, position: int) -> Recipient | None:
         found = self._store.list_recipients(campaign_id, after=position - 1, limit=1)

@@ -13,6 +13,7 @@ from sendqueue.web.routers import (
     health,
     pages,
     senders,
+    steps,
     suppressions,
     tasks,
     unsubscribe,
@@ -24,6 +25,7 @@ __all__ = ["ROUTERS"]
 ROUTERS: tuple[APIRouter, ...] = (
     health.router,
     campaigns.router,
+    steps.router,
     tasks.router,
     events.router,
     dead_letters.router,

@@ -1,0 +1,94 @@
+"""The SQL stores' sequence edits (:class:`~sendqueue.ports.SequenceEdits`), the same
+statements on both databases (:class:`SequenceTables`, a base of
+:class:`~sendqueue.adapters.sql.base.SqlTaskStore`).
+
+The steps' compare-and-set compares the stored steps in Python, then updates the row only
+while its ``updated_at`` is still the one read: one statement decides, on SQLite and on
+PostgreSQL under read committed alike.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from sendqueue.adapters.sql import rows
+from sendqueue.adapters.sql import schema as tables
+from sendqueue.domain.errors import NotFound
+from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.models import utc
+from sendqueue.domain.steps import Step, check_steps, steps_from_data, steps_to_data
+from sendqueue.domain.transitions import Rerender
+
+__all__ = ["SequenceTables"]
+
+#: Re-rendered tasks written per transaction (each an UPDATE): short transactions, short locks.
+_RERENDER_CHUNK = 200
+
+
+class SequenceTables(ABC):
+    """``replace_steps`` and ``rerender`` over the store's transactions."""
+
+    @abstractmethod
+    def _write(self, action: str) -> AbstractContextManager[Connection]:
+        """A write transaction (see SqlTaskStore)."""
+
+    @abstractmethod
+    def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
+        """Append change-log rows inside the caller's transaction (see SqlTaskStore)."""
+
+    def replace_steps(
+        self, campaign_id: str, expected: Sequence[Step], steps: Sequence[Step], *, at: datetime
+    ) -> bool:
+        data = steps_to_data(check_steps(steps))
+        c = tables.campaigns.c
+        with self._write("replace a campaign's steps") as conn:
+            row = conn.execute(sa.select(c.steps, c.updated_at).where(c.id == campaign_id)).first()
+            if row is None:
+                raise NotFound("campaign", campaign_id)
+            if steps_from_data(row.steps) != tuple(expected):
+                return False
+            done = conn.execute(
+                sa.update(tables.campaigns)
+                .where(c.id == campaign_id, c.updated_at == row.updated_at)
+                .values(steps=data, updated_at=utc(at))
+            )
+            return bool(done.rowcount)
+
+    def rerender(self, changes: Sequence[Rerender], *, at: datetime, note: str) -> int:
+        at = utc(at)
+        t = tables.tasks.c
+        pending = TaskState.PENDING.value
+        applied = 0
+        # In id order, so two writers take their row locks in one order.
+        ordered = sorted(changes, key=lambda r: r.task_id)
+        for start in range(0, len(ordered), _RERENDER_CHUNK):
+            with self._write("re-render tasks") as conn:
+                entries = []
+                for change in ordered[start : start + _RERENDER_CHUNK]:
+                    done = conn.execute(
+                        sa.update(tables.tasks)
+                        .where(t.id == change.task_id, t.state == pending, t.token == change.token)
+                        .values(
+                            subject=change.subject,
+                            text=change.text,
+                            html=change.html,
+                            updated_at=at,
+                        )
+                    )
+                    if done.rowcount:
+                        entries.append(
+                            rows.log_row(
+                                change.campaign_id, change.task_id, pending, pending, at, note
+                            )
+                        )
+                if entries:
+                    self._log(conn, entries)
+                applied += len(entries)
+        return applied
