@@ -12,7 +12,8 @@ mapping of:
 Files are read relative to the steps file's directory, as UTF-8 (a BOM is dropped). The
 templates are checked as ``campaign create`` checks its own (``compile_templates``). Any
 problem raises :class:`InvalidField` naming ``steps_file``, ``steps`` or ``steps[k].key``
-(``k`` counting from 1), and nothing is returned.
+(``k`` counting from 1), and nothing is returned. When step 1 is given apart (``first``), the
+file's entries are steps 2 on and named so.
 """
 
 from __future__ import annotations
@@ -39,10 +40,16 @@ _FIELD = "steps_file"
 
 
 def read_steps_file(
-    path: str | os.PathLike[str], limits: TemplateLimits | None = None
+    path: str | os.PathLike[str],
+    limits: TemplateLimits | None = None,
+    *,
+    first: Step | None = None,
 ) -> list[Step]:
     """The checked steps of the file at ``path`` (module docstring); ``limits`` bound the
-    templates as they bound a campaign's (the defaults when None)."""
+    templates as they bound a campaign's (the defaults when None). With ``first`` (step 1,
+    given apart, as ``campaign create --subject --body-file`` gives it) the file holds the
+    later steps only, numbered from 2, each with its ``after``; the list returned starts with
+    ``first``."""
     path = Path(path)
     limits = limits or TemplateLimits()
     text = _read(path, _FIELD, MAX_STEPS_FILE_BYTES)
@@ -58,10 +65,19 @@ def read_steps_file(
         if "steps" not in data:
             raise InvalidField("steps", str(path), "the file names no steps")
         data = data["steps"]
+    wanted = "step 1 first" if first is None else "step 2 first (step 1 is given apart)"
     if not isinstance(data, list) or not data:
-        raise InvalidField("steps", shown_value(data), "expected a list of steps, step 1 first")
-    steps = [_step(k, entry, path.parent, limits) for k, entry in enumerate(data, 1)]
-    return list(check_steps(steps))
+        raise InvalidField("steps", shown_value(data), f"expected a list of steps, {wanted}")
+    if first is not None and isinstance(data[0], Mapping) and "after" not in data[0]:
+        raise InvalidField(
+            "steps",
+            len(data),
+            "step 1 is given apart (a subject and body template), so the file holds the later "
+            "steps only, each with its after; the first entry has no after: it reads as step 1",
+        )
+    start = 1 if first is None else 2
+    steps = [_step(k, entry, path.parent, limits) for k, entry in enumerate(data, start)]
+    return list(check_steps(steps if first is None else [first, *steps]))
 
 
 def _step(k: int, entry: object, folder: Path, limits: TemplateLimits) -> Step:

@@ -62,6 +62,7 @@ def campaign_fields(figures: CampaignFigures) -> dict[str, Any]:
         (figures.moved, figures.late),
         figures.suppressed,
         figures.outcomes,
+        steps=figures.steps,
     )
 
 
@@ -201,22 +202,25 @@ class Queries:
         """Every campaign with its figures, newest first: one store call."""
         return self._store.all_campaign_figures(late_after=LATE_SECONDS)
 
-    def campaign(self, campaign_id: str) -> CampaignFigures:
-        """One campaign with its figures: one store call."""
-        return self._store.campaign_figures(campaign_id, late_after=LATE_SECONDS)
+    def campaign(self, campaign_id: str, *, steps: bool = False) -> CampaignFigures:
+        """One campaign with its figures (``steps``: and its counts per step): one store
+        call."""
+        return self._store.campaign_figures(campaign_id, late_after=LATE_SECONDS, steps=steps)
 
-    def figures_for(self, campaign: Campaign) -> CampaignFigures:
+    def figures_for(self, campaign: Campaign, *, steps: bool = False) -> CampaignFigures:
         """The figures of ``campaign`` as a control returned it (its state as it left it,
         though a background run may have moved on since): one store call."""
-        figures = self._store.campaign_figures(campaign.id, late_after=LATE_SECONDS)
+        figures = self._store.campaign_figures(campaign.id, late_after=LATE_SECONDS, steps=steps)
         return replace(figures, campaign=campaign)
 
-    def campaign_with_timeline(self, campaign_id: str) -> tuple[CampaignFigures, Timeline]:
+    def campaign_with_timeline(
+        self, campaign_id: str, *, steps: bool = False
+    ) -> tuple[CampaignFigures, Timeline]:
         """One campaign with its figures and its timeline: one store call while the kept
         timeline is current."""
         since = self.timelines.marker(campaign_id)
         figures = self._store.campaign_figures(
-            campaign_id, late_after=LATE_SECONDS, changes_since=since
+            campaign_id, late_after=LATE_SECONDS, changes_since=since, steps=steps
         )
         timeline = self.timelines.get(figures.campaign, since=since, changed=figures.changed)
         return figures, timeline
