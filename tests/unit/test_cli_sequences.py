@@ -190,6 +190,7 @@ def test_show_lists_the_steps_with_their_counts_and_tasks_filter_by_step(
     assert [(t["id"], t["step"]) for t in listed] == [(task_id(cid, 1, 2), 2)]
     everything = run_json(cli, "campaign", "tasks", cid)
     assert sorted(t["step"] for t in everything) == [1, 1, 2]
+    assert len(run_json(cli, "campaign", "tasks", cid, "--limit", "2")) == 2
     code, out, _ = run(cli, "campaign", "tasks", cid, "--step", "2")
     assert code == 0 and task_id(cid, 1, 2) in out
 

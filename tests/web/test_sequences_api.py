@@ -56,6 +56,16 @@ def test_a_sequence_is_created_read_back_and_listed_per_step(web: Web) -> None:
                                               "Re: Hello User 2"}  # fmt: skip
     first = web.client.get(f"/api/campaigns/{cid}/tasks", params={"step": 1}).json()["tasks"]
     assert [t["step"] for t in first] == [1, 1, 1]
+    # pages never end between one recipient's steps: the cursor (a position) skips none
+    seen: list[tuple[int, int]] = []
+    cursor = -1
+    while cursor is not None:
+        params = {"limit": 3, "after": cursor}
+        page = web.client.get(f"/api/campaigns/{cid}/tasks", params=params).json()
+        seen += [(t["position"], t["step"]) for t in page["tasks"]]
+        cursor = page["next"]
+    assert sorted(seen) == [(p, s) for p in range(3) for s in (1, 2)]
+    assert len(seen) == 6
     # a campaign listing does not read the steps
     assert web.client.get("/api/campaigns").json()["campaigns"][0]["steps"] is None
 

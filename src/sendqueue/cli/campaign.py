@@ -404,7 +404,7 @@ def campaign_tasks(
         cursor = after
         while True:
             page = min(1000, limit - len(rows)) if limit else 1000
-            listing = c.queries.tasks(
+            listing = c.queries.recipient_tasks(
                 campaign_id, state=wanted, search=search, after=cursor, limit=page, step=step
             )
             campaign, batch, senders = listing.campaign, listing.tasks, senders_of(listing)
@@ -419,20 +419,23 @@ def campaign_tasks(
             if not listing.more or not batch or (limit and len(rows) >= limit):
                 break
             cursor = batch[-1].position
+    rows = rows[:limit] if limit else rows
     if as_json:
         print_json(rows)
         return
     table = Table(title=plural(len(rows), "email"))
+    # a step column for a sequence's emails; a campaign of one email keeps its width
+    steps = step is not None or len(campaign.steps) > 1 or any(r["step"] > 1 for r in rows)
     columns = (
-        "id", "step", "email", "sender", "state", "send_at", "sent_at", "outcome", "attempts",
-        "moves", "error/reason",
+        "id", *(["step"] if steps else []), "email", "sender", "state", "send_at", "sent_at",
+        "outcome", "attempts", "moves", "error/reason",
     )  # fmt: skip
     for col in columns:
         table.add_column(col)
     for r in rows:
         table.add_row(
             r["id"],
-            str(r["step"]),
+            *([str(r["step"])] if steps else []),
             r["email"],
             r["sender"] or "",
             r["state"],

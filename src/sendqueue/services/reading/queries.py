@@ -23,6 +23,7 @@ from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.planner import per_day_summary, plan
 from sendqueue.domain.reads import CampaignFigures, CampaignPage, TaskListing
 from sendqueue.domain.sender_fields import SenderFields
+from sendqueue.domain.steps import MAX_STEPS
 from sendqueue.ports import Clock, SenderStore, TaskStore
 from sendqueue.ports.reads import CampaignReads
 from sendqueue.services.reading.views import LATE_SECONDS, CampaignView
@@ -240,6 +241,36 @@ class Queries:
         return self._store.task_listing(
             campaign_id, state=state, search=search, after=after, limit=limit, step=step
         )
+
+    def recipient_tasks(
+        self,
+        campaign_id: str,
+        *,
+        state: TaskState | None = None,
+        search: str | None = None,
+        after: int = -1,
+        limit: int = 100,
+        step: int | None = None,
+    ) -> TaskListing:
+        """:meth:`tasks`, but a page never ends between one recipient's steps, so the last
+        task's position is a safe cursor for the next page: when more follow, a sequence's
+        last recipient is read to its end (at most ``MAX_STEPS - 1`` tasks past ``limit``, one
+        store call more)."""
+        listing = self.tasks(
+            campaign_id, state=state, search=search, after=after, limit=limit, step=step
+        )
+        if not listing.more or not listing.tasks or step is not None:
+            return listing
+        if len(listing.campaign.steps) <= 1:
+            return listing  # one task per recipient
+        last = listing.tasks[-1].position
+        rest = self._store.list_tasks(
+            campaign_id, state=state, search=search, after=last - 1, limit=MAX_STEPS
+        )
+        seen = {task.id for task in listing.tasks}
+        extra = [task for task in rest if task.position == last and task.id not in seen]
+        more = len(rest) == MAX_STEPS or any(task.position > last for task in rest)
+        return replace(listing, tasks=[*listing.tasks, *extra], more=more)
 
     def campaign_page(
         self,

@@ -390,7 +390,7 @@ def dead_letter_dict(letter: DeadLetter) -> dict[str, Any]:
 
 #: The keys ``campaign tasks --json`` lists, in order: a task without position, name and subject.
 TASK_LIST_KEYS = (
-    "id", "step", "email", "sender", "timezone", "state", "send_at", "sent_at", "attempts",
+    "id", "email", "sender", "step", "timezone", "state", "send_at", "sent_at", "attempts",
     "message_id", "error", "planned_at", "moves", "moved_reason", "reason", "outcome",
     "outcome_detail", "outcome_at", "paused", "late",
 )  # fmt: skip

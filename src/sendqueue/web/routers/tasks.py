@@ -42,8 +42,8 @@ def list_tasks(
     ] = None,
 ) -> TaskPage:
     """A page of the campaign's emails in position order (``step``: one step's): one store
-    read."""
-    listing = queries.tasks(
+    read; a sequence's page may hold up to 9 more, to end with a whole recipient."""
+    listing = queries.recipient_tasks(
         campaign_id,
         state=_task_state(state),
         search=search or None,
