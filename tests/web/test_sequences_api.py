@@ -155,3 +155,12 @@ def test_openapi_documents_steps(web: Web) -> None:
     assert "StepView" in components
     params = schema["paths"]["/api/campaigns/{campaign_id}/tasks"]["get"]["parameters"]
     assert "step" in {p["name"] for p in params}
+
+
+def test_a_step_template_over_the_field_cap_is_named_by_its_step(web: Web) -> None:
+    big = "a" * (512 * 1024 + 1)
+    body = {"name": "x", "recipients": [{"email": "a@example.com"}], "steps": _later(body=big)}
+    error = _error(web.client.post("/api/campaigns", json=body))
+    assert error["field"] == "steps[2].body"
+    assert "longer than 524288 bytes" in error["reason"]
+    assert web.container.store.list_campaigns() == []

@@ -341,10 +341,14 @@ def _checked_json(raw: bytes) -> Any:
                         path or "body", f"{size} bytes", f"longer than {_MAX_FORM_FIELD} bytes"
                     )
         elif isinstance(value, dict):
-            # Named by its own key, as the form names its fields (``subject``, ``per_day``).
-            pending += [(key, row, item) for key, item in value.items()]
+            # Named by its own key, as the form names its fields (``subject``, ``per_day``); a
+            # step's by its step too (``steps[2].body``).
+            within = f"{path}." if path.startswith("steps[") else ""
+            pending += [(f"{within}{key}", row, item) for key, item in value.items()]
         elif isinstance(value, list):
-            if path == "recipients" and row is None:
+            if path == "steps" and row is None:
+                pending += [(f"steps[{k}]", row, item) for k, item in enumerate(value, 1)]
+            elif path == "recipients" and row is None:
                 # Named as the importer names a row's problems: the key and the CSV row number.
                 pending += [("row", index + 2, item) for index, item in enumerate(value)]
             else:
