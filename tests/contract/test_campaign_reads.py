@@ -245,3 +245,37 @@ def test_unreachable_backend_raises_store_unavailable(backend: Backend) -> None:
     for call in calls:
         with pytest.raises(StoreUnavailable):
             call()
+
+
+def test_counts_per_step_split_states_and_outcomes_by_step(store: Store) -> None:
+    _active_campaign(store)
+    later = [make_task("c1", p, id=task_id("c1", p, 2), step=2) for p in (0, 1, 5)]
+    later[2] = make_task(
+        "c1", 5, id=task_id("c1", 5, 2), step=2, state=S.CANCELLED, reason="replied"
+    )
+    assert store.insert_tasks(later, at=T0) == 3
+    _finish(store, task_id("c1", 0, 2), late=False, outcome=TaskOutcome.REPLIED)
+    found = store.count_steps("c1")
+    assert sorted(found) == [1, 2]
+    first, second = found[1], found[2]
+    assert first.counts == {S.PENDING: 4, S.RUNNING: 0, S.FINISHED: 2, S.FAILED: 1,
+                            S.CANCELLED: 1}  # fmt: skip
+    assert first.outcomes == {TaskOutcome.ACCEPTED: 1, TaskOutcome.BOUNCED: 1}
+    assert second.counts == {S.PENDING: 1, S.RUNNING: 0, S.FINISHED: 1, S.FAILED: 0,
+                             S.CANCELLED: 1}  # fmt: skip
+    assert second.outcomes == {TaskOutcome.REPLIED: 1}
+    # the steps add up to the campaign's own counts
+    totals = store.count_tasks("c1")
+    assert {s: first.counts[s] + second.counts[s] for s in S} == totals
+    figures = store.campaign_figures("c1", late_after=LATE, steps=True)
+    assert figures.steps == found
+    assert store.campaign_page("c1", late_after=LATE, steps=True).figures.steps == found
+    # only asked for: a listing of campaigns reads no steps
+    assert store.campaign_figures("c1", late_after=LATE).steps is None
+    assert store.all_campaign_figures(late_after=LATE)[0].steps is None
+
+
+def test_counts_per_step_of_a_campaign_without_tasks_or_unknown_are_empty(store: Store) -> None:
+    store.create_campaign(campaign("c1"), recipients(2))
+    assert store.count_steps("c1") == {}
+    assert store.count_steps("nope") == {}

@@ -184,9 +184,9 @@ def test_campaign_lifecycle_through_the_cli(cli: CliRunner, tmp_path: Path) -> N
     tasks = json.loads(out)
     assert [set(t) for t in tasks] == [
         {
-            "id", "email", "sender", "timezone", "state", "send_at", "sent_at", "attempts",
-            "message_id", "error", "planned_at", "moves", "moved_reason", "reason", "outcome",
-            "outcome_detail", "outcome_at", "paused", "late",
+            "id", "email", "sender", "step", "timezone", "state", "send_at", "sent_at",
+            "attempts", "message_id", "error", "planned_at", "moves", "moved_reason", "reason",
+            "outcome", "outcome_detail", "outcome_at", "paused", "late",
         }
     ] * 2  # fmt: skip
     assert tasks[0]["send_at"] == tasks[0]["planned_at"] == "2030-01-07T08:00:00Z"

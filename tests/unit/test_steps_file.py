@@ -36,9 +36,9 @@ def write(folder: Path, name: str, text: str) -> Path:
     return path
 
 
-def refused(path: Path, **kwargs: TemplateLimits) -> InvalidField:
+def refused(path: Path, limits: TemplateLimits | None = None) -> InvalidField:
     with pytest.raises(InvalidField) as exc:
-        read_steps_file(path, **kwargs)
+        read_steps_file(path, limits)
     return exc.value
 
 
@@ -242,3 +242,49 @@ def test_a_yaml_alias_bomb_is_refused_without_printing_it(tmp_path: Path) -> Non
     error = refused(write(tmp_path, "bomb.yaml", text))
     assert (error.field, error.value) == ("steps[1].body", "<list>")
     assert len(str(error)) < 200
+
+
+FIRST = Step(1, "Hello {{ name }}", "Dear {{ name }}", None, None)
+
+LATER_ONLY = """\
+- after: 2d
+  body: "Hi {{ name }}, again."
+- after: 30m
+  subject: Bye
+  body: "Bye {{ name }}."
+  new_thread: true
+"""
+
+
+def test_with_step_1_given_apart_the_file_holds_steps_2_on(tmp_path: Path) -> None:
+    steps = read_steps_file(write(tmp_path, "later.yaml", LATER_ONLY), first=FIRST)
+    assert steps == [
+        FIRST,
+        Step(2, None, "Hi {{ name }}, again.", None, Delay(2, DelayUnit.DAYS)),
+        Step(3, "Bye", "Bye {{ name }}.", None, Delay(30, DelayUnit.MINUTES), True),
+    ]
+
+
+def test_with_step_1_given_apart_errors_name_the_real_step_number(tmp_path: Path) -> None:
+    text = LATER_ONLY.replace("after: 30m", "after: 30x")
+    with pytest.raises(InvalidField) as exc:
+        read_steps_file(write(tmp_path, "later.yaml", text), first=FIRST)
+    assert exc.value.field == "steps[3].after"
+    text = LATER_ONLY.replace('body: "Bye {{ name }}."', 'body: "Bye {{ name"')
+    with pytest.raises(InvalidField) as exc:
+        read_steps_file(write(tmp_path, "later.yaml", text), first=FIRST)
+    assert exc.value.field == "steps[3].body"
+
+
+def test_step_1_in_the_file_and_given_apart_is_refused_naming_steps(bodies: Path) -> None:
+    with pytest.raises(InvalidField) as exc:
+        read_steps_file(write(bodies, "steps.yaml", YAML_EXAMPLE), first=FIRST)
+    assert exc.value.field == "steps"
+    assert "given apart" in exc.value.reason
+
+
+def test_with_step_1_given_apart_a_later_step_without_after_is_named(tmp_path: Path) -> None:
+    text = LATER_ONLY + '- body: "third"\n'
+    with pytest.raises(InvalidField) as exc:
+        read_steps_file(write(tmp_path, "later.yaml", text), first=FIRST)
+    assert exc.value.field == "steps[4].after"

@@ -20,17 +20,22 @@ def _task(position: int, step: int) -> Task:
 
 def test_a_cut_position_is_left_for_the_next_page_and_steps_are_in_order() -> None:
     page = [_task(0, 1), _task(1, 2), _task(1, 1), _task(2, 1)]
-    assert [(t.position, t.step) for t in whole_positions(page, more=True)] == [
+    assert [(t.position, t.step) for t in whole_positions(page, more=True, sequence=True)] == [
         (0, 1), (1, 1), (1, 2),
     ]  # fmt: skip
-    assert [(t.position, t.step) for t in whole_positions(page, more=False)] == [
+    assert [(t.position, t.step) for t in whole_positions(page, more=False, sequence=True)] == [
         (0, 1), (1, 1), (1, 2), (2, 1),
     ]  # fmt: skip
 
 
+def test_a_campaign_of_one_step_keeps_its_page_as_read() -> None:
+    page = [_task(0, 1), _task(1, 1), _task(2, 1)]
+    assert whole_positions(page, more=True, sequence=False) == page
+
+
 def test_a_page_of_one_position_is_kept_whole() -> None:
     page = [_task(3, 2), _task(3, 1)]
-    assert [t.step for t in whole_positions(page, more=True)] == [1, 2]
+    assert [t.step for t in whole_positions(page, more=True, sequence=True)] == [1, 2]
 
 
 def test_iterating_a_campaigns_tasks_misses_no_step_where_a_page_ends() -> None:

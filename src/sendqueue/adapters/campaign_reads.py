@@ -25,6 +25,7 @@ from sendqueue.domain.models import Campaign, ChangeLogEntry, Task, check_limit
 from sendqueue.domain.reads import (
     CampaignFigures,
     CampaignPage,
+    StepCounts,
     TaskDetail,
     TaskListing,
     whole_positions,
@@ -53,6 +54,8 @@ class _StoreReads(Protocol):
     def count_tasks(self, campaign_id: str) -> dict[TaskState, int]: ...
 
     def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]: ...
+
+    def count_steps(self, campaign_id: str) -> dict[int, StepCounts]: ...
 
     def count_suppressed_tasks(self, campaign_id: str) -> int: ...
 
@@ -91,10 +94,16 @@ class ComposedCampaignReads:
         return nullcontext()
 
     def campaign_figures(
-        self: _StoreReads, campaign_id: str, *, late_after: float, changes_since: int | None = None
+        self: _StoreReads,
+        campaign_id: str,
+        *,
+        late_after: float,
+        changes_since: int | None = None,
+        steps: bool = False,
     ) -> CampaignFigures:
         with self._read_together():
-            return _figures(self, self.get_campaign(campaign_id), late_after, changes_since)
+            campaign = self.get_campaign(campaign_id)
+            return _figures(self, campaign, late_after, changes_since, steps=steps)
 
     def all_campaign_figures(self: _StoreReads, *, late_after: float) -> list[CampaignFigures]:
         with self._read_together():
@@ -126,13 +135,14 @@ class ComposedCampaignReads:
         limit: int = 100,
         changes_since: int | None = None,
         step: int | None = None,
+        steps: bool = False,
     ) -> CampaignPage:
         check_limit(limit)
         with self._read_together():
             last_change = self.last_change_id()
             campaign = self.get_campaign(campaign_id)
             listing = _listing(self, campaign, state, search, after, limit, step)
-            figures = _figures(self, campaign, late_after, changes_since)
+            figures = _figures(self, campaign, late_after, changes_since, steps=steps)
         return CampaignPage(last_change_id=last_change, figures=figures, listing=listing)
 
     def task_detail(self: _StoreReads, campaign_id: str, task_id: str) -> TaskDetail:
@@ -149,7 +159,12 @@ class ComposedCampaignReads:
 
 
 def _figures(
-    store: _StoreReads, campaign: Campaign, late_after: float, changes_since: int | None
+    store: _StoreReads,
+    campaign: Campaign,
+    late_after: float,
+    changes_since: int | None,
+    *,
+    steps: bool = False,
 ) -> CampaignFigures:
     moved, late = store.count_moves(campaign.id, late_after=late_after)
     next_send = None
@@ -168,6 +183,7 @@ def _figures(
         outcomes=store.count_outcomes(campaign.id),
         next_send_at=next_send,
         changed=changed,
+        steps=store.count_steps(campaign.id) if steps else None,
     )
 
 
@@ -184,7 +200,8 @@ def _listing(
         campaign.id, state=state, search=search, after=after, limit=limit + 1, step=step
     )
     more = len(page) > limit
-    tasks = whole_positions(page[:limit], more=more)
+    sequence = step is None and len(campaign.steps) > 1
+    tasks = whole_positions(page[:limit], more=more, sequence=sequence)
     wanted = {*campaign.sender_ids, *(t.sender_id for t in tasks if t.sender_id)}
     return TaskListing(
         campaign=campaign,

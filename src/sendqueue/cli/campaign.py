@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from sendqueue.bootstrap import Container, import_limits
+from sendqueue.cli.campaign_steps import StepsOpt, print_steps, read_steps
 from sendqueue.cli.common import (
     JitterOpt,
     JsonOpt,
@@ -37,6 +38,7 @@ from sendqueue.domain.errors import InvalidField, NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, check_cursor
 from sendqueue.domain.planner import per_zone_day_summary
+from sendqueue.domain.steps import MAX_STEPS
 from sendqueue.domain.wording import plural
 from sendqueue.services.campaigns.preview import ZoneDays
 from sendqueue.services.importing.recipients import Templates
@@ -119,9 +121,11 @@ def campaign_create(
     unsubscribe_footer: FooterOpt = False,
     sender: SenderOpt = None,
     local_time: LocalTimeOpt = False,
+    steps_file: StepsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Import a CSV of recipients as a new draft campaign (all or nothing)."""
+    """Import a CSV of recipients as a new draft campaign (all or nothing); with --steps, a
+    sequence."""
     if not recipients.is_file():
         raise InvalidField("recipients", str(recipients), "no such file")
     templates = Templates(
@@ -142,6 +146,7 @@ def campaign_create(
             default_timezone=c.settings.default_timezone,
         )
         limits = import_limits(c.settings)
+        steps, templates = read_steps(steps_file, templates, limits.templates)
         created = c.campaign_import.create(
             name=name,
             recipients=recipients,
@@ -154,9 +159,10 @@ def campaign_create(
             unsubscribe_footer=unsubscribe_footer,
             senders=sender or (),
             local_time=local_time,
+            steps=steps,
         )
         campaign = created.campaign
-        data = campaign_json(c.queries.figures_for(campaign))
+        data = campaign_json(c.queries.figures_for(campaign, steps=True))
         data["import"] = {"rows": created.imported.rows, "duplicates": created.imported.duplicates}
         if as_json:
             print_json(data)
@@ -174,6 +180,8 @@ def _print_created(c: Container, campaign: Campaign, duplicates: int, data: dict
     out.print(f"policy: {campaign.policy.describe(local_time=campaign.local_time)}")
     out.print(_options_line(data))
     out.print(_senders_line(c, data), markup=False)
+    if len(data["steps"]) > 1:
+        print_steps(data["steps"], counts=False)
     out.print(
         f"next: sendqueue campaign preview {campaign.id}  |  "
         f"sendqueue campaign provision {campaign.id}"
@@ -241,9 +249,9 @@ def campaign_list(as_json: JsonOpt = False) -> None:
 @campaign_app.command("show")
 @handle_errors
 def campaign_show(campaign_id: str, as_json: JsonOpt = False) -> None:
-    """One campaign: policy, state and counts per task state."""
+    """One campaign: policy, state, counts per task state and its steps with theirs."""
     with container() as c:
-        data = campaign_json(c.queries.campaign(campaign_id))
+        data = campaign_json(c.queries.campaign(campaign_id, steps=True))
         senders = _senders_line(c, data)
     if as_json:
         print_json(data)
@@ -263,6 +271,7 @@ def campaign_show(campaign_id: str, as_json: JsonOpt = False) -> None:
     out.print(_outcomes_line(data["outcomes"]))
     out.print(_options_line(data))
     out.print(senders, markup=False)
+    print_steps(data["steps"])
 
 
 @campaign_app.command("preview")
@@ -380,11 +389,14 @@ def campaign_tasks(
     search: Annotated[str | None, typer.Option("--search", help="Address contains.")] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many (0 = all).")] = 0,
     after: Annotated[int, typer.Option("--after", help="Cursor: position to start after.")] = -1,
+    step: Annotated[int | None, typer.Option("--step", help="Only this step's (1: first).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The campaign's emails in position order."""
     wanted = TaskState.parse(state) if state is not None else None
     check_cursor(after)
+    if step is not None and not 1 <= step <= MAX_STEPS:
+        raise InvalidField("step", step, f"a step number, 1 to {MAX_STEPS}")
     if limit < 0:
         raise InvalidField("limit", limit, "must be 0 (all) or more")
     rows: list[dict[str, Any]] = []
@@ -392,8 +404,8 @@ def campaign_tasks(
         cursor = after
         while True:
             page = min(1000, limit - len(rows)) if limit else 1000
-            listing = c.queries.tasks(
-                campaign_id, state=wanted, search=search, after=cursor, limit=page
+            listing = c.queries.recipient_tasks(
+                campaign_id, state=wanted, search=search, after=cursor, limit=page, step=step
             )
             campaign, batch, senders = listing.campaign, listing.tasks, senders_of(listing)
             # a paused campaign's Pending emails have no send time until it resumes
@@ -407,19 +419,23 @@ def campaign_tasks(
             if not listing.more or not batch or (limit and len(rows) >= limit):
                 break
             cursor = batch[-1].position
+    rows = rows[:limit] if limit else rows
     if as_json:
         print_json(rows)
         return
     table = Table(title=plural(len(rows), "email"))
+    # a step column for a sequence's emails; a campaign of one email keeps its width
+    steps = step is not None or len(campaign.steps) > 1 or any(r["step"] > 1 for r in rows)
     columns = (
-        "id", "email", "sender", "state", "send_at", "sent_at", "outcome", "attempts",
-        "moves", "error/reason",
+        "id", *(["step"] if steps else []), "email", "sender", "state", "send_at", "sent_at",
+        "outcome", "attempts", "moves", "error/reason",
     )  # fmt: skip
     for col in columns:
         table.add_column(col)
     for r in rows:
         table.add_row(
             r["id"],
+            *([str(r["step"])] if steps else []),
             r["email"],
             r["sender"] or "",
             r["state"],

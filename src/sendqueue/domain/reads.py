@@ -8,7 +8,7 @@ Built by :class:`sendqueue.ports.reads.CampaignReads`; read by
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -16,7 +16,39 @@ from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.senders import Sender
 
-__all__ = ["CampaignFigures", "CampaignPage", "TaskDetail", "TaskListing", "whole_positions"]
+__all__ = [
+    "CampaignFigures",
+    "CampaignPage",
+    "StepCounts",
+    "TaskDetail",
+    "TaskListing",
+    "whole_positions",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StepCounts:
+    """One step's tasks of a campaign per state (every state named) and its sent emails per
+    outcome (only the outcomes it has)."""
+
+    counts: Mapping[TaskState, int]
+    outcomes: Mapping[TaskOutcome, int]
+
+    @classmethod
+    def tally(
+        cls, found: Iterable[tuple[int, TaskState, TaskOutcome | None, int]]
+    ) -> dict[int, StepCounts]:
+        """Per step, from ``(step, state, outcome, count)`` rows, as a store's GROUP BY gives
+        them (a step and state may come in several rows, one per outcome)."""
+        counts: dict[int, dict[TaskState, int]] = {}
+        outcomes: dict[int, dict[TaskOutcome, int]] = {}
+        for step, state, outcome, n in found:
+            per_state = counts.setdefault(step, dict.fromkeys(TaskState, 0))
+            per_state[state] += n
+            if outcome is not None:
+                per_outcome = outcomes.setdefault(step, {})
+                per_outcome[outcome] = per_outcome.get(outcome, 0) + n
+        return {step: cls(counts[step], outcomes.get(step, {})) for step in sorted(counts)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +56,8 @@ class CampaignFigures:
     """A campaign and what its views count: tasks per state (every state named), moved and late
     emails, emails cancelled as suppressed, sent emails per outcome, and its next send (None
     unless it is sending). ``changed`` says whether its change log has entries after the
-    ``changes_since`` the read was asked about (None when it was not asked)."""
+    ``changes_since`` the read was asked about (None when it was not asked). ``steps``: the counts
+    per step number, of the steps that have tasks (None when the read was not asked for them)."""
 
     campaign: Campaign
     counts: Mapping[TaskState, int]
@@ -34,6 +67,7 @@ class CampaignFigures:
     outcomes: Mapping[TaskOutcome, int]
     next_send_at: datetime | None
     changed: bool | None = None
+    steps: Mapping[int, StepCounts] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +102,13 @@ class TaskDetail:
     senders: Mapping[str, Sender] = field(default_factory=dict)
 
 
-def whole_positions(tasks: Sequence[Task], *, more: bool) -> list[Task]:
-    """A page of tasks read in position order, each recipient's steps in step order; when more
-    follow, without the last position's tasks if others remain, since the page may have cut
-    that recipient's steps and the next page starts after the last position shown."""
+def whole_positions(tasks: Sequence[Task], *, more: bool, sequence: bool) -> list[Task]:
+    """A page of tasks read in position order. In a ``sequence`` (a campaign of more than one
+    step, listed without a step filter) each recipient's steps come in step order and, when
+    more follow, the last position's tasks are left out if others remain: the page may have
+    cut that recipient's steps, and the next page starts after the last position shown."""
+    if not sequence:
+        return list(tasks)
     ordered = sorted(tasks, key=lambda t: (t.position, t.step))
     if more and ordered and ordered[0].position != ordered[-1].position:
         last = ordered[-1].position

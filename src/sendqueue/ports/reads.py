@@ -19,11 +19,17 @@ class CampaignReads(Protocol):
     for a negative ``limit`` or a cursor out of range."""
 
     def campaign_figures(
-        self, campaign_id: str, *, late_after: float, changes_since: int | None = None
+        self,
+        campaign_id: str,
+        *,
+        late_after: float,
+        changes_since: int | None = None,
+        steps: bool = False,
     ) -> CampaignFigures:
         """The campaign and its figures; ``late_after`` as in ``TaskStore.count_moves``. With
         ``changes_since`` (a change-log id), ``changed`` says whether the campaign's change
-        log has entries after it."""
+        log has entries after it. With ``steps``, its counts per step (``count_steps``: a
+        read of every task on DynamoDB, so only views of one campaign ask)."""
         ...
 
     def all_campaign_figures(self, *, late_after: float) -> list[CampaignFigures]:
@@ -55,9 +61,10 @@ class CampaignReads(Protocol):
         limit: int = 100,
         changes_since: int | None = None,
         step: int | None = None,
+        steps: bool = False,
     ) -> CampaignPage:
-        """``last_change_id``, read first, then :meth:`campaign_figures` and
-        :meth:`task_listing` of the campaign."""
+        """``last_change_id``, read first, then :meth:`campaign_figures` (``steps`` as there)
+        and :meth:`task_listing` of the campaign."""
         ...
 
     def task_detail(self, campaign_id: str, task_id: str) -> TaskDetail:

@@ -24,6 +24,7 @@ from sendqueue.domain.models import (
     Task,
     TaskChanges,
 )
+from sendqueue.domain.reads import StepCounts
 from sendqueue.domain.sendclaim import SendClaim, SendFinish
 from sendqueue.domain.senders import Booking
 
@@ -256,6 +257,11 @@ class Tasks(Protocol):
 
     def count_tasks(self, campaign_id: str) -> dict[TaskState, int]:
         """Number of tasks per state; every state is present, zero included."""
+        ...
+
+    def count_steps(self, campaign_id: str) -> dict[int, StepCounts]:
+        """Per step number, the step's tasks per state and its sent emails per outcome; only
+        steps that have tasks are present. Empty for an unknown campaign."""
         ...
 
     def count_moves(self, campaign_id: str, *, late_after: float) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from datetime import datetime
 from sendqueue.domain.feedback import UNVERIFIED_NOTE, MailboxState, outcome_note
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task, check_limit, utc
+from sendqueue.domain.reads import StepCounts
 from sendqueue.domain.suppression import key_of_normalized
 from sendqueue.testing.guard import guarded
 
@@ -119,6 +120,11 @@ class InMemoryFeedback:
     @guarded
     def mailbox_states(self, mailboxes: Collection[str]) -> dict[str, MailboxState]:
         return {m: self._mailbox_states[m] for m in mailboxes if m in self._mailbox_states}
+
+    @guarded
+    def count_steps(self, campaign_id: str) -> dict[int, StepCounts]:
+        tasks = (self._tasks[i] for i in self._task_at.get(campaign_id, {}).values())
+        return StepCounts.tally((t.step, t.state, t.outcome, 1) for t in tasks)
 
     @guarded
     def count_outcomes(self, campaign_id: str) -> dict[TaskOutcome, int]:

@@ -22,6 +22,7 @@ import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio.to_thread
@@ -37,7 +38,7 @@ from sendqueue.bootstrap.stream import change_signal
 from sendqueue.runtime import run_worker
 from sendqueue.services.operations.attention import AttentionCache, read_attention
 from sendqueue.settings import Settings, trusted_networks
-from sendqueue.web.bodies import BODY_OVERHEAD_BYTES
+from sendqueue.web.bodies import BODY_OVERHEAD_BYTES, add_body_schemas
 from sendqueue.web.deps import BackgroundProvisioning
 from sendqueue.web.errors import http_exception_response, install_error_handlers
 from sendqueue.web.middleware import install_security
@@ -110,9 +111,22 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, _http_error)
     for router in ROUTERS:
         app.include_router(router)
+    _document_bodies(app)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     _install_middlewares(app, container, extra_hosts)
     return app
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """The schema FastAPI makes, with the request bodies the routes read themselves."""
+    make = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            add_body_schemas(make())  # make() keeps the document it returns
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _lifespan(

@@ -21,6 +21,7 @@ from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.lifecycle import StopOnReply
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.services.campaigns.creation import CampaignImport, Draft
+from sendqueue.services.campaigns.steps_file import steps_from_entries
 from sendqueue.services.importing.recipients import ImportLimits, Templates
 from sendqueue.settings import Settings
 from sendqueue.web.errors import HttpProblem
@@ -32,7 +33,9 @@ __all__ = [
     "CREATE_BODY",
     "CampaignBody",
     "NewCampaign",
+    "StepBody",
     "TemplatesBody",
+    "add_body_schemas",
     "new_campaign",
     "validate",
 ]
@@ -57,6 +60,28 @@ class TemplatesBody(BaseModel):
     subject: str | None = None
     body: str | None = None
     html: str | None = None
+
+
+class StepBody(BaseModel):
+    """One step of a sequence, shaped like an entry of a steps file (docs/sequences.md) with
+    its templates inline."""
+
+    model_config = ConfigDict(extra="forbid")
+    subject: str | None = Field(
+        None,
+        description="subject template; step 1 needs one, a later step without one "
+        "replies with Re: <step 1's subject>",
+    )
+    body: str = Field(description="the text body template")
+    html: str | None = Field(None, description="the HTML body template")
+    after: str | None = Field(
+        None,
+        description="the wait after the previous step: 3d (sending days), 4h or 30m; "
+        "every step but the first",
+    )
+    new_thread: StrictBool = Field(
+        False, description="send it without In-Reply-To and References; not on step 1"
+    )
 
 
 class CampaignBody(BaseModel):
@@ -90,6 +115,11 @@ class CampaignBody(BaseModel):
     local_time: StrictBool = Field(
         False,
         description="read the windows in each recipient's own timezone (its `timezone` column)",
+    )
+    steps: list[StepBody] | None = Field(
+        None,
+        description="1 to 10 steps making it a sequence, step 1 first; step 1's templates are "
+        "then the campaign's, so give no `templates` too",
     )
 
 
@@ -148,6 +178,16 @@ CREATE_BODY: dict[str, Any] = {
 }
 
 
+def add_body_schemas(document: dict[str, Any]) -> None:
+    """Put :class:`CampaignBody` and the models it names into an OpenAPI ``document``'s
+    components, where :data:`CREATE_BODY` refers to it (the routes read their body
+    themselves, so FastAPI does not add it)."""
+    schema = CampaignBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = document.setdefault("components", {}).setdefault("schemas", {})
+    components.update(schema.pop("$defs", {}))
+    components["CampaignBody"] = schema
+
+
 @dataclass
 class NewCampaign:
     """A create or preview request, parsed; the recipients are rows or a spooled CSV."""
@@ -163,6 +203,7 @@ class NewCampaign:
     unsubscribe_footer: bool = False
     senders: list[str] = field(default_factory=list)
     local_time: bool = False
+    steps: list[dict[str, Any]] | None = None
 
 
 def _policy(data: dict[str, Any], settings: Settings) -> SendingPolicy:
@@ -300,10 +341,14 @@ def _checked_json(raw: bytes) -> Any:
                         path or "body", f"{size} bytes", f"longer than {_MAX_FORM_FIELD} bytes"
                     )
         elif isinstance(value, dict):
-            # Named by its own key, as the form names its fields (``subject``, ``per_day``).
-            pending += [(key, row, item) for key, item in value.items()]
+            # Named by its own key, as the form names its fields (``subject``, ``per_day``); a
+            # step's by its step too (``steps[2].body``).
+            within = f"{path}." if path.startswith("steps[") else ""
+            pending += [(f"{within}{key}", row, item) for key, item in value.items()]
         elif isinstance(value, list):
-            if path == "recipients" and row is None:
+            if path == "steps" and row is None:
+                pending += [(f"steps[{k}]", row, item) for k, item in enumerate(value, 1)]
+            elif path == "recipients" and row is None:
                 # Named as the importer names a row's problems: the key and the CSV row number.
                 pending += [("row", index + 2, item) for index, item in enumerate(value)]
             else:
@@ -318,7 +363,7 @@ def _from_json(raw: bytes, settings: Settings) -> NewCampaign:
     except ValidationError as exc:
         # Shaped like FastAPI's own body errors, so the one handler names the field.
         raise RequestValidationError(
-            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+            [{**e, "loc": ("body", *_step_loc(e["loc"]))} for e in exc.errors()]
         ) from None
     return NewCampaign(
         name=body.name,
@@ -333,7 +378,18 @@ def _from_json(raw: bytes, settings: Settings) -> NewCampaign:
         unsubscribe_footer=body.unsubscribe_footer,
         senders=body.senders,
         local_time=body.local_time,
+        steps=None
+        if body.steps is None
+        else [step.model_dump(exclude_unset=True) for step in body.steps],
     )
+
+
+def _step_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``("steps", 1, "after")`` -> ``("steps[2]", "after")``: a step named by its number, from
+    1, as every other error about steps names it."""
+    if len(loc) > 1 and loc[0] == "steps" and isinstance(loc[1], int):
+        return (f"steps[{loc[1] + 1}]", *loc[2:])
+    return loc
 
 
 @asynccontextmanager
@@ -394,5 +450,6 @@ def validate(importer: CampaignImport, limits: ImportLimits, new: NewCampaign) -
         unsubscribe_footer=new.unsubscribe_footer,
         senders=new.senders,
         local_time=new.local_time,
+        steps=None if new.steps is None else steps_from_entries(new.steps, limits.templates),
     )
     return draft

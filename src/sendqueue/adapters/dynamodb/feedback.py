@@ -14,12 +14,14 @@
   mailbox's pass state (``pa`` polled at, ``mr`` messages read, added to; ``le`` the last
   error); a pass before any position writes UIDVALIDITY 0 (no server uses it), read as none.
 - ``count_outcomes`` reads the ``oc`` attribute of the campaign's Finished tasks (the
-  ``by_state`` index): only a sent task has an outcome.
+  ``by_state`` index): only a sent task has an outcome. ``count_steps`` reads ``sp`` (absent:
+  step 1) and ``oc`` of its tasks in every state the same way.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import replace
 from datetime import datetime
@@ -40,6 +42,7 @@ from sendqueue.adapters.dynamodb.tasks import task_put
 from sendqueue.domain.feedback import UNVERIFIED_NOTE, MailboxState, outcome_note
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task, check_limit, utc
+from sendqueue.domain.reads import StepCounts
 from sendqueue.domain.suppression import key_of_normalized
 
 __all__ = ["FeedbackItems"]
@@ -267,6 +270,21 @@ class FeedbackItems(TableClient):
                 if not last:
                     return done
                 args["ExclusiveStartKey"] = last
+
+    def count_steps(self, campaign_id: str) -> dict[int, StepCounts]:
+        found: Counter[tuple[int, TaskState, TaskOutcome | None]] = Counter()
+        with self._errors("count tasks per step"):
+            for state in TaskState:
+                for item in self._query(
+                    IndexName="by_state",
+                    KeyConditionExpression="gs = :gs",
+                    ExpressionAttributeValues={":gs": str_attr(f"{campaign_id}#{state.value}")},
+                    ProjectionExpression="sp, oc",
+                ):
+                    step = int(item["sp"]["N"]) if "sp" in item else 1
+                    outcome = TaskOutcome(item["oc"]["S"]) if "oc" in item else None
+                    found[step, state, outcome] += 1
+        return StepCounts.tally((*key, n) for key, n in found.items())
 
     def count_outcomes(self, campaign_id: str) -> dict[TaskOutcome, int]:
         counts: dict[TaskOutcome, int] = {}

@@ -1,6 +1,7 @@
 """The task store's counts and sweeps over the tasks table, the same statements on both
 databases (:class:`TaskCounts`, a base of :class:`~sendqueue.adapters.sql.base.SqlTaskStore`):
-the moved and late emails of a campaign, and the Running tasks claimed too long ago."""
+the moved and late emails of a campaign, its tasks per step, and the Running tasks claimed
+too long ago."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from sqlalchemy.engine import Connection
 
 from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
-from sendqueue.domain.lifecycle import TaskState
+from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task, check_limit
+from sendqueue.domain.reads import StepCounts
 
 __all__ = ["TaskCounts"]
 
@@ -46,6 +48,20 @@ class TaskCounts(ABC):
         with self._read("count moved tasks") as conn:
             moved, late = conn.execute(query).one()
         return int(moved), int(late)
+
+    def count_steps(self, campaign_id: str) -> dict[int, StepCounts]:
+        t = tables.tasks.c
+        query = (
+            sa.select(t.step, t.state, t.outcome, sa.func.count())
+            .where(t.campaign_id == campaign_id)
+            .group_by(t.step, t.state, t.outcome)
+        )
+        with self._read("count tasks per step") as conn:
+            found = conn.execute(query).all()
+        return StepCounts.tally(
+            (int(step), TaskState(state), TaskOutcome(outcome) if outcome else None, int(n))
+            for step, state, outcome, n in found
+        )
 
     def stale_running(self, *, claimed_before: datetime, limit: int = 1000) -> builtins.list[Task]:
         check_limit(limit)

@@ -12,7 +12,8 @@ mapping of:
 Files are read relative to the steps file's directory, as UTF-8 (a BOM is dropped). The
 templates are checked as ``campaign create`` checks its own (``compile_templates``). Any
 problem raises :class:`InvalidField` naming ``steps_file``, ``steps`` or ``steps[k].key``
-(``k`` counting from 1), and nothing is returned.
+(``k`` counting from 1), and nothing is returned. When step 1 is given apart (``first``), the
+file's entries are steps 2 on and named so.
 """
 
 from __future__ import annotations
@@ -29,20 +30,28 @@ from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.steps import Step, check_steps, parse_delay, shown_value
 from sendqueue.services.templates.render import TemplateLimits, Templates, compile_templates
 
-__all__ = ["MAX_STEPS_FILE_BYTES", "read_steps_file"]
+__all__ = ["MAX_STEPS_FILE_BYTES", "read_steps_file", "steps_from_entries"]
 
 #: Largest steps file: bodies of any size go in body_file and html_file.
 MAX_STEPS_FILE_BYTES = 1024 * 1024
 
 _KEYS = ("subject", "body", "body_file", "html_file", "after", "new_thread")
+# A step given as data rather than in a file (the HTTP API): its templates inline, no paths.
+_INLINE_KEYS = ("subject", "body", "html", "after", "new_thread")
 _FIELD = "steps_file"
 
 
 def read_steps_file(
-    path: str | os.PathLike[str], limits: TemplateLimits | None = None
+    path: str | os.PathLike[str],
+    limits: TemplateLimits | None = None,
+    *,
+    first: Step | None = None,
 ) -> list[Step]:
     """The checked steps of the file at ``path`` (module docstring); ``limits`` bound the
-    templates as they bound a campaign's (the defaults when None)."""
+    templates as they bound a campaign's (the defaults when None). With ``first`` (step 1,
+    given apart, as ``campaign create --subject --body-file`` gives it) the file holds the
+    later steps only, numbered from 2, each with its ``after``; the list returned starts with
+    ``first``."""
     path = Path(path)
     limits = limits or TemplateLimits()
     text = _read(path, _FIELD, MAX_STEPS_FILE_BYTES)
@@ -58,48 +67,67 @@ def read_steps_file(
         if "steps" not in data:
             raise InvalidField("steps", str(path), "the file names no steps")
         data = data["steps"]
+    wanted = "step 1 first" if first is None else "step 2 first (step 1 is given apart)"
     if not isinstance(data, list) or not data:
-        raise InvalidField("steps", shown_value(data), "expected a list of steps, step 1 first")
-    steps = [_step(k, entry, path.parent, limits) for k, entry in enumerate(data, 1)]
-    return list(check_steps(steps))
+        raise InvalidField("steps", shown_value(data), f"expected a list of steps, {wanted}")
+    if first is not None and isinstance(data[0], Mapping) and "after" not in data[0]:
+        raise InvalidField(
+            "steps",
+            len(data),
+            "step 1 is given apart (a subject and body template), so the file holds the later "
+            "steps only, each with its after; the first entry has no after: it reads as step 1",
+        )
+    start = 1 if first is None else 2
+    steps = [_step(k, entry, path.parent, limits) for k, entry in enumerate(data, start)]
+    return list(check_steps(steps if first is None else [first, *steps]))
 
 
-def _step(k: int, entry: object, folder: Path, limits: TemplateLimits) -> Step:
-    """Entry ``k`` of the file (1-based) as a checked :class:`Step`."""
+def steps_from_entries(entries: object, limits: TemplateLimits | None = None) -> list[Step]:
+    """The checked steps of a list of mappings shaped like a steps file's entries, but with
+    the templates inline (``subject``, ``body``, ``html``, ``after``, ``new_thread``; no file
+    names), as the HTTP API takes them. Errors name ``steps`` or ``steps[k].key``."""
+    limits = limits or TemplateLimits()
+    if not isinstance(entries, list) or not entries:
+        raise InvalidField("steps", shown_value(entries), "expected a list of steps, step 1 first")
+    return list(check_steps([_step(k, e, None, limits) for k, e in enumerate(entries, 1)]))
+
+
+def _step(k: int, entry: object, folder: Path | None, limits: TemplateLimits) -> Step:
+    """Entry ``k`` (1-based) as a checked :class:`Step`: of a file in ``folder``, or inline
+    (``folder`` None)."""
     where = f"steps[{k}]"
     if not isinstance(entry, Mapping):
         raise InvalidField(
             where, shown_value(entry), "expected a mapping such as {subject: ..., body: ...}"
         )
+    keys = _KEYS if folder is not None else _INLINE_KEYS
     for key in entry:
-        if key not in _KEYS:
+        if key not in keys:
             raise InvalidField(
                 f"{where}.{key}" if isinstance(key, str) else where,
                 shown_value(key),
-                f"unknown key; a step takes {', '.join(_KEYS)}",
+                f"unknown key; a step takes {', '.join(keys)}",
             )
     subject = _optional_text(entry, "subject", where)
     body, body_key = _body(entry, folder, where, limits)
-    html_file = _optional_text(entry, "html_file", where)
-    html = (
-        _read(folder / html_file, f"{where}.html_file", limits.max_html_source_bytes)
-        if html_file is not None
-        else None
-    )
+    html_key = "html_file" if folder is not None else "html"
+    html = _optional_text(entry, html_key, where)
+    if html is not None and folder is not None:
+        html = _read(folder / html, f"{where}.html_file", limits.max_html_source_bytes)
     after = entry.get("after")
     delay = None if after is None else parse_delay(after, f"{where}.after")
     new_thread = entry.get("new_thread", False)  # Step checks it is a bool
-    _check_templates(Templates(subject, body, html), where, body_key, limits)
+    _check_templates(Templates(subject, body, html), where, (body_key, html_key), limits)
     try:
         return Step(k, subject, body, html, delay, new_thread)
-    except InvalidField as exc:  # named after the file's keys rather than the Step's
+    except InvalidField as exc:  # named after the entry's keys rather than the Step's
         step, _, name = exc.field.partition(".")
-        name = {"text": body_key, "html": "html_file"}.get(name, name)
+        name = {"text": body_key, "html": html_key}.get(name, name)
         raise InvalidField(f"{step}.{name}", exc.value, exc.reason) from None
 
 
 def _body(
-    entry: Mapping[Hashable, object], folder: Path, where: str, limits: TemplateLimits
+    entry: Mapping[Hashable, object], folder: Path | None, where: str, limits: TemplateLimits
 ) -> tuple[str, str]:
     """The step's text template and the key it came from (``body`` or ``body_file``)."""
     body = _optional_text(entry, "body", where)
@@ -110,6 +138,8 @@ def _body(
         )
     if body is not None:
         return body, "body"
+    if folder is None:
+        raise InvalidField(f"{where}.body", None, "give the step a body")
     if body_file is None:
         raise InvalidField(f"{where}.body", None, "give the step a body or a body_file")
     return _read(folder / body_file, f"{where}.body_file", limits.max_source_bytes), "body_file"
@@ -124,15 +154,14 @@ def _optional_text(entry: Mapping[Hashable, object], key: str, where: str) -> st
 
 
 def _check_templates(
-    templates: Templates, where: str, body_key: str, limits: TemplateLimits
+    templates: Templates, where: str, keys: tuple[str, str], limits: TemplateLimits
 ) -> None:
-    """compile_templates, its errors named after the step's keys."""
+    """compile_templates, its errors named after the step's keys (``keys``: the body's and
+    the HTML's)."""
     try:
         compile_templates(templates, limits)
     except InvalidField as exc:
-        key = {"subject": "subject", "body": body_key, "html": "html_file"}.get(
-            exc.field, exc.field
-        )
+        key = {"subject": "subject", "body": keys[0], "html": keys[1]}.get(exc.field, exc.field)
         raise InvalidField(f"{where}.{key}", exc.value, exc.reason) from None
 
 

@@ -23,6 +23,7 @@ from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.planner import per_day_summary, plan
 from sendqueue.domain.reads import CampaignFigures, CampaignPage, TaskListing
 from sendqueue.domain.sender_fields import SenderFields
+from sendqueue.domain.steps import MAX_STEPS
 from sendqueue.ports import Clock, SenderStore, TaskStore
 from sendqueue.ports.reads import CampaignReads
 from sendqueue.services.planning.replanning import iter_tasks
@@ -63,6 +64,7 @@ def campaign_fields(figures: CampaignFigures) -> dict[str, Any]:
         (figures.moved, figures.late),
         figures.suppressed,
         figures.outcomes,
+        steps=figures.steps,
     )
 
 
@@ -196,22 +198,25 @@ class Queries:
         """Every campaign with its figures, newest first: one store call."""
         return self._store.all_campaign_figures(late_after=LATE_SECONDS)
 
-    def campaign(self, campaign_id: str) -> CampaignFigures:
-        """One campaign with its figures: one store call."""
-        return self._store.campaign_figures(campaign_id, late_after=LATE_SECONDS)
+    def campaign(self, campaign_id: str, *, steps: bool = False) -> CampaignFigures:
+        """One campaign with its figures (``steps``: and its counts per step): one store
+        call."""
+        return self._store.campaign_figures(campaign_id, late_after=LATE_SECONDS, steps=steps)
 
-    def figures_for(self, campaign: Campaign) -> CampaignFigures:
+    def figures_for(self, campaign: Campaign, *, steps: bool = False) -> CampaignFigures:
         """The figures of ``campaign`` as a control returned it (its state as it left it,
         though a background run may have moved on since): one store call."""
-        figures = self._store.campaign_figures(campaign.id, late_after=LATE_SECONDS)
+        figures = self._store.campaign_figures(campaign.id, late_after=LATE_SECONDS, steps=steps)
         return replace(figures, campaign=campaign)
 
-    def campaign_with_timeline(self, campaign_id: str) -> tuple[CampaignFigures, Timeline]:
+    def campaign_with_timeline(
+        self, campaign_id: str, *, steps: bool = False
+    ) -> tuple[CampaignFigures, Timeline]:
         """One campaign with its figures and its timeline: one store call while the kept
         timeline is current."""
         since = self.timelines.marker(campaign_id)
         figures = self._store.campaign_figures(
-            campaign_id, late_after=LATE_SECONDS, changes_since=since
+            campaign_id, late_after=LATE_SECONDS, changes_since=since, steps=steps
         )
         timeline = self.timelines.get(figures.campaign, since=since, changed=figures.changed)
         return figures, timeline
@@ -231,6 +236,38 @@ class Queries:
         return self._store.task_listing(
             campaign_id, state=state, search=search, after=after, limit=limit, step=step
         )
+
+    def recipient_tasks(
+        self,
+        campaign_id: str,
+        *,
+        state: TaskState | None = None,
+        search: str | None = None,
+        after: int = -1,
+        limit: int = 100,
+        step: int | None = None,
+    ) -> TaskListing:
+        """:meth:`tasks`, but a page never ends between one recipient's steps, so the last
+        task's position is a safe cursor for the next page: when more follow, a sequence's
+        last recipient is read to its end (at most ``MAX_STEPS - 1`` tasks past ``limit``, one
+        store call more)."""
+        listing = self.tasks(
+            campaign_id, state=state, search=search, after=after, limit=limit, step=step
+        )
+        if not listing.more or not listing.tasks or step is not None:
+            return listing
+        if len(listing.campaign.steps) <= 1:
+            return listing  # one task per recipient
+        last = listing.tasks[-1].position
+        if listing.tasks[0].position != last:
+            return listing  # the store's listing left a cut last recipient for the next page
+        rest = self._store.list_tasks(
+            campaign_id, state=state, search=search, after=last - 1, limit=MAX_STEPS
+        )
+        seen = {task.id for task in listing.tasks}
+        extra = [task for task in rest if task.position == last and task.id not in seen]
+        more = len(rest) == MAX_STEPS or any(task.position > last for task in rest)
+        return replace(listing, tasks=[*listing.tasks, *extra], more=more)
 
     def campaign_page(
         self,

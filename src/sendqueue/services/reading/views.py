@@ -15,9 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, ChangeLogEntry, DeadLetter, Task
+from sendqueue.domain.reads import StepCounts
 from sendqueue.domain.sender_fields import SenderFields, fill_sender
 from sendqueue.domain.suppression import Suppression
 from sendqueue.ports import FeedbackOutcomes, SuppressionList, Tasks
+from sendqueue.services.reading.step_views import StepView, step_views
 
 __all__ = [
     "LATE_SECONDS",
@@ -113,6 +115,11 @@ class CampaignView(_View):
     checkpoint: dict[str, Any] | None
     created_at: IsoTime
     updated_at: IsoTime
+    steps: list[StepView] | None = Field(
+        None,
+        description="its sequence's steps in order, each with its counts; null where campaigns "
+        "are listed (read one campaign for them)",
+    )
 
     @classmethod
     def fields_of(
@@ -122,11 +129,15 @@ class CampaignView(_View):
         moves: tuple[int, int],
         suppressed: int,
         outcomes: Mapping[TaskOutcome, int],
+        *,
+        steps: Mapping[int, StepCounts] | None = None,
     ) -> dict[str, Any]:
         """The field values of ``campaign`` (for subclasses that add their own); ``moves`` is
         ``TaskStore.count_moves`` (moved, late), ``suppressed`` the count of
-        :func:`campaign_suppressed`, ``outcomes`` that of :func:`campaign_outcomes`."""
+        :func:`campaign_suppressed`, ``outcomes`` that of :func:`campaign_outcomes`, ``steps``
+        ``TaskStore.count_steps`` (None: the steps are not shown)."""
         return {
+            "steps": None if steps is None else step_views(campaign, steps),
             "moved": moves[0],
             "late": moves[1],
             "suppressed": suppressed,
@@ -163,14 +174,16 @@ class CampaignView(_View):
 
     @classmethod
     def read(cls, store: CampaignCounts, campaign: Campaign) -> CampaignView:
-        """The view of ``campaign`` with its counts read from ``store``."""
-        return cls.of(
+        """The view of ``campaign`` with its counts, per step too, read from ``store``."""
+        fields = cls.fields_of(
             campaign,
             store.count_tasks(campaign.id),
             campaign_moves(store, campaign),
             campaign_suppressed(store, campaign),
             campaign_outcomes(store, campaign),
+            steps=store.count_steps(campaign.id),
         )
+        return cls(**fields)
 
 
 def campaign_outcomes(store: FeedbackOutcomes, campaign: Campaign) -> dict[TaskOutcome, int]:
@@ -193,6 +206,7 @@ class TaskView(_View):
 
     id: str
     position: int
+    step: int = Field(1, description="which step of the campaign's sequence it is, from 1")
     email: str
     name: str
     subject: str
@@ -251,6 +265,7 @@ class TaskView(_View):
         return cls(
             id=task.id,
             position=task.position,
+            step=task.step,
             email=task.email,
             name=task.name,
             subject=subject,
@@ -375,9 +390,9 @@ def dead_letter_dict(letter: DeadLetter) -> dict[str, Any]:
 
 #: The keys ``campaign tasks --json`` lists, in order: a task without position, name and subject.
 TASK_LIST_KEYS = (
-    "id", "email", "sender", "timezone", "state", "send_at", "sent_at", "attempts", "message_id",
-    "error", "planned_at", "moves", "moved_reason", "reason", "outcome", "outcome_detail",
-    "outcome_at", "paused", "late",
+    "id", "email", "sender", "step", "timezone", "state", "send_at", "sent_at", "attempts",
+    "message_id", "error", "planned_at", "moves", "moved_reason", "reason", "outcome",
+    "outcome_detail", "outcome_at", "paused", "late",
 )  # fmt: skip
 
 

@@ -64,8 +64,8 @@ async def create_campaign(
     importer: CampaignImportDep,
     queries: QueriesDep,
 ) -> CreatedCampaign:
-    """Create a draft from a CSV upload or JSON rows; nothing is written if anything is
-    invalid."""
+    """Create a draft from a CSV upload or JSON rows (with ``steps``, a sequence); nothing is
+    written if anything is invalid."""
     async with new_campaign(request, settings) as new:
 
         def create() -> CreatedCampaign:
@@ -76,7 +76,7 @@ async def create_campaign(
                 duplicates=created.imported.duplicates,
                 duplicate_rows=created.imported.duplicate_rows,
             )
-            view = campaign_detail(queries.figures_for(created.campaign))
+            view = campaign_detail(queries.figures_for(created.campaign, steps=True))
             return CreatedCampaign(**dict(view), imported=imported)
 
         data = await run_in_threadpool(create)
@@ -111,9 +111,9 @@ async def preview_new_campaign(
 
 @router.get("/{campaign_id}", tags=["campaigns"], responses=error_responses(*READ_ERRORS, 404))
 def get_campaign(campaign_id: str, queries: QueriesDep) -> CampaignWithTimeline:
-    """The campaign with its counts, next send and per-day ``timeline``: one store read while
-    the timeline kept is current."""
-    figures, timeline = queries.campaign_with_timeline(campaign_id)
+    """The campaign with its counts, its steps with theirs, next send and per-day ``timeline``:
+    one store read while the timeline kept is current."""
+    figures, timeline = queries.campaign_with_timeline(campaign_id, steps=True)
     return CampaignWithTimeline(**dict(campaign_detail(figures)), timeline=timeline)
 
 

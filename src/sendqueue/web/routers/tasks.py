@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import MAX_CURSOR
+from sendqueue.domain.steps import MAX_STEPS
 from sendqueue.services.reading.queries import senders_of
 from sendqueue.services.reading.views import TaskView
 from sendqueue.web.deps import CampaignsDep, QueriesDep
@@ -36,10 +37,19 @@ def list_tasks(
         int, Query(ge=-1, le=MAX_CURSOR, description="the cursor: `next` of the last page")
     ] = -1,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    step: Annotated[
+        int | None, Query(ge=1, le=MAX_STEPS, description="only this step's emails (1: first)")
+    ] = None,
 ) -> TaskPage:
-    """A page of the campaign's emails in position order: one store read."""
-    listing = queries.tasks(
-        campaign_id, state=_task_state(state), search=search or None, after=after, limit=limit
+    """A page of the campaign's emails in position order (``step``: one step's): one store
+    read; a sequence's page may hold up to 9 more, to end with a whole recipient."""
+    listing = queries.recipient_tasks(
+        campaign_id,
+        state=_task_state(state),
+        search=search or None,
+        after=after,
+        limit=limit,
+        step=step,
     )
     campaign = listing.campaign
     # a paused campaign's Pending emails have no send time until it resumes
