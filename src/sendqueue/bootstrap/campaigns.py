@@ -18,6 +18,7 @@ from sendqueue.services.planning.replanning import Replanner
 from sendqueue.services.scheduling.provisioning import Provisioner
 from sendqueue.services.scheduling.reconciler import Reconciler
 from sendqueue.services.sending.worker import SendWorker
+from sendqueue.services.sequences.first import FollowUpsFirst
 from sendqueue.services.sequences.followups import FollowUps
 from sendqueue.services.sequences.render import StepRenderer
 
@@ -53,7 +54,8 @@ def followups(c: Container) -> FollowUps:
         max_subject_chars=limits.max_subject_chars,
         max_body_chars=limits.max_field_chars,
     )
-    return FollowUps(c.stores.tasks, c.suppressions, c.replanner, c.writer, renderer)
+    first = FollowUpsFirst(c.stores.tasks, c.replanner, c.capacity, c.writer, c.clock)
+    return FollowUps(c.stores.tasks, c.suppressions, c.replanner, c.writer, renderer, first)
 
 
 def recovery(c: Container) -> Recovery:

@@ -8,7 +8,9 @@ sequence goes on (docs/decisions/0007-sequence-steps.md):
 - its id is deterministic (``task_id(campaign, position, k+1)``): made twice, it is stored once;
 - it is due at the first free slot of the campaign (and of its sender, which is step 1's) at or
   after the step's delay (:func:`~sendqueue.domain.followups.follow_up_earliest`), chosen under
-  the campaign's lease as a retry's slot is;
+  the campaign's lease as a retry's slot is; when that slot is more than a sending day late, it
+  takes the slot of a newer recipient's first step instead (follow-ups first:
+  :mod:`sendqueue.services.sequences.first`);
 - its subject, text and html are the step's templates rendered with the recipient's row, as
   step 1's were at import; a step without a subject replies to step 1's (``Re: ...``). A
   template that fails for this recipient makes the task Cancelled with the reason, so the
@@ -37,6 +39,7 @@ from sendqueue.domain.suppression import key_of_normalized, suppressed_reason
 from sendqueue.ports import CampaignTasks, SuppressionList
 from sendqueue.services.planning.replanning import RETRY_LEASE_WAIT, Replanner, iter_tasks
 from sendqueue.services.scheduling.schedules import ScheduleWriter
+from sendqueue.services.sequences.first import FollowUpsFirst
 from sendqueue.services.sequences.render import StepRenderer
 
 __all__ = ["FollowUps", "SendCheck"]
@@ -79,8 +82,10 @@ class FollowUps:
         replanner: Replanner,
         writer: ScheduleWriter,
         renderer: StepRenderer,
+        first: FollowUpsFirst,
     ) -> None:
         self._store = store
+        self._first = first
         self._suppressions = suppressions
         self._replanner = replanner
         self._writer = writer
@@ -143,9 +148,7 @@ class FollowUps:
             why = f"step {step.number} has no send time: {exc}"
             return self._insert(replace(draft, state=TaskState.CANCELLED, reason=why))
         with self._replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT):
-            slot = self._replanner.retry_slots(
-                campaign, 1, not_before=max(earliest, now), exclude=(), tasks=[draft]
-            )[0]
+            slot = self._first.slot(campaign, draft, not_before=max(earliest, now))
             task = self._insert(replace(draft, send_at=slot))
         if task is not None and task.state is TaskState.PENDING:
             self._schedule(task)
