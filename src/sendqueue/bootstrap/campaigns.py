@@ -18,6 +18,7 @@ from sendqueue.services.planning.replanning import Replanner
 from sendqueue.services.scheduling.provisioning import Provisioner
 from sendqueue.services.scheduling.reconciler import Reconciler
 from sendqueue.services.sending.worker import SendWorker
+from sendqueue.services.sequences.away import AwayDates
 from sendqueue.services.sequences.first import FollowUpsFirst
 from sendqueue.services.sequences.followups import FollowUps
 from sendqueue.services.sequences.render import StepRenderer
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from sendqueue.bootstrap import Container
 
 __all__ = [
+    "away_dates",
     "campaign_controls",
     "campaign_import",
     "campaign_previews",
@@ -55,7 +57,13 @@ def followups(c: Container) -> FollowUps:
         max_body_chars=limits.max_field_chars,
     )
     first = FollowUpsFirst(c.stores.tasks, c.replanner, c.capacity, c.writer, c.clock)
-    return FollowUps(c.stores.tasks, c.suppressions, c.replanner, c.writer, renderer, first)
+    return FollowUps(
+        c.stores.tasks, c.suppressions, c.replanner, c.writer, renderer, first, c.stores.feedback
+    )
+
+
+def away_dates(c: Container) -> AwayDates:
+    return AwayDates(c.stores.tasks, c.replanner, c.capacity, c.writer, c.clock)
 
 
 def recovery(c: Container) -> Recovery:

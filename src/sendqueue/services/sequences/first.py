@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from sendqueue.domain import transitions
 from sendqueue.domain.errors import InvalidField, NoSendingDay
 from sendqueue.domain.followups_first import first_step_to_displace, on_time_until
 from sendqueue.domain.lifecycle import TaskState
@@ -31,6 +30,7 @@ from sendqueue.ports import Clock, Tasks
 from sendqueue.services.planning.capacity import CapacityPlanner, policy_for, uses_capacity
 from sendqueue.services.planning.replanning import Replanner
 from sendqueue.services.scheduling.schedules import ScheduleWriter
+from sendqueue.services.sequences.moving import move_pending, settle_current
 
 __all__ = ["DISPLACED_REASON", "FollowUpsFirst"]
 
@@ -113,23 +113,14 @@ class FollowUpsFirst:
         new = self._replanner.retry_slots(
             campaign, 1, not_before=victim.send_at, exclude=(), tasks=[victim]
         )[0]
-        move = transitions.move(victim, new)
-        if self._store.reschedule([move], at=self._clock.now(), reason=DISPLACED_REASON) == 0:
-            log.info("task %s: claimed or changed meanwhile; its slot stays its own", victim.id)
+        moved = move_pending(
+            self._store, self._writer, victim, new, reason=DISPLACED_REASON, at=self._clock.now()
+        )
+        if moved is None:  # claimed or changed meanwhile: its slot stays its own
             if capacity:
                 self._capacity.release([draft.id])
-                current = self._store.get_task(victim.id)
-                if current is not None:
-                    self._capacity.settle(current)
+                settle_current(self._store, self._capacity, campaign, victim.id)
             return None
-        moved = replace(victim, send_at=new, token=move.new_token)
-        report = self._writer.ensure_many([moved], moved={victim.id})
-        if report.failed:
-            log.warning(
-                "task %s: its schedule was not replaced (%s); the reconciler will retry",
-                victim.id,
-                report.failed[0][1],
-            )
         log.info(
             "task %s: its slot %s went to follow-up %s; moved to %s",
             victim.id,

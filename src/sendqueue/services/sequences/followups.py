@@ -10,7 +10,9 @@ sequence goes on (docs/decisions/0007-sequence-steps.md):
   after the step's delay (:func:`~sendqueue.domain.followups.follow_up_earliest`), chosen under
   the campaign's lease as a retry's slot is; when that slot is more than a sending day late, it
   takes the slot of a newer recipient's first step instead (follow-ups first:
-  :mod:`sendqueue.services.sequences.first`);
+  :mod:`sendqueue.services.sequences.first`); when an out-of-office notice of the recipient
+  named a return date (``FeedbackOutcomes.away_until``), no earlier than the first window on
+  or after that date;
 - its subject, text and html are the step's templates rendered with the recipient's row, as
   step 1's were at import; a step without a subject replies to step 1's (``Re: ...``). A
   template that fails for this recipient makes the task Cancelled with the reason, so the
@@ -31,12 +33,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from sendqueue.domain.errors import InvalidField, NoSendingDay
-from sendqueue.domain.followups import follow_up_earliest
+from sendqueue.domain.followups import first_instant_on, follow_up_earliest
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Recipient, Task, new_token, pending_task, task_id
 from sendqueue.domain.steps import Step, thread_headers
 from sendqueue.domain.suppression import key_of_normalized, suppressed_reason
-from sendqueue.ports import CampaignTasks, SuppressionList
+from sendqueue.ports import CampaignTasks, FeedbackOutcomes, SuppressionList
 from sendqueue.services.planning.replanning import RETRY_LEASE_WAIT, Replanner, iter_tasks
 from sendqueue.services.scheduling.schedules import ScheduleWriter
 from sendqueue.services.sequences.first import FollowUpsFirst
@@ -83,9 +85,11 @@ class FollowUps:
         writer: ScheduleWriter,
         renderer: StepRenderer,
         first: FollowUpsFirst,
+        away: FeedbackOutcomes,
     ) -> None:
         self._store = store
         self._first = first
+        self._away = away
         self._suppressions = suppressions
         self._replanner = replanner
         self._writer = writer
@@ -142,8 +146,11 @@ class FollowUps:
             return self._insert(replace(draft, state=TaskState.CANCELLED, reason=rendered))
         subject, text, html = rendered
         draft = replace(draft, subject=subject, text=text, html=html)
+        back = self._away.away_until(campaign.id, sent.position)
         try:
             earliest = follow_up_earliest(campaign.policy, sent_at, step.after, zone)
+            if back is not None:  # the recipient said when they are back: not before then
+                earliest = max(earliest, first_instant_on(campaign.policy, back, zone))
         except (InvalidField, NoSendingDay) as exc:
             why = f"step {step.number} has no send time: {exc}"
             return self._insert(replace(draft, state=TaskState.CANCELLED, reason=why))
