@@ -7,13 +7,15 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Sequence
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
+
+import pytest
 
 from sendqueue.bootstrap import Container
 from sendqueue.domain.followups import follow_up_earliest
 from sendqueue.domain.followups_first import on_time_until
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import Task
+from sendqueue.domain.models import Move, Task
 from sendqueue.domain.policy import SendingPolicy, Window
 from sendqueue.domain.slots import in_policy
 from sendqueue.domain.steps import Step, parse_delay
@@ -119,6 +121,10 @@ def test_a_shared_sender_stays_within_its_cap_and_only_the_campaigns_own_first_s
     assert max(_per_day(theirs).values()) <= 10
     assert [t for t in mine if t.moved_reason == DISPLACED_REASON]
     assert not [t for t in theirs if t.moved_reason == DISPLACED_REASON]
+    booked = app.stores.senders.booked_times(
+        sender, since=T0 - timedelta(days=1), until=T0 + timedelta(days=400)
+    )
+    assert sorted(booked) == sorted(t.send_at for t in mine + theirs)  # one booking each
     # the sender's gaps hold over both campaigns
     times = sorted(t.send_at for t in mine + theirs)
     assert all(b - a >= timedelta(seconds=60) for a, b in itertools.pairwise(times))
@@ -133,3 +139,37 @@ def test_a_follow_up_with_room_on_its_day_takes_no_first_steps_slot() -> None:
     assert app.store.campaign_state(cid) is CampaignState.COMPLETED
     assert not [t for t in tasks if t.moved_reason == DISPLACED_REASON]
     _check_follow_ups_on_time(app, cid, POLICY)
+
+
+@pytest.mark.parametrize("with_sender", [False, True])
+def test_a_first_step_claimed_meanwhile_keeps_its_slot_and_the_follow_up_takes_a_free_one(
+    monkeypatch: pytest.MonkeyPatch, with_sender: bool
+) -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    senders = [app.senders.add(email="s@example.com", daily_cap=20).id] if with_sender else []
+    cid = _create(app, 150, senders=senders)
+    reschedule = app.store.reschedule
+    lost: list[str] = []
+
+    def lost_race(moves: Sequence[Move], *, at: datetime, reason: str) -> int:
+        if reason == DISPLACED_REASON:
+            lost.extend(m.task_id for m in moves)
+            return 0  # as if each first step had been claimed between the read and the move
+        return reschedule(moves, at=at, reason=reason)
+
+    monkeypatch.setattr(app.store, "reschedule", lost_race)
+    _run(app, clock, [cid], days=60)
+    tasks = _tasks(app, cid)
+    assert app.store.campaign_state(cid) is CampaignState.COMPLETED
+    assert len(tasks) == 300 and all(t.state is TaskState.FINISHED for t in tasks)
+    assert lost  # the rule tried, and lost every race
+    assert not [t for t in tasks if t.moved_reason == DISPLACED_REASON]
+    assert max(_per_day(tasks).values()) <= 20
+    if with_sender:
+        assert max(_per_day(tasks, senders[0]).values()) <= 20
+        # every send holds one booking, at its own time: none left behind by a lost race
+        booked = app.stores.senders.booked_times(
+            senders[0], since=T0 - timedelta(days=1), until=T0 + timedelta(days=400)
+        )
+        assert sorted(booked) == sorted(t.send_at for t in tasks)

@@ -60,11 +60,16 @@ class FollowUpsFirst:
         self._writer = writer
         self._clock = clock
 
-    def slot(self, campaign: Campaign, draft: Task, *, not_before: datetime) -> datetime:
+    def slot(
+        self, campaign: Campaign, draft: Task, *, not_before: datetime, displace: bool = True
+    ) -> datetime:
         """The slot of the follow-up ``draft`` (not stored yet) due no earlier than
         ``not_before``: its first free slot when that is on time, else the slot of a first step
-        displaced for it. Booked for a campaign with senders. The caller holds the lease."""
+        displaced for it. Booked for a campaign with senders. The caller holds the lease; when
+        it could not get it (``displace`` False), no first step is displaced."""
         free = self._free_slot(campaign, draft, not_before)
+        if not displace:
+            return free
         zone = draft.timezone if campaign.local_time else None
         try:
             until = on_time_until(campaign.policy, not_before, zone)

@@ -154,8 +154,8 @@ class FollowUps:
         except (InvalidField, NoSendingDay) as exc:
             why = f"step {step.number} has no send time: {exc}"
             return self._insert(replace(draft, state=TaskState.CANCELLED, reason=why))
-        with self._replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT):
-            slot = self._first.slot(campaign, draft, not_before=max(earliest, now))
+        with self._replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
+            slot = self._first.slot(campaign, draft, not_before=max(earliest, now), displace=held)
             task = self._insert(replace(draft, send_at=slot))
         if task is not None and task.state is TaskState.PENDING:
             self._schedule(task)
