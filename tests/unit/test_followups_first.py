@@ -7,7 +7,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,10 +16,12 @@ from sendqueue.domain.followups_first import first_step_to_displace, on_time_unt
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Task, pending_task, task_id
 from sendqueue.domain.policy import SendingPolicy, Window
+from sendqueue.domain.slots import in_policy
 from sendqueue.domain.steps import parse_delay
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)  # a Tuesday
-UTC_ZONE = ZoneInfo("UTC")
+#: Every day, all day, in UTC: every instant is inside it.
+OPEN = SendingPolicy(timezone="UTC", weekdays=frozenset(range(7)), windows=(Window(0, 1440),))
 #: Mon-Fri, 09:00-17:00 UTC.
 WEEKDAYS = SendingPolicy(
     timezone="UTC", per_day=20, weekdays=frozenset(range(5)), windows=(Window(540, 1020),)
@@ -66,31 +67,24 @@ def test_the_newest_first_step_on_the_earliest_day_is_taken() -> None:
         _task(81, day1, sender="s1", state=TaskState.RUNNING),
     ]
     until = T0 + timedelta(days=2)
-    found = first_step_to_displace(
-        follow, candidates, earliest=T0, until=until, day_zone=UTC_ZONE, local_time=False
-    )
+    found = first_step_to_displace(follow, candidates, earliest=T0, until=until, policy=OPEN)
     assert found is not None and found.position == 52
-    assert (
-        first_step_to_displace(
-            follow, candidates[2:], earliest=T0, until=until, day_zone=UTC_ZONE, local_time=False
-        )
-        is candidates[2]
-    )
-    assert (
-        first_step_to_displace(
-            follow, candidates, earliest=T0, until=day1, day_zone=UTC_ZONE, local_time=False
-        )
-        is None
-    )  # nothing before ``until``
+    later = first_step_to_displace(follow, candidates[2:], earliest=T0, until=until, policy=OPEN)
+    assert later is candidates[2]
+    # nothing before ``until``
+    assert first_step_to_displace(follow, candidates, earliest=T0, until=day1, policy=OPEN) is None
 
 
-def test_a_local_time_follow_up_takes_a_slot_in_its_own_timezone_only() -> None:
+def test_only_a_slot_inside_the_follow_ups_own_windows_is_taken() -> None:
+    # a local-time campaign: the follow-up's recipient is in Berlin (09:00-17:00 there)
+    berlin = replace(WEEKDAYS, timezone="Europe/Berlin")
     follow = _task(1, T0, step=2, zone="Europe/Berlin")
-    at = T0 + timedelta(hours=10)
-    other_zone = [_task(9, at, zone="Asia/Tokyo")]
-    kw = {"earliest": T0, "until": T0 + timedelta(days=2), "day_zone": UTC_ZONE}
-    assert first_step_to_displace(follow, other_zone, local_time=True, **kw) is None  # type: ignore[arg-type]
-    assert first_step_to_displace(follow, other_zone, local_time=False, **kw) is other_zone[0]  # type: ignore[arg-type]
+    tokyo_morning = _task(9, T0 + timedelta(hours=1), zone="Asia/Tokyo")  # 02:00 in Berlin
+    new_york_morning = _task(8, T0 + timedelta(hours=15), zone="America/New_York")  # 16:00
+    kw = {"earliest": T0, "until": T0 + timedelta(days=2), "policy": berlin}
+    assert first_step_to_displace(follow, [tokyo_morning], **kw) is None  # type: ignore[arg-type]
+    found = first_step_to_displace(follow, [tokyo_morning, new_york_morning], **kw)  # type: ignore[arg-type]
+    assert found is new_york_morning
 
 
 _TASKS = st.builds(
@@ -109,13 +103,14 @@ _TASKS = st.builds(
 @given(
     candidates=st.lists(_TASKS, max_size=40),
     sender=st.sampled_from([None, "s1", "s2"]),
-    local_time=st.booleans(),
+    windowed=st.booleans(),
     start=st.integers(0, 2 * 24 * 60),
     span=st.integers(0, 3 * 24 * 60),
 )
 def test_the_task_taken_is_eligible_and_first_by_day_then_newest(
-    candidates: list[Task], sender: str | None, local_time: bool, start: int, span: int
+    candidates: list[Task], sender: str | None, windowed: bool, start: int, span: int
 ) -> None:
+    policy = WEEKDAYS if windowed else OPEN
     follow = _task(999, T0, step=2, sender=sender, zone="Europe/Berlin")
     earliest = T0 + timedelta(minutes=start)
     until = earliest + timedelta(minutes=span)
@@ -127,11 +122,11 @@ def test_the_task_taken_is_eligible_and_first_by_day_then_newest(
             and t.campaign_id == "c"
             and earliest <= t.send_at < until
             and t.sender_id == sender
-            and (not local_time or t.timezone == "Europe/Berlin")
+            and in_policy(policy, t.send_at)
         )
 
     found = first_step_to_displace(
-        follow, candidates, earliest=earliest, until=until, day_zone=UTC_ZONE, local_time=local_time
+        follow, candidates, earliest=earliest, until=until, policy=policy
     )
     ok = [t for t in candidates if eligible(t)]
     if not ok:
@@ -179,7 +174,7 @@ def _simulate(recipients: int, per_day: int, delay_days: int) -> None:
         if chosen >= until:
             victim = first_step_to_displace(
                 draft, [t for t in held.values() if t.send_at > slot],
-                earliest=earliest, until=until, day_zone=UTC_ZONE, local_time=False,
+                earliest=earliest, until=until, policy=policy,
             )  # fmt: skip
             if victim is not None:
                 chosen = victim.send_at

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import date, datetime, timedelta
 
 import pytest
@@ -173,3 +174,42 @@ def test_a_first_step_claimed_meanwhile_keeps_its_slot_and_the_follow_up_takes_a
             senders[0], since=T0 - timedelta(days=1), until=T0 + timedelta(days=400)
         )
         assert sorted(booked) == sorted(t.send_at for t in tasks)
+
+
+def test_in_a_local_time_campaign_follow_ups_are_on_time_in_their_recipients_zone() -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    # two zones, one wall clock: the windows coincide, so a follow-up may take a first step's
+    # slot of the other zone (a slot outside its own windows it never takes)
+    zones = ["Europe/Berlin", "Europe/Amsterdam"]
+    rows = [f"u{i}@example.com,{zones[i % 2]}" for i in range(160)]
+    policy = SendingPolicy(
+        timezone="Europe/Berlin",
+        per_day=20,
+        weekdays=frozenset(range(5)),
+        windows=(Window(540, 1020),),
+    )
+    steps = (Step(1, "Hello", "Dear you\n", None, None), STEPS[1])
+    cid = app.campaign_import.create(
+        name="world",
+        recipients=("email,timezone\n" + "\n".join(rows) + "\n").encode(),
+        policy=policy,
+        from_addr="n@example.com",
+        steps=steps,
+        local_time=True,
+    ).campaign.id
+    assert app.provisioner.provision(cid).status == "done"
+    _run(app, clock, [cid], days=60)
+    assert app.store.campaign_state(cid) is CampaignState.COMPLETED
+    tasks = _tasks(app, cid)
+    first = {t.position: t for t in tasks if t.step == 1}
+    assert len(tasks) == 320 and all(t.state is TaskState.FINISHED for t in tasks)
+    for task in tasks:
+        zone = task.timezone
+        assert in_policy(replace(policy, timezone=zone or policy.timezone), task.send_at)
+        if task.step == 2:
+            sent = first[task.position].sent_at
+            assert sent is not None
+            earliest = follow_up_earliest(policy, sent, STEPS[1].after, zone)  # type: ignore[arg-type]
+            assert earliest <= task.send_at < on_time_until(policy, earliest, zone), task.id
+    assert [t for t in tasks if t.moved_reason == DISPLACED_REASON]

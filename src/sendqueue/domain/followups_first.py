@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from zoneinfo import ZoneInfo
 
 from .followups import follow_up_earliest
 from .lifecycle import TaskState
 from .models import Task
 from .policy import SendingPolicy
+from .slots import in_policy
 from .steps import parse_delay
 
 __all__ = ["first_step_to_displace", "on_time_until"]
@@ -45,16 +45,16 @@ def first_step_to_displace(
     *,
     earliest: datetime,
     until: datetime,
-    day_zone: ZoneInfo,
-    local_time: bool,
+    policy: SendingPolicy,
 ) -> Task | None:
     """The task among ``candidates`` whose slot ``follow_up`` takes, or None.
 
     Eligible: a Pending step-1 task of the follow-up's campaign, due in ``[earliest, until)``,
-    from the follow-up's sender (both None: the campaign's From), and in a ``local_time``
-    campaign in the follow-up's timezone. Of those, one on the earliest local day (read in
-    ``day_zone``) is taken first, and on that day the newest recipient's (highest position):
-    the list's order is kept as far as it can be."""
+    from the follow-up's sender (both None: the campaign's From), at an instant inside
+    ``policy`` (the follow-up's: its recipient's windows in a local-time campaign). Of those,
+    one on the earliest local day (in ``policy``'s timezone) is taken first, and on that day
+    the newest recipient's (highest position): the list's order is kept as far as it can be."""
+    zone = policy.zone
     best: Task | None = None
     best_key: tuple[int, int] = (0, 0)
     for task in candidates:
@@ -64,10 +64,9 @@ def first_step_to_displace(
             or task.campaign_id != follow_up.campaign_id
             or not earliest <= task.send_at < until
             or task.sender_id != follow_up.sender_id
-            or (local_time and task.timezone != follow_up.timezone)
         ):
             continue
-        key = (-task.send_at.astimezone(day_zone).date().toordinal(), task.position)
-        if best is None or key > best_key:
+        key = (-task.send_at.astimezone(zone).date().toordinal(), task.position)
+        if (best is None or key > best_key) and in_policy(policy, task.send_at):
             best, best_key = task, key
     return best

@@ -82,8 +82,7 @@ class FollowUpsFirst:
             self._due_between(campaign.id, not_before, until),
             earliest=not_before,
             until=until,
-            day_zone=policy_for(campaign, zone).zone,
-            local_time=campaign.local_time,
+            policy=policy_for(campaign, zone),
         )
         if victim is None:
             return free
