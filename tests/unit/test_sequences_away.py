@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from sendqueue.bootstrap import Container
 from sendqueue.domain.feedback import Feedback, FeedbackKind, Proof
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
@@ -33,11 +35,13 @@ BACK = datetime(2026, 12, 14, 9, 0, tzinfo=UTC)
 SECRET = "away-tests-secret-0123456789abcdef0123"
 
 
-def _app(clock: FakeClock) -> tuple[Container, str]:
+def _app(clock: FakeClock, *, with_sender: bool = False) -> tuple[Container, str]:
     app = fake_app(clock=clock, secret_key=SECRET)
+    senders = [app.senders.add(email="s@example.com", daily_cap=20).id] if with_sender else []
     cid = app.campaign_import.create(
-        name="seq", recipients=ROWS, policy=POLICY, from_addr="n@example.com", steps=STEPS
-    ).campaign.id
+        name="seq", recipients=ROWS, policy=POLICY, from_addr="n@example.com", steps=STEPS,
+        senders=senders,
+    ).campaign.id  # fmt: skip
     assert app.provisioner.provision(cid).status == "done"
     return app, cid
 
@@ -68,9 +72,12 @@ def _out_of_office(task: Task, body: str) -> bytes:
     ).encode()
 
 
-def test_an_out_of_office_reply_moves_the_next_step_to_the_return_date_and_stops_nothing() -> None:
+@pytest.mark.parametrize("with_sender", [False, True])
+def test_an_out_of_office_reply_moves_the_next_step_to_the_return_date_and_stops_nothing(
+    with_sender: bool,
+) -> None:
     clock = FakeClock(T0)  # Tuesday 1 December, 08:00
-    app, cid = _app(clock)
+    app, cid = _app(clock, with_sender=with_sender)
     _fire(app, clock, 4)
     first = _task(app, cid, 0, 1)
     assert first.state is TaskState.FINISHED and first.message_id
@@ -92,6 +99,9 @@ def test_an_out_of_office_reply_moves_the_next_step_to_the_return_date_and_stops
     assert second.state is TaskState.PENDING
     assert BACK <= second.send_at < BACK.replace(hour=17)
     assert second.moved_reason == away_reason(BACK.date())
+    if with_sender:  # its booking moved with it
+        booking = app.stores.senders.booking_of(second.id)
+        assert booking is not None and booking.at == second.send_at
     first = _task(app, cid, 0, 1)
     assert first.outcome is TaskOutcome.ACCEPTED  # not "replied": the sequence goes on
     assert _task(app, cid, 1, 2).send_at < BACK  # Ben's sequence is his own
