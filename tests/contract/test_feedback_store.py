@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Protocol
 
 import pytest
@@ -369,10 +369,29 @@ def test_unreachable_backend_raises_store_unavailable(backend: Backend) -> None:
         lambda: store.record_mailbox_pass("box", at=T0, messages=1, error=None),
         lambda: store.mailbox_states(["box"]),
         lambda: store.count_outcomes("c1"),
+        lambda: store.set_away("c1", 0, date(2026, 12, 14), at=T0),
+        lambda: store.away_until("c1", 0),
     ]
     for call in calls:
         with pytest.raises(StoreUnavailable):
             call()
+
+
+def test_a_recipients_return_date_is_the_newest_notices(store: Store) -> None:
+    store.create_campaign(campaign(), recipients(3))
+    assert store.away_until("c1", 1) is None
+    store.set_away("c1", 1, date(2026, 12, 14), at=T0)
+    assert store.away_until("c1", 1) == date(2026, 12, 14)
+    # an older notice, applied late, changes nothing; a newer one replaces it
+    store.set_away("c1", 1, date(2026, 12, 20), at=T0 - timedelta(hours=1))
+    assert store.away_until("c1", 1) == date(2026, 12, 14)
+    store.set_away("c1", 1, date(2027, 1, 4), at=T0 + timedelta(hours=1))
+    assert store.away_until("c1", 1) == date(2027, 1, 4)
+    store.set_away("c1", 1, date(2027, 1, 5), at=T0 + timedelta(hours=1))  # as new: replaces
+    assert store.away_until("c1", 1) == date(2027, 1, 5)
+    # per campaign and position
+    assert store.away_until("c1", 2) is None
+    assert store.away_until("c2", 1) is None
 
 
 # --- set_outcome's rules as a state machine (the memory store) --------------------------------

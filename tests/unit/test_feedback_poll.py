@@ -111,6 +111,7 @@ def test_a_pass_applies_each_kind_and_counts_what_it_read() -> None:
         "complaints": 1,
         "replies": 1,
         "unsubscribes": 0,
+        "auto_replies": 0,
         "not_feedback": 1,
         "ignored": 1,
         "unverified": 0,

@@ -26,12 +26,13 @@ BOUNCES = "bounces@mail.example.net"
 RECEIVED = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 FIXTURES = sorted(p.name for p in DATA.glob("*.eml"))
 
-H, S, C, R, U = (
+H, S, C, R, U, A = (
     FeedbackKind.HARD_BOUNCE,
     FeedbackKind.SOFT_BOUNCE,
     FeedbackKind.COMPLAINT,
     FeedbackKind.REPLY,
     FeedbackKind.UNSUBSCRIBE,
+    FeedbackKind.AUTO_REPLY,
 )
 T = "c0a1b2c3d4e5f-"  # the fixtures' campaign
 
@@ -93,8 +94,14 @@ EXPECTED: dict[str, list[tuple[FeedbackKind, str | None, str | None]]] = {
     "reply-outlook.eml": [(R, T + "9", "Marie.Dupont@Example.FR")],
     "reply-no-headers.eml": [(R, None, "ola@example.no")],
     "reply-to-other.eml": [],
-    "exchange-oof.eml": [],
-    "oof-german-subject-only.eml": [],
+    # out-of-office notices: an auto-reply with its return date, never a reply
+    "exchange-oof.eml": [(A, T + "7", "jan@fabrikam.example")],
+    "oof-german-subject-only.eml": [(A, T + "8", "juergen@example.de")],
+    "oof-gmail-vacation.eml": [(A, T + "15", "tom.baker@gmail.example")],
+    "oof-x-autoreply.eml": [(A, T + "16", "lena@example.net")],
+    "oof-outlook-german-html.eml": [(A, T + "17", "p.schulz@contoso.example")],
+    "oof-no-date.eml": [],  # no date to wait for: nothing
+    "list-digest-with-date.eml": [],  # list mail: no auto-reply
     "mdn-read-receipt.eml": [],
     "mailer-daemon-notice.eml": [],
     "unsubscribe-mailto.eml": [(U, T + "5", "reader@example.net")],
@@ -118,7 +125,29 @@ PROOF = {
     "reply-outlook.eml": Proof.SIGNED,
     "reply-no-headers.eml": Proof.NONE,  # a From header alone proves nothing
     "unsubscribe-mailto.eml": Proof.SIGNED,
+    "exchange-oof.eml": Proof.SIGNED,
+    "oof-german-subject-only.eml": Proof.SIGNED,
+    "oof-gmail-vacation.eml": Proof.SIGNED,
+    "oof-x-autoreply.eml": Proof.SIGNED,
+    "oof-outlook-german-html.eml": Proof.SIGNED,
 }
+
+#: The return date each out-of-office fixture names (its feedback's detail); RECEIVED is
+#: 2 December 2026, so "4 January" is in 2027.
+RETURN_DATES = {
+    "exchange-oof.eml": "2027-01-04",
+    "oof-german-subject-only.eml": "2027-01-04",
+    "oof-gmail-vacation.eml": "2026-12-14",
+    "oof-x-autoreply.eml": "2026-12-14",
+    "oof-outlook-german-html.eml": "2026-12-12",  # "bis einschließlich 11.12.": the day after
+}
+
+
+@pytest.mark.parametrize("name", sorted(RETURN_DATES))
+def test_an_out_of_office_notice_gives_its_return_date(name: str) -> None:
+    (item,) = parse(fixture(name))
+    assert (item.kind, item.detail) == (A, RETURN_DATES[name])
+    assert item.kind.outcome is None and item.kind.suppression is None
 
 
 def test_every_fixture_has_an_expectation() -> None:
@@ -143,8 +172,8 @@ def test_without_verp_the_signed_message_id_names_the_task(name: str) -> None:
 def test_without_the_key_no_report_and_no_reply_proves_anything(name: str) -> None:
     # Task ids and unsigned Message-IDs are guessable: nothing can be checked without the key.
     items = parse(fixture(name), keyed=False)
-    assert all(i.kind is R and i.task_id is None and i.proof is Proof.NONE for i in items)
-    replies = [(R, None, r) for k, _, r in EXPECTED[name] if k is R]
+    assert all(i.kind in (R, A) and i.task_id is None and i.proof is Proof.NONE for i in items)
+    replies = [(k, None, r) for k, _, r in EXPECTED[name] if k in (R, A)]
     assert summary(items) == replies
 
 

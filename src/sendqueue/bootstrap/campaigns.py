@@ -18,7 +18,9 @@ from sendqueue.services.planning.replanning import Replanner
 from sendqueue.services.scheduling.provisioning import Provisioner
 from sendqueue.services.scheduling.reconciler import Reconciler
 from sendqueue.services.sending.worker import SendWorker
+from sendqueue.services.sequences.away import AwayDates
 from sendqueue.services.sequences.editing import SequenceEditor
+from sendqueue.services.sequences.first import FollowUpsFirst
 from sendqueue.services.sequences.followups import FollowUps
 from sendqueue.services.sequences.render import StepRenderer
 
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from sendqueue.bootstrap import Container
 
 __all__ = [
+    "away_dates",
     "campaign_controls",
     "campaign_import",
     "campaign_previews",
@@ -59,11 +62,24 @@ def _step_renderer() -> StepRenderer:
 
 
 def followups(c: Container) -> FollowUps:
-    return FollowUps(c.stores.tasks, c.suppressions, c.replanner, c.writer, _step_renderer())
+    first = FollowUpsFirst(c.stores.tasks, c.replanner, c.capacity, c.writer, c.clock)
+    return FollowUps(
+        c.stores.tasks,
+        c.suppressions,
+        c.replanner,
+        c.writer,
+        _step_renderer(),
+        first,
+        c.stores.feedback,
+    )
 
 
 def sequence_editor(c: Container) -> SequenceEditor:
     return SequenceEditor(c.store, c.clock, c.replanner, c.followups, _step_renderer())
+
+
+def away_dates(c: Container) -> AwayDates:
+    return AwayDates(c.stores.tasks, c.replanner, c.capacity, c.writer, c.clock)
 
 
 def recovery(c: Container) -> Recovery:

@@ -10,6 +10,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from sendqueue.adapters.parser import IsolatedParser
+from sendqueue.bootstrap import campaigns as bootstrap_campaigns
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.reports import parse_feedback
 from sendqueue.domain.senders import Sender
@@ -56,6 +57,8 @@ def feedback_service(c: Container) -> FeedbackService:
         # lazy: the scheduler is opened only when a cancel has schedules to delete
         delete_schedules=lambda names: c.writer.delete_many(names),
         suppress_replies=c.settings.suppress_replies,
+        # lazy: the re-planner is built only when an out-of-office notice names a date
+        postpone=lambda tasks, back: bootstrap_campaigns.away_dates(c).postpone(tasks, back),
     )
 
 

@@ -20,12 +20,16 @@ _COUNTS = (
     "complaints",
     "replies",
     "unsubscribes",
+    "auto_replies",
     "not_feedback",
     "ignored",
     "unverified",
     "skipped",
 )
-_LABELS = {"unverified": "unverified replies (noted, nothing changed)"}
+_LABELS = {
+    "unverified": "unverified replies (noted, nothing changed)",
+    "auto_replies": "auto-replies with a return date",
+}
 
 
 @feedback_app.command("poll")

@@ -63,6 +63,9 @@ class FeedbackKind(enum.StrEnum):
     """A human reply to an email sendqueue sent."""
     UNSUBSCRIBE = "unsubscribe"
     """An unsubscribe request (the one-click link, the confirmation page, the mailto)."""
+    AUTO_REPLY = "auto_reply"
+    """An out-of-office notice naming its writer's return date (the detail, ``2026-12-14``):
+    it stops nothing; the recipient's next step waits until that date."""
 
     @property
     def outcome(self) -> TaskOutcome | None:
@@ -81,6 +84,7 @@ _OUTCOME_OF = {
     FeedbackKind.COMPLAINT: TaskOutcome.COMPLAINED,
     FeedbackKind.REPLY: TaskOutcome.REPLIED,
     FeedbackKind.UNSUBSCRIBE: TaskOutcome.UNSUBSCRIBED,
+    FeedbackKind.AUTO_REPLY: None,
 }
 _SUPPRESS_AS = {
     FeedbackKind.HARD_BOUNCE: SuppressionReason.BOUNCED,
@@ -88,6 +92,7 @@ _SUPPRESS_AS = {
     FeedbackKind.COMPLAINT: SuppressionReason.COMPLAINED,
     FeedbackKind.REPLY: None,
     FeedbackKind.UNSUBSCRIBE: SuppressionReason.UNSUBSCRIBED,
+    FeedbackKind.AUTO_REPLY: None,
 }
 
 

@@ -21,7 +21,7 @@ The result is the earliest moment the step is due: capacity and ``per_day`` are 
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 from .errors import InvalidField, NoSendingDay
@@ -34,7 +34,7 @@ from .planner import (
 from .policy import SendingPolicy, load_timezone
 from .steps import Delay, shown_value
 
-__all__ = ["follow_up_earliest"]
+__all__ = ["first_instant_on", "follow_up_earliest"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_ORDINAL = _EPOCH.date().toordinal()
@@ -73,6 +73,19 @@ def follow_up_earliest(
             sent_at.isoformat(),
             f"{delay.text} later leaves the supported date range (years 1 to 9999)",
         ) from exc
+
+
+def first_instant_on(policy: SendingPolicy, day: date, zone: str | None = None) -> datetime:
+    """The first instant a step may go out on or after the local ``day`` (read in ``zone``,
+    else the policy's timezone): the start of the first window of the first sending day from
+    ``day`` on (an out-of-office notice's return date). Raises :class:`InvalidField` naming
+    ``zone``, :class:`NoSendingDay` as the planner does."""
+    if zone is not None:
+        load_timezone(zone, "zone")
+        if zone != policy.timezone:
+            policy = replace(policy, timezone=zone)
+    midnight = datetime.combine(day, time(0), tzinfo=policy.zone)
+    return next_window_instant(policy, midnight.astimezone(UTC))
 
 
 def _sending_day_start(policy: SendingPolicy, sent_at: datetime, days: int) -> datetime:

@@ -61,6 +61,7 @@ _STORE_TABLES = (
     "change_log",
     "suppressions",
     "soft_bounces",
+    "away_dates",
     "feedback_cursors",
     "senders",
     "sender_bookings",

@@ -55,7 +55,13 @@ log = logging.getLogger(__name__)
 
 #: The task store's tables, in foreign-key order. Leases are not copied: they belong to the
 #: processes of the old deployment.
-COPIED_TABLES = (schema.campaigns, schema.recipients, schema.tasks, schema.change_log)
+COPIED_TABLES = (
+    schema.campaigns,
+    schema.recipients,
+    schema.tasks,
+    schema.change_log,
+    schema.away_dates,
+)
 
 #: The sender store's tables (migration 0007), in foreign-key order, copied as they are into a
 #: target that has no sender yet: a booking names its sender's id, and the day counts are the
@@ -73,6 +79,8 @@ class MigrationReport:
     changes: int = 0
     suppressions: int = 0
     soft_bounces: int = 0
+    away_dates: int = 0
+    """Recipients' return dates (out-of-office notices) copied."""
     feedback_cursors: int = 0
     senders: int = 0
     bookings: int = 0
@@ -146,6 +154,7 @@ def _copy(
         "recipients": "recipients",
         "tasks": "tasks",
         "change_log": "changes",
+        "away_dates": "away_dates",
     }
     for table in COPIED_TABLES:
         for rows in _rows(source, table, batch):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Protocol
 
 from sendqueue.domain.feedback import MailboxState
@@ -49,6 +49,11 @@ class FeedbackOutcomes(Protocol):
       address's kept bounces are at or after ``since``.
     - ``count_outcomes`` counts a campaign's tasks per outcome (outcomes with no task left out;
       {} for an unknown campaign).
+    - ``set_away`` keeps the return date an out-of-office notice of a campaign's recipient
+      (by position) named, noticed ``at``: one date per recipient and campaign, a later
+      notice's replacing an earlier one's (a notice older than the one kept changes nothing,
+      so notices applied out of order keep the newest). ``away_until`` reads it (None: no
+      notice). Kept whatever the campaign's tasks do; the follow-up maker reads it.
     - An unreachable backend raises :class:`~sendqueue.domain.errors.StoreUnavailable`.
     """
 
@@ -74,6 +79,14 @@ class FeedbackOutcomes(Protocol):
 
     def count_outcomes(self, campaign_id: str) -> dict[TaskOutcome, int]:
         """The campaign's tasks per outcome."""
+        ...
+
+    def set_away(self, campaign_id: str, position: int, until: date, *, at: datetime) -> None:
+        """Keep the recipient's return date (the newest notice's)."""
+        ...
+
+    def away_until(self, campaign_id: str, position: int) -> date | None:
+        """The recipient's return date, or None."""
         ...
 
 

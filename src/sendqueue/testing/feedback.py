@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import replace
-from datetime import datetime
+from datetime import date, datetime
 
 from sendqueue.domain.feedback import UNVERIFIED_NOTE, MailboxState, outcome_note
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
@@ -36,6 +36,7 @@ class InMemoryFeedback:
         self._soft_bounces: dict[str, dict[str, datetime]] = {}
         self._cursors: dict[str, tuple[int, int]] = {}
         self._mailbox_states: dict[str, MailboxState] = {}
+        self._away: dict[tuple[str, int], tuple[date, datetime]] = {}
 
     def _index_task(self, task: Task) -> None:
         self._tasks_of_address.setdefault(key_of_normalized(task.email), set()).add(task.id)
@@ -96,6 +97,18 @@ class InMemoryFeedback:
         kept.setdefault(key, utc(at))
         since = utc(since)
         return sum(1 for when in kept.values() if when >= since)
+
+    @guarded
+    def set_away(self, campaign_id: str, position: int, until: date, *, at: datetime) -> None:
+        at = utc(at)
+        kept = self._away.get((campaign_id, position))
+        if kept is None or kept[1] <= at:
+            self._away[(campaign_id, position)] = (until, at)
+
+    @guarded
+    def away_until(self, campaign_id: str, position: int) -> date | None:
+        kept = self._away.get((campaign_id, position))
+        return None if kept is None else kept[0]
 
     @guarded
     def feedback_cursor(self, mailbox: str) -> tuple[int, int] | None:

@@ -9,6 +9,8 @@
   the tasks themselves consistently and keeps those in the wanted states.
 - A soft bounce is a conditional put (``attribute_not_exists``: the same key kept once) of an
   item in the address's own partition, then a count of that partition since a time.
+- A recipient's return date is an item in its campaign's ``AW#`` partition, updated only by a
+  notice at least as new as the kept one (a failed condition: a newer one is kept).
 - A mailbox cursor is an update conditional on moving forward (or another UIDVALIDITY); a
   failed condition means a newer position is already stored. The same item keeps the
   mailbox's pass state (``pa`` polled at, ``mr`` messages read, added to; ``le`` the last
@@ -24,7 +26,7 @@ import json
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import replace
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -54,6 +56,10 @@ _READ_CHUNK = 100
 
 def _bounce_pk(email: str) -> str:
     return f"SB#{email}"
+
+
+def _away_pk(campaign_id: str) -> str:
+    return f"AW#{campaign_id}"
 
 
 class FeedbackItems(TableClient):
@@ -172,6 +178,29 @@ class FeedbackItems(TableClient):
                 },
                 ConsistentRead=True,
             )
+
+    def set_away(self, campaign_id: str, position: int, until: date, *, at: datetime) -> None:
+        with self._errors("keep a return date"):
+            try:
+                self._db.update_item(
+                    TableName=self._table,
+                    Key={"pk": str_attr(_away_pk(campaign_id)), "sk": str_attr(str(position))},
+                    UpdateExpression="SET #until = :until, #at = :at",
+                    ConditionExpression="attribute_not_exists(pk) OR #at <= :at",
+                    ExpressionAttributeNames={"#until": "until", "#at": "at"},
+                    ExpressionAttributeValues={
+                        ":until": str_attr(until.isoformat()),
+                        ":at": str_attr(time_key(at)),
+                    },
+                )
+            except ClientError as exc:
+                if error_code(exc) != "ConditionalCheckFailedException":
+                    raise  # a failed condition: a newer notice's date is kept
+
+    def away_until(self, campaign_id: str, position: int) -> date | None:
+        with self._errors("read a return date"):
+            item = self._get(_away_pk(campaign_id), str(position))
+        return None if item is None else date.fromisoformat(item["until"]["S"])
 
     def feedback_cursor(self, mailbox: str) -> tuple[int, int] | None:
         with self._errors("read a feedback cursor"):

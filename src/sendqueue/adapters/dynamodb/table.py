@@ -23,6 +23,8 @@ key attributes are the contract with the template and must stay stable:
 ``suppression``     address      a suppressed address (``SuppressionList``): ``rs`` its reason,
                                  ``task``, ``at``
 ``SB#<address>``    message key  a transient bounce of the address (``FeedbackStore``): ``at``
+``AW#<campaign>``   position     a recipient's return date (``FeedbackStore.set_away``): ``until``
+                                 (ISO day), ``at``
 ``cursor``          mailbox      a feedback mailbox's position: ``uv`` its UIDVALIDITY, ``uid``
 ``sender``          id           a sender (``SenderStore``): ``em`` its address lower-cased,
                                  ``d`` the sender as JSON (its transport as given)

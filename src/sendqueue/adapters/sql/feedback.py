@@ -6,6 +6,8 @@
 - ``tasks_for`` reads ``tasks.email_key`` (the compared form written at insert, migration 0006)
   through its index ``(email_key, state)``.
 - Soft bounces are insert-or-keep on their primary key (address, message key), then a count.
+- A recipient's return date (migration 0013) is one upsert on (campaign, position) whose
+  ``WHERE`` lets only a notice at least as new as the kept one replace it.
 - A mailbox cursor is one upsert whose ``WHERE`` lets it move only forward within one
   UIDVALIDITY, so two pollers saving at once keep the higher position.
 - A mailbox's pass state (migration 0008) lives on its cursor row: an upsert that adds to
@@ -18,7 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -35,6 +37,7 @@ __all__ = ["FeedbackTables"]
 _T = tables.tasks.c
 _B = tables.soft_bounces.c
 _C = tables.feedback_cursors.c
+_A = tables.away_dates.c
 _FINISHED = TaskState.FINISHED.value
 
 
@@ -133,6 +136,24 @@ class FeedbackTables(ABC):
         with self._write("record a soft bounce") as conn:
             conn.execute(statement)
             return int(conn.execute(count).scalar_one())
+
+    def set_away(self, campaign_id: str, position: int, until: date, *, at: datetime) -> None:
+        statement = self._insert(tables.away_dates).values(
+            campaign_id=campaign_id, position=position, until=until, at=utc(at)
+        )
+        statement = statement.on_conflict_do_update(
+            index_elements=[_A.campaign_id, _A.position],
+            set_={"until": statement.excluded.until, "at": statement.excluded.at},
+            where=_A.at <= statement.excluded.at,
+        )
+        with self._write("keep a return date") as conn:
+            conn.execute(statement)
+
+    def away_until(self, campaign_id: str, position: int) -> date | None:
+        query = sa.select(_A.until).where(_A.campaign_id == campaign_id, _A.position == position)
+        with self._read("read a return date") as conn:
+            found = conn.execute(query).scalar_one_or_none()
+        return found if isinstance(found, date) else None
 
     def feedback_cursor(self, mailbox: str) -> tuple[int, int] | None:
         query = sa.select(_C.uidvalidity, _C.uid).where(_C.mailbox == mailbox)

@@ -297,6 +297,17 @@ soft_bounces = sa.Table(
     sa.Column("at", UtcDateTime, nullable=False),
 )
 
+#: The return date an out-of-office notice of a campaign's recipient named (migration 0013):
+#: one row per (campaign, position), the newest notice's; the follow-up maker reads it.
+away_dates = sa.Table(
+    "away_dates",
+    metadata,
+    sa.Column("campaign_id", sa.String(64), primary_key=True),
+    sa.Column("position", sa.Integer, primary_key=True),
+    sa.Column("until", sa.Date, nullable=False),
+    sa.Column("at", UtcDateTime, nullable=False),
+)
+
 #: Each feedback mailbox's position (migration 0006): its UIDVALIDITY and the highest UID
 #: processed, so a message is processed once across restarts and pollers.
 feedback_cursors = sa.Table(

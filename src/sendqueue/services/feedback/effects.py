@@ -10,7 +10,11 @@ brought it (the IMAP poller, the SES feedback function, the unsubscribe routes),
   after :data:`~sendqueue.domain.feedback.SOFT_BOUNCE_LIMIT` within a week);
 - cancels the address's Pending emails: every one of them when it is suppressed (reason
   "suppressed: <why>"), and for a reply those in the scope of the campaign's ``stop_on_reply``
-  (reason "replied").
+  (reason "replied");
+- for an auto-reply naming a return date (an out-of-office notice), changes no outcome and
+  cancels nothing: its writer's later steps wait until that date (``postpone``), and the date
+  is kept for the recipient of the email it answers, for the steps not made yet
+  (``FeedbackOutcomes.set_away``).
 
 What an item may change follows its :class:`~sendqueue.domain.feedback.Proof`. A bounce or a
 complaint from the mail parser must name its task (VERP or a signed id), and the recipient it
@@ -30,6 +34,7 @@ import logging
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
+from datetime import date
 
 from sendqueue.domain.addresses import parse_mailbox
 from sendqueue.domain.errors import InvalidField, NotFound
@@ -82,6 +87,8 @@ class Applied:
     cancelled: tuple[str, ...] = field(default_factory=tuple)
     ignored: str | None = None
     unverified: bool = False
+    moved: tuple[str, ...] = field(default_factory=tuple)
+    """The later steps an auto-reply's return date moved."""
 
 
 class FeedbackService:
@@ -102,6 +109,7 @@ class FeedbackService:
         senders: SenderStore,
         delete_schedules: Callable[[Sequence[str]], object] | None = None,
         suppress_replies: bool = False,
+        postpone: Callable[[Sequence[Task], date], tuple[str, ...]] | None = None,
     ) -> None:
         self._store = store
         self._feedback = feedback
@@ -110,6 +118,7 @@ class FeedbackService:
         self._clock = clock
         self._delete_schedules = delete_schedules
         self._suppress_replies = suppress_replies
+        self._postpone = postpone
 
     def apply(self, item: Feedback) -> Applied:
         """Apply one piece of feedback (see the module's docstring); never raises for feedback
@@ -128,6 +137,8 @@ class FeedbackService:
             return Applied(item.kind, ignored=f"not an address: {exc}")
         if item.kind is FeedbackKind.REPLY:
             return self._any_reply(item, task, key, named)
+        if item.kind is FeedbackKind.AUTO_REPLY:
+            return self._auto_reply(item, task, key, named)
         if item.proof is Proof.NONE or item.proof is Proof.AUTHENTICATED:
             return Applied(item.kind, ignored="proves no email sendqueue sent")
         if item.proof is not Proof.TRUSTED and task is None:
@@ -188,6 +199,32 @@ class FeedbackService:
                 # read in a sender's own mailbox: the reply answers that sender's email
                 return self._reply(item, own or (answered if item.mailbox_sender else None), named)
         return self._unverified(item, own, named)
+
+    def _auto_reply(self, item: Feedback, task: Task | None, key: str, named: str) -> Applied:
+        """An out-of-office notice naming its return date (the detail): proven as a reply is,
+        it keeps the date for the recipient of the email it answers and moves its writer's
+        later steps due before then (in that email's campaign; in every campaign when only its
+        From is known). It sets no outcome and cancels nothing."""
+        try:
+            back = date.fromisoformat(item.detail)
+        except ValueError:
+            return Applied(item.kind, ignored=f"no return date in {item.detail[:40]!r}")
+        own = task if task is not None and named == key else None
+        if item.proof is Proof.TRUSTED or (item.proof is Proof.SIGNED and own is not None):
+            answered = own
+        elif item.proof is Proof.AUTHENTICATED:
+            answered = own or self._answered(named, item.mailbox_sender)
+            if not self._written_to_us(item, answered):
+                return Applied(item.kind, ignored="an auto-reply not written to the campaign")
+        else:
+            return Applied(item.kind, ignored="an auto-reply that proves nothing")
+        if answered is not None:
+            self._feedback.set_away(answered.campaign_id, answered.position, back, at=item.at)
+        pending = self._feedback.tasks_for(named, states=(TaskState.PENDING,))
+        if answered is not None:
+            pending = [t for t in pending if t.campaign_id == answered.campaign_id]
+        moved = self._postpone(pending, back) if self._postpone is not None else ()
+        return Applied(item.kind, task_id=answered.id if answered else None, moved=moved)
 
     def _answered(self, key: str, sender_id: str | None) -> Task | None:
         """The email an authenticated reply without a signed id answers: the newest sent (else

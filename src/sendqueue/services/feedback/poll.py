@@ -75,6 +75,7 @@ _COUNTER = {
     FeedbackKind.COMPLAINT: "complaints",
     FeedbackKind.REPLY: "replies",
     FeedbackKind.UNSUBSCRIBE: "unsubscribes",
+    FeedbackKind.AUTO_REPLY: "auto_replies",
 }
 
 
@@ -120,6 +121,7 @@ class PollReport:
     complaints: int = 0
     replies: int = 0
     unsubscribes: int = 0
+    auto_replies: int = 0
     not_feedback: int = 0
     ignored: int = 0
     unverified: int = 0

@@ -8,7 +8,11 @@ sequence goes on (docs/decisions/0007-sequence-steps.md):
 - its id is deterministic (``task_id(campaign, position, k+1)``): made twice, it is stored once;
 - it is due at the first free slot of the campaign (and of its sender, which is step 1's) at or
   after the step's delay (:func:`~sendqueue.domain.followups.follow_up_earliest`), chosen under
-  the campaign's lease as a retry's slot is;
+  the campaign's lease as a retry's slot is; when that slot is more than a sending day late, it
+  takes the slot of a newer recipient's first step instead (follow-ups first:
+  :mod:`sendqueue.services.sequences.first`); when an out-of-office notice of the recipient
+  named a return date (``FeedbackOutcomes.away_until``), no earlier than the first window on
+  or after that date;
 - its subject, text and html are the step's templates rendered with the recipient's row, as
   step 1's were at import; a step without a subject replies to step 1's (``Re: ...``). A
   template that fails for this recipient makes the task Cancelled with the reason, so the
@@ -29,15 +33,16 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from sendqueue.domain.errors import InvalidField, NoSendingDay
-from sendqueue.domain.followups import follow_up_earliest
+from sendqueue.domain.followups import first_instant_on, follow_up_earliest
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Recipient, Task, new_token, pending_task, task_id
 from sendqueue.domain.steps import Step, thread_headers
 from sendqueue.domain.suppression import key_of_normalized, suppressed_reason
 from sendqueue.domain.transitions import TaskChange, move, retry_into
-from sendqueue.ports import CampaignTasks, SuppressionList
+from sendqueue.ports import CampaignTasks, FeedbackOutcomes, SuppressionList
 from sendqueue.services.planning.replanning import RETRY_LEASE_WAIT, Replanner, iter_tasks
 from sendqueue.services.scheduling.schedules import ScheduleWriter
+from sendqueue.services.sequences.first import FollowUpsFirst
 from sendqueue.services.sequences.render import StepRenderer
 
 __all__ = ["FollowUps", "SendCheck"]
@@ -82,8 +87,12 @@ class FollowUps:
         replanner: Replanner,
         writer: ScheduleWriter,
         renderer: StepRenderer,
+        first: FollowUpsFirst,
+        away: FeedbackOutcomes,
     ) -> None:
         self._store = store
+        self._first = first
+        self._away = away
         self._suppressions = suppressions
         self._replanner = replanner
         self._writer = writer
@@ -136,12 +145,15 @@ class FollowUps:
             new_id, campaign.id, sent.position, sent.email, sent.name, "", "", None, now,
             new_token(), now, first.sender_id, first.sender, sent.timezone, step.number,
         )  # fmt: skip
+        back = self._away.away_until(campaign.id, sent.position)
         try:
             earliest = follow_up_earliest(campaign.policy, sent_at, step.after, zone)
+            if back is not None:  # the recipient said when they are back: not before then
+                earliest = max(earliest, first_instant_on(campaign.policy, back, zone))
         except (InvalidField, NoSendingDay) as exc:
             why = f"step {step.number} has no send time: {exc}"
             return self._insert(replace(draft, state=TaskState.CANCELLED, reason=why))
-        with self._replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT):
+        with self._replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
             # rendered under the lease a step is edited under: an edit landing now is seen
             step = self._current(campaign.id, step)
             recipient = self._recipient(campaign.id, sent.position)
@@ -149,9 +161,7 @@ class FollowUps:
             if isinstance(out, str):  # the template failed for this recipient
                 return self._insert(replace(draft, state=TaskState.CANCELLED, reason=out))
             draft = replace(draft, subject=out[0], text=out[1], html=out[2])
-            slot = self._replanner.retry_slots(
-                campaign, 1, not_before=max(earliest, now), exclude=(), tasks=[draft]
-            )[0]
+            slot = self._first.slot(campaign, draft, not_before=max(earliest, now), displace=held)
             task = self._insert(replace(draft, send_at=slot))
         if task is not None and task.state is TaskState.PENDING:
             self._schedule(task)
