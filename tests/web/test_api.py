@@ -155,7 +155,7 @@ def test_create_from_json_renders_templates_with_row_variables(web: Web) -> None
         ("bob@example.com", "News for 42", "Bob"),
     ]
     assert set(tasks[0]) == {
-        "id", "position", "email", "name", "subject", "sender", "sender_name", "timezone",
+        "id", "position", "step", "email", "name", "subject", "sender", "sender_name", "timezone",
         "state", "send_at", "sent_at", "attempts", "message_id", "error", "planned_at", "moves",
         "moved_reason", "reason", "outcome", "outcome_detail", "outcome_at", "paused", "late",
     }  # fmt: skip

@@ -20,11 +20,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.lifecycle import StopOnReply
 from sendqueue.domain.policy import SendingPolicy
+from sendqueue.domain.steps import Step
 from sendqueue.services.campaigns.creation import CampaignImport, Draft
 from sendqueue.services.importing.recipients import ImportLimits, Templates
 from sendqueue.settings import Settings
 from sendqueue.web.errors import HttpProblem
 from sendqueue.web.middleware.csrf import FormCsrf
+from sendqueue.web.step_fields import STEP_FIELDS, form_steps
 
 __all__ = [
     "BODY_OVERHEAD_BYTES",
@@ -97,6 +99,14 @@ class CampaignBody(BaseModel):
 _FLAG_VALUES = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False,
                 "no": False, "0": False}  # fmt: skip
 
+_STEP_FIELD_HELP = {
+    "after": "its wait after the step before (3d: sending days; 4h, 30m: elapsed)",
+    "subject": "its subject template (left out: Re: and step 1's subject)",
+    "text": "its text body template",
+    "html": "its HTML body template (optional)",
+    "new_thread": "a checkbox: start a new thread instead of replying",
+}
+
 _FORM_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["file", "name"],
@@ -134,6 +144,14 @@ _FORM_SCHEMA: dict[str, Any] = {
             "enum": sorted(_FLAG_VALUES),
             "description": "a checkbox: windows in each recipient's own timezone",
         },
+        **{
+            f"steps[{k}].{name}": {
+                "type": "string",
+                "description": f"step {k} of a sequence: " + _STEP_FIELD_HELP[name],
+            }
+            for k in range(2, 11)
+            for name in STEP_FIELDS
+        },
     },
 }  # fmt: skip
 
@@ -163,6 +181,8 @@ class NewCampaign:
     unsubscribe_footer: bool = False
     senders: list[str] = field(default_factory=list)
     local_time: bool = False
+    steps: list[Step] | None = None
+    """A sequence's steps (step 1's templates then in them, not in ``templates``)."""
 
 
 def _policy(data: dict[str, Any], settings: Settings) -> SendingPolicy:
@@ -241,13 +261,17 @@ def _from_form(form: FormData, settings: Settings) -> NewCampaign:
         settings,
     )
     upload.file.seek(0)
+    templates = Templates(
+        subject=_text(form, "subject"), body=_text(form, "body"), html=_text(form, "html")
+    )
+    steps = form_steps(form, templates, text=_text, flag=_flag)
     return NewCampaign(
         name=_text(form, "name") or "",
         from_addr=_text(form, "from"),
         reply_to=_text(form, "reply_to"),
-        templates=Templates(
-            subject=_text(form, "subject"), body=_text(form, "body"), html=_text(form, "html")
-        ),
+        # a sequence holds step 1's templates itself
+        templates=Templates() if steps else templates,
+        steps=steps,
         policy=policy,
         csv=upload.file,
         # the service parses the scope, so a bad one is named like any other field
@@ -394,5 +418,6 @@ def validate(importer: CampaignImport, limits: ImportLimits, new: NewCampaign) -
         unsubscribe_footer=new.unsubscribe_footer,
         senders=new.senders,
         local_time=new.local_time,
+        steps=new.steps,
     )
     return draft

@@ -193,6 +193,7 @@ class TaskView(_View):
 
     id: str
     position: int
+    step: int = Field(1, description="its step in the campaign's sequence; 1: the first email")
     email: str
     name: str
     subject: str
@@ -251,6 +252,7 @@ class TaskView(_View):
         return cls(
             id=task.id,
             position=task.position,
+            step=task.step,
             email=task.email,
             name=task.name,
             subject=subject,

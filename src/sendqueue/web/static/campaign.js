@@ -66,6 +66,8 @@
   // -- rendering ------------------------------------------------------------------------------
   // The rows are task_row.html's markup; task_rows.py (task_row) writes the same texts.
   const localTime = document.getElementById("tasks-table").dataset.localTime === "true";
+  // a sequence: rows carry a Step cell
+  const steps = document.getElementById("tasks-table").dataset.steps === "true";
 
   /** The texts of a task's fields, as the server renders them. */
   function taskCells(task) {
@@ -73,6 +75,7 @@
     const ownZone = localTime ? task.timezone || timeZone : null;
     return {
       position: String(task.position + 1),
+      step: String(task.step || 1),
       email: task.email,
       name: task.name || "",
       subject: task.subject || "",
@@ -155,6 +158,7 @@
     const url = "/campaigns/" + encodeURIComponent(id) + "/emails/" + encodeURIComponent(task.id);
     return sq.el("tr", { "data-task-id": task.id },
       sq.el("td", { class: "num pos", "data-label": "#", "data-field": "position" }),
+      steps ? sq.el("td", { class: "num", "data-label": "Step", "data-field": "step" }) : null,
       sq.el("td", { class: "card-title", "data-label": "Recipient" },
         line({ class: "line strong", "data-field": "name", hidden: true }),
         line({ class: "line mono address", "data-field": "email" })),
