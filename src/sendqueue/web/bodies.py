@@ -227,6 +227,14 @@ def _flag(form: FormData, name: str) -> bool:
     return flag
 
 
+def _weekdays(form: FormData) -> str | None:
+    """The sending days: one field (``mon-fri``, what the page's script sends) or one
+    checkbox per day (the form posted without JavaScript)."""
+    if len(form.getlist("weekdays")) > 1:
+        return ",".join(_listed(form, "weekdays") or [])
+    return _text(form, "weekdays", keep_blank=True)
+
+
 def _listed(form: FormData, name: str) -> list[str] | None:
     out: list[str] = []
     for value in form.getlist(name):
@@ -251,7 +259,7 @@ def _from_form(form: FormData, settings: Settings) -> NewCampaign:
         {
             "timezone": _text(form, "timezone"),
             "per_day": _number(form, "per_day"),
-            "weekdays": _text(form, "weekdays", keep_blank=True),
+            "weekdays": _weekdays(form),
             "windows": _listed(form, "windows"),
             "start": _text(form, "start"),
             "skip_dates": _listed(form, "skip_dates"),

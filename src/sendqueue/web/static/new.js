@@ -62,7 +62,7 @@
   }
 
   function copySlot(from, to) {
-    const a = stepControls(from);
+    const a = from ? stepControls(from) : [];
     stepControls(to).forEach((c, i) => {
       if (c.type === "checkbox") {
         c.checked = from ? a[i].checked : false;
