@@ -15,7 +15,14 @@ from playwright.sync_api import expect
 
 from sendqueue.adapters.sql import open_store
 from tests.e2e.conftest import Sendqueue, api
-from tests.e2e.test_accessibility import BLOCKING, _audit, _report, axe_script  # noqa: F401
+from tests.e2e.test_accessibility import (  # noqa: F401 (axe_script: a fixture)
+    BLOCKING,
+    SIZES,
+    VARIANTS,
+    _audit,
+    _report,
+    axe_script,
+)
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, FilePayload, Page
@@ -154,12 +161,17 @@ def test_the_form_builds_steps_without_javascript(
     ]
 
 
+@pytest.mark.parametrize(("size", "scheme"), VARIANTS, ids=[f"{s}-{c}" for s, c in VARIANTS])
 def test_the_sequence_pages_have_no_serious_violation(
     page: Page,
     sendqueue: Callable[..., Sendqueue],
     axe_script: Path,  # noqa: F811
+    size: str,
+    scheme: str,
 ) -> None:
     app = sendqueue()
+    page.set_viewport_size(SIZES[size])
+    page.emulate_media(color_scheme="dark" if scheme == "dark" else "light")
     page.context.add_init_script(path=str(axe_script))
     found: dict[str, list[dict[str, Any]]] = {}
     page.goto(f"{app.url}/campaigns/new")
@@ -177,5 +189,8 @@ def test_the_sequence_pages_have_no_serious_violation(
     page.wait_for_url(re.compile(r"/campaigns/c[0-9a-f]+$"))
     expect(page.locator("#steps-table")).to_be_visible()
     _audit(page, "campaign (steps)", found)
+    page.screenshot(path=str(Path(app.home) / f"campaign-{size}-{scheme}.png"), full_page=True)
+    if any(found.values()):
+        print(_report(found))
     blocking = {w: [v for v in vs if v["impact"] in BLOCKING] for w, vs in found.items()}
     assert not any(blocking.values()), f"serious or critical violations:\n{_report(blocking)}"
