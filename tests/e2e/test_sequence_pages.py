@@ -98,8 +98,15 @@ def test_a_three_step_campaign_built_in_the_form_is_created_and_sends_its_first_
         "Re: Hello {{ name }}"
     )
 
+    expect(page.locator("#connection")).to_have_attribute("data-connection", "live")
     api(page, "POST", f"{app.url}/api/campaigns/{cid}/provision")
     app.start_worker()
+    # the funnel follows the live updates: step 1 sent, step 2 made for each recipient
+    row = page.locator('#steps-table tr[data-step="1"]')
+    expect(row.locator('[data-funnel="sent"]')).to_have_text("3", timeout=30_000)
+    expect(page.locator('#steps-table tr[data-step="2"] [data-funnel="made"]')).to_have_text(
+        "3", timeout=30_000
+    )
     # step 1 goes out now; each recipient's step 2 is made, due two sending days later
     tasks: list[dict[str, Any]] = []
     for _ in range(150):

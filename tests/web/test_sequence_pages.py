@@ -108,6 +108,13 @@ def test_the_campaign_page_shows_the_step_column_and_the_funnel(web: Web) -> Non
             "failed": "0"},
     }  # fmt: skip
     assert "Re: Hello {{ name }}" in html  # step 2's subject, as it goes out
+    # the API's campaign read carries the same funnel (what the page's live updates apply)
+    funnel_json = web.client.get(f"/api/campaigns/{cid}").json()["funnel"]
+    assert [(f["step"], f["made"], f["sent"], f["stopped"], f["pending"]) for f in funnel_json] == [
+        (1, 3, 3, 0, 0),
+        (2, 3, 0, 1, 2),
+        (3, 0, 0, 0, 0),
+    ]
     # the API's tasks carry their step
     tasks = web.client.get(f"/api/campaigns/{cid}/tasks").json()["tasks"]
     assert sorted({t["step"] for t in tasks}) == [1, 2]
@@ -117,6 +124,7 @@ def test_a_campaign_of_one_email_has_no_step_column_or_funnel(web: Web) -> None:
     cid = web.active()
     html = web.client.get(f"/campaigns/{cid}").text
     assert 'data-field="step"' not in html and 'id="steps-card"' not in html
+    assert web.client.get(f"/api/campaigns/{cid}").json()["funnel"] is None
 
 
 def test_the_sequence_page_is_still_one_store_call(counted: Counted) -> None:  # noqa: F811

@@ -36,6 +36,7 @@ __all__ = [
     "DeliveryPageOut",
     "ErrorBody",
     "ErrorInfo",
+    "FunnelStep",
     "Health",
     "ImportSummary",
     "Plan",
@@ -99,8 +100,25 @@ class TimelineDay(BaseModel):
     done: int
 
 
+class FunnelStep(BaseModel):
+    """What became of one step's emails made so far."""
+
+    step: int
+    made: int = Field(description="its emails made so far, whatever their state")
+    sent: int = Field(description="Finished, whatever came back")
+    answered: int = Field(description="sent and replied to")
+    stopped: int = Field(description="cancelled, or sent and bounced, unsubscribed or complained")
+    pending: int = Field(description="Pending or Running")
+    failed: int
+
+
 class CampaignWithTimeline(CampaignDetail):
     timeline: list[TimelineDay] = Field(description="planned and done emails per local day")
+    funnel: list[FunnelStep] | None = Field(
+        None,
+        description="a sequence's steps, each with what became of its emails (a later step's "
+        "email is made when the step before it is sent); null for a campaign of one email",
+    )
 
 
 class PlanSend(BaseModel):

@@ -3,13 +3,22 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from sendqueue.domain.funnel import StepCounts, step_funnel
 from sendqueue.domain.models import Campaign
 from sendqueue.domain.steps import follow_up_subject
+from sendqueue.web.schemas import FunnelStep
 
-__all__ = ["funnel_rows"]
+__all__ = ["funnel_out", "funnel_rows"]
+
+
+def funnel_out(campaign: Campaign, counts: StepCounts) -> list[FunnelStep] | None:
+    """A sequence's funnel as the API's campaign read returns it; None for one email."""
+    if len(campaign.steps) < 2:
+        return None
+    return [FunnelStep(**asdict(f)) for f in step_funnel(len(campaign.steps), counts)]
 
 
 def funnel_rows(campaign: Campaign, counts: StepCounts) -> list[dict[str, Any]]:

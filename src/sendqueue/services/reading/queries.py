@@ -247,15 +247,15 @@ class Queries:
         figures = self._store.campaign_figures(campaign.id, late_after=LATE_SECONDS)
         return replace(figures, campaign=campaign)
 
-    def campaign_with_timeline(self, campaign_id: str) -> tuple[CampaignFigures, Timeline]:
-        """One campaign with its figures and its timeline: one store call while the kept
-        timeline is current."""
+    def campaign_with_timeline(self, campaign_id: str) -> tuple[CampaignFigures, Tally]:
+        """One campaign with its figures, its timeline and its step counts: one store call
+        while the kept tally is current."""
         since = self.timelines.marker(campaign_id)
         figures = self._store.campaign_figures(
             campaign_id, late_after=LATE_SECONDS, changes_since=since
         )
-        timeline = self.timelines.get(figures.campaign, since=since, changed=figures.changed)
-        return figures, timeline
+        tally = self.timelines.tally(figures.campaign, since=since, changed=figures.changed)
+        return figures, tally
 
     def tasks(
         self,

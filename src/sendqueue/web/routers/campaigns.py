@@ -34,6 +34,7 @@ from sendqueue.web.schemas import (
     RetriedCampaign,
     error_responses,
 )
+from sendqueue.web.steps_view import funnel_out
 
 __all__ = ["router"]
 
@@ -113,8 +114,12 @@ async def preview_new_campaign(
 def get_campaign(campaign_id: str, queries: QueriesDep) -> CampaignWithTimeline:
     """The campaign with its counts, next send and per-day ``timeline``: one store read while
     the timeline kept is current."""
-    figures, timeline = queries.campaign_with_timeline(campaign_id)
-    return CampaignWithTimeline(**dict(campaign_detail(figures)), timeline=timeline)
+    figures, tally = queries.campaign_with_timeline(campaign_id)
+    return CampaignWithTimeline(
+        **dict(campaign_detail(figures)),
+        timeline=tally.timeline,
+        funnel=funnel_out(figures.campaign, tally.steps),
+    )
 
 
 @router.get(

@@ -298,7 +298,36 @@
     return q.toString();
   }
 
+  /** A sequence's funnel (campaign.html's Steps card) from the API's campaign read. */
+  function applyFunnel(funnel) {
+    if (!Array.isArray(funnel) || !funnel.length) {
+      return;
+    }
+    const widest = Math.max(1, funnel[0].made);
+    for (const f of funnel) {
+      const row = document.querySelector('#steps-table tr[data-step="' + f.step + '"]');
+      if (!row) {
+        continue;
+      }
+      for (const name of ["made", "sent", "answered", "stopped", "pending", "failed"]) {
+        const cell = row.querySelector('[data-funnel="' + name + '"]');
+        if (cell) {
+          sq.setText(cell, String(f[name]));
+        }
+      }
+      const meter = row.querySelector("meter");
+      if (meter) {
+        const most = Math.max(widest, f.made);
+        meter.max = most;
+        meter.value = f.made;
+        meter.setAttribute("aria-label",
+          "Step " + f.step + ": " + f.made + " emails made, of " + most + " in step 1");
+      }
+    }
+  }
+
   function applyCampaign(c) {
+    applyFunnel(c.funnel);
     campaignState = c.state;
     root.dataset.state = c.state;
     if (c.policy && c.policy.timezone) {
