@@ -52,8 +52,8 @@ def test_every_api_success_body_has_a_schema_with_properties(web: Web) -> None:
 def test_the_views_are_in_the_schema_with_their_json_names(web: Web) -> None:
     schemas = web.client.get("/openapi.json").json()["components"]["schemas"]
     assert set(schemas["TaskView"]["properties"]) == {
-        "id", "position", "step", "email", "name", "subject", "sender", "sender_name",
-        "timezone", "state", "send_at",
+        "id", "position", "step", "email", "name", "subject", "sender", "sender_name", "timezone",
+        "state", "send_at",
         "sent_at", "attempts", "message_id", "error", "planned_at", "moves", "moved_reason",
         "reason", "outcome", "outcome_detail", "outcome_at", "paused", "late",
     }  # fmt: skip

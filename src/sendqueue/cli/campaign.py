@@ -30,8 +30,10 @@ from sendqueue.cli.render import (
     plan_rows,
     print_plan,
     print_provision,
+    print_step_load,
     print_zones,
     provision_with_progress,
+    step_rows,
     zone_rows,
 )
 from sendqueue.domain.errors import InvalidField, NotFound
@@ -40,7 +42,7 @@ from sendqueue.domain.models import Campaign, check_cursor
 from sendqueue.domain.planner import per_zone_day_summary
 from sendqueue.domain.steps import MAX_STEPS
 from sendqueue.domain.wording import plural
-from sendqueue.services.campaigns.preview import ZoneDays
+from sendqueue.services.campaigns.preview import STEPS_NOTE, ZoneDays, sequence_loads
 from sendqueue.services.importing.recipients import Templates
 from sendqueue.services.reading.queries import campaign_json, senders_of
 from sendqueue.services.reading.views import task_list_dict
@@ -294,17 +296,26 @@ def campaign_preview(campaign_id: str, as_json: JsonOpt = False) -> None:
         ).items()
     )
     emails = [r.email for r, _ in pairs]
+    loads = sequence_loads(
+        campaign, sends, [r.timezone for r, _ in pairs] if campaign.local_time else None
+    )
     if as_json:
         rows = plan_rows(sends, default)
         for row, (recipient, _), zone in zip(rows, pairs, own, strict=True):
             row.update(email=recipient.email, position=recipient.position, zone=zone)
-        print_json({"timezone": default, "sends": rows, "zones": zone_rows(zones)})
+        data: dict[str, Any] = {"timezone": default, "sends": rows, "zones": zone_rows(zones)}
+        if loads:
+            data.update(steps=step_rows(loads), steps_note=STEPS_NOTE)
+        print_json(data)
         return
     text = campaign.policy.describe(local_time=campaign.local_time)
     out.print(f"{campaign.name}: {text}", markup=False)
     print_plan(sends, default, emails=emails, zones=own if campaign.local_time else None)
     if campaign.local_time or len(zones) > 1:
         print_zones(zones)
+    if loads:
+        print_step_load(loads, default)
+        out.print(STEPS_NOTE, markup=False)
 
 
 @campaign_app.command("provision")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -13,6 +13,7 @@ from sendqueue.bootstrap import Container
 from sendqueue.cli.common import err, out
 from sendqueue.domain.planner import per_day_summary
 from sendqueue.domain.policy import load_timezone
+from sendqueue.domain.step_load import StepLoad
 from sendqueue.domain.wording import plural
 from sendqueue.services.campaigns.preview import ZoneDays
 from sendqueue.services.reading.views import iso
@@ -22,8 +23,10 @@ __all__ = [
     "plan_rows",
     "print_plan",
     "print_provision",
+    "print_step_load",
     "print_zones",
     "provision_with_progress",
+    "step_rows",
     "zone_rows",
 ]
 
@@ -134,6 +137,43 @@ def print_zones(zones: tuple[ZoneDays, ...]) -> None:
         first = z.days[0].first.strftime("%a %Y-%m-%d %H:%M") if z.days else ""
         last = z.days[-1].last.strftime("%a %Y-%m-%d %H:%M") if z.days else ""
         table.add_row(z.zone, str(z.count), str(len(z.days)), first, last)
+    out.print(table)
+
+
+def step_rows(loads: tuple[StepLoad, ...]) -> list[dict[str, Any]]:
+    """The ``--json`` form of a sequence's expected sends per day and step."""
+    return [
+        {
+            "step": load.step,
+            "after": load.after,
+            "count": load.count,
+            "days": [{"day": day.isoformat(), "count": n} for day, n in load.days],
+        }
+        for load in loads
+    ]
+
+
+def print_step_load(loads: tuple[StepLoad, ...], zone_name: str, *, rows: int = 60) -> None:
+    """A sequence's expected sends as a table of local days (``zone_name``) by step."""
+    per_day: dict[date, list[int]] = {}
+    for column, load in enumerate(loads):
+        for day, n in load.days:
+            per_day.setdefault(day, [0] * len(loads))[column] = n
+    days = sorted(per_day)
+    table = Table(title=f"per day and step ({zone_name}): an estimate if no one answers")
+    table.add_column("day")
+    for load in loads:
+        head = f"step {load.step}" + (f" (+{load.after})" if load.after else "")
+        table.add_column(head, justify="right")
+    table.add_column("all", justify="right")
+    for day in days[:rows]:
+        counts = per_day[day]
+        table.add_row(day.strftime("%a %Y-%m-%d"), *map(str, counts), str(sum(counts)))
+    if len(days) > rows:
+        rest = [sum(per_day[d][c] for d in days[rows:]) for c in range(len(loads))]
+        more = f"{plural(len(days) - rows, 'more day')}"
+        table.add_row(more, *map(str, rest), str(sum(rest)))
+    table.add_row("total", *(str(load.count) for load in loads), str(sum(x.count for x in loads)))
     out.print(table)
 
 

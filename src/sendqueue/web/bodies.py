@@ -20,12 +20,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.lifecycle import StopOnReply
 from sendqueue.domain.policy import SendingPolicy
+from sendqueue.domain.steps import Step
 from sendqueue.services.campaigns.creation import CampaignImport, Draft
 from sendqueue.services.campaigns.steps_file import steps_from_entries
 from sendqueue.services.importing.recipients import ImportLimits, Templates
 from sendqueue.settings import Settings
 from sendqueue.web.errors import HttpProblem
 from sendqueue.web.middleware.csrf import FormCsrf
+from sendqueue.web.step_fields import STEP_FIELDS, form_steps
 
 __all__ = [
     "BODY_OVERHEAD_BYTES",
@@ -127,6 +129,14 @@ class CampaignBody(BaseModel):
 _FLAG_VALUES = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False,
                 "no": False, "0": False}  # fmt: skip
 
+_STEP_FIELD_HELP = {
+    "after": "its wait after the step before (3d: sending days; 4h, 30m: elapsed)",
+    "subject": "its subject template (left out: Re: and step 1's subject)",
+    "text": "its text body template",
+    "html": "its HTML body template (optional)",
+    "new_thread": "a checkbox: start a new thread instead of replying",
+}
+
 _FORM_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["file", "name"],
@@ -163,6 +173,14 @@ _FORM_SCHEMA: dict[str, Any] = {
             "type": "string",
             "enum": sorted(_FLAG_VALUES),
             "description": "a checkbox: windows in each recipient's own timezone",
+        },
+        **{
+            f"steps[{k}].{name}": {
+                "type": "string",
+                "description": f"step {k} of a sequence: " + _STEP_FIELD_HELP[name],
+            }
+            for k in range(2, 11)
+            for name in STEP_FIELDS
         },
     },
 }  # fmt: skip
@@ -203,7 +221,11 @@ class NewCampaign:
     unsubscribe_footer: bool = False
     senders: list[str] = field(default_factory=list)
     local_time: bool = False
-    steps: list[dict[str, Any]] | None = None
+    steps: list[Step] | None = None
+    """A sequence's steps from the form (step 1's templates then in them, not in
+    ``templates``)."""
+    step_entries: list[dict[str, Any]] | None = None
+    """A sequence's steps from the API's JSON, shaped like a steps file's entries."""
 
 
 def _policy(data: dict[str, Any], settings: Settings) -> SendingPolicy:
@@ -248,6 +270,14 @@ def _flag(form: FormData, name: str) -> bool:
     return flag
 
 
+def _weekdays(form: FormData) -> str | None:
+    """The sending days: one field (``mon-fri``, what the page's script sends) or one
+    checkbox per day (the form posted without JavaScript)."""
+    if len(form.getlist("weekdays")) > 1:
+        return ",".join(_listed(form, "weekdays") or [])
+    return _text(form, "weekdays", keep_blank=True)
+
+
 def _listed(form: FormData, name: str) -> list[str] | None:
     out: list[str] = []
     for value in form.getlist(name):
@@ -272,7 +302,7 @@ def _from_form(form: FormData, settings: Settings) -> NewCampaign:
         {
             "timezone": _text(form, "timezone"),
             "per_day": _number(form, "per_day"),
-            "weekdays": _text(form, "weekdays", keep_blank=True),
+            "weekdays": _weekdays(form),
             "windows": _listed(form, "windows"),
             "start": _text(form, "start"),
             "skip_dates": _listed(form, "skip_dates"),
@@ -282,13 +312,17 @@ def _from_form(form: FormData, settings: Settings) -> NewCampaign:
         settings,
     )
     upload.file.seek(0)
+    templates = Templates(
+        subject=_text(form, "subject"), body=_text(form, "body"), html=_text(form, "html")
+    )
+    steps = form_steps(form, templates, text=_text, flag=_flag)
     return NewCampaign(
         name=_text(form, "name") or "",
         from_addr=_text(form, "from"),
         reply_to=_text(form, "reply_to"),
-        templates=Templates(
-            subject=_text(form, "subject"), body=_text(form, "body"), html=_text(form, "html")
-        ),
+        # a sequence holds step 1's templates itself
+        templates=Templates() if steps else templates,
+        steps=steps,
         policy=policy,
         csv=upload.file,
         # the service parses the scope, so a bad one is named like any other field
@@ -378,7 +412,7 @@ def _from_json(raw: bytes, settings: Settings) -> NewCampaign:
         unsubscribe_footer=body.unsubscribe_footer,
         senders=body.senders,
         local_time=body.local_time,
-        steps=None
+        step_entries=None
         if body.steps is None
         else [step.model_dump(exclude_unset=True) for step in body.steps],
     )
@@ -437,6 +471,14 @@ async def _json_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _steps_of(new: NewCampaign, limits: ImportLimits) -> list[Step] | None:
+    """The steps of a new campaign: the form's, checked as it was read, or the API's entries
+    read as a steps file's are."""
+    if new.step_entries is not None:
+        return steps_from_entries(new.step_entries, limits.templates)
+    return new.steps
+
+
 def validate(importer: CampaignImport, limits: ImportLimits, new: NewCampaign) -> Draft:
     draft: Draft = importer.validate(
         name=new.name,
@@ -450,6 +492,6 @@ def validate(importer: CampaignImport, limits: ImportLimits, new: NewCampaign) -
         unsubscribe_footer=new.unsubscribe_footer,
         senders=new.senders,
         local_time=new.local_time,
-        steps=None if new.steps is None else steps_from_entries(new.steps, limits.templates),
+        steps=_steps_of(new, limits),
     )
     return draft

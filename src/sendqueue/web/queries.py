@@ -15,7 +15,7 @@ from sendqueue.domain.planner import DaySummary
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.reads import CampaignFigures
 from sendqueue.domain.senders import Sender
-from sendqueue.services.campaigns.preview import PlanSummary
+from sendqueue.services.campaigns.preview import STEPS_NOTE, PlanSummary
 from sendqueue.services.feedback.mailboxes import SenderMailboxes, mailbox_dict
 from sendqueue.services.reading.queries import (
     TimelineCache,
@@ -30,6 +30,8 @@ from sendqueue.web.schemas import (
     Plan,
     PlanDay,
     PlanSend,
+    PlanStep,
+    PlanStepDay,
     PlanZone,
     SenderDetail,
     SenderMailbox,
@@ -102,6 +104,17 @@ def summary_view(policy: SendingPolicy, summary: PlanSummary, *, duplicates: int
         for z in summary.zones
     ]
     out.zone_names = zone_names([policy.timezone, *(z.zone for z in summary.zones)])
+    if summary.steps:
+        out.steps = [
+            PlanStep(
+                step=load.step,
+                after=load.after,
+                count=load.count,
+                days=[PlanStepDay(day=day.isoformat(), count=n) for day, n in load.days],
+            )
+            for load in summary.steps
+        ]
+        out.steps_note = STEPS_NOTE
     return out
 
 

@@ -36,11 +36,14 @@ __all__ = [
     "DeliveryPageOut",
     "ErrorBody",
     "ErrorInfo",
+    "FunnelStep",
     "Health",
     "ImportSummary",
     "Plan",
     "PlanDay",
     "PlanSend",
+    "PlanStep",
+    "PlanStepDay",
     "PlanZone",
     "Redriven",
     "RetriedCampaign",
@@ -97,8 +100,25 @@ class TimelineDay(BaseModel):
     done: int
 
 
+class FunnelStep(BaseModel):
+    """What became of one step's emails made so far."""
+
+    step: int
+    made: int = Field(description="its emails made so far, whatever their state")
+    sent: int = Field(description="Finished, whatever came back")
+    answered: int = Field(description="sent and replied to")
+    stopped: int = Field(description="cancelled, or sent and bounced, unsubscribed or complained")
+    pending: int = Field(description="Pending or Running")
+    failed: int
+
+
 class CampaignWithTimeline(CampaignDetail):
     timeline: list[TimelineDay] = Field(description="planned and done emails per local day")
+    funnel: list[FunnelStep] | None = Field(
+        None,
+        description="a sequence's steps, each with what became of its emails (a later step's "
+        "email is made when the step before it is sent); null for a campaign of one email",
+    )
 
 
 class PlanSend(BaseModel):
@@ -131,6 +151,22 @@ class PlanZone(BaseModel):
     days: list[PlanDay] = Field(description="per local day of this zone, times in it")
 
 
+class PlanStepDay(BaseModel):
+    day: str = Field(json_schema_extra={"format": "date"})
+    count: int
+
+
+class PlanStep(BaseModel):
+    """One step of a sequence: its expected sends per local day of the campaign's zone."""
+
+    step: int
+    after: str | None = Field(
+        description="its wait after the step before (3d, 4h, 30m); null: step 1"
+    )
+    count: int
+    days: list[PlanStepDay]
+
+
 class Plan(BaseModel):
     """When each email would be sent (the first 1,000, in time order), and how many per day
     (all)."""
@@ -154,6 +190,14 @@ class Plan(BaseModel):
         description="the abbreviations of the zones named here by UTC offset in minutes, e.g. "
         '{"Europe/Berlin": {"60": "CET", "120": "CEST"}}',
     )
+    steps: list[PlanStep] | None = Field(
+        None,
+        description="a sequence's expected sends per local day and step: step 1 as planned, "
+        "each later step at its earliest instant after the one before; an estimate that "
+        "assumes no one answers and ignores capacity (per_day, sender caps). Absent for a "
+        "campaign of one email",
+    )
+    steps_note: str | None = Field(None, description="what the steps estimate assumes")
 
 
 class TaskPage(BaseModel):

@@ -31,6 +31,7 @@ from sendqueue.domain.models import Campaign, Recipient
 from sendqueue.domain.planner import DaySummary, per_day_summary, per_zone_day_summary, plan
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.sender_fields import SenderFields
+from sendqueue.domain.step_load import StepLoad, step_loads
 from sendqueue.ports import Campaigns, Clock
 from sendqueue.services.campaigns.creation import Draft
 from sendqueue.services.planning.capacity import CapacityPlanner
@@ -38,10 +39,12 @@ from sendqueue.services.planning.capacity import CapacityPlanner
 __all__ = [
     "PREVIEW_CACHE_SIZE",
     "PREVIEW_SENDS",
+    "STEPS_NOTE",
     "CampaignPreviews",
     "PlanSummary",
     "Previews",
     "ZoneDays",
+    "sequence_loads",
     "summarize",
 ]
 
@@ -49,6 +52,11 @@ _PAGE = 1000
 #: Sends a plan summary lists one by one; campaign plans it keeps (least recently used go).
 PREVIEW_SENDS = 1000
 PREVIEW_CACHE_SIZE = 16
+#: What a preview says of a sequence's load per day and step.
+STEPS_NOTE = (
+    "An estimate: step 1 as planned, each later step at its earliest time after the step "
+    "before, as if no one answered; capacity (per_day, sender caps) is not counted."
+)
 _NO_VARIABLES: MappingProxyType[str, str] = MappingProxyType({})
 
 
@@ -89,6 +97,10 @@ class PlanSummary:
     first_senders: tuple[str, ...] = ()
     """Who each of the ``first`` sends goes out from, ``Name <address>``: its planned sender,
     or the campaign's From; in the same order."""
+    steps: tuple[StepLoad, ...] = ()
+    """A sequence's expected sends per local day of the campaign's timezone and step, as if
+    no one answered and capacity did not count (:func:`sequence_loads`); empty for a
+    campaign of one email."""
 
 
 class Previews:
@@ -240,6 +252,7 @@ class CampaignPreviews:
             campaign.recipient_count,
             campaign.local_time,
             campaign.sender_ids,
+            campaign.steps,
             start,
         )
         with self._previews_lock:
@@ -262,7 +275,7 @@ class CampaignPreviews:
         as they are (nothing booked), in each recipient's zone for local time."""
         campaign = Campaign(
             id="draft", name=draft.name, policy=policy, from_addr=draft.from_addr,
-            sender_ids=draft.sender_ids, local_time=draft.local_time,
+            sender_ids=draft.sender_ids, local_time=draft.local_time, steps=draft.steps,
         )  # fmt: skip
         imported = draft.imported
         return Previews(self._store, self._capacity).unsaved(
@@ -318,6 +331,7 @@ def summarize(
         local_time=campaign.local_time,
         first_zones=tuple(zones[i] or default for i in order),
         first_senders=tuple(senders[i] for i in order) if senders else (),
+        steps=sequence_loads(campaign, sends, zones if campaign.local_time else None),
     )
 
 
@@ -338,7 +352,20 @@ def _plain(
         local_time=False,
         first_zones=(default,) * len(first),
         first_senders=(sender,) * len(first),
+        steps=sequence_loads(campaign, sends),
     )
+
+
+def sequence_loads(
+    campaign: Campaign, sends: Sequence[datetime], zones: Sequence[str | None] | None = None
+) -> tuple[StepLoad, ...]:
+    """A sequence's expected sends per local day of its timezone and step: step 1 as
+    planned (``sends[i]``, read in ``zones[i]`` for local time), every later step at its
+    earliest instant after the one before, as if no one answered (an estimate that ignores
+    capacity: :mod:`sendqueue.domain.step_load`). Empty for a campaign of one email."""
+    if len(campaign.steps) < 2:
+        return ()
+    return step_loads(campaign.policy, campaign.steps, sends, zones)
 
 
 def _needs_recipients(campaign: Campaign) -> bool:

@@ -5,7 +5,9 @@ where the store has one for it (:class:`~sendqueue.ports.reads.CampaignReads`).
 Its shapes are :mod:`sendqueue.domain.reads` and the views of
 :mod:`sendqueue.services.reading.views`.
 A campaign's per-day timeline reads every task, so :class:`TimelineCache` keeps it until the
-campaign's change log moves; the campaign's read tells whether it did.
+campaign's change log moves; the campaign's read tells whether it did. The same pass counts
+the tasks per step, state and outcome (:class:`Tally`), what a sequence's funnel is made from
+(:func:`~sendqueue.domain.funnel.step_funnel`).
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
 from sendqueue.domain.errors import NoSendingDay, NotFound
-from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.funnel import StepCounts
+from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Task
 from sendqueue.domain.planner import per_day_summary, plan
 from sendqueue.domain.reads import CampaignFigures, CampaignPage, TaskListing
@@ -35,11 +38,13 @@ __all__ = [
     "CampaignPage",
     "Queries",
     "QueryStore",
+    "Tally",
     "TaskListing",
     "TimelineCache",
     "TimelineFunction",
     "campaign_fields",
     "campaign_json",
+    "campaign_tally",
     "campaign_timeline",
     "senders_of",
 ]
@@ -50,6 +55,15 @@ _PAGE = 1000
 
 #: A day of a timeline: ``{"day": "2026-03-02", "planned": 40, "done": 12}``.
 Timeline = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What one pass over a campaign's tasks counts: its timeline and its tasks per step,
+    state and outcome."""
+
+    timeline: Timeline
+    steps: StepCounts
 
 
 class QueryStore(TaskStore, CampaignReads, Protocol):
@@ -84,7 +98,13 @@ def _tasks_of(store: TaskStore, campaign_id: str) -> Iterator[Task]:
 
 
 def campaign_timeline(store: TaskStore, campaign: Campaign, now: datetime) -> Timeline:
-    """Planned and done emails per local day (the campaign's zone), in day order.
+    """The timeline of :func:`campaign_tally`."""
+    return campaign_tally(store, campaign, now).timeline
+
+
+def campaign_tally(store: TaskStore, campaign: Campaign, now: datetime) -> Tally:
+    """Planned and done emails per local day (the campaign's zone), in day order, and the
+    tasks per (step, state, outcome).
 
     ``planned`` counts every task that is not cancelled by the local day of its send time;
     ``done`` counts the Finished ones by the local day they were sent. Before provisioning has
@@ -93,9 +113,11 @@ def campaign_timeline(store: TaskStore, campaign: Campaign, now: datetime) -> Ti
     zone = campaign.policy.zone
     planned: Counter[str] = Counter()
     done: Counter[str] = Counter()
+    steps: Counter[tuple[int, TaskState, TaskOutcome | None]] = Counter()
     seen = False
     for task in _tasks_of(store, campaign.id):
         seen = True
+        steps[(task.step, task.state, task.outcome)] += 1
         if task.state is not TaskState.CANCELLED:
             planned[task.send_at.astimezone(zone).date().isoformat()] += 1
         if task.state is TaskState.FINISHED and task.sent_at is not None:
@@ -104,15 +126,18 @@ def campaign_timeline(store: TaskStore, campaign: Campaign, now: datetime) -> Ti
         try:
             sends = plan(campaign.policy, campaign.recipient_count, now=now)
         except NoSendingDay:
-            return []
+            return Tally([], steps)
         for day in per_day_summary(sends, campaign.policy.timezone):
             planned[day.day.isoformat()] = day.count
     days = sorted(set(planned) | set(done))
-    return [{"day": d, "planned": planned.get(d, 0), "done": done.get(d, 0)} for d in days]
+    timeline = [{"day": d, "planned": planned.get(d, 0), "done": done.get(d, 0)} for d in days]
+    return Tally(timeline, steps)
 
 
 #: ``(store, campaign, now) -> [{"day", "planned", "done"}, ...]``: what the chart draws.
 TimelineFunction = Callable[[TaskStore, Campaign, datetime], Timeline]
+#: ``(store, campaign, now) -> Tally``: what :class:`TimelineCache` keeps.
+TallyFunction = Callable[[TaskStore, Campaign, datetime], Tally]
 
 
 class TimelineCache:
@@ -131,7 +156,7 @@ class TimelineCache:
         self,
         store: TaskStore,
         clock: Clock,
-        compute: TimelineFunction = campaign_timeline,
+        compute: TallyFunction = campaign_tally,
         *,
         size: int = 64,
     ) -> None:
@@ -140,7 +165,7 @@ class TimelineCache:
         self._compute = compute
         self._size = size
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, tuple[int, str, Timeline]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[int, str, Tally]] = OrderedDict()
 
     def marker(self, campaign_id: str) -> int | None:
         """The change-log id the campaign's kept timeline was computed at; None: none kept."""
@@ -156,8 +181,19 @@ class TimelineCache:
         changed: bool | None = None,
         head: int | None = None,
     ) -> Timeline:
-        """The campaign's timeline. ``changed``: whether its change log moved after ``since``
-        (what :meth:`marker` said), read by the caller; ``head``: the store's
+        """The campaign's timeline: :meth:`tally`'s."""
+        return self.tally(campaign, since=since, changed=changed, head=head).timeline
+
+    def tally(
+        self,
+        campaign: Campaign,
+        *,
+        since: int | None = None,
+        changed: bool | None = None,
+        head: int | None = None,
+    ) -> Tally:
+        """The campaign's timeline and step counts. ``changed``: whether its change log moved
+        after ``since`` (what :meth:`marker` said), read by the caller; ``head``: the store's
         ``last_change_id`` read before anything else, which a recount is marked with."""
         now = self._clock.now()
         minute = now.strftime("%Y-%m-%dT%H:%M")
@@ -172,13 +208,13 @@ class TimelineCache:
                 return cached[2]
         # Taken before reading, so a change made while reading makes the next call recount.
         marker = head if head is not None else self._store.last_change_id()
-        days = self._compute(self._store, campaign, now)
+        tally = self._compute(self._store, campaign, now)
         with self._lock:
-            self._entries[campaign.id] = (marker, minute, days)
+            self._entries[campaign.id] = (marker, minute, tally)
             self._entries.move_to_end(campaign.id)
             while len(self._entries) > self._size:
                 self._entries.popitem(last=False)
-        return days
+        return tally
 
 
 class Queries:
@@ -211,15 +247,15 @@ class Queries:
 
     def campaign_with_timeline(
         self, campaign_id: str, *, steps: bool = False
-    ) -> tuple[CampaignFigures, Timeline]:
-        """One campaign with its figures and its timeline: one store call while the kept
-        timeline is current."""
+    ) -> tuple[CampaignFigures, Tally]:
+        """One campaign with its figures (``steps``: with its counts per step), its timeline
+        and its funnel's counts: one store call while the kept tally is current."""
         since = self.timelines.marker(campaign_id)
         figures = self._store.campaign_figures(
             campaign_id, late_after=LATE_SECONDS, changes_since=since, steps=steps
         )
-        timeline = self.timelines.get(figures.campaign, since=since, changed=figures.changed)
-        return figures, timeline
+        tally = self.timelines.tally(figures.campaign, since=since, changed=figures.changed)
+        return figures, tally
 
     def tasks(
         self,
@@ -278,8 +314,9 @@ class Queries:
         after: int = -1,
         limit: int = 100,
         step: int | None = None,
-    ) -> tuple[CampaignPage, Timeline]:
-        """What the campaign page shows: one store call while the kept timeline is current."""
+    ) -> tuple[CampaignPage, Tally]:
+        """What the campaign page shows, with its timeline and step counts: one store call
+        while the kept tally is current."""
         since = self.timelines.marker(campaign_id)
         page = self._store.campaign_page(
             campaign_id,
@@ -292,10 +329,10 @@ class Queries:
             step=step,
         )
         figures = page.figures
-        timeline = self.timelines.get(
+        tally = self.timelines.tally(
             figures.campaign, since=since, changed=figures.changed, head=page.last_change_id
         )
-        return page, timeline
+        return page, tally
 
     def campaign_of(self, campaign_id: str) -> Campaign:
         """The campaign alone; NotFound if unknown."""

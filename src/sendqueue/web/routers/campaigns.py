@@ -34,6 +34,7 @@ from sendqueue.web.schemas import (
     RetriedCampaign,
     error_responses,
 )
+from sendqueue.web.steps_view import funnel_out
 
 __all__ = ["router"]
 
@@ -111,10 +112,14 @@ async def preview_new_campaign(
 
 @router.get("/{campaign_id}", tags=["campaigns"], responses=error_responses(*READ_ERRORS, 404))
 def get_campaign(campaign_id: str, queries: QueriesDep) -> CampaignWithTimeline:
-    """The campaign with its counts, its steps with theirs, next send and per-day ``timeline``:
-    one store read while the timeline kept is current."""
-    figures, timeline = queries.campaign_with_timeline(campaign_id, steps=True)
-    return CampaignWithTimeline(**dict(campaign_detail(figures)), timeline=timeline)
+    """The campaign with its counts, its steps with theirs, next send, per-day ``timeline`` and
+    ``funnel``: one store read while the timeline kept is current."""
+    figures, tally = queries.campaign_with_timeline(campaign_id, steps=True)
+    return CampaignWithTimeline(
+        **dict(campaign_detail(figures)),
+        timeline=tally.timeline,
+        funnel=funnel_out(figures.campaign, tally.steps),
+    )
 
 
 @router.get(

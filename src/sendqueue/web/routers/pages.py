@@ -27,6 +27,7 @@ from sendqueue.domain.lifecycle import CampaignState, StopOnReply, TaskOutcome, 
 from sendqueue.domain.models import Campaign, DeadLetter
 from sendqueue.domain.policy import WEEKDAY_NAMES
 from sendqueue.domain.reads import CampaignFigures
+from sendqueue.domain.steps import MAX_STEPS
 from sendqueue.domain.suppression import SuppressionReason
 from sendqueue.services.reading.queries import Queries, senders_of
 from sendqueue.services.reading.views import DeadLetterView, SuppressionView, iso
@@ -44,6 +45,7 @@ from sendqueue.web.deps import (
 )
 from sendqueue.web.queries import sender_detail, sender_out
 from sendqueue.web.rendering import error_page, render
+from sendqueue.web.steps_view import funnel_rows
 from sendqueue.web.task_rows import task_details, task_row
 from sendqueue.web.times import human_time
 from sendqueue.web.webhook_rows import (
@@ -171,6 +173,7 @@ def new_campaign_page(request: Request, settings: SettingsDep, senders: SendersD
         max_upload_mb=max(1, settings.max_upload_bytes // (1024 * 1024)),
         empty_chart=day_chart([]),
         senders=_sender_choices(senders),
+        step_slots=range(2, MAX_STEPS + 1),
     )
 
 
@@ -215,7 +218,7 @@ def campaign_page(
         cursor = max(-1, _int_param(after, -1))
         # the page's stream resumes after its last_change_id, read before the rest, so a
         # change made while this page renders arrives as an event instead of falling into a gap
-        read, timeline = queries.campaign_page(
+        read, tally = queries.campaign_page(
             campaign_id, state=wanted, search=needle, after=cursor, limit=PAGE_SIZE
         )
         figures, listing = read.figures, read.listing
@@ -243,7 +246,9 @@ def campaign_page(
             cursor=cursor,
             filter_state=wanted.value if wanted else "",
             search=needle or "",
-            chart=day_chart(timeline),
+            chart=day_chart(tally.timeline),
+            sequence=len(campaign.steps) > 1,
+            funnel=funnel_rows(campaign, tally.steps),
             actions=_actions(campaign, summary["counts"]),
             states=list(TaskState),
             page_size=PAGE_SIZE,

@@ -66,6 +66,8 @@
   // -- rendering ------------------------------------------------------------------------------
   // The rows are task_row.html's markup; task_rows.py (task_row) writes the same texts.
   const localTime = document.getElementById("tasks-table").dataset.localTime === "true";
+  // a sequence: rows carry a Step cell
+  const steps = document.getElementById("tasks-table").dataset.steps === "true";
 
   /** The texts of a task's fields, as the server renders them. */
   function taskCells(task) {
@@ -73,6 +75,7 @@
     const ownZone = localTime ? task.timezone || timeZone : null;
     return {
       position: String(task.position + 1),
+      step: String(task.step || 1),
       email: task.email,
       name: task.name || "",
       subject: task.subject || "",
@@ -155,6 +158,7 @@
     const url = "/campaigns/" + encodeURIComponent(id) + "/emails/" + encodeURIComponent(task.id);
     return sq.el("tr", { "data-task-id": task.id },
       sq.el("td", { class: "num pos", "data-label": "#", "data-field": "position" }),
+      steps ? sq.el("td", { class: "num", "data-label": "Step", "data-field": "step" }) : null,
       sq.el("td", { class: "card-title", "data-label": "Recipient" },
         line({ class: "line strong", "data-field": "name", hidden: true }),
         line({ class: "line mono address", "data-field": "email" })),
@@ -294,7 +298,36 @@
     return q.toString();
   }
 
+  /** A sequence's funnel (campaign.html's Steps card) from the API's campaign read. */
+  function applyFunnel(funnel) {
+    if (!Array.isArray(funnel) || !funnel.length) {
+      return;
+    }
+    const widest = Math.max(1, funnel[0].made);
+    for (const f of funnel) {
+      const row = document.querySelector('#steps-table tr[data-step="' + f.step + '"]');
+      if (!row) {
+        continue;
+      }
+      for (const name of ["made", "sent", "answered", "stopped", "pending", "failed"]) {
+        const cell = row.querySelector('[data-funnel="' + name + '"]');
+        if (cell) {
+          sq.setText(cell, String(f[name]));
+        }
+      }
+      const meter = row.querySelector("meter");
+      if (meter) {
+        const most = Math.max(widest, f.made);
+        meter.max = most;
+        meter.value = f.made;
+        meter.setAttribute("aria-label",
+          "Step " + f.step + ": " + f.made + " emails made, of " + most + " in step 1");
+      }
+    }
+  }
+
   function applyCampaign(c) {
+    applyFunnel(c.funnel);
     campaignState = c.state;
     root.dataset.state = c.state;
     if (c.policy && c.policy.timezone) {

@@ -10,7 +10,11 @@
   const windows = document.getElementById("windows");
   const status = document.getElementById("form-status");
   // API field names that have no input of their own, mapped to the one that causes them
-  const FIELD_ALIASES = { recipients: "file", header: "file", csv: "file", templates: "subject", window: "windows" };
+  const FIELD_ALIASES = {
+    recipients: "file", header: "file", csv: "file", templates: "subject", window: "windows",
+    // step 1 of a sequence is the subject and bodies above the steps
+    "steps[1].subject": "subject", "steps[1].text": "body", "steps[1].html": "html",
+  };
 
   // -- windows ---------------------------------------------------------------------------------
   function renumberWindows() {
@@ -44,6 +48,68 @@
     li.remove();
     renumberWindows();
     windows.children[Math.max(0, index - 1)].querySelector("input").focus();
+  });
+
+  // -- follow-up steps: without JavaScript every slot shows; with it, the filled ones and
+  // those added, in order (a removed step's followers move up a slot) ----------------------
+  const stepList = document.getElementById("steps");
+  const addStep = document.getElementById("add-step");
+  const slots = Array.from(stepList.querySelectorAll("[data-step-slot]"));
+  const stepControls = (slot) => Array.from(slot.querySelectorAll("input, textarea"));
+
+  function slotFilled(slot) {
+    return stepControls(slot).some((c) => (c.type === "checkbox" ? c.checked : c.value.trim() !== ""));
+  }
+
+  function copySlot(from, to) {
+    const a = from ? stepControls(from) : [];
+    stepControls(to).forEach((c, i) => {
+      if (c.type === "checkbox") {
+        c.checked = from ? a[i].checked : false;
+      } else {
+        c.value = from ? a[i].value : "";
+      }
+    });
+  }
+
+  function updateStepButtons() {
+    const shown = slots.filter((s) => !s.hidden);
+    addStep.hidden = shown.length === slots.length;
+    for (const slot of slots) {
+      slot.querySelector("[data-remove-step]").hidden = slot.hidden;
+    }
+  }
+
+  // the slots up to the last filled one stay shown, the rest wait for "Add step"
+  const lastFilled = slots.map(slotFilled).lastIndexOf(true);
+  slots.forEach((slot, i) => { slot.hidden = i > lastFilled; });
+  updateStepButtons();
+
+  addStep.addEventListener("click", () => {
+    const next = slots.find((s) => s.hidden);
+    if (!next) {
+      return;
+    }
+    next.hidden = false;
+    updateStepButtons();
+    next.querySelector("input").focus();
+  });
+
+  stepList.addEventListener("click", (event) => {
+    const button = event.target.closest("[data-remove-step]");
+    if (!button) {
+      return;
+    }
+    const shown = slots.filter((s) => !s.hidden);
+    const index = shown.indexOf(button.closest("[data-step-slot]"));
+    for (let i = index; i < shown.length; i++) {
+      copySlot(shown[i + 1] || null, shown[i]);
+    }
+    const last = shown[shown.length - 1];
+    last.hidden = true;
+    updateStepButtons();
+    const stay = shown[Math.min(index, shown.length - 2)];
+    (stay ? stay.querySelector("input") : addStep).focus();
   });
 
   // -- the request body ----------------------------------------------------------------------------
@@ -91,6 +157,13 @@
     if (field === "weekdays") {
       return form.querySelector('input[name="weekdays"]');
     }
+    if (/^steps\[\d+\]$/.test(field)) {
+      // a step as a whole (a template that cannot render): its body
+      return form.querySelector('[name="' + CSS.escape(field + ".text") + '"]');
+    }
+    if (field === "steps") {
+      return addStep.hidden ? null : addStep;
+    }
     return form.querySelector('[name="' + CSS.escape(field) + '"]');
   }
 
@@ -115,6 +188,11 @@
     let field = detail.field ? String(detail.field) : "";
     field = FIELD_ALIASES[field] || field;
     const slot = field ? form.querySelector('[data-error-for="' + CSS.escape(field) + '"]') : null;
+    const stepSlot = slot ? slot.closest("[data-step-slot]") : null;
+    if (stepSlot && stepSlot.hidden) {
+      stepSlot.hidden = false;
+      updateStepButtons();
+    }
     if (slot) {
       sq.showError(slot, detail.reason || detail.message || exc.message);
       first = controlFor(field);
@@ -169,6 +247,7 @@
       sq.el("td", { class: "num", "data-label": "Emails" }, d.count),
       sq.el("td", { "data-label": "First" }, sq.formatTime(d.first, zone)),
       sq.el("td", { "data-label": "Last" }, sq.formatTime(d.last, zone)))));
+    showSteps(result);
     // the first sends, each with its recipient's own time where the plan reads their zone
     const shown = sends.slice(0, SENDS_SHOWN);
     const local = Boolean(result.local_time);
@@ -198,6 +277,42 @@
         sq.el("td", { class: "num", "data-label": "Days" }, zoneDays.length),
         sq.el("td", { "data-label": "First (local)" }, sq.formatZoneTime(first, z.zone)),
         sq.el("td", { "data-label": "Last (local)" }, sq.formatZoneTime(last, z.zone)));
+    }));
+  }
+
+  /** A sequence's expected emails per day and step (an estimate: no one answers). */
+  function showSteps(result) {
+    const steps = Array.isArray(result.steps) ? result.steps : [];
+    const box = document.getElementById("preview-steps");
+    box.hidden = steps.length < 2;
+    const table = document.getElementById("preview-steps-table");
+    if (box.hidden) {
+      table.querySelector("thead tr").replaceChildren();
+      table.querySelector("tbody").replaceChildren();
+      return;
+    }
+    sq.setText(document.getElementById("preview-steps-note"), result.steps_note || "");
+    const perDay = new Map();
+    steps.forEach((step, i) => {
+      for (const d of step.days || []) {
+        if (!perDay.has(d.day)) {
+          perDay.set(d.day, steps.map(() => 0));
+        }
+        perDay.get(d.day)[i] = d.count;
+      }
+    });
+    table.querySelector("thead tr").replaceChildren(
+      sq.el("th", { scope: "col" }, "Day"),
+      ...steps.map((s) => sq.el("th", { scope: "col", class: "num" },
+        "Step " + s.step + (s.after ? " (+" + s.after + ")" : ""))),
+      sq.el("th", { scope: "col", class: "num" }, "All"));
+    const days = Array.from(perDay.keys()).sort();
+    table.querySelector("tbody").replaceChildren(...days.slice(0, 100).map((day) => {
+      const counts = perDay.get(day);
+      return sq.el("tr", { "data-day": day },
+        sq.el("th", { scope: "row" }, day),
+        ...counts.map((n) => sq.el("td", { class: "num" }, n)),
+        sq.el("td", { class: "num" }, counts.reduce((a, b) => a + b, 0)));
     }));
   }
 
