@@ -325,3 +325,34 @@ def test_a_later_steps_email_is_signed_like_step_ones() -> None:
         assert "List-Unsubscribe" in message.headers
         token = message.headers["List-Unsubscribe"].split("/")[-1].strip(">")
         assert verify_task(token, secret, TokenPurpose.UNSUBSCRIBE) == tid
+
+
+def test_a_campaign_is_not_completed_while_a_lost_step_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _create(app, (STEPS[0], STEPS[1]))
+    made = app.followups.after_sent
+
+    def lost_for_ben(campaign: object, sent: Task, **kw: object) -> Task | None:
+        if sent.position == 1:
+            raise StoreUnavailable("the store went away")
+        return made(campaign, sent, **kw)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(app.followups, "after_sent", lost_for_ben)
+        clock.advance(hours=1)
+        assert _fire(app) == 2
+    assert _task(app, cid, 1, 2) is None
+
+    # Ann's last step goes out with no reconciler pass in between: Ben's step is made then
+    clock.advance(days=1)
+    assert _fire(app) == 1
+    assert app.store.get_campaign(cid).state is CampaignState.ACTIVE
+    ben = _task(app, cid, 1, 2)
+    assert ben is not None and ben.state is TaskState.PENDING
+    clock.advance(days=1)
+    assert _fire(app) == 1
+    assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
+    assert len(_sent(app)) == 4

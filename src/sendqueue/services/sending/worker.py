@@ -192,9 +192,23 @@ class SendWorker:
     def _complete_if_done(self, campaign_id: str) -> None:
         # Nearly every send leaves Pending tasks behind; one cheap query spares the full
         # completion check (which checks again, under its compare-and-set) until the last one.
-        if not self._store.has_unfinished_tasks(campaign_id):
+        if not self._store.has_unfinished_tasks(campaign_id) and not self._steps_missing(
+            campaign_id
+        ):
             self._forget(campaign_id)
             self._campaigns.complete_if_done(campaign_id)
+
+    def _steps_missing(self, campaign_id: str) -> bool:
+        """Whether a sequence's later step that a failed send kept from being made is made
+        now (or could not be looked for): the campaign is not done then."""
+        campaign = self._campaign(campaign_id)
+        if self._followups is None or len(campaign.steps) < 2:
+            return False
+        try:
+            return self._followups.repair(campaign, now=self._clock.now()) > 0
+        except Exception:
+            log.exception("campaign %s: missing later steps not looked for", campaign_id)
+            return True
 
     def _forget(self, campaign_id: str) -> None:
         """Drop what the worker keeps about a campaign with nothing left to send: a worker
