@@ -356,3 +356,27 @@ def test_a_campaign_is_not_completed_while_a_lost_step_is_missing(
     assert _fire(app) == 1
     assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
     assert len(_sent(app)) == 4
+
+
+@pytest.mark.parametrize("senders", [0, 1])
+def test_a_resume_keeps_a_later_step_waiting_for_its_delay(senders: int) -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    ids = [app.senders.add(email=f"s{n}@example.com", daily_cap=50).id for n in range(senders)]
+    cid = _create(app, (STEPS[0], STEPS[1]), senders=ids)
+    clock.advance(hours=1)
+    assert _fire(app) == 2
+    first = _task(app, cid, 0, 1)
+    assert first is not None and first.sent_at is not None
+    next_day = (first.sent_at + timedelta(days=1)).replace(hour=0, minute=0, second=0)
+
+    app.campaign_controls.pause(cid)
+    app.campaign_controls.resume(cid)  # re-plans the Pending emails from now
+
+    for position in (0, 1):
+        later = _task(app, cid, position, 2)
+        assert later is not None and later.state is TaskState.PENDING
+        assert later.send_at >= next_day.replace(microsecond=0)
+    assert _fire(app) == 0
+    clock.advance(days=1)
+    assert _fire(app) == 2

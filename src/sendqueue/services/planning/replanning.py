@@ -24,14 +24,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import date, datetime, timedelta
 
 from sendqueue.domain import transitions
+from sendqueue.domain.errors import InvalidField, NoSendingDay
+from sendqueue.domain.followups import follow_up_earliest
 from sendqueue.domain.lifecycle import CampaignState, TaskState
-from sendqueue.domain.models import MAX_STEP, Campaign, Move, Task, new_token
+from sendqueue.domain.models import MAX_STEP, Campaign, Move, Task, new_token, task_id
 from sendqueue.domain.slots import free_slots, in_policy, nominal_spacing
 from sendqueue.domain.transitions import TaskChange
 from sendqueue.domain.wording import plural
@@ -199,6 +201,9 @@ class Replanner:
             for state, when in self._store.booked(campaign.id, since=now - _DAY_BACK)
             if state is not TaskState.PENDING
         ]
+        waiting = self._waiting(campaign, pending, now)
+        held = [t for t in pending if t.id in waiting]
+        pending = [t for t in pending if t.id not in waiting]
         if uses_capacity(campaign):
             # Over the senders' books, each task keeping its sender and zone; every one is
             # booked again (services/planning/capacity.py). None is kept to fire now: a moved send
@@ -218,6 +223,9 @@ class Replanner:
             per_day: Counter[date] = Counter(when.astimezone(zone).date() for when in fixed)
             movable = [t for t in pending if keep is None or t.id != keep.id]
             slots = free_slots(policy, len(movable), now=now, booked_per_day=per_day, booked=spaced)
+        # a later step waiting for its delay is placed from there, not from now
+        movable += held
+        slots += self._place_held(campaign, held, waiting, [*fixed, *slots])
         moves: list[Move] = []
         scheduled: list[Task] = [keep] if keep is not None and firing is not None else []
         for task, slot in zip(movable, slots, strict=True):
@@ -236,6 +244,55 @@ class Replanner:
                 self._rebook_unmoved(chunk)
         self._schedule(campaign, scheduled, {m.task_id for m in moves})
         return moved
+
+    def _waiting(
+        self, campaign: Campaign, pending: Sequence[Task], now: datetime
+    ) -> dict[str, datetime]:
+        """The Pending later steps whose delay after the step before ends after ``now``, each
+        with that earliest instant (:func:`~sendqueue.domain.followups.follow_up_earliest`)."""
+        later = [t for t in pending if t.step > 1 and t.step <= len(campaign.steps)]
+        if not later:
+            return {}
+        before = self._store.get_tasks(
+            [task_id(campaign.id, t.position, t.step - 1) for t in later]
+        )
+        waiting: dict[str, datetime] = {}
+        for task in later:
+            sent = before.get(task_id(campaign.id, task.position, task.step - 1))
+            delay = campaign.steps[task.step - 1].after
+            if sent is None or sent.sent_at is None or delay is None:
+                continue
+            zone = task.timezone if campaign.local_time else None
+            try:
+                earliest = follow_up_earliest(campaign.policy, sent.sent_at, delay, zone)
+            except (InvalidField, NoSendingDay):
+                continue
+            if earliest > now:
+                waiting[task.id] = earliest
+        return waiting
+
+    def _place_held(
+        self, campaign: Campaign, held: Sequence[Task], earliest: Mapping[str, datetime],
+        booked: Sequence[datetime],
+    ) -> list[datetime]:  # fmt: skip
+        """A slot for each of ``held``, one at a time, at or after its own earliest instant,
+        every instant of ``booked`` and of the slots chosen before kept (counted per day)."""
+        zone = campaign.policy.zone
+        taken = list(booked)
+        slots: list[datetime] = []
+        for task in held:
+            if uses_capacity(campaign):
+                [slot] = self._capacity.place(
+                    campaign, [task], not_before=earliest[task.id], fixed=taken
+                )
+            else:
+                per_day = Counter(when.astimezone(zone).date() for when in taken)
+                [slot] = free_slots(
+                    campaign.policy, 1, now=earliest[task.id], booked_per_day=per_day, booked=taken
+                )
+            taken.append(slot)
+            slots.append(slot)
+        return slots
 
     def _rebook_unmoved(self, moves: Sequence[Move]) -> None:
         """The slots were booked before the moves; a task claimed (or cancelled) between the
