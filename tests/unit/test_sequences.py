@@ -380,3 +380,34 @@ def test_a_resume_keeps_a_later_step_waiting_for_its_delay(senders: int) -> None
     assert _fire(app) == 0
     clock.advance(days=1)
     assert _fire(app) == 2
+
+
+def test_an_answer_does_not_complete_a_campaign_while_a_lost_step_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _create(app, (STEPS[0], STEPS[1]))
+    made = app.followups.after_sent
+
+    def lost_for_ben(campaign: object, sent: Task, **kw: object) -> Task | None:
+        if sent.position == 1:
+            raise StoreUnavailable("the store went away")
+        return made(campaign, sent, **kw)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(app.followups, "after_sent", lost_for_ben)
+        clock.advance(hours=1)
+        assert _fire(app) == 2
+    first = _task(app, cid, 0, 1)
+    assert first is not None
+
+    # Ann's reply cancels her last Pending email: Ben's missing step is made, not forgotten
+    app.feedback.apply(Feedback(FeedbackKind.REPLY, clock.now(), task_id=first.id, detail="hi"))
+
+    assert app.store.get_campaign(cid).state is CampaignState.ACTIVE
+    ben = _task(app, cid, 1, 2)
+    assert ben is not None and ben.state is TaskState.PENDING
+    clock.advance(days=2)  # no reconciler pass needed
+    assert _fire(app) == 1
+    assert app.store.get_campaign(cid).state is CampaignState.COMPLETED

@@ -56,6 +56,7 @@ def feedback_service(c: Container) -> FeedbackService:
         # lazy: the scheduler is opened only when a cancel has schedules to delete
         delete_schedules=lambda names: c.writer.delete_many(names),
         suppress_replies=c.settings.suppress_replies,
+        steps_missing=lambda cid: c.followups.missing_made(cid, now=c.clock.now()),
     )
 
 

@@ -199,16 +199,10 @@ class SendWorker:
             self._campaigns.complete_if_done(campaign_id)
 
     def _steps_missing(self, campaign_id: str) -> bool:
-        """Whether a sequence's later step that a failed send kept from being made is made
-        now (or could not be looked for): the campaign is not done then."""
-        campaign = self._campaign(campaign_id)
-        if self._followups is None or len(campaign.steps) < 2:
-            return False
-        try:
-            return self._followups.repair(campaign, now=self._clock.now()) > 0
-        except Exception:
-            log.exception("campaign %s: missing later steps not looked for", campaign_id)
-            return True
+        """Whether a later step a failed send kept from being made is made now (or could not
+        be looked for): the campaign is not done then."""
+        followups = self._followups
+        return followups is not None and followups.missing_made(campaign_id, now=self._clock.now())
 
     def _forget(self, campaign_id: str) -> None:
         """Drop what the worker keeps about a campaign with nothing left to send: a worker
