@@ -15,7 +15,9 @@ one or two senders with their caps and gaps. Checked after every rule:
 - each (recipient, step) goes out at most once (``X-Sendqueue-Task``);
 - every send lies inside the policy's windows and days (the recipient's zone in local time),
   no local day has more than ``per_day`` sends, no sender more than its cap on its day nor two
-  sends closer than its gap, all steps counted together.
+  sends closer than its gap, all steps counted together;
+- a completed campaign has no recipient whose sequence goes on (not even one whose next step a
+  failed send kept from being made).
 
 At the end, time drains (reconcile, fire each schedule at its time, repeatedly) and every
 recipient's sequence must have ended: every step Finished, or stopped (a Cancelled or Failed
@@ -189,6 +191,15 @@ class SequenceMachine(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: bool(self.cid))
+    @rule()
+    def next_send(self) -> None:
+        """The worker is up until the next planned send (and those due with it) went out."""
+        pending = [t.send_at for t in self._tasks() if t.state is TaskState.PENDING]
+        if pending:
+            until = max(self.clock.now(), min(pending))
+            self.scheduler.run_until(self.clock, self.app.invoke, until)
+
+    @precondition(lambda self: bool(self.cid))
     @rule(minutes=st.sampled_from([3, 30, 300, 1440, 2 * 1440]))
     def outage(self, minutes: int) -> None:
         """The worker is down for a while, then fires what is due: late sends catch up."""
@@ -242,8 +253,8 @@ class SequenceMachine(RuleBasedStateMachine):
         followups.after_sent = crash  # type: ignore[method-assign]
         try:
             pending = [t.send_at for t in self._tasks() if t.state is TaskState.PENDING]
-            if pending:
-                until = max(self.clock.now(), *pending)
+            if pending:  # the next send (or those due with it)
+                until = max(self.clock.now(), min(pending))
                 self.scheduler.run_until(self.clock, self.app.invoke, until)
         finally:
             del followups.after_sent
@@ -317,6 +328,11 @@ class SequenceMachine(RuleBasedStateMachine):
                 assert (b - a).total_seconds() >= sender.min_gap_seconds, (
                     f"{sender.email} sent at {a} and {b}: closer than {sender.min_gap_seconds} s"
                 )
+
+    @invariant()
+    def completed_means_every_sequence_ended(self) -> None:
+        if self.cid and self._campaign().state is CampaignState.COMPLETED:
+            self._check_all_ended()
 
     # -- the end --------------------------------------------------------------------------
     def _ongoing(self) -> list[str]:
