@@ -353,3 +353,89 @@ def test_pause_resume_and_a_catch_up_never_bring_a_later_step_forward() -> None:
         assert task.send_at == due[task.id]  # still ahead: kept where its delay put it
     names = {s.name for s in app.scheduler.list(f"sq-{cid}")}
     assert all(any(n.startswith(f"sq-{tid}.") for n in names) for tid in due)
+
+
+def test_a_campaign_is_not_completed_while_a_lost_step_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _create(app, (STEPS[0], STEPS[1]))
+    made = app.followups.after_sent
+
+    def lost_for_ben(campaign: object, sent: Task, **kw: object) -> Task | None:
+        if sent.position == 1:
+            raise StoreUnavailable("the store went away")
+        return made(campaign, sent, **kw)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(app.followups, "after_sent", lost_for_ben)
+        clock.advance(hours=1)
+        assert _fire(app) == 2
+    assert _task(app, cid, 1, 2) is None
+
+    # Ann's last step goes out with no reconciler pass in between: Ben's step is made then
+    clock.advance(days=1)
+    assert _fire(app) == 1
+    assert app.store.get_campaign(cid).state is CampaignState.ACTIVE
+    ben = _task(app, cid, 1, 2)
+    assert ben is not None and ben.state is TaskState.PENDING
+    clock.advance(days=1)
+    assert _fire(app) == 1
+    assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
+    assert len(_sent(app)) == 4
+
+
+@pytest.mark.parametrize("senders", [0, 1])
+def test_a_resume_keeps_a_later_step_waiting_for_its_delay(senders: int) -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    ids = [app.senders.add(email=f"s{n}@example.com", daily_cap=50).id for n in range(senders)]
+    cid = _create(app, (STEPS[0], STEPS[1]), senders=ids)
+    clock.advance(hours=1)
+    assert _fire(app) == 2
+    first = _task(app, cid, 0, 1)
+    assert first is not None and first.sent_at is not None
+    next_day = (first.sent_at + timedelta(days=1)).replace(hour=0, minute=0, second=0)
+
+    app.campaign_controls.pause(cid)
+    app.campaign_controls.resume(cid)  # re-plans the Pending emails from now
+
+    for position in (0, 1):
+        later = _task(app, cid, position, 2)
+        assert later is not None and later.state is TaskState.PENDING
+        assert later.send_at >= next_day.replace(microsecond=0)
+    assert _fire(app) == 0
+    clock.advance(days=1)
+    assert _fire(app) == 2
+
+
+def test_an_answer_does_not_complete_a_campaign_while_a_lost_step_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _create(app, (STEPS[0], STEPS[1]))
+    made = app.followups.after_sent
+
+    def lost_for_ben(campaign: object, sent: Task, **kw: object) -> Task | None:
+        if sent.position == 1:
+            raise StoreUnavailable("the store went away")
+        return made(campaign, sent, **kw)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(app.followups, "after_sent", lost_for_ben)
+        clock.advance(hours=1)
+        assert _fire(app) == 2
+    first = _task(app, cid, 0, 1)
+    assert first is not None
+
+    # Ann's reply cancels her last Pending email: Ben's missing step is made, not forgotten
+    app.feedback.apply(Feedback(FeedbackKind.REPLY, clock.now(), task_id=first.id, detail="hi"))
+
+    assert app.store.get_campaign(cid).state is CampaignState.ACTIVE
+    ben = _task(app, cid, 1, 2)
+    assert ben is not None and ben.state is TaskState.PENDING
+    clock.advance(days=2)  # no reconciler pass needed
+    assert _fire(app) == 1
+    assert app.store.get_campaign(cid).state is CampaignState.COMPLETED

@@ -59,6 +59,7 @@ def feedback_service(c: Container) -> FeedbackService:
         suppress_replies=c.settings.suppress_replies,
         # lazy: the re-planner is built only when an out-of-office notice names a date
         postpone=lambda tasks, back: bootstrap_campaigns.away_dates(c).postpone(tasks, back),
+        steps_missing=lambda cid: c.followups.missing_made(cid, now=c.clock.now()),
     )
 
 

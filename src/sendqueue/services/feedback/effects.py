@@ -96,7 +96,8 @@ class FeedbackService:
 
     ``delete_schedules`` removes the schedules of the tasks it cancels (the campaign service's
     schedule writer); ``suppress_replies`` also lists an address that replied (reason
-    "replied"), for senders who want one conversation per recipient ever.
+    "replied"), for senders who want one conversation per recipient ever; ``steps_missing``
+    makes a sequence's missing later steps before a campaign is completed (True: not done).
     """
 
     def __init__(
@@ -110,6 +111,7 @@ class FeedbackService:
         delete_schedules: Callable[[Sequence[str]], object] | None = None,
         suppress_replies: bool = False,
         postpone: Callable[[Sequence[Task], date], tuple[str, ...]] | None = None,
+        steps_missing: Callable[[str], bool] | None = None,
     ) -> None:
         self._store = store
         self._feedback = feedback
@@ -119,6 +121,8 @@ class FeedbackService:
         self._delete_schedules = delete_schedules
         self._suppress_replies = suppress_replies
         self._postpone = postpone
+        # True for a campaign that must not be completed yet: a later step was missing
+        self._steps_missing = steps_missing
 
     def apply(self, item: Feedback) -> Applied:
         """Apply one piece of feedback (see the module's docstring); never raises for feedback
@@ -345,6 +349,14 @@ class FeedbackService:
         entry = Suppression(key, reason, task.id if task else None, self._clock.now())
         return self._suppressions.suppress([entry]) == 1
 
+    def _steps_left(self, campaign_id: str) -> bool:
+        """Whether a campaign with nothing left to send had a sequence's later step missing
+        (made now, or not looked for): not done then. Looked for only at the campaign's end."""
+        missing = self._steps_missing
+        if missing is None or self._store.has_unfinished_tasks(campaign_id):
+            return False
+        return missing(campaign_id)
+
     def _cancel(self, tasks: Sequence[Task], reason: str) -> tuple[str, ...]:
         """Cancel those of ``tasks`` still Pending (compare-and-set each), delete their
         schedules, and complete the campaigns left with nothing to send."""
@@ -360,6 +372,8 @@ class FeedbackService:
         if booked:  # their sender slots are free for other sends again
             self._senders.release(booked)
         for campaign_id in sorted({t.campaign_id for t in cancelled}):
+            if self._steps_left(campaign_id):
+                continue
             complete_if_done(self._store, campaign_id, at=now)
         if cancelled:
             log.info("feedback cancelled %s (%s)", plural(len(cancelled), "pending email"), reason)

@@ -192,9 +192,17 @@ class SendWorker:
     def _complete_if_done(self, campaign_id: str) -> None:
         # Nearly every send leaves Pending tasks behind; one cheap query spares the full
         # completion check (which checks again, under its compare-and-set) until the last one.
-        if not self._store.has_unfinished_tasks(campaign_id):
+        if not self._store.has_unfinished_tasks(campaign_id) and not self._steps_missing(
+            campaign_id
+        ):
             self._forget(campaign_id)
             self._campaigns.complete_if_done(campaign_id)
+
+    def _steps_missing(self, campaign_id: str) -> bool:
+        """Whether a later step a failed send kept from being made is made now (or could not
+        be looked for): the campaign is not done then."""
+        followups = self._followups
+        return followups is not None and followups.missing_made(campaign_id, now=self._clock.now())
 
     def _forget(self, campaign_id: str) -> None:
         """Drop what the worker keeps about a campaign with nothing left to send: a worker

@@ -259,6 +259,17 @@ class FollowUps:
                 batch = []
         return made + self._repair_batch(campaign, batch, now)
 
+    def missing_made(self, campaign_id: str, *, now: datetime) -> bool:
+        """Before a campaign with nothing left to send is completed: make the later steps a
+        failed send kept from being made (:meth:`repair`). True when one was made, or when
+        they could not be looked for (the store failed): the campaign is not done then."""
+        try:
+            campaign = self._store.get_campaign(campaign_id)
+            return len(campaign.steps) > 1 and self.repair(campaign, now=now) > 0
+        except Exception:
+            log.exception("campaign %s: missing later steps not looked for", campaign_id)
+            return True
+
     def _repair_batch(self, campaign: Campaign, sent: list[Task], now: datetime) -> int:
         nexts = {t.id: task_id(campaign.id, t.position, t.step + 1) for t in sent}
         found = self._store.get_tasks(list(nexts.values())) if sent else {}
