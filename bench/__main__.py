@@ -35,6 +35,7 @@ from bench import (
     planner,
     provisioning,
     reconciler,
+    sequences,
     stream,
     suppressions,
     throughput,
@@ -66,6 +67,7 @@ BENCHMARKS = (
     "feedback",
     "feedback_parse",
     "webhooks",
+    "sequences",
 )
 
 
@@ -137,6 +139,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="API during a hostile poll: most seconds timed during (30)")  # fmt: skip
     g.add_argument("--feedback-bytes", type=int, default=feedback_parse.SIZE,
                    help="feedback parse: bytes per hostile message (1 MiB)")  # fmt: skip
+    g.add_argument("--sequence-emails", type=int, default=2_000,
+                   help="sequences: step-1 sends of each campaign (one step, 3 steps); "
+                        "the 3-step run's cost grows faster than its size")  # fmt: skip
+    g.add_argument("--sequence-recipients", type=int, default=100_000,
+                   help="sequences: recipients of the 3-step sequence provisioned")  # fmt: skip
+    g.add_argument("--sequence-repeats", type=int, default=1)
     g.add_argument("--webhook-rate", type=float, default=1_000.0, help="webhooks: events/s made")
     g.add_argument("--webhook-seconds", type=float, default=10.0,
                    help="webhooks: seconds of events made with no sends beside them")  # fmt: skip
@@ -191,6 +199,36 @@ def _feedback_steps(args: argparse.Namespace) -> list[tuple[str, Callable[[], An
             ),
         ),
     ]
+
+
+def _sequences(
+    args: argparse.Namespace, attempt: Callable[[str, Callable[[], Any]], None], proc: str | None
+) -> None:
+    """Benchmark 16: a 3-step campaign's sends against a one-step campaign's, on the embedded
+    layer (SQLite) and on procrastinate (a database per campaign kind); its provisioning."""
+
+    def run_throughput() -> Any:
+        with ExitStack() as stack:
+            port = stack.enter_context(smtp_sink())
+            layers: dict[str, tuple[str, ...]] = {"embedded, SQLite": ("embedded", "", "")}
+            if not proc:
+                urls = [stack.enter_context(postgres_database()) for _ in range(2)]
+                layers["procrastinate, PostgreSQL"] = ("procrastinate", *urls)
+            return sequences.run_throughput(
+                emails=args.sequence_emails,
+                concurrency=args.concurrency,
+                repeats=args.sequence_repeats,
+                port=port,
+                layers=layers,
+            )
+
+    attempt("sequences_throughput", run_throughput)
+    attempt(
+        "sequences_provisioning",
+        lambda: sequences.run_provisioning(
+            recipients=args.sequence_recipients, repeats=args.sequence_repeats
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -413,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
             "feedback_parse",
             lambda: feedback_parse.run(size=args.feedback_bytes, repeats=repeats),
         )
+    if "sequences" in chosen:
+        _sequences(args, attempt, proc_reason)
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     results["seconds"] = time.monotonic() - started
     results["arguments"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

@@ -226,6 +226,35 @@ def _rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         rows += _suppression_rows(b["suppressions"])
     if "webhooks" in b:
         rows += _webhook_rows(b["webhooks"])
+    rows += _sequence_rows(b)
+    return rows
+
+
+def _sequence_rows(b: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    rows = []
+    if "sequences_throughput" in b:
+        t = b["sequences_throughput"]
+        for name, fig in t["variants"].items():
+            rows.append(
+                (
+                    f"16 a {t['steps']}-step campaign's sends, {t['emails']:,} emails, each "
+                    f"making the next step: /s ({name})",
+                    _m(fig["sequence_per_second"]),
+                    f"a one-step campaign's: {_m(fig['one_step_per_second'])}",
+                    f"{fig['ratio']:.2f}x",
+                )
+            )
+    if "sequences_provisioning" in b:
+        p = b["sequences_provisioning"]
+        rows.append(
+            (
+                f"16 provisioning a {p['steps']}-step sequence, {p['recipients']:,} recipients "
+                f"({p['store']} store): rows/s",
+                _m(p["sendqueue_per_second"]),
+                f"raw executemany: {_m(p['raw_per_second'])}",
+                f"{p['ratio']:.2f}x",
+            )
+        )
     return rows
 
 

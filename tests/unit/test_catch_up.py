@@ -410,3 +410,26 @@ def test_an_overdue_send_met_while_a_retry_holds_the_lease_is_still_re_planned()
     assert now is not None and now.state is TaskState.PENDING
     assert now.moves == 1, "the overdue email was not re-planned"
     _one_schedule_per_pending_task(app, cid)
+
+
+def test_a_retry_slot_reads_only_the_bookings_that_can_count_against_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = _app(FakeClock(START))
+    cid = _campaign(app, 24)  # 12 on the 1st, 12 on the 2nd: both days full
+    campaign = app.store.get_campaign(cid)
+    reads: list[datetime] = []
+    booked = app.store.booked
+
+    def spy(campaign_id: str, **kw: Any) -> Any:
+        reads.append(kw["since"])
+        return booked(campaign_id, **kw)
+
+    monkeypatch.setattr(app.store, "booked", spy)
+    for not_before in (local("2026-12-02T00:30"), local("2026-12-01T16:02")):
+        [slot] = app.replanner.retry_slots(campaign, 1, not_before=not_before, exclude=())
+        # the 2nd's sends counted against its day although read from its local midnight on
+        assert slot.astimezone(BERLIN).strftime("%d %H:%M") == "03 16:00"
+    # from the local midnight before not_before (less an hour for DST), not 26 h back
+    assert reads[0] == local("2026-12-01T23:00")
+    assert reads[-1] == local("2026-11-30T23:00")

@@ -95,9 +95,10 @@ def free_slots(
     out: list[datetime] = []
     used: dict[date, int] = {}
     seen = 0
-    # Enough for the usual case in one pass (a slot is refused for a full day or for a booked
-    # instant nearby); a plan of a million sends is a lot of memory, so not twice that.
-    batch = count + 2 * len(taken) + per_day + _FIRST_BATCH
+    # Enough for the usual case in one pass (a slot is refused for a booked instant nearby,
+    # and a full day has its per_day instants in ``taken``); a plan of a million sends is a
+    # lot of memory, so not twice that. Not a day's grid more: a retry plans one slot.
+    batch = count + 2 * len(taken) + _FIRST_BATCH
     while True:
         # A plan is a prefix of any longer plan from the same start, so each batch only
         # examines the slots the previous one did not.

@@ -32,7 +32,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as dt_time
 
 from sendqueue.domain import transitions
 from sendqueue.domain.lifecycle import CampaignState, TaskState
@@ -90,6 +91,17 @@ def iter_tasks(
         last = batch[-1].position
         yield from (t for t in batch if t.position != last)
         after = last - 1
+
+
+def _counted_from(campaign: Campaign, not_before: datetime) -> datetime:
+    """The earliest instant whose booking can count against a slot at or after ``not_before``:
+    the start of its local day (``per_day``), or half the spacing before it, whichever is
+    earlier, less an hour for a midnight a DST change moves. A follow-up due tomorrow then
+    reads none of today's sends."""
+    local = not_before.astimezone(campaign.policy.zone).date()
+    midnight = datetime.combine(local, dt_time(0), tzinfo=campaign.policy.zone)
+    gap = nominal_spacing(campaign.policy) / 2
+    return min(midnight.astimezone(UTC), not_before - gap) - timedelta(hours=1)
 
 
 class Replanner:
@@ -312,7 +324,7 @@ class Replanner:
                     instants.remove(own)
             return self._capacity.place(campaign, tasks, not_before=not_before, fixed=instants)
         zone = campaign.policy.zone
-        since = not_before - _DAY_BACK
+        since = _counted_from(campaign, not_before)
         span: timedelta | None = _FIRST_SPAN
         while True:
             until = None if span is None else not_before + span
