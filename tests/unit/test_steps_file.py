@@ -11,7 +11,11 @@ import pytest
 
 from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.steps import Delay, DelayUnit, Step
-from sendqueue.services.campaigns.steps_file import MAX_STEPS_FILE_BYTES, read_steps_file
+from sendqueue.services.campaigns.steps_file import (
+    MAX_STEPS_FILE_BYTES,
+    read_steps_file,
+    steps_from_entries,
+)
 from sendqueue.services.templates.render import TemplateLimits
 
 YAML_EXAMPLE = """\
@@ -288,3 +292,22 @@ def test_with_step_1_given_apart_a_later_step_without_after_is_named(tmp_path: P
     with pytest.raises(InvalidField) as exc:
         read_steps_file(write(tmp_path, "later.yaml", text), first=FIRST)
     assert exc.value.field == "steps[4].after"
+
+
+def test_too_many_steps_are_refused_before_any_entry_is_read(tmp_path: Path) -> None:
+    # Each entry is compiled (and its files read) when built: a list of many thousand
+    # aliases of one entry must be refused by its length first, not after reading them all.
+    text = "- &s {subject: Hi, body_file: missing.txt}\n" + "- *s\n" * 11
+    error = refused(write(tmp_path, "many.yaml", text))
+    assert (error.field, error.value) == ("steps", 12)
+    later = "- {after: 1d, body_file: missing.txt}\n" * 10
+    with pytest.raises(InvalidField) as exc:
+        read_steps_file(write(tmp_path, "later.yaml", later), first=FIRST)
+    assert (exc.value.field, exc.value.value) == ("steps", 11)
+
+
+def test_too_many_inline_steps_are_refused_before_any_is_compiled() -> None:
+    entries = [{"subject": "Hi", "body": "{{ broken"}] * 11
+    with pytest.raises(InvalidField) as exc:
+        steps_from_entries(entries)
+    assert (exc.value.field, exc.value.value) == ("steps", 11)

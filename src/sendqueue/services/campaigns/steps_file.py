@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from sendqueue.domain.errors import InvalidField
-from sendqueue.domain.steps import Step, check_steps, parse_delay, shown_value
+from sendqueue.domain.steps import MAX_STEPS, Step, check_steps, parse_delay, shown_value
 from sendqueue.services.templates.render import TemplateLimits, Templates, compile_templates
 
 __all__ = ["MAX_STEPS_FILE_BYTES", "read_steps_file", "steps_from_entries"]
@@ -78,6 +78,7 @@ def read_steps_file(
             "steps only, each with its after; the first entry has no after: it reads as step 1",
         )
     start = 1 if first is None else 2
+    _check_count(len(data) + start - 1)
     steps = [_step(k, entry, path.parent, limits) for k, entry in enumerate(data, start)]
     return list(check_steps(steps if first is None else [first, *steps]))
 
@@ -89,7 +90,15 @@ def steps_from_entries(entries: object, limits: TemplateLimits | None = None) ->
     limits = limits or TemplateLimits()
     if not isinstance(entries, list) or not entries:
         raise InvalidField("steps", shown_value(entries), "expected a list of steps, step 1 first")
+    _check_count(len(entries))
     return list(check_steps([_step(k, e, None, limits) for k, e in enumerate(entries, 1)]))
+
+
+def _check_count(count: int) -> None:
+    """Refuse more than MAX_STEPS steps before any entry is built: each one is compiled and
+    its files read, so a long list (YAML aliases of one entry, a big JSON body) costs a lot."""
+    if count > MAX_STEPS:
+        raise InvalidField("steps", count, f"a sequence has 1 to {MAX_STEPS} steps")
 
 
 def _step(k: int, entry: object, folder: Path | None, limits: TemplateLimits) -> Step:
