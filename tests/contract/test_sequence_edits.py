@@ -14,6 +14,7 @@ from sendqueue.domain.transitions import rerender
 from sendqueue.ports import StoreBackend
 from tests.contract.store_backends import (
     T0,
+    Backend,
     S,
     all_changes,
     backend,
@@ -112,3 +113,18 @@ def test_rerender_is_built_only_for_a_pending_task(store: StoreBackend) -> None:
     assert claimed is not None
     with pytest.raises(IllegalTransition):
         rerender(claimed, "S", "t\n", None)
+
+
+def test_steps_a_store_cannot_hold_are_refused_naming_the_step(
+    backend: Backend, store: StoreBackend
+) -> None:
+    # 60 KB of text and 500 KB of HTML: past a DynamoDB item (the steps live in the campaign's)
+    big = (*TWO, Step(3, None, "x" * 60_000, "<p>" + "y" * 500_000 + "</p>", parse_delay("1d")))
+    store.create_campaign(campaign(steps=TWO), recipients(1))
+    if backend.name != "dynamodb":
+        assert store.replace_steps("c1", TWO, big, at=T0)
+        return
+    with pytest.raises(InvalidField) as exc:  # not StoreUnavailable: trying again never helps
+        store.replace_steps("c1", TWO, big, at=T0)
+    assert exc.value.field == "steps[3]"
+    assert store.get_campaign("c1").steps == TWO

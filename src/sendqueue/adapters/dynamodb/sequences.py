@@ -14,8 +14,14 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from sendqueue.adapters.dynamodb.codec import PendingEntry, task_from_item
-from sendqueue.adapters.dynamodb.table import LOG_MAX
+from sendqueue.adapters.dynamodb.codec import (
+    PendingEntry,
+    campaign_item,
+    item_size,
+    task_from_item,
+)
+from sendqueue.adapters.dynamodb.table import ITEM_BYTES, LOG_MAX
+from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Campaign, utc
 from sendqueue.domain.steps import Step, check_steps
@@ -23,6 +29,8 @@ from sendqueue.domain.transitions import Rerender
 
 __all__ = ["SequenceItems"]
 
+#: Stands for the campaign item's recipient key (16 hex digits) when its size is measured.
+_SIZED_KEY = "0" * 16
 #: The most characters of bodies and subjects one transaction writes (of its 4 MB).
 _CHUNK_CHARS = 1_000_000
 
@@ -54,7 +62,18 @@ class SequenceItems:
         def change(current: Campaign) -> tuple[Campaign, PendingEntry | None] | None:
             if current.steps != wanted:
                 return None
-            return replace(current, steps=checked, updated_at=at), None
+            updated = replace(current, steps=checked, updated_at=at)
+            if item_size(campaign_item(updated, _SIZED_KEY)) > ITEM_BYTES:
+                # refused as create_campaign refuses it: DynamoDB's own refusal reads as an outage
+                changed = next(
+                    (s.number for s, old in zip(checked, wanted, strict=False) if s != old),
+                    len(checked),
+                )
+                raise InvalidField(
+                    f"steps[{changed}]", len(checked),
+                    "with the other steps, larger than a DynamoDB item can be (400 KB)",
+                )  # fmt: skip
+            return updated, None
 
         with me._errors("replace a campaign's steps"):
             return bool(me._campaign_write(campaign_id, change))
