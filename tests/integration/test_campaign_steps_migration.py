@@ -1,5 +1,6 @@
 """Migration 0012 (a campaign's steps) on a real SQLite file and the real PostgreSQL server:
-campaigns stored before it read as having no steps, and its downgrade keeps every row."""
+campaigns stored before it read as having no steps, and its downgrade keeps every row (and
+refuses to drop a sequence's later steps)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sqlalchemy as sa
 
 from sendqueue.adapters.sql import migrate, open_store
 from sendqueue.adapters.sql.schema import create_store_engine
+from sendqueue.domain.errors import InvalidField
 from sendqueue.domain.models import Campaign, Recipient
 from sendqueue.domain.policy import SendingPolicy
 from sendqueue.domain.steps import Step, parse_delay
@@ -79,7 +81,8 @@ def test_the_downgrade_drops_the_steps_and_keeps_campaigns_and_recipients(
     url: str, engine: sa.Engine
 ) -> None:
     with open_store(url) as store:
-        store.create_campaign(a_campaign("c1", STEPS), [Recipient(0, "r@example.com")])
+        store.create_campaign(a_campaign("c1", STEPS[:1]), [Recipient(0, "r@example.com")])
+        store.create_campaign(a_campaign("c0"), [])
 
     migrate.downgrade(url, BEFORE)
 
@@ -88,4 +91,20 @@ def test_the_downgrade_drops_the_steps_and_keeps_campaigns_and_recipients(
         assert "steps" not in columns
         # batch mode would have copied the table, and its cascade emptied the recipients
         assert conn.execute(sa.text("SELECT count(*) FROM recipients")).scalar_one() == 1
-        assert conn.execute(sa.text("SELECT id FROM campaigns")).scalar_one() == "c1"
+        assert conn.execute(sa.text("SELECT count(*) FROM campaigns")).scalar_one() == 2
+
+
+def test_the_downgrade_refuses_while_a_campaign_has_later_steps(url: str) -> None:
+    # Its later steps are made only as each step before is sent: none may exist yet (so 0011's
+    # own refusal would not see them), and dropping the column would end every such sequence.
+    with open_store(url) as store:
+        store.create_campaign(a_campaign("c1", STEPS), [Recipient(0, "r@example.com")])
+
+    with pytest.raises(InvalidField) as exc:
+        migrate.downgrade(url, BEFORE)
+
+    assert exc.value.field == "revision"
+    assert "1 campaign" in exc.value.reason
+    assert migrate.current(url) == migrate.head()
+    with open_store(url) as store:
+        assert store.get_campaign("c1").steps == STEPS
