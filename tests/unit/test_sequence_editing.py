@@ -341,3 +341,40 @@ def test_step_1_keeps_what_a_rows_own_cell_gave_it() -> None:
     app.sequence_editor.update_step(cid, 1, subject="Hello {{ name }}")  # a second edit
     assert _task(app, cid, 0, 1).subject == "Hello Ann"
     assert _task(app, cid, 1, 1).subject == "My own subject"
+
+
+# Each under the 64 KB a subject and body may hold together, the two past it (Jinja comments:
+# they render short, so only the source's size is wrong).
+LONG_SUBJECT = "{#" + "s" * 40_000 + "#}Last"
+LONG_TEXT = "{#" + "t" * 30_000 + "#}Bye\n"
+
+
+def test_parts_that_pass_alone_but_not_together_are_refused_naming_the_text() -> None:
+    app = fake_app()
+    cid = _create(app)
+
+    with pytest.raises(InvalidField) as info:
+        app.sequence_editor.update_step(cid, 3, subject=LONG_SUBJECT, text=LONG_TEXT)
+    assert info.value.field == "steps[3].text"
+    with pytest.raises(InvalidField) as info:
+        app.sequence_editor.add_step(cid, subject=LONG_SUBJECT, text=LONG_TEXT, after="1d")
+    assert info.value.field == "steps[4].text"
+    assert app.store.get_campaign(cid).steps == STEPS
+
+
+def test_a_stored_step_that_no_longer_compiles_ends_the_sequence_with_its_reason() -> None:
+    # a step stored under a larger SENDQUEUE_MAX_TEMPLATE_BYTES than the worker's now
+    clock = FakeClock(T0)
+    app = fake_app(clock=clock)
+    cid = _create(app)
+    too_big = Step(2, LONG_SUBJECT, LONG_TEXT, None, parse_delay("1d"))
+    assert app.store.replace_steps(cid, STEPS, (STEPS[0], too_big, STEPS[2]), at=T0)
+    clock.advance(hours=1)
+
+    assert _fire(app) == 2  # step 1 goes out; the next step cannot be made from its templates
+
+    step_2 = _task(app, cid, 0, 2)
+    assert step_2.state is TaskState.CANCELLED
+    assert step_2.reason is not None and "step 2: template failed" in step_2.reason
+    assert app.reconciler.run() is not None
+    assert app.store.get_campaign(cid).state is CampaignState.COMPLETED

@@ -308,6 +308,13 @@ class SequenceEditor:
     def _check_renders(self, campaign: Campaign, old: Step | None, new: Step) -> None:
         """Compile and render each changed part of ``new`` for the first recipient, alone (so
         a failure names its part); InvalidField ``steps[k].subject``, ``.text`` or ``.html``."""
+        try:
+            self._renderer.check(new)  # the parts together too: their sizes add up
+        except InvalidField as exc:
+            part = {"body": "text"}.get(exc.field, exc.field)
+            raise InvalidField(
+                f"steps[{new.number}].{part}", shown_value(exc.value), exc.reason
+            ) from None
         first = self._store.list_recipients(campaign.id, limit=1)
         if not first:
             return

@@ -59,10 +59,20 @@ class StepRenderer:
         with self._lock:
             return self._render(campaign.id, step, recipient, first_subject, where)
 
+    def check(self, step: Step) -> None:
+        """Compile ``step``'s templates together under the limits (a subject and body over
+        them together fail though each alone passes); InvalidField naming ``subject``,
+        ``body`` or ``html``."""
+        compile_templates(Templates(step.subject, step.text, step.html), self._limits)
+
     def _render(
         self, campaign_id: str, step: Step, recipient: Recipient, first_subject: str, where: str
     ) -> tuple[str, str, str | None] | str:
-        compiled = self._templates(campaign_id, step)
+        try:
+            compiled = self._templates(campaign_id, step)
+        # stored under larger limits than this process's: the step cannot be made from it
+        except InvalidField as exc:
+            return f"{where}: template failed: {exc}"
         row: dict[str, object] = {
             **recipient.variables, "email": recipient.email, "name": recipient.name,
         }  # fmt: skip
