@@ -164,3 +164,12 @@ def test_a_step_template_over_the_field_cap_is_named_by_its_step(web: Web) -> No
     assert error["field"] == "steps[2].body"
     assert "longer than 524288 bytes" in error["reason"]
     assert web.container.store.list_campaigns() == []
+
+
+def test_a_long_list_of_steps_is_refused_by_its_length_with_one_error(web: Web) -> None:
+    # each entry invalid: read one by one, every one would be an error of the 422's body
+    body = {"name": "x", "recipients": [{"email": "a@example.com"}], "steps": [{}] * 5_000}
+    response = web.client.post("/api/campaigns", json=body)
+    error = _error(response)
+    assert error["field"] == "steps"
+    assert len(response.content) < 2_000

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sendqueue.domain.errors import InvalidField, InvalidInput
 from sendqueue.domain.lifecycle import StopOnReply
 from sendqueue.domain.policy import SendingPolicy
-from sendqueue.domain.steps import Step
+from sendqueue.domain.steps import MAX_STEPS, Step
 from sendqueue.services.campaigns.creation import CampaignImport, Draft
 from sendqueue.services.campaigns.steps_file import steps_from_entries
 from sendqueue.services.importing.recipients import ImportLimits, Templates
@@ -120,6 +120,8 @@ class CampaignBody(BaseModel):
     )
     steps: list[StepBody] | None = Field(
         None,
+        # checked before the entries: a long list of bad ones would make as many errors
+        max_length=MAX_STEPS,
         description="1 to 10 steps making it a sequence, step 1 first; step 1's templates are "
         "then the campaign's, so give no `templates` too",
     )
