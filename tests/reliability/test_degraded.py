@@ -105,11 +105,14 @@ REQUESTS: dict[str, dict[str, Any]] = {
     "/api/webhooks": {"json": {"url": "https://hooks.example.com/sendqueue"}},
     "/api/webhooks/{endpoint_id}": {"json": {"enabled": False}},
     "/api/webhooks/{endpoint_id}/redeliver": {"json": {"events": ["evt_1"]}},
+    "/api/campaigns/{campaign_id}/steps": {"json": {"text": "more", "after": "2d"}},
+    "/api/campaigns/{campaign_id}/steps/{number}": {"json": {"text": "more"}},
 }
 
 
 def _concrete(path: str, campaign_id: str) -> str:
     path = path.replace("{task_id}", f"{campaign_id}-0").replace("{email:path}", "a@example.com")
+    path = path.replace("{number}", "1")  # a step
     token = sign_task(f"{campaign_id}-0", LINK_KEY, TokenPurpose.UNSUBSCRIBE)
     path = path.replace("{token}", token)
     return re.sub(r"\{[^}]+\}", campaign_id, path)

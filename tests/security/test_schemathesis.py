@@ -84,7 +84,8 @@ def _targets(c: Container) -> _Targets:
             name="target",
             recipients=csv_bytes(count),
             policy=open_policy(start=T0 + timedelta(days=days)),
-            templates=Templates(),
+            # stored as step 1 (the rows' own cells still win): steps can be added and changed
+            templates=Templates(subject="Hi {{ name }}", body="Dear {{ name }}"),
         ).campaign.id
 
     draft, active, paused = new(1), new(3), new(2)
@@ -140,6 +141,8 @@ def _exercise(operation: Any, targets: _Targets, seen: Counter[int]) -> None:
     adding = operation.method.upper() == "POST" and operation.path == "/api/suppressions"
     adding_sender = operation.method.upper() == "POST" and operation.path == "/api/senders"
     changing_sender = operation.method.upper() == "PATCH" and "senders" in operation.path
+    adding_step = operation.method.upper() == "POST" and operation.path.endswith("/steps")
+    changing_step = operation.method.upper() == "PATCH" and "/steps/" in operation.path
 
     @given(case=operation.as_strategy(), aim=st.data())
     @settings(
@@ -174,6 +177,12 @@ def _exercise(operation: Any, targets: _Targets, seen: Counter[int]) -> None:
                 if adding_sender
                 else {"daily_cap": number % 10_000 + 1}
             )
+        if (adding_step or changing_step) and aim.draw(st.booleans()):
+            # a drawn step is hardly ever a valid template with a delay: aim some at one
+            text = f"More {aim.draw(st.integers(0, 10**6))}, {{{{ name }}}}"
+            case.body = {"text": text, "after": "2d"} if adding_step else {"text": text}
+            if changing_step:
+                params["number"] = 1
         if adding and aim.draw(st.booleans()):
             # likewise a drawn address is hardly ever valid: aim some at a real one
             case.body = {"email": f"new-{aim.draw(st.integers(0, 10**6))}@example.com"}
