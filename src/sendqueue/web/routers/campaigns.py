@@ -114,7 +114,7 @@ async def preview_new_campaign(
 def get_campaign(campaign_id: str, queries: QueriesDep) -> CampaignWithTimeline:
     """The campaign with its counts, its steps with theirs, next send, per-day ``timeline`` and
     ``funnel``: one store read while the timeline kept is current."""
-    figures, tally = queries.campaign_with_timeline(campaign_id, steps=True)
+    figures, tally = queries.campaign_with_timeline(campaign_id)
     return CampaignWithTimeline(
         **dict(campaign_detail(figures)),
         timeline=tally.timeline,
