@@ -72,7 +72,12 @@ from sendqueue.ports.scheduler import (
     Target,
 )
 from sendqueue.ports.senders import SenderStore
-from sendqueue.ports.sequences import SequenceEdits, SequenceStore
+from sendqueue.ports.sequences import (
+    FollowUpMarks,
+    FollowUpStore,
+    SequenceEdits,
+    SequenceStore,
+)
 from sendqueue.ports.stores import StoreBackend, Stores
 from sendqueue.ports.suppressions import ReadsTaskThenSuppression, SuppressionList
 from sendqueue.ports.tasks import (
@@ -115,6 +120,8 @@ __all__ = [
     "FeedbackSource",
     "FeedbackStore",
     "FlushableAlarm",
+    "FollowUpMarks",
+    "FollowUpStore",
     "LeasedCampaignTasks",
     "Leases",
     "Mailer",

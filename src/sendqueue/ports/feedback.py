@@ -89,6 +89,10 @@ class FeedbackOutcomes(Protocol):
         """The recipient's return date, or None."""
         ...
 
+    def away_dates(self, campaign_id: str, positions: Collection[int]) -> dict[int, date]:
+        """The return dates kept for those of ``positions`` that have one."""
+        ...
+
 
 class FeedbackCursors(Protocol):
     """Each feedback mailbox's position and what its passes saw. Every task store implements

@@ -16,7 +16,7 @@ from typing import Protocol
 from sendqueue.ports.feedback import FeedbackCursors, FeedbackOutcomes, FeedbackStore
 from sendqueue.ports.reads import CampaignReads
 from sendqueue.ports.senders import SenderStore
-from sendqueue.ports.sequences import SequenceEdits
+from sendqueue.ports.sequences import FollowUpMarks, SequenceEdits
 from sendqueue.ports.suppressions import SuppressionList
 from sendqueue.ports.tasks import Campaigns, ChangeLog, Counters, Leases, TaskStore
 from sendqueue.ports.webhooks import WebhookStore
@@ -32,6 +32,7 @@ class StoreBackend(
     WebhookStore,
     CampaignReads,
     SequenceEdits,
+    FollowUpMarks,
     Protocol,
 ):
     """One backend's store: every aggregate's port, in one database (the SQL stores, the

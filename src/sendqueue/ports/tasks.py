@@ -186,13 +186,21 @@ class Tasks(Protocol):
         ...
 
     def finish_send(
-        self, task_id: str, *, at: datetime, message_id: str, slot: datetime | None = None
+        self,
+        task_id: str,
+        *,
+        at: datetime,
+        message_id: str,
+        slot: datetime | None = None,
+        follow_up: bool = False,
     ) -> SendFinish:
         """The send worker's finish, one statement or transaction: Running -> Finished with
         ``sent_at = outcome_at = at``, the message id, outcome accepted and no error, logged;
         with ``slot`` (the claimed task's send_at), the task's booking at that instant is
-        counted sent in the same write (``SenderStore.mark_sent``). Also tells whether the
-        campaign has other Pending tasks. DynamoDB runs these as consecutive writes."""
+        counted sent in the same write (``SenderStore.mark_sent``). With ``follow_up``, the
+        task is marked as having its sequence's next step to make (:class:`~sendqueue.ports.
+        sequences.FollowUpMarks`) in the same write. Also tells whether the campaign has other
+        Pending tasks. DynamoDB runs these as consecutive writes."""
         ...
 
     def reschedule(self, moves: Sequence[Move], *, at: datetime, reason: str) -> int:
@@ -252,7 +260,8 @@ class Tasks(Protocol):
         ...
 
     def has_unfinished_tasks(self, campaign_id: str) -> bool:
-        """Whether any task of the campaign is Pending or Running (False for an unknown one)."""
+        """Whether any task of the campaign is Pending or Running, or marked as having its
+        next step to make (``finish_send(follow_up=True)``); False for an unknown one."""
         ...
 
     def count_tasks(self, campaign_id: str) -> dict[TaskState, int]:
