@@ -10,7 +10,8 @@
 - A soft bounce is a conditional put (``attribute_not_exists``: the same key kept once) of an
   item in the address's own partition, then a count of that partition since a time.
 - A recipient's return date is an item in its campaign's ``AW#`` partition, updated only by a
-  notice at least as new as the kept one (a failed condition: a newer one is kept).
+  notice at least as new as the kept one (a failed condition: a newer one is kept); many are
+  read at once with BatchGetItem (``away_dates``).
 - A mailbox cursor is an update conditional on moving forward (or another UIDVALIDITY); a
   failed condition means a newer position is already stored. The same item keeps the
   mailbox's pass state (``pa`` polled at, ``mr`` messages read, added to; ``le`` the last
@@ -201,6 +202,13 @@ class FeedbackItems(TableClient):
         with self._errors("read a return date"):
             item = self._get(_away_pk(campaign_id), str(position))
         return None if item is None else date.fromisoformat(item["until"]["S"])
+
+    def away_dates(self, campaign_id: str, positions: Collection[int]) -> dict[int, date]:
+        """BatchGetItem of the positions' ``AW#`` items, consistent, 100 keys a request."""
+        keys = [(_away_pk(campaign_id), str(p)) for p in sorted(set(positions))]
+        with self._errors("read return dates"):
+            items = self._batch_get(keys) if keys else []
+        return {int(i["sk"]["S"]): date.fromisoformat(i["until"]["S"]) for i in items}
 
     def feedback_cursor(self, mailbox: str) -> tuple[int, int] | None:
         with self._errors("read a feedback cursor"):

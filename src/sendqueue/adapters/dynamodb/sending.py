@@ -7,9 +7,9 @@ task's conditional Put and the log item), never a single UpdateItem. The claim r
 claim as that transaction, conditioned on the task's version (so its state and token are the
 ones read). The campaign's state and the suppression entry are read just before the write,
 not conditioned in it: a pause landing between the two lets this one send go out, as one
-landing just after the claim would. The finish is the transition, then the booking counted
-sent (``mark_sent``), two writes; it reports no Pending tasks left, so the worker runs its
-usual completion check.
+landing just after the claim would. The finish is the transition (with the follow-up mark,
+when asked, in its transaction), then the booking counted sent (``mark_sent``), two writes; it
+reports no Pending tasks left, so the worker runs its usual completion check.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from sendqueue.adapters.dynamodb.codec import PendingEntry, task_from_item
+from sendqueue.adapters.dynamodb.sequences import mark_put
 from sendqueue.adapters.dynamodb.tasks import task_put
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
@@ -114,11 +115,20 @@ class SendItems:
         return SendClaim(claimed, state, booking_at=booking_at)
 
     def finish_send(
-        self, task_id: str, *, at: datetime, message_id: str, slot: datetime | None = None
+        self,
+        task_id: str,
+        *,
+        at: datetime,
+        message_id: str,
+        slot: datetime | None = None,
+        follow_up: bool = False,
     ) -> SendFinish:
         me: Any = self
         at = utc(at)
-        done = me.transition(
+        # The follow-up mark is a third item of the transition's own transaction (with the
+        # task's Put and its log item): a finish never commits without it.
+        table = self._table
+        done = me._transition(
             task_id,
             TaskState.RUNNING,
             TaskState.FINISHED,
@@ -130,6 +140,7 @@ class SendItems:
                 "outcome": TaskOutcome.ACCEPTED,
                 "outcome_at": at,
             },
+            also=(lambda task: [mark_put(table, task, at)]) if follow_up else None,
         )
         if done is None or slot is None:
             return SendFinish(done)

@@ -25,6 +25,8 @@ key attributes are the contract with the template and must stay stable:
 ``SB#<address>``    message key  a transient bounce of the address (``FeedbackStore``): ``at``
 ``AW#<campaign>``   position     a recipient's return date (``FeedbackStore.set_away``): ``until``
                                  (ISO day), ``at``
+``FU#<campaign>``   pos#step     a sent task whose sequence's next step is still to make
+                                 (``FollowUpMarks``; the step 2 digits): ``task``, ``at``
 ``cursor``          mailbox      a feedback mailbox's position: ``uv`` its UIDVALIDITY, ``uid``
 ``sender``          id           a sender (``SenderStore``): ``em`` its address lower-cased,
                                  ``d`` the sender as JSON (its transport as given)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,6 +19,7 @@ from sendqueue.adapters.dynamodb.codec import (
     task_item,
     time_key,
 )
+from sendqueue.adapters.dynamodb.sequences import follow_up_pk
 from sendqueue.adapters.dynamodb.table import (
     ITEM_BYTES,
     LOG_MAX,
@@ -175,6 +176,21 @@ class TaskItems(TableClient):
         changes: TaskChanges | None = None,
         note: str | None = None,
     ) -> Task | None:
+        return self._transition(task_id, expected, new, at=at, changes=changes, note=note)
+
+    def _transition(
+        self,
+        task_id: str,
+        expected: TaskState,
+        new: TaskState,
+        *,
+        at: datetime,
+        changes: TaskChanges | None = None,
+        note: str | None = None,
+        also: Callable[[Task], list[dict[str, Any]]] | None = None,
+    ) -> Task | None:
+        """:meth:`transition`, with ``also``'s writes (given the updated task) in its
+        transaction."""
         check_task_transition(expected, new)
         at = utc(at)
         values = checked_changes(changes)
@@ -192,9 +208,9 @@ class TaskItems(TableClient):
                 return None
             updated = replace(task, **values, state=new, updated_at=at)
             result.append(updated)
-            return [self._task_put(updated, expected, version)], [
-                (task.campaign_id, task_id, expected.value, new.value, at, note)
-            ]
+            writes = [self._task_put(updated, expected, version)]
+            writes += [] if also is None else also(updated)
+            return writes, [(task.campaign_id, task_id, expected.value, new.value, at, note)]
 
         with self._errors("change a task's state"):
             return result[0] if self._with_log(build) else None
@@ -476,15 +492,27 @@ class TaskItems(TableClient):
         return stale[:limit]
 
     def has_unfinished_tasks(self, campaign_id: str) -> bool:
+        # A Pending or a Running task (the by_state index), or a follow-up mark (a consistent
+        # read of its partition): a sequence's next step still to make keeps the campaign open.
+        queries: list[dict[str, Any]] = [
+            {
+                "IndexName": "by_state",
+                "KeyConditionExpression": "gs = :k",
+                "ExpressionAttributeValues": {":k": str_attr(f"{campaign_id}#{state.value}")},
+            }
+            for state in (TaskState.PENDING, TaskState.RUNNING)
+        ]
+        queries.append(
+            {
+                "KeyConditionExpression": "pk = :k",
+                "ExpressionAttributeValues": {":k": str_attr(follow_up_pk(campaign_id))},
+                "ConsistentRead": True,
+            }
+        )
         with self._errors("look for unfinished tasks"):
-            for state in (TaskState.PENDING, TaskState.RUNNING):
+            for query in queries:
                 page = self._db.query(
-                    TableName=self._table,
-                    IndexName="by_state",
-                    KeyConditionExpression="gs = :gs",
-                    ExpressionAttributeValues={":gs": str_attr(f"{campaign_id}#{state.value}")},
-                    ProjectionExpression="pk",
-                    Limit=1,
+                    TableName=self._table, ProjectionExpression="pk", Limit=1, **query
                 )
                 if page.get("Items"):
                     return True
