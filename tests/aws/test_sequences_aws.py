@@ -95,7 +95,7 @@ def test_the_reconcile_handler_makes_a_step_the_send_could_not(
         raise StoreUnavailable("the store went away")
 
     with monkeypatch.context() as patched:
-        patched.setattr(aws.app.followups, "after_sent", down)
+        patched.setattr(aws.app.followups, "make_due", down)
         _fire_until_done(aws, aws.player(), minutes=2)
     assert _by_step(aws, cid) == {(1, TaskState.FINISHED): COUNT}
     assert aws.app.store.get_campaign(cid).state is CampaignState.ACTIVE

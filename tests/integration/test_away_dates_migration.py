@@ -42,7 +42,7 @@ def _campaign(cid: str) -> Campaign:
 def test_a_0012_store_upgrades_and_keeps_return_dates_then_downgrades(url: str) -> None:
     migrate.upgrade(url, BEFORE)
     with open_store(url) as store:  # upgrades on open
-        assert migrate.current(url) == migrate.head() == "0013"
+        assert migrate.current(url) == migrate.head() == "0014"
         store.create_campaign(_campaign("c1"), [Recipient(0, "r@example.com")])
         store.set_away("c1", 0, date(2026, 12, 14), at=T0)
         assert store.away_until("c1", 0) == date(2026, 12, 14)

@@ -122,7 +122,7 @@ def test_a_0001_database_upgrades_to_counters_and_keeps_its_data(
     assert "counters" not in table_names(engine)
 
     with open_store(url) as store:  # the store upgrades on open, as after a release
-        assert migrate.current(url) == migrate.head() == "0013"
+        assert migrate.current(url) == migrate.head() == "0014"
         assert schema_diffs(engine) == []
         assert store.counter("session-generation") == 0
         assert store.increment_counter("session-generation") == 1
@@ -210,7 +210,7 @@ def test_a_0005_database_upgrades_to_feedback_with_address_keys_for_its_tasks(
         )
 
     with open_store(url) as store:  # upgrades on open, as after a release
-        assert migrate.current(url) == migrate.head() == "0013"
+        assert migrate.current(url) == migrate.head() == "0014"
         assert schema_diffs(engine) == []
         old = store.get_campaign("c1")
         assert (old.stop_on_reply.value, old.unsubscribe_footer) == ("sender", False)
@@ -278,7 +278,7 @@ def test_a_0010_database_upgrades_to_task_steps_and_its_tasks_read_as_step_one(
         )
 
     with open_store(url) as store:  # upgrades on open, as after a release
-        assert migrate.current(url) == migrate.head() == "0013"
+        assert migrate.current(url) == migrate.head() == "0014"
         assert schema_diffs(engine) == []
         old = store.get_task("c1-0")
         assert old is not None and old.step == 1

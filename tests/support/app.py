@@ -43,13 +43,15 @@ def fake_app(
 
     ``max_lateness`` defaults to 30 days, not 300 s, and ``space_late_sends`` to False: most
     tests jump the clock past many send times at once and check another rule; the tests of the
-    catch-up re-plan and of late sends set them.
+    catch-up re-plan and of late sends set them. ``follow_up_linger`` defaults to 0: a send's
+    next sequence step is made before the send returns, where a test checks it at once.
     """
     clock = clock or FakeClock(T0)
     values: dict[str, Any] = {
         "retry_backoff": 60.0,
         "max_lateness": LENIENT_LATENESS,
         "space_late_sends": False,
+        "follow_up_linger": 0.0,
         "_env_file": None,
     }
     values.update(settings)

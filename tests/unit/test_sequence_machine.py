@@ -247,17 +247,17 @@ class SequenceMachine(RuleBasedStateMachine):
         """The worker crashes between a send and making the next step: the reconciler makes it."""
         followups = self.app.followups
 
-        def crash(*args: object, **kwargs: object) -> None:
+        def crash(*args: object, **kwargs: object) -> int:
             raise RuntimeError("the worker died")
 
-        followups.after_sent = crash  # type: ignore[method-assign]
+        followups.make_due = crash  # type: ignore[method-assign]
         try:
             pending = [t.send_at for t in self._tasks() if t.state is TaskState.PENDING]
             if pending:  # the next send (or those due with it)
                 until = max(self.clock.now(), min(pending))
                 self.scheduler.run_until(self.clock, self.app.invoke, until)
         finally:
-            del followups.after_sent
+            del followups.make_due
 
     @precondition(lambda self: bool(self.cid))
     @rule()

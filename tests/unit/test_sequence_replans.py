@@ -113,7 +113,7 @@ def test_a_later_step_waits_for_a_step_before_it_that_was_never_recorded_sent(
     finish = app.store.finish_send
 
     def died(task: str, **kwargs: Any) -> Any:
-        if task == first_id:  # the worker died after making step 2, before recording step 1
+        if task == first_id:  # the worker died after the send, before recording it
             raise StoreUnavailable("the worker died")
         return finish(task, **kwargs)
 
@@ -122,7 +122,13 @@ def test_a_later_step_waits_for_a_step_before_it_that_was_never_recorded_sent(
         clock.advance(minutes=5)
         with contextlib.suppress(StoreUnavailable):
             _fire(app)
-    assert app.store.get_task(first_id).state is TaskState.RUNNING  # type: ignore[union-attr]
+    running = app.store.get_task(first_id)
+    assert running is not None and running.state is TaskState.RUNNING
+    # a next step is made only once its step is recorded sent (the finish marks it) ...
+    assert app.store.get_task(task_id(cid, 0, 2)) is None
+    # ... but a worker of a version that made it before the record left one behind
+    made = app.followups.after_sent(app.store.get_campaign(cid), running, sent_at=clock.now())
+    assert made is not None
     second = _second(app, cid, 0)
 
     clock.set(second.send_at)  # step 2 is due while step 1 is still Running: it waits

@@ -4,7 +4,7 @@ after their delay, in the thread, from the same sender, stopped by any answer.""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -257,10 +257,11 @@ def test_a_step_not_made_at_the_send_is_made_by_the_reconciler(
         raise StoreUnavailable("the store went away")
 
     with monkeypatch.context() as patched:
-        patched.setattr(app.followups, "after_sent", down)
+        patched.setattr(app.followups, "make_due", down)
         clock.advance(hours=1)
         assert _fire(app) == 2
     assert _task(app, cid, 0, 2) is None
+    assert len(app.store.follow_ups_due(cid)) == 2  # the sends' marks stay for a later pass
     # the sends are recorded, and the campaign is not done while its sequences are not
     assert app.store.count_tasks(cid)[TaskState.FINISHED] == 2
     assert app.store.get_campaign(cid).state is CampaignState.ACTIVE
@@ -282,12 +283,18 @@ def test_a_campaign_completed_without_a_next_step_is_reopened_with_it() -> None:
     app = fake_app(clock=clock)
     cid = _create(app, (STEPS[0], STEPS[1]))
     campaign = app.store.get_campaign(cid)
-    # as if both sends' next steps were lost and a completion check ran in between
+
+    # as if both sends' next steps were lost without a mark (sent before marks existed) and
+    # a completion check ran in between
+    def lose(campaign_id: str, **kw: object) -> int:
+        return app.store.follow_ups_made(campaign_id, [t.id for t in app.store.follow_ups_due(cid)])
+
+    app.followups.make_due = lose  # type: ignore[method-assign]
     app.followups.after_sent = lambda *a, **k: None  # type: ignore[method-assign]
     clock.advance(hours=1)
     _fire(app)
     assert app.store.get_campaign(cid).state is CampaignState.COMPLETED
-    del app.followups.after_sent
+    del app.followups.after_sent, app.followups.make_due
 
     report = app.reconciler.run()
 
@@ -361,15 +368,15 @@ def test_a_campaign_is_not_completed_while_a_lost_step_is_missing(
     clock = FakeClock(T0)
     app = fake_app(clock=clock)
     cid = _create(app, (STEPS[0], STEPS[1]))
-    made = app.followups.after_sent
+    made = app.followups.make_due
 
-    def lost_for_ben(campaign: object, sent: Task, **kw: object) -> Task | None:
-        if sent.position == 1:
+    def lost_for_ben(campaign_id: str, *, now: datetime) -> int:
+        if any(t.position == 1 for t in app.store.follow_ups_due(campaign_id)):
             raise StoreUnavailable("the store went away")
-        return made(campaign, sent, **kw)  # type: ignore[arg-type]
+        return made(campaign_id, now=now)
 
     with monkeypatch.context() as patched:
-        patched.setattr(app.followups, "after_sent", lost_for_ben)
+        patched.setattr(app.followups, "make_due", lost_for_ben)
         clock.advance(hours=1)
         assert _fire(app) == 2
     assert _task(app, cid, 1, 2) is None
@@ -416,26 +423,29 @@ def test_an_answer_does_not_complete_a_campaign_while_a_lost_step_is_missing(
     clock = FakeClock(T0)
     app = fake_app(clock=clock)
     cid = _create(app, (STEPS[0], STEPS[1]))
-    made = app.followups.after_sent
+    made = app.followups.make_due
 
-    def lost_for_ben(campaign: object, sent: Task, **kw: object) -> Task | None:
-        if sent.position == 1:
+    def lost_for_ben(campaign_id: str, *, now: datetime) -> int:
+        if any(t.position == 1 for t in app.store.follow_ups_due(campaign_id)):
             raise StoreUnavailable("the store went away")
-        return made(campaign, sent, **kw)  # type: ignore[arg-type]
+        return made(campaign_id, now=now)
 
     with monkeypatch.context() as patched:
-        patched.setattr(app.followups, "after_sent", lost_for_ben)
+        patched.setattr(app.followups, "make_due", lost_for_ben)
         clock.advance(hours=1)
         assert _fire(app) == 2
     first = _task(app, cid, 0, 1)
     assert first is not None
 
-    # Ann's reply cancels her last Pending email: Ben's missing step is made, not forgotten
+    # Ann's reply cancels her last Pending email: Ben's mark keeps the campaign open, and the
+    # reconciler's next pass makes his step
     app.feedback.apply(Feedback(FeedbackKind.REPLY, clock.now(), task_id=first.id, detail="hi"))
 
     assert app.store.get_campaign(cid).state is CampaignState.ACTIVE
+    assert _task(app, cid, 1, 2) is None
+    assert app.reconciler.run().follow_ups_made == 1
     ben = _task(app, cid, 1, 2)
     assert ben is not None and ben.state is TaskState.PENDING
-    clock.advance(days=2)  # no reconciler pass needed
+    clock.advance(days=2)
     assert _fire(app) == 1
     assert app.store.get_campaign(cid).state is CampaignState.COMPLETED

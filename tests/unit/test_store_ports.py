@@ -17,6 +17,7 @@ from sendqueue.ports import (
     FeedbackCursors,
     FeedbackOutcomes,
     FeedbackStore,
+    FollowUpMarks,
     Leases,
     SenderStore,
     SequenceEdits,
@@ -40,6 +41,7 @@ KEPT_BESIDE: list[Any] = [
     WebhookStore,
     CampaignReads,
     SequenceEdits,
+    FollowUpMarks,
 ]
 
 

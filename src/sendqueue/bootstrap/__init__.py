@@ -500,7 +500,7 @@ class Container:
         alarm = self.__dict__.get("alarm")
         if isinstance(alarm, FlushableAlarm):
             alarm.flush(5.0)
-        for name in ("feedback_poller", "sender_mailers", "mailer", "scheduler", "store"):
+        for name in ("worker", "feedback_poller", "sender_mailers", "mailer", "scheduler", "store"):
             if name in self.__dict__:
                 try:
                     getattr(self, name).close()

@@ -64,7 +64,7 @@ def _step_renderer() -> StepRenderer:
 def followups(c: Container) -> FollowUps:
     first = FollowUpsFirst(c.stores.tasks, c.replanner, c.capacity, c.writer, c.clock)
     return FollowUps(
-        c.stores.tasks,
+        c.store,
         c.suppressions,
         c.replanner,
         c.writer,
@@ -134,7 +134,15 @@ def worker(c: Container) -> SendWorker:
         alarm=c.alarm,
         mailer_for=c.mailer_for,
         followups=c.followups,
+        follow_up_linger=_follow_up_linger(c),
     )
+
+
+def _follow_up_linger(c: Container) -> float | None:
+    """None (inline) on the eventbridge layer, whose Lambda may be frozen between
+    invocations, and when set to 0; else the setting."""
+    linger = c.settings.follow_up_linger
+    return None if c.settings.execution == "eventbridge" or linger == 0 else linger
 
 
 def reconciler(c: Container) -> Reconciler:

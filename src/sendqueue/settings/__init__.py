@@ -191,6 +191,14 @@ class Settings(WebhookSettings):
         "planned spacing of another send of its campaign is moved to a free slot instead; "
         "false sends such a backlog as fast as the worker can (the throughput benchmark)",
     )
+    follow_up_linger: float = Field(
+        0.5,
+        ge=0,
+        le=60,
+        description="seconds a worker process gathers its sends' next sequence steps before "
+        "making them together (0: each right after its send; the eventbridge layer always "
+        "does that)",
+    )
     max_attempts: int = Field(3, ge=1, le=20, description="send attempts per email in all")
     retry_backoff: float = Field(
         60.0,

@@ -96,6 +96,7 @@ GROUPS: tuple[Group, ...] = (
             "auto_pause_after",
             "max_lateness",
             "space_late_sends",
+            "follow_up_linger",
             "stale_after",
             "stale_policy",
             "reconcile_",

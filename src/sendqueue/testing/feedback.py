@@ -106,6 +106,11 @@ class InMemoryFeedback:
             self._away[(campaign_id, position)] = (until, at)
 
     @guarded
+    def away_dates(self, campaign_id: str, positions: Collection[int]) -> dict[int, date]:
+        kept = ((p, self._away.get((campaign_id, p))) for p in set(positions))
+        return {p: k[0] for p, k in kept if k is not None}
+
+    @guarded
     def away_until(self, campaign_id: str, position: int) -> date | None:
         kept = self._away.get((campaign_id, position))
         return None if kept is None else kept[0]

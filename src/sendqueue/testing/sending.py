@@ -67,7 +67,13 @@ class InMemorySending:
 
     @guarded
     def finish_send(
-        self, task_id: str, *, at: datetime, message_id: str, slot: datetime | None = None
+        self,
+        task_id: str,
+        *,
+        at: datetime,
+        message_id: str,
+        slot: datetime | None = None,
+        follow_up: bool = False,
     ) -> SendFinish:
         at = utc(at)
         me: Any = self
@@ -80,6 +86,8 @@ class InMemorySending:
         )
         if done is None:
             return SendFinish(None)
+        if follow_up:
+            me._follow_ups.add(task_id)
         settled = False
         if slot is not None:
             booking = me.booking_of(task_id)

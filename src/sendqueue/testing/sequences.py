@@ -1,10 +1,11 @@
-"""The in-memory store's sequence edits (:class:`~sendqueue.ports.SequenceEdits`), each
-under the store's one lock, so each compare-and-set is as atomic as a SQL store's."""
+"""The in-memory store's sequence edits (:class:`~sendqueue.ports.SequenceEdits`) and follow-up
+marks (:class:`~sendqueue.ports.FollowUpMarks`), each under the store's one lock, so each
+compare-and-set is as atomic as a SQL store's."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -20,12 +21,32 @@ __all__ = ["InMemorySequenceEdits"]
 
 
 class InMemorySequenceEdits:
-    """``replace_steps`` and ``rerender`` over the in-memory store's dictionaries."""
+    """``replace_steps``, ``rerender`` and the follow-up marks over the in-memory store's
+    dictionaries; the marks are a set of task ids (``_follow_ups``)."""
 
     _lock: threading.RLock
     _available: bool
     _tasks: dict[str, Task]
     _campaigns: dict[str, Campaign]
+    _follow_ups: set[str]
+
+    @guarded
+    def follow_ups_due(self, campaign_id: str, *, limit: int = 500) -> list[Task]:
+        marked = [self._tasks[i] for i in self._follow_ups if i in self._tasks]
+        mine = sorted(
+            (t for t in marked if t.campaign_id == campaign_id), key=lambda t: (t.position, t.step)
+        )
+        return mine[:limit]
+
+    @guarded
+    def follow_ups_made(self, campaign_id: str, task_ids: Collection[str]) -> int:
+        cleared = 0
+        for tid in set(task_ids):
+            task = self._tasks.get(tid)
+            if tid in self._follow_ups and task is not None and task.campaign_id == campaign_id:
+                self._follow_ups.discard(tid)
+                cleared += 1
+        return cleared
 
     @guarded
     def replace_steps(

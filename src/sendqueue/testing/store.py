@@ -103,6 +103,7 @@ class InMemoryTaskStore(
         self._log: list[ChangeLogEntry] = []
         self._leases: dict[str, tuple[str, datetime]] = {}
         self._counters: dict[str, int] = {}
+        self._follow_ups: set[str] = set()  # marked tasks (InMemorySequenceEdits)
 
     def set_available(self, available: bool) -> None:
         """Make every call fail with StoreUnavailable (``False``) or work again (``True``)."""
@@ -494,7 +495,7 @@ class InMemoryTaskStore(
     def has_unfinished_tasks(self, campaign_id: str) -> bool:
         open_states = (TaskState.PENDING, TaskState.RUNNING)
         return any(
-            self._tasks[task_id].state in open_states
+            self._tasks[task_id].state in open_states or task_id in self._follow_ups
             for task_id in self._task_at.get(campaign_id, {}).values()
         )
 

@@ -368,7 +368,13 @@ class SqlTaskStore(
 
     @abstractmethod
     def finish_send(
-        self, task_id: str, *, at: datetime, message_id: str, slot: datetime | None = None
+        self,
+        task_id: str,
+        *,
+        at: datetime,
+        message_id: str,
+        slot: datetime | None = None,
+        follow_up: bool = False,
     ) -> SendFinish:
         """One round trip per dialect: :mod:`sendqueue.adapters.sql.sending`."""
 
@@ -454,40 +460,6 @@ class SqlTaskStore(
                 updated += len(found)
         return updated
 
-    def booked(
-        self, campaign_id: str, *, since: datetime, until: datetime | None = None
-    ) -> list[tuple[TaskState, datetime]]:
-        t = tables.tasks.c
-
-        def within(column: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
-            low = column >= sa.bindparam("since", since, type_=UtcDateTime())
-            if until is None:
-                return low
-            return sa.and_(low, column < sa.bindparam("until", until, type_=UtcDateTime()))
-
-        query = sa.select(t.state, t.send_at, t.claimed_at, t.sent_at).where(
-            t.campaign_id == campaign_id,
-            sa.or_(
-                sa.and_(t.state == TaskState.FINISHED.value, within(t.sent_at)),
-                sa.and_(t.state == TaskState.RUNNING.value, within(t.claimed_at)),
-                sa.and_(t.state == TaskState.PENDING.value, within(t.send_at)),
-            ),
-        )
-        with self._read("list booked sends") as conn:
-            found = conn.execute(query).all()
-        out: list[tuple[TaskState, datetime]] = []
-        for state, send_at, claimed_at, sent_at in found:
-            kind = rows.STATES[state]
-            when = (
-                sent_at
-                if kind is TaskState.FINISHED
-                else claimed_at
-                if kind is TaskState.RUNNING
-                else send_at
-            )
-            out.append((kind, when))
-        return out
-
     def list_tasks(
         self,
         campaign_id: str,
@@ -537,7 +509,8 @@ class SqlTaskStore(
 
     @abstractmethod
     def has_unfinished_tasks(self, campaign_id: str) -> bool:
-        """Whether any task of the campaign is Pending or Running (False for an unknown one).
+        """Whether any task of the campaign is Pending or Running, or marked as having its next
+        step to make (False for an unknown one).
 
         The send worker asks this after every send, and only when the answer is no does it run
         the campaign service's completion check (which asks again before its state change).

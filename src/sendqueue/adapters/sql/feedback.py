@@ -149,6 +149,16 @@ class FeedbackTables(ABC):
         with self._write("keep a return date") as conn:
             conn.execute(statement)
 
+    def away_dates(self, campaign_id: str, positions: Collection[int]) -> dict[int, date]:
+        found: dict[int, date] = {}
+        with self._read("read return dates") as conn:
+            for part in rows.chunks(sorted(set(positions))):
+                query = sa.select(_A.position, _A.until).where(
+                    _A.campaign_id == campaign_id, _A.position.in_(part)
+                )
+                found.update((int(p), u) for p, u in conn.execute(query).all())
+        return found
+
     def away_until(self, campaign_id: str, position: int) -> date | None:
         query = sa.select(_A.until).where(_A.campaign_id == campaign_id, _A.position == position)
         with self._read("read a return date") as conn:

@@ -513,10 +513,18 @@ class PostgresTaskStore(SqlTaskStore):
         return self._run("claim a task", run, write=True)
 
     def finish_send(
-        self, task_id: str, *, at: datetime, message_id: str, slot: datetime | None = None
+        self,
+        task_id: str,
+        *,
+        at: datetime,
+        message_id: str,
+        slot: datetime | None = None,
+        follow_up: bool = False,
     ) -> SendFinish:
         def run(db: Any) -> SendFinish:
-            return sending.pg_finish(db, task_id, at=at, message_id=message_id, slot=slot)
+            return sending.pg_finish(
+                db, task_id, at=at, message_id=message_id, slot=slot, follow_up=follow_up
+            )
 
         return self._run("finish a send", run, write=True)
 
@@ -557,11 +565,11 @@ class PostgresTaskStore(SqlTaskStore):
         found = self._run(
             "check unfinished tasks",
             lambda db: db.execute(
-                "SELECT 1 FROM tasks WHERE campaign_id = %s AND state IN (%s, %s) LIMIT 1",
-                (campaign_id, TaskState.PENDING.value, TaskState.RUNNING.value),
-            ).fetchall(),
+                sending.PG_UNFINISHED,
+                (campaign_id, TaskState.PENDING.value, TaskState.RUNNING.value, campaign_id),
+            ).fetchone(),
         )
-        return bool(found)
+        return bool(found[0])
 
     # change log ------------------------------------------------------------------------------
 

@@ -221,6 +221,17 @@ tasks = sa.Table(
     # not), written at insert: FeedbackStore.tasks_for reads it through its index. Nullable
     # so that 0006 adds it in place (no table copy) before filling every row.
     sa.Column("email_key", sa.String(320), nullable=True),
+    # A sent step whose sequence's next step is still to be made (migration 0014): set by the
+    # finish, cleared once the step is made. Partial index: few rows are ever marked.
+    sa.Column("follow_up", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Index(
+        "ix_tasks_follow_up",
+        "campaign_id",
+        "position",
+        "step",
+        sqlite_where=sa.text("follow_up = 1"),
+        postgresql_where=sa.text("follow_up"),
+    ),
     # list_tasks / count_tasks: one campaign's tasks in a state, in position order.
     sa.Index("ix_tasks_campaign_id_state_position", "campaign_id", "state", "position"),
     # list_tasks without a state filter, and one task per recipient and step (migration 0011).

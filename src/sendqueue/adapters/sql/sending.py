@@ -37,7 +37,7 @@ from sendqueue.domain.sendclaim import (
 from sendqueue.domain.senders import epoch_ms
 from sendqueue.domain.suppression import Suppression, SuppressionReason
 
-__all__ = ["pg_claim", "pg_finish", "sqlite_claim", "sqlite_finish"]
+__all__ = ["PG_UNFINISHED", "pg_claim", "pg_finish", "sqlite_claim", "sqlite_finish"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _COLUMNS = [c.strip() for c in TASK_COLUMNS.split(",")]
@@ -63,7 +63,8 @@ _SQLITE_CLAIM = (
 )
 _SQLITE_FINISH = (
     "UPDATE tasks SET state = ?, sent_at = ?, message_id = ?, error = NULL, outcome = ?,"
-    f" outcome_at = ?, updated_at = ? WHERE id = ? AND state = ? RETURNING {TASK_COLUMNS}"
+    " outcome_at = ?, updated_at = ?, follow_up = ? WHERE id = ? AND state = ?"
+    f" RETURNING {TASK_COLUMNS}"
 )
 _LOG_INSERT = (
     "INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
@@ -102,7 +103,7 @@ _PG_CLAIM = (
 _PG_FINISH = (
     "WITH done AS (UPDATE tasks SET state = %(finished)s, sent_at = %(at)s,"
     " message_id = %(message_id)s, error = NULL, outcome = %(accepted)s, outcome_at = %(at)s,"
-    " updated_at = %(at)s WHERE id = %(id)s AND state = %(running)s"
+    " updated_at = %(at)s, follow_up = %(follow_up)s WHERE id = %(id)s AND state = %(running)s"
     f" RETURNING {TASK_COLUMNS}),"
     " logged AS (INSERT INTO change_log (campaign_id, task_id, from_state, to_state, at, note)"
     " SELECT campaign_id, id, %(running)s, %(finished)s, %(at)s, NULL FROM done),"
@@ -116,6 +117,13 @@ _PG_FINISH = (
     f" SELECT {', '.join(f'done.{c}' for c in _COLUMNS)}, (SELECT count(*) FROM held),"
     " EXISTS (SELECT 1 FROM tasks p WHERE p.campaign_id = done.campaign_id"
     " AND p.state = %(pending)s) FROM done"
+)
+
+#: Whether a campaign has a task to send or a next step to make: two index probes (the
+#: marks' partial index for the second).
+PG_UNFINISHED = (
+    "SELECT EXISTS (SELECT 1 FROM tasks WHERE campaign_id = %s AND state IN (%s, %s))"
+    " OR EXISTS (SELECT 1 FROM tasks WHERE campaign_id = %s AND follow_up)"
 )
 
 
@@ -180,13 +188,12 @@ def sqlite_finish(
     at: datetime,
     message_id: str,
     slot: datetime | None,
+    follow_up: bool = False,
 ) -> SendFinish:
     """The finish inside the caller's ``BEGIN IMMEDIATE`` transaction on ``db``."""
     stamp = sqlite_text(at)
-    found = db.execute(
-        _SQLITE_FINISH,
-        (_FINISHED, stamp, message_id, _ACCEPTED, stamp, stamp, task_id, _RUNNING),
-    ).fetchall()
+    values = (_FINISHED, stamp, message_id, _ACCEPTED, stamp, stamp, follow_up, task_id, _RUNNING)
+    found = db.execute(_SQLITE_FINISH, values).fetchall()
     if not found:
         return SendFinish(None)
     done = task_of(found[0])
@@ -256,11 +263,18 @@ def pg_claim(
 
 
 def pg_finish(
-    db: Any, task_id: str, *, at: datetime, message_id: str, slot: datetime | None
+    db: Any,
+    task_id: str,
+    *,
+    at: datetime,
+    message_id: str,
+    slot: datetime | None,
+    follow_up: bool = False,
 ) -> SendFinish:
     """The finish as one statement on the autocommit connection ``db``."""
     args = {
         "id": task_id,
+        "follow_up": follow_up,
         "at": utc(at),
         "message_id": message_id,
         "slot": _slot_ms(slot),

@@ -1,4 +1,5 @@
-"""The SQL stores' sequence edits (:class:`~sendqueue.ports.SequenceEdits`), the same
+"""The SQL stores' sequence edits (:class:`~sendqueue.ports.SequenceEdits`) and follow-up
+marks (:class:`~sendqueue.ports.FollowUpMarks`), the same
 statements on both databases (:class:`SequenceTables`, a base of
 :class:`~sendqueue.adapters.sql.base.SqlTaskStore`).
 
@@ -10,7 +11,7 @@ PostgreSQL under read committed alike.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
@@ -22,7 +23,7 @@ from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import TaskState
-from sendqueue.domain.models import utc
+from sendqueue.domain.models import Task, utc
 from sendqueue.domain.steps import Step, check_steps, steps_from_data, steps_to_data
 from sendqueue.domain.transitions import Rerender
 
@@ -40,8 +41,36 @@ class SequenceTables(ABC):
         """A write transaction (see SqlTaskStore)."""
 
     @abstractmethod
+    def _read(self, action: str) -> AbstractContextManager[Connection]:
+        """A read (see SqlTaskStore)."""
+
+    @abstractmethod
     def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
         """Append change-log rows inside the caller's transaction (see SqlTaskStore)."""
+
+    def follow_ups_due(self, campaign_id: str, *, limit: int = 500) -> list[Task]:
+        t = tables.tasks.c
+        query = (
+            sa.select(tables.tasks)
+            .where(t.campaign_id == campaign_id, t.follow_up)  # the marks' partial index
+            .order_by(t.position, t.step)
+            .limit(limit)
+        )
+        with self._read("read follow-up marks") as conn:
+            return [rows.task_from_row(row) for row in conn.execute(query).all()]
+
+    def follow_ups_made(self, campaign_id: str, task_ids: Collection[str]) -> int:
+        t = tables.tasks.c
+        cleared = 0
+        for part in rows.chunks(sorted(set(task_ids)), _RERENDER_CHUNK):
+            with self._write("clear follow-up marks") as conn:
+                done = conn.execute(
+                    sa.update(tables.tasks)
+                    .where(t.campaign_id == campaign_id, t.id.in_(part), t.follow_up)
+                    .values(follow_up=False)
+                )
+                cleared += done.rowcount
+        return cleared
 
     def replace_steps(
         self, campaign_id: str, expected: Sequence[Step], steps: Sequence[Step], *, at: datetime

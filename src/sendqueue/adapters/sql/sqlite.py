@@ -457,12 +457,18 @@ class SqliteTaskStore(SqlTaskStore):
             )
 
     def finish_send(
-        self, task_id: str, *, at: datetime, message_id: str, slot: datetime | None = None
+        self,
+        task_id: str,
+        *,
+        at: datetime,
+        message_id: str,
+        slot: datetime | None = None,
+        follow_up: bool = False,
     ) -> SendFinish:
         sqlite_text(at)
         with self._fast_write("finish a send") as db:
             return sending.sqlite_finish(
-                db, _task, task_id, at=at, message_id=message_id, slot=slot
+                db, _task, task_id, at=at, message_id=message_id, slot=slot, follow_up=follow_up
             )
 
     def _transition_all(
@@ -562,10 +568,11 @@ class SqliteTaskStore(SqlTaskStore):
     def has_unfinished_tasks(self, campaign_id: str) -> bool:
         with self._fast_read("check unfinished tasks") as db:
             found = db.execute(
-                "SELECT 1 FROM tasks WHERE campaign_id = ? AND state IN (?, ?) LIMIT 1",
-                (campaign_id, TaskState.PENDING.value, TaskState.RUNNING.value),
-            ).fetchall()
-        return bool(found)
+                "SELECT EXISTS (SELECT 1 FROM tasks WHERE campaign_id = ? AND state IN (?, ?))"
+                " OR EXISTS (SELECT 1 FROM tasks WHERE campaign_id = ? AND follow_up = 1)",
+                (campaign_id, TaskState.PENDING.value, TaskState.RUNNING.value, campaign_id),
+            ).fetchone()
+        return bool(found[0])
 
     # change log ------------------------------------------------------------------------------
 

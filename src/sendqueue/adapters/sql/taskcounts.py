@@ -1,14 +1,15 @@
 """The task store's counts and sweeps over the tasks table, the same statements on both
 databases (:class:`TaskCounts`, a base of :class:`~sendqueue.adapters.sql.base.SqlTaskStore`):
-the moved and late emails of a campaign, its tasks per step, and the Running tasks claimed
-too long ago."""
+the moved and late emails of a campaign, its tasks per step, the Running tasks claimed too long
+ago, and the instants a campaign has booked."""
 
 from __future__ import annotations
 
 import builtins
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
 import sqlalchemy as sa
@@ -16,8 +17,9 @@ from sqlalchemy.engine import Connection
 
 from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
+from sendqueue.adapters.sql.schema import sqlite_text
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
-from sendqueue.domain.models import Task, check_limit
+from sendqueue.domain.models import Task, check_limit, utc
 from sendqueue.domain.reads import StepCounts
 
 __all__ = ["TaskCounts"]
@@ -77,3 +79,31 @@ class TaskCounts(ABC):
         with self._read("list stale tasks") as conn:
             found = conn.execute(query).all()
         return [rows.task_from_row(row) for row in found]
+
+    def booked(
+        self, campaign_id: str, *, since: datetime, until: datetime | None = None
+    ) -> list[tuple[TaskState, datetime]]:
+        # The driver's statement, one instant per row chosen in SQL: a follow-up's slot search
+        # reads its whole due day, and SQLAlchemy's row processing cost more than the query.
+        sqlite = self.dialect == "sqlite"
+        mark = "?" if sqlite else "%s"
+        bound: Callable[[datetime], object] = sqlite_text if sqlite else utc
+        within = f"{{}} >= {mark}" + ("" if until is None else f" AND {{}} < {mark}")
+        times = [since] if until is None else [since, until]
+        done, going, due = (
+            f"'{s.value}'" for s in (TaskState.FINISHED, TaskState.RUNNING, TaskState.PENDING)
+        )
+        sql = (
+            f"SELECT state, CASE state WHEN {done} THEN sent_at WHEN {going} THEN claimed_at"
+            f" ELSE send_at END FROM tasks WHERE campaign_id = {mark} AND ("
+            f"(state = {done} AND {within.format('sent_at', 'sent_at')})"
+            f" OR (state = {going} AND {within.format('claimed_at', 'claimed_at')})"
+            f" OR (state = {due} AND {within.format('send_at', 'send_at')}))"
+        )
+        args = (campaign_id, *[bound(t) for t in times * 3])
+        with self._read("list booked sends") as conn:
+            found = conn.exec_driver_sql(sql, args).all()
+        states = rows.STATES
+        if sqlite:  # naive UTC text (UtcDateTime)
+            return [(states[s], datetime.fromisoformat(w).replace(tzinfo=UTC)) for s, w in found]
+        return [(states[s], w.astimezone(UTC)) for s, w in found]

@@ -265,9 +265,18 @@ class Reconciler:
         if state is CampaignState.COMPLETED and self._reopen(campaign.id):
             report.campaigns_reopened += 1
             state = CampaignState.ACTIVE
+        if (
+            self._followups is not None
+            and len(campaign.steps) > 1
+            and state is not CampaignState.COMPLETED
+        ):
+            # the marked sends' next steps (an index lookup), then the sweep for those a send
+            # recorded before marks existed, or a step added at the end, left unmade
+            now = self._clock.now()
+            report.follow_ups_made += self._followups.make_due(campaign.id, now=now)
+            if state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
+                report.follow_ups_made += self._followups.repair(campaign, now=now)
         if state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
-            if self._followups is not None and len(campaign.steps) > 1:
-                report.follow_ups_made += self._followups.repair(campaign, now=self._clock.now())
             self._diff(campaign, report)
             if state is CampaignState.ACTIVE and self._campaigns.complete_if_done(campaign.id):
                 report.campaigns_completed += 1

@@ -86,6 +86,7 @@ from sendqueue.services.scheduling.schedules import ScheduleWriter
 from sendqueue.services.senders.service import SenderService
 from sendqueue.services.sending.outgoing import outgoing_message
 from sendqueue.services.sequences.followups import FollowUps
+from sendqueue.services.sequences.runner import FollowUpRunner
 from sendqueue.services.task_changes import apply_change
 
 __all__ = [
@@ -151,10 +152,13 @@ class SendWorker:
         alarm: Alarm | None = None,
         mailer_for: Callable[[Sender], Mailer] | None = None,
         followups: FollowUps | None = None,
+        follow_up_linger: float | None = None,
     ) -> None:
         self._store = store
-        # Makes and checks a sequence's later steps (None: every campaign is one email).
+        # Makes and checks a sequence's later steps (None: every campaign is one email); the
+        # runner makes the next steps the sends mark, inline or ``follow_up_linger`` later.
         self._followups = followups
+        self._follow_ups = FollowUpRunner(self._make_follow_ups, linger=follow_up_linger)
         # A sender -> the mailer it sends through (its own transport, its OAuth sign-in); None:
         # every sender uses ``mailer``.
         self._mailer_for = mailer_for
@@ -198,9 +202,18 @@ class SendWorker:
             self._forget(campaign_id)
             self._campaigns.complete_if_done(campaign_id)
 
+    def close(self) -> None:
+        """Make the next steps already marked in this process, then stop its runner."""
+        self._follow_ups.close()
+
+    def _make_follow_ups(self, campaign_id: str) -> None:
+        """Make the campaign's marked next steps; it may be done after (each one stopped)."""
+        assert self._followups is not None
+        self._followups.make_due(campaign_id, now=self._clock.now())
+        self._complete_if_done(campaign_id)
+
     def _steps_missing(self, campaign_id: str) -> bool:
-        """Whether a later step a failed send kept from being made is made now (or could not
-        be looked for): the campaign is not done then."""
+        """Whether a missing later step is made now, or could not be looked for: not done."""
         followups = self._followups
         return followups is not None and followups.missing_made(campaign_id, now=self._clock.now())
 
@@ -478,13 +491,14 @@ class SendWorker:
         except TransientMailError as exc:
             return self._transient(campaign, task, str(exc))
         sent_at = self._clock.now()
-        made = True
-        if self._followups is not None and task.step < len(campaign.steps):
-            made = self._next_step(campaign, task, sent_at)
         # The outcome starts as "accepted"; feedback (a bounce, a reply) may change it later.
-        # With a sender, the booking at the claimed send time is counted sent in the same write.
+        # With a sender, the booking at the claimed send time is counted sent in the same write;
+        # with a next step, the task is marked for it in the same write (made just after).
         slot = task.send_at if task.sender_id is not None else None
-        finish = self._store.finish_send(task.id, at=sent_at, message_id=accepted_id, slot=slot)
+        follow_up = self._followups is not None and task.step < len(campaign.steps)
+        finish = self._store.finish_send(
+            task.id, at=sent_at, message_id=accepted_id, slot=slot, follow_up=follow_up
+        )
         done = finish.task
         if done is not None and done.sender_id is not None and not finish.settled:
             # a re-plan that lost its move to this claim may have moved the booking: back first
@@ -493,23 +507,16 @@ class SendWorker:
         self._events.send_finished("sent", (sent_at - task.send_at).total_seconds())
         with self._lock:
             self._failures_in_a_row.pop(campaign.id, None)  # the streak is broken
+        # The runner makes the marked next step, and checks whether the campaign is done once
+        # made; the last send of a sequence kicks it too: a mark an earlier pass failed to make
+        # is all that may be left then.
+        kick = follow_up or (len(campaign.steps) > 1 and not finish.pending_left)
         if done is not None:
             self._emit("finished", done)
-        # Other Pending tasks seen by the finish: the campaign is certainly not done yet; nor
-        # is it while a next step that failed to be made waits for the reconciler.
-        return made and not finish.pending_left
-
-    def _next_step(self, campaign: Campaign, task: Task, sent_at: datetime) -> bool:
-        """Make the recipient's next step before this one is recorded sent, so the campaign
-        never looks done while the sequence goes on; a failure here must not lose the record
-        of an email that went out (the reconciler makes the step later)."""
-        assert self._followups is not None
-        try:
-            self._followups.after_sent(campaign, task, sent_at=sent_at)
-        except Exception:
-            log.exception("task %s: its next step was not made; the reconciler will", task.id)
-            return False
-        return True
+            if kick and self._followups is not None:
+                self._follow_ups.kick(campaign.id)
+        # Other Pending tasks seen by the finish: the campaign is certainly not done yet.
+        return not kick and not finish.pending_left
 
     def _stop_sequence(self, claimed: Task, reason: str) -> bool:
         """A later step whose recipient answered (or whose sequence stopped otherwise) since it

@@ -1,9 +1,12 @@
 """A sequence's later steps: made when the step before them is sent, checked before they go.
 
 Provisioning writes step 1 of every recipient. When the send worker has sent step k (the mail
-server accepted it), :meth:`FollowUps.after_sent` makes step k+1's task before step k is
-recorded Finished, so a campaign is never seen with nothing left to send while a recipient's
-sequence goes on (docs/decisions/0007-sequence-steps.md):
+server accepted it), its finish marks the task (``finish_send(follow_up=True)``), and
+:meth:`FollowUps.make_due` then makes the marked tasks' next steps in batches
+(:mod:`sendqueue.services.sequences.batch`); a marked task counts as unfinished, so a campaign
+is never seen with nothing left to send while a recipient's sequence goes on
+(docs/decisions/0007-sequence-steps.md, 0008-follow-ups-in-batches.md). One step, made alone
+(:meth:`FollowUps.after_sent`: the repair's sweep) or in a batch:
 
 - its id is deterministic (``task_id(campaign, position, k+1)``): made twice, it is stored once;
 - it is due at the first free slot of the campaign (and of its sender, which is step 1's) at or
@@ -28,29 +31,32 @@ was answered since it was made, and gives the headers that keep it in the thread
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from sendqueue.domain.errors import InvalidField, NoSendingDay
 from sendqueue.domain.followups import first_instant_on, follow_up_earliest
-from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
+from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Recipient, Task, new_token, pending_task, task_id
 from sendqueue.domain.steps import Step, thread_headers
 from sendqueue.domain.suppression import key_of_normalized, suppressed_reason
 from sendqueue.domain.transitions import TaskChange, move, retry_into
-from sendqueue.ports import CampaignTasks, FeedbackOutcomes, SuppressionList
+from sendqueue.ports import FeedbackOutcomes, FollowUpStore, SuppressionList
 from sendqueue.services.planning.replanning import RETRY_LEASE_WAIT, Replanner, iter_tasks
 from sendqueue.services.scheduling.schedules import ScheduleWriter
+from sendqueue.services.sequences.batch import BatchMaker, stop_reason
 from sendqueue.services.sequences.first import FollowUpsFirst
 from sendqueue.services.sequences.render import StepRenderer
 
-__all__ = ["FollowUps", "SendCheck"]
+__all__ = ["FollowUps", "SendCheck", "stop_reason"]
 
 log = logging.getLogger(__name__)
 
 #: Finished tasks whose next step is looked up at once by :meth:`FollowUps.repair`.
 _REPAIR_BATCH = 500
+#: Marked sent steps whose next steps :meth:`FollowUps.make_due` makes together.
+_MAKE_BATCH = 500
 #: States of a campaign in which a recipient's sequence goes on.
 _GOING_ON = frozenset({CampaignState.ACTIVE, CampaignState.PAUSED, CampaignState.PROVISIONING})
 
@@ -66,23 +72,12 @@ class SendCheck:
     """Why it must wait (an earlier step is not recorded sent yet); see :meth:`FollowUps.hold`."""
 
 
-def stop_reason(earlier: Sequence[Task]) -> str | None:
-    """Why a recipient's sequence ends after ``earlier`` (their tasks of the steps before, in
-    step order), or None while it goes on."""
-    for task in earlier:
-        if task.state in (TaskState.CANCELLED, TaskState.FAILED):
-            return f"step {task.step} {task.state.value}: the sequence stopped"
-        if task.outcome is not None and task.outcome is not TaskOutcome.ACCEPTED:
-            return f"step {task.step} {task.outcome.value}: the sequence stopped"
-    return None
-
-
 class FollowUps:
     """Makes and checks the later steps of sequences (module docstring)."""
 
     def __init__(
         self,
-        store: CampaignTasks,
+        store: FollowUpStore,
         suppressions: SuppressionList,
         replanner: Replanner,
         writer: ScheduleWriter,
@@ -97,6 +92,32 @@ class FollowUps:
         self._replanner = replanner
         self._writer = writer
         self._renderer = renderer
+        self._batch = BatchMaker(store, suppressions, replanner, writer, renderer, first, away)
+
+    def make_due(self, campaign_id: str, *, now: datetime) -> int:
+        """Make the next step of every marked sent step of the campaign (``finish_send(
+        follow_up=True)``), a batch at a time (:class:`~sendqueue.services.sequences.batch.
+        BatchMaker`), due no earlier than ``now``, and clear their marks. A mark whose next
+        step exists already (made by a pass that died before clearing it) gets its schedule
+        checked. Returns how many steps were made."""
+        made = 0
+        while due := self._store.follow_ups_due(campaign_id, limit=_MAKE_BATCH):
+            campaign = self._store.get_campaign(campaign_id)
+            if campaign.state in _GOING_ON:
+                made += self._make_marked(campaign, due, now)
+            self._store.follow_ups_made(campaign_id, [t.id for t in due])
+            if len(due) < _MAKE_BATCH:
+                break
+        return made
+
+    def _make_marked(self, campaign: Campaign, due: list[Task], now: datetime) -> int:
+        nexts = {t.id: task_id(campaign.id, t.position, t.step + 1) for t in due}
+        found = self._store.get_tasks(list(nexts.values()))
+        new = [t for t in due if nexts[t.id] not in found]
+        for task in due:
+            if nexts[task.id] in found and task.sent_at is not None:
+                self.after_sent(campaign, task, sent_at=task.sent_at, now=now)
+        return len(self._batch.make(campaign, new, now=now))
 
     def after_sent(
         self, campaign: Campaign, sent: Task, *, sent_at: datetime, now: datetime | None = None
@@ -265,7 +286,9 @@ class FollowUps:
         they could not be looked for (the store failed): the campaign is not done then."""
         try:
             campaign = self._store.get_campaign(campaign_id)
-            return len(campaign.steps) > 1 and self.repair(campaign, now=now) > 0
+            if len(campaign.steps) < 2:
+                return False
+            return self.make_due(campaign_id, now=now) + self.repair(campaign, now=now) > 0
         except Exception:
             log.exception("campaign %s: missing later steps not looked for", campaign_id)
             return True
