@@ -192,7 +192,7 @@ class Settings(WebhookSettings):
         "false sends such a backlog as fast as the worker can (the throughput benchmark)",
     )
     follow_up_linger: float = Field(
-        0.5,
+        0.25,
         ge=0,
         le=60,
         description="seconds a worker process gathers its sends' next sequence steps before "

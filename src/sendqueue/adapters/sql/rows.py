@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import islice
 from typing import Any, TypeVar
 
@@ -40,6 +40,7 @@ __all__ = [
     "log_row",
     "recipient_rows",
     "task_from_row",
+    "task_from_text_row",
 ]
 
 
@@ -167,6 +168,31 @@ def task_from_row(row: Sequence[Any]) -> Task:
         STATES[state], attempts, claimed_at, sent_at, message_id, error, created_at, updated_at,
         planned_at, moves, moved_reason, reason, OUTCOMES[outcome], outcome_detail, outcome_at,
         sender_id, sender, timezone, step,
+    )  # fmt: skip
+
+
+def _text_time(value: str | None) -> datetime | None:
+    """Read what :func:`~sendqueue.adapters.sql.schema.sqlite_text` wrote."""
+    return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+def task_from_text_row(row: Sequence[Any]) -> Task:
+    """:func:`task_from_row` of a SQLite driver row (its times still the text UtcDateTime
+    stores)."""
+    (
+        id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
+        attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at,
+        moves, moved_reason, reason, outcome, outcome_detail, outcome_at, sender_id, sender,
+        timezone, step,
+    ) = row  # fmt: skip
+    return Task(
+        id_, campaign_id, position, email, name, subject, text, html,
+        datetime.fromisoformat(send_at).replace(tzinfo=UTC), token, STATES[state], attempts,
+        _text_time(claimed_at), _text_time(sent_at), message_id, error,
+        datetime.fromisoformat(created_at).replace(tzinfo=UTC),
+        datetime.fromisoformat(updated_at).replace(tzinfo=UTC),
+        _text_time(planned_at), moves, moved_reason, reason, OUTCOMES[outcome], outcome_detail,
+        _text_time(outcome_at), sender_id, sender, timezone, step,
     )  # fmt: skip
 
 

@@ -29,8 +29,6 @@ from sendqueue.adapters.sql.base import SqlTaskStore
 from sendqueue.adapters.sql.errors import mapped_errors
 from sendqueue.adapters.sql.rows import (
     INSERT_COLUMNS,
-    OUTCOMES,
-    STATES,
     TASK_COLUMNS,
     TASK_WIDTH,
     JsonVariables,
@@ -89,23 +87,8 @@ def _when(value: str) -> datetime:
     return datetime.fromisoformat(value).replace(tzinfo=UTC)
 
 
-def _task(row: Sequence[Any]) -> Task:
-    """:func:`~sendqueue.adapters.sql.rows.task_from_row` of a driver row (times still text)."""
-    (
-        id_, campaign_id, position, email, name, subject, text, html, send_at, state, token,
-        attempts, claimed_at, sent_at, message_id, error, created_at, updated_at, planned_at,
-        moves, moved_reason, reason, outcome, outcome_detail, outcome_at, sender_id, sender,
-        timezone, step,
-    ) = row  # fmt: skip
-    return Task(
-        id_, campaign_id, position, email, name, subject, text, html,
-        datetime.fromisoformat(send_at).replace(tzinfo=UTC), token, STATES[state], attempts,
-        _time(claimed_at), _time(sent_at), message_id, error,
-        datetime.fromisoformat(created_at).replace(tzinfo=UTC),
-        datetime.fromisoformat(updated_at).replace(tzinfo=UTC),
-        _time(planned_at), moves, moved_reason, reason, OUTCOMES[outcome], outcome_detail,
-        _time(outcome_at), sender_id, sender, timezone, step,
-    )  # fmt: skip
+#: A task from a driver row, its times still text.
+_task = rows.task_from_text_row
 
 
 def _task_row(t: Task, stamp: str | None) -> tuple[object, ...]:

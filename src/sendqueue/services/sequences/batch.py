@@ -16,11 +16,14 @@ from collections import defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, datetime
+from zoneinfo import ZoneInfo
 
 from sendqueue.domain.errors import InvalidField, NoSendingDay
 from sendqueue.domain.followups import first_instant_on, follow_up_earliest
+from sendqueue.domain.followups_first import on_time_until
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Recipient, Task, new_token, pending_task, task_id
+from sendqueue.domain.steps import Delay
 from sendqueue.domain.suppression import key_of_normalized
 from sendqueue.ports import FeedbackOutcomes, FollowUpStore, SuppressionList
 from sendqueue.services.planning.replanning import RETRY_LEASE_WAIT, Replanner
@@ -50,13 +53,46 @@ def stop_reason(earlier: Sequence[Task]) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+def _day_key(
+    campaign: Campaign, after: Delay, sent_at: datetime, zone: str | None
+) -> tuple[object, ...] | None:
+    """What a follow-up's earliest instant depends on when ``after`` counts sending days:
+    the local date of the send and the zone; None for elapsed time (its own instant)."""
+    if after.elapsed is not None:
+        return None
+    local = sent_at.astimezone(ZoneInfo(zone) if zone else campaign.policy.zone)
+    return (after, zone, local.date())
+
+
+def _on_time_until(campaign: Campaign, earliest: datetime, zone: str | None) -> datetime | None:
+    """When a follow-up due at ``earliest`` is late (:func:`on_time_until`); None when that
+    cannot be known (no second sending day in reach): let the full rule decide."""
+    try:
+        return on_time_until(campaign.policy, earliest, zone)
+    except (InvalidField, NoSendingDay):
+        return None
+
+
+def _task_at(item: _Due, slot: datetime) -> Task:
+    """The Pending task of ``item``, rendered, at ``slot``."""
+    draft = item.draft
+    subject, text, html = item.text
+    return pending_task(
+        draft.id, draft.campaign_id, draft.position, draft.email, draft.name, subject, text,
+        html, slot, draft.token, draft.created_at, draft.sender_id, draft.sender, draft.timezone,
+        draft.step,
+    )  # fmt: skip
+
+
+@dataclass(slots=True)
 class _Due:
-    """A next step to make: the sent step it follows, its draft, and its earliest instant."""
+    """A next step to make: the sent step it follows, its draft (no text, no slot yet), its
+    earliest instant, and its subject, text and html once rendered."""
 
     sent: Task
     draft: Task
     earliest: datetime
+    text: tuple[str, str, str | None] = ("", "", None)
 
 
 class BatchMaker:
@@ -92,8 +128,9 @@ class BatchMaker:
         backs = self._away.away_dates(campaign.id, [t.position for t in going_on])
         due: list[_Due] = []
         ended: list[Task] = []
+        earliest: dict[tuple[object, ...], datetime] = {}  # shared by sends of one local day
         for task in going_on:
-            item = self._draft(campaign, task, backs.get(task.position), now)
+            item = self._draft(campaign, task, backs.get(task.position), now, earliest)
             (due.append(item) if isinstance(item, _Due) else ended.append(item))
         with self._replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
             # read under the lease a step is edited under: an edit landing now is seen
@@ -105,8 +142,8 @@ class BatchMaker:
             due = [d for d in due if d.draft.id not in made_meanwhile]
             ended = [t for t in ended if t.id not in made_meanwhile]
             rendered = self._render(campaign, due, ended)
-            placed = self._place(campaign, rendered, displace=held)
-            made = self._insert(placed + ended, now)
+            made = self._place(campaign, rendered, displace=held, now=now)
+            made += self._insert(ended, now)
         pending = [t for t in made if t.state is TaskState.PENDING]
         report = self._writer.ensure_many(pending)
         for tid, error in report.failed:
@@ -134,10 +171,17 @@ class BatchMaker:
         return out
 
     def _draft(
-        self, campaign: Campaign, sent: Task, back: date | None, now: datetime
+        self,
+        campaign: Campaign,
+        sent: Task,
+        back: date | None,
+        now: datetime,
+        known: dict[tuple[object, ...], datetime],
     ) -> _Due | Task:
         """The next step of ``sent`` as a draft with its earliest instant, or as a Cancelled
-        task when it has no send time (its delay leads past every sending day)."""
+        task when it has no send time (its delay leads past every sending day). ``known``
+        keeps the earliest instants found: a delay of sending days gives every send of one
+        local day the same one."""
         step = campaign.steps[sent.step]  # numbered from 1: this is step sent.step + 1
         assert step.after is not None
         assert sent.sent_at is not None
@@ -148,7 +192,12 @@ class BatchMaker:
         )  # fmt: skip
         zone = sent.timezone if campaign.local_time else None
         try:
-            earliest = follow_up_earliest(campaign.policy, sent.sent_at, step.after, zone)
+            key = _day_key(campaign, step.after, sent.sent_at, zone)
+            earliest = known.get(key) if key is not None else None
+            if earliest is None:
+                earliest = follow_up_earliest(campaign.policy, sent.sent_at, step.after, zone)
+                if key is not None:
+                    known[key] = earliest
             if back is not None:  # the recipient said when they are back: not before then
                 earliest = max(earliest, first_instant_on(campaign.policy, back, zone))
         except (InvalidField, NoSendingDay) as exc:
@@ -170,10 +219,8 @@ class BatchMaker:
             if isinstance(rendered, str):
                 ended.append(replace(item.draft, state=TaskState.CANCELLED, reason=rendered))
                 continue
-            subject, text, html = rendered
-            out.append(
-                replace(item, draft=replace(item.draft, subject=subject, text=text, html=html))
-            )
+            item.text = rendered
+            out.append(item)
         return out
 
     def _first_subjects(self, campaign_id: str, due: Sequence[_Due]) -> dict[int, str]:
@@ -201,26 +248,44 @@ class BatchMaker:
             start = end
         return found
 
-    def _place(self, campaign: Campaign, due: Sequence[_Due], *, displace: bool) -> list[Task]:
-        """Each draft at its slot: the first free ones at or after its earliest instant, one
-        slot search for all the drafts due at the same instant (booked for a campaign with
-        senders), each moved to a displaced first step's slot when late (follow-ups first)."""
+    def _place(
+        self, campaign: Campaign, due: Sequence[_Due], *, displace: bool, now: datetime
+    ) -> list[Task]:
+        """Each draft at its slot, inserted: one slot search for all the drafts due at the
+        same instant (booked for a campaign with senders), those due earliest first, each
+        instant's on-time drafts inserted before the next search reads the bookings. A draft
+        whose free slot is late goes the way a step made alone does (a fresh search, then
+        follow-ups first may give it a first step's slot), inserted at once: the first steps
+        it may move must see every follow-up placed before it."""
         groups: dict[datetime, list[_Due]] = defaultdict(list)
         for item in due:
             groups[item.earliest].append(item)
-        placed: list[Task] = []
+        made: list[Task] = []
         for earliest in sorted(groups):
             items = groups[earliest]
             drafts = [i.draft for i in items]
             slots = self._replanner.retry_slots(
                 campaign, len(drafts), not_before=earliest, exclude=(), tasks=drafts
             )
-            for draft, free in zip(drafts, slots, strict=True):
-                slot = self._first.on_time(
-                    campaign, draft, free, not_before=earliest, displace=displace
+            until: dict[str | None, datetime | None] = {}  # per zone: from when it is late
+            on_time: list[Task] = []
+            late: list[_Due] = []
+            for item, free in zip(items, slots, strict=True):
+                zone = item.draft.timezone if campaign.local_time else None
+                if zone not in until:
+                    until[zone] = _on_time_until(campaign, earliest, zone)
+                limit = until[zone]
+                if limit is not None and free < limit:
+                    on_time.append(_task_at(item, free))
+                else:
+                    late.append(item)
+            made += self._insert(on_time, now)
+            for item in late:
+                slot = self._first.slot(
+                    campaign, item.draft, not_before=earliest, displace=displace
                 )
-                placed.append(replace(draft, send_at=slot))
-        return placed
+                made += self._insert([_task_at(item, slot)], now)
+        return made
 
     def _insert(self, tasks: Sequence[Task], now: datetime) -> list[Task]:
         """Insert ``tasks``; those another process made first are returned as stored."""
