@@ -1,9 +1,10 @@
 """Benchmark 16: sequences (a campaign of 3 steps).
 
-Send throughput: the sends of a 3-step campaign's step 1, each of which also makes the
-recipient's step 2 (its task, its slot under the campaign's lease, its schedule) before it is
-recorded sent, against the sends of a one-step campaign of the same recipients, side by side
-in one run, alternating, each in its own child process. The backlog is benchmark 4's
+Send throughput: the sends of a 3-step campaign's step 1, each of which also marks the
+recipient's step 2 in its finish, which the worker process then makes with the others marked
+(its task, its slot under the campaign's lease, its schedule: ``FollowUps.make_due``), against
+the sends of a one-step campaign of the same recipients, side by side in one run, alternating,
+each in its own child process; the 3-step side's clock runs until the last step 2 is made. The backlog is benchmark 4's
 (:mod:`bench.throughput`: all due when the worker starts, sent as fast as it can); step 2 is
 due a sending day later, so no step 2 goes out while the clock runs. The embedded layer on a
 SQLite store and the procrastinate layer (one worker process, PostgreSQL).

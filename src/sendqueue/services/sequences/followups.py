@@ -5,8 +5,8 @@ server accepted it), its finish marks the task (``finish_send(follow_up=True)``)
 :meth:`FollowUps.make_due` then makes the marked tasks' next steps in batches
 (:mod:`sendqueue.services.sequences.batch`); a marked task counts as unfinished, so a campaign
 is never seen with nothing left to send while a recipient's sequence goes on
-(docs/decisions/0007-sequence-steps.md, 0008-follow-ups-in-batches.md). One step, made alone
-(:meth:`FollowUps.after_sent`: the repair's sweep) or in a batch:
+(docs/decisions/0007-sequence-steps.md, docs/decisions/0008-follow-ups-in-batches.md). One
+step, made alone (:meth:`FollowUps.after_sent`: the repair's sweep) or in a batch:
 
 - its id is deterministic (``task_id(campaign, position, k+1)``): made twice, it is stored once;
 - it is due at the first free slot of the campaign (and of its sender, which is step 1's) at or
