@@ -4,9 +4,10 @@ Send throughput: the sends of a 3-step campaign's step 1, each of which also mar
 recipient's step 2 in its finish, which the worker process then makes with the others marked
 (its task, its slot under the campaign's lease, its schedule: ``FollowUps.make_due``), against
 the sends of a one-step campaign of the same recipients, side by side in one run, alternating,
-each in its own child process; the 3-step side's clock runs until the last step 2 is made. The backlog is benchmark 4's
-(:mod:`bench.throughput`: all due when the worker starts, sent as fast as it can); step 2 is
-due a sending day later, so no step 2 goes out while the clock runs. The embedded layer on a
+each in its own child process; the 3-step side's clock runs until the last step 2 is made.
+The backlog is benchmark 4's (:mod:`bench.throughput`: all due when the worker starts, sent as
+fast as it can); step 2 is due a sending day later, so no step 2 goes out while the clock
+runs. The embedded layer on a
 SQLite store and the procrastinate layer (one worker process, PostgreSQL).
 
 Provisioning: a 3-step sequence of ``recipients`` (only step 1's tasks are written, by design:
