@@ -7,8 +7,8 @@ the sends of a one-step campaign of the same recipients, side by side in one run
 each in its own child process; the 3-step side's clock runs until the last step 2 is made.
 The backlog is benchmark 4's (:mod:`bench.throughput`: all due when the worker starts, sent as
 fast as it can); step 2 is due a sending day later, so no step 2 goes out while the clock
-runs. The embedded layer on a
-SQLite store and the procrastinate layer (one worker process, PostgreSQL).
+runs. The embedded layer on a SQLite store and the procrastinate layer (one worker process,
+PostgreSQL).
 
 Provisioning: a 3-step sequence of ``recipients`` (only step 1's tasks are written, by design:
 docs/decisions/0007-sequence-steps.md) against the raw insert of the same rows, as benchmark 2
