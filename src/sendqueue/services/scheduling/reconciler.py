@@ -79,6 +79,9 @@ _REPAIRS = (
 
 #: How long after a campaign ended its tasks' sender slots are still swept for leftovers.
 _SWEEP_FINAL_FOR = timedelta(days=1)
+#: Sends this recent are left out of the sweep for missing next steps: each one's finish
+#: marked its next step, which a worker process makes within its linger (at most 60 s).
+_MARKS_SETTLE = timedelta(minutes=5)
 
 
 @dataclass
@@ -275,7 +278,10 @@ class Reconciler:
             now = self._clock.now()
             report.follow_ups_made += self._followups.make_due(campaign.id, now=now)
             if state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
-                report.follow_ups_made += self._followups.repair(campaign, now=now)
+                settled = now - _MARKS_SETTLE  # a newer send's next step is its mark's
+                report.follow_ups_made += self._followups.repair(
+                    campaign, now=now, sent_before=settled
+                )
         if state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
             self._diff(campaign, report)
             if state is CampaignState.ACTIVE and self._campaigns.complete_if_done(campaign.id):

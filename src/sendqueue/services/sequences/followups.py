@@ -262,18 +262,27 @@ class FollowUps:
                 report.failed[0][1],
             )
 
-    def repair(self, campaign: Campaign, *, now: datetime) -> int:
+    def repair(
+        self, campaign: Campaign, *, now: datetime, sent_before: datetime | None = None
+    ) -> int:
         """Make the later steps a crash kept from being made: every Finished task of the
         campaign before its last step whose next step has no task (its sequence not stopped)
         gets it, due no earlier than ``now``. A step added at the end reaches those who had
-        finished the sequence the same way. Returns how many were made."""
+        finished the sequence the same way. ``sent_before``: only tasks sent before then (a
+        recent send's next step is its mark's, which a worker is making). Returns how many
+        were made."""
         last = len(campaign.steps)
         if last < 2 or campaign.state not in _GOING_ON:
             return 0
         made = 0
         batch: list[Task] = []
         for task in iter_tasks(self._store, campaign.id, TaskState.FINISHED):
-            if task.step < last and task.sent_at is not None:
+            sent = task.sent_at
+            if (
+                task.step < last
+                and sent is not None
+                and (sent_before is None or sent < sent_before)
+            ):
                 batch.append(task)
             if len(batch) >= _REPAIR_BATCH:
                 made += self._repair_batch(campaign, batch, now)
