@@ -101,6 +101,7 @@ def test_the_reconcile_handler_makes_a_step_the_send_could_not(
     assert aws.app.store.get_campaign(cid).state is CampaignState.ACTIVE
     assert aws.app.scheduler.list(schedule_group(cid)) == []
 
+    aws.clock.advance(minutes=6)  # the marks are no longer fresh: a dead send's, not a live one's
     report = lambda_handlers.reconcile_handler({}, FakeContext(PROVISION_ARN, 900_000))
 
     assert report["ran"] is True and report["follow_ups_made"] == COUNT

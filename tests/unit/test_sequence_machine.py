@@ -384,7 +384,10 @@ class SequenceMachine(RuleBasedStateMachine):
         for _ in range(400):
             self.app.reconciler.run()
             tasks = self._tasks()
-            if not any(t.state in (TaskState.PENDING, TaskState.RUNNING) for t in tasks):
+            marked = self.app.store.follow_ups_due(self.cid, limit=1)  # a dead send's marks
+            if not marked and not any(
+                t.state in (TaskState.PENDING, TaskState.RUNNING) for t in tasks
+            ):
                 break
             due = self.scheduler.next_due()
             until = self.clock.now() + timedelta(hours=1)

@@ -273,15 +273,15 @@ class Reconciler:
             and len(campaign.steps) > 1
             and state is not CampaignState.COMPLETED
         ):
-            # the marked sends' next steps (an index lookup), then the sweep for those a send
-            # recorded before marks existed, or a step added at the end, left unmade
+            # the marks a dead worker left (an index lookup), then the sweep for steps a send
+            # recorded before marks existed, or a step added at the end, left unmade; newer
+            # sends' marks are a live worker's to make
             now = self._clock.now()
-            report.follow_ups_made += self._followups.make_due(campaign.id, now=now)
+            settled = now - _MARKS_SETTLE
+            made = self._followups.make_due(campaign.id, now=now, sent_before=settled)
             if state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
-                settled = now - _MARKS_SETTLE  # a newer send's next step is its mark's
-                report.follow_ups_made += self._followups.repair(
-                    campaign, now=now, sent_before=settled
-                )
+                made += self._followups.repair(campaign, now=now, sent_before=settled)
+            report.follow_ups_made += made
         if state in {CampaignState.ACTIVE, CampaignState.PROVISIONING}:
             self._diff(campaign, report)
             if state is CampaignState.ACTIVE and self._campaigns.complete_if_done(campaign.id):

@@ -72,6 +72,10 @@ class SendCheck:
     """Why it must wait (an earlier step is not recorded sent yet); see :meth:`FollowUps.hold`."""
 
 
+def _sent_before(task: Task, instant: datetime) -> bool:
+    return task.sent_at is not None and task.sent_at < instant
+
+
 class FollowUps:
     """Makes and checks the later steps of sequences (module docstring)."""
 
@@ -94,19 +98,25 @@ class FollowUps:
         self._renderer = renderer
         self._batch = BatchMaker(store, suppressions, replanner, writer, renderer, first, away)
 
-    def make_due(self, campaign_id: str, *, now: datetime) -> int:
+    def make_due(
+        self, campaign_id: str, *, now: datetime, sent_before: datetime | None = None
+    ) -> int:
         """Make the next step of every marked sent step of the campaign (``finish_send(
         follow_up=True)``), a batch at a time (:class:`~sendqueue.services.sequences.batch.
         BatchMaker`), due no earlier than ``now``, and clear their marks. A mark whose next
         step exists already (made by a pass that died before clearing it) gets its schedule
-        checked. Returns how many steps were made."""
+        checked. ``sent_before``: only marks of tasks sent before then (the reconciler leaves
+        newer ones to the worker making them). Returns how many steps were made."""
         made = 0
-        while due := self._store.follow_ups_due(campaign_id, limit=_MAKE_BATCH):
+        while marked := self._store.follow_ups_due(campaign_id, limit=_MAKE_BATCH):
+            due = [t for t in marked if sent_before is None or _sent_before(t, sent_before)]
+            if not due:
+                break
             campaign = self._store.get_campaign(campaign_id)
             if campaign.state in _GOING_ON:
                 made += self._make_marked(campaign, due, now)
             self._store.follow_ups_made(campaign_id, [t.id for t in due])
-            if len(due) < _MAKE_BATCH:
+            if len(marked) < _MAKE_BATCH or len(due) < len(marked):
                 break
         return made
 
