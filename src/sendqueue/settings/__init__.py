@@ -195,9 +195,9 @@ class Settings(WebhookSettings):
         0.25,
         ge=0,
         le=60,
-        description="seconds a worker process gathers its sends' next sequence steps before "
-        "making them together (0: each right after its send; the eventbridge layer always "
-        "does that)",
+        description="a worker process makes its sends' next sequence steps together once no "
+        "send marked one for this many seconds (20 times it at the latest); 0: each right "
+        "after its send, as the eventbridge layer always does",
     )
     max_attempts: int = Field(3, ge=1, le=20, description="send attempts per email in all")
     retry_backoff: float = Field(
