@@ -160,3 +160,26 @@ def test_close_without_a_kick_returns_and_makes_nothing() -> None:
     runner = FollowUpRunner(make, linger=30.0)
     runner.close(timeout=WAIT)
     assert make.calls == []
+
+
+def test_kicks_that_keep_coming_are_made_after_twenty_lingers_at_the_latest() -> None:
+    """A linger of 50 ms, a kick every 10 ms without a pause: the runner does not wait for a
+    quiet moment that never comes; it makes them 20 lingers (1 s) after the first."""
+    make = Recorder()
+    runner = FollowUpRunner(make, linger=0.05)
+    stop = threading.Event()
+
+    def keep_kicking() -> None:
+        while not stop.is_set() and not make.called.is_set():
+            runner.kick("c1")
+            stop.wait(0.01)
+
+    kicker = threading.Thread(target=keep_kicking)
+    kicker.start()
+    try:
+        assert make.called.wait(WAIT)
+    finally:
+        stop.set()
+        kicker.join()
+        runner.close()
+    assert make.campaigns()[0] == "c1"
