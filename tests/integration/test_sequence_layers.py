@@ -4,7 +4,7 @@
 - the procrastinate layer: a ``sendqueue worker`` process on PostgreSQL.
 
 Each worker marks a recipient's next step when it sends one, and its process makes the marked
-steps within the default linger (0.5 s); the SMTP sink sees every step of every recipient
+steps within the default linger; the SMTP sink sees every step of every recipient
 exactly once, the later ones in step 1's thread.
 """
 
