@@ -1,7 +1,8 @@
 """A 3-step sequence on the DynamoDB store and the EventBridge Scheduler layer (moto, played).
 
-The send handler makes each recipient's next step when it sends one; the reconcile handler
-makes a step the send could not make. Every step goes out exactly once, from step 1's thread.
+The send handler marks each recipient's next step in its finish and makes it right after (on
+this layer always inline); the reconcile handler makes a marked step the send could not make.
+Every step goes out exactly once, from step 1's thread.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ def test_the_reconcile_handler_makes_a_step_the_send_could_not(
         patched.setattr(aws.app.followups, "make_due", down)
         _fire_until_done(aws, aws.player(), minutes=2)
     assert _by_step(aws, cid) == {(1, TaskState.FINISHED): COUNT}
+    assert len(aws.app.store.follow_ups_due(cid)) == COUNT  # marked in each finish
     assert aws.app.store.get_campaign(cid).state is CampaignState.ACTIVE
     assert aws.app.scheduler.list(schedule_group(cid)) == []
 
@@ -105,6 +107,7 @@ def test_the_reconcile_handler_makes_a_step_the_send_could_not(
     report = lambda_handlers.reconcile_handler({}, FakeContext(PROVISION_ARN, 900_000))
 
     assert report["ran"] is True and report["follow_ups_made"] == COUNT
+    assert aws.app.store.follow_ups_due(cid) == []
     assert _by_step(aws, cid)[(2, TaskState.PENDING)] == COUNT
     assert len(aws.app.scheduler.list(schedule_group(cid))) == COUNT
     assert (

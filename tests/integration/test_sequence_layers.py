@@ -3,8 +3,9 @@
 - the embedded layer (a dispatcher thread) with a SQLite store and with a PostgreSQL store;
 - the procrastinate layer: a ``sendqueue worker`` process on PostgreSQL.
 
-Each worker makes a recipient's next step when it sends one; the SMTP sink sees every step of
-every recipient exactly once, the later ones in step 1's thread.
+Each worker marks a recipient's next step when it sends one, and its process makes the marked
+steps within the default linger; the SMTP sink sees every step of every recipient
+exactly once, the later ones in step 1's thread.
 """
 
 from __future__ import annotations

@@ -76,6 +76,7 @@ def _app(clock: FakeClock, store: SqlTaskStore, postfix: Postfix, dovecot: Dovec
         feedback_imap=dovecot.url,
         max_lateness=LENIENT_LATENESS,
         space_late_sends=False,
+        follow_up_linger=0,  # each step's next one made at its send, as the test fires them
     )
     mailer = SmtpMailer("127.0.0.1", postfix.port, security="none", timeout=10)
     scheduler = FakeScheduler(clock, seed=1)

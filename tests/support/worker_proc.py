@@ -3,10 +3,10 @@
 Run as ``python -m tests.support.worker_proc [--hold-at claim|accepted|made|dead-letter]
 [--nth N] [--unreadable TASK_ID ...]``; settings come from the SENDQUEUE_* environment like the
 real worker. At the N-th claim (Pending -> Running written by ``claim_for_send``), the N-th SMTP
-accept (before Finished is written, and before a sequence's next step is made) or the N-th
-next step of a sequence stored (before its schedule and before the step sent is recorded
-Finished), it prints ``HOLD <point> <task id>`` and blocks, so the test can SIGKILL it exactly
-there.
+accept (before Finished is written, so before a sequence's next step is marked) or the N-th
+next step of a sequence stored (after the step sent is recorded Finished and marked, before
+the next one's schedule and before the mark is cleared), it prints ``HOLD <point> <task id>``
+and blocks, so the test can SIGKILL it exactly there.
 
 ``dead-letter``: every claim fails as if the task store were down, so each send is retried and
 then dead-lettered; at the N-th dead letter, written to the execution layer's storage, it
@@ -99,8 +99,8 @@ class HoldingStore:
         return result
 
     def insert_tasks(self, tasks: Sequence[Task], **kw: Any) -> int:
-        """Where a sequence's next step is stored (before its schedule, and before the step
-        just sent is recorded Finished)."""
+        """Where a sequence's next step is stored (before its schedule, and before the mark
+        of the step sent is cleared)."""
         inserted = self.inner.insert_tasks(tasks, **kw)
         later = [t.id for t in tasks if t.step > 1]
         if inserted and later:

@@ -53,6 +53,8 @@ def sqlite_settings(home: Path, **overrides: Any) -> Settings:
         # fire_due() sends everything due on the fake clock at once, late: a backlog, not the
         # spacing of late sends, is what these tests need (tests/unit/test_late_sends.py has it)
         "space_late_sends": False,
+        # a send's next sequence step made before fire_due() returns, where a test reads it
+        "follow_up_linger": 0.0,
     }
     values.update(overrides)
     return Settings(**values)
