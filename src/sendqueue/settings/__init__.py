@@ -194,7 +194,7 @@ class Settings(WebhookSettings):
     follow_up_linger: float = Field(
         0.25,
         ge=0,
-        le=60,
+        le=10,
         description="a worker process makes its sends' next sequence steps together once no "
         "send marked one for this many seconds (20 times it at the latest); 0: each right "
         "after its send, as the eventbridge layer always does",

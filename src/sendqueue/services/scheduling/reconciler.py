@@ -79,8 +79,9 @@ _REPAIRS = (
 
 #: How long after a campaign ended its tasks' sender slots are still swept for leftovers.
 _SWEEP_FINAL_FOR = timedelta(days=1)
-#: Sends this recent are left out of the sweep for missing next steps: each one's finish
-#: marked its next step, which a worker process makes within its linger (at most 60 s).
+#: Marks of sends this recent are a live worker's: its process makes them within 20 lingers
+#: (at most 200 s, the setting being at most 10 s); the sweep for missing next steps leaves
+#: such sends out too.
 _MARKS_SETTLE = timedelta(minutes=5)
 
 
@@ -262,6 +263,9 @@ class Reconciler:
             if self._store.list_tasks(campaign.id, state=TaskState.PENDING, limit=1):
                 report.cancels_finished += 1
             self._campaigns.cancel_pending(campaign.id)
+            if self._followups is not None and len(campaign.steps) > 1:
+                # its marks are dropped (a cancelled campaign makes no next step)
+                self._followups.make_due(campaign.id, now=self._clock.now())
             return
         if state is CampaignState.COMPLETED:
             report.follow_ups_made += self._follow_ups_of_completed(campaign)

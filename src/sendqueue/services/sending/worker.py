@@ -507,14 +507,14 @@ class SendWorker:
         self._events.send_finished("sent", (sent_at - task.send_at).total_seconds())
         with self._lock:
             self._failures_in_a_row.pop(campaign.id, None)  # the streak is broken
-        # The runner makes the marked next step, and checks whether the campaign is done once
-        # made; the last send of a sequence kicks it too: a mark an earlier pass failed to make
-        # is all that may be left then.
-        kick = follow_up or (len(campaign.steps) > 1 and not finish.pending_left)
+        # The runner makes the marked next step, then checks whether the campaign is done; the
+        # last send of a sequence kicks it too (a mark a failed pass left may be all that is left)
+        last = len(campaign.steps) > 1 and not finish.pending_left
+        kick = self._followups is not None and done is not None and (follow_up or last)
         if done is not None:
             self._emit("finished", done)
-            if kick and self._followups is not None:
-                self._follow_ups.kick(campaign.id)
+        if kick:
+            self._follow_ups.kick(campaign.id)
         # Other Pending tasks seen by the finish: the campaign is certainly not done yet.
         return not kick and not finish.pending_left
 

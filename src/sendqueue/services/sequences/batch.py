@@ -16,13 +16,13 @@ from collections import defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, datetime
-from zoneinfo import ZoneInfo
 
 from sendqueue.domain.errors import InvalidField, NoSendingDay
 from sendqueue.domain.followups import first_instant_on, follow_up_earliest
 from sendqueue.domain.followups_first import on_time_until
-from sendqueue.domain.lifecycle import TaskOutcome, TaskState
+from sendqueue.domain.lifecycle import CampaignState, TaskOutcome, TaskState
 from sendqueue.domain.models import Campaign, Recipient, Task, new_token, pending_task, task_id
+from sendqueue.domain.policy import load_timezone
 from sendqueue.domain.steps import Delay
 from sendqueue.domain.suppression import key_of_normalized
 from sendqueue.ports import FeedbackOutcomes, FollowUpStore, SuppressionList
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 #: Positions a read of recipients' rows may span for each row it needs: rows are read as a
 #: range, and a wide one for a few scattered positions would cost more than a read each.
 _ROWS_SPAN = 4
+#: States of a campaign in which a recipient's sequence goes on.
+_GOING_ON = frozenset({CampaignState.ACTIVE, CampaignState.PAUSED, CampaignState.PROVISIONING})
 #: At most this many rows in one read of recipients.
 _ROWS_READ = 1000
 
@@ -60,7 +62,7 @@ def _day_key(
     the local date of the send and the zone; None for elapsed time (its own instant)."""
     if after.elapsed is not None:
         return None
-    local = sent_at.astimezone(ZoneInfo(zone) if zone else campaign.policy.zone)
+    local = sent_at.astimezone(load_timezone(zone, "zone") if zone else campaign.policy.zone)
     return (after, zone, local.date())
 
 
@@ -116,11 +118,14 @@ class BatchMaker:
         self._first = first
         self._away = away
 
-    def make(self, campaign: Campaign, marked: Sequence[Task], *, now: datetime) -> list[Task]:
+    def make(
+        self, campaign: Campaign, marked: Sequence[Task], *, now: datetime
+    ) -> list[Task] | None:
         """Make the next step of each of ``marked`` (Finished tasks of ``campaign`` before its
         last step whose next step has no task yet) whose sequence goes on, due no earlier than
         ``now``. Returns the tasks made: Pending, or Cancelled when a step cannot be made for
-        its recipient (with the reason)."""
+        its recipient (with the reason). None: the campaign's lease was another process's,
+        and nothing was made."""
         sent = [t for t in marked if t.step < len(campaign.steps) and t.sent_at is not None]
         going_on = self._going_on(campaign, sent)
         if not going_on:
@@ -133,16 +138,22 @@ class BatchMaker:
             item = self._draft(campaign, task, backs.get(task.position), now, earliest)
             (due.append(item) if isinstance(item, _Due) else ended.append(item))
         with self._replanner.lease(campaign.id, wait=RETRY_LEASE_WAIT) as held:
-            # read under the lease a step is edited under: an edit landing now is seen
+            if not held:  # another process's pass: its slots must not be taken twice
+                log.info("campaign %s: next steps left to the lease's holder", campaign.id)
+                return None
+            # read under the lease a step is edited under: an edit landing now is seen, and
+            # a cancel: its campaign's marks are dropped, nothing made
             campaign = self._store.get_campaign(campaign.id)
-            # and another process's pass over the same marks, made under it, too
+            if campaign.state not in _GOING_ON:
+                return []
+            # another process's pass over the same marks, made under it, too
             made_meanwhile = self._store.get_tasks(
                 [d.draft.id for d in due] + [t.id for t in ended]
             )
             due = [d for d in due if d.draft.id not in made_meanwhile]
             ended = [t for t in ended if t.id not in made_meanwhile]
             rendered = self._render(campaign, due, ended)
-            made = self._place(campaign, rendered, displace=held, now=now)
+            made = self._place(campaign, rendered, now=now)
             made += self._insert(ended, now)
         pending = [t for t in made if t.state is TaskState.PENDING]
         report = self._writer.ensure_many(pending)
@@ -248,9 +259,7 @@ class BatchMaker:
             start = end
         return found
 
-    def _place(
-        self, campaign: Campaign, due: Sequence[_Due], *, displace: bool, now: datetime
-    ) -> list[Task]:
+    def _place(self, campaign: Campaign, due: Sequence[_Due], *, now: datetime) -> list[Task]:
         """Each draft at its slot, inserted: one slot search for all the drafts due at the
         same instant (booked for a campaign with senders), those due earliest first, each
         instant's on-time drafts inserted before the next search reads the bookings. A draft
@@ -281,9 +290,7 @@ class BatchMaker:
                     late.append(item)
             made += self._insert(on_time, now)
             for item in late:
-                slot = self._first.slot(
-                    campaign, item.draft, not_before=earliest, displace=displace
-                )
+                slot = self._first.slot(campaign, item.draft, not_before=earliest)
                 made += self._insert([_task_at(item, slot)], now)
         return made
 

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from sendqueue.domain.errors import InvalidField, NoSendingDay
+from sendqueue.domain.errors import Conflict, InvalidField, NoSendingDay, StoreUnavailable
 from sendqueue.domain.followups import first_instant_on, follow_up_earliest
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import Campaign, Recipient, Task, new_token, pending_task, task_id
@@ -70,6 +70,10 @@ class SendCheck:
     headers: Mapping[str, str] | None = None
     wait: str | None = None
     """Why it must wait (an earlier step is not recorded sent yet); see :meth:`FollowUps.hold`."""
+
+
+#: Errors a pass leaves the marks for: the next pass tries the same batch again.
+_TRANSIENT = (StoreUnavailable, Conflict)
 
 
 def _sent_before(task: Task, instant: datetime) -> bool:
@@ -113,21 +117,72 @@ class FollowUps:
             if not due:
                 break
             campaign = self._store.get_campaign(campaign_id)
+            kept: set[str] = set()
             if campaign.state in _GOING_ON:
-                made += self._make_marked(campaign, due, now)
-            self._store.follow_ups_made(campaign_id, [t.id for t in due])
-            if len(marked) < _MAKE_BATCH or len(due) < len(marked):
+                outcome = self._make_marked(campaign, due, now)
+                if outcome is None:  # another process holds the lease: its pass makes them
+                    break
+                made += outcome[0]
+                kept = outcome[1]
+            self._store.follow_ups_made(campaign_id, [t.id for t in due if t.id not in kept])
+            if len(marked) < _MAKE_BATCH or len(due) < len(marked) or kept:
                 break
         return made
 
-    def _make_marked(self, campaign: Campaign, due: list[Task], now: datetime) -> int:
+    def _make_marked(
+        self, campaign: Campaign, due: list[Task], now: datetime
+    ) -> tuple[int, set[str]] | None:
+        """Make the next steps of ``due``: how many were made, and the marks to keep (steps
+        that could not even be recorded Cancelled); None when the campaign's lease was another
+        process's (nothing made). A batch that fails for a reason other than the store is
+        made one step at a time, so one recipient's step cannot hold up the rest."""
         nexts = {t.id: task_id(campaign.id, t.position, t.step + 1) for t in due}
         found = self._store.get_tasks(list(nexts.values()))
         new = [t for t in due if nexts[t.id] not in found]
         for task in due:
             if nexts[task.id] in found and task.sent_at is not None:
                 self.after_sent(campaign, task, sent_at=task.sent_at, now=now)
-        return len(self._batch.make(campaign, new, now=now))
+        try:
+            made = self._batch.make(campaign, new, now=now)
+        except _TRANSIENT:
+            raise
+        except Exception:
+            log.exception(
+                "campaign %s: a batch of next steps failed; each is made alone", campaign.id
+            )
+            alone = {task.id: self._make_alone(campaign, task, now) for task in new}
+            kept = {tid for tid, count in alone.items() if count is None}
+            return sum(count or 0 for count in alone.values()), kept
+        return None if made is None else (len(made), set())
+
+    def _make_alone(self, campaign: Campaign, sent: Task, now: datetime) -> int | None:
+        """Make ``sent``'s next step by itself (1 when made Pending); when that fails too for
+        a reason other than the store, its recipient's sequence ends there: the step is
+        stored Cancelled with the error, visible on the email (0). None when even that
+        could not be stored: its mark stays for a later pass."""
+        assert sent.sent_at is not None
+        try:
+            made = self.after_sent(campaign, sent, sent_at=sent.sent_at, now=now)
+        except _TRANSIENT:
+            raise
+        except Exception as exc:
+            log.exception("task %s: its next step could not be made", sent.id)
+            number = sent.step + 1
+            why = f"step {number} could not be made: {exc}"[:1000]
+            ended = pending_task(
+                task_id(campaign.id, sent.position, number), campaign.id, sent.position,
+                sent.email, sent.name, "", "", None, now, new_token(), now, sent.sender_id,
+                sent.sender, sent.timezone, number,
+            )  # fmt: skip
+            try:
+                self._insert(replace(ended, state=TaskState.CANCELLED, reason=why))
+            except _TRANSIENT:
+                raise
+            except Exception:
+                log.exception("task %s: its next step could not be recorded either", sent.id)
+                return None
+            return 0
+        return int(made is not None and made.state is TaskState.PENDING)
 
     def after_sent(
         self, campaign: Campaign, sent: Task, *, sent_at: datetime, now: datetime | None = None
