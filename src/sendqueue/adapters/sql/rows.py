@@ -41,6 +41,7 @@ __all__ = [
     "recipient_rows",
     "task_from_row",
     "task_from_text_row",
+    "text_when",
 ]
 
 
@@ -171,9 +172,14 @@ def task_from_row(row: Sequence[Any]) -> Task:
     )  # fmt: skip
 
 
+def text_when(value: str) -> datetime:
+    """Read what :func:`~sendqueue.adapters.sql.schema.sqlite_text` wrote (SQLite's driver
+    rows carry times as that text)."""
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
 def _text_time(value: str | None) -> datetime | None:
-    """Read what :func:`~sendqueue.adapters.sql.schema.sqlite_text` wrote."""
-    return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)
+    return None if value is None else text_when(value)
 
 
 def task_from_text_row(row: Sequence[Any]) -> Task:
@@ -187,10 +193,9 @@ def task_from_text_row(row: Sequence[Any]) -> Task:
     ) = row  # fmt: skip
     return Task(
         id_, campaign_id, position, email, name, subject, text, html,
-        datetime.fromisoformat(send_at).replace(tzinfo=UTC), token, STATES[state], attempts,
+        text_when(send_at), token, STATES[state], attempts,
         _text_time(claimed_at), _text_time(sent_at), message_id, error,
-        datetime.fromisoformat(created_at).replace(tzinfo=UTC),
-        datetime.fromisoformat(updated_at).replace(tzinfo=UTC),
+        text_when(created_at), text_when(updated_at),
         _text_time(planned_at), moves, moved_reason, reason, OUTCOMES[outcome], outcome_detail,
         _text_time(outcome_at), sender_id, sender, timezone, step,
     )  # fmt: skip

@@ -77,16 +77,6 @@ _LOG_COLUMNS = "id, campaign_id, task_id, from_state, to_state, at, note"
 _IN_LIMIT = 900
 
 
-def _time(value: str | None) -> datetime | None:
-    """Read what :func:`~sendqueue.adapters.sql.schema.sqlite_text` wrote."""
-    return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)
-
-
-def _when(value: str) -> datetime:
-    """:func:`_time` of a column that is never NULL."""
-    return datetime.fromisoformat(value).replace(tzinfo=UTC)
-
-
 #: A task from a driver row, its times still text.
 _task = rows.task_from_text_row
 
@@ -574,6 +564,6 @@ class SqliteTaskStore(SqlTaskStore):
         with self._fast_read("read change log") as db:
             found = db.execute(sql + " ORDER BY id LIMIT ?", (*params, limit)).fetchall()
         return [
-            ChangeLogEntry(id_, campaign, task, before, after, _when(at), note)
+            ChangeLogEntry(id_, campaign, task, before, after, rows.text_when(at), note)
             for id_, campaign, task, before, after, at, note in found
         ]

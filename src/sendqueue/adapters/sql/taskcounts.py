@@ -88,22 +88,25 @@ class TaskCounts(ABC):
         sqlite = self.dialect == "sqlite"
         mark = "?" if sqlite else "%s"
         bound: Callable[[datetime], object] = sqlite_text if sqlite else utc
-        within = f"{{}} >= {mark}" + ("" if until is None else f" AND {{}} < {mark}")
         times = [since] if until is None else [since, until]
+
+        def within(column: str) -> str:
+            return f"{column} >= {mark}" + ("" if until is None else f" AND {column} < {mark}")
+
         done, going, due = (
             f"'{s.value}'" for s in (TaskState.FINISHED, TaskState.RUNNING, TaskState.PENDING)
         )
         sql = (
             f"SELECT state, CASE state WHEN {done} THEN sent_at WHEN {going} THEN claimed_at"
             f" ELSE send_at END FROM tasks WHERE campaign_id = {mark} AND ("
-            f"(state = {done} AND {within.format('sent_at', 'sent_at')})"
-            f" OR (state = {going} AND {within.format('claimed_at', 'claimed_at')})"
-            f" OR (state = {due} AND {within.format('send_at', 'send_at')}))"
+            f"(state = {done} AND {within('sent_at')})"
+            f" OR (state = {going} AND {within('claimed_at')})"
+            f" OR (state = {due} AND {within('send_at')}))"
         )
         args = (campaign_id, *[bound(t) for t in times * 3])
         with self._read("list booked sends") as conn:
             found = conn.exec_driver_sql(sql, args).all()
         states = rows.STATES
         if sqlite:  # naive UTC text (UtcDateTime)
-            return [(states[s], datetime.fromisoformat(w).replace(tzinfo=UTC)) for s, w in found]
+            return [(states[s], rows.text_when(w)) for s, w in found]
         return [(states[s], w.astimezone(UTC)) for s, w in found]

@@ -31,15 +31,15 @@ from sendqueue.services.scheduling.schedules import ScheduleWriter
 from sendqueue.services.sequences.first import FollowUpsFirst
 from sendqueue.services.sequences.render import StepRenderer
 
-__all__ = ["BatchMaker", "stop_reason"]
+__all__ = ["GOING_ON", "BatchMaker", "stop_reason"]
 
 log = logging.getLogger(__name__)
 
+#: States of a campaign in which a recipient's sequence goes on.
+GOING_ON = frozenset({CampaignState.ACTIVE, CampaignState.PAUSED, CampaignState.PROVISIONING})
 #: Positions a read of recipients' rows may span for each row it needs: rows are read as a
 #: range, and a wide one for a few scattered positions would cost more than a read each.
 _ROWS_SPAN = 4
-#: States of a campaign in which a recipient's sequence goes on.
-_GOING_ON = frozenset({CampaignState.ACTIVE, CampaignState.PAUSED, CampaignState.PROVISIONING})
 #: At most this many rows in one read of recipients.
 _ROWS_READ = 1000
 
@@ -144,7 +144,7 @@ class BatchMaker:
             # read under the lease a step is edited under: an edit landing now is seen, and
             # a cancel: its campaign's marks are dropped, nothing made
             campaign = self._store.get_campaign(campaign.id)
-            if campaign.state not in _GOING_ON:
+            if campaign.state not in GOING_ON:
                 return []
             # another process's pass over the same marks, made under it, too
             made_meanwhile = self._store.get_tasks(

@@ -68,20 +68,6 @@ class FollowUpsFirst:
         displaced for it. Booked for a campaign with senders. The caller holds the lease; when
         it could not get it (``displace`` False), no first step is displaced."""
         free = self._free_slot(campaign, draft, not_before)
-        return self.on_time(campaign, draft, free, not_before=not_before, displace=displace)
-
-    def on_time(
-        self,
-        campaign: Campaign,
-        draft: Task,
-        free: datetime,
-        *,
-        not_before: datetime,
-        displace: bool = True,
-    ) -> datetime:
-        """``free``, the first free slot found (and booked) for ``draft`` at or after
-        ``not_before``, when it is on time; else the slot of a first step displaced for it
-        (:meth:`slot`, for a follow-up whose free slot was found with others')."""
         if not displace:
             return free
         zone = draft.timezone if campaign.local_time else None

@@ -37,7 +37,7 @@ from datetime import datetime
 
 from sendqueue.domain.errors import Conflict, InvalidField, NoSendingDay, StoreUnavailable
 from sendqueue.domain.followups import first_instant_on, follow_up_earliest
-from sendqueue.domain.lifecycle import CampaignState, TaskState
+from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Campaign, Recipient, Task, new_token, pending_task, task_id
 from sendqueue.domain.steps import Step, thread_headers
 from sendqueue.domain.suppression import key_of_normalized, suppressed_reason
@@ -45,7 +45,7 @@ from sendqueue.domain.transitions import TaskChange, move, retry_into
 from sendqueue.ports import FeedbackOutcomes, FollowUpStore, SuppressionList
 from sendqueue.services.planning.replanning import RETRY_LEASE_WAIT, Replanner, iter_tasks
 from sendqueue.services.scheduling.schedules import ScheduleWriter
-from sendqueue.services.sequences.batch import BatchMaker, stop_reason
+from sendqueue.services.sequences.batch import GOING_ON, BatchMaker, stop_reason
 from sendqueue.services.sequences.first import FollowUpsFirst
 from sendqueue.services.sequences.render import StepRenderer
 
@@ -57,8 +57,6 @@ log = logging.getLogger(__name__)
 _REPAIR_BATCH = 500
 #: Marked sent steps whose next steps :meth:`FollowUps.make_due` makes together.
 _MAKE_BATCH = 500
-#: States of a campaign in which a recipient's sequence goes on.
-_GOING_ON = frozenset({CampaignState.ACTIVE, CampaignState.PAUSED, CampaignState.PROVISIONING})
 
 
 @dataclass(frozen=True)
@@ -118,7 +116,7 @@ class FollowUps:
                 break
             campaign = self._store.get_campaign(campaign_id)
             kept: set[str] = set()
-            if campaign.state in _GOING_ON:
+            if campaign.state in GOING_ON:
                 outcome = self._make_marked(campaign, due, now)
                 if outcome is None:  # another process holds the lease: its pass makes them
                     break
@@ -192,7 +190,7 @@ class FollowUps:
         ``sent_at``); the task made (or found, when an earlier call made it), or None: no
         later step, or the sequence stopped."""
         steps = campaign.steps
-        if sent.step >= len(steps) or campaign.state not in _GOING_ON:
+        if sent.step >= len(steps) or campaign.state not in GOING_ON:
             return None
         step = steps[sent.step]  # steps are numbered from 1: this is step sent.step + 1
         ids = [task_id(campaign.id, sent.position, k) for k in range(1, step.number + 1)]
@@ -337,7 +335,7 @@ class FollowUps:
         recent send's next step is its mark's, which a worker is making). Returns how many
         were made."""
         last = len(campaign.steps)
-        if last < 2 or campaign.state not in _GOING_ON:
+        if last < 2 or campaign.state not in GOING_ON:
             return 0
         made = 0
         batch: list[Task] = []
