@@ -1,10 +1,10 @@
 """An email (task) as the pages show it: its row in the campaign's emails table, and every
 field of it on its own page.
 
-A row's texts are written here and, for rows the live stream redraws, by ``campaign.js``
-(``taskCells``) from the API's task: keep both in step. Times are in the campaign's zone with
-its abbreviation (:func:`~sendqueue.web.times.human_time`); a local-time campaign's rows add
-the recipient's own wall-clock time, named by the recipient's zone.
+A row's texts are written here and, for rows the live stream redraws, by
+``campaign_rows.js`` (``taskCells``) from the API's task: keep both in step. Times are in the
+campaign's zone with its abbreviation (:func:`~sendqueue.web.times.human_time`); a local-time
+campaign's rows add the recipient's own wall-clock time, named by the recipient's zone.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ __all__ = ["email_url", "moved_text", "task_details", "task_row"]
 
 
 def moved_text(moves: int, reason: str | None) -> str:
-    """``"1 move: worker down 16:50-17:48 UTC"``; campaign.js writes the same."""
+    """``"1 move: worker down 16:50-17:48 UTC"``; campaign_rows.js writes the same."""
     if not moves:
         return ""
     return f"{plural(moves, 'move')}: {reason or ''}".rstrip(": ")
@@ -63,7 +63,7 @@ def task_row(
         moved_title=f"first planned {human_time(task.planned_at, zone)}" if task.planned_at else "",
         error=task.error or task.reason or "",
         url=email_url(campaign.id, task.id),
-        # campaign.js (taskCells) writes the same
+        # campaign_rows.js (taskCells) writes the same
         sender_shown=f"{view.sender_name} <{view.sender}>" if view.sender_name else view.sender,
     )
     return row
