@@ -124,10 +124,10 @@ def batches(items: Iterable[_T], size: int = CHUNK_SIZE) -> Iterator[list[_T]]:
         yield batch
 
 
-def json_ready(field: str, value: object) -> None:
-    """InvalidField unless ``value`` can be stored as JSON."""
+def json_ready(field: str, value: object) -> str:
+    """``value`` as JSON text (as SQLAlchemy's JSON type stores it), or InvalidField."""
     try:
-        json.dumps(value)
+        return json.dumps(value)
     except (TypeError, ValueError) as exc:
         raise InvalidField(field, value, f"must be JSON-serialisable: {exc}") from exc
 
