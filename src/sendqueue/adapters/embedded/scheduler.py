@@ -81,7 +81,6 @@ from sendqueue.adapters.embedded.store import (
     sqlite_path,
     to_us,
 )
-from sendqueue.adapters.sqlite_wal import WalFolder
 from sendqueue.domain.errors import Conflict, NotFound, SchedulerError
 from sendqueue.domain.models import DeadLetter, new_token
 from sendqueue.ports import Alarm, Clock, DueArgs, Schedule
@@ -154,8 +153,6 @@ class EmbeddedScheduler(Dispatcher):
         self._own_socket: str | None = None
         self._sender: socket.socket | None = None
         self.wake_dir = self._wake_dir(wake_path)
-        # Folds the log back off the writers' path; the autocheckpoint below is its backstop.
-        self._folder = None if self.path == ":memory:" else WalFolder(self.path)
         try:
             self._conn = sqlite3.connect(
                 self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
@@ -167,9 +164,9 @@ class EmbeddedScheduler(Dispatcher):
             # WAL with synchronous=NORMAL cannot corrupt, but a power cut may lose the last
             # commits; the reconciler re-creates lost schedules, and provisioning stays fast.
             self._conn.execute("PRAGMA synchronous = NORMAL")
-            # Fold the log back at ~40 MB at the latest, not every 4 MB (SQLite's default): each
-            # fold costs two fsyncs, and a provisioning run writes a schedule per email; the log
-            # is cut back to 4 MB once folded (as the task store does, adapters/sql/schema.py).
+            # Fold the log back every ~40 MB, not every 4 MB (SQLite's default): each fold costs
+            # two fsyncs, and a provisioning run writes a schedule per email; the log is cut
+            # back to 4 MB once folded (as the task store does, adapters/sql/schema.py).
             self._conn.execute("PRAGMA wal_autocheckpoint = 10000")
             self._conn.execute(f"PRAGMA journal_size_limit = {4 * 1024 * 1024}")
             self._migrate()
@@ -360,8 +357,6 @@ class EmbeddedScheduler(Dispatcher):
         return {row["name"]: row["lease_owner"] for row in rows}
 
     def close(self) -> None:
-        if self._folder is not None:
-            self._folder.close()
         with self._lock:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.close()

@@ -16,7 +16,6 @@ from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring_ascii
 
 from sendqueue.adapters.scheduler_rules import CheckedDue, wall_time
-from sendqueue.adapters.sqlite_wal import WalFolder
 from sendqueue.domain.errors import Conflict, InvalidField, SchedulerError
 from sendqueue.domain.models import DeadLetter
 from sendqueue.ports import Alarm, Clock, Schedule
@@ -207,7 +206,6 @@ class ScheduleFile:
     _conn: sqlite3.Connection
     _lock: threading.RLock
     _busy_timeout: float
-    _folder: WalFolder | None
 
     def _close_quietly(self) -> None:
         conn = getattr(self, "_conn", None)
@@ -253,8 +251,6 @@ class ScheduleFile:
             except sqlite3.Error as exc:
                 self._rollback()
                 raise SchedulerError(f"scheduler database: {exc}") from exc
-            if self._folder is not None:
-                self._folder.committed()
 
     def _rollback(self) -> None:
         with contextlib.suppress(sqlite3.Error):

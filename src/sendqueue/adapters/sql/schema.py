@@ -50,10 +50,10 @@ __all__ = [
 ]
 
 BUSY_TIMEOUT_SECONDS = 30.0
-#: WAL pages before a commit folds the log back into the database file itself (SQLite's
-#: default is 1,000, about 4 MB): the backstop of the store's folder thread, which folds at
-#: 16 MB off the writers' path (adapters/sqlite_wal.py). Each fold costs two fsyncs. The log
-#: is cut back to WAL_KEEP_BYTES once folded, so it never stays at its peak on disk.
+#: WAL pages before a commit folds the log back into the database file (SQLite's default is
+#: 1,000, about 4 MB): a provisioning run writes tens of MB, and each fold costs two fsyncs,
+#: about a tenth of its time at 1,000 (docs/performance.md). The log is cut back to
+#: WAL_KEEP_BYTES once folded, so it never stays at its peak on disk.
 WAL_AUTOCHECKPOINT_PAGES = 10_000
 WAL_KEEP_BYTES = 4 * 1024 * 1024
 

@@ -35,7 +35,6 @@ from sendqueue.adapters.sql.rows import (
 )
 from sendqueue.adapters.sql.schema import UtcDateTime, sqlite_text
 from sendqueue.adapters.sql.signal import sqlite_signal
-from sendqueue.adapters.sqlite_wal import WalFolder
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import (
@@ -185,8 +184,6 @@ class SqliteTaskStore(SqlTaskStore):
         super().__init__(url, upgrade=upgrade, engine_options=engine_options)
         database = self._engine.url.database
         self._signal = sqlite_signal(os.path.realpath(database) if database else None)
-        # Folds the log back off the writers' path (adapters/sqlite_wal.py).
-        self._folder = WalFolder(os.path.realpath(database)) if database else None
 
     @property
     def change_signal(self) -> ChangeSignal:
@@ -202,8 +199,6 @@ class SqliteTaskStore(SqlTaskStore):
         for _thread, db in own:
             with suppress(sqlite3.Error):
                 db.close()
-        if self._folder is not None:
-            self._folder.close()
         super().close()
 
     # transactions ----------------------------------------------------------------------------
@@ -213,7 +208,7 @@ class SqliteTaskStore(SqlTaskStore):
         # Our lock, not SQLite's busy handler (it sleeps in steps of up to 100 ms).
         with self._write_lock, super()._write(action) as conn:
             yield conn
-        self._committed()
+        self._signal.changed()  # committed, and the lock released
 
     def _connection(self) -> sqlite3.Connection:
         """This thread's own driver connection: opened by the engine (so with its pragmas),
@@ -267,13 +262,7 @@ class SqliteTaskStore(SqlTaskStore):
                 with suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
                 raise
-        self._committed()
-
-    def _committed(self) -> None:
-        """After a write committed and released the lock: wake the readers and the folder."""
         self._signal.changed()
-        if self._folder is not None:
-            self._folder.committed()
 
     def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
         # BEGIN IMMEDIATE already serialises writers, so ids commit in order. The driver's
@@ -324,7 +313,7 @@ class SqliteTaskStore(SqlTaskStore):
         # The driver's statements: provisioning saves one a chunk, and SQLAlchemy's compiled
         # UPDATE cost more than the write.
         text = None if checkpoint is None else rows.json_ready("checkpoint", dict(checkpoint))
-        stamp = sqlite_text(at if at.tzinfo is not None else at.replace(tzinfo=UTC))
+        stamp = sqlite_text(at)  # ValueError for a naive time, as the other writes
         with self._fast_write("save checkpoint") as db:
             saved = db.execute(
                 "UPDATE campaigns SET checkpoint = ?, updated_at = ? WHERE id = ?",
