@@ -146,7 +146,7 @@ _OTHER = Group("Other settings", "Settings no group above names yet.", ())
 _HEADER = f"""\
 # Settings
 
-<!-- Generated from the Settings class (src/sendqueue/settings*.py) by
+<!-- Generated from the Settings class (src/sendqueue/settings/*.py) by
 `{COMMAND}`: edit the Field descriptions there, not this file. -->
 
 Every setting is an environment variable, or a line of the settings file every command reads
