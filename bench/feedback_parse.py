@@ -1,4 +1,4 @@
-"""Benchmark 11, the feedback parser on hostile mail: how long ``parse_feedback`` takes on a
+"""Benchmark 14, the feedback parser on hostile mail: how long ``parse_feedback`` takes on a
 message an outsider made to be slow, one per shape of ``bench/hostile_mail.py``, beside an
 ordinary message of the same size (a reply quoting a long text).
 
