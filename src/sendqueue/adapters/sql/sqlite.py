@@ -28,13 +28,12 @@ from sendqueue.adapters.sql import schema as tables
 from sendqueue.adapters.sql.base import SqlTaskStore
 from sendqueue.adapters.sql.errors import mapped_errors
 from sendqueue.adapters.sql.rows import (
-    INSERT_COLUMNS,
     TASK_COLUMNS,
-    TASK_WIDTH,
     JsonVariables,
 )
 from sendqueue.adapters.sql.schema import UtcDateTime, sqlite_text
 from sendqueue.adapters.sql.signal import sqlite_signal
+from sendqueue.adapters.sql.sqlite_inserts import insert_tasks
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import (
@@ -47,7 +46,6 @@ from sendqueue.domain.models import (
 )
 from sendqueue.domain.sendclaim import SendClaim, SendFinish
 from sendqueue.domain.senders import Booking
-from sendqueue.domain.suppression import key_of_normalized
 from sendqueue.ports.changes import ChangeSignal
 
 __all__ = ["SqliteTaskStore"]
@@ -66,11 +64,6 @@ _LOG_CREATED = (
     " FROM json_each(?) AS j JOIN tasks AS t ON t.id = j.value ORDER BY j.key"
 )
 
-_INSERT_TASK = (
-    f"INSERT INTO tasks ({INSERT_COLUMNS}) VALUES ({', '.join('?' * (TASK_WIDTH + 1))})"
-    " ON CONFLICT DO NOTHING"
-)
-
 _LOG_COLUMNS = "id, campaign_id, task_id, from_state, to_state, at, note"
 
 #: Values per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
@@ -79,82 +72,6 @@ _IN_LIMIT = 900
 
 #: A task from a driver row, its times still text.
 _task = rows.task_from_text_row
-
-
-def _task_row(t: Task, stamp: str | None) -> tuple[object, ...]:
-    """The driver's parameters of :data:`_INSERT_TASK` for a new task."""
-    send_at = sqlite_text(t.send_at)
-    # A new task's optional instants are None: tested here, not in a call per column.
-    claimed_at, sent_at, outcome_at = t.claimed_at, t.sent_at, t.outcome_at
-    planned_at = t.planned_at
-    return (
-        t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
-        send_at, t.state.value, t.token, t.attempts,
-        None if claimed_at is None else sqlite_text(claimed_at),
-        None if sent_at is None else sqlite_text(sent_at), t.message_id, t.error, stamp, stamp,
-        send_at if planned_at is None else sqlite_text(planned_at), t.moves,
-        t.moved_reason, t.reason,
-        None if t.outcome is None else t.outcome.value, t.outcome_detail,
-        None if outcome_at is None else sqlite_text(outcome_at), t.sender_id, t.sender,
-        t.timezone, t.step, key_of_normalized(t.email),
-    )  # fmt: skip
-
-
-def _insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list[str]:
-    """Insert the tasks whose id and (campaign, position, step) are free; returns the ids
-    inserted.
-
-    The caller holds SQLite's write lock (BEGIN IMMEDIATE), so the rows taken cannot change
-    between the lookup (run only when the plain insert skipped a row) and the INSERT; the
-    first of two tasks with one id or position and step wins, as with ON CONFLICT DO NOTHING.
-    """
-    stamp = sqlite_text(at)
-    # The common case, a fresh chunk: insert everything at once and count the rows taken; if
-    # some were skipped (a resumed run, a duplicate), undo and redo with the lookups below.
-    conn.exec_driver_sql("SAVEPOINT sq_bulk_tasks")
-    taken = conn.exec_driver_sql(_INSERT_TASK, [_task_row(t, stamp) for t in tasks]).rowcount
-    if taken == len(tasks):
-        conn.exec_driver_sql("RELEASE SAVEPOINT sq_bulk_tasks")
-        return [t.id for t in tasks]
-    conn.exec_driver_sql("ROLLBACK TO SAVEPOINT sq_bulk_tasks")
-    conn.exec_driver_sql("RELEASE SAVEPOINT sq_bulk_tasks")
-    taken_ids: set[str] = set()
-    taken_positions: set[tuple[str, int, int]] = set()
-    for part in rows.chunks([t.id for t in tasks], _IN_LIMIT):
-        marks = ", ".join("?" * len(part))
-        taken_ids.update(
-            row[0]
-            for row in conn.exec_driver_sql(
-                f"SELECT id FROM tasks WHERE id IN ({marks})", tuple(part)
-            )
-        )
-    by_campaign: dict[str, list[int]] = {}
-    for t in tasks:
-        by_campaign.setdefault(t.campaign_id, []).append(t.position)
-    for campaign_id, positions in by_campaign.items():
-        for some in rows.chunks(positions, _IN_LIMIT):
-            marks = ", ".join("?" * len(some))
-            taken_positions.update(
-                (campaign_id, row[0], row[1])
-                for row in conn.exec_driver_sql(
-                    "SELECT position, step FROM tasks"
-                    f" WHERE campaign_id = ? AND position IN ({marks})",
-                    (campaign_id, *some),
-                )
-            )
-    inserted: list[str] = []
-    params: list[tuple[object, ...]] = []
-    for t in tasks:
-        where = (t.campaign_id, t.position, t.step)
-        if t.id in taken_ids or where in taken_positions:
-            continue
-        taken_ids.add(t.id)
-        taken_positions.add(where)
-        inserted.append(t.id)
-        params.append(_task_row(t, stamp))
-    if params:
-        conn.exec_driver_sql(_INSERT_TASK, params)
-    return inserted
 
 
 class SqliteTaskStore(SqlTaskStore):
@@ -363,7 +280,7 @@ class SqliteTaskStore(SqlTaskStore):
             for campaign_id in sorted({t.campaign_id for t in tasks}):
                 self._require_campaign(conn, campaign_id)
             self._book(conn, bookings)
-            ids = _insert_tasks(conn, tasks, at)
+            ids = insert_tasks(conn, tasks, at)
             if len(ids) == len(tasks):
                 # Every task inserted (a fresh provisioning chunk): the entries, in input
                 # order, straight from the rows.

@@ -1,0 +1,165 @@
+"""The SQLite task store's bulk insert of tasks: :func:`insert_tasks`.
+
+A batch of new tasks (every column a task only gets once it is sent, moved or answered still
+NULL) is inserted without binding those NULLs: its statement leaves them out, and the columns
+of the batch that are None in every row too. The driver adapts each bound None through its
+adapter lookup, which made the twelve NULLs of a new task's thirty columns most of what binding
+its row cost (measured: docs/performance.md, section 2). Any other batch binds every column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from functools import lru_cache
+from operator import attrgetter
+
+from sqlalchemy.engine import Connection
+
+from sendqueue.adapters.sql import rows
+from sendqueue.adapters.sql.rows import INSERT_COLUMNS, TASK_WIDTH
+from sendqueue.adapters.sql.schema import sqlite_text
+from sendqueue.domain.models import Task
+from sendqueue.domain.suppression import key_of_normalized
+
+__all__ = ["insert_tasks", "task_row"]
+
+#: Every column, every row: the statement for tasks that are not all new.
+_INSERT_TASK = (
+    f"INSERT INTO tasks ({INSERT_COLUMNS}) VALUES ({', '.join('?' * (TASK_WIDTH + 1))})"
+    " ON CONFLICT DO NOTHING"
+)
+
+#: Values per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
+_IN_LIMIT = 900
+
+#: What a task gets once it is sent, moved or answered: None in every new task.
+_later = attrgetter(
+    "claimed_at", "sent_at", "message_id", "error", "moved_reason", "outcome",
+    "outcome_detail", "outcome_at", "planned_at",
+)  # fmt: skip
+_NONE_LATER = (None,) * 9
+
+#: A new task's columns bound as they are, every row.
+_ALWAYS = (
+    "id", "campaign_id", "position", "email", "name", "subject", "text", "token", "attempts",
+    "moves", "step",
+)  # fmt: skip
+
+#: A new task's columns that may be None in every row of a batch (then left out).
+_MAYBE = ("html", "reason", "sender_id", "sender", "timezone")
+
+
+def task_row(t: Task, stamp: str | None) -> tuple[object, ...]:
+    """The driver's parameters of :data:`_INSERT_TASK` for a task, created and updated
+    ``stamp``."""
+    send_at = sqlite_text(t.send_at)
+    # A new task's optional instants are None: tested here, not in a call per column.
+    claimed_at, sent_at, outcome_at = t.claimed_at, t.sent_at, t.outcome_at
+    planned_at = t.planned_at
+    return (
+        t.id, t.campaign_id, t.position, t.email, t.name, t.subject, t.text, t.html,
+        send_at, t.state.value, t.token, t.attempts,
+        None if claimed_at is None else sqlite_text(claimed_at),
+        None if sent_at is None else sqlite_text(sent_at), t.message_id, t.error, stamp, stamp,
+        send_at if planned_at is None else sqlite_text(planned_at), t.moves,
+        t.moved_reason, t.reason,
+        None if t.outcome is None else t.outcome.value, t.outcome_detail,
+        None if outcome_at is None else sqlite_text(outcome_at), t.sender_id, t.sender,
+        t.timezone, t.step, key_of_normalized(t.email),
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=32)  # one per subset of _MAYBE
+def _new_statement(present: tuple[str, ...]) -> tuple[str, Callable[[Task], tuple[object, ...]]]:
+    """The insert of new tasks that have the ``present`` columns of :data:`_MAYBE`, and the
+    getter of the row's first values. Parameters are numbered: the send time is bound once
+    for ``send_at`` and ``planned_at``, the stamp once for ``created_at`` and
+    ``updated_at``."""
+    named = _ALWAYS + present
+    n = len(named)
+    columns = (*named, "send_at", "planned_at", "state", "email_key", "created_at", "updated_at")
+    marks = [f"?{i}" for i in range(1, n + 1)]
+    marks += [f"?{n + 1}", f"?{n + 1}", f"?{n + 2}", f"?{n + 3}", f"?{n + 4}", f"?{n + 4}"]
+    statement = (
+        f"INSERT INTO tasks ({', '.join(columns)}) VALUES ({', '.join(marks)})"
+        " ON CONFLICT DO NOTHING"
+    )
+    return statement, attrgetter(*named)
+
+
+def _new_rows(tasks: Sequence[Task], stamp: str) -> tuple[str, list[tuple[object, ...]]] | None:
+    """The statement and rows of a batch of new tasks (see the module docstring), or None
+    when some task is not new."""
+    for t in tasks:
+        if _later(t) != _NONE_LATER:
+            return None
+    present = tuple(
+        column for column in _MAYBE if any(getattr(t, column) is not None for t in tasks)
+    )
+    statement, first = _new_statement(present)
+    return statement, [
+        (*first(t), sqlite_text(t.send_at), t.state.value, key_of_normalized(t.email), stamp)
+        for t in tasks
+    ]
+
+
+def insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list[str]:
+    """Insert the tasks whose id and (campaign, position, step) are free; returns the ids
+    inserted.
+
+    The caller holds SQLite's write lock (BEGIN IMMEDIATE), so the rows taken cannot change
+    between the lookup (run only when the plain insert skipped a row) and the INSERT; the
+    first of two tasks with one id or position and step wins, as with ON CONFLICT DO NOTHING.
+    """
+    stamp = sqlite_text(at)
+    assert stamp is not None
+    # The common case, a fresh chunk: insert everything at once and count the rows taken; if
+    # some were skipped (a resumed run, a duplicate), undo and redo with the lookups below.
+    conn.exec_driver_sql("SAVEPOINT sq_bulk_tasks")
+    new = _new_rows(tasks, stamp)
+    if new is None:
+        new = _INSERT_TASK, [task_row(t, stamp) for t in tasks]
+    taken = conn.exec_driver_sql(*new).rowcount
+    if taken == len(tasks):
+        conn.exec_driver_sql("RELEASE SAVEPOINT sq_bulk_tasks")
+        return [t.id for t in tasks]
+    conn.exec_driver_sql("ROLLBACK TO SAVEPOINT sq_bulk_tasks")
+    conn.exec_driver_sql("RELEASE SAVEPOINT sq_bulk_tasks")
+    taken_ids: set[str] = set()
+    taken_positions: set[tuple[str, int, int]] = set()
+    for part in rows.chunks([t.id for t in tasks], _IN_LIMIT):
+        marks = ", ".join("?" * len(part))
+        taken_ids.update(
+            row[0]
+            for row in conn.exec_driver_sql(
+                f"SELECT id FROM tasks WHERE id IN ({marks})", tuple(part)
+            )
+        )
+    by_campaign: dict[str, list[int]] = {}
+    for t in tasks:
+        by_campaign.setdefault(t.campaign_id, []).append(t.position)
+    for campaign_id, positions in by_campaign.items():
+        for some in rows.chunks(positions, _IN_LIMIT):
+            marks = ", ".join("?" * len(some))
+            taken_positions.update(
+                (campaign_id, row[0], row[1])
+                for row in conn.exec_driver_sql(
+                    "SELECT position, step FROM tasks"
+                    f" WHERE campaign_id = ? AND position IN ({marks})",
+                    (campaign_id, *some),
+                )
+            )
+    inserted: list[str] = []
+    params: list[tuple[object, ...]] = []
+    for t in tasks:
+        where = (t.campaign_id, t.position, t.step)
+        if t.id in taken_ids or where in taken_positions:
+            continue
+        taken_ids.add(t.id)
+        taken_positions.add(where)
+        inserted.append(t.id)
+        params.append(task_row(t, stamp))
+    if params:
+        conn.exec_driver_sql(_INSERT_TASK, params)
+    return inserted
