@@ -60,7 +60,7 @@ _CHUNK = 500
 #: mark); a taken slot, task or contact is skipped, and counted by the caller.
 _INSERT_BOOKING = (
     "INSERT INTO sender_bookings (sender_id, at_ms, task_id, campaign_id, day, recipient, cap, "
-    "sent) VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark}) "
+    "sent) VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark}, FALSE) "
     "ON CONFLICT DO NOTHING"
 )
 _INSERT_CONTACT = (
@@ -425,12 +425,14 @@ class SenderTables(ABC):
 
     def _booking_params(self, bookings: Sequence[Booking]) -> tuple[str, list[tuple[object, ...]]]:
         """:data:`_INSERT_BOOKING` with the driver's parameter mark, and its rows of
-        ``bookings`` (SQLite takes a day as its ISO text)."""
+        ``bookings`` (SQLite takes a day as its ISO text). A new slot is unsent: FALSE in the
+        statement, as sqlite3 binds a bool through its adapter lookup, several times an
+        int's cost."""
         sqlite = self.dialect == "sqlite"
         values: list[tuple[object, ...]] = [
             (
                 b.sender_id, b.at_ms, b.task_id, b.campaign_id,
-                b.day.isoformat() if sqlite else b.day, b.recipient, b.cap, False,
+                b.day.isoformat() if sqlite else b.day, b.recipient, b.cap,
             )
             for b in bookings
         ]  # fmt: skip
