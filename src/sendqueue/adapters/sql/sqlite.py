@@ -33,7 +33,7 @@ from sendqueue.adapters.sql.rows import (
 )
 from sendqueue.adapters.sql.schema import UtcDateTime, sqlite_text
 from sendqueue.adapters.sql.signal import sqlite_signal
-from sendqueue.adapters.sql.sqlite_inserts import insert_tasks
+from sendqueue.adapters.sql.sqlite_inserts import IN_LIMIT, insert_tasks
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import (
@@ -65,9 +65,6 @@ _LOG_CREATED = (
 )
 
 _LOG_COLUMNS = "id, campaign_id, task_id, from_state, to_state, at, note"
-
-#: Values per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
-_IN_LIMIT = 900
 
 
 #: A task from a driver row, its times still text.
@@ -431,7 +428,7 @@ class SqliteTaskStore(SqlTaskStore):
     ) -> list[tuple[str, str, str | None, datetime]]:
         out: list[tuple[str, str, str | None, datetime]] = []
         with self._fast_read("look up suppressed addresses") as db:
-            for part in rows.chunks(emails, _IN_LIMIT):
+            for part in rows.chunks(emails, IN_LIMIT):
                 marks = ", ".join("?" * len(part))
                 found = db.execute(
                     f"SELECT email, reason, task_id, at FROM suppressions WHERE email IN ({marks})",
@@ -448,7 +445,7 @@ class SqliteTaskStore(SqlTaskStore):
         # time, and an expanding IN compiled by SQLAlchemy per call cost three times as much.
         out: dict[str, str] = {}
         with self._fast_read("read sticky senders") as db:
-            for part in rows.chunks(recipients, _IN_LIMIT):
+            for part in rows.chunks(recipients, IN_LIMIT):
                 marks = ", ".join("?" * len(part))
                 out.update(
                     db.execute(

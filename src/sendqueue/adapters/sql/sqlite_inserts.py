@@ -22,7 +22,7 @@ from sendqueue.adapters.sql.schema import sqlite_text
 from sendqueue.domain.models import Task
 from sendqueue.domain.suppression import key_of_normalized
 
-__all__ = ["insert_tasks", "task_row"]
+__all__ = ["IN_LIMIT", "insert_tasks", "task_row"]
 
 #: Every column, every row: the statement for tasks that are not all new.
 _INSERT_TASK = (
@@ -31,9 +31,10 @@ _INSERT_TASK = (
 )
 
 #: Values per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
-_IN_LIMIT = 900
+IN_LIMIT = 900
 
-#: What a task gets once it is sent, moved or answered: None in every new task.
+#: None in every new task: what only a later write sets (the claim, the send, a move, the
+#: outcome), and ``planned_at``, which the insert takes from ``send_at`` when it is None.
 _later = attrgetter(
     "claimed_at", "sent_at", "message_id", "error", "moved_reason", "outcome",
     "outcome_detail", "outcome_at", "planned_at",
@@ -128,7 +129,7 @@ def insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list[
     conn.exec_driver_sql("RELEASE SAVEPOINT sq_bulk_tasks")
     taken_ids: set[str] = set()
     taken_positions: set[tuple[str, int, int]] = set()
-    for part in rows.chunks([t.id for t in tasks], _IN_LIMIT):
+    for part in rows.chunks([t.id for t in tasks], IN_LIMIT):
         marks = ", ".join("?" * len(part))
         taken_ids.update(
             row[0]
@@ -140,7 +141,7 @@ def insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list[
     for t in tasks:
         by_campaign.setdefault(t.campaign_id, []).append(t.position)
     for campaign_id, positions in by_campaign.items():
-        for some in rows.chunks(positions, _IN_LIMIT):
+        for some in rows.chunks(positions, IN_LIMIT):
             marks = ", ".join("?" * len(some))
             taken_positions.update(
                 (campaign_id, row[0], row[1])
