@@ -118,10 +118,11 @@ def insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list[
     # The common case, a fresh chunk: insert everything at once and count the rows taken; if
     # some were skipped (a resumed run, a duplicate), undo and redo with the lookups below.
     conn.exec_driver_sql("SAVEPOINT sq_bulk_tasks")
-    new = _new_rows(tasks, stamp)
-    if new is None:
-        new = _INSERT_TASK, [task_row(t, stamp) for t in tasks]
-    taken = conn.exec_driver_sql(*new).rowcount
+    statement, values = _new_rows(tasks, stamp) or (
+        _INSERT_TASK,
+        [task_row(t, stamp) for t in tasks],
+    )
+    taken = conn.exec_driver_sql(statement, values).rowcount
     if taken == len(tasks):
         conn.exec_driver_sql("RELEASE SAVEPOINT sq_bulk_tasks")
         return [t.id for t in tasks]
@@ -153,14 +154,14 @@ def insert_tasks(conn: Connection, tasks: Sequence[Task], at: datetime) -> list[
             )
     inserted: list[str] = []
     params: list[tuple[object, ...]] = []
-    for t in tasks:
+    for t, row in zip(tasks, values, strict=True):
         where = (t.campaign_id, t.position, t.step)
         if t.id in taken_ids or where in taken_positions:
             continue
         taken_ids.add(t.id)
         taken_positions.add(where)
         inserted.append(t.id)
-        params.append(task_row(t, stamp))
+        params.append(row)  # the rows built above, for the statement they were built for
     if params:
-        conn.exec_driver_sql(_INSERT_TASK, params)
+        conn.exec_driver_sql(statement, params)
     return inserted
