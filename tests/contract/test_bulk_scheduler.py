@@ -1,4 +1,5 @@
-"""The BulkScheduler contract (``create_many``), run against every adapter that writes in bulk.
+"""The BulkScheduler contract (``create_many``), run against every adapter that writes in bulk,
+and against ``submit_many`` of those that write a batch in the background.
 
 ``create_many`` answers each item as ``create`` would have, in order: None where the schedule
 now exists as asked (made by the call, or there already with the same token), or the Conflict
@@ -20,7 +21,13 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from sendqueue.domain.errors import Conflict, InvalidField
-from sendqueue.ports import BulkScheduler, CreateArgs, DueArgs, Scheduler
+from sendqueue.ports import (
+    BackgroundBulkScheduler,
+    BulkScheduler,
+    CreateArgs,
+    DueArgs,
+    Scheduler,
+)
 from sendqueue.testing.alarm import RecordingAlarm
 from sendqueue.testing.clock import FakeClock
 from tests.contract.test_scheduler import BERLIN, BUILDERS, START, Harness, Recorder, local
@@ -29,17 +36,40 @@ from tests.contract.test_scheduler import BERLIN, BUILDERS, START, Harness, Reco
 BULK = ("embedded", "procrastinate")
 
 
-@pytest.fixture(params=BULK)
-def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    built = BUILDERS[request.param](FakeClock(START), RecordingAlarm(), tmp_path)
+#: (adapter, how it writes a batch): ``submit_many`` where the adapter has one.
+WAYS = [*((name, "create_many") for name in BULK), ("embedded", "submit_many")]
+
+
+@pytest.fixture(params=WAYS, ids=["-".join(way) for way in WAYS])
+def way(request: pytest.FixtureRequest) -> tuple[str, str]:
+    return cast(tuple[str, str], request.param)
+
+
+@pytest.fixture
+def harness(way: tuple[str, str], tmp_path: Path) -> Iterator[Harness]:
+    built = BUILDERS[way[0]](FakeClock(START), RecordingAlarm(), tmp_path)
     yield built
     built.scheduler.close()
 
 
+class _Submitted:
+    """``create_many`` as ``submit_many`` and its wait (a BackgroundBulkScheduler's)."""
+
+    def __init__(self, scheduler: BackgroundBulkScheduler) -> None:
+        self.scheduler = scheduler
+
+    def create_many(self, items: Sequence[DueArgs]) -> Sequence[Exception | None]:
+        return self.scheduler.submit_many(items)()
+
+
 @pytest.fixture
-def bulk(harness: Harness) -> BulkScheduler:
+def bulk(harness: Harness, way: tuple[str, str]) -> BulkScheduler:
+    """The adapter's ``create_many``, or its ``submit_many`` and the wait."""
     assert issubclass(type(harness.scheduler), BulkScheduler)
-    return cast(BulkScheduler, harness.scheduler)
+    if way[1] == "create_many":
+        return cast(BulkScheduler, harness.scheduler)
+    assert issubclass(type(harness.scheduler), BackgroundBulkScheduler)
+    return _Submitted(cast(BackgroundBulkScheduler, harness.scheduler))
 
 
 def item(clock: FakeClock, name: str, token: str = "tok", seconds: float = 60.0) -> DueArgs:

@@ -200,6 +200,21 @@ def test_a_create_from_another_process_wakes_the_dispatcher(
     assert 0 <= (fired_at - due).total_seconds() < 0.5
 
 
+def test_a_batch_submitted_while_the_dispatcher_sleeps_wakes_it(
+    scheduler: EmbeddedScheduler,
+) -> None:
+    create_due(scheduler, "sq-later", now() + timedelta(seconds=60))
+    target = Recorder()
+    with dispatching(scheduler, target):
+        time.sleep(0.5)
+        due = now() + timedelta(seconds=0.2)
+        items = [(f"sq-b{i}", "g", due, "UTC", {"task_id": f"b{i}"}, f"t{i}", 2) for i in range(3)]
+        assert scheduler.submit_many(items)() == [None] * 3
+        wait_for(lambda: len(target.calls) == 3, 5, "the submitted batch to fire")
+    assert sorted(target.names) == ["b0", "b1", "b2"]
+    assert all(0 <= (target.first_call(f"b{i}") - due).total_seconds() < 0.5 for i in range(3))
+
+
 def test_overdue_schedules_fire_in_due_order_after_downtime(url: str) -> None:
     base = now() - timedelta(hours=2)
     order = [(i * 7919) % 200 for i in range(200)]  # a fixed permutation of 0..199

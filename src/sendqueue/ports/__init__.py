@@ -38,7 +38,8 @@ The execution layer's ports live in :mod:`sendqueue.ports.scheduler` and the sen
 
 Optional abilities are declared, never discovered with ``getattr``: ``Scheduler.firing_precision``
 and ``Dispatcher.runs_reconciler`` are attributes every adapter sets, and the small
-runtime-checkable protocols :class:`BulkScheduler`, :class:`FlushableAlarm` and
+runtime-checkable protocols :class:`BulkScheduler`, :class:`BackgroundBulkScheduler`,
+:class:`FlushableAlarm` and
 :class:`~sendqueue.ports.probes.Probe` (what ``sendqueue check`` can try) name what only some
 adapters can do.
 """
@@ -63,6 +64,7 @@ from sendqueue.ports.feedback import (
 from sendqueue.ports.oauth import AccessToken, AccessTokens
 from sendqueue.ports.probes import Probe
 from sendqueue.ports.scheduler import (
+    BackgroundBulkScheduler,
     BulkScheduler,
     CreateArgs,
     Dispatcher,
@@ -102,6 +104,7 @@ __all__ = [
     "AccessToken",
     "AccessTokens",
     "Alarm",
+    "BackgroundBulkScheduler",
     "BulkScheduler",
     "CampaignTasks",
     "Campaigns",

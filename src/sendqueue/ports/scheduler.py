@@ -1,7 +1,8 @@
 """The execution layer's ports (see :mod:`sendqueue.ports`): :class:`Scheduler`, one one-time
 schedule per task, shaped like EventBridge Scheduler, with retries and a dead-letter queue;
-:class:`BulkScheduler`, the ability to write many at once; and :class:`Dispatcher`, which runs
-a layer's due schedules in this process. :mod:`sendqueue.ports` re-exports every name here.
+:class:`BulkScheduler`, the ability to write many at once; :class:`BackgroundBulkScheduler`, the
+ability to write them on a thread of the layer's own; and :class:`Dispatcher`, which runs a
+layer's due schedules in this process. :mod:`sendqueue.ports` re-exports every name here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Protocol, runtime_checkable
 from sendqueue.domain.models import DeadLetter
 
 __all__ = [
+    "BackgroundBulkScheduler",
     "BulkScheduler",
     "CreateArgs",
     "Dispatcher",
@@ -140,6 +142,20 @@ class BulkScheduler(Protocol):
     """
 
     def create_many(self, items: Sequence[DueArgs]) -> Sequence[Exception | None]: ...
+
+
+@runtime_checkable
+class BackgroundBulkScheduler(BulkScheduler, Protocol):
+    """A bulk scheduler that can write a batch while its caller goes on (the embedded layer).
+
+    ``submit_many(items)`` checks the items as ``create_many`` does, on the caller's thread
+    (InvalidField is raised there, and nothing is written), starts their write and returns at
+    once. Calling what it returns waits for the write and returns what ``create_many`` would
+    have (or raises its SchedulerError). Batches submitted by one caller are written in the
+    order submitted. Checked on the class, as :class:`BulkScheduler` is.
+    """
+
+    def submit_many(self, items: Sequence[DueArgs]) -> Callable[[], Sequence[Exception | None]]: ...
 
 
 @runtime_checkable

@@ -59,7 +59,8 @@ import random
 import socket
 import sqlite3
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import cast
 
@@ -71,9 +72,11 @@ from sendqueue.adapters.embedded.store import (
     COLUMNS,
     IN_LIMIT,
     INSERT,
+    INSERT_SHARED,
     SCHEMA_VERSION,
     conflict,
     due_params,
+    due_rows_json,
     from_us,
     insert_params,
     row_to_letter,
@@ -81,11 +84,20 @@ from sendqueue.adapters.embedded.store import (
     sqlite_path,
     to_us,
 )
+from sendqueue.adapters.scheduler_rules import CheckedDue
 from sendqueue.domain.errors import Conflict, NotFound, SchedulerError
 from sendqueue.domain.models import DeadLetter, new_token
 from sendqueue.ports import Alarm, Clock, DueArgs, Schedule
 
 __all__ = ["SCHEMA_VERSION", "EmbeddedScheduler"]
+
+
+class _NamesTaken(Exception):
+    """A submitted batch met a name that exists: its write is undone."""
+
+
+def _due(item: CheckedDue) -> datetime:
+    return item[7]
 
 
 class EmbeddedScheduler(Dispatcher):
@@ -150,6 +162,8 @@ class EmbeddedScheduler(Dispatcher):
         self._succeeded: list[tuple[str, str]] = []
         self._succeeded_lock = threading.Lock()
         self._deferring = False
+        # submit_many's one thread (in order), started by its first write
+        self._writes = ThreadPoolExecutor(1, thread_name_prefix="scheduler-writer")
         self._own_socket: str | None = None
         self._sender: socket.socket | None = None
         self.wake_dir = self._wake_dir(wake_path)
@@ -224,7 +238,44 @@ class EmbeddedScheduler(Dispatcher):
         call per chunk instead of one transaction per schedule; its rows are built from the
         checked items, with no Schedule object per item.
         """
+        return self._create_checked(rules.check_due_many(items))
+
+    def submit_many(self, items: Sequence[DueArgs]) -> Callable[[], builtins.list[Conflict | None]]:
+        """:meth:`create_many` with its write on this scheduler's writer thread
+        (:class:`~sendqueue.ports.BackgroundBulkScheduler`): the items are checked and their
+        values built here, and the caller goes on while SQLite writes them.
+
+        The write is one statement (:data:`INSERT_SHARED`), which sqlite3 runs without
+        Python's lock: an ``executemany`` there would take the lock back after every row, and
+        wait for it each time while the caller's thread runs Python. Only a batch of new,
+        distinct names that shares its group, zone and retries goes that way (a provisioning
+        chunk); if a name turns out to exist, the write is undone and :meth:`create_many`'s
+        path runs when the caller waits. Any other batch is written before this returns.
+        """
         checked = rules.check_due_many(items)
+        first = checked[0] if checked else None
+        if (
+            first is None
+            or any((c[1], c[3], c[6]) != (first[1], first[3], first[6]) for c in checked)
+            or len({c[0] for c in checked}) != len(checked)
+        ):
+            done = self._create_checked(checked)
+            return lambda: done
+        shared = (first[1], first[3], first[6], to_us(self.clock.now()))
+        first_due = min(checked, key=_due)[7]
+        written = self._writes.submit(
+            self._insert_shared, due_rows_json(checked), shared, len(checked), first_due
+        )
+
+        def wait() -> builtins.list[Conflict | None]:
+            if written.result():
+                return [None] * len(checked)
+            return self._create_checked(checked)  # some name exists: looked up, here
+
+        return wait
+
+    def _create_checked(self, checked: Sequence[CheckedDue]) -> builtins.list[Conflict | None]:
+        """:meth:`create_many` of checked items."""
         if not checked:
             return []
         created_us = to_us(self.clock.now())
@@ -238,6 +289,24 @@ class EmbeddedScheduler(Dispatcher):
         if fresh:
             self._wake(from_us(min(cast(int, row[6]) for row in fresh)))  # its due_at
         return out
+
+    def _insert_shared(
+        self, values: str, shared: tuple[str, str, int, int], count: int, first_due: datetime
+    ) -> bool:
+        """On the writer thread: insert :meth:`submit_many`'s batch if every name is new, and
+        wake the dispatchers; otherwise insert nothing and return False."""
+        group, zone, retries, created_us = shared
+        try:
+            with self._write() as conn:
+                taken = conn.execute(
+                    INSERT_SHARED, (values, group, zone, retries, created_us)
+                ).rowcount
+                if taken != count:
+                    raise _NamesTaken
+        except _NamesTaken:
+            return False
+        self._wake(first_due)
+        return True
 
     @staticmethod
     def _insert_new(conn: sqlite3.Connection, rows: Sequence[tuple[object, ...]]) -> bool:
@@ -357,6 +426,7 @@ class EmbeddedScheduler(Dispatcher):
         return {row["name"]: row["lease_owner"] for row in rows}
 
     def close(self) -> None:
+        self._writes.shutdown(wait=True)  # submitted writes end before the connection does
         with self._lock:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.close()

@@ -23,12 +23,14 @@ from sendqueue.ports import Alarm, Clock, Schedule
 __all__ = [
     "COLUMNS",
     "INSERT",
+    "INSERT_SHARED",
     "IN_LIMIT",
     "SCHEMA",
     "SCHEMA_VERSION",
     "ScheduleFile",
     "conflict",
     "due_params",
+    "due_rows_json",
     "from_us",
     "insert_params",
     "payload_json",
@@ -116,6 +118,18 @@ INSERT = (
     "due_at, max_retries, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
+#: :data:`INSERT` of a batch that shares its group, zone and retries (``?2``-``?4``; ``?5`` the
+#: creation instant), its other values one JSON array per schedule (:func:`due_rows_json`, ``?1``):
+#: the whole batch is one statement, which runs without Python's lock (see
+#: ``EmbeddedScheduler.submit_many``). Names already there are skipped; the caller counts.
+INSERT_SHARED = (
+    "INSERT INTO schedules (name, grp, at_local, timezone, payload, client_token, due_at, "
+    "max_retries, attempts, created_at) SELECT json_extract(value, '$[0]'), ?2, "
+    "json_extract(value, '$[1]'), ?3, json_extract(value, '$[2]'), json_extract(value, '$[3]'), "
+    "json_extract(value, '$[4]'), ?4, 0, ?5 FROM json_each(?1) WHERE true "
+    "ON CONFLICT (name) DO NOTHING"
+)
+
 #: Names per ``IN (...)`` lookup: below SQLite's oldest limit on bound parameters (999).
 IN_LIMIT = 900
 
@@ -144,6 +158,20 @@ def due_params(item: CheckedDue, created_us: int) -> tuple[object, ...]:
         name, group, wall_time(local).isoformat(), timezone, payload_text(payload), token,
         to_us(due), retries, 0, created_us,
     )  # fmt: skip
+
+
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def due_rows_json(checked: builtins.list[CheckedDue]) -> str:
+    """The values :data:`INSERT_SHARED` reads per schedule, of checked bulk items, as the
+    JSON array it binds: [name, wall time, payload, token, due instant] each."""
+    return _compact_json(
+        [
+            [name, wall_time(local).isoformat(), payload_text(payload), token, to_us(due)]
+            for name, _, local, _, payload, token, _, due in checked
+        ]
+    )
 
 
 def insert_params(schedule: Schedule) -> tuple[object, ...]:
