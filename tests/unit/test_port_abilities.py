@@ -17,9 +17,16 @@ from sendqueue.adapters.mail.maildir import MaildirMailer
 from sendqueue.adapters.mail.smtp import SmtpMailer
 from sendqueue.adapters.procrastinate.scheduler import ProcrastinateScheduler
 from sendqueue.adapters.public_url import PublicUrlProbe
-from sendqueue.ports import BulkScheduler, Dispatcher, FlushableAlarm, Probe, Target
+from sendqueue.ports import (
+    BackgroundBulkScheduler,
+    BulkScheduler,
+    Dispatcher,
+    FlushableAlarm,
+    Probe,
+    Target,
+)
 from sendqueue.runtime import run_worker
-from sendqueue.services.scheduling.schedules import _bulk_writer
+from sendqueue.services.scheduling.schedules import _background_writer, _bulk_writer
 from sendqueue.testing import FakeClock, FakeScheduler, RecordingAlarm, RecordingMailer
 from tests.support.app import T0, fake_app
 
@@ -83,12 +90,16 @@ def test_the_embedded_and_procrastinate_layers_write_in_bulk_and_a_wrapper_does_
         assert _bulk_writer(embedded) is not None
         # the wrapper's own create must see every schedule, so it is not bulk
         assert _bulk_writer(_Forwarding(embedded)) is None
+        # and only the embedded layer writes a batch in the background (the same contract)
+        assert _background_writer(embedded) is not None
+        assert _background_writer(_Forwarding(embedded)) is None
     finally:
         embedded.close()
     assert issubclass(ProcrastinateScheduler, BulkScheduler)  # contract: test_bulk_scheduler
+    assert not issubclass(ProcrastinateScheduler, BackgroundBulkScheduler)
     assert not issubclass(EventBridgeScheduler, BulkScheduler)
     fake = FakeScheduler(FakeClock())
-    assert _bulk_writer(fake) is None
+    assert _bulk_writer(fake) is None and _background_writer(fake) is None
     assert not isinstance(fake, Dispatcher)
 
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 import secrets
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from sendqueue.domain.errors import Conflict, IllegalTransition, InvalidField, SchedulerError
+from sendqueue.domain.errors import IllegalTransition, InvalidField, SchedulerError
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import (
     CONTROL_GROUP,
@@ -38,7 +39,7 @@ from sendqueue.domain.planner import plan
 from sendqueue.domain.senders import Booking
 from sendqueue.domain.suppression import Suppression, key_of_normalized, suppressed_reason
 from sendqueue.domain.wording import plural
-from sendqueue.ports import Clock, LeasedCampaignTasks, Leases, Scheduler, SuppressionList
+from sendqueue.ports import Clock, LeasedCampaignTasks, Scheduler, SuppressionList
 from sendqueue.services.campaigns.controls import complete_if_done
 from sendqueue.services.config import ServiceConfig
 from sendqueue.services.planning.capacity import (
@@ -47,7 +48,8 @@ from sendqueue.services.planning.capacity import (
     PlannedRun,
     uses_capacity,
 )
-from sendqueue.services.scheduling.schedules import ScheduleWriter
+from sendqueue.services.scheduling.lease import OutOfTime, ProvisionLease
+from sendqueue.services.scheduling.schedules import ScheduleWriter, WriteReport
 
 __all__ = ["Continuation", "ProvisionProgress", "ProvisionReport", "Provisioner"]
 
@@ -90,60 +92,23 @@ class ProvisionReport:
     seconds: float = 0.0
 
 
-class _OutOfTime(Exception):
-    pass
+@dataclass(frozen=True)
+class _InFlight:
+    """A chunk whose schedules are being written: its last position, the wait for the writes,
+    and where its progress goes once they are done."""
+
+    last: int
+    wait: Callable[[], WriteReport]
+    progress: Callable[[ProvisionProgress], None] | None
 
 
-class _Lease:
-    """One run's provisioning lease of a campaign: taken at the start, renewed as the chunks
-    go by, released at the end. :meth:`tick`, before every chunk, also ends a run whose time
-    is spent (:class:`_OutOfTime`)."""
+@dataclass
+class _Lane:
+    """A tasks phase's schedules: whether each chunk gets them with its tasks, and those of
+    the chunk last written while they are being written."""
 
-    def __init__(
-        self,
-        store: Leases,
-        clock: Clock,
-        campaign_id: str,
-        ttl: float,
-        *,
-        deadline: float | None,
-        time_left: Callable[[], float] | None,
-        margin: float,
-    ) -> None:
-        self._store = store
-        self._clock = clock
-        self._campaign_id = campaign_id
-        self._name = f"provision:{campaign_id}"
-        self._owner = secrets.token_hex(8)
-        self._ttl = ttl
-        self._deadline = deadline
-        self._time_left = time_left
-        self._margin = margin
-        self._renewed = clock.now()  # when the lease was last taken or renewed
-
-    def take(self) -> bool:
-        """False when another process holds it."""
-        return self._store.acquire_lease(
-            self._name, self._owner, ttl_seconds=self._ttl, at=self._renewed
-        )
-
-    def tick(self) -> None:
-        # Renewed once a third of it has passed, not with every chunk (one write less per
-        # chunk): at every chunk the lease still has two thirds of its time left.
-        now = self._clock.now()
-        if (now - self._renewed).total_seconds() >= self._ttl / 3:
-            if not self._store.acquire_lease(
-                self._name, self._owner, ttl_seconds=self._ttl, at=now
-            ):
-                raise Conflict(f"lost the provisioning lease of {self._campaign_id}")
-            self._renewed = now
-        if self._deadline is not None and time.monotonic() >= self._deadline:
-            raise _OutOfTime
-        if self._time_left is not None and self._time_left() <= self._margin:
-            raise _OutOfTime
-
-    def release(self) -> None:
-        self._store.release_lease(self._name, self._owner)
+    on_track: bool
+    in_flight: _InFlight | None = None
 
 
 def _tasks_of(
@@ -232,7 +197,7 @@ class Provisioner:
         report = ProvisionReport(campaign_id, "done", total=campaign.recipient_count)
         if campaign.state is not CampaignState.PROVISIONING:
             return report  # already provisioned: nothing to do
-        lease = _Lease(
+        lease = ProvisionLease(
             self._store, self._clock, campaign_id, self._config.provision_lease_seconds,
             deadline=deadline, time_left=time_left, margin=margin,
         )  # fmt: skip
@@ -275,7 +240,7 @@ class Provisioner:
             if not self._create_schedules(campaign, checkpoint, report, tick, progress):
                 report.status = "stopped"
                 return
-        except _OutOfTime:
+        except OutOfTime:
             report.status = "continued"
             return
         self._activate(campaign.id, checkpoint, report)
@@ -340,54 +305,62 @@ class Provisioner:
         sends = [] if capacity else plan(campaign.policy, campaign.recipient_count, now=plan_start)
         run: PlannedRun | None = None
         after = int(str(checkpoint.get("after", -1)))
-        chunk = self._config.provision_chunk
-        # Each chunk's schedules are created right after its tasks while every chunk before it
-        # has its schedules too ("scheduled" == "after" in the checkpoint); once a chunk's
-        # scheduler calls fail, or when resuming a checkpoint without "scheduled", the rest is
-        # left to the schedules phase, which starts after "scheduled".
-        with_schedules = after < 0 or checkpoint.get("scheduled") == after
-        while True:
-            tick()
-            recipients = self._store.list_recipients(campaign.id, after=after, limit=chunk)
-            if not recipients:
-                return
-            now = self._clock.now()
-            # new_token()'s format, drawn in one call instead of one system call per task.
-            tokens = secrets.token_hex(16 * len(recipients))
-            listed = self._suppressions.suppressed({key_of_normalized(r.email) for r in recipients})
-            if capacity:
-                first = run is None
-                if run is None:
-                    run = self._capacity.start_run(campaign, plan_start=plan_start, now=now)
-                tasks, inserted = self._insert_planned(
-                    campaign, run, recipients, listed, tokens, now, plan_start, resumed=first
-                )
-                report.rebooked = run.rebooked
-            else:
-                tasks = _tasks_of(campaign, recipients, sends, tokens, now, listed)
-                inserted = self._store.insert_tasks(tasks, at=now)
-            report.tasks_created += inserted
-            last = recipients[-1].position
-            if with_schedules:
-                with_schedules = self._schedule_inserted(
-                    campaign, tasks, inserted, report, after, last
-                )
-            after = last
-            self._chunk_done(campaign, checkpoint, after, with_schedules, now, progress)
-            if len(recipients) < chunk:
-                return
+        chunk, total = self._config.provision_chunk, campaign.recipient_count
+        # Each chunk's schedules are written while the next chunk is made, and its checkpoint
+        # saved once they are ("scheduled" == "after"), before the next chunk's tasks go in: a
+        # resumed run finds at most its first chunk's tasks stored. Once a chunk's writes
+        # fail, or when resuming a checkpoint without "scheduled" == "after", the rest is left
+        # to the schedules phase, which starts after "scheduled".
+        lane = _Lane(on_track=after < 0 or checkpoint.get("scheduled") == after)
 
-    def _schedule_inserted(
-        self,
-        campaign: Campaign,
-        tasks: list[Task],
-        inserted: int,
-        report: ProvisionReport,
-        after: int,
-        last: int,
-    ) -> bool:
-        """Create the schedules of the chunk just written (``tasks``: its positions after
-        ``after`` up to ``last``), as :meth:`_schedule_chunk` does."""
+        def land() -> None:
+            self._land(campaign, checkpoint, lane, report)
+
+        try:
+            while True:
+                tick()
+                recipients = self._store.list_recipients(campaign.id, after=after, limit=chunk)
+                if not recipients:
+                    return
+                now = self._clock.now()
+                # new_token()'s format, drawn in one call instead of one system call per task.
+                tokens = secrets.token_hex(16 * len(recipients))
+                listed = self._suppressions.suppressed(
+                    {key_of_normalized(r.email) for r in recipients}
+                )
+                if capacity:
+                    first = run is None
+                    if run is None:
+                        run = self._capacity.start_run(campaign, plan_start=plan_start, now=now)
+                    tasks, inserted = self._insert_planned(
+                        campaign, run, recipients, listed, tokens, now, plan_start,
+                        resumed=first, land=land,
+                    )  # fmt: skip
+                    report.rebooked = run.rebooked
+                else:
+                    tasks = _tasks_of(campaign, recipients, sends, tokens, now, listed)
+                    land()
+                    inserted = self._store.insert_tasks(tasks, at=now)
+                report.tasks_created += inserted
+                last = recipients[-1].position
+                if progress:
+                    progress(ProvisionProgress(campaign.id, "tasks", last + 1, total))
+                if lane.on_track:
+                    started = self._start_schedules(campaign, tasks, inserted, after, last)
+                    lane.in_flight = _InFlight(last, started, progress)
+                else:
+                    self._chunk_done(campaign, checkpoint, last, None, progress)
+                after = last
+                if len(recipients) < chunk:
+                    return
+        finally:
+            self._land_last(campaign, checkpoint, lane, report)
+
+    def _start_schedules(
+        self, campaign: Campaign, tasks: list[Task], inserted: int, after: int, last: int
+    ) -> Callable[[], WriteReport]:
+        """Start writing the schedules of the chunk just written (``tasks``: its positions
+        after ``after`` up to ``last``); the result waits for them (:meth:`_land`)."""
         if inserted < len(tasks):
             # Some existed already (a resumed run): schedule what the store holds, with its
             # tokens, not the tasks built here, which were not stored.
@@ -399,32 +372,71 @@ class Provisioner:
                 step=1,
             )
             tasks = [t for t in stored if t.position <= last]
-        pending = [t for t in tasks if t.state is TaskState.PENDING]
-        return self._schedule_chunk(campaign.id, pending, report)
+        return self._writer.start_many([t for t in tasks if t.state is TaskState.PENDING])
+
+    def _land(
+        self,
+        campaign: Campaign,
+        checkpoint: dict[str, object],
+        lane: _Lane,
+        report: ProvisionReport,
+    ) -> None:
+        """Wait for the schedule writes in flight, if any, and save their chunk's checkpoint;
+        when some failed, the rest is left to the schedules phase (``lane.on_track`` off)."""
+        in_flight, lane.in_flight = lane.in_flight, None
+        if in_flight is None:
+            return
+        result = in_flight.wait()
+        report.throttled += result.throttled
+        report.schedules_created += result.created
+        if result.failed:
+            log.warning(
+                "provisioning %s: %s failed (first: %s); the schedules phase retries them",
+                campaign.id,
+                plural(len(result.failed), "schedule write"),
+                result.failed[0][1],
+            )
+        lane.on_track = not result.failed
+        scheduled = in_flight.last if lane.on_track else None
+        self._chunk_done(campaign, checkpoint, in_flight.last, scheduled, in_flight.progress)
+
+    def _land_last(
+        self,
+        campaign: Campaign,
+        checkpoint: dict[str, object],
+        lane: _Lane,
+        report: ProvisionReport,
+    ) -> None:
+        """:meth:`_land`, however the tasks phase ended: nothing is left writing after it.
+        While an error ends the phase (a run out of time included), an error of landing's own
+        is logged, not raised over it."""
+        if sys.exc_info()[1] is None:
+            self._land(campaign, checkpoint, lane, report)
+            return
+        try:
+            self._land(campaign, checkpoint, lane, report)
+        except Exception:
+            log.exception("provisioning %s: the last chunk's checkpoint was not saved", campaign.id)
 
     def _chunk_done(
         self,
         campaign: Campaign,
         checkpoint: dict[str, object],
         after: int,
-        with_schedules: bool,
-        now: datetime,
+        scheduled: int | None,
         progress: Callable[[ProvisionProgress], None] | None,
     ) -> None:
-        """The checkpoint of a chunk whose tasks (and, ``with_schedules``, schedules) are
-        written up to position ``after``, and its progress."""
-        done = after + 1
+        """The checkpoint of a chunk whose tasks are written up to position ``after`` (and, but
+        for None, its schedules through ``scheduled``), and the schedules' progress."""
         total = campaign.recipient_count
         checkpoint.update(after=after)
-        note = f"tasks {done}/{total}"
-        if with_schedules:
-            checkpoint.update(scheduled=after)
-            note += f", schedules {done}/{total}"
-        self._store.save_checkpoint(campaign.id, checkpoint, at=now, note=note)
-        if progress:
-            progress(ProvisionProgress(campaign.id, "tasks", done, total))
-            if with_schedules:
-                progress(ProvisionProgress(campaign.id, "schedules", done, total))
+        note = f"tasks {after + 1}/{total}"
+        if scheduled is not None:
+            checkpoint.update(scheduled=scheduled)
+            note += f", schedules {scheduled + 1}/{total}"
+        self._store.save_checkpoint(campaign.id, checkpoint, at=self._clock.now(), note=note)
+        if progress and scheduled is not None:
+            progress(ProvisionProgress(campaign.id, "schedules", scheduled + 1, total))
 
     def _insert_planned(
         self,
@@ -437,13 +449,14 @@ class Provisioner:
         plan_start: datetime,
         *,
         resumed: bool,
+        land: Callable[[], None],
     ) -> tuple[list[Task], int]:
         """Plan the chunk's new recipients over the senders' books, and insert the chunk's
         tasks with their bookings in one write (planned and written again when another
         process booked first). A suppressed recipient (inserted Cancelled) books nothing; in
         the first chunk of a run, tasks an earlier run stored (it stopped between their insert
-        and its checkpoint) keep their plan and booking. Returns the tasks built and how many
-        were inserted."""
+        and its checkpoint) keep their plan and booking. ``land`` is called right before the
+        write. Returns the tasks built and how many were inserted."""
         ids = [task_id(campaign.id, r.position) for r in recipients]
         fresh = list(zip(recipients, ids, strict=True))
         if listed:
@@ -470,25 +483,10 @@ class Provisioner:
             ]  # fmt: skip
             if listed:
                 tasks = [_cancel_if_listed(t, listed) for t in tasks]
+            land()
             return tasks, self._store.insert_tasks(tasks, at=now, bookings=bookings)
 
         return self._capacity.plan_chunk(campaign, run, items, write)
-
-    def _schedule_chunk(self, campaign_id: str, tasks: list[Task], report: ProvisionReport) -> bool:
-        """Create the schedules of a chunk just inserted; False when some calls failed (the
-        schedules phase then retries from the last chunk that has all of its schedules)."""
-        result = self._writer.ensure_many(tasks)
-        report.throttled += result.throttled
-        report.schedules_created += result.created
-        if result.failed:
-            log.warning(
-                "provisioning %s: %s failed (first: %s); the schedules phase retries them",
-                campaign_id,
-                plural(len(result.failed), "schedule write"),
-                result.failed[0][1],
-            )
-            return False
-        return True
 
     def _create_schedules(
         self,

@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 from sendqueue.domain.errors import Conflict, SchedulerError, Throttled
 from sendqueue.domain.models import Task, expected_schedule_name, schedule_group, schedule_name
 from sendqueue.domain.wording import plural
-from sendqueue.ports import BulkScheduler, DueArgs, Scheduler
+from sendqueue.ports import BackgroundBulkScheduler, BulkScheduler, DueArgs, Scheduler
 
 __all__ = ["ScheduleWriter", "WriteReport", "send_payload"]
 
@@ -41,6 +41,16 @@ def _bulk_writer(
     """
     if issubclass(type(scheduler), BulkScheduler):
         return cast(BulkScheduler, scheduler).create_many
+    return None
+
+
+def _background_writer(
+    scheduler: Scheduler,
+) -> Callable[[Sequence[DueArgs]], Callable[[], Sequence[object]]] | None:
+    """``submit_many`` of a :class:`BackgroundBulkScheduler` (checked on the class, as
+    :func:`_bulk_writer` does), else None."""
+    if issubclass(type(scheduler), BackgroundBulkScheduler):
+        return cast(BackgroundBulkScheduler, scheduler).submit_many
     return None
 
 
@@ -168,16 +178,12 @@ class ScheduleWriter:
             return report
 
         def one(task: Task) -> None:
-            try:
-                if self._ensure(task, report, replace, moved=task.id in moved):
-                    report.created += 1
-            except SchedulerError as exc:
-                report.failed.append((task.id, str(exc) or type(exc).__name__))
+            self._one(task, report, replace, moved)
 
         bulk = _bulk_writer(self._scheduler)
         if bulk is not None and len(tasks) > 1:
             for start in range(0, len(tasks), _BULK_CHUNK):
-                self._ensure_bulk(bulk, tasks[start : start + _BULK_CHUNK], report, one, replace)
+                self._ensure_bulk(bulk, tasks[start : start + _BULK_CHUNK], report, replace)
             return report
         if self._concurrency == 1 or len(tasks) == 1:
             for task in tasks:
@@ -189,34 +195,83 @@ class ScheduleWriter:
             list(pool.map(one, tasks))
         return report
 
+    def start_many(self, tasks: Sequence[Task]) -> Callable[[], WriteReport]:
+        """:meth:`ensure_many` that may still be writing when it returns; call the result to
+        wait for the writes and get the report.
+
+        With a layer that writes in the background (:class:`~sendqueue.ports.
+        BackgroundBulkScheduler`, the embedded one) the schedules' values are built here
+        and the layer writes them while the caller goes on (provisioning writes the next
+        chunk's tasks meanwhile); with any other layer this is :meth:`ensure_many`, done
+        before it returns.
+        """
+        background = _background_writer(self._scheduler)
+        if background is None or len(tasks) <= 1:
+            report = self.ensure_many(tasks)
+            return lambda: report
+        report = WriteReport()
+        zones: dict[str, tuple[str, str]] = {}
+        started = []
+        for start in range(0, len(tasks), _BULK_CHUNK):
+            part = tasks[start : start + _BULK_CHUNK]
+            started.append((part, background([self._due_args(task, zones) for task in part])))
+
+        def wait() -> WriteReport:
+            for part, written in started:
+                self._settle_bulk(written, part, report, replace=True)
+            return report
+
+        return wait
+
     def _ensure_bulk(
         self,
         bulk: Callable[[Sequence[DueArgs]], Sequence[object]],
         tasks: Sequence[Task],
         report: WriteReport,
-        one: Callable[[Task], None],
         replace: bool,
     ) -> None:
         """One ``create_many`` call for ``tasks`` (an execution layer that writes many schedules
-        in one transaction: the embedded and procrastinate ones); name clashes are repaired one
-        by one, and a failed batch is retried one by one, so each task's failure is reported on
-        its own."""
+        in one transaction: the embedded and procrastinate ones), settled as
+        :meth:`_settle_bulk` says."""
         zones: dict[str, tuple[str, str]] = {}
+        items = [self._due_args(task, zones) for task in tasks]
+        self._settle_bulk(lambda: bulk(items), tasks, report, replace)
+
+    def _settle_bulk(
+        self,
+        written: Callable[[], Sequence[object]],
+        tasks: Sequence[Task],
+        report: WriteReport,
+        replace: bool,
+    ) -> None:
+        """The report of a bulk write of ``tasks`` (``written`` returns its results): name
+        clashes are repaired one by one, and a failed batch is retried one by one, so each
+        task's failure is reported on its own."""
         try:
-            results = bulk([self._due_args(task, zones) for task in tasks])
+            results = written()
         except SchedulerError as exc:
             log.warning("bulk schedule write failed (%s); writing one by one", exc)
             for task in tasks:
-                one(task)
+                self._one(task, report, replace)
             return
         for task, result in zip(tasks, results, strict=True):
             if isinstance(result, Conflict):
                 if replace:
-                    one(task)  # _ensure replaces the stale schedule of the same name
+                    self._one(task, report, replace)  # replaces the stale schedule of the name
                 else:
                     report.kept.append(task.id)
             else:
                 report.created += 1
+
+    def _one(
+        self, task: Task, report: WriteReport, replace: bool, moved: Collection[str] = ()
+    ) -> None:
+        """One task's schedule, its failure collected in ``report``."""
+        try:
+            if self._ensure(task, report, replace, moved=task.id in moved):
+                report.created += 1
+        except SchedulerError as exc:
+            report.failed.append((task.id, str(exc) or type(exc).__name__))
 
     def _due_args(self, task: Task, zones: dict[str, tuple[str, str]]) -> DueArgs:
         """``create_many``'s item for ``task``: its ``send_at`` is the instant, read in its
