@@ -172,7 +172,7 @@ def test_close_lets_submitted_writes_end_first(path: Path) -> None:
     assert len(_rows(path)) == 50
 
 
-def test_batches_are_written_in_the_order_submitted(
+def test_the_writer_thread_writes_batches_in_the_order_submitted(
     scheduler: EmbeddedScheduler, path: Path
 ) -> None:
     other = _locked(path)  # both batches wait, queued, for the lock
@@ -183,3 +183,25 @@ def test_batches_are_written_in_the_order_submitted(
     assert first() == [None, None]
     assert isinstance(out[0], Conflict) and out[1] is None
     assert {row[0]: row[5] for row in _rows(path)} == {"n-0": "a", "n-1": "a", "n-2": "b"}
+
+
+def test_a_batch_written_at_once_raises_its_error_at_the_wait_too(path: Path) -> None:
+    scheduler = EmbeddedScheduler(f"sqlite:///{path}", clock=FakeClock(T0), busy_timeout=0.1)
+    other = _locked(path)
+    try:
+        # two groups: not one shared statement, so written before submit_many returns
+        wait = scheduler.submit_many([_item("a-1", "t1", "sq-a"), _item("b-1", "t2", "sq-b")])
+        with pytest.raises(SchedulerError, match="locked"):
+            wait()
+    finally:
+        other.execute("ROLLBACK")
+        scheduler.close()
+    assert _rows(path) == []
+
+
+def test_a_closed_scheduler_answers_a_submitted_batch_with_a_scheduler_error(path: Path) -> None:
+    scheduler = EmbeddedScheduler(f"sqlite:///{path}", clock=FakeClock(T0))
+    scheduler.close()
+    wait = scheduler.submit_many([_item("n-0", "t0"), _item("n-1", "t1")])
+    with pytest.raises(SchedulerError, match="closed"):
+        wait()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
+from sendqueue.domain.errors import Conflict
 from sendqueue.domain.lifecycle import CampaignState
 from sendqueue.services.scheduling.provisioning import ProvisionProgress
 from sendqueue.testing.clock import FakeClock
@@ -178,3 +179,59 @@ def test_no_chunk_goes_in_while_the_one_before_is_past_its_checkpoint(
     assert app.provisioner.provision(cid).status == "done"
     assert store.ahead == [0, 0, 0, 0]
     _assert_exactly_one_each(app, cid, 1000)
+
+
+class _FailLastCheckpoint(InMemoryTaskStore):
+    """Its checkpoint of the last chunk fails."""
+
+    def save_checkpoint(self, campaign_id: str, checkpoint: Any, **kw: Any) -> None:
+        if str(kw.get("note") or "").startswith("tasks 120/120"):
+            raise StoreCrash("checkpoint write failed")
+        super().save_checkpoint(campaign_id, checkpoint, **kw)
+
+
+def test_the_last_chunks_failed_checkpoint_fails_the_run_even_called_in_an_except_block(
+    clock: FakeClock, layer: EmbeddedScheduler
+) -> None:
+    app = fake_app(provision_chunk=50, clock=clock, store=_FailLastCheckpoint(), scheduler=layer)
+    cid = _create(app, 120)
+    try:
+        raise KeyError("an error the caller is handling")
+    except KeyError:
+        with pytest.raises(StoreCrash):
+            app.provisioner.provision(cid)
+
+
+class _TakenOver(InMemoryTaskStore):
+    """After the second chunk's tasks this process stalls past its lease, and another one
+    takes the lease and moves the checkpoint on before the next renewal."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock, self.inserts = clock, 0
+        self.theirs: dict[str, object] | None = None
+
+    def insert_tasks(self, tasks: Any, *, at: datetime, bookings: Any = ()) -> int:
+        out = super().insert_tasks(tasks, at=at, bookings=bookings)
+        self.inserts += 1
+        if self.inserts == 2:
+            self.clock.advance(seconds=61)
+            cid = tasks[0].campaign_id
+            assert self.acquire_lease(
+                f"provision:{cid}", "other", ttl_seconds=600, at=self.clock.now()
+            )
+            self.theirs = {**(self.get_campaign(cid).checkpoint or {}), "after": 1499}
+            self.save_checkpoint(cid, self.theirs, at=self.clock.now(), note="other")
+        return out
+
+
+def test_a_run_that_lost_its_lease_waits_for_its_writes_and_saves_no_checkpoint(
+    clock: FakeClock, layer: EmbeddedScheduler
+) -> None:
+    store = _TakenOver(clock)
+    app = fake_app(provision_chunk=500, clock=clock, store=store, scheduler=layer)
+    cid = _create(app, 1500)
+    with pytest.raises(Conflict, match="lost the provisioning lease"):
+        app.provisioner.provision(cid)
+    assert store.get_campaign(cid).checkpoint == store.theirs
+    assert len(_schedules(app, cid)) == 1000  # the second chunk's writes ended, unrecorded

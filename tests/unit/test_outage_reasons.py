@@ -15,10 +15,12 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
 
+from sendqueue.adapters.embedded.scheduler import EmbeddedScheduler
 from sendqueue.bootstrap import Container
 from sendqueue.domain.lifecycle import TaskState
 from sendqueue.domain.models import Task, expected_schedule_name, new_token
@@ -299,3 +301,20 @@ def test_only_a_clash_no_move_explains_is_a_warning(caplog: pytest.LogCaptureFix
         assert [(r.levelno, r.getMessage()) for r in _records(caplog)] == [
             (logging.WARNING, f"schedule {name} exists with another token; replacing it")
         ]
+
+
+def test_moved_tasks_written_in_bulk_are_no_warning_either(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """The same rule where schedules go in bulk (the embedded layer's create_many): each moved
+    task's clash is repaired one by one, and expected."""
+    clock = FakeClock(T0)
+    layer = EmbeddedScheduler(f"sqlite:///{tmp_path / 's.db'}", clock=clock)
+    app = fake_app(clock=clock, scheduler=layer)
+    [cid] = _campaigns(app, count=1, recipients=3)
+    tasks = [replace(t, token=new_token()) for t in app.store.list_tasks(cid)]
+    with caplog.at_level(logging.DEBUG, logger="sendqueue.services.scheduling.schedules"):
+        report = app.writer.ensure_many(tasks, moved={t.id for t in tasks})
+    layer.close()
+    assert report.created == 3 and not report.failed
+    assert [r.levelno for r in _records(caplog)] == [logging.DEBUG] * 3

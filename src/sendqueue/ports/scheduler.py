@@ -151,8 +151,10 @@ class BackgroundBulkScheduler(BulkScheduler, Protocol):
     ``submit_many(items)`` checks the items as ``create_many`` does, on the caller's thread
     (InvalidField is raised there, and nothing is written), starts their write and returns at
     once. Calling what it returns waits for the write and returns what ``create_many`` would
-    have (or raises its SchedulerError). Batches submitted by one caller are written in the
-    order submitted. Checked on the class, as :class:`BulkScheduler` is.
+    have at some instant between the call and the wait's return (or raises its
+    SchedulerError). Batches that share no name do not affect each other; a caller that submits
+    batches sharing a name waits for one before it submits the next. Checked on the class, as
+    :class:`BulkScheduler` is.
     """
 
     def submit_many(self, items: Sequence[DueArgs]) -> Callable[[], Sequence[Exception | None]]: ...

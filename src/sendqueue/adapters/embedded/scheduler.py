@@ -100,6 +100,22 @@ def _due(item: CheckedDue) -> datetime:
     return item[7]
 
 
+def _raise(exc: Exception) -> builtins.list[Conflict | None]:
+    raise exc
+
+
+def _answered(
+    write: Callable[[], builtins.list[Conflict | None]],
+) -> Callable[[], builtins.list[Conflict | None]]:
+    """A wait for a batch written now: its answer, or its SchedulerError raised at the wait."""
+    try:
+        done = write()
+    except SchedulerError as exc:
+        failed = exc
+        return lambda: _raise(failed)
+    return lambda: done
+
+
 class EmbeddedScheduler(Dispatcher):
     """Scheduler and Dispatcher on a SQLite file of their own (see the module docstring).
 
@@ -250,7 +266,8 @@ class EmbeddedScheduler(Dispatcher):
         wait for it each time while the caller's thread runs Python. Only a batch of new,
         distinct names that shares its group, zone and retries goes that way (a provisioning
         chunk); if a name turns out to exist, the write is undone and :meth:`create_many`'s
-        path runs when the caller waits. Any other batch is written before this returns.
+        path runs when the caller waits. Any other batch is written before this returns (its
+        SchedulerError raised at the wait, as the port says).
         """
         checked = rules.check_due_many(items)
         first = checked[0] if checked else None
@@ -259,13 +276,16 @@ class EmbeddedScheduler(Dispatcher):
             or any((c[1], c[3], c[6]) != (first[1], first[3], first[6]) for c in checked)
             or len({c[0] for c in checked}) != len(checked)
         ):
-            done = self._create_checked(checked)
-            return lambda: done
+            return _answered(lambda: self._create_checked(checked))
         shared = (first[1], first[3], first[6], to_us(self.clock.now()))
         first_due = min(checked, key=_due)[7]
-        written = self._writes.submit(
-            self._insert_shared, due_rows_json(checked), shared, len(checked), first_due
-        )
+        try:
+            written = self._writes.submit(
+                self._insert_shared, due_rows_json(checked), shared, len(checked), first_due
+            )
+        except RuntimeError:  # closed: no more writes
+            closed = SchedulerError(f"scheduler database {self.path!r} is closed")
+            return _answered(lambda: _raise(closed))
 
         def wait() -> builtins.list[Conflict | None]:
             if written.result():

@@ -9,11 +9,15 @@ from collections.abc import Callable
 from sendqueue.domain.errors import Conflict
 from sendqueue.ports import Clock, Leases
 
-__all__ = ["OutOfTime", "ProvisionLease"]
+__all__ = ["LeaseLost", "OutOfTime", "ProvisionLease"]
 
 
 class OutOfTime(Exception):
     """The run's time is spent: its checkpoint is saved and the rest handed on."""
+
+
+class LeaseLost(Conflict):
+    """Another process took the campaign's provisioning lease: this run writes no more."""
 
 
 class ProvisionLease:
@@ -57,7 +61,7 @@ class ProvisionLease:
             if not self._store.acquire_lease(
                 self._name, self._owner, ttl_seconds=self._ttl, at=now
             ):
-                raise Conflict(f"lost the provisioning lease of {self._campaign_id}")
+                raise LeaseLost(f"lost the provisioning lease of {self._campaign_id}")
             self._renewed = now
         if self._deadline is not None and time.monotonic() >= self._deadline:
             raise OutOfTime

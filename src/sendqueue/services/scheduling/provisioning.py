@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -48,7 +47,7 @@ from sendqueue.services.planning.capacity import (
     PlannedRun,
     uses_capacity,
 )
-from sendqueue.services.scheduling.lease import OutOfTime, ProvisionLease
+from sendqueue.services.scheduling.lease import LeaseLost, OutOfTime, ProvisionLease
 from sendqueue.services.scheduling.schedules import ScheduleWriter, WriteReport
 
 __all__ = ["Continuation", "ProvisionProgress", "ProvisionReport", "Provisioner"]
@@ -321,7 +320,7 @@ class Provisioner:
                 tick()
                 recipients = self._store.list_recipients(campaign.id, after=after, limit=chunk)
                 if not recipients:
-                    return
+                    break
                 now = self._clock.now()
                 # new_token()'s format, drawn in one call instead of one system call per task.
                 tokens = secrets.token_hex(16 * len(recipients))
@@ -352,9 +351,15 @@ class Provisioner:
                     self._chunk_done(campaign, checkpoint, last, None, progress)
                 after = last
                 if len(recipients) < chunk:
-                    return
-        finally:
-            self._land_last(campaign, checkpoint, lane, report)
+                    break
+        except BaseException as exc:
+            # Nothing is left writing; the chunk is checkpointed unless another process has
+            # the campaign now, and an error of its own is logged, not raised over this one.
+            self._land_quietly(
+                campaign, checkpoint, lane, report, save=not isinstance(exc, LeaseLost)
+            )
+            raise
+        self._land(campaign, checkpoint, lane, report)
 
     def _start_schedules(
         self, campaign: Campaign, tasks: list[Task], inserted: int, after: int, last: int
@@ -400,21 +405,22 @@ class Provisioner:
         scheduled = in_flight.last if lane.on_track else None
         self._chunk_done(campaign, checkpoint, in_flight.last, scheduled, in_flight.progress)
 
-    def _land_last(
+    def _land_quietly(
         self,
         campaign: Campaign,
         checkpoint: dict[str, object],
         lane: _Lane,
         report: ProvisionReport,
+        *,
+        save: bool,
     ) -> None:
-        """:meth:`_land`, however the tasks phase ended: nothing is left writing after it.
-        While an error ends the phase (a run out of time included), an error of landing's own
-        is logged, not raised over it."""
-        if sys.exc_info()[1] is None:
-            self._land(campaign, checkpoint, lane, report)
-            return
+        """:meth:`_land` while an error ends the tasks phase (a run out of time included): its
+        own error is logged; with ``save`` off, the writes are waited for and nothing saved."""
         try:
-            self._land(campaign, checkpoint, lane, report)
+            if save:
+                self._land(campaign, checkpoint, lane, report)
+            elif lane.in_flight is not None:
+                lane.in_flight.wait()
         except Exception:
             log.exception("provisioning %s: the last chunk's checkpoint was not saved", campaign.id)
 

@@ -183,7 +183,8 @@ class ScheduleWriter:
         bulk = _bulk_writer(self._scheduler)
         if bulk is not None and len(tasks) > 1:
             for start in range(0, len(tasks), _BULK_CHUNK):
-                self._ensure_bulk(bulk, tasks[start : start + _BULK_CHUNK], report, replace)
+                part = tasks[start : start + _BULK_CHUNK]
+                self._ensure_bulk(bulk, part, report, replace, moved)
             return report
         if self._concurrency == 1 or len(tasks) == 1:
             for task in tasks:
@@ -229,13 +230,14 @@ class ScheduleWriter:
         tasks: Sequence[Task],
         report: WriteReport,
         replace: bool,
+        moved: Collection[str],
     ) -> None:
         """One ``create_many`` call for ``tasks`` (an execution layer that writes many schedules
         in one transaction: the embedded and procrastinate ones), settled as
         :meth:`_settle_bulk` says."""
         zones: dict[str, tuple[str, str]] = {}
         items = [self._due_args(task, zones) for task in tasks]
-        self._settle_bulk(lambda: bulk(items), tasks, report, replace)
+        self._settle_bulk(lambda: bulk(items), tasks, report, replace, moved)
 
     def _settle_bulk(
         self,
@@ -243,21 +245,22 @@ class ScheduleWriter:
         tasks: Sequence[Task],
         report: WriteReport,
         replace: bool,
+        moved: Collection[str] = (),
     ) -> None:
         """The report of a bulk write of ``tasks`` (``written`` returns its results): name
         clashes are repaired one by one, and a failed batch is retried one by one, so each
-        task's failure is reported on its own."""
+        task's failure is reported on its own (``moved``: as :meth:`ensure_many`'s)."""
         try:
             results = written()
         except SchedulerError as exc:
             log.warning("bulk schedule write failed (%s); writing one by one", exc)
             for task in tasks:
-                self._one(task, report, replace)
+                self._one(task, report, replace, moved)
             return
         for task, result in zip(tasks, results, strict=True):
             if isinstance(result, Conflict):
                 if replace:
-                    self._one(task, report, replace)  # replaces the stale schedule of the name
+                    self._one(task, report, replace, moved)  # replaces the stale one
                 else:
                     report.kept.append(task.id)
             else:
