@@ -96,10 +96,6 @@ class _NamesTaken(Exception):
     """A submitted batch met a name that exists: its write is undone."""
 
 
-def _due(item: CheckedDue) -> datetime:
-    return item[7]
-
-
 def _raise(exc: Exception) -> builtins.list[Conflict | None]:
     raise exc
 
@@ -278,14 +274,14 @@ class EmbeddedScheduler(Dispatcher):
         ):
             return _answered(lambda: self._create_checked(checked))
         shared = (first[1], first[3], first[6], to_us(self.clock.now()))
-        first_due = min(checked, key=_due)[7]
+        first_due = min(c[7] for c in checked)
         try:
             written = self._writes.submit(
                 self._insert_shared, due_rows_json(checked), shared, len(checked), first_due
             )
         except RuntimeError:  # closed: no more writes
             closed = SchedulerError(f"scheduler database {self.path!r} is closed")
-            return _answered(lambda: _raise(closed))
+            return lambda: _raise(closed)
 
         def wait() -> builtins.list[Conflict | None]:
             if written.result():

@@ -93,20 +93,19 @@ class ProvisionReport:
 
 @dataclass(frozen=True)
 class _InFlight:
-    """A chunk whose schedules are being written: its last position, the wait for the writes,
-    and where its progress goes once they are done."""
+    """A chunk whose schedules are being written: its last position, and the wait for them."""
 
     last: int
     wait: Callable[[], WriteReport]
-    progress: Callable[[ProvisionProgress], None] | None
 
 
 @dataclass
 class _Lane:
-    """A tasks phase's schedules: whether each chunk gets them with its tasks, and those of
-    the chunk last written while they are being written."""
+    """A tasks phase's schedules: whether each chunk gets them with its tasks, those of the
+    chunk last written while they are being written, and where their progress goes."""
 
     on_track: bool
+    progress: Callable[[ProvisionProgress], None] | None
     in_flight: _InFlight | None = None
 
 
@@ -310,7 +309,7 @@ class Provisioner:
         # resumed run finds at most its first chunk's tasks stored. Once a chunk's writes
         # fail, or when resuming a checkpoint without "scheduled" == "after", the rest is left
         # to the schedules phase, which starts after "scheduled".
-        lane = _Lane(on_track=after < 0 or checkpoint.get("scheduled") == after)
+        lane = _Lane(after < 0 or checkpoint.get("scheduled") == after, progress)
 
         def land() -> None:
             self._land(campaign, checkpoint, lane, report)
@@ -346,7 +345,7 @@ class Provisioner:
                     progress(ProvisionProgress(campaign.id, "tasks", last + 1, total))
                 if lane.on_track:
                     started = self._start_schedules(campaign, tasks, inserted, after, last)
-                    lane.in_flight = _InFlight(last, started, progress)
+                    lane.in_flight = _InFlight(last, started)
                 else:
                     self._chunk_done(campaign, checkpoint, last, None, progress)
                 after = last
@@ -403,7 +402,7 @@ class Provisioner:
             )
         lane.on_track = not result.failed
         scheduled = in_flight.last if lane.on_track else None
-        self._chunk_done(campaign, checkpoint, in_flight.last, scheduled, in_flight.progress)
+        self._chunk_done(campaign, checkpoint, in_flight.last, scheduled, lane.progress)
 
     def _land_quietly(
         self,

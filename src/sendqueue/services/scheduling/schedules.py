@@ -182,9 +182,9 @@ class ScheduleWriter:
 
         bulk = _bulk_writer(self._scheduler)
         if bulk is not None and len(tasks) > 1:
-            for start in range(0, len(tasks), _BULK_CHUNK):
-                part = tasks[start : start + _BULK_CHUNK]
-                self._ensure_bulk(bulk, part, report, replace, moved)
+            # one create_many per part, each called when its part is settled
+            for part, written in self._bulk_parts(tasks, lambda items: lambda: bulk(items)):
+                self._settle_bulk(written, part, report, replace, moved)
             return report
         if self._concurrency == 1 or len(tasks) == 1:
             for task in tasks:
@@ -211,33 +211,26 @@ class ScheduleWriter:
             report = self.ensure_many(tasks)
             return lambda: report
         report = WriteReport()
-        zones: dict[str, tuple[str, str]] = {}
-        started = []
-        for start in range(0, len(tasks), _BULK_CHUNK):
-            part = tasks[start : start + _BULK_CHUNK]
-            started.append((part, background([self._due_args(task, zones) for task in part])))
+        started = self._bulk_parts(tasks, background)
 
         def wait() -> WriteReport:
             for part, written in started:
-                self._settle_bulk(written, part, report, replace=True)
+                self._settle_bulk(written, part, report, True, ())
             return report
 
         return wait
 
-    def _ensure_bulk(
+    def _bulk_parts(
         self,
-        bulk: Callable[[Sequence[DueArgs]], Sequence[object]],
         tasks: Sequence[Task],
-        report: WriteReport,
-        replace: bool,
-        moved: Collection[str],
-    ) -> None:
-        """One ``create_many`` call for ``tasks`` (an execution layer that writes many schedules
-        in one transaction: the embedded and procrastinate ones), settled as
-        :meth:`_settle_bulk` says."""
+        write: Callable[[Sequence[DueArgs]], Callable[[], Sequence[object]]],
+    ) -> list[tuple[Sequence[Task], Callable[[], Sequence[object]]]]:
+        """``write`` of each part of ``tasks`` (:data:`_BULK_CHUNK` a part, one transaction of
+        the layer: the embedded and procrastinate ones), with the call that returns its
+        results, for :meth:`_settle_bulk`."""
         zones: dict[str, tuple[str, str]] = {}
-        items = [self._due_args(task, zones) for task in tasks]
-        self._settle_bulk(lambda: bulk(items), tasks, report, replace, moved)
+        parts = [tasks[start : start + _BULK_CHUNK] for start in range(0, len(tasks), _BULK_CHUNK)]
+        return [(part, write([self._due_args(task, zones) for task in part])) for part in parts]
 
     def _settle_bulk(
         self,
@@ -245,7 +238,7 @@ class ScheduleWriter:
         tasks: Sequence[Task],
         report: WriteReport,
         replace: bool,
-        moved: Collection[str] = (),
+        moved: Collection[str],
     ) -> None:
         """The report of a bulk write of ``tasks`` (``written`` returns its results): name
         clashes are repaired one by one, and a failed batch is retried one by one, so each
@@ -266,9 +259,7 @@ class ScheduleWriter:
             else:
                 report.created += 1
 
-    def _one(
-        self, task: Task, report: WriteReport, replace: bool, moved: Collection[str] = ()
-    ) -> None:
+    def _one(self, task: Task, report: WriteReport, replace: bool, moved: Collection[str]) -> None:
         """One task's schedule, its failure collected in ``report``."""
         try:
             if self._ensure(task, report, replace, moved=task.id in moved):
