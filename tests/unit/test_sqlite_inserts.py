@@ -1,5 +1,6 @@
-"""The SQLite store's insert of new tasks leaves their NULL columns out of the statement: the
-rows it writes are exactly those of the statement that binds every column."""
+"""The SQLite store's insert of new tasks leaves their NULL columns out of the statement and
+writes many rows per statement: the rows it writes are exactly those of the one-row statement
+that binds every column, run row by row."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import exc as sa_exc
 
 from sendqueue.adapters.sql import open_store
 from sendqueue.adapters.sql.schema import sqlite_text
-from sendqueue.adapters.sql.sqlite_inserts import _INSERT_TASK, task_row
+from sendqueue.adapters.sql.sqlite_inserts import _INTO_TASKS, _TASK_MARKS, insert_values, task_row
 from sendqueue.domain.lifecycle import TaskOutcome, TaskState
 from sendqueue.domain.models import Task
 from tests.contract.store_backends import campaign, make_task, recipients
@@ -100,7 +102,7 @@ def _stored_both_ways(tmp_path: Path, batch: list[Task]) -> None:
         paths.append(path)
     with sqlite3.connect(paths[1]) as db:
         stamp = sqlite_text(T0)
-        db.executemany(_INSERT_TASK, [task_row(t, stamp) for t in batch])
+        db.executemany(f"{_INTO_TASKS} VALUES {_TASK_MARKS}", [task_row(t, stamp) for t in batch])
     assert _rows(paths[0]) == _rows(paths[1])
     assert len(_rows(paths[0])) == len(batch)
 
@@ -135,3 +137,66 @@ def test_a_resumed_batch_inserts_only_the_tasks_not_there(tmp_path: Path) -> Non
     assert stored[again[3].id].timezone == "Europe/Paris"
     assert stored[again[2].id].planned_at == again[2].send_at
     store.close()
+
+
+# -- many rows per statement ----------------------------------------------------------------------
+
+
+def _pairs_table(limit: int) -> tuple[Any, sqlite3.Connection]:
+    """A connection (SQLAlchemy's, over the driver's) to a new table of unique keys in memory,
+    its driver allowing ``limit`` bound parameters per statement."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine("sqlite://")
+    conn = engine.connect()
+    conn.exec_driver_sql("CREATE TABLE pairs (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
+    driver = conn.connection.driver_connection
+    assert isinstance(driver, sqlite3.Connection)
+    driver.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, limit)
+    return conn, driver
+
+
+def _seed(conn: Any, keys: set[str]) -> None:
+    for key in sorted(keys):
+        conn.exec_driver_sql("INSERT INTO pairs VALUES (?, -1)", (key,))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    keys=st.lists(st.sampled_from("abcdefghij"), max_size=40),
+    taken=st.sets(st.sampled_from("abcdefghij")),
+    limit=st.integers(2, 25),
+)
+def test_many_rows_per_statement_take_what_one_row_at_a_time_takes(
+    keys: list[str], taken: set[str], limit: int
+) -> None:
+    """Split into as many statements as the driver's limit needs, the rows taken and the count
+    returned are executemany's: a key already stored, or earlier in the call, is skipped."""
+    conn, driver = _pairs_table(limit)
+    _seed(conn, taken)
+    values = [(k, i) for i, k in enumerate(keys)]
+    count = insert_values(conn, "INSERT INTO pairs (k, v)", "(?, ?)", values)
+    stored = dict(driver.execute("SELECT k, v FROM pairs").fetchall())
+    conn.rollback()
+    conn.exec_driver_sql("DELETE FROM pairs")
+    _seed(conn, taken)
+    one_by_one = sum(
+        conn.exec_driver_sql(
+            "INSERT INTO pairs (k, v) VALUES (?, ?) ON CONFLICT DO NOTHING", row
+        ).rowcount
+        for row in values
+    )
+    assert count == one_by_one
+    assert stored == dict(driver.execute("SELECT k, v FROM pairs").fetchall())
+    conn.rollback()
+    conn.close()
+
+
+def test_rows_wider_than_the_limit_allows_go_one_per_statement() -> None:
+    conn, driver = _pairs_table(1)
+    with pytest.raises(sa_exc.OperationalError, match="too many SQL variables"):
+        insert_values(conn, "INSERT INTO pairs (k, v)", "(?, ?)", [("a", 1)])
+    driver.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 3)
+    assert insert_values(conn, "INSERT INTO pairs (k, v)", "(?, ?)", [("a", 1), ("b", 2)]) == 2
+    assert insert_values(conn, "INSERT INTO pairs (k, v)", "(?, ?)", []) == 0
+    conn.close()

@@ -40,6 +40,8 @@ from sqlalchemy.engine import Connection
 
 from sendqueue.adapters.sql import rows
 from sendqueue.adapters.sql import schema as tables
+from sendqueue.adapters.sql.sqlite_bookings import day_counts, missing_sender, set_day_counts
+from sendqueue.adapters.sql.sqlite_inserts import insert_values
 from sendqueue.domain.errors import Conflict, NotFound, Overbooked
 from sendqueue.domain.models import utc
 from sendqueue.domain.senders import Booking, OAuthGrant, Sender, SenderDay, epoch_ms
@@ -56,17 +58,15 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: bound parameters for the lookups; 500 rows of 8 columns for the inserts).
 _CHUNK = 500
 
-#: One booking row and one sticky contact, as the driver takes them (``mark``: its parameter
-#: mark); a taken slot, task or contact is skipped, and counted by the caller.
-_INSERT_BOOKING = (
+#: The inserts of booking rows and of sticky contacts, and one row's marks (``mark``: the
+#: driver's parameter mark); see :meth:`SenderTables._insert_new`.
+_INTO_BOOKINGS = (
     "INSERT INTO sender_bookings (sender_id, at_ms, task_id, campaign_id, day, recipient, cap, "
-    "sent) VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark}, FALSE) "
-    "ON CONFLICT DO NOTHING"
+    "sent)"
 )
-_INSERT_CONTACT = (
-    "INSERT INTO sender_contacts (recipient, sender_id) VALUES ({mark}, {mark}) "
-    "ON CONFLICT DO NOTHING"
-)
+_BOOKING_MARKS = "({mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark}, FALSE)"
+_INTO_CONTACTS = "INSERT INTO sender_contacts (recipient, sender_id)"
+_CONTACT_MARKS = "({mark}, {mark})"
 
 _DayKey = tuple[str, date]
 _SlotKey = tuple[str, int]
@@ -316,18 +316,18 @@ class SenderTables(ABC):
             caps[day] = min(caps.get(day, b.cap), b.cap)
             added[day] = added.get(day, 0) + 1
         days = sorted(added)
-        counts = self._locked_days(conn, days, create=days)
+        counts = day_counts(conn, days)
         if any(sum(counts[day]) + added[day] > caps[day] for day in days):
             return False
-        statement, values = self._booking_params(wanted)
+        values = self._booking_rows(wanted)
         conn.exec_driver_sql("SAVEPOINT sq_new_bookings")
-        taken = conn.exec_driver_sql(statement, values).rowcount
+        taken = self._insert_new(conn, _INTO_BOOKINGS, _BOOKING_MARKS, values)
         if taken != len(values):
             conn.exec_driver_sql("ROLLBACK TO SAVEPOINT sq_new_bookings")
         conn.exec_driver_sql("RELEASE SAVEPOINT sq_new_bookings")
         if taken != len(values):
             return False
-        self._set_days(conn, {day: (counts[day][0] + added[day], counts[day][1]) for day in days})
+        set_day_counts(conn, {day: (counts[day][0] + added[day], counts[day][1]) for day in days})
         self._remember_contacts(conn, wanted)
         return True
 
@@ -350,6 +350,10 @@ class SenderTables(ABC):
         """NotFound for the first unknown sender; the others' rows held ``FOR KEY SHARE``
         until the transaction ends (so none of them is removed meanwhile)."""
         wanted = sorted(sender_ids)
+        if self.dialect == "sqlite":  # no row locks: the writer holds the whole database
+            if (missing := missing_sender(conn, wanted)) is not None:
+                raise NotFound("sender", missing)
+            return
         found: set[str] = set()
         for part in rows.chunks(wanted, _CHUNK):
             query = (
@@ -419,15 +423,25 @@ class SenderTables(ABC):
         # per-row parameter processing and RETURNING cost twice the insert itself
         # (docs/performance.md). A shortfall is rare (a race): the refused one is looked up.
         for part in rows.chunks(todo, _CHUNK):
-            statement, values = self._booking_params(part)
-            if conn.exec_driver_sql(statement, values).rowcount != len(part):
+            values = self._booking_rows(part)
+            if self._insert_new(conn, _INTO_BOOKINGS, _BOOKING_MARKS, values) != len(part):
                 raise self._refused(conn, part)
 
-    def _booking_params(self, bookings: Sequence[Booking]) -> tuple[str, list[tuple[object, ...]]]:
-        """:data:`_INSERT_BOOKING` with the driver's parameter mark, and its rows of
-        ``bookings`` (SQLite takes a day as its ISO text). A new slot is unsent: FALSE in the
-        statement, as sqlite3 binds a bool through its adapter lookup, several times an
-        int's cost."""
+    def _insert_new(
+        self, conn: Connection, into: str, marks: str, values: Sequence[tuple[object, ...]]
+    ) -> int:
+        """How many of ``values`` ``{into} VALUES {marks} ON CONFLICT DO NOTHING`` took: on
+        SQLite many rows per statement (:func:`insert_values`), on PostgreSQL the driver's
+        ``executemany`` (which pipelines its rows)."""
+        if self.dialect == "sqlite":
+            return insert_values(conn, into, marks.format(mark="?"), values)
+        statement = f"{into} VALUES {marks.format(mark='%s')} ON CONFLICT DO NOTHING"
+        return int(conn.exec_driver_sql(statement, values).rowcount)
+
+    def _booking_rows(self, bookings: Sequence[Booking]) -> list[tuple[object, ...]]:
+        """The rows of ``bookings`` for :data:`_INTO_BOOKINGS` (SQLite takes a day as its ISO
+        text). A new slot is unsent: FALSE in the statement, as sqlite3 binds a bool through
+        its adapter lookup, several times an int's cost."""
         sqlite = self.dialect == "sqlite"
         values: list[tuple[object, ...]] = [
             (
@@ -436,7 +450,7 @@ class SenderTables(ABC):
             )
             for b in bookings
         ]  # fmt: skip
-        return _INSERT_BOOKING.format(mark="?" if sqlite else "%s"), values
+        return values
 
     def _refused(self, conn: Connection, part: Sequence[Booking]) -> Overbooked:
         """Overbooked for the first of ``part`` whose row did not go in."""
@@ -456,8 +470,7 @@ class SenderTables(ABC):
         for booking in todo:
             first.setdefault(booking.recipient, booking.sender_id)
         if first:
-            mark = "?" if self.dialect == "sqlite" else "%s"
-            conn.exec_driver_sql(_INSERT_CONTACT.format(mark=mark), sorted(first.items()))
+            self._insert_new(conn, _INTO_CONTACTS, _CONTACT_MARKS, sorted(first.items()))
 
     def _count_off(
         self, conn: Connection, held: Iterable[_Held], *, planned: int, sent: int
