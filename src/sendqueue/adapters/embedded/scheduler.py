@@ -85,6 +85,7 @@ from sendqueue.adapters.embedded.store import (
     to_us,
 )
 from sendqueue.adapters.scheduler_rules import CheckedDue
+from sendqueue.adapters.sqlite_checkpoints import WalCheckpoints
 from sendqueue.domain.errors import Conflict, NotFound, SchedulerError
 from sendqueue.domain.models import DeadLetter, new_token
 from sendqueue.ports import Alarm, Clock, DueArgs, Schedule
@@ -179,6 +180,9 @@ class EmbeddedScheduler(Dispatcher):
         self._own_socket: str | None = None
         self._sender: socket.socket | None = None
         self.wake_dir = self._wake_dir(wake_path)
+        # Checkpoints on a thread of their own (adapters/sqlite_checkpoints.py): a commit of
+        # the writer thread that folded the log itself would hold up provisioning's wait.
+        self._checkpoints = None if self.path == ":memory:" else WalCheckpoints(self.path)
         try:
             self._conn = sqlite3.connect(
                 self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
@@ -443,6 +447,8 @@ class EmbeddedScheduler(Dispatcher):
 
     def close(self) -> None:
         self._writes.shutdown(wait=True)  # submitted writes end before the connection does
+        if self._checkpoints is not None:
+            self._checkpoints.close()
         with self._lock:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.close()

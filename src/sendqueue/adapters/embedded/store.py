@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring_ascii
 
 from sendqueue.adapters.scheduler_rules import CheckedDue, wall_time
+from sendqueue.adapters.sqlite_checkpoints import WalCheckpoints
 from sendqueue.domain.errors import Conflict, InvalidField, SchedulerError
 from sendqueue.domain.models import DeadLetter
 from sendqueue.ports import Alarm, Clock, Schedule
@@ -234,8 +235,11 @@ class ScheduleFile:
     _conn: sqlite3.Connection
     _lock: threading.RLock
     _busy_timeout: float
+    _checkpoints: WalCheckpoints | None  # None for a database in memory (no log)
 
     def _close_quietly(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.close()
         conn = getattr(self, "_conn", None)
         if conn is not None:
             with contextlib.suppress(sqlite3.Error):
@@ -279,6 +283,8 @@ class ScheduleFile:
             except sqlite3.Error as exc:
                 self._rollback()
                 raise SchedulerError(f"scheduler database: {exc}") from exc
+        if self._checkpoints is not None:
+            self._checkpoints.committed()
 
     def _rollback(self) -> None:
         with contextlib.suppress(sqlite3.Error):

@@ -3,9 +3,10 @@
 The send path's transactions (the claim and the finish, :mod:`~sendqueue.adapters.sql.sending`:
 two per send) and the change log's pages (the live
 stream's and the webhook deliveries' reads) run on a ``sqlite3`` connection of the calling
-thread's own, and bulk inserts on the driver's ``executemany``; everything else goes
+thread's own, and bulk inserts as the driver's multi-row statements; everything else goes
 through SQLAlchemy Core (:class:`~sendqueue.adapters.sql.base.SqlTaskStore`). Why:
-docs/performance.md, "SQL store: why the code looks this way".
+docs/performance.md, "SQL store: why the code looks this way". Checkpoints of the log run
+on a thread of their own (:mod:`~sendqueue.adapters.sqlite_checkpoints`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from sendqueue.adapters.sql.rows import (
 from sendqueue.adapters.sql.schema import UtcDateTime, sqlite_text
 from sendqueue.adapters.sql.signal import sqlite_signal
 from sendqueue.adapters.sql.sqlite_inserts import IN_LIMIT, insert_tasks
+from sendqueue.adapters.sqlite_checkpoints import WalCheckpoints
 from sendqueue.domain.errors import NotFound
 from sendqueue.domain.lifecycle import CampaignState, TaskState
 from sendqueue.domain.models import (
@@ -98,6 +100,7 @@ class SqliteTaskStore(SqlTaskStore):
         super().__init__(url, upgrade=upgrade, engine_options=engine_options)
         database = self._engine.url.database
         self._signal = sqlite_signal(os.path.realpath(database) if database else None)
+        self._checkpoints = WalCheckpoints(database or "")
 
     @property
     def change_signal(self) -> ChangeSignal:
@@ -107,6 +110,7 @@ class SqliteTaskStore(SqlTaskStore):
         return self._signal
 
     def close(self) -> None:
+        self._checkpoints.close()
         with self._own_lock:
             self._generation += 1
             own, self._own = self._own, []
@@ -122,7 +126,7 @@ class SqliteTaskStore(SqlTaskStore):
         # Our lock, not SQLite's busy handler (it sleeps in steps of up to 100 ms).
         with self._write_lock, super()._write(action) as conn:
             yield conn
-        self._signal.changed()  # committed, and the lock released
+        self._committed()
 
     def _connection(self) -> sqlite3.Connection:
         """This thread's own driver connection: opened by the engine (so with its pragmas),
@@ -176,7 +180,12 @@ class SqliteTaskStore(SqlTaskStore):
                 with suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
                 raise
+        self._committed()
+
+    def _committed(self) -> None:
+        """After a commit, the write lock released: readers woken, a checkpoint due."""
         self._signal.changed()
+        self._checkpoints.committed()
 
     def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
         # BEGIN IMMEDIATE already serialises writers, so ids commit in order. The driver's

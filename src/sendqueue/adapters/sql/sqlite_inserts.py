@@ -19,6 +19,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import lru_cache
+from itertools import chain
 from operator import attrgetter
 
 from sqlalchemy.engine import Connection
@@ -135,7 +136,7 @@ def insert_values(
     taken = 0
     for start in range(0, len(values), per):
         part = values[start : start + per]
-        flat = tuple(value for row in part for value in row)
+        flat = tuple(chain.from_iterable(part))  # a tuple: a list would be many rows to SQLAlchemy
         taken += conn.exec_driver_sql(_values_statement(into, marks, len(part)), flat).rowcount
     return taken
 
