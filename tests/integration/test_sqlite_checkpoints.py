@@ -1,5 +1,6 @@
-"""Checkpoints of the SQLite files' write-ahead logs run on a thread of their own: what a commit
-leaves in the log reaches the database file without the committing thread folding it back.
+"""Checkpoints of the SQLite files' write-ahead logs after bulk writes run on a thread of their
+own: what such a commit leaves in the log reaches the database file without the committing
+thread folding it back. Other commits leave the log to SQLite's automatic checkpoint.
 
 A connection opened ``immutable`` reads the database file alone, never the log: it sees a row
 only once a checkpoint has copied it there. The writers' automatic checkpoint only runs at
@@ -62,6 +63,7 @@ def test_the_task_stores_commits_reach_the_database_file(tmp_path: Path) -> None
     store = open_store(f"sqlite:///{path}")
     try:
         store.create_campaign(campaign("c1"), recipients(200))
+        assert not _checkpoint_threads() - before  # not a bulk write: no thread
         tasks = [make_task("c1", n, send_at=T0 + timedelta(minutes=n)) for n in range(200)]
         assert store.insert_tasks(tasks, at=T0) == 200
         assert _wait_in_file(path, "SELECT count(*) FROM tasks", 200) == 200
@@ -81,7 +83,9 @@ def test_the_embedded_schedulers_commits_reach_its_file(tmp_path: Path) -> None:
              {"kind": "send", "task_id": f"c1-{n}", "token": "t"}, f"tok{n}", 2)
             for n in range(300)
         ]  # fmt: skip
-        assert scheduler.create_many(items) == [None] * 300
+        assert scheduler.create_many(items[:100]) == [None] * 100
+        assert _wait_in_file(path, "SELECT count(*) FROM schedules", 100) == 100
+        assert scheduler.submit_many(items[100:])() == [None] * 200
         assert _wait_in_file(path, "SELECT count(*) FROM schedules", 300) == 300
     finally:
         scheduler.close()
@@ -135,8 +139,26 @@ def test_a_file_it_cannot_open_leaves_commits_to_the_automatic_checkpoint(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     before = _checkpoint_threads()
-    checkpoints = WalCheckpoints(str(tmp_path / "missing" / "wal.db"), interval=0.01)
+    gone = tmp_path / "removed.db"
+    checkpoints = WalCheckpoints(str(gone), interval=0.01)
     checkpoints.committed()
     checkpoints.close()
     assert not _checkpoint_threads() - before
     assert "no checkpoint thread" in caplog.text
+    assert not gone.exists()  # not made anew
+
+
+def test_a_thread_that_cannot_start_leaves_the_commit_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "wal.db"
+    _wal_file(path).close()
+    checkpoints = WalCheckpoints(str(path), interval=0.01)
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    checkpoints.committed()  # no error for a write that committed
+    checkpoints.close()
+    assert "can't start new thread" in caplog.text

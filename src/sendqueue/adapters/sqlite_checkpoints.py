@@ -1,14 +1,18 @@
-"""The SQLite task store's checkpoints, on a thread of their own: :class:`WalCheckpoints`.
+"""Checkpoints of a SQLite file's write-ahead log after bulk writes, on a thread of their own:
+:class:`WalCheckpoints`.
 
 In WAL mode a commit appends pages to the log, and the commit that finds the log at
-``wal_autocheckpoint`` pages copies them back into the database file and waits for two fsyncs
-before it returns: about 65 ms at 10,000 pages, on the thread that committed (a provisioning
-run's or a worker's). Here each commit of this process wakes a thread that runs a PASSIVE
-checkpoint, at most one per :data:`FOLD_INTERVAL_SECONDS`: it copies what the log holds
-without waiting for readers or writers, so the log rarely reaches the automatic checkpoint's
-size, and a commit that still reaches it finds little left to copy. The automatic checkpoint
-stays on as the backstop (a process without this thread, or a log it cannot keep up with).
-Measured: docs/performance.md, section 2.
+``wal_autocheckpoint`` pages (10,000 here, about 40 MB) copies them back into the database
+file and waits for two fsyncs before it returns: about 65 ms, on the thread that committed.
+During provisioning that is the writer's thread, three times per 100,000 emails. Here a bulk
+write's commit (a provisioning chunk's tasks, a batch of schedules) wakes a thread that runs
+a PASSIVE checkpoint, at most one per :data:`FOLD_INTERVAL_SECONDS`: it copies what the log
+holds without waiting for readers or writers, so a run's commits seldom find the log full,
+and one that does finds little left to copy. Other commits (a send's, a webhook delivery's)
+leave the log to the automatic checkpoint as before: a checkpoint every fraction of a second
+under their steady stream of small writes would cost more fsyncs than it saves (an earlier
+attempt slowed the webhook drain, docs/performance-history.md). Measured: docs/performance.md,
+section 2.
 """
 
 from __future__ import annotations
@@ -16,20 +20,23 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+from urllib.parse import quote
 
 __all__ = ["FOLD_INTERVAL_SECONDS", "WalCheckpoints"]
 
 log = logging.getLogger(__name__)
 
 #: At most one checkpoint per this many seconds: often enough that a provisioning run's
-#: writes (a thousand tasks every few tens of milliseconds) seldom reach the automatic
-#: checkpoint, seldom enough that a busy log costs a few fsyncs a second.
+#: writes (a thousand tasks every few tens of milliseconds, about 40 MB a second) seldom reach
+#: the automatic checkpoint, and at most ten fsyncs a second.
 FOLD_INTERVAL_SECONDS = 0.2
 
 
 class WalCheckpoints:
-    """Checkpoints of the database file at ``path`` after this process's commits, on a thread
-    started at the first commit and stopped by :meth:`close` (a later commit starts another)."""
+    """Checkpoints of the database file at ``path`` after this process's bulk writes, on a
+    thread started at the first one and stopped by :meth:`close` (a later one starts
+    another). Nothing here raises into a write that committed: a thread that cannot start
+    or open the file leaves the log to the automatic checkpoint, and says so in the log."""
 
     def __init__(self, path: str, *, interval: float = FOLD_INTERVAL_SECONDS) -> None:
         self._path = path
@@ -40,9 +47,13 @@ class WalCheckpoints:
         self._stop = threading.Event()
 
     def committed(self) -> None:
-        """Note a commit: a checkpoint follows within the interval."""
+        """Note a bulk write's commit: a checkpoint follows within the interval."""
         if self._thread is None:
-            self._start()
+            try:
+                self._start()
+            except RuntimeError as exc:  # "can't start new thread"
+                log.warning("SQLite file %s: no checkpoint thread (%s)", self._path, exc)
+                return
         self._due.set()
 
     def close(self) -> None:
@@ -60,19 +71,22 @@ class WalCheckpoints:
         with self._lock:
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(
+            thread = threading.Thread(
                 target=self._run,
                 args=(self._due, self._stop),
                 name="sqlite-checkpoints",
                 daemon=True,
             )
-            self._thread.start()
+            thread.start()  # kept only once started: close() joins it
+            self._thread = thread
 
     def _run(self, due: threading.Event, stop: threading.Event) -> None:
         try:
-            db = sqlite3.connect(self._path, isolation_level=None)
+            # mode=rw: a file removed since it was opened is not made anew (an empty one
+            # beside the old file's log would take that log for its own).
+            db = sqlite3.connect(f"file:{quote(self._path)}?mode=rw", uri=True)
         except sqlite3.Error as exc:
-            log.warning("task store %s: no checkpoint thread (%s)", self._path, exc)
+            log.warning("SQLite file %s: no checkpoint thread (%s)", self._path, exc)
             return
         try:
             while due.wait() and not stop.is_set():
@@ -82,7 +96,7 @@ class WalCheckpoints:
                     # leaves part of the log for the next one.
                     db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 except sqlite3.Error as exc:
-                    log.warning("task store %s: checkpoint failed (%s)", self._path, exc)
+                    log.warning("SQLite file %s: checkpoint failed (%s)", self._path, exc)
                 if stop.wait(self._interval):
                     return
         finally:

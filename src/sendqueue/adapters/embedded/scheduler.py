@@ -180,8 +180,8 @@ class EmbeddedScheduler(Dispatcher):
         self._own_socket: str | None = None
         self._sender: socket.socket | None = None
         self.wake_dir = self._wake_dir(wake_path)
-        # Checkpoints on a thread of their own (adapters/sqlite_checkpoints.py): a commit of
-        # the writer thread that folded the log itself would hold up provisioning's wait.
+        # Bulk writes' checkpoints on a thread of their own (adapters/sqlite_checkpoints.py):
+        # a commit of the writer thread that folded the log would hold up provisioning.
         self._checkpoints = None if self.path == ":memory:" else WalCheckpoints(self.path)
         try:
             self._conn = sqlite3.connect(
@@ -306,6 +306,7 @@ class EmbeddedScheduler(Dispatcher):
                 fresh = rows
             else:
                 out, fresh = self._insert_checked(conn, rows)
+        self._bulk_written()
         if fresh:
             self._wake(from_us(min(cast(int, row[6]) for row in fresh)))  # its due_at
         return out
@@ -325,6 +326,7 @@ class EmbeddedScheduler(Dispatcher):
                     raise _NamesTaken
         except _NamesTaken:
             return False
+        self._bulk_written()
         self._wake(first_due)
         return True
 

@@ -283,6 +283,9 @@ class ScheduleFile:
             except sqlite3.Error as exc:
                 self._rollback()
                 raise SchedulerError(f"scheduler database: {exc}") from exc
+
+    def _bulk_written(self) -> None:
+        """After a bulk write's commit: its pages folded back by the checkpoint thread."""
         if self._checkpoints is not None:
             self._checkpoints.committed()
 

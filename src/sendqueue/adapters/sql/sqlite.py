@@ -122,11 +122,15 @@ class SqliteTaskStore(SqlTaskStore):
     # transactions ----------------------------------------------------------------------------
 
     @contextmanager
-    def _write(self, action: str) -> Iterator[Connection]:
+    def _write(self, action: str, *, bulk: bool = False) -> Iterator[Connection]:
+        """A write transaction; ``bulk`` (a provisioning chunk's) has its pages folded back
+        into the file by the checkpoint thread instead of a later commit."""
         # Our lock, not SQLite's busy handler (it sleeps in steps of up to 100 ms).
         with self._write_lock, super()._write(action) as conn:
             yield conn
-        self._committed()
+        self._signal.changed()  # committed, and the lock released
+        if bulk:
+            self._checkpoints.committed()
 
     def _connection(self) -> sqlite3.Connection:
         """This thread's own driver connection: opened by the engine (so with its pragmas),
@@ -180,12 +184,7 @@ class SqliteTaskStore(SqlTaskStore):
                 with suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
                 raise
-        self._committed()
-
-    def _committed(self) -> None:
-        """After a commit, the write lock released: readers woken, a checkpoint due."""
         self._signal.changed()
-        self._checkpoints.committed()
 
     def _log(self, conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
         # BEGIN IMMEDIATE already serialises writers, so ids commit in order. The driver's
@@ -282,7 +281,7 @@ class SqliteTaskStore(SqlTaskStore):
     def _insert_tasks(
         self, tasks: Sequence[Task], at: datetime, bookings: Sequence[Booking]
     ) -> int:
-        with self._write("insert tasks") as conn:
+        with self._write("insert tasks", bulk=True) as conn:
             for campaign_id in sorted({t.campaign_id for t in tasks}):
                 self._require_campaign(conn, campaign_id)
             self._book(conn, bookings)
