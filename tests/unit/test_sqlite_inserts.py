@@ -200,3 +200,18 @@ def test_rows_wider_than_the_limit_allows_go_one_per_statement() -> None:
     assert insert_values(conn, "INSERT INTO pairs (k, v)", "(?, ?)", [("a", 1), ("b", 2)]) == 2
     assert insert_values(conn, "INSERT INTO pairs (k, v)", "(?, ?)", []) == 0
     conn.close()
+
+
+def test_batches_of_any_size_use_few_distinct_statements() -> None:
+    """Full statements, then the rest in powers of two: the driver keeps a prepared statement
+    per distinct text (up to 128 per connection, megabytes each for a thousand rows)."""
+    import sqlalchemy as sa
+
+    conn, _driver = _pairs_table(2 * 64)  # 64 rows of two per statement at most
+    seen: set[str] = set()
+    sa.event.listen(conn, "before_cursor_execute", lambda *args: seen.add(args[2]))
+    for size in range(1, 300):
+        values = [(f"{size}-{n}", n) for n in range(size)]
+        assert insert_values(conn, "INSERT INTO pairs (k, v)", "(?, ?)", values) == size
+    assert len(seen) == 7  # 64, 32, 16, 8, 4, 2 and 1 rows
+    conn.close()

@@ -4,15 +4,15 @@
 In WAL mode a commit appends pages to the log, and the commit that finds the log at
 ``wal_autocheckpoint`` pages (10,000 here, about 40 MB) copies them back into the database
 file and waits for two fsyncs before it returns: about 65 ms, on the thread that committed.
-During provisioning that is the writer's thread, three times per 100,000 emails. Here a bulk
-write's commit (a provisioning chunk's tasks, a batch of schedules) wakes a thread that runs
-a PASSIVE checkpoint, at most one per :data:`FOLD_INTERVAL_SECONDS`: it copies what the log
-holds without waiting for readers or writers, so a run's commits seldom find the log full,
-and one that does finds little left to copy. Other commits (a send's, a webhook delivery's)
-leave the log to the automatic checkpoint as before: a checkpoint every fraction of a second
-under their steady stream of small writes would cost more fsyncs than it saves (an earlier
-attempt slowed the webhook drain, docs/performance-history.md). Measured: docs/performance.md,
-section 2.
+During provisioning that is the writer's thread, three times per 100,000 emails. Here bulk
+writes (a provisioning chunk's tasks, a batch of schedules) count the rows they add, and
+every :data:`FOLD_ROWS` of them wake a thread that runs a PASSIVE checkpoint: it copies what
+the log holds without waiting for readers or writers, so a run's commits seldom find the log
+full, and one that does finds little left to copy. Other commits (a send's, a webhook
+delivery's, a few follow-ups') leave the log to the automatic checkpoint as before: a
+checkpoint after each of their small writes would cost more fsyncs than it saves (an earlier
+attempt that folded every 16 MB slowed the webhook drain, docs/performance-history.md).
+Measured: docs/performance.md, section 2.
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ import sqlite3
 import threading
 from urllib.parse import quote
 
-__all__ = ["FOLD_INTERVAL_SECONDS", "WalCheckpoints"]
+__all__ = ["FOLD_ROWS", "WalCheckpoints"]
 
 log = logging.getLogger(__name__)
 
-#: At most one checkpoint per this many seconds: often enough that a provisioning run's
-#: writes (a thousand tasks every few tens of milliseconds, about 40 MB a second) seldom reach
-#: the automatic checkpoint, and at most ten fsyncs a second.
-FOLD_INTERVAL_SECONDS = 0.2
+#: Rows of bulk writes per checkpoint: a provisioning run's five chunks of a thousand (about
+#: 1,500 pages of log with senders, against the automatic checkpoint's 10,000).
+FOLD_ROWS = 5_000
 
 
 class WalCheckpoints:
@@ -38,16 +37,23 @@ class WalCheckpoints:
     another). Nothing here raises into a write that committed: a thread that cannot start
     or open the file leaves the log to the automatic checkpoint, and says so in the log."""
 
-    def __init__(self, path: str, *, interval: float = FOLD_INTERVAL_SECONDS) -> None:
+    def __init__(self, path: str, *, fold_rows: int | None = None) -> None:
         self._path = path
-        self._interval = interval
+        self._fold_rows = FOLD_ROWS if fold_rows is None else fold_rows
         self._lock = threading.Lock()
+        self._rows = 0  # written since the last checkpoint was asked for
         self._thread: threading.Thread | None = None
         self._due = threading.Event()
         self._stop = threading.Event()
 
-    def committed(self) -> None:
-        """Note a bulk write's commit: a checkpoint follows within the interval."""
+    def written(self, rows: int) -> None:
+        """Note a bulk write's commit of ``rows`` rows: every ``fold_rows`` of them, a
+        checkpoint follows."""
+        with self._lock:
+            self._rows += rows
+            if self._rows < self._fold_rows:
+                return
+            self._rows = 0
         if self._thread is None:
             try:
                 self._start()
@@ -97,7 +103,5 @@ class WalCheckpoints:
                     db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 except sqlite3.Error as exc:
                     log.warning("SQLite file %s: checkpoint failed (%s)", self._path, exc)
-                if stop.wait(self._interval):
-                    return
         finally:
             db.close()

@@ -182,7 +182,9 @@ class EmbeddedScheduler(Dispatcher):
         self.wake_dir = self._wake_dir(wake_path)
         # Bulk writes' checkpoints on a thread of their own (adapters/sqlite_checkpoints.py):
         # a commit of the writer thread that folded the log would hold up provisioning.
-        self._checkpoints = None if self.path == ":memory:" else WalCheckpoints(self.path)
+        self._checkpoints = None  # a database in memory has no log
+        if self.path != ":memory:":  # the path as it is now: the thread opens it later
+            self._checkpoints = WalCheckpoints(os.path.realpath(self.path))
         try:
             self._conn = sqlite3.connect(
                 self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
@@ -306,7 +308,7 @@ class EmbeddedScheduler(Dispatcher):
                 fresh = rows
             else:
                 out, fresh = self._insert_checked(conn, rows)
-        self._bulk_written()
+        self._bulk_written(len(fresh))
         if fresh:
             self._wake(from_us(min(cast(int, row[6]) for row in fresh)))  # its due_at
         return out
@@ -326,7 +328,7 @@ class EmbeddedScheduler(Dispatcher):
                     raise _NamesTaken
         except _NamesTaken:
             return False
-        self._bulk_written()
+        self._bulk_written(count)
         self._wake(first_due)
         return True
 
@@ -449,9 +451,10 @@ class EmbeddedScheduler(Dispatcher):
 
     def close(self) -> None:
         self._writes.shutdown(wait=True)  # submitted writes end before the connection does
-        if self._checkpoints is not None:
-            self._checkpoints.close()
         with self._lock:
+            checkpoints, self._checkpoints = self._checkpoints, None
+            if checkpoints is not None:
+                checkpoints.close()  # its thread never takes this lock
             with contextlib.suppress(sqlite3.Error):
                 self._conn.close()
             if self._sender is not None:

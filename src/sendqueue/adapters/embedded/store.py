@@ -235,7 +235,7 @@ class ScheduleFile:
     _conn: sqlite3.Connection
     _lock: threading.RLock
     _busy_timeout: float
-    _checkpoints: WalCheckpoints | None  # None for a database in memory (no log)
+    _checkpoints: WalCheckpoints | None  # None for a database in memory (no log), or closed
 
     def _close_quietly(self) -> None:
         if self._checkpoints is not None:
@@ -284,10 +284,12 @@ class ScheduleFile:
                 self._rollback()
                 raise SchedulerError(f"scheduler database: {exc}") from exc
 
-    def _bulk_written(self) -> None:
-        """After a bulk write's commit: its pages folded back by the checkpoint thread."""
-        if self._checkpoints is not None:
-            self._checkpoints.committed()
+    def _bulk_written(self, rows: int) -> None:
+        """After a bulk write's commit of ``rows`` schedules: counted toward the checkpoint
+        thread's next fold (under the lock: a closed file's count starts no thread)."""
+        with self._lock:
+            if self._checkpoints is not None:
+                self._checkpoints.written(rows)
 
     def _rollback(self) -> None:
         with contextlib.suppress(sqlite3.Error):

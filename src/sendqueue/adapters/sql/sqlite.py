@@ -100,7 +100,8 @@ class SqliteTaskStore(SqlTaskStore):
         super().__init__(url, upgrade=upgrade, engine_options=engine_options)
         database = self._engine.url.database
         self._signal = sqlite_signal(os.path.realpath(database) if database else None)
-        self._checkpoints = WalCheckpoints(database or "")
+        # The path as it is now: the thread opens it later, maybe from another directory.
+        self._checkpoints = WalCheckpoints(os.path.realpath(database) if database else "")
 
     @property
     def change_signal(self) -> ChangeSignal:
@@ -110,7 +111,8 @@ class SqliteTaskStore(SqlTaskStore):
         return self._signal
 
     def close(self) -> None:
-        self._checkpoints.close()
+        with self._write_lock:  # a write under way ends first, and starts no thread after
+            self._checkpoints.close()
         with self._own_lock:
             self._generation += 1
             own, self._own = self._own, []
@@ -122,15 +124,16 @@ class SqliteTaskStore(SqlTaskStore):
     # transactions ----------------------------------------------------------------------------
 
     @contextmanager
-    def _write(self, action: str, *, bulk: bool = False) -> Iterator[Connection]:
-        """A write transaction; ``bulk`` (a provisioning chunk's) has its pages folded back
-        into the file by the checkpoint thread instead of a later commit."""
+    def _write(self, action: str, *, bulk_rows: int = 0) -> Iterator[Connection]:
+        """A write transaction; one that adds ``bulk_rows`` (a provisioning chunk's tasks)
+        counts them toward the checkpoint thread's next fold."""
         # Our lock, not SQLite's busy handler (it sleeps in steps of up to 100 ms).
-        with self._write_lock, super()._write(action) as conn:
-            yield conn
+        with self._write_lock:
+            with super()._write(action) as conn:
+                yield conn
+            if bulk_rows:  # under the lock: close() stops the thread before or after this
+                self._checkpoints.written(bulk_rows)
         self._signal.changed()  # committed, and the lock released
-        if bulk:
-            self._checkpoints.committed()
 
     def _connection(self) -> sqlite3.Connection:
         """This thread's own driver connection: opened by the engine (so with its pragmas),
@@ -281,7 +284,7 @@ class SqliteTaskStore(SqlTaskStore):
     def _insert_tasks(
         self, tasks: Sequence[Task], at: datetime, bookings: Sequence[Booking]
     ) -> int:
-        with self._write("insert tasks", bulk=True) as conn:
+        with self._write("insert tasks", bulk_rows=len(tasks)) as conn:
             for campaign_id in sorted({t.campaign_id for t in tasks}):
                 self._require_campaign(conn, campaign_id)
             self._book(conn, bookings)

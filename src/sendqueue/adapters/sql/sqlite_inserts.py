@@ -132,12 +132,17 @@ def insert_values(
     driver = conn.connection.driver_connection
     # SQLite's oldest limit (999) if the driver's connection is not at hand.
     limit = 999 if driver is None else driver.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-    per = max(1, min(VALUES_ROWS, limit // width))
-    taken = 0
-    for start in range(0, len(values), per):
-        part = values[start : start + per]
+    most = max(1, min(VALUES_ROWS, limit // width))
+    taken = start = 0
+    while start < len(values):
+        # Full statements, then the rest in powers of two: few distinct statements, as the
+        # driver keeps up to 128 prepared ones per connection (a thousand rows' is ~2.6 MB).
+        left = len(values) - start
+        count = most if left >= most else 1 << (left.bit_length() - 1)
+        part = values[start : start + count]
+        start += count
         flat = tuple(chain.from_iterable(part))  # a tuple: a list would be many rows to SQLAlchemy
-        taken += conn.exec_driver_sql(_values_statement(into, marks, len(part)), flat).rowcount
+        taken += conn.exec_driver_sql(_values_statement(into, marks, count), flat).rowcount
     return taken
 
 
