@@ -18,6 +18,7 @@ Measured: docs/performance.md, section 2.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from urllib.parse import quote
@@ -38,7 +39,8 @@ class WalCheckpoints:
     or open the file leaves the log to the automatic checkpoint, and says so in the log."""
 
     def __init__(self, path: str, *, fold_rows: int | None = None) -> None:
-        self._path = path
+        # The path as it is now: the thread opens it later, maybe from another directory.
+        self._path = os.path.realpath(path)
         self._fold_rows = FOLD_ROWS if fold_rows is None else fold_rows
         self._lock = threading.Lock()
         self._rows = 0  # written since the last checkpoint was asked for

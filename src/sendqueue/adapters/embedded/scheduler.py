@@ -180,11 +180,8 @@ class EmbeddedScheduler(Dispatcher):
         self._own_socket: str | None = None
         self._sender: socket.socket | None = None
         self.wake_dir = self._wake_dir(wake_path)
-        # Bulk writes' checkpoints on a thread of their own (adapters/sqlite_checkpoints.py):
-        # a commit of the writer thread that folded the log would hold up provisioning.
-        self._checkpoints = None  # a database in memory has no log
-        if self.path != ":memory:":  # the path as it is now: the thread opens it later
-            self._checkpoints = WalCheckpoints(os.path.realpath(self.path))
+        # Bulk writes' log folded on a thread of its own; a database in memory has no log.
+        self._checkpoints = None if self.path == ":memory:" else WalCheckpoints(self.path)
         try:
             self._conn = sqlite3.connect(
                 self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False

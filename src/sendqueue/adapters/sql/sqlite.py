@@ -100,8 +100,7 @@ class SqliteTaskStore(SqlTaskStore):
         super().__init__(url, upgrade=upgrade, engine_options=engine_options)
         database = self._engine.url.database
         self._signal = sqlite_signal(os.path.realpath(database) if database else None)
-        # The path as it is now: the thread opens it later, maybe from another directory.
-        self._checkpoints = WalCheckpoints(os.path.realpath(database) if database else "")
+        self._checkpoints = WalCheckpoints(database or "")
 
     @property
     def change_signal(self) -> ChangeSignal:
