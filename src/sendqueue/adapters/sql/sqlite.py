@@ -110,7 +110,9 @@ class SqliteTaskStore(SqlTaskStore):
         return self._signal
 
     def close(self) -> None:
-        with self._write_lock:  # a write under way ends first, and starts no thread after
+        # A write under way ends first; one that comes after reopens, as every call does
+        # (and its bulk rows may start the checkpoint thread again, for the next close()).
+        with self._write_lock:
             self._checkpoints.close()
         with self._own_lock:
             self._generation += 1
